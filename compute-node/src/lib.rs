@@ -1,0 +1,3 @@
+//! The compute-node process and its gRPC KV/transaction API.
+//!
+//! Empty until the compute-node issue fills it.

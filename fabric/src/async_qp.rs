@@ -1,0 +1,303 @@
+//! Futures over work requests, driven by polling a completion queue.
+//!
+//! This is the coroutine style of FORD and Motor: one thread keeps many transactions or
+//! operators in flight, each awaiting its own work requests, and whichever future is
+//! polled drains the shared completion queue and files every completion under the
+//! request it belongs to. Pending futures re-schedule themselves at once (busy
+//! polling, as an RDMA worker does), so any executor drives them; a single-threaded
+//! one (`futures::executor::block_on` over `join_all`) is the intended use.
+//!
+//! A batch is posted with one doorbell and only its last request signaled: on RC a
+//! signaled completion implies every earlier request completed, and an error on any
+//! request completes that request whether signaled or not.
+
+use crate::device::{CompletionQueue, QueuePair};
+use crate::error::{FabricError, Result};
+use crate::sync::{self, Mutex};
+use crate::wr::{Completion, SendWr};
+use slab::Slab;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+const SLOT_BITS: u32 = 24;
+const GEN_BITS: u32 = 24;
+const MAX_BATCH: usize = 1 << 16;
+
+fn token(slot: usize, generation: u32) -> u64 {
+    slot as u64 | ((generation as u64 & ((1 << GEN_BITS) - 1)) << SLOT_BITS)
+}
+
+fn wr_id(token: u64, index: usize) -> u64 {
+    token | ((index as u64) << (SLOT_BITS + GEN_BITS))
+}
+
+fn split(wr_id: u64) -> (usize, u32, usize) {
+    let slot = (wr_id & ((1 << SLOT_BITS) - 1)) as usize;
+    let generation = ((wr_id >> SLOT_BITS) & ((1 << GEN_BITS) - 1)) as u32;
+    let index = (wr_id >> (SLOT_BITS + GEN_BITS)) as usize;
+    (slot, generation, index)
+}
+
+struct Slot {
+    generation: u32,
+    result: Option<Result<()>>,
+    abandoned: bool,
+}
+
+struct DriverState {
+    slots: Slab<Slot>,
+    next_generation: u32,
+    scratch: Vec<Completion>,
+}
+
+/// Owns a completion queue and files its completions under the futures awaiting them.
+/// The completion queue must serve only queue pairs driven through this driver.
+pub struct CqDriver {
+    cq: Arc<dyn CompletionQueue>,
+    state: Mutex<DriverState>,
+}
+
+impl CqDriver {
+    pub fn new(cq: Arc<dyn CompletionQueue>) -> Arc<CqDriver> {
+        Arc::new(CqDriver {
+            cq,
+            state: Mutex::new(DriverState {
+                slots: Slab::new(),
+                next_generation: 0,
+                scratch: vec![Completion::default(); 64],
+            }),
+        })
+    }
+
+    pub fn cq(&self) -> &Arc<dyn CompletionQueue> {
+        &self.cq
+    }
+
+    fn open(&self) -> u64 {
+        let mut st = sync::lock(&self.state);
+        let generation = st.next_generation;
+        st.next_generation = st.next_generation.wrapping_add(1) & ((1 << GEN_BITS) - 1);
+        let slot = st.slots.insert(Slot {
+            generation,
+            result: None,
+            abandoned: false,
+        });
+        assert!(slot < 1 << SLOT_BITS, "more than 2^24 operations in flight");
+        token(slot, generation)
+    }
+
+    /// Polls the completion queue once and files what it finds.
+    pub fn poll(&self) -> Result<()> {
+        let mut guard = sync::lock(&self.state);
+        let st = &mut *guard;
+        let n = self.cq.poll(&mut st.scratch)?;
+        for wc in &st.scratch[..n] {
+            let (slot, generation, index) = split(wc.wr_id);
+            let Some(entry) = st.slots.get_mut(slot) else {
+                continue;
+            };
+            if entry.generation != generation || entry.result.is_some() {
+                // A flush after an earlier error resolved the batch, or a stale id.
+                continue;
+            }
+            if entry.abandoned {
+                st.slots.remove(slot);
+                continue;
+            }
+            entry.result = Some(if wc.status.is_ok() {
+                Ok(())
+            } else {
+                Err(FabricError::Completion {
+                    status: wc.status,
+                    index,
+                })
+            });
+        }
+        Ok(())
+    }
+
+    fn take(&self, token: u64) -> Option<Result<()>> {
+        let (slot, generation, _) = split(token);
+        let mut st = sync::lock(&self.state);
+        let entry = st.slots.get_mut(slot)?;
+        debug_assert_eq!(entry.generation, generation);
+        let result = entry.result.take()?;
+        st.slots.remove(slot);
+        Some(result)
+    }
+
+    fn abandon(&self, token: u64) {
+        let (slot, generation, _) = split(token);
+        let mut st = sync::lock(&self.state);
+        if let Some(entry) = st.slots.get_mut(slot)
+            && entry.generation == generation
+        {
+            if entry.result.is_some() {
+                st.slots.remove(slot);
+            } else {
+                entry.abandoned = true;
+            }
+        }
+    }
+
+    /// Operations posted and not yet resolved.
+    pub fn in_flight(&self) -> usize {
+        sync::lock(&self.state).slots.len()
+    }
+}
+
+/// A queue pair whose work requests are awaited as futures.
+pub struct AsyncQp {
+    qp: Arc<dyn QueuePair>,
+    driver: Arc<CqDriver>,
+}
+
+impl AsyncQp {
+    /// `driver` must own the queue pair's send completion queue.
+    pub fn new(qp: Arc<dyn QueuePair>, driver: Arc<CqDriver>) -> AsyncQp {
+        AsyncQp { qp, driver }
+    }
+
+    pub fn qp(&self) -> &Arc<dyn QueuePair> {
+        &self.qp
+    }
+
+    pub fn driver(&self) -> &Arc<CqDriver> {
+        &self.driver
+    }
+
+    /// Posts `wrs` with one doorbell and resolves when all have completed, or with the
+    /// first error (`FabricError::Completion` naming the failed request's index). The
+    /// requests' `wr_id` and `signaled` fields are replaced.
+    pub fn run<'a>(&'a self, wrs: &'a [SendWr<'a>]) -> Batch<'a> {
+        Batch {
+            qp: self,
+            wrs: Wrs::Many(wrs),
+            token: None,
+        }
+    }
+
+    /// One work request as a future.
+    pub fn run_one<'a>(&'a self, wr: SendWr<'a>) -> Batch<'a> {
+        Batch {
+            qp: self,
+            wrs: Wrs::One(wr),
+            token: None,
+        }
+    }
+
+    fn post(&self, wrs: &Wrs<'_>) -> Result<u64> {
+        let token = self.driver.open();
+        let result = match wrs {
+            Wrs::One(wr) => {
+                let mut wr = *wr;
+                wr.wr_id = wr_id(token, 0);
+                wr.signaled = true;
+                self.qp.post_send(std::slice::from_ref(&wr))
+            }
+            Wrs::Many(list) => {
+                if list.is_empty() || list.len() > MAX_BATCH {
+                    Err(FabricError::InvalidWorkRequest(format!(
+                        "a batch holds 1 to {MAX_BATCH} work requests, got {}",
+                        list.len()
+                    )))
+                } else {
+                    let last = list.len() - 1;
+                    let batch: Vec<SendWr<'_>> = list
+                        .iter()
+                        .enumerate()
+                        .map(|(i, wr)| SendWr {
+                            wr_id: wr_id(token, i),
+                            signaled: i == last,
+                            ..*wr
+                        })
+                        .collect();
+                    self.qp.post_send(&batch)
+                }
+            }
+        };
+        match result {
+            Ok(()) => Ok(token),
+            Err(e) => {
+                self.driver.abandon(token);
+                Err(e)
+            }
+        }
+    }
+}
+
+enum Wrs<'a> {
+    One(SendWr<'a>),
+    Many(&'a [SendWr<'a>]),
+}
+
+/// The future of a posted batch (see [`AsyncQp::run`]).
+pub struct Batch<'a> {
+    qp: &'a AsyncQp,
+    wrs: Wrs<'a>,
+    token: Option<u64>,
+}
+
+impl Future for Batch<'_> {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = &mut *self;
+        let token = match this.token {
+            Some(t) => t,
+            None => match this.qp.post(&this.wrs) {
+                Ok(t) => {
+                    this.token = Some(t);
+                    t
+                }
+                Err(FabricError::Post { index: 0, source })
+                    if matches!(*source, FabricError::QueueFull { .. }) =>
+                {
+                    // The send queue is full of requests whose completions nobody has
+                    // polled yet: poll, then try again.
+                    this.qp.driver.poll()?;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            },
+        };
+        if let Some(result) = this.qp.driver.take(token) {
+            this.token = None;
+            this.wrs = Wrs::Many(&[]);
+            return Poll::Ready(result);
+        }
+        if let Err(e) = this.qp.driver.poll() {
+            return Poll::Ready(Err(e));
+        }
+        if let Some(result) = this.qp.driver.take(token) {
+            this.token = None;
+            this.wrs = Wrs::Many(&[]);
+            return Poll::Ready(result);
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if let Some(token) = self.token {
+            self.qp.driver.abandon(token);
+        }
+    }
+}
+
+#[cfg(all(test, not(fabric_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_ids_round_trip() {
+        let t = token(12345, 777);
+        assert_eq!(split(wr_id(t, 65535)), (12345, 777, 65535));
+        assert_eq!(split(wr_id(t, 0)), (12345, 777, 0));
+    }
+}

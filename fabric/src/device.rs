@@ -1,0 +1,108 @@
+//! The verbs interface every backend implements: devices, completion queues and
+//! queue pairs. Object-safe, so layers above hold `Arc<dyn …>` and stay backend-agnostic.
+
+use crate::addr::{Access, NodeId, QpEndpoint};
+use crate::error::{QpState, Result};
+use crate::memory::Memory;
+use crate::region::Region;
+use crate::wr::{Completion, RecvWr, SendWr};
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A device: one node's NIC with its protection domain.
+pub trait Device: Send + Sync {
+    fn node(&self) -> NodeId;
+    /// The backend's name: `sim`, `shm`, `tcp` or `verbs`.
+    fn backend(&self) -> &'static str;
+    /// Allocates `len` bytes of zeroed memory suited to the backend and registers it.
+    fn register(&self, len: u64, access: Access) -> Result<Region>;
+    /// Registers existing memory (the first `len` bytes of `mem`).
+    fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region>;
+    fn create_cq(&self, capacity: u32) -> Result<Arc<dyn CompletionQueue>>;
+    fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>>;
+}
+
+/// A completion queue, polled by its owner.
+pub trait CompletionQueue: Send + Sync {
+    /// Moves up to `out.len()` completions into `out` and returns how many. Completions
+    /// of one queue pair come out in the order their work requests were posted.
+    fn poll(&self, out: &mut [Completion]) -> Result<usize>;
+    fn capacity(&self) -> u32;
+    /// For backends to recognise their own completion queues.
+    fn as_any(&self) -> &dyn Any;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpKind {
+    /// Reliable connection: one peer, ordered, all operations.
+    Rc,
+    /// Unreliable datagram: SEND/SEND_WITH_IMM of at most the MTU to any UD peer;
+    /// may reorder and drop.
+    Ud,
+}
+
+/// A queue pair.
+pub trait QueuePair: Send + Sync {
+    fn endpoint(&self) -> QpEndpoint;
+    fn kind(&self) -> QpKind;
+    fn state(&self) -> QpState;
+    /// Connects an RC queue pair to its peer (INIT → RTR → RTS). The peer connects back
+    /// with this queue pair's endpoint.
+    fn connect(&self, peer: QpEndpoint) -> Result<()>;
+    /// Posts a batch of send work requests with one doorbell. A work request the device
+    /// rejects outright stops the batch with `FabricError::Post { index, .. }`; the ones
+    /// before it were posted.
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()>;
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<()>;
+    /// Takes a queue pair out of the error state (RESET → INIT → RTR → RTS) with the
+    /// same peer. Everything outstanding has been flushed by then.
+    fn recover(&self) -> Result<()>;
+}
+
+/// How to create a queue pair.
+#[derive(Clone)]
+pub struct QpConfig {
+    pub kind: QpKind,
+    pub send_cq: Arc<dyn CompletionQueue>,
+    pub recv_cq: Arc<dyn CompletionQueue>,
+    /// Send work requests that may be outstanding: posted and not yet retired by a
+    /// polled completion (an unsignaled one is retired by the next polled completion).
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_inline: u32,
+    /// RNR retries, 0–7; 7 means retry forever, as in ibverbs.
+    pub rnr_retry: u8,
+    /// Wait between RNR retries.
+    pub rnr_timer: Duration,
+    /// UD only: the Q_Key incoming datagrams must carry.
+    pub qkey: u32,
+}
+
+impl QpConfig {
+    pub const DEFAULT_QKEY: u32 = 0x1111_1111;
+
+    pub fn new(kind: QpKind, cq: &Arc<dyn CompletionQueue>) -> QpConfig {
+        QpConfig {
+            kind,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+            max_inline: 256,
+            rnr_retry: 3,
+            rnr_timer: Duration::from_micros(640),
+            qkey: Self::DEFAULT_QKEY,
+        }
+    }
+    pub fn rc(cq: &Arc<dyn CompletionQueue>) -> QpConfig {
+        QpConfig::new(QpKind::Rc, cq)
+    }
+    pub fn ud(cq: &Arc<dyn CompletionQueue>) -> QpConfig {
+        QpConfig::new(QpKind::Ud, cq)
+    }
+    pub fn recv_cq(mut self, cq: &Arc<dyn CompletionQueue>) -> QpConfig {
+        self.recv_cq = cq.clone();
+        self
+    }
+}

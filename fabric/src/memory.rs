@@ -1,0 +1,173 @@
+//! Region memory as an array of atomic words, and byte copies over it.
+//!
+//! Region memory may be touched by another thread (or process, or NIC) at any moment,
+//! so it is never accessed through plain references: every access is an atomic word
+//! operation. Bytes are the little-endian encoding of the words, so the byte view and
+//! the word view of a region agree on every host.
+//!
+//! Ordering: copies load with Acquire and store with Relaxed except the last word of a
+//! copy, which is stored with Release. A WRITE's bytes therefore land in increasing
+//! address order as far as any reader can tell, and a reader that sees a WRITE's last
+//! word also sees the rest of it.
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// Memory that can back a region: anything that exposes a stable array of atomic words.
+pub trait Memory: Send + Sync {
+    fn words(&self) -> &[AtomicU64];
+}
+
+/// Plain heap memory, zero-initialised.
+pub struct HeapMemory(Box<[AtomicU64]>);
+
+impl HeapMemory {
+    pub fn new(bytes: u64) -> HeapMemory {
+        let words = bytes.div_ceil(8) as usize;
+        HeapMemory((0..words).map(|_| AtomicU64::new(0)).collect())
+    }
+}
+
+impl Memory for HeapMemory {
+    fn words(&self) -> &[AtomicU64] {
+        &self.0
+    }
+}
+
+/// Copies `dst.len()` bytes starting at byte `offset` out of `words`.
+pub(crate) fn copy_out(words: &[AtomicU64], offset: u64, dst: &mut [u8]) {
+    let mut pos = offset as usize;
+    let mut done = 0;
+    while done < dst.len() {
+        let word = words[pos / 8].load(Ordering::Acquire).to_le_bytes();
+        let in_word = pos % 8;
+        let n = (8 - in_word).min(dst.len() - done);
+        dst[done..done + n].copy_from_slice(&word[in_word..in_word + n]);
+        done += n;
+        pos += n;
+    }
+}
+
+/// Copies `src` into `words` starting at byte `offset`, in increasing address order,
+/// the last word with Release. Partial words are merged with CAS so that bytes outside
+/// the copy are never overwritten by a racing store.
+pub(crate) fn copy_in(words: &[AtomicU64], offset: u64, src: &[u8]) {
+    let mut pos = offset as usize;
+    let mut done = 0;
+    while done < src.len() {
+        let in_word = pos % 8;
+        let n = (8 - in_word).min(src.len() - done);
+        let last = done + n == src.len();
+        let order = if last {
+            Ordering::Release
+        } else {
+            Ordering::Relaxed
+        };
+        let cell = &words[pos / 8];
+        if n == 8 {
+            let v = u64::from_le_bytes(src[done..done + 8].try_into().expect("8 bytes"));
+            cell.store(v, order);
+        } else {
+            let mut cur = cell.load(Ordering::Relaxed);
+            loop {
+                let mut bytes = cur.to_le_bytes();
+                bytes[in_word..in_word + n].copy_from_slice(&src[done..done + n]);
+                match cell.compare_exchange_weak(
+                    cur,
+                    u64::from_le_bytes(bytes),
+                    order,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+        done += n;
+        pos += n;
+    }
+}
+
+/// Copies `len` bytes between two word arrays (a READ or a WRITE). Word-aligned
+/// copies move whole words; others go through a small stack buffer.
+pub(crate) fn copy_between(
+    src: &[AtomicU64],
+    src_offset: u64,
+    dst: &[AtomicU64],
+    dst_offset: u64,
+    len: u64,
+) {
+    if len == 0 {
+        return;
+    }
+    if src_offset % 8 == 0 && dst_offset % 8 == 0 && len % 8 == 0 {
+        let s = &src[(src_offset / 8) as usize..((src_offset + len) / 8) as usize];
+        let d = &dst[(dst_offset / 8) as usize..((dst_offset + len) / 8) as usize];
+        let (last_d, body_d) = d.split_last().expect("len > 0");
+        let (last_s, body_s) = s.split_last().expect("len > 0");
+        for (d, s) in body_d.iter().zip(body_s) {
+            d.store(s.load(Ordering::Acquire), Ordering::Relaxed);
+        }
+        last_d.store(last_s.load(Ordering::Acquire), Ordering::Release);
+        return;
+    }
+    let mut buf = [0u8; 512];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64);
+        let chunk = &mut buf[..n as usize];
+        copy_out(src, src_offset + done, chunk);
+        copy_in(dst, dst_offset + done, chunk);
+        done += n;
+    }
+}
+
+#[cfg(all(test, not(fabric_loom)))]
+mod tests {
+    use super::*;
+
+    fn region(bytes: u64) -> HeapMemory {
+        HeapMemory::new(bytes)
+    }
+
+    #[test]
+    fn unaligned_copy_in_preserves_neighbouring_bytes() {
+        let m = region(32);
+        copy_in(m.words(), 0, &[0xAA; 32]);
+        copy_in(m.words(), 3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let mut out = [0u8; 32];
+        copy_out(m.words(), 0, &mut out);
+        assert_eq!(&out[..3], &[0xAA; 3]);
+        assert_eq!(&out[3..13], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(&out[13..], &[0xAA; 19]);
+    }
+
+    #[test]
+    fn copy_between_handles_every_alignment() {
+        let src = region(128);
+        let pattern: Vec<u8> = (0..128u32).map(|i| (i * 7 + 1) as u8).collect();
+        copy_in(src.words(), 0, &pattern);
+        for so in 0..9u64 {
+            for d_o in 0..9u64 {
+                for len in [0u64, 1, 7, 8, 9, 33, 64] {
+                    let dst = region(128);
+                    copy_between(src.words(), so, dst.words(), d_o, len);
+                    let mut out = vec![0u8; 128];
+                    copy_out(dst.words(), 0, &mut out);
+                    assert_eq!(
+                        &out[d_o as usize..(d_o + len) as usize],
+                        &pattern[so as usize..(so + len) as usize]
+                    );
+                    assert!(out[..d_o as usize].iter().all(|&b| b == 0));
+                    assert!(out[(d_o + len) as usize..].iter().all(|&b| b == 0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn words_are_little_endian_bytes() {
+        let m = region(8);
+        copy_in(m.words(), 0, &0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(m.words()[0].load(Ordering::Relaxed), 0x0102_0304_0506_0708);
+    }
+}

@@ -1,0 +1,155 @@
+//! Registered regions: memory plus the keys and access rights a device gave it.
+
+use crate::addr::{Access, LocalBuf, NodeId, RemoteAddr, RemoteRegion};
+use crate::error::FabricError;
+use crate::memory::{self, Memory};
+use crate::sync::Ordering;
+use std::fmt;
+use std::sync::Arc;
+
+/// A registered memory region. The local CPU reads and writes it through the methods
+/// here; the device reads and writes it through work requests naming its keys.
+/// Dropping the region deregisters it: later work requests naming its keys fail with a
+/// protection error, as after `ibv_dereg_mr`.
+pub struct Region {
+    mem: Arc<dyn Memory>,
+    len: u64,
+    lkey: u32,
+    rkey: u32,
+    access: Access,
+    node: NodeId,
+    _registration: Box<dyn Send + Sync>,
+}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Region")
+            .field("node", &self.node)
+            .field("len", &self.len)
+            .field("lkey", &self.lkey)
+            .field("rkey", &self.rkey)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl Region {
+    /// Builds the handle a backend returns from registration. `registration` is kept
+    /// until the region is dropped; its own `Drop` undoes the registration.
+    pub fn from_parts(
+        mem: Arc<dyn Memory>,
+        len: u64,
+        keys: (u32, u32),
+        access: Access,
+        node: NodeId,
+        registration: Box<dyn Send + Sync>,
+    ) -> Region {
+        debug_assert!(mem.words().len() as u64 * 8 >= len);
+        Region {
+            mem,
+            len,
+            lkey: keys.0,
+            rkey: keys.1,
+            access,
+            node,
+            _registration: registration,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+    pub fn memory(&self) -> &Arc<dyn Memory> {
+        &self.mem
+    }
+
+    /// The region as a peer addresses it.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            node: self.node,
+            rkey: self.rkey,
+            len: self.len,
+        }
+    }
+
+    pub fn remote_addr(&self, offset: u64) -> RemoteAddr {
+        self.remote().at(offset)
+    }
+
+    /// A local scatter/gather element over `[offset, offset + len)`. Bounds are checked
+    /// by the device when a work request uses it, as with a real lkey.
+    pub fn buf(&self, offset: u64, len: u32) -> LocalBuf {
+        LocalBuf {
+            lkey: self.lkey,
+            offset,
+            len,
+        }
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), FabricError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(FabricError::OutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+
+    /// Copies bytes out of the region.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), FabricError> {
+        self.check(offset, dst.len() as u64)?;
+        memory::copy_out(self.mem.words(), offset, dst);
+        Ok(())
+    }
+
+    /// Copies bytes into the region, in increasing address order.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), FabricError> {
+        self.check(offset, src.len() as u64)?;
+        memory::copy_in(self.mem.words(), offset, src);
+        Ok(())
+    }
+
+    /// Reads the bytes `[offset, offset + len)` into a new vector.
+    pub fn to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, FabricError> {
+        let mut v = vec![0; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+
+    fn word(&self, offset: u64) -> Result<&crate::sync::AtomicU64, FabricError> {
+        if offset % 8 != 0 {
+            return Err(FabricError::Misaligned { offset });
+        }
+        self.check(offset, 8)?;
+        Ok(&self.mem.words()[(offset / 8) as usize])
+    }
+
+    /// Loads the aligned 8-byte word at `offset` (Acquire), e.g. an atomic's result.
+    pub fn load_u64(&self, offset: u64) -> Result<u64, FabricError> {
+        Ok(self.word(offset)?.load(Ordering::Acquire))
+    }
+
+    /// Stores the aligned 8-byte word at `offset` (Release). Only for words that no
+    /// remote atomic targets: CPU stores are not atomic against NIC atomics.
+    pub fn store_u64(&self, offset: u64, value: u64) -> Result<(), FabricError> {
+        self.word(offset)?.store(value, Ordering::Release);
+        Ok(())
+    }
+}

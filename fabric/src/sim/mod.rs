@@ -1,0 +1,303 @@
+//! The in-process `sim` backend.
+//!
+//! Every operation applies at post time, on the posting thread, so interleavings are
+//! those of the threads that post and nothing else: deterministic for one thread, and
+//! explorable by loom under `cfg(fabric_loom)`. Faults (torn reads, UD reordering and
+//! drops, delays) and a latency/bandwidth cost model are opt-in through [`SimConfig`].
+
+mod cost;
+mod cq;
+mod qp;
+
+pub use cost::CostModel;
+
+use crate::addr::{Access, NodeId, QpEndpoint};
+use crate::device::{CompletionQueue, Device, QpConfig, QueuePair};
+use crate::error::{FabricError, Result};
+use crate::memory::{HeapMemory, Memory};
+use crate::region::Region;
+use crate::sync::{self, AtomicBool, AtomicU32, Mutex, Ordering, RwLock};
+use cq::SimCq;
+use qp::{QpInner, SimQp};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Fault injection. All off by default.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Faults {
+    /// Probability that a multi-word READ or WRITE pauses at a random 8-byte boundary,
+    /// so a concurrent WRITE can land in the middle of it.
+    pub tear_probability: f64,
+    /// How long a torn operation pauses between its halves.
+    pub tear_pause: Duration,
+    /// Probability that a UD datagram is held back and delivered after the next one.
+    pub ud_reorder_probability: f64,
+    /// Probability that a UD datagram is dropped.
+    pub ud_drop_probability: f64,
+    /// Extra delay, uniform in the range, before each completion becomes visible.
+    pub completion_delay: Option<(Duration, Duration)>,
+}
+
+impl Default for Faults {
+    fn default() -> Faults {
+        Faults {
+            tear_probability: 0.0,
+            tear_pause: Duration::from_micros(20),
+            ud_reorder_probability: 0.0,
+            ud_drop_probability: 0.0,
+            completion_delay: None,
+        }
+    }
+}
+
+impl Faults {
+    /// Every fault at a rate that tests hit often: what the conformance suite runs with.
+    pub fn aggressive() -> Faults {
+        Faults {
+            tear_probability: 0.5,
+            tear_pause: Duration::from_micros(20),
+            ud_reorder_probability: 0.3,
+            ud_drop_probability: 0.0,
+            completion_delay: Some((Duration::ZERO, Duration::from_micros(50))),
+        }
+    }
+}
+
+/// Configuration of a simulated network.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimConfig {
+    pub faults: Faults,
+    pub cost: Option<CostModel>,
+    /// Seeds every random choice the sim makes (fault injection).
+    pub seed: u64,
+}
+
+/// A simulated network: create one, add nodes, and connect their queue pairs.
+#[derive(Clone)]
+pub struct SimNetwork {
+    inner: Arc<NetInner>,
+}
+
+pub(crate) struct NetInner {
+    pub(crate) config: SimConfig,
+    nodes: RwLock<Vec<Arc<NodeInner>>>,
+}
+
+impl NetInner {
+    pub(crate) fn node(&self, id: NodeId) -> Option<Arc<NodeInner>> {
+        sync::read(&self.nodes).get(id.0 as usize).cloned()
+    }
+
+    pub(crate) fn qp(&self, ep: QpEndpoint) -> Option<Arc<QpInner>> {
+        self.node(ep.node)?.qp(ep.qpn)
+    }
+}
+
+impl SimNetwork {
+    pub fn new(config: SimConfig) -> SimNetwork {
+        SimNetwork {
+            inner: Arc::new(NetInner {
+                config,
+                nodes: RwLock::new(Vec::new()),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.inner.config
+    }
+
+    /// Adds a node (a device) to the network.
+    pub fn add_node(&self) -> Arc<SimDevice> {
+        let mut nodes = sync::write(&self.inner.nodes);
+        let node = Arc::new(NodeInner {
+            id: NodeId(nodes.len() as u32),
+            regions: RwLock::new(RegionTable::default()),
+            qps: RwLock::new(HashMap::new()),
+            next_qpn: AtomicU32::new(1),
+            port: Mutex::new(cost::Port::new()),
+        });
+        nodes.push(node.clone());
+        Arc::new(SimDevice {
+            net: self.inner.clone(),
+            node,
+        })
+    }
+}
+
+/// A registered region as the device sees it.
+pub(crate) struct RegEntry {
+    pub(crate) mem: Arc<dyn Memory>,
+    pub(crate) len: u64,
+    pub(crate) access: Access,
+    pub(crate) key: u32,
+    pub(crate) live: AtomicBool,
+}
+
+/// Registered regions by key. A key is `(slot + 1) << 8 | generation`, so a key of a
+/// deregistered region never names a later one in the same slot (for 256 reuses).
+#[derive(Default)]
+struct RegionTable {
+    slots: Vec<(u8, Option<Arc<RegEntry>>)>,
+    free: Vec<usize>,
+}
+
+impl RegionTable {
+    fn insert(&mut self, make: impl FnOnce(u32) -> Arc<RegEntry>) -> Arc<RegEntry> {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push((0, None));
+            self.slots.len() - 1
+        });
+        let generation = self.slots[slot].0.wrapping_add(1);
+        let key = ((slot as u32 + 1) << 8) | generation as u32;
+        let entry = make(key);
+        self.slots[slot] = (generation, Some(entry.clone()));
+        entry
+    }
+
+    fn get(&self, key: u32) -> Option<&Arc<RegEntry>> {
+        let slot = ((key >> 8) as usize).checked_sub(1)?;
+        match self.slots.get(slot)? {
+            (g, Some(e)) if *g as u32 == key & 0xff => Some(e),
+            _ => None,
+        }
+    }
+
+    fn remove(&mut self, key: u32) {
+        if self.get(key).is_some() {
+            let slot = (key >> 8) as usize - 1;
+            self.slots[slot].1 = None;
+            self.free.push(slot);
+        }
+    }
+}
+
+pub(crate) struct NodeInner {
+    pub(crate) id: NodeId,
+    regions: RwLock<RegionTable>,
+    qps: RwLock<HashMap<u32, Weak<QpInner>>>,
+    next_qpn: AtomicU32,
+    pub(crate) port: Mutex<cost::Port>,
+}
+
+impl NodeInner {
+    pub(crate) fn region(&self, key: u32) -> Option<Arc<RegEntry>> {
+        sync::read(&self.regions).get(key).cloned()
+    }
+
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {
+        sync::read(&self.qps).get(&qpn)?.upgrade()
+    }
+
+    pub(crate) fn forget_qp(&self, qpn: u32) {
+        sync::write(&self.qps).remove(&qpn);
+    }
+}
+
+/// Undoes a registration when its `Region` is dropped.
+struct Registration {
+    node: Weak<NodeInner>,
+    entry: Arc<RegEntry>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.entry.live.store(false, Ordering::Release);
+        if let Some(node) = self.node.upgrade() {
+            sync::write(&node.regions).remove(self.entry.key);
+        }
+    }
+}
+
+/// One node of a [`SimNetwork`].
+pub struct SimDevice {
+    net: Arc<NetInner>,
+    node: Arc<NodeInner>,
+}
+
+impl Device for SimDevice {
+    fn node(&self) -> NodeId {
+        self.node.id
+    }
+
+    fn backend(&self) -> &'static str {
+        "sim"
+    }
+
+    fn register(&self, len: u64, access: Access) -> Result<Region> {
+        self.register_memory(Arc::new(HeapMemory::new(len)), len, access)
+    }
+
+    fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
+        let available = mem.words().len() as u64 * 8;
+        if len > available {
+            return Err(FabricError::OutOfBounds {
+                offset: 0,
+                len,
+                region_len: available,
+            });
+        }
+        let entry = sync::write(&self.node.regions).insert(|key| {
+            Arc::new(RegEntry {
+                mem: mem.clone(),
+                len,
+                access,
+                key,
+                live: AtomicBool::new(true),
+            })
+        });
+        let key = entry.key;
+        Ok(Region::from_parts(
+            mem,
+            len,
+            (key, key),
+            access,
+            self.node.id,
+            Box::new(Registration {
+                node: Arc::downgrade(&self.node),
+                entry,
+            }),
+        ))
+    }
+
+    fn create_cq(&self, capacity: u32) -> Result<Arc<dyn CompletionQueue>> {
+        if capacity == 0 {
+            return Err(FabricError::InvalidWorkRequest(
+                "a completion queue needs a capacity of at least 1".into(),
+            ));
+        }
+        Ok(Arc::new(SimCq::new(capacity)))
+    }
+
+    fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>> {
+        let send_cq = SimCq::inner_of(&config.send_cq)?;
+        let recv_cq = SimCq::inner_of(&config.recv_cq)?;
+        if config.rnr_retry > 7 {
+            return Err(FabricError::InvalidWorkRequest(format!(
+                "rnr_retry is 0..=7, got {}",
+                config.rnr_retry
+            )));
+        }
+        if config.max_send_wr == 0 || config.max_recv_wr == 0 {
+            return Err(FabricError::InvalidWorkRequest(
+                "queue depths must be at least 1".into(),
+            ));
+        }
+        let qpn = self.node.next_qpn.fetch_add(1, Ordering::Relaxed);
+        let endpoint = QpEndpoint {
+            node: self.node.id,
+            qpn,
+        };
+        let inner = QpInner::new(
+            self.net.clone(),
+            self.node.clone(),
+            endpoint,
+            config,
+            send_cq,
+            recv_cq,
+        );
+        sync::write(&self.node.qps).insert(qpn, Arc::downgrade(&inner));
+        Ok(Arc::new(SimQp::new(inner)))
+    }
+}

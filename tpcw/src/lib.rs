@@ -1,0 +1,3 @@
+//! The TPC-W benchmark.
+//!
+//! Empty until the tpcw issue fills it.

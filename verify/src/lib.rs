@@ -1,0 +1,3 @@
+//! History recording and snapshot-isolation checkers.
+//!
+//! Empty until the verify issue fills it; see DESIGN.md ("Verification").

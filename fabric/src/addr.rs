@@ -66,7 +66,7 @@ pub struct RemoteAddr {
 
 impl RemoteAddr {
     /// The address `bytes` further on in the same region.
-    pub fn add(self, bytes: u64) -> RemoteAddr {
+    pub fn offset_by(self, bytes: u64) -> RemoteAddr {
         RemoteAddr {
             offset: self.offset + bytes,
             ..self

@@ -99,7 +99,7 @@ pub(crate) fn copy_between(
     if len == 0 {
         return;
     }
-    if src_offset % 8 == 0 && dst_offset % 8 == 0 && len % 8 == 0 {
+    if src_offset.is_multiple_of(8) && dst_offset.is_multiple_of(8) && len.is_multiple_of(8) {
         let s = &src[(src_offset / 8) as usize..((src_offset + len) / 8) as usize];
         let d = &dst[(dst_offset / 8) as usize..((dst_offset + len) / 8) as usize];
         let (last_d, body_d) = d.split_last().expect("len > 0");

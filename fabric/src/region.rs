@@ -134,7 +134,7 @@ impl Region {
     }
 
     fn word(&self, offset: u64) -> Result<&crate::sync::AtomicU64, FabricError> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(FabricError::Misaligned { offset });
         }
         self.check(offset, 8)?;

@@ -305,7 +305,7 @@ fn atomic_target<'c>(
     addr: RemoteAddr,
 ) -> Result<&'c crate::sync::AtomicU64, WcStatus> {
     let region = remote(cache, node, addr, 8, Access::REMOTE_ATOMIC)?;
-    if addr.offset % 8 != 0 {
+    if !addr.offset.is_multiple_of(8) {
         return Err(WcStatus::RemoteAccess);
     }
     Ok(&region.mem.words()[(addr.offset / 8) as usize])

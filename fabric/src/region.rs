@@ -153,3 +153,36 @@ impl Region {
         Ok(())
     }
 }
+
+#[cfg(all(test, not(fabric_loom)))]
+mod tests {
+    use crate::sim::{SimConfig, SimNetwork};
+    use crate::{Access, Device, FabricError};
+
+    #[test]
+    fn cpu_access_is_bounds_and_alignment_checked() {
+        let dev = SimNetwork::new(SimConfig::default()).add_node();
+        let r = dev.register(20, Access::ALL).unwrap();
+        assert_eq!(r.len(), 20);
+        r.write(12, &[1; 8]).unwrap();
+        assert!(matches!(
+            r.write(13, &[1; 8]),
+            Err(FabricError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.read(u64::MAX, &mut [0; 2]),
+            Err(FabricError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.load_u64(4),
+            Err(FabricError::Misaligned { offset: 4 })
+        ));
+        assert!(matches!(
+            r.load_u64(16),
+            Err(FabricError::OutOfBounds { .. })
+        ));
+        r.store_u64(8, 99).unwrap();
+        assert_eq!(r.load_u64(8).unwrap(), 99);
+        assert_eq!(r.to_vec(12, 4).unwrap(), 99u64.to_le_bytes()[4..8].to_vec());
+    }
+}

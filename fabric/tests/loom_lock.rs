@@ -8,7 +8,9 @@
 #![cfg(fabric_loom)]
 
 use fabric::sim::{SimConfig, SimNetwork};
-use fabric::{Access, Completion, CompletionQueue, Device, QueuePair, RemoteRegion, SendWr, Src, WcStatus};
+use fabric::{
+    Access, Completion, CompletionQueue, Device, QueuePair, RemoteRegion, SendWr, Src, WcStatus,
+};
 use std::sync::Arc;
 
 const LOCK: u64 = 0;
@@ -90,7 +92,11 @@ fn model(unlock_first: bool) -> usize {
         for w in workers {
             w.join().expect("worker");
         }
-        assert_eq!(region.load_u64(COUNTER).unwrap(), 2, "an increment was lost");
+        assert_eq!(
+            region.load_u64(COUNTER).unwrap(),
+            2,
+            "an increment was lost"
+        );
         assert_eq!(region.load_u64(LOCK).unwrap(), 0, "the lock was left taken");
     });
     explored.load(std::sync::atomic::Ordering::Relaxed)
@@ -102,7 +108,10 @@ fn cas_lock_protects_the_counter() {
     eprintln!("loom explored {explored} interleavings of the CAS lock");
     // Two workers contending through the sim's queue pairs, completion queues and
     // region tables leave far more than a handful of schedules.
-    assert!(explored > 100, "loom explored only {explored} interleavings");
+    assert!(
+        explored > 100,
+        "loom explored only {explored} interleavings"
+    );
 }
 
 #[test]

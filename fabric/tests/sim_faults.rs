@@ -12,7 +12,9 @@ struct Sim(SimConfig);
 impl fabric::conformance::Backend for Sim {
     fn devices(&self, nodes: usize) -> Vec<Arc<dyn Device>> {
         let net = SimNetwork::new(self.0.clone());
-        (0..nodes).map(|_| net.add_node() as Arc<dyn Device>).collect()
+        (0..nodes)
+            .map(|_| net.add_node() as Arc<dyn Device>)
+            .collect()
     }
 }
 
@@ -62,7 +64,10 @@ fn ud_reordering_is_injected() {
         300,
     );
     assert_eq!(got.len(), 300, "reordering loses nothing");
-    assert!(got.windows(2).any(|w| w[0] > w[1]), "no datagram was reordered");
+    assert!(
+        got.windows(2).any(|w| w[0] > w[1]),
+        "no datagram was reordered"
+    );
     let mut sorted = got.clone();
     sorted.sort_unstable();
     assert_eq!(sorted, (0..300).collect::<Vec<_>>());
@@ -104,7 +109,11 @@ fn cost_model_delays_completions_by_latency_and_bandwidth() {
     let len = 64 * 1024u32;
     let start = Instant::now();
     f.client_qp
-        .post_send(&[SendWr::read(1, f.local.buf(0, len), f.remote.remote_addr(0))])
+        .post_send(&[SendWr::read(
+            1,
+            f.local.buf(0, len),
+            f.remote.remote_addr(0),
+        )])
         .unwrap();
     let wc = wait(&f.client_cq, 1)[0];
     let elapsed = start.elapsed();
@@ -131,7 +140,11 @@ fn injected_delay_holds_completions_back_in_order() {
     let start = Instant::now();
     f.client_qp.post_send(&wrs).unwrap();
     let mut out = [fabric::Completion::default(); 8];
-    assert_eq!(f.client_cq.poll(&mut out).unwrap(), 0, "nothing is visible at once");
+    assert_eq!(
+        f.client_cq.poll(&mut out).unwrap(),
+        0,
+        "nothing is visible at once"
+    );
     let got = wait(&f.client_cq, 8);
     assert!(start.elapsed() >= Duration::from_millis(5));
     assert_eq!(

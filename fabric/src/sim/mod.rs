@@ -301,3 +301,69 @@ impl Device for SimDevice {
         Ok(Arc::new(SimQp::new(inner)))
     }
 }
+
+#[cfg(all(test, not(fabric_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reused_slots_get_fresh_keys() {
+        let net = SimNetwork::new(SimConfig::default());
+        let dev = net.add_node();
+        let first = dev.register(64, Access::ALL).unwrap();
+        let old_key = first.rkey();
+        drop(first);
+        let second = dev.register(64, Access::ALL).unwrap();
+        assert_ne!(
+            second.rkey(),
+            old_key,
+            "a stale rkey must not name the new region"
+        );
+        assert!(dev.node.region(old_key).is_none());
+        assert!(dev.node.region(second.rkey()).is_some());
+    }
+
+    #[test]
+    fn garbage_keys_resolve_to_nothing() {
+        let net = SimNetwork::new(SimConfig::default());
+        let dev = net.add_node();
+        let _r = dev.register(64, Access::ALL).unwrap();
+        for key in [0, 1, 0xff, u32::MAX, 0x0000_0200] {
+            assert!(dev.node.region(key).is_none(), "key {key:#x}");
+        }
+    }
+
+    #[test]
+    fn registering_more_than_the_memory_is_refused() {
+        let net = SimNetwork::new(SimConfig::default());
+        let dev = net.add_node();
+        let mem = Arc::new(HeapMemory::new(64));
+        assert!(matches!(
+            dev.register_memory(mem, 65, Access::ALL),
+            Err(FabricError::OutOfBounds { .. })
+        ));
+    }
+
+    #[test]
+    fn qps_of_another_backend_are_foreign() {
+        struct OtherCq;
+        impl CompletionQueue for OtherCq {
+            fn poll(&self, _: &mut [crate::Completion]) -> Result<usize> {
+                Ok(0)
+            }
+            fn capacity(&self) -> u32 {
+                1
+            }
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+        }
+        let net = SimNetwork::new(SimConfig::default());
+        let dev = net.add_node();
+        let other: Arc<dyn CompletionQueue> = Arc::new(OtherCq);
+        assert!(matches!(
+            dev.create_qp(&QpConfig::rc(&other)),
+            Err(FabricError::ForeignObject(_))
+        ));
+    }
+}

@@ -1,0 +1,125 @@
+//! `namdb bench fabric` as a user runs it: the built binary, its exit status, its
+//! JSON output and its error messages.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn namdb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(args)
+        .output()
+        .expect("the namdb binary runs")
+}
+
+/// A path in the temp directory no other test (or concurrent run) uses.
+fn temp_path(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    std::env::temp_dir().join(format!("namdb-{name}-{}-{nanos}.json", std::process::id()))
+}
+
+#[test]
+fn short_run_writes_every_row_to_json() {
+    let path = temp_path("bench-fabric");
+    let path_arg = path.to_str().expect("temp path is UTF-8");
+    let out = namdb(&[
+        "bench",
+        "fabric",
+        "--backend",
+        "sim",
+        "--duration-ms",
+        "20",
+        "--threads",
+        "1",
+        "--json",
+        path_arg,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "namdb failed: {stderr}");
+    let text = std::fs::read_to_string(&path).expect("JSON file written");
+    let _ = std::fs::remove_file(&path);
+    let rows: Vec<Value> = serde_json::from_str(&text).expect("JSON is a list");
+
+    let fields = [
+        "backend",
+        "op",
+        "bytes",
+        "threads",
+        "ops_per_sec",
+        "gb_per_sec",
+        "p50_ns",
+        "p99_ns",
+    ];
+    for row in &rows {
+        for f in fields {
+            assert!(row.get(f).is_some(), "row lacks `{f}`: {row}");
+        }
+        let ops = row["ops_per_sec"]
+            .as_f64()
+            .expect("ops_per_sec is a number");
+        let gbs = row["gb_per_sec"].as_f64().expect("gb_per_sec is a number");
+        let p50 = row["p50_ns"].as_u64().expect("p50_ns is an integer");
+        let p99 = row["p99_ns"].as_u64().expect("p99_ns is an integer");
+        assert!(ops > 0.0 && gbs > 0.0, "no throughput: {row}");
+        assert!(p99 >= p50 && p50 > 0, "bad percentiles: {row}");
+    }
+
+    let expected = [
+        ("read", 64),
+        ("read", 4096),
+        ("read", 65536),
+        ("write", 64),
+        ("write", 4096),
+        ("write", 65536),
+        ("cas", 8),
+        ("fetch_add", 8),
+        ("send_recv", 4096),
+    ];
+    for (op, bytes) in expected {
+        let found = rows.iter().filter(|r| {
+            r["op"] == op && r["bytes"] == bytes && r["threads"] == 1 && r["backend"] == "sim"
+        });
+        assert_eq!(
+            found.count(),
+            1,
+            "expected one {op} {bytes} B row in {text}"
+        );
+    }
+    let memcpy: Vec<_> = rows.iter().filter(|r| r["op"] == "memcpy").collect();
+    assert_eq!(memcpy.len(), 1, "expected one memcpy row in {text}");
+    assert_eq!(memcpy[0]["threads"], 1);
+    assert_eq!(rows.len(), expected.len() + 1, "unexpected rows in {text}");
+
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("memcpy reference"), "{stdout}");
+}
+
+#[test]
+fn unknown_cost_model_fails_with_the_choices() {
+    let out = namdb(&["bench", "fabric", "--cost", "nosuch"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nosuch") && stderr.contains("fdr4x") && stderr.contains("edr4x"),
+        "unclear message: {stderr}"
+    );
+}
+
+#[test]
+fn unwritable_json_path_fails_before_measuring() {
+    let dir = temp_path("no-such-dir");
+    let path = dir.join("out.json");
+    let path_arg = path.to_str().expect("temp path is UTF-8");
+    let out = namdb(&["bench", "fabric", "--json", path_arg]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("JSON output file") && stderr.contains(path_arg),
+        "unclear message: {stderr}"
+    );
+    // Nothing was measured: the run stopped at the bad path.
+    assert!(!stderr.contains("thread(s)…"), "{stderr}");
+}

@@ -143,11 +143,17 @@ impl Fixture {
 
     /// Reads `len` remote bytes at `offset` with a READ.
     pub fn get(&self, offset: u64, len: usize) -> Vec<u8> {
+        self.get_from(&self.remote, offset, len)
+    }
+
+    /// Reads `len` bytes of any server region (registered with `REMOTE_READ`) with a
+    /// READ, so checks hold when the server's memory is in another process.
+    pub fn get_from(&self, region: &Region, offset: u64, len: usize) -> Vec<u8> {
         let scratch = REGION_BYTES / 2;
         let wc = self.run(SendWr::read(
             2,
             self.local.buf(scratch, len as u32),
-            self.remote.remote_addr(offset),
+            region.remote_addr(offset),
         ));
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
         self.local.to_vec(scratch, len).expect("local read")
@@ -286,7 +292,10 @@ pub fn atomic_results_are_words_in_region_byte_order(b: &dyn Backend) {
 
 pub fn send_lands_in_posted_receive(b: &dyn Backend) {
     let f = Fixture::new(b);
-    let inbox = f.server.register(8192, Access::LOCAL_WRITE).unwrap();
+    let inbox = f
+        .server
+        .register(8192, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
     f.server_qp
         .post_recv(&[
             RecvWr {
@@ -314,12 +323,12 @@ pub fn send_lands_in_posted_receive(b: &dyn Backend) {
     assert_eq!(got[0].byte_len, 3000);
     assert_eq!(got[0].imm, None);
     assert_eq!(got[0].src, Some(f.client_qp.endpoint()));
-    assert_eq!(inbox.to_vec(0, 3000).unwrap(), data);
+    assert_eq!(f.get_from(&inbox, 0, 3000), data);
     assert_eq!(
         (got[1].wr_id, got[1].byte_len, got[1].imm),
         (101, 5, Some(0xfeed))
     );
-    assert_eq!(inbox.to_vec(4096, 5).unwrap(), b"hello");
+    assert_eq!(f.get_from(&inbox, 4096, 5), b"hello");
 }
 
 pub fn write_with_imm_consumes_a_receive(b: &dyn Backend) {
@@ -351,7 +360,10 @@ pub fn write_with_imm_consumes_a_receive(b: &dyn Backend) {
 
 pub fn sends_arrive_in_order_on_rc(b: &dyn Backend) {
     let f = Fixture::new(b);
-    let inbox = f.server.register(64 * 8, Access::LOCAL_WRITE).unwrap();
+    let inbox = f
+        .server
+        .register(64 * 8, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
     let recvs: Vec<RecvWr> = (0..64)
         .map(|i| RecvWr {
             wr_id: i,
@@ -368,13 +380,11 @@ pub fn sends_arrive_in_order_on_rc(b: &dyn Backend) {
     f.client_qp.post_send(&wrs).unwrap();
     wait(&f.client_cq, 1);
     let got = wait(&f.server_cq, 64);
+    let landed = f.get_from(&inbox, 0, 64 * 8);
     for (i, wc) in got.iter().enumerate() {
         assert_eq!(wc.wr_id, i as u64);
-        assert_eq!(
-            inbox.load_u64(i as u64 * 8).unwrap(),
-            i as u64,
-            "message {i} landed in receive {i}"
-        );
+        let v = u64::from_le_bytes(landed[i * 8..][..8].try_into().unwrap());
+        assert_eq!(v, i as u64, "message {i} landed in receive {i}");
     }
 }
 
@@ -1000,7 +1010,10 @@ pub fn rnr_send_completes_when_a_receive_arrives(b: &dyn Backend) {
         0,
         "a WRITE behind an RNR-waiting SEND must not land"
     );
-    let inbox = f.server.register(64, Access::LOCAL_WRITE).unwrap();
+    let inbox = f
+        .server
+        .register(64, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
     f.server_qp
         .post_recv(&[RecvWr {
             wr_id: 9,
@@ -1013,7 +1026,7 @@ pub fn rnr_send_completes_when_a_receive_arrives(b: &dyn Backend) {
         vec![(1, WcStatus::Success), (2, WcStatus::Success)]
     );
     assert_eq!(wait(&f.server_cq, 1)[0].byte_len, 4);
-    assert_eq!(inbox.to_vec(0, 4).unwrap(), b"late");
+    assert_eq!(f.get_from(&inbox, 0, 4), b"late");
     assert_eq!(f.get_u64(0), 5);
 }
 
@@ -1034,6 +1047,8 @@ fn ud_pair(backend: &dyn Backend) -> UdPair {
     let a = d.pop().unwrap();
     let a_cq = a.create_cq(4096).unwrap();
     let b_cq = b.create_cq(4096).unwrap();
+    a.add_peer(b.node(), &b.address()).unwrap();
+    b.add_peer(a.node(), &a.address()).unwrap();
     let a_qp = a.create_qp(&QpConfig::ud(&a_cq)).unwrap();
     let b_qp = b.create_qp(&QpConfig::ud(&b_cq)).unwrap();
     assert_eq!(a_qp.kind(), QpKind::Ud);

@@ -15,6 +15,13 @@ pub trait Device: Send + Sync {
     fn node(&self) -> NodeId;
     /// The backend's name: `sim`, `shm`, `tcp` or `verbs`.
     fn backend(&self) -> &'static str;
+    /// How peers reach this device (`sim:3`, `tcp:127.0.0.1:7000`, …): what an
+    /// out-of-band exchange hands to the other side's [`Device::add_peer`], together
+    /// with [`Device::node`] and a queue pair's number.
+    fn address(&self) -> String;
+    /// Tells the device how to reach `node`, as an address handle or path record does
+    /// on hardware. Needed before connecting to, or sending datagrams to, that node.
+    fn add_peer(&self, node: NodeId, address: &str) -> Result<()>;
     /// Allocates `len` bytes of zeroed memory suited to the backend and registers it.
     fn register(&self, len: u64, access: Access) -> Result<Region>;
     /// Registers existing memory (the first `len` bytes of `mem`).

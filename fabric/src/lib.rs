@@ -55,6 +55,8 @@ pub fn connect_rc_with(
     b: (&dyn Device, &Arc<dyn CompletionQueue>),
     tune: impl Fn(QpConfig) -> QpConfig,
 ) -> Result<(Arc<dyn QueuePair>, Arc<dyn QueuePair>)> {
+    a.0.add_peer(b.0.node(), &b.0.address())?;
+    b.0.add_peer(a.0.node(), &a.0.address())?;
     let qa = a.0.create_qp(&tune(QpConfig::rc(a.1)))?;
     let qb = b.0.create_qp(&tune(QpConfig::rc(b.1)))?;
     qa.connect(qb.endpoint())?;

@@ -225,6 +225,27 @@ impl Device for SimDevice {
         "sim"
     }
 
+    fn address(&self) -> String {
+        format!("sim:{}", self.node.id.0)
+    }
+
+    /// Every node of a network reaches every other; this only checks that the address
+    /// names `node` in this network.
+    fn add_peer(&self, node: NodeId, address: &str) -> Result<()> {
+        if address != format!("sim:{}", node.0) {
+            return Err(FabricError::Backend(format!(
+                "`{address}` is not the sim address of {node} (expected `sim:{}`)",
+                node.0
+            )));
+        }
+        if self.net.node(node).is_none() {
+            return Err(FabricError::Backend(format!(
+                "{node} is not part of this sim network"
+            )));
+        }
+        Ok(())
+    }
+
     fn register(&self, len: u64, access: Access) -> Result<Region> {
         self.register_memory(Arc::new(HeapMemory::new(len)), len, access)
     }
@@ -321,6 +342,16 @@ mod tests {
         );
         assert!(dev.node.region(old_key).is_none());
         assert!(dev.node.region(second.rkey()).is_some());
+    }
+
+    #[test]
+    fn peers_are_checked_against_the_network() {
+        let net = SimNetwork::new(SimConfig::default());
+        let (a, b) = (net.add_node(), net.add_node());
+        assert_eq!(b.address(), "sim:1");
+        a.add_peer(b.node(), &b.address()).unwrap();
+        assert!(a.add_peer(b.node(), "sim:7").is_err());
+        assert!(a.add_peer(NodeId(9), "sim:9").is_err());
     }
 
     #[test]

@@ -21,12 +21,15 @@
 mod addr;
 mod async_qp;
 pub mod conformance;
+mod cq;
 mod device;
 mod error;
 mod memory;
 mod region;
+mod registry;
 pub mod sim;
 mod sync;
+mod validate;
 mod wr;
 
 pub use addr::{Access, LocalBuf, NodeId, QpEndpoint, RemoteAddr, RemoteRegion, UdDest};

@@ -6,18 +6,18 @@
 //! drops, delays) and a latency/bandwidth cost model are opt-in through [`SimConfig`].
 
 mod cost;
-mod cq;
 mod qp;
 
 pub use cost::CostModel;
 
 use crate::addr::{Access, NodeId, QpEndpoint};
+use crate::cq::SoftCq;
 use crate::device::{CompletionQueue, Device, QpConfig, QueuePair};
 use crate::error::{FabricError, Result};
 use crate::memory::{HeapMemory, Memory};
 use crate::region::Region;
-use crate::sync::{self, AtomicBool, AtomicU32, Mutex, Ordering, RwLock};
-use cq::SimCq;
+use crate::registry::{self, RegEntry, Registration, Registry};
+use crate::sync::{self, AtomicU32, Mutex, Ordering, RwLock};
 use qp::{QpInner, SimQp};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -113,7 +113,7 @@ impl SimNetwork {
         let mut nodes = sync::write(&self.inner.nodes);
         let node = Arc::new(NodeInner {
             id: NodeId(nodes.len() as u32),
-            regions: RwLock::new(RegionTable::default()),
+            regions: Registry::default(),
             qps: RwLock::new(HashMap::new()),
             next_qpn: AtomicU32::new(1),
             port: Mutex::new(cost::Port::new()),
@@ -126,64 +126,23 @@ impl SimNetwork {
     }
 }
 
-/// A registered region as the device sees it.
-pub(crate) struct RegEntry {
-    pub(crate) mem: Arc<dyn Memory>,
-    pub(crate) len: u64,
-    pub(crate) access: Access,
-    pub(crate) key: u32,
-    pub(crate) live: AtomicBool,
-}
-
-/// Registered regions by key. A key is `(slot + 1) << 8 | generation`, so a key of a
-/// deregistered region never names a later one in the same slot (for 256 reuses).
-#[derive(Default)]
-struct RegionTable {
-    slots: Vec<(u8, Option<Arc<RegEntry>>)>,
-    free: Vec<usize>,
-}
-
-impl RegionTable {
-    fn insert(&mut self, make: impl FnOnce(u32) -> Arc<RegEntry>) -> Arc<RegEntry> {
-        let slot = self.free.pop().unwrap_or_else(|| {
-            self.slots.push((0, None));
-            self.slots.len() - 1
-        });
-        let generation = self.slots[slot].0.wrapping_add(1);
-        let key = ((slot as u32 + 1) << 8) | generation as u32;
-        let entry = make(key);
-        self.slots[slot] = (generation, Some(entry.clone()));
-        entry
-    }
-
-    fn get(&self, key: u32) -> Option<&Arc<RegEntry>> {
-        let slot = ((key >> 8) as usize).checked_sub(1)?;
-        match self.slots.get(slot)? {
-            (g, Some(e)) if *g as u32 == key & 0xff => Some(e),
-            _ => None,
-        }
-    }
-
-    fn remove(&mut self, key: u32) {
-        if self.get(key).is_some() {
-            let slot = (key >> 8) as usize - 1;
-            self.slots[slot].1 = None;
-            self.free.push(slot);
-        }
-    }
-}
-
 pub(crate) struct NodeInner {
     pub(crate) id: NodeId,
-    regions: RwLock<RegionTable>,
+    regions: Registry,
     qps: RwLock<HashMap<u32, Weak<QpInner>>>,
     next_qpn: AtomicU32,
     pub(crate) port: Mutex<cost::Port>,
 }
 
+impl AsRef<Registry> for NodeInner {
+    fn as_ref(&self) -> &Registry {
+        &self.regions
+    }
+}
+
 impl NodeInner {
     pub(crate) fn region(&self, key: u32) -> Option<Arc<RegEntry>> {
-        sync::read(&self.regions).get(key).cloned()
+        registry::lookup(&self.regions, key)
     }
 
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {
@@ -192,21 +151,6 @@ impl NodeInner {
 
     pub(crate) fn forget_qp(&self, qpn: u32) {
         sync::write(&self.qps).remove(&qpn);
-    }
-}
-
-/// Undoes a registration when its `Region` is dropped.
-struct Registration {
-    node: Weak<NodeInner>,
-    entry: Arc<RegEntry>,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.entry.live.store(false, Ordering::Release);
-        if let Some(node) = self.node.upgrade() {
-            sync::write(&node.regions).remove(self.entry.key);
-        }
     }
 }
 
@@ -259,15 +203,7 @@ impl Device for SimDevice {
                 region_len: available,
             });
         }
-        let entry = sync::write(&self.node.regions).insert(|key| {
-            Arc::new(RegEntry {
-                mem: mem.clone(),
-                len,
-                access,
-                key,
-                live: AtomicBool::new(true),
-            })
-        });
+        let entry = registry::register(&self.node.regions, mem.clone(), len, access);
         let key = entry.key;
         Ok(Region::from_parts(
             mem,
@@ -276,7 +212,7 @@ impl Device for SimDevice {
             access,
             self.node.id,
             Box::new(Registration {
-                node: Arc::downgrade(&self.node),
+                owner: Arc::downgrade(&self.node),
                 entry,
             }),
         ))
@@ -288,12 +224,12 @@ impl Device for SimDevice {
                 "a completion queue needs a capacity of at least 1".into(),
             ));
         }
-        Ok(Arc::new(SimCq::new(capacity)))
+        Ok(Arc::new(SoftCq::new(capacity)))
     }
 
     fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>> {
-        let send_cq = SimCq::inner_of(&config.send_cq)?;
-        let recv_cq = SimCq::inner_of(&config.recv_cq)?;
+        let send_cq = SoftCq::inner_of(&config.send_cq)?;
+        let recv_cq = SoftCq::inner_of(&config.recv_cq)?;
         if config.rnr_retry > 7 {
             return Err(FabricError::InvalidWorkRequest(format!(
                 "rnr_retry is 0..=7, got {}",

@@ -5,13 +5,15 @@
 //! once cannot deadlock.
 
 use super::cost::LatencyClass;
-use super::cq::{CqEntry, CqInner};
-use super::{NetInner, NodeInner, RegEntry};
+use super::{NetInner, NodeInner};
 use crate::addr::{Access, LocalBuf, QpEndpoint, RemoteAddr, UdDest};
+use crate::cq::{CqEntry, CqInner, Progress};
 use crate::device::{QpConfig, QpKind, QueuePair};
 use crate::error::{FabricError, QpState, Result, WcStatus};
 use crate::memory;
+use crate::registry::RegEntry;
 use crate::sync::{self, AtomicU8, AtomicU32, Mutex, MutexGuard, Ordering};
+use crate::validate::validate;
 use crate::wr::{Completion, GRH_BYTES, RecvWr, SendWr, Src, UD_MTU, WcOpcode, WrOp};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -402,10 +404,12 @@ impl QpInner {
     fn is_up(&self) -> bool {
         self.raw_state() == READY
     }
+}
 
+impl Progress for QpInner {
     /// Gives deferred work a chance to run: RNR-deferred sends retry, a held-back
     /// datagram is delivered. Returns whether work is still waiting.
-    pub(crate) fn progress(&self) -> bool {
+    fn progress(&self) -> bool {
         let mut side = sync::lock(&self.sq);
         if !side.backlog.is_empty() {
             self.run_backlog(&mut side);
@@ -420,7 +424,9 @@ impl QpInner {
         }
         waiting
     }
+}
 
+impl QpInner {
     fn run_backlog(&self, side: &mut SendSide) {
         while let Some(deferred) = side.backlog.pop_front() {
             let wr = deferred.as_wr();
@@ -757,7 +763,7 @@ impl QpInner {
                 src: self.endpoint,
             });
             drop(rq);
-            target.recv_cq.add_waiting(&target);
+            target.recv_cq.add_waiting(target.clone());
             return Ok(0);
         }
         target.deliver_locked(&mut rq, &payload, imm, self.endpoint, true, visible);
@@ -825,62 +831,6 @@ impl QpInner {
         Delivery::Delivered
     }
 
-    /// Checks what the device rejects at post time (`ibv_post_send` returning EINVAL).
-    fn validate(&self, side: &SendSide, wr: &SendWr<'_>) -> Result<()> {
-        let bad = |m: String| Err(FabricError::InvalidWorkRequest(m));
-        match self.kind {
-            QpKind::Ud => {
-                if !matches!(wr.op, WrOp::Send { .. }) {
-                    return bad(format!(
-                        "{:?} is not available on a UD queue pair",
-                        wr.op.opcode()
-                    ));
-                }
-                if wr.dest.is_none() {
-                    return bad("a UD send needs a destination".into());
-                }
-            }
-            QpKind::Rc => {
-                if wr.dest.is_some() {
-                    return bad("an RC work request must not carry a UD destination".into());
-                }
-                let remote = match wr.op {
-                    WrOp::Read { remote, .. }
-                    | WrOp::Write { remote, .. }
-                    | WrOp::Cas { remote, .. }
-                    | WrOp::FetchAdd { remote, .. } => Some(remote),
-                    WrOp::Send { .. } => None,
-                };
-                if let (Some(remote), Some(peer)) = (remote, &side.peer)
-                    && remote.node != peer.node.id
-                {
-                    return bad(format!(
-                        "remote address is on {} but the queue pair is connected to {}",
-                        remote.node, peer.node.id
-                    ));
-                }
-            }
-        }
-        match wr.op {
-            WrOp::Write {
-                local: Src::Inline(d),
-                ..
-            }
-            | WrOp::Send {
-                local: Src::Inline(d),
-                ..
-            } if d.len() > self.caps.max_inline as usize => bad(format!(
-                "{} bytes of inline data exceed max_inline {}",
-                d.len(),
-                self.caps.max_inline
-            )),
-            WrOp::Cas { local, .. } | WrOp::FetchAdd { local, .. } if local.len != 8 => bad(
-                format!("an atomic's result buffer is 8 bytes, got {}", local.len),
-            ),
-            _ => Ok(()),
-        }
-    }
-
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let state = self.raw_state();
         if state == INIT {
@@ -904,7 +854,12 @@ impl QpInner {
                     depth: self.caps.max_send_wr,
                 })
             } else {
-                self.validate(&side, wr)
+                validate(
+                    self.kind,
+                    side.peer.as_ref().map(|p| p.node.id),
+                    self.caps.max_inline,
+                    wr,
+                )
             };
             if let Err(e) = check {
                 result = Err(FabricError::Post {
@@ -947,7 +902,7 @@ impl QpInner {
         let waiting = !side.backlog.is_empty();
         drop(side);
         if waiting && let Some(me) = self.me.upgrade() {
-            self.send_cq.add_waiting(&me);
+            self.send_cq.add_waiting(me);
         }
         result
     }

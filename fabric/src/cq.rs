@@ -1,6 +1,4 @@
-//! Completion queues of the sim backend.
-
-use super::qp::QpInner;
+//! The software completion queue of the sim, shm and tcp backends.
 use crate::device::CompletionQueue;
 use crate::error::{FabricError, Result};
 use crate::sync::{self, AtomicBool, AtomicU32, Mutex, Ordering};
@@ -9,6 +7,13 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
+
+/// A queue pair with work that only makes progress when someone polls: RNR-deferred
+/// sends, held-back datagrams, responses still on the wire.
+pub(crate) trait Progress: Send + Sync {
+    /// Makes what progress it can; returns whether work is still waiting.
+    fn progress(&self) -> bool;
+}
 
 pub(crate) struct CqEntry {
     pub(crate) wc: Completion,
@@ -27,7 +32,7 @@ pub(crate) struct CqInner {
     /// Queue pairs with work that waits on time or on a peer: RNR-deferred sends and
     /// held-back datagrams. Polling gives them a chance to progress, as the NIC's
     /// retry timer would.
-    waiting: Mutex<Vec<Weak<QpInner>>>,
+    waiting: Mutex<Vec<Weak<dyn Progress>>>,
     has_waiting: AtomicBool,
 }
 
@@ -62,13 +67,13 @@ impl CqInner {
         }
     }
 
-    pub(crate) fn add_waiting(&self, qp: &Arc<QpInner>) {
+    pub(crate) fn add_waiting(&self, qp: Arc<dyn Progress>) {
         let mut waiting = sync::lock(&self.waiting);
         if !waiting
             .iter()
-            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp)))
+            .any(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(&qp)))
         {
-            waiting.push(Arc::downgrade(qp));
+            waiting.push(Arc::downgrade(&qp));
         }
         self.has_waiting.store(true, Ordering::Release);
     }
@@ -77,13 +82,13 @@ impl CqInner {
         if !self.has_waiting.load(Ordering::Acquire) {
             return;
         }
-        let qps: Vec<Weak<QpInner>> = std::mem::take(&mut *sync::lock(&self.waiting));
+        let qps: Vec<Weak<dyn Progress>> = std::mem::take(&mut *sync::lock(&self.waiting));
         self.has_waiting.store(false, Ordering::Release);
         for weak in qps {
             if let Some(qp) = weak.upgrade()
                 && qp.progress()
             {
-                self.add_waiting(&qp);
+                self.add_waiting(qp);
             }
         }
     }
@@ -117,13 +122,13 @@ impl CqInner {
 }
 
 /// The handle `create_cq` returns.
-pub(crate) struct SimCq {
+pub(crate) struct SoftCq {
     inner: Arc<CqInner>,
 }
 
-impl SimCq {
-    pub(crate) fn new(capacity: u32) -> SimCq {
-        SimCq {
+impl SoftCq {
+    pub(crate) fn new(capacity: u32) -> SoftCq {
+        SoftCq {
             inner: Arc::new(CqInner {
                 capacity,
                 entries: Mutex::new(VecDeque::with_capacity(capacity.min(4096) as usize)),
@@ -136,7 +141,7 @@ impl SimCq {
 
     pub(crate) fn inner_of(cq: &Arc<dyn CompletionQueue>) -> Result<Arc<CqInner>> {
         cq.as_any()
-            .downcast_ref::<SimCq>()
+            .downcast_ref::<SoftCq>()
             .map(|c| c.inner.clone())
             .ok_or(FabricError::ForeignObject(
                 "completion queue of another backend",
@@ -144,7 +149,7 @@ impl SimCq {
     }
 }
 
-impl CompletionQueue for SimCq {
+impl CompletionQueue for SoftCq {
     fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         self.inner.poll(out)
     }

@@ -127,6 +127,15 @@ pub(crate) struct SoftCq {
 }
 
 impl SoftCq {
+    pub(crate) fn create(capacity: u32) -> Result<Arc<dyn CompletionQueue>> {
+        if capacity == 0 {
+            return Err(FabricError::InvalidWorkRequest(
+                "a completion queue needs a capacity of at least 1".into(),
+            ));
+        }
+        Ok(Arc::new(SoftCq::new(capacity)))
+    }
+
     pub(crate) fn new(capacity: u32) -> SoftCq {
         SoftCq {
             inner: Arc::new(CqInner {

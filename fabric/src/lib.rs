@@ -29,6 +29,8 @@ mod region;
 mod registry;
 pub mod sim;
 mod sync;
+#[cfg(not(fabric_loom))]
+pub mod tcp;
 mod validate;
 mod wr;
 

@@ -219,12 +219,7 @@ impl Device for SimDevice {
     }
 
     fn create_cq(&self, capacity: u32) -> Result<Arc<dyn CompletionQueue>> {
-        if capacity == 0 {
-            return Err(FabricError::InvalidWorkRequest(
-                "a completion queue needs a capacity of at least 1".into(),
-            ));
-        }
-        Ok(Arc::new(SoftCq::new(capacity)))
+        SoftCq::create(capacity)
     }
 
     fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>> {

@@ -1,0 +1,252 @@
+//! The `tcp` backend: hosts without RDMA NICs.
+//!
+//! Every device runs a soft-NIC: a TCP listener whose per-connection responder threads
+//! execute one-sided operations on the device's registered memory and deliver SENDs to
+//! its queue pairs, with every protection check (rkey, bounds, access flags,
+//! alignment) on the responder's side. An RC queue pair is one TCP connection from
+//! requester to responder; a batch of work requests is one frame (one write: the
+//! doorbell), frames are pipelined, and responses come back in order, so RC ordering
+//! is TCP's. UD queue pairs are datagrams over UDP on the same port number, demultiplexed
+//! by queue-pair number. Connections authenticate with the cluster token (mutual
+//! HMAC-SHA256 challenge-response; the token never crosses the wire).
+//!
+//! The requester side has no threads: polling a completion queue reads whatever
+//! responses have arrived, as a NIC's completions would.
+
+mod qp;
+mod responder;
+mod wire;
+
+use crate::addr::{Access, NodeId, QpEndpoint};
+use crate::cq::SoftCq;
+use crate::device::{CompletionQueue, Device, QpConfig, QueuePair};
+use crate::error::{FabricError, Result};
+use crate::memory::{HeapMemory, Memory};
+use crate::region::Region;
+use crate::registry::{self, Registration, Registry};
+use qp::{QpShared, TcpQp};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+pub(crate) struct TcpNode {
+    id: NodeId,
+    addr: SocketAddr,
+    token: Vec<u8>,
+    regions: Registry,
+    qps: RwLock<HashMap<u32, Weak<QpShared>>>,
+    next_qpn: AtomicU32,
+    peers: RwLock<HashMap<NodeId, SocketAddr>>,
+    udp: UdpSocket,
+    shutdown: AtomicBool,
+    /// Live responder connections, so that shutting the device down closes them.
+    connections: Mutex<HashMap<u64, TcpStream>>,
+    next_connection: std::sync::atomic::AtomicU64,
+}
+
+impl AsRef<Registry> for TcpNode {
+    fn as_ref(&self) -> &Registry {
+        &self.regions
+    }
+}
+
+impl TcpNode {
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpShared>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)?
+            .upgrade()
+    }
+
+    fn forget_qp(&self, qpn: u32) {
+        self.qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn);
+    }
+
+    pub(crate) fn peer(&self, node: NodeId) -> Option<SocketAddr> {
+        self.peers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .copied()
+    }
+
+    fn is_shut_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+}
+
+/// A tcp device: one node with its soft-NIC. Dropping it stops the soft-NIC.
+pub struct TcpDevice {
+    node: Arc<TcpNode>,
+}
+
+impl TcpDevice {
+    /// Binds the soft-NIC to `addr` (e.g. `127.0.0.1:0` for an ephemeral port) with a
+    /// random node id. Peers must present the same cluster `token`.
+    pub fn bind(addr: &str, token: &[u8]) -> Result<Arc<TcpDevice>> {
+        TcpDevice::bind_as(addr, token, NodeId(rand::random()))
+    }
+
+    /// As [`TcpDevice::bind`], with a chosen node id (unique in the cluster).
+    pub fn bind_as(addr: &str, token: &[u8], id: NodeId) -> Result<Arc<TcpDevice>> {
+        if token.is_empty() {
+            return Err(FabricError::Backend("the cluster token is empty".into()));
+        }
+        let io =
+            |what: &str, e: std::io::Error| FabricError::Backend(format!("{what} {addr}: {e}"));
+        let listener = TcpListener::bind(addr).map_err(|e| io("cannot listen on", e))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| io("cannot read the address of", e))?;
+        let udp = UdpSocket::bind(bound).map_err(|e| io("cannot bind UDP on", e))?;
+        udp.set_read_timeout(Some(Duration::from_millis(50)))
+            .map_err(|e| io("cannot configure UDP on", e))?;
+        let node = Arc::new(TcpNode {
+            id,
+            addr: bound,
+            token: token.to_vec(),
+            regions: Registry::default(),
+            qps: RwLock::new(HashMap::new()),
+            next_qpn: AtomicU32::new(1),
+            peers: RwLock::new(HashMap::new()),
+            udp,
+            shutdown: AtomicBool::new(false),
+            connections: Mutex::new(HashMap::new()),
+            next_connection: std::sync::atomic::AtomicU64::new(0),
+        });
+        let accept_node = node.clone();
+        std::thread::Builder::new()
+            .name(format!("tcp-nic-{}", bound.port()))
+            .spawn(move || responder::accept_loop(accept_node, listener))
+            .map_err(|e| io("cannot start the soft-NIC for", e))?;
+        let udp_node = node.clone();
+        std::thread::Builder::new()
+            .name(format!("tcp-ud-{}", bound.port()))
+            .spawn(move || responder::datagram_loop(udp_node))
+            .map_err(|e| io("cannot start the UD receiver for", e))?;
+        Ok(Arc::new(TcpDevice { node }))
+    }
+
+    /// The socket address the soft-NIC listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.node.addr
+    }
+}
+
+impl Drop for TcpDevice {
+    fn drop(&mut self) {
+        self.node.shutdown.store(true, Ordering::Release);
+        // Wakes the accept loop, which sees the flag and exits.
+        let _ = TcpStream::connect_timeout(&self.node.addr, Duration::from_millis(100));
+        for c in self
+            .node
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, c)| c)
+        {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Parses `tcp:HOST:PORT`.
+fn parse_address(address: &str) -> Result<SocketAddr> {
+    let rest = address.strip_prefix("tcp:").ok_or_else(|| {
+        FabricError::Backend(format!(
+            "`{address}` is not a tcp address (expected tcp:HOST:PORT)"
+        ))
+    })?;
+    rest.to_socket_addrs()
+        .map_err(|e| FabricError::Backend(format!("cannot resolve `{address}`: {e}")))?
+        .next()
+        .ok_or_else(|| FabricError::Backend(format!("`{address}` resolves to nothing")))
+}
+
+impl Device for TcpDevice {
+    fn node(&self) -> NodeId {
+        self.node.id
+    }
+
+    fn backend(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn address(&self) -> String {
+        format!("tcp:{}", self.node.addr)
+    }
+
+    fn add_peer(&self, node: NodeId, address: &str) -> Result<()> {
+        let addr = parse_address(address)?;
+        self.node
+            .peers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node, addr);
+        Ok(())
+    }
+
+    fn register(&self, len: u64, access: Access) -> Result<Region> {
+        self.register_memory(Arc::new(HeapMemory::new(len)), len, access)
+    }
+
+    fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
+        let available = mem.words().len() as u64 * 8;
+        if len > available {
+            return Err(FabricError::OutOfBounds {
+                offset: 0,
+                len,
+                region_len: available,
+            });
+        }
+        let entry = registry::register(&self.node.regions, mem.clone(), len, access);
+        let key = entry.key;
+        Ok(Region::from_parts(
+            mem,
+            len,
+            (key, key),
+            access,
+            self.node.id,
+            Box::new(Registration {
+                owner: Arc::downgrade(&self.node),
+                entry,
+            }),
+        ))
+    }
+
+    fn create_cq(&self, capacity: u32) -> Result<Arc<dyn CompletionQueue>> {
+        SoftCq::create(capacity)
+    }
+
+    fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>> {
+        let send_cq = SoftCq::inner_of(&config.send_cq)?;
+        let recv_cq = SoftCq::inner_of(&config.recv_cq)?;
+        if config.rnr_retry > 7 || config.max_send_wr == 0 || config.max_recv_wr == 0 {
+            return Err(FabricError::InvalidWorkRequest(
+                "rnr_retry is 0..=7 and queue depths at least 1".into(),
+            ));
+        }
+        let qpn = self.node.next_qpn.fetch_add(1, Ordering::Relaxed);
+        let endpoint = QpEndpoint {
+            node: self.node.id,
+            qpn,
+        };
+        let shared = QpShared::new(self.node.clone(), endpoint, config, send_cq, recv_cq);
+        self.node
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn, Arc::downgrade(&shared));
+        Ok(Arc::new(TcpQp::new(shared)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -6,19 +6,23 @@ use anyhow::Result;
 use clap::ValueEnum;
 use fabric::Device;
 use fabric::sim::{CostModel, SimConfig, SimNetwork};
+use fabric::tcp::TcpDevice;
 use std::sync::Arc;
 
-/// A fabric backend. Only `sim` exists today; `shm`, `tcp` and `verbs` join here.
+/// A fabric backend. `shm` and `verbs` join here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
     /// In-process simulation (`fabric::sim`).
     Sim,
+    /// Soft-NICs over TCP on loopback (`fabric::tcp`), both nodes in this process.
+    Tcp,
 }
 
 impl BackendKind {
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Sim => "sim",
+            BackendKind::Tcp => "tcp",
         }
     }
 }
@@ -35,6 +39,12 @@ pub struct Nodes {
 pub fn nodes(kind: BackendKind, cost: Option<CostModel>) -> Result<Nodes> {
     match kind {
         BackendKind::Sim => Ok(sim_nodes(cost)),
+        BackendKind::Tcp => {
+            if cost.is_some() {
+                anyhow::bail!("--cost models the sim fabric; the tcp backend has real costs");
+            }
+            tcp_nodes()
+        }
     }
 }
 
@@ -46,6 +56,14 @@ fn sim_nodes(cost: Option<CostModel>) -> Nodes {
     let server: Arc<dyn Device> = net.add_node();
     let client: Arc<dyn Device> = net.add_node();
     Nodes { server, client }
+}
+
+fn tcp_nodes() -> Result<Nodes> {
+    // Both soft-NICs live in this process, so a fresh random token is the cluster's.
+    let token: [u8; 32] = rand::random();
+    let server: Arc<dyn Device> = TcpDevice::bind("127.0.0.1:0", &token)?;
+    let client: Arc<dyn Device> = TcpDevice::bind("127.0.0.1:0", &token)?;
+    Ok(Nodes { server, client })
 }
 
 /// Parses a `--cost` profile name for clap. The error lists the profiles, so a typo

@@ -123,3 +123,48 @@ fn unwritable_json_path_fails_before_measuring() {
     // Nothing was measured: the run stopped at the bad path.
     assert!(!stderr.contains("thread(s)…"), "{stderr}");
 }
+
+#[test]
+fn tcp_backend_runs_over_loopback() {
+    let path = temp_path("bench-fabric-tcp");
+    let path_arg = path.to_str().expect("temp path is UTF-8");
+    let out = namdb(&[
+        "bench",
+        "fabric",
+        "--backend",
+        "tcp",
+        "--duration-ms",
+        "20",
+        "--threads",
+        "1",
+        "--ops",
+        "read,cas",
+        "--json",
+        path_arg,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "namdb failed: {stderr}");
+    let text = std::fs::read_to_string(&path).expect("JSON file written");
+    let _ = std::fs::remove_file(&path);
+    let rows: Vec<Value> = serde_json::from_str(&text).expect("JSON is a list");
+    let tcp_rows: Vec<&Value> = rows.iter().filter(|r| r["backend"] == "tcp").collect();
+    assert_eq!(tcp_rows.len(), 4, "read 64/4096/65536 and cas: {rows:?}");
+    assert!(
+        tcp_rows
+            .iter()
+            .all(|r| r["ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("300 k batched"),
+        "tcp goals printed: {stdout}"
+    );
+}
+
+#[test]
+fn a_cost_model_on_tcp_is_refused() {
+    let out = namdb(&["bench", "fabric", "--backend", "tcp", "--cost", "fdr4x"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("sim"), "{stderr}");
+}

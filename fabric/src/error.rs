@@ -85,6 +85,8 @@ pub enum FabricError {
     ForeignObject(&'static str),
     #[error("work request {index} of the batch completed with error: {status}")]
     Completion { status: WcStatus, index: usize },
+    #[error("the region's memory is on a device in another process; use READ/WRITE")]
+    NotLocal,
     #[error("{0}")]
     Backend(String),
 }

@@ -33,6 +33,17 @@ impl Memory for HeapMemory {
     }
 }
 
+/// No memory at all: what a region handle holds when the region lives on a device in
+/// another process. It has keys to name it in work requests, but CPU access to it
+/// fails with [`crate::FabricError::NotLocal`].
+pub struct ElsewhereMemory;
+
+impl Memory for ElsewhereMemory {
+    fn words(&self) -> &[AtomicU64] {
+        &[]
+    }
+}
+
 /// Copies `dst.len()` bytes starting at byte `offset` out of `words`.
 pub(crate) fn copy_out(words: &[AtomicU64], offset: u64, dst: &mut [u8]) {
     let mut pos = offset as usize;

@@ -44,7 +44,6 @@ impl Region {
         node: NodeId,
         registration: Box<dyn Send + Sync>,
     ) -> Region {
-        debug_assert!(mem.words().len() as u64 * 8 >= len);
         Region {
             mem,
             len,
@@ -101,7 +100,15 @@ impl Region {
         }
     }
 
+    /// Whether the region's memory is in this process (CPU access works).
+    pub fn is_local(&self) -> bool {
+        self.mem.words().len() as u64 * 8 >= self.len
+    }
+
     fn check(&self, offset: u64, len: u64) -> Result<(), FabricError> {
+        if !self.is_local() {
+            return Err(FabricError::NotLocal);
+        }
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(FabricError::OutOfBounds {
@@ -158,6 +165,25 @@ impl Region {
 mod tests {
     use crate::sim::{SimConfig, SimNetwork};
     use crate::{Access, Device, FabricError};
+
+    #[test]
+    fn regions_elsewhere_refuse_cpu_access() {
+        use crate::memory::ElsewhereMemory;
+        use std::sync::Arc;
+        let r = crate::Region::from_parts(
+            Arc::new(ElsewhereMemory),
+            4096,
+            (1, 1),
+            Access::ALL,
+            crate::NodeId(3),
+            Box::new(()),
+        );
+        assert!(!r.is_local());
+        assert_eq!(r.read(0, &mut [0; 8]), Err(FabricError::NotLocal));
+        assert_eq!(r.write(0, &[0; 8]), Err(FabricError::NotLocal));
+        assert_eq!(r.load_u64(0), Err(FabricError::NotLocal));
+        assert_eq!(r.remote_addr(8).rkey, 1);
+    }
 
     #[test]
     fn cpu_access_is_bounds_and_alignment_checked() {

@@ -16,6 +16,8 @@
 //! - [`AsyncQp`]: futures for one request or a batch, driven by polling the CQ.
 //!
 //! Backends: [`sim`] (in-process, deterministic, fault injection, cost model, loom).
+//! Region memory is heap memory ([`HeapMemory`]) or, on Linux, a shareable memfd
+//! mapping on huge pages where possible (`memfd::MemfdMemory`).
 //! The [`conformance`] suite is what every backend must pass.
 
 mod addr;
@@ -23,6 +25,8 @@ mod async_qp;
 pub mod conformance;
 mod device;
 mod error;
+#[cfg(all(target_os = "linux", not(fabric_loom)))]
+pub mod memfd;
 mod memory;
 mod region;
 pub mod sim;
@@ -33,6 +37,8 @@ pub use addr::{Access, LocalBuf, NodeId, QpEndpoint, RemoteAddr, RemoteRegion, U
 pub use async_qp::{AsyncQp, Batch, CqDriver};
 pub use device::{CompletionQueue, Device, QpConfig, QpKind, QueuePair};
 pub use error::{FabricError, QpState, Result, WcStatus};
+#[cfg(all(target_os = "linux", not(fabric_loom)))]
+pub use memfd::{HugePages, MemfdError, MemfdMemory};
 pub use memory::{HeapMemory, Memory};
 pub use region::Region;
 pub use sync::Ordering;

@@ -201,8 +201,9 @@ impl ControlRpc for ControlService {
         let address = body.client_address;
         let qp = tokio::task::spawn_blocking(move || -> Result<Arc<dyn QueuePair>, Status> {
             let dev = &state.device;
-            dev.add_peer(client_node, &address)
-                .map_err(|e| fabric_status(&format!("client address `{address}`"), &e))?;
+            dev.add_peer(client_node, &address).map_err(|e| {
+                Status::invalid_argument(format!("client address `{address}`: {e}"))
+            })?;
             let qp = dev
                 .create_qp(&QpConfig::rc(&state.cq))
                 .map_err(|e| Status::resource_exhausted(format!("creating a queue pair: {e}")))?;

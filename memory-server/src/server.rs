@@ -99,7 +99,14 @@ impl MemoryServer {
             return Err(ServerError::Lease);
         }
         let backend = device.backend();
-        let served = regions::create(&config.plan, &*device)?;
+        // Allocation touches every page (fallocate) and registration may pin memory:
+        // seconds for large servers, so it runs off the async workers.
+        let served = {
+            let (plan, device) = (config.plan.clone(), device.clone());
+            tokio::task::spawn_blocking(move || regions::create(&plan, &*device))
+                .await
+                .map_err(|e| ServerError::Task(format!("region allocation failed: {e}")))??
+        };
         let cq = device.create_cq(64).map_err(|source| ServerError::Device {
             backend,
             what: "create a completion queue",

@@ -1,3 +1,44 @@
-//! The namdb memory-server process: region allocation and registration, control plane, housekeeping.
+//! The namdb memory server: allocates and registers regions on a fabric device,
+//! publishes them in a region directory, authenticates peers with the cluster token,
+//! connects their queue pairs, and reports statistics. See DEVELOPERS.md ("memory
+//! server") for the protocol and the decisions behind it.
 //!
-//! Empty until the memory-server issue fills it; see DESIGN.md ("Memory server").
+//! The server is dumb on purpose: after [`Client::connect_qp`], compute nodes use the
+//! fabric (one-sided READ, WRITE, CAS, FETCH_ADD) against the listed regions, and the
+//! server's control plane sees none of it.
+//!
+//! - [`MemoryServer::start`] takes a [`ServerConfig`] and the device to serve on, as
+//!   `Arc<dyn fabric::Device>`: which backend it is, is the caller's choice.
+//! - [`Client`] (async, tokio) and [`blocking::Client`] talk to it.
+//! - [`proto`] is the gRPC protocol, `namdb.memory_server.v1`.
+
+mod auth;
+pub mod blocking;
+mod client;
+pub mod regions;
+mod server;
+mod service;
+mod session;
+mod stats;
+pub mod token;
+
+/// The generated gRPC types and stubs of `proto/namdb/memory_server/v1/control.proto`.
+pub mod proto {
+    tonic::include_proto!("namdb.memory_server.v1");
+}
+
+pub use client::{Client, ClientError, RemoteEndpointInfo, ServerInfo};
+pub use regions::{
+    CATALOG_BYTES, CATALOG_REGION, DEFAULT_REGION_SIZE, PlanError, RegionDirectory, RegionInfo,
+    RegionPlan, parse_bytes,
+};
+pub use server::{MemoryServer, ServerConfig, ServerError, wait_for_signal};
+pub use session::{SESSION_METADATA, SessionId};
+pub use stats::Stats;
+pub use token::{ClusterToken, TokenError, generate_token_file};
+
+/// The protocol name and version a server announces in Hello.
+pub const PROTOCOL: &str = "namdb.memory_server.v1";
+
+/// This build's version, announced in Hello.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -3,6 +3,8 @@
 
 mod backend;
 mod bench;
+mod memory_server_cmd;
+mod token_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -24,19 +26,32 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run a memory server: export registered memory to compute nodes.
+    MemoryServer(memory_server_cmd::MemoryServerArgs),
+    /// Manage the cluster token.
+    #[command(subcommand)]
+    Token(token_cmd::TokenCommand),
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     // Logs go to stderr so that stdout carries only the report a command prints. Quiet
-    // by default; `RUST_LOG=namdb=debug` shows what each measurement set up.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    // by default; `RUST_LOG=namdb=debug` shows what each measurement set up. A server
+    // logs its lifecycle (start, sessions, stop) by default.
+    let default_filter = match cli.command {
+        Command::MemoryServer(_) => "info",
+        _ => "warn",
+    };
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
         Command::Bench(cmd) => bench::run(cmd),
+        Command::MemoryServer(args) => memory_server_cmd::run(args),
+        Command::Token(cmd) => token_cmd::run(cmd),
     }
 }
 
@@ -53,7 +68,9 @@ mod tests {
     #[test]
     fn bench_fabric_defaults() {
         let cli = Cli::try_parse_from(["namdb", "bench", "fabric"]).expect("parses");
-        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command;
+        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command else {
+            panic!("parsed as another command");
+        };
         assert_eq!(args.backend, backend::BackendKind::Sim);
         assert_eq!(args.threads, 2);
         assert_eq!(args.batch, 32);
@@ -75,7 +92,9 @@ mod tests {
             "send_recv",
         ])
         .expect("parses");
-        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command;
+        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command else {
+            panic!("parsed as another command");
+        };
         assert_eq!(args.cost.map(|c| c.name), Some("edr4x"));
         assert_eq!(args.ops.len(), 3);
     }

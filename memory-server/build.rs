@@ -1,0 +1,11 @@
+//! Compiles the control-plane protocol. `protoc` comes from `protoc-bin-vendored`, so
+//! the build needs no system package.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "proto/namdb/memory_server/v1/control.proto";
+    let mut config = tonic_prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    tonic_prost_build::configure().compile_with_config(config, &[proto], &["proto"])?;
+    println!("cargo:rerun-if-changed={proto}");
+    Ok(())
+}

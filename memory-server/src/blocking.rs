@@ -1,0 +1,131 @@
+//! A synchronous [`Client`](crate::Client), for code on the fabric's synchronous side.
+//!
+//! It owns a small tokio runtime with one worker thread. One worker rather than a
+//! current-thread runtime because the HTTP/2 connection and the lease renewal must make
+//! progress while the caller is busy on the data path and makes no control calls: a
+//! current-thread runtime only runs inside a call.
+
+use crate::client::{self, ClientError, RemoteEndpointInfo, ServerInfo};
+use crate::regions::RegionDirectory;
+use crate::session::SessionId;
+use crate::stats::Stats;
+use crate::token::ClusterToken;
+use fabric::{CompletionQueue, Device, QpConfig, QueuePair};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A blocking session with one memory server. Not for use inside a tokio runtime
+/// (use [`crate::Client`] there): its calls would block the runtime's thread.
+pub struct Client {
+    // None only while `close` or `drop` takes it apart.
+    open: Option<Open>,
+}
+
+struct Open {
+    inner: client::Client,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Client {
+    pub fn connect(addr: &str, token: &ClusterToken) -> Result<Client, ClientError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(ClientError::Runtime(
+                "the blocking memory-server client cannot run inside a tokio runtime; use memory_server::Client"
+                    .into(),
+            ));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("namdb-memsrv-client")
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Runtime(format!("cannot start a tokio runtime: {e}")))?;
+        let inner = runtime.block_on(client::Client::connect(addr, token))?;
+        Ok(Client {
+            open: Some(Open { inner, runtime }),
+        })
+    }
+
+    fn open(&self) -> &Open {
+        // Only `close` and `drop` take it, and both consume the client.
+        self.open.as_ref().expect("the client is open until closed")
+    }
+
+    pub fn server(&self) -> &ServerInfo {
+        self.open().inner.server()
+    }
+
+    pub fn session_id(&self) -> SessionId {
+        self.open().inner.session_id()
+    }
+
+    pub fn lease(&self) -> Duration {
+        self.open().inner.lease()
+    }
+
+    pub fn list_regions(&self) -> Result<RegionDirectory, ClientError> {
+        let open = self.open();
+        open.runtime.block_on(open.inner.list_regions())
+    }
+
+    pub fn connect_qp(
+        &self,
+        device: &dyn Device,
+        cq: &Arc<dyn CompletionQueue>,
+    ) -> Result<(Arc<dyn QueuePair>, RemoteEndpointInfo), ClientError> {
+        let open = self.open();
+        open.runtime.block_on(open.inner.connect_qp(device, cq))
+    }
+
+    pub fn connect_qp_with_config(
+        &self,
+        device: &dyn Device,
+        config: &QpConfig,
+    ) -> Result<(Arc<dyn QueuePair>, RemoteEndpointInfo), ClientError> {
+        let open = self.open();
+        open.runtime
+            .block_on(open.inner.connect_qp_with_config(device, config))
+    }
+
+    pub fn disconnect_qp(&self, server_qpn: u32) -> Result<(), ClientError> {
+        let open = self.open();
+        open.runtime.block_on(open.inner.disconnect_qp(server_qpn))
+    }
+
+    pub fn keep_alive(&self) -> Result<(), ClientError> {
+        let open = self.open();
+        open.runtime.block_on(open.inner.keep_alive())
+    }
+
+    pub fn stats(&self) -> Result<Stats, ClientError> {
+        let open = self.open();
+        open.runtime.block_on(open.inner.stats())
+    }
+
+    /// Ends the session (see [`crate::Client::close`]).
+    pub fn close(mut self) -> Result<(), ClientError> {
+        match self.open.take() {
+            Some(Open { inner, runtime }) => {
+                let result = runtime.block_on(inner.close());
+                runtime.shutdown_background();
+                result
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if let Some(Open { inner, runtime }) = self.open.take() {
+            // Inside another runtime nothing may block: the lease then ends the session.
+            if tokio::runtime::Handle::try_current().is_err() {
+                let _ = runtime.block_on(inner.close());
+            } else {
+                drop(inner);
+            }
+            // Unlike dropping it, this never blocks (and never panics in async code).
+            runtime.shutdown_background();
+        }
+    }
+}

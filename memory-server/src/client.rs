@@ -1,0 +1,419 @@
+//! The client library: authenticate to a memory server, read its region directory,
+//! connect queue pairs to it, and read its statistics.
+//!
+//! A [`Client`] holds one session. It renews the session's lease in the background (a
+//! task on the caller's tokio runtime) and ends it on [`Client::close`] or drop. The
+//! queue pairs it connects belong to the session: the server destroys its side of them
+//! when the session ends.
+
+use crate::PROTOCOL;
+use crate::auth::ClientHandshake;
+use crate::proto::{self, memory_server_client::MemoryServerClient};
+use crate::regions::{RegionDirectory, RegionInfo};
+use crate::session::{SESSION_METADATA, SessionId};
+use crate::stats::Stats;
+use crate::token::ClusterToken;
+use fabric::{
+    Access, CompletionQueue, Device, FabricError, NodeId, QpConfig, QpEndpoint, QpKind, QueuePair,
+    RemoteRegion,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("invalid memory server address `{addr}`: {source}")]
+    Address {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("cannot reach the memory server at {addr}: {source}")]
+    Unreachable {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error(
+        "the memory server at {addr} could not prove that it holds the cluster token \
+         (the tokens differ, or it is not a namdb memory server); not authenticating to it"
+    )]
+    ServerNotAuthenticated { addr: String },
+    #[error("{method} failed: {} ({:?})", .status.message(), .status.code())]
+    Rpc {
+        method: &'static str,
+        status: Box<Status>,
+    },
+    #[error("the memory server sent a malformed reply: {0}")]
+    Protocol(String),
+    #[error("{what}: {source}")]
+    Fabric {
+        what: &'static str,
+        #[source]
+        source: FabricError,
+    },
+    #[error("a memory server connects RC queue pairs only")]
+    NotRc,
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl ClientError {
+    /// The gRPC status code, for errors the server returned.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            ClientError::Rpc { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
+fn rpc_error(method: &'static str) -> impl FnOnce(Status) -> ClientError {
+    move |status| ClientError::Rpc {
+        method,
+        status: Box::new(status),
+    }
+}
+
+/// What the server said about itself in the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    pub node: NodeId,
+    pub backend: String,
+    pub version: String,
+    pub protocol: String,
+}
+
+/// The server's side of a connected queue pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteEndpointInfo {
+    pub node: NodeId,
+    /// The server device's address, as given to the client device's `add_peer`.
+    pub address: String,
+    pub qpn: u32,
+}
+
+impl RemoteEndpointInfo {
+    pub fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint {
+            node: self.node,
+            qpn: self.qpn,
+        }
+    }
+}
+
+/// An authenticated session with one memory server.
+pub struct Client {
+    rpc: MemoryServerClient<Channel>,
+    session: SessionId,
+    header: AsciiMetadataValue,
+    server: ServerInfo,
+    lease: Duration,
+    keepalive: tokio::task::JoinHandle<()>,
+    ended: bool,
+}
+
+fn endpoint_uri(addr: &str) -> String {
+    if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+impl Client {
+    /// Connects to the memory server at `addr` (`host:port`, or a `http://` URI), checks
+    /// that it holds `token`, and authenticates with it. Must be called within a tokio
+    /// runtime, which then also runs the lease renewal.
+    pub async fn connect(addr: &str, token: &ClusterToken) -> Result<Client, ClientError> {
+        let endpoint = Endpoint::from_shared(endpoint_uri(addr))
+            .map_err(|source| ClientError::Address {
+                addr: addr.to_string(),
+                source,
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|source| ClientError::Unreachable {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let mut rpc = MemoryServerClient::new(channel);
+
+        let handshake = ClientHandshake::new();
+        let hello = rpc
+            .hello(proto::HelloRequest {
+                client_nonce: handshake.client_nonce().to_vec(),
+            })
+            .await
+            .map_err(rpc_error("Hello"))?
+            .into_inner();
+        if hello.protocol != PROTOCOL {
+            return Err(ClientError::Protocol(format!(
+                "the server speaks `{}`, this client `{PROTOCOL}`",
+                hello.protocol
+            )));
+        }
+        let proof = handshake
+            .respond(token, &hello.server_nonce, &hello.server_proof)
+            .ok_or_else(|| ClientError::ServerNotAuthenticated {
+                addr: addr.to_string(),
+            })?;
+        let auth = rpc
+            .authenticate(proto::AuthenticateRequest {
+                challenge_id: hello.challenge_id,
+                client_proof: proof.to_vec(),
+            })
+            .await
+            .map_err(rpc_error("Authenticate"))?
+            .into_inner();
+        let session = SessionId(
+            auth.session_id
+                .try_into()
+                .map_err(|_| ClientError::Protocol("the session id is not 16 bytes".into()))?,
+        );
+        if auth.lease_ms == 0 {
+            return Err(ClientError::Protocol("a session lease of 0 ms".into()));
+        }
+        let lease = Duration::from_millis(auth.lease_ms);
+        let header: AsciiMetadataValue = MetadataValue::try_from(session.to_string())
+            .map_err(|_| ClientError::Protocol("session id is not ASCII".into()))?;
+        let keepalive = tokio::spawn(renew(rpc.clone(), header.clone(), lease));
+        Ok(Client {
+            rpc,
+            session,
+            header,
+            server: ServerInfo {
+                node: NodeId(hello.server_node),
+                backend: hello.backend,
+                version: hello.version,
+                protocol: hello.protocol,
+            },
+            lease,
+            keepalive,
+            ended: false,
+        })
+    }
+
+    pub fn server(&self) -> &ServerInfo {
+        &self.server
+    }
+
+    pub fn session_id(&self) -> SessionId {
+        self.session
+    }
+
+    /// How long the session survives without an RPC (renewals are automatic).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut req = Request::new(message);
+        req.metadata_mut()
+            .insert(SESSION_METADATA, self.header.clone());
+        req
+    }
+
+    /// The server's region directory.
+    pub async fn list_regions(&self) -> Result<RegionDirectory, ClientError> {
+        let reply = self
+            .rpc
+            .clone()
+            .list_regions(self.request(proto::ListRegionsRequest {}))
+            .await
+            .map_err(rpc_error("ListRegions"))?
+            .into_inner();
+        let regions = reply
+            .regions
+            .into_iter()
+            .map(|r| {
+                let access = Access::from_bits(r.access).ok_or_else(|| {
+                    ClientError::Protocol(format!(
+                        "region `{}` has unknown access bits {:#x}",
+                        r.name, r.access
+                    ))
+                })?;
+                Ok(RegionInfo {
+                    name: r.name,
+                    remote: RemoteRegion {
+                        node: NodeId(r.node),
+                        rkey: r.rkey,
+                        len: r.len,
+                    },
+                    access,
+                })
+            })
+            .collect::<Result<Vec<_>, ClientError>>()?;
+        Ok(RegionDirectory::new(regions))
+    }
+
+    /// Creates an RC queue pair on `device` (sending and receiving on `cq`) and connects
+    /// it to a new queue pair on the server.
+    pub async fn connect_qp(
+        &self,
+        device: &dyn Device,
+        cq: &Arc<dyn CompletionQueue>,
+    ) -> Result<(Arc<dyn QueuePair>, RemoteEndpointInfo), ClientError> {
+        self.connect_qp_with_config(device, &QpConfig::rc(cq)).await
+    }
+
+    /// As [`Client::connect_qp`], with the local queue pair made from `config` (which
+    /// must be RC).
+    pub async fn connect_qp_with_config(
+        &self,
+        device: &dyn Device,
+        config: &QpConfig,
+    ) -> Result<(Arc<dyn QueuePair>, RemoteEndpointInfo), ClientError> {
+        if config.kind != QpKind::Rc {
+            return Err(ClientError::NotRc);
+        }
+        let qp = device
+            .create_qp(config)
+            .map_err(|source| ClientError::Fabric {
+                what: "creating the local queue pair",
+                source,
+            })?;
+        let reply = self
+            .rpc
+            .clone()
+            .connect_queue_pair(self.request(proto::ConnectQueuePairRequest {
+                client_node: device.node().0,
+                client_address: device.address(),
+                client_qpn: qp.endpoint().qpn,
+                kind: proto::QpKind::Rc as i32,
+            }))
+            .await
+            .map_err(rpc_error("ConnectQueuePair"))?
+            .into_inner();
+        let remote = RemoteEndpointInfo {
+            node: NodeId(reply.server_node),
+            address: reply.server_address,
+            qpn: reply.server_qpn,
+        };
+        let finish = if remote.node != self.server.node {
+            Err(ClientError::Protocol(format!(
+                "ConnectQueuePair answered from {} but the server is {}",
+                remote.node, self.server.node
+            )))
+        } else {
+            device
+                .add_peer(remote.node, &remote.address)
+                .and_then(|()| qp.connect(remote.endpoint()))
+                .map_err(|source| ClientError::Fabric {
+                    what: "connecting to the server's queue pair",
+                    source,
+                })
+        };
+        if let Err(e) = finish {
+            // The server's half would otherwise live until the session ends.
+            let _ = self.disconnect_qp(remote.qpn).await;
+            return Err(e);
+        }
+        Ok((qp, remote))
+    }
+
+    /// Destroys the server's side of a queue pair this session connected.
+    pub async fn disconnect_qp(&self, server_qpn: u32) -> Result<(), ClientError> {
+        self.rpc
+            .clone()
+            .disconnect_queue_pair(self.request(proto::DisconnectQueuePairRequest { server_qpn }))
+            .await
+            .map_err(rpc_error("DisconnectQueuePair"))?;
+        Ok(())
+    }
+
+    /// Renews the lease now (the background renewal does this on its own).
+    pub async fn keep_alive(&self) -> Result<(), ClientError> {
+        self.rpc
+            .clone()
+            .keep_alive(self.request(proto::KeepAliveRequest {}))
+            .await
+            .map_err(rpc_error("KeepAlive"))?;
+        Ok(())
+    }
+
+    pub async fn stats(&self) -> Result<Stats, ClientError> {
+        let s = self
+            .rpc
+            .clone()
+            .stats(self.request(proto::StatsRequest {}))
+            .await
+            .map_err(rpc_error("Stats"))?
+            .into_inner();
+        Ok(Stats {
+            bytes_allocated: s.bytes_allocated,
+            bytes_registered: s.bytes_registered,
+            regions: s.regions,
+            huge_page_regions: s.huge_page_regions,
+            sessions: s.sessions,
+            queue_pairs: s.queue_pairs,
+            uptime: Duration::from_millis(s.uptime_ms),
+            rpc_counts: s.rpc_counts.into_iter().collect(),
+            auth_failures: s.auth_failures,
+        })
+    }
+
+    /// Ends the session: the server destroys its side of every queue pair connected
+    /// through it.
+    pub async fn close(mut self) -> Result<(), ClientError> {
+        self.keepalive.abort();
+        self.ended = true;
+        self.rpc
+            .clone()
+            .end_session(self.request(proto::EndSessionRequest {}))
+            .await
+            .map_err(rpc_error("EndSession"))?;
+        Ok(())
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.keepalive.abort();
+        if self.ended {
+            return;
+        }
+        // Best effort: end the session now if a runtime is at hand to send the RPC;
+        // otherwise the lease ends it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let mut rpc = self.rpc.clone();
+            let req = self.request(proto::EndSessionRequest {});
+            runtime.spawn(async move {
+                let _ = rpc.end_session(req).await;
+            });
+        }
+    }
+}
+
+/// Renews a session's lease three times per lease until the server says the session
+/// is gone.
+async fn renew(mut rpc: MemoryServerClient<Channel>, header: AsciiMetadataValue, lease: Duration) {
+    let period = lease / 3;
+    loop {
+        tokio::time::sleep(period).await;
+        let mut req = Request::new(proto::KeepAliveRequest {});
+        req.metadata_mut().insert(SESSION_METADATA, header.clone());
+        match rpc.keep_alive(req).await {
+            Ok(_) => {}
+            Err(status) if status.code() == Code::Unauthenticated => {
+                tracing::warn!("memory server session lost: {}", status.message());
+                return;
+            }
+            Err(status) => {
+                tracing::warn!(
+                    "renewing the memory server session failed: {}",
+                    status.message()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! The memory server's lifecycle: allocate and register regions, serve the control
+//! plane, expire sessions, and stop cleanly.
+
+use crate::auth::Authenticator;
+use crate::proto::memory_server_server::MemoryServerServer;
+use crate::regions::{self, AllocError, RegionDirectory, RegionPlan};
+use crate::service::{ControlService, ServerState};
+use crate::session::Sessions;
+use crate::stats::{Counters, Stats};
+use crate::token::ClusterToken;
+use fabric::{Device, FabricError, NodeId};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+
+/// How long shutdown waits for in-flight RPCs before closing connections anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How a memory server runs. The fabric device is not part of it: the caller builds the
+/// device for its backend and hands it to [`MemoryServer::start`].
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The control plane's address; port 0 picks a free port ([`MemoryServer::local_addr`]).
+    pub listen: SocketAddr,
+    pub plan: RegionPlan,
+    pub token: ClusterToken,
+    /// A session ends this long after its last RPC.
+    pub session_lease: Duration,
+    pub max_sessions: usize,
+    pub max_qps_per_session: usize,
+}
+
+impl ServerConfig {
+    pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(30);
+    pub const DEFAULT_MAX_SESSIONS: usize = 1024;
+    pub const DEFAULT_MAX_QPS_PER_SESSION: usize = 1024;
+
+    pub fn new(listen: SocketAddr, plan: RegionPlan, token: ClusterToken) -> ServerConfig {
+        ServerConfig {
+            listen,
+            plan,
+            token,
+            session_lease: Self::DEFAULT_SESSION_LEASE,
+            max_sessions: Self::DEFAULT_MAX_SESSIONS,
+            max_qps_per_session: Self::DEFAULT_MAX_QPS_PER_SESSION,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Regions(#[from] AllocError),
+    #[error("the {backend} device cannot {what}: {source}")]
+    Device {
+        backend: &'static str,
+        what: &'static str,
+        #[source]
+        source: FabricError,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the control plane failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error("the control plane task failed: {0}")]
+    Task(String),
+    #[error("cannot install signal handlers: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error("session_lease must be at least 1 ms")]
+    Lease,
+}
+
+/// A running memory server. Dropping it stops the control plane and destroys its queue
+/// pairs; [`MemoryServer::shutdown`] does the same and waits for it.
+pub struct MemoryServer {
+    state: Arc<ServerState>,
+    local_addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    serve: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    reaper: JoinHandle<()>,
+}
+
+impl MemoryServer {
+    /// Allocates and registers the planned regions on `device`, then serves the control
+    /// plane on `config.listen`. Must be called within a tokio runtime.
+    pub async fn start(
+        config: ServerConfig,
+        device: Arc<dyn Device>,
+    ) -> Result<MemoryServer, ServerError> {
+        if config.session_lease < Duration::from_millis(1) {
+            return Err(ServerError::Lease);
+        }
+        let backend = device.backend();
+        // Allocation touches every page (fallocate) and registration may pin memory:
+        // seconds for large servers, so it runs off the async workers.
+        let served = {
+            let (plan, device) = (config.plan.clone(), device.clone());
+            tokio::task::spawn_blocking(move || regions::create(&plan, &*device))
+                .await
+                .map_err(|e| ServerError::Task(format!("region allocation failed: {e}")))??
+        };
+        let cq = device.create_cq(64).map_err(|source| ServerError::Device {
+            backend,
+            what: "create a completion queue",
+            source,
+        })?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ServerError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| ServerError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let directory = regions::directory(&served, device.node());
+        let state = Arc::new(ServerState {
+            device,
+            cq,
+            regions: served,
+            directory,
+            auth: Authenticator::new(
+                config.token,
+                Authenticator::DEFAULT_TTL,
+                Authenticator::DEFAULT_MAX_PENDING,
+            ),
+            sessions: Sessions::new(config.session_lease, config.max_sessions),
+            counters: Counters::default(),
+            started: Instant::now(),
+            max_qps_per_session: config.max_qps_per_session,
+        });
+        // TCP keepalive lets the kernel notice a vanished peer host without the peer's
+        // process doing anything, so even an idle connection does not linger forever.
+        let incoming = TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(Duration::from_secs(60)));
+        let (tx, rx) = oneshot::channel::<()>();
+        let service = MemoryServerServer::new(ControlService::new(state.clone()));
+        let serve = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, async {
+                    // A dropped sender (the server was dropped) also means stop.
+                    let _ = rx.await;
+                }),
+        );
+        let reaper = tokio::spawn(reap(state.clone()));
+        let stats = state.stats();
+        tracing::info!(
+            %local_addr,
+            node = %state.device.node(),
+            backend = state.device.backend(),
+            address = %state.device.address(),
+            regions = stats.regions,
+            bytes = stats.bytes_registered,
+            huge_page_regions = stats.huge_page_regions,
+            "memory server started"
+        );
+        Ok(MemoryServer {
+            state,
+            local_addr,
+            shutdown: Some(tx),
+            serve: Some(serve),
+            reaper,
+        })
+    }
+
+    /// Where the control plane listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The server device's node.
+    pub fn node(&self) -> NodeId {
+        self.state.device.node()
+    }
+
+    pub fn directory(&self) -> &RegionDirectory {
+        &self.state.directory
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.state.stats()
+    }
+
+    /// Stops accepting RPCs, lets in-flight ones finish (for at most a few seconds),
+    /// ends every session and destroys every queue pair.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        self.stop_and_wait().await
+    }
+
+    /// Serves until SIGTERM or SIGINT, then shuts down as [`MemoryServer::shutdown`].
+    /// Returns early with an error if the control plane fails on its own.
+    pub async fn run_until_signal(mut self) -> Result<(), ServerError> {
+        let Some(serve) = self.serve.as_mut() else {
+            return self.stop_and_wait().await;
+        };
+        let finished = tokio::select! {
+            signal = wait_for_signal() => {
+                tracing::info!("{} received; shutting down", signal?);
+                None
+            }
+            finished = serve => Some(finished),
+        };
+        if let Some(finished) = finished {
+            self.serve = None;
+            self.stop_and_wait().await?;
+            return match finished {
+                Ok(Ok(())) => Err(ServerError::Task(
+                    "the control plane stopped unexpectedly".into(),
+                )),
+                Ok(Err(e)) => Err(ServerError::Serve(e)),
+                Err(e) => Err(ServerError::Task(e.to_string())),
+            };
+        }
+        self.stop_and_wait().await
+    }
+
+    async fn stop_and_wait(&mut self) -> Result<(), ServerError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.reaper.abort();
+        let mut result = Ok(());
+        if let Some(mut serve) = self.serve.take() {
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
+                Ok(Ok(r)) => result = r.map_err(ServerError::Serve),
+                Ok(Err(e)) => result = Err(ServerError::Task(e.to_string())),
+                Err(_) => {
+                    tracing::warn!(
+                        "RPCs still in flight after {SHUTDOWN_GRACE:?}; closing their connections"
+                    );
+                    serve.abort();
+                }
+            }
+        }
+        let (sessions, qps) = self.state.sessions.end_all();
+        tracing::info!(
+            local_addr = %self.local_addr,
+            sessions,
+            queue_pairs = qps,
+            "memory server stopped"
+        );
+        result
+    }
+}
+
+impl Drop for MemoryServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.reaper.abort();
+        self.state.sessions.end_all();
+    }
+}
+
+/// Ends sessions whose lease ran out and forgets expired handshakes.
+async fn reap(state: Arc<ServerState>) {
+    let period =
+        (state.sessions.lease() / 4).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        state.auth.purge(now);
+        state.sessions.reap(now);
+    }
+}
+
+/// Waits for SIGTERM or SIGINT and names the one that came.
+pub async fn wait_for_signal() -> Result<&'static str, ServerError> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).map_err(ServerError::Signal)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(ServerError::Signal)?;
+        tokio::select! {
+            _ = term.recv() => Ok("SIGTERM"),
+            _ = int.recv() => Ok("SIGINT"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await.map_err(ServerError::Signal)?;
+        Ok("Ctrl-C")
+    }
+}

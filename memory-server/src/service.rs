@@ -1,0 +1,289 @@
+//! The gRPC control service: maps RPCs onto the authenticator, the session table and
+//! the device. Nothing here runs per data-path operation.
+
+use crate::PROTOCOL;
+use crate::auth::{AuthError, Authenticator};
+use crate::proto::{self, memory_server_server::MemoryServer as ControlRpc};
+use crate::regions::{RegionDirectory, ServedRegion};
+use crate::session::{SESSION_METADATA, Session, SessionError, SessionId, Sessions};
+use crate::stats::{Counters, Rpc, Stats};
+use fabric::{CompletionQueue, Device, FabricError, NodeId, QpConfig, QpEndpoint, QueuePair};
+use std::sync::Arc;
+use std::time::Instant;
+use tonic::{Request, Response, Status};
+
+/// Everything the control plane serves from.
+pub(crate) struct ServerState {
+    pub device: Arc<dyn Device>,
+    /// The completion queue of every server-side queue pair. The server never posts, so
+    /// it only ever sees completions if a peer SENDs to a receive it will never post.
+    pub cq: Arc<dyn CompletionQueue>,
+    pub regions: Vec<ServedRegion>,
+    pub directory: RegionDirectory,
+    pub auth: Authenticator,
+    pub sessions: Sessions,
+    pub counters: Counters,
+    pub started: Instant,
+    pub max_qps_per_session: usize,
+}
+
+impl ServerState {
+    pub fn stats(&self) -> Stats {
+        let (sessions, queue_pairs) = self.sessions.counts();
+        Stats {
+            bytes_allocated: self.regions.iter().map(|r| r.mapped_len).sum(),
+            bytes_registered: self.regions.iter().map(|r| r.info.remote.len).sum(),
+            regions: self.regions.len() as u32,
+            huge_page_regions: self.regions.iter().filter(|r| r.huge_pages).count() as u32,
+            sessions: sessions as u32,
+            queue_pairs: queue_pairs as u32,
+            uptime: self.started.elapsed(),
+            rpc_counts: self.counters.rpc_counts(),
+            auth_failures: self.counters.auth_failures(),
+        }
+    }
+}
+
+pub(crate) struct ControlService {
+    state: Arc<ServerState>,
+}
+
+impl ControlService {
+    pub fn new(state: Arc<ServerState>) -> ControlService {
+        ControlService { state }
+    }
+
+    /// The caller's live session (its lease renewed), or UNAUTHENTICATED.
+    fn session<T>(&self, req: &Request<T>) -> Result<Arc<Session>, Status> {
+        let value = req.metadata().get(SESSION_METADATA).ok_or_else(|| {
+            Status::unauthenticated(format!(
+                "no session: authenticate with Hello and Authenticate, then send the session id in the `{SESSION_METADATA}` metadata entry"
+            ))
+        })?;
+        let id: SessionId = value
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| {
+                Status::unauthenticated(format!(
+                    "malformed `{SESSION_METADATA}`: expected 32 hex digits"
+                ))
+            })?;
+        self.state
+            .sessions
+            .touch(id, Instant::now())
+            .ok_or_else(|| {
+                Status::unauthenticated("unknown or expired session; authenticate again")
+            })
+    }
+}
+
+fn fabric_status(what: &str, e: &FabricError) -> Status {
+    match e {
+        FabricError::UnknownPeer(_) | FabricError::InvalidWorkRequest(_) => {
+            Status::invalid_argument(format!("{what}: {e}"))
+        }
+        _ => Status::failed_precondition(format!("{what}: {e}")),
+    }
+}
+
+#[tonic::async_trait]
+impl ControlRpc for ControlService {
+    async fn hello(
+        &self,
+        req: Request<proto::HelloRequest>,
+    ) -> Result<Response<proto::HelloResponse>, Status> {
+        self.state.counters.rpc(Rpc::Hello);
+        let challenge = self
+            .state
+            .auth
+            .hello(&req.get_ref().client_nonce, Instant::now())
+            .map_err(|e| match e {
+                AuthError::Busy => Status::resource_exhausted(e.to_string()),
+                _ => Status::invalid_argument(e.to_string()),
+            })?;
+        Ok(Response::new(proto::HelloResponse {
+            challenge_id: challenge.id.to_vec(),
+            server_nonce: challenge.server_nonce.to_vec(),
+            server_proof: challenge.server_proof.to_vec(),
+            server_node: self.state.device.node().0,
+            backend: self.state.device.backend().to_string(),
+            version: crate::VERSION.to_string(),
+            protocol: PROTOCOL.to_string(),
+        }))
+    }
+
+    async fn authenticate(
+        &self,
+        req: Request<proto::AuthenticateRequest>,
+    ) -> Result<Response<proto::AuthenticateResponse>, Status> {
+        self.state.counters.rpc(Rpc::Authenticate);
+        let peer = req.remote_addr();
+        let now = Instant::now();
+        let body = req.get_ref();
+        if let Err(e) = self
+            .state
+            .auth
+            .authenticate(&body.challenge_id, &body.client_proof, now)
+        {
+            self.state.counters.auth_failure();
+            tracing::warn!(?peer, "authentication refused: {e}");
+            return Err(Status::unauthenticated(e.to_string()));
+        }
+        let session = self.state.sessions.open(peer, now).map_err(|e| match e {
+            SessionError::TooManySessions(_) => Status::resource_exhausted(e.to_string()),
+            _ => Status::internal(e.to_string()),
+        })?;
+        tracing::info!(?peer, session = ?session.id, "session opened");
+        Ok(Response::new(proto::AuthenticateResponse {
+            session_id: session.id.0.to_vec(),
+            lease_ms: self.state.sessions.lease().as_millis() as u64,
+        }))
+    }
+
+    async fn list_regions(
+        &self,
+        req: Request<proto::ListRegionsRequest>,
+    ) -> Result<Response<proto::ListRegionsResponse>, Status> {
+        self.state.counters.rpc(Rpc::ListRegions);
+        self.session(&req)?;
+        let regions = self
+            .state
+            .directory
+            .regions()
+            .iter()
+            .map(|r| proto::Region {
+                name: r.name.clone(),
+                node: r.remote.node.0,
+                rkey: r.remote.rkey,
+                len: r.remote.len,
+                access: r.access.bits(),
+            })
+            .collect();
+        Ok(Response::new(proto::ListRegionsResponse { regions }))
+    }
+
+    async fn connect_queue_pair(
+        &self,
+        req: Request<proto::ConnectQueuePairRequest>,
+    ) -> Result<Response<proto::ConnectQueuePairResponse>, Status> {
+        self.state.counters.rpc(Rpc::Connect);
+        let session = self.session(&req)?;
+        let body = req.into_inner();
+        match proto::QpKind::try_from(body.kind) {
+            Ok(proto::QpKind::Rc) => {}
+            Ok(proto::QpKind::Ud) => {
+                return Err(Status::invalid_argument(
+                    "UD queue pairs need no connection; a memory server connects RC queue pairs only",
+                ));
+            }
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown queue pair kind {}; expected QP_KIND_RC",
+                    body.kind
+                )));
+            }
+        }
+        let server_node = self.state.device.node();
+        let client_node = NodeId(body.client_node);
+        if client_node == server_node {
+            return Err(Status::invalid_argument(format!(
+                "client_node {client_node} is the memory server's own node"
+            )));
+        }
+        let client = QpEndpoint {
+            node: client_node,
+            qpn: body.client_qpn,
+        };
+        // Device calls are synchronous and a backend may block in them (a tcp backend
+        // dialling the peer), so they run off the async workers.
+        let state = self.state.clone();
+        let address = body.client_address;
+        let qp = tokio::task::spawn_blocking(move || -> Result<Arc<dyn QueuePair>, Status> {
+            let dev = &state.device;
+            dev.add_peer(client_node, &address).map_err(|e| {
+                Status::invalid_argument(format!("client address `{address}`: {e}"))
+            })?;
+            let qp = dev
+                .create_qp(&QpConfig::rc(&state.cq))
+                .map_err(|e| Status::resource_exhausted(format!("creating a queue pair: {e}")))?;
+            qp.connect(client)
+                .map_err(|e| fabric_status(&format!("connecting to {client}"), &e))?;
+            Ok(qp)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("connect task failed: {e}")))??;
+        let server_qpn = qp.endpoint().qpn;
+        session
+            .add_qp(qp, self.state.max_qps_per_session)
+            .map_err(|e| match e {
+                SessionError::Ended => Status::unauthenticated(e.to_string()),
+                _ => Status::resource_exhausted(e.to_string()),
+            })?;
+        tracing::debug!(session = ?session.id, %client, server_qpn, "queue pair connected");
+        Ok(Response::new(proto::ConnectQueuePairResponse {
+            server_node: server_node.0,
+            server_address: self.state.device.address(),
+            server_qpn,
+        }))
+    }
+
+    async fn disconnect_queue_pair(
+        &self,
+        req: Request<proto::DisconnectQueuePairRequest>,
+    ) -> Result<Response<proto::DisconnectQueuePairResponse>, Status> {
+        self.state.counters.rpc(Rpc::Disconnect);
+        let session = self.session(&req)?;
+        let qpn = req.get_ref().server_qpn;
+        if !session.remove_qp(qpn) {
+            return Err(Status::not_found(format!(
+                "this session has no queue pair {qpn}"
+            )));
+        }
+        tracing::debug!(session = ?session.id, qpn, "queue pair destroyed");
+        Ok(Response::new(proto::DisconnectQueuePairResponse {}))
+    }
+
+    async fn keep_alive(
+        &self,
+        req: Request<proto::KeepAliveRequest>,
+    ) -> Result<Response<proto::KeepAliveResponse>, Status> {
+        self.state.counters.rpc(Rpc::KeepAlive);
+        self.session(&req)?;
+        Ok(Response::new(proto::KeepAliveResponse {
+            lease_ms: self.state.sessions.lease().as_millis() as u64,
+        }))
+    }
+
+    async fn end_session(
+        &self,
+        req: Request<proto::EndSessionRequest>,
+    ) -> Result<Response<proto::EndSessionResponse>, Status> {
+        self.state.counters.rpc(Rpc::EndSession);
+        let session = self.session(&req)?;
+        if let Some(qps) = self.state.sessions.end(session.id) {
+            tracing::info!(session = ?session.id, peer = ?session.peer, queue_pairs = qps, "session ended");
+        }
+        Ok(Response::new(proto::EndSessionResponse {}))
+    }
+
+    async fn stats(
+        &self,
+        req: Request<proto::StatsRequest>,
+    ) -> Result<Response<proto::StatsResponse>, Status> {
+        self.state.counters.rpc(Rpc::Stats);
+        self.session(&req)?;
+        let s = self.state.stats();
+        Ok(Response::new(proto::StatsResponse {
+            bytes_allocated: s.bytes_allocated,
+            bytes_registered: s.bytes_registered,
+            regions: s.regions,
+            huge_page_regions: s.huge_page_regions,
+            sessions: s.sessions,
+            queue_pairs: s.queue_pairs,
+            uptime_ms: s.uptime.as_millis() as u64,
+            rpc_counts: s.rpc_counts.into_iter().collect(),
+            auth_failures: s.auth_failures,
+        }))
+    }
+}

@@ -1,0 +1,325 @@
+//! Sessions: what an authenticated peer holds, and the queue pairs that live with it.
+//!
+//! A session is a lease. Every RPC the peer makes renews it; a peer that stops making
+//! RPCs (it crashed, or lost the network) loses the session when the lease runs out,
+//! and the server's queue pairs for it are destroyed then, so a dead compute node does
+//! not pin server resources. Queue pairs are destroyed by dropping them: the device
+//! tears the connection down (the peer's requests then fail with a retry error).
+
+use fabric::QueuePair;
+use rand::RngCore;
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The metadata entry that carries the session id.
+pub const SESSION_METADATA: &str = "namdb-session";
+
+/// A random 128-bit session id, written as 32 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionId(pub [u8; 16]);
+
+impl SessionId {
+    pub(crate) fn random() -> SessionId {
+        let mut b = [0u8; 16];
+        rand::rng().fill_bytes(&mut b);
+        SessionId(b)
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+/// Only a prefix: the id is a bearer credential and logs are not secret.
+impl fmt::Debug for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SessionId({}…)", &hex::encode(&self.0[..4]))
+    }
+}
+
+impl FromStr for SessionId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<SessionId, String> {
+        let mut b = [0u8; 16];
+        hex::decode_to_slice(s, &mut b).map_err(|_| "a session id is 32 hex digits".to_string())?;
+        Ok(SessionId(b))
+    }
+}
+
+struct SessionState {
+    expires: Instant,
+    ended: bool,
+    qps: HashMap<u32, Arc<dyn QueuePair>>,
+}
+
+/// One authenticated peer.
+pub(crate) struct Session {
+    pub id: SessionId,
+    pub peer: Option<SocketAddr>,
+    state: Mutex<SessionState>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SessionError {
+    #[error("the session has ended")]
+    Ended,
+    #[error("the session already has {0} queue pairs, the most one session may hold")]
+    TooManyQps(usize),
+    #[error("too many sessions ({0}); end unused ones or wait for their leases to run out")]
+    TooManySessions(usize),
+}
+
+impl Session {
+    fn lock(&self) -> MutexGuard<'_, SessionState> {
+        // Every update is a single statement, so a poisoned lock holds valid state.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `qp` alive for as long as the session, unless the session has ended.
+    pub fn add_qp(&self, qp: Arc<dyn QueuePair>, max: usize) -> Result<(), SessionError> {
+        let mut st = self.lock();
+        if st.ended {
+            return Err(SessionError::Ended);
+        }
+        if st.qps.len() >= max {
+            return Err(SessionError::TooManyQps(max));
+        }
+        st.qps.insert(qp.endpoint().qpn, qp);
+        Ok(())
+    }
+
+    /// Destroys one of the session's queue pairs; false if it has no such one.
+    pub fn remove_qp(&self, qpn: u32) -> bool {
+        let qp = self.lock().qps.remove(&qpn);
+        qp.is_some()
+    }
+
+    pub fn qp_count(&self) -> usize {
+        self.lock().qps.len()
+    }
+
+    /// Marks the session ended and destroys its queue pairs; returns how many.
+    fn end(&self) -> usize {
+        let qps = {
+            let mut st = self.lock();
+            st.ended = true;
+            std::mem::take(&mut st.qps)
+        };
+        // Dropped outside the lock: destroying a queue pair may take the device's locks.
+        qps.len()
+    }
+}
+
+/// The live sessions of a server.
+pub(crate) struct Sessions {
+    map: Mutex<HashMap<SessionId, Arc<Session>>>,
+    lease: Duration,
+    max_sessions: usize,
+}
+
+impl Sessions {
+    pub fn new(lease: Duration, max_sessions: usize) -> Sessions {
+        Sessions {
+            map: Mutex::new(HashMap::new()),
+            lease,
+            max_sessions,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<SessionId, Arc<Session>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    pub fn open(
+        &self,
+        peer: Option<SocketAddr>,
+        now: Instant,
+    ) -> Result<Arc<Session>, SessionError> {
+        let mut map = self.lock();
+        if map.len() >= self.max_sessions {
+            return Err(SessionError::TooManySessions(self.max_sessions));
+        }
+        let session = Arc::new(Session {
+            id: SessionId::random(),
+            peer,
+            state: Mutex::new(SessionState {
+                expires: now + self.lease,
+                ended: false,
+                qps: HashMap::new(),
+            }),
+        });
+        map.insert(session.id, session.clone());
+        Ok(session)
+    }
+
+    /// The live session `id`, its lease renewed. An expired session is ended here even
+    /// if the reaper has not come by yet.
+    pub fn touch(&self, id: SessionId, now: Instant) -> Option<Arc<Session>> {
+        let session = self.lock().get(&id).cloned()?;
+        let expired = {
+            let mut st = session.lock();
+            if st.expires <= now || st.ended {
+                true
+            } else {
+                st.expires = now + self.lease;
+                false
+            }
+        };
+        if expired {
+            self.end(id);
+            return None;
+        }
+        Some(session)
+    }
+
+    /// Ends a session; returns the number of queue pairs destroyed, or None if there
+    /// was no such session.
+    pub fn end(&self, id: SessionId) -> Option<usize> {
+        let session = self.lock().remove(&id)?;
+        Some(session.end())
+    }
+
+    /// Ends every session whose lease has run out; returns (sessions, queue pairs).
+    pub fn reap(&self, now: Instant) -> (usize, usize) {
+        let expired: Vec<Arc<Session>> = {
+            let mut map = self.lock();
+            let ids: Vec<SessionId> = map
+                .iter()
+                .filter(|(_, s)| s.lock().expires <= now)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| map.remove(id)).collect()
+        };
+        let mut qps = 0;
+        for s in &expired {
+            let n = s.end();
+            tracing::info!(session = ?s.id, peer = ?s.peer, queue_pairs = n, "session lease expired");
+            qps += n;
+        }
+        (expired.len(), qps)
+    }
+
+    /// Ends every session (server shutdown); returns (sessions, queue pairs).
+    pub fn end_all(&self) -> (usize, usize) {
+        let all: Vec<Arc<Session>> = self.lock().drain().map(|(_, s)| s).collect();
+        let qps = all.iter().map(|s| s.end()).sum();
+        (all.len(), qps)
+    }
+
+    /// (sessions, queue pairs) now.
+    pub fn counts(&self) -> (usize, usize) {
+        let map = self.lock();
+        (map.len(), map.values().map(|s| s.qp_count()).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabric::Device;
+    use fabric::sim::{SimConfig, SimNetwork};
+
+    fn qp(dev: &dyn Device) -> Arc<dyn QueuePair> {
+        let cq = dev.create_cq(4).unwrap();
+        dev.create_qp(&fabric::QpConfig::rc(&cq)).unwrap()
+    }
+
+    #[test]
+    fn session_ids_round_trip_through_hex() {
+        let id = SessionId::random();
+        let text = id.to_string();
+        assert_eq!(text.len(), 32);
+        assert_eq!(text.parse::<SessionId>(), Ok(id));
+        assert!("xyz".parse::<SessionId>().is_err());
+        assert!(text[..30].parse::<SessionId>().is_err());
+        assert!(
+            !format!("{id:?}").contains(&text),
+            "Debug shows only a prefix"
+        );
+    }
+
+    #[test]
+    fn leases_are_renewed_by_use_and_expire_without_it() {
+        let sessions = Sessions::new(Duration::from_secs(10), 8);
+        let t0 = Instant::now();
+        let s = sessions.open(None, t0).unwrap();
+        let t1 = t0 + Duration::from_secs(8);
+        assert!(sessions.touch(s.id, t1).is_some());
+        // Renewed at t1, so still live at t0 + 15 s.
+        assert!(sessions.touch(s.id, t0 + Duration::from_secs(15)).is_some());
+        assert!(sessions.touch(s.id, t0 + Duration::from_secs(26)).is_none());
+        assert_eq!(sessions.counts(), (0, 0));
+    }
+
+    #[test]
+    fn ending_a_session_destroys_its_queue_pairs() {
+        let net = SimNetwork::new(SimConfig::default());
+        let dev = net.add_node();
+        let sessions = Sessions::new(Duration::from_secs(10), 8);
+        let now = Instant::now();
+        let s = sessions.open(None, now).unwrap();
+        let q = qp(&*dev);
+        let weak = Arc::downgrade(&q);
+        s.add_qp(q, 4).unwrap();
+        s.add_qp(qp(&*dev), 4).unwrap();
+        assert_eq!(sessions.counts(), (1, 2));
+        assert!(weak.upgrade().is_some());
+        assert_eq!(sessions.end(s.id), Some(2));
+        assert!(weak.upgrade().is_none(), "the queue pair was dropped");
+        assert_eq!(sessions.end(s.id), None);
+        // A handler still holding the ended session cannot attach new queue pairs.
+        assert_eq!(s.add_qp(qp(&*dev), 4), Err(SessionError::Ended));
+    }
+
+    #[test]
+    fn reaping_ends_only_expired_sessions() {
+        let net = SimNetwork::new(SimConfig::default());
+        let dev = net.add_node();
+        let sessions = Sessions::new(Duration::from_secs(10), 8);
+        let t0 = Instant::now();
+        let old = sessions.open(None, t0).unwrap();
+        old.add_qp(qp(&*dev), 4).unwrap();
+        let young = sessions.open(None, t0 + Duration::from_secs(5)).unwrap();
+        assert_eq!(sessions.reap(t0 + Duration::from_secs(11)), (1, 1));
+        assert!(
+            sessions
+                .touch(young.id, t0 + Duration::from_secs(12))
+                .is_some()
+        );
+        assert!(
+            sessions
+                .touch(old.id, t0 + Duration::from_secs(12))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let net = SimNetwork::new(SimConfig::default());
+        let dev = net.add_node();
+        let sessions = Sessions::new(Duration::from_secs(10), 2);
+        let now = Instant::now();
+        let s = sessions.open(None, now).unwrap();
+        sessions.open(None, now).unwrap();
+        assert!(matches!(
+            sessions.open(None, now),
+            Err(SessionError::TooManySessions(2))
+        ));
+        s.add_qp(qp(&*dev), 1).unwrap();
+        assert_eq!(s.add_qp(qp(&*dev), 1), Err(SessionError::TooManyQps(1)));
+        let qpn = s.lock().qps.keys().copied().next().unwrap();
+        assert!(s.remove_qp(qpn));
+        assert!(!s.remove_qp(qpn));
+        assert_eq!(sessions.end_all(), (2, 0));
+    }
+}

@@ -99,7 +99,9 @@ impl ClusterToken {
         ClusterToken(hex::encode(bytes).into_bytes())
     }
 
-    pub(crate) fn secret(&self) -> &[u8] {
+    /// The secret itself, for a data path that runs its own handshake with it (the
+    /// tcp and shm fabric backends). Never log or send it.
+    pub fn secret(&self) -> &[u8] {
         &self.0
     }
 }

@@ -4,7 +4,8 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use fabric::Device;
+use fabric::tcp::TcpDevice;
+use fabric::{Device, NodeId};
 use memory_server::{ClusterToken, MemoryServer, RegionPlan, ServerConfig, parse_bytes};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +29,13 @@ pub struct MemoryServerArgs {
     /// File holding the cluster token (`namdb token generate FILE` makes one).
     #[arg(long, value_name = "FILE")]
     pub token_file: PathBuf,
+    /// Address of the data path (the tcp soft-NIC), host:port; by default the
+    /// control plane's host with a free port.
+    #[arg(long, value_name = "ADDR")]
+    pub data_listen: Option<SocketAddr>,
+    /// This server's fabric node id, unique in the cluster; random by default.
+    #[arg(long, value_name = "N")]
+    pub node: Option<u32>,
 }
 
 /// Backends a memory-server process could serve on. Each must reach other processes:
@@ -43,27 +51,31 @@ pub enum ServerBackend {
 }
 
 /// The device for `backend`, or why there is none. A new backend is one arm here.
-fn device(backend: ServerBackend) -> Result<Arc<dyn Device>> {
-    match backend {
+fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Device>> {
+    let node = NodeId(args.node.unwrap_or_else(rand::random));
+    match args.backend {
         ServerBackend::Sim => bail!(
             "the sim backend runs in-process only, so no compute node in another process \
-             could reach this server's memory; a memory-server process needs a cross-process \
-             backend (tcp or shm), and neither is available yet"
+             could reach this server's memory; use --backend tcp"
         ),
-        ServerBackend::Tcp => bail!(
-            "the tcp backend is not available yet (fabric::tcp is being built); \
-             no cross-process backend exists in this build"
-        ),
-        ServerBackend::Shm => bail!(
-            "the shm backend is not available yet; no cross-process backend exists in this build"
-        ),
+        ServerBackend::Tcp => {
+            let data = args
+                .data_listen
+                .unwrap_or_else(|| SocketAddr::new(args.listen.ip(), 0));
+            let device = TcpDevice::bind_as(&data.to_string(), token.secret(), node)
+                .with_context(|| format!("cannot start the tcp data path on {data}"))?;
+            Ok(device)
+        }
+        ServerBackend::Shm => {
+            bail!("the shm backend is not available yet in this build; use --backend tcp")
+        }
     }
 }
 
 pub fn run(args: MemoryServerArgs) -> Result<()> {
     let plan = RegionPlan::new(args.size, args.region_size)?;
     let token = ClusterToken::from_file(&args.token_file)?;
-    let device = device(args.backend)?;
+    let device = device(&args, &token)?;
     let config = ServerConfig::new(args.listen, plan, token);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -71,16 +83,18 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
+    let data_path = device.address();
     runtime.block_on(async {
         let server = MemoryServer::start(config, device).await?;
         let stats = server.stats();
         // The one line a script waits for (and, with port 0, learns the port from).
         println!(
-            "memory server listening on {} (node {}, {} regions, {} bytes)",
+            "memory server listening on {} (node {}, {} regions, {} bytes, data path {})",
             server.local_addr(),
             server.node().0,
             stats.regions,
-            stats.bytes_registered
+            stats.bytes_registered,
+            data_path
         );
         server.run_until_signal().await?;
         Ok(())
@@ -143,14 +157,30 @@ mod tests {
     }
 
     #[test]
-    fn no_backend_can_serve_a_process_yet() {
+    fn backends_that_cannot_serve_a_process_say_so() {
+        let token = ClusterToken::new("0123456789abcdef0123456789abcdef").unwrap();
         for (backend, says) in [
             (ServerBackend::Sim, "in-process only"),
-            (ServerBackend::Tcp, "not available yet"),
             (ServerBackend::Shm, "not available yet"),
         ] {
-            let err = device(backend).err().expect("no device").to_string();
+            let mut args = parse(&["--size", "1M"]).unwrap();
+            args.backend = backend;
+            let err = device(&args, &token).err().expect("no device").to_string();
             assert!(err.contains(says), "{backend:?}: {err}");
         }
+    }
+
+    #[test]
+    fn tcp_serves_on_the_data_address_with_the_chosen_node() {
+        let token = ClusterToken::new("0123456789abcdef0123456789abcdef").unwrap();
+        let mut args = parse(&["--size", "1M", "--node", "42"]).unwrap();
+        args.listen = "127.0.0.1:0".parse().unwrap();
+        let device = device(&args, &token).unwrap();
+        assert_eq!(device.node(), NodeId(42));
+        assert!(
+            device.address().starts_with("tcp:127.0.0.1:"),
+            "{}",
+            device.address()
+        );
     }
 }

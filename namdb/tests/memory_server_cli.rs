@@ -1,9 +1,8 @@
 //! `namdb memory-server` and `namdb token` as a user runs them: the built binary, its
 //! exit status and its messages.
 //!
-//! No cross-process fabric backend exists yet, so no memory-server process can start
-//! for real; these tests cover everything up to that point. The SIGTERM test belongs
-//! here once `--backend tcp` works.
+//! A real server process on the tcp backend is started, used by a client in this
+//! process over gRPC and the fabric, and stopped with SIGTERM.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -96,11 +95,7 @@ fn unknown_backend_lists_the_choices() {
 fn backends_that_cannot_serve_a_process_say_so() {
     let dir = tempfile::tempdir().unwrap();
     let path = token_file(&dir, GOOD_TOKEN, 0o600);
-    for (backend, says) in [
-        ("sim", "in-process only"),
-        ("tcp", "not available yet"),
-        ("shm", "not available yet"),
-    ] {
+    for (backend, says) in [("sim", "in-process only"), ("shm", "not available yet")] {
         let out = memory_server(backend, &path, "1MiB");
         assert!(!out.status.success(), "{backend} must not start");
         let err = stderr(&out);
@@ -126,7 +121,8 @@ fn bad_sizes_are_explained() {
 fn a_token_file_others_can_read_is_warned_about() {
     let dir = tempfile::tempdir().unwrap();
     let path = token_file(&dir, GOOD_TOKEN, 0o644);
-    let out = memory_server("tcp", &path, "1MiB");
+    // sim stops right after reading the token, so the run ends with the warning printed.
+    let out = memory_server("sim", &path, "1MiB");
     let err = stderr(&out);
     assert!(err.contains("0644") && err.contains("chmod 600"), "{err}");
 }
@@ -174,8 +170,137 @@ fn token_generate_writes_a_private_token_once() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), token);
 
     // The memory server accepts it: what stops it is the backend, not the token.
-    let out = memory_server("tcp", &path, "1MiB");
+    let out = memory_server("sim", &path, "1MiB");
     let err = stderr(&out);
-    assert!(err.contains("not available yet"), "{err}");
+    assert!(err.contains("in-process only"), "{err}");
     assert!(!err.contains("token"), "{err}");
+}
+
+/// A memory server process, killed when dropped so a failing test leaves none behind.
+struct ServerProcess {
+    child: std::process::Child,
+    control: String,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_tcp_server(token_file: &Path) -> ServerProcess {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "memory-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            "tcp",
+            "--size",
+            "4MiB",
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("namdb starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let control = line
+        .split_whitespace()
+        .nth(4)
+        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
+        .to_string();
+    assert!(line.contains("data path tcp:127.0.0.1:"), "{line}");
+    ServerProcess {
+        child,
+        control,
+        stdout,
+    }
+}
+
+#[test]
+fn a_tcp_memory_server_serves_another_process_and_stops_on_sigterm() {
+    use fabric::{Access, Device, SendWr, Src, WcStatus};
+    use memory_server::ClusterToken;
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_file(&dir, GOOD_TOKEN, 0o600);
+    let mut server = start_tcp_server(&path);
+
+    let token = ClusterToken::from_file(&path).unwrap();
+    let client = memory_server::blocking::Client::connect(&server.control, &token).unwrap();
+    assert_eq!(client.server().backend, "tcp");
+    let regions = client.list_regions().unwrap();
+    let data = regions.data().next().expect("a data region").remote;
+    let device = fabric::tcp::TcpDevice::bind("127.0.0.1:0", token.secret()).unwrap();
+    let cq = device.create_cq(64).unwrap();
+    let (qp, _) = client.connect_qp(device.as_ref(), &cq).unwrap();
+    let local = device.register(64, Access::ALL).unwrap();
+    let run = |wr: SendWr<'_>| fabric::conformance::exec(&qp, &cq, wr);
+
+    assert_eq!(
+        run(SendWr::write(
+            1,
+            Src::Inline(b"in another process"),
+            data.at(64)
+        ))
+        .status,
+        WcStatus::Success
+    );
+    assert_eq!(
+        run(SendWr::read(2, local.buf(0, 18), data.at(64))).status,
+        WcStatus::Success
+    );
+    assert_eq!(local.to_vec(0, 18).unwrap(), b"in another process");
+    assert_eq!(
+        run(SendWr::cas(3, local.buf(24, 8), data.at(0), 0, 7)).status,
+        WcStatus::Success
+    );
+    assert_eq!(
+        run(SendWr::fetch_add(4, local.buf(32, 8), data.at(0), 1)).status,
+        WcStatus::Success
+    );
+    assert_eq!(local.load_u64(32).unwrap(), 7);
+    let out_of_bounds = run(SendWr::read(5, local.buf(0, 8), data.at(data.len)));
+    assert_eq!(out_of_bounds.status, WcStatus::RemoteAccess);
+    // The error broke the queue pair; recovering dials the server afresh.
+    qp.recover().unwrap();
+    assert_eq!(
+        run(SendWr::read(8, local.buf(0, 8), data.at(0))).status,
+        WcStatus::Success
+    );
+    assert_eq!(local.load_u64(0).unwrap(), 8);
+
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let mut err = String::new();
+    use std::io::Read;
+    server
+        .child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(err.contains("memory server stopped"), "{err}");
+    let _ = &mut server.stdout;
+
+    // The server is gone: the next request fails cleanly, the rest are flushed.
+    let wc = run(SendWr::read(6, local.buf(0, 8), data.at(0)));
+    assert_eq!(wc.status, WcStatus::RetryExceeded, "{wc:?}");
+    assert_eq!(
+        run(SendWr::read(7, local.buf(0, 8), data.at(0))).status,
+        WcStatus::WrFlush
+    );
 }

@@ -106,7 +106,9 @@ impl AnomalyKind {
             IncompatibleOrder => "two reads of a list are not prefixes of one another",
             G0 => "write cycle (ww edges only)",
             G1a => "aborted read: a committed transaction saw an aborted transaction's write",
-            G1b => "intermediate read: a committed transaction saw a state its writer later overwrote",
+            G1b => {
+                "intermediate read: a committed transaction saw a state its writer later overwrote"
+            }
             G1c => "circular information flow (ww and wr edges)",
             GSingle => "cycle with exactly one anti-dependency (rw edge): e.g. a lost update",
             G2 => "cycle with two or more anti-dependencies: write skew",
@@ -295,7 +297,9 @@ mod tests {
         findings.add(AnomalyKind::G2, || Explained::new("skew".into(), vec![]));
         assert!(!findings.violates_si());
         let mut other = Findings::default();
-        other.add(AnomalyKind::GSingle, || Explained::new("lost".into(), vec![]));
+        other.add(AnomalyKind::GSingle, || {
+            Explained::new("lost".into(), vec![])
+        });
         findings.merge(other);
         assert!(findings.violates_si());
         assert_eq!(findings.count(AnomalyKind::GSingle), 1);

@@ -216,19 +216,25 @@ impl TryFrom<RawOp> for Op {
             version,
         } = raw;
         let name = match f {
-            OpFunction::Read => return Ok(Op::Read {
-                key,
-                value,
-                version,
-            }),
+            OpFunction::Read => {
+                return Ok(Op::Read {
+                    key,
+                    value,
+                    version,
+                });
+            }
             OpFunction::Append => "append",
             OpFunction::Write => "w",
         };
         if version.is_some() {
-            return Err(format!("a `{name}` of key {key:?} has a version; only reads do"));
+            return Err(format!(
+                "a `{name}` of key {key:?} has a version; only reads do"
+            ));
         }
         let ReadValue::Register(v) = value else {
-            return Err(format!("the value of a `{name}` of key {key:?} must be one integer"));
+            return Err(format!(
+                "the value of a `{name}` of key {key:?} must be one integer"
+            ));
         };
         Ok(match f {
             OpFunction::Append => Op::Append { key, element: v },
@@ -417,7 +423,9 @@ mod tests {
         ];
         let mut writer = JsonlWriter::new(Vec::new());
         writer.write(&txn).expect("written");
-        writer.write(&Txn::new(4, 1, Status::Committed)).expect("written");
+        writer
+            .write(&Txn::new(4, 1, Status::Committed))
+            .expect("written");
         let text = String::from_utf8(writer.into_inner()).expect("UTF-8");
         assert_eq!(text.lines().count(), 2);
         let back = parse_all(&text).expect("parses");
@@ -429,13 +437,34 @@ mod tests {
     fn errors_name_the_line_and_what_is_wrong() {
         let good = r#"{"id":1,"session":0,"status":"committed","ops":[]}"#;
         let cases = [
-            (r#"{"id":2,"session":0,"status":"done","ops":[]}"#, "unknown variant `done`"),
-            (r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"x","key":"k","value":1}]}"#, "unknown variant `x`"),
-            (r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"append","key":"k","value":[1]}]}"#, "must be one integer"),
-            (r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"w","key":"k","value":1,"version":3}]}"#, "only reads do"),
-            (r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"r","key":"k"}]}"#, "missing field `value`"),
-            (r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"r","key":"k","value":1.5}]}"#, "an integer, a list of integers or null"),
-            (r#"{"id":2,"session":0,"status":"aborted","versoin":3}"#, "unknown field `versoin`"),
+            (
+                r#"{"id":2,"session":0,"status":"done","ops":[]}"#,
+                "unknown variant `done`",
+            ),
+            (
+                r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"x","key":"k","value":1}]}"#,
+                "unknown variant `x`",
+            ),
+            (
+                r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"append","key":"k","value":[1]}]}"#,
+                "must be one integer",
+            ),
+            (
+                r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"w","key":"k","value":1,"version":3}]}"#,
+                "only reads do",
+            ),
+            (
+                r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"r","key":"k"}]}"#,
+                "missing field `value`",
+            ),
+            (
+                r#"{"id":2,"session":0,"status":"aborted","ops":[{"f":"r","key":"k","value":1.5}]}"#,
+                "an integer, a list of integers or null",
+            ),
+            (
+                r#"{"id":2,"session":0,"status":"aborted","versoin":3}"#,
+                "unknown field `versoin`",
+            ),
             (r#"{"id":2,"session":0,"#, "EOF"),
             ("[1, 2]", "expected struct Txn"),
         ];
@@ -496,17 +525,19 @@ mod tests {
             any::<Option<String>>(),
             prop::collection::vec(arb_op(), 0..6),
         )
-            .prop_map(|(id, session, status, [rid, cid, begin_ns, end_ns], error, ops)| Txn {
-                id,
-                session,
-                status,
-                rid,
-                cid,
-                begin_ns,
-                end_ns,
-                error,
-                ops,
-            })
+            .prop_map(
+                |(id, session, status, [rid, cid, begin_ns, end_ns], error, ops)| Txn {
+                    id,
+                    session,
+                    status,
+                    rid,
+                    cid,
+                    begin_ns,
+                    end_ns,
+                    error,
+                    ops,
+                },
+            )
     }
 
     proptest! {

@@ -416,7 +416,12 @@ impl IndexBuilder {
                     ReadValue::List(list) => list.ends_with(own_appends),
                     _ => false,
                 };
-                (!ends_with_own).then(|| format!("a list ending in its own appends {}", show_list(own_appends)))
+                (!ends_with_own).then(|| {
+                    format!(
+                        "a list ending in its own appends {}",
+                        show_list(own_appends)
+                    )
+                })
             }
             _ => None,
         };
@@ -630,7 +635,12 @@ pub(crate) mod tests {
         let index = HistoryIndex::from_txns([txn(
             1,
             Committed,
-            vec![append("x", 5), rl("x", &[1, 5]), append("x", 6), rl("x", &[1, 5, 6])],
+            vec![
+                append("x", 5),
+                rl("x", &[1, 5]),
+                append("x", 6),
+                rl("x", &[1, 5, 6]),
+            ],
         )])
         .expect("indexes");
         assert!(index.findings.is_empty(), "{:?}", index.findings);
@@ -645,9 +655,20 @@ pub(crate) mod tests {
     fn a_read_contradicting_own_operations_is_internal() {
         let index = HistoryIndex::from_txns([
             txn(1, Committed, vec![append("x", 5), rl("x", &[1])]),
-            txn(2, Committed, vec![w("y", 5), r("y", ReadValue::Register(4))]),
+            txn(
+                2,
+                Committed,
+                vec![w("y", 5), r("y", ReadValue::Register(4))],
+            ),
             txn(3, Committed, vec![rl("z", &[1]), rl("z", &[1, 2])]),
-            txn(4, Committed, vec![r("y", ReadValue::Register(1)), r("y", ReadValue::Register(1))]),
+            txn(
+                4,
+                Committed,
+                vec![
+                    r("y", ReadValue::Register(1)),
+                    r("y", ReadValue::Register(1)),
+                ],
+            ),
         ])
         .expect("indexes");
         assert_eq!(index.findings.count(AnomalyKind::Internal), 3);
@@ -690,10 +711,23 @@ pub(crate) mod tests {
 
     #[test]
     fn broken_format_rules_are_errors() {
-        let duplicate_id = HistoryIndex::from_txns([txn(1, Committed, vec![]), txn(1, Aborted, vec![])]);
-        assert!(duplicate_id.err().expect("error").to_string().contains("appears twice"));
+        let duplicate_id =
+            HistoryIndex::from_txns([txn(1, Committed, vec![]), txn(1, Aborted, vec![])]);
+        assert!(
+            duplicate_id
+                .err()
+                .expect("error")
+                .to_string()
+                .contains("appears twice")
+        );
         let mixed = HistoryIndex::from_txns([txn(1, Committed, vec![w("x", 1), append("x", 2)])]);
-        assert!(mixed.err().expect("error").to_string().contains("both as a register and as a list"));
+        assert!(
+            mixed
+                .err()
+                .expect("error")
+                .to_string()
+                .contains("both as a register and as a list")
+        );
         let repeated = HistoryIndex::from_txns([
             txn(1, Committed, vec![append("x", 2)]),
             txn(2, Committed, vec![append("x", 2)]),
@@ -706,6 +740,9 @@ pub(crate) mod tests {
     fn load_errors_name_the_line() {
         let text = "{\"id\":1,\"session\":0,\"status\":\"committed\"}\n{\"id\":1,\"session\":0,\"status\":\"committed\"}\n";
         let err = load_jsonl(text.as_bytes(), 1).err().expect("duplicate id");
-        assert_eq!(err.to_string(), "line 2: transaction 1: the id appears twice in the history");
+        assert_eq!(
+            err.to_string(),
+            "line 2: transaction 1: the id appears twice in the history"
+        );
     }
 }

@@ -10,3 +10,4 @@
 pub mod anomaly;
 pub mod history;
 pub mod index;
+pub mod whitebox;

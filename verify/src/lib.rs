@@ -8,6 +8,7 @@
 //! from values alone. [`report`] runs both and gives the verdict.
 
 pub mod anomaly;
+pub mod elle;
 pub mod history;
 pub mod index;
 pub mod whitebox;

@@ -11,4 +11,5 @@ pub mod anomaly;
 pub mod elle;
 pub mod history;
 pub mod index;
+pub mod report;
 pub mod whitebox;

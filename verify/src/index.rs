@@ -81,8 +81,6 @@ pub(crate) struct ReadRec {
     pub(crate) key: u32,
     pub(crate) version: Option<u64>,
     pub(crate) seen: Seen,
-    /// How many of the transaction's own writes to the key preceded this read.
-    pub(crate) own: u32,
 }
 
 pub(crate) struct WriteRec {
@@ -146,6 +144,13 @@ impl HistoryIndex {
 
     pub fn stats(&self) -> &HistoryStats {
         &self.stats
+    }
+
+    pub(crate) fn key_id(&self, name: &str) -> Option<u32> {
+        self.keys
+            .iter()
+            .position(|k| k.name == name)
+            .map(|k| k as u32)
     }
 
     pub(crate) fn key_name(&self, key: u32) -> &str {
@@ -406,7 +411,7 @@ impl IndexBuilder {
     ) {
         let list_key = self.index.keys[key as usize].kind == KeyKind::List;
         let local = self.local_key(key);
-        let own = local.own_writes;
+        let own_writes = local.own_writes;
         // What the transaction's own operations say this read must return, if they say.
         let contradiction = match (&local.known, &value) {
             (Some(known), seen) if !same_value(known, seen, list_key) => Some(describe(known)),
@@ -442,7 +447,7 @@ impl IndexBuilder {
         } else {
             match value {
                 ReadValue::Absent => Seen::Absent,
-                ReadValue::Register(_) if own > 0 => Seen::OwnWrite,
+                ReadValue::Register(_) if own_writes > 0 => Seen::OwnWrite,
                 ReadValue::Register(v) => Seen::Value(v),
                 ReadValue::List(mut list) => {
                     list.truncate(list.len() - own_appends);
@@ -455,7 +460,6 @@ impl IndexBuilder {
             key,
             version,
             seen,
-            own,
         });
     }
 
@@ -646,7 +650,6 @@ pub(crate) mod tests {
         assert!(index.findings.is_empty(), "{:?}", index.findings);
         assert_eq!(index.reads[0].seen, Seen::Prefix(1));
         assert_eq!(index.reads[1].seen, Seen::Prefix(1));
-        assert_eq!(index.reads[1].own, 2);
         assert!(!index.writes[0].last_in_txn);
         assert!(index.writes[1].last_in_txn);
     }

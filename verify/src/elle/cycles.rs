@@ -39,7 +39,7 @@ pub enum Outcome {
 pub struct CycleFinder<'g> {
     graph: &'g Graph,
     sccs: Sccs,
-    bfs: Bfs,
+    bfs: Bfs<'g>,
     /// Which top-level component each node belongs to (`u32::MAX`: none).
     component: Vec<u32>,
     /// Per node: a sub-component stamp, then a topological position.
@@ -53,7 +53,7 @@ impl<'g> CycleFinder<'g> {
         CycleFinder {
             graph,
             sccs: Sccs::new(n),
-            bfs: Bfs::new(n),
+            bfs: Bfs::new(graph),
             component: vec![u32::MAX; n],
             scratch: vec![0; n],
             stamp: 0,
@@ -126,7 +126,7 @@ impl<'g> CycleFinder<'g> {
             let fenced = |n: u32| in_c(n) && (lo..=hi).contains(&position[n as usize]);
             match self
                 .bfs
-                .shortest_path(graph, b, a, Kinds::WW_WR, limit, budget, fenced)
+                .shortest_path(b, a, Kinds::WW_WR, limit, budget, fenced)
             {
                 Ok(Some(path)) => best = Some(std::iter::once(edge).chain(path).collect()),
                 Ok(None) => {}
@@ -144,7 +144,7 @@ impl<'g> CycleFinder<'g> {
             }
             match self
                 .bfs
-                .shortest_path(graph, b, a, Kinds::ALL, limit, budget, in_c)
+                .shortest_path(b, a, Kinds::ALL, limit, budget, in_c)
             {
                 Ok(Some(path)) => best = Some(std::iter::once(edge).chain(path).collect()),
                 Ok(None) => {}
@@ -180,11 +180,11 @@ impl<'g> CycleFinder<'g> {
             let scratch = &self.scratch;
             for &start in sub.iter().take(START_ATTEMPTS) {
                 let limit = best.as_ref().map_or(usize::MAX, |p| p.len() - 1);
-                let path =
-                    self.bfs
-                        .shortest_path(self.graph, start, start, kinds, limit, budget, |n| {
-                            scratch[n as usize] == stamp
-                        });
+                let path = self
+                    .bfs
+                    .shortest_path(start, start, kinds, limit, budget, |n| {
+                        scratch[n as usize] == stamp
+                    });
                 match path {
                     Ok(Some(path)) => best = Some(path),
                     Ok(None) => {}

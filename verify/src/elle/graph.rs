@@ -204,7 +204,8 @@ impl Sccs {
 }
 
 /// Breadth-first search for shortest paths.
-pub struct Bfs {
+pub struct Bfs<'g> {
+    graph: &'g Graph,
     /// The edge by which a node was first reached in the current search.
     via: Vec<u32>,
     stamp: Vec<u32>,
@@ -216,9 +217,11 @@ pub struct Bfs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Exhausted;
 
-impl Bfs {
-    pub fn new(nodes: usize) -> Bfs {
+impl<'g> Bfs<'g> {
+    pub fn new(graph: &'g Graph) -> Bfs<'g> {
+        let nodes = graph.nodes();
         Bfs {
+            graph,
             via: vec![0; nodes],
             stamp: vec![0; nodes],
             current: 0,
@@ -231,7 +234,6 @@ impl Bfs {
     /// Each edge examined costs one unit of `budget`.
     pub fn shortest_path(
         &mut self,
-        graph: &Graph,
         from: u32,
         to: u32,
         kinds: Kinds,
@@ -244,6 +246,7 @@ impl Bfs {
             self.stamp.fill(0);
             self.current = 1;
         }
+        let graph = self.graph;
         self.queue.clear();
         self.queue.push_back((from, 0));
         self.stamp[from as usize] = self.current;
@@ -411,10 +414,10 @@ mod tests {
                 (4, 0, Rw),
             ],
         );
-        let mut bfs = Bfs::new(5);
+        let mut bfs = Bfs::new(&g);
         let mut budget = 1000;
         let path = bfs
-            .shortest_path(&g, 0, 0, Kinds::ALL, 10, &mut budget, |_| true)
+            .shortest_path(0, 0, Kinds::ALL, 10, &mut budget, |_| true)
             .expect("in budget")
             .expect("a cycle");
         assert_eq!(
@@ -422,17 +425,17 @@ mod tests {
             vec![0, 4]
         );
         let path = bfs
-            .shortest_path(&g, 0, 0, Kinds::WW, 10, &mut budget, |_| true)
+            .shortest_path(0, 0, Kinds::WW, 10, &mut budget, |_| true)
             .expect("in budget")
             .expect("a cycle");
         assert_eq!(path.len(), 4);
-        let too_short = bfs.shortest_path(&g, 0, 0, Kinds::WW, 3, &mut budget, |_| true);
+        let too_short = bfs.shortest_path(0, 0, Kinds::WW, 3, &mut budget, |_| true);
         assert_eq!(too_short, Ok(None));
-        let fenced = bfs.shortest_path(&g, 0, 0, Kinds::WW, 10, &mut budget, |n| n != 2);
+        let fenced = bfs.shortest_path(0, 0, Kinds::WW, 10, &mut budget, |n| n != 2);
         assert_eq!(fenced, Ok(None));
         let mut tiny = 2;
         assert_eq!(
-            bfs.shortest_path(&g, 0, 0, Kinds::WW, 10, &mut tiny, |_| true),
+            bfs.shortest_path(0, 0, Kinds::WW, 10, &mut tiny, |_| true),
             Err(Exhausted)
         );
     }

@@ -76,6 +76,11 @@ impl Report {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let s = &self.stats;
+        let observed = if s.unknown > 0 {
+            format!(" ({} of them observed to commit)", s.unknown_observed)
+        } else {
+            String::new()
+        };
         let errors: Vec<String> = s
             .errors
             .iter()
@@ -84,17 +89,16 @@ impl fmt::Display for Report {
         let errors = if errors.is_empty() {
             String::new()
         } else {
-            format!(" [{}]", errors.join(", "))
+            format!(" (errors: {})", errors.join(", "))
         };
         writeln!(
             f,
-            "history: {} transactions ({} committed, {} aborted, {} unknown of which {} observed \
-             to commit){errors}; {} sessions; {} list keys, {} register keys; {} reads, {} writes",
+            "history: {} transactions: {} committed, {} aborted, {} unknown{observed}{errors}; \
+             {} sessions; {} list keys, {} register keys; {} reads, {} writes",
             s.txns,
             s.committed,
             s.aborted,
             s.unknown,
-            s.unknown_observed,
             s.sessions,
             s.list_keys,
             s.register_keys,

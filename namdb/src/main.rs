@@ -3,9 +3,11 @@
 
 mod backend;
 mod bench;
+mod verify_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
@@ -24,9 +26,12 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Check a recorded history (JSON Lines) for snapshot-isolation anomalies; exits
+    /// non-zero when the history violates the model.
+    Verify(verify_cmd::VerifyArgs),
 }
 
-fn main() -> Result<()> {
+fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     // Logs go to stderr so that stdout carries only the report a command prints. Quiet
     // by default; `RUST_LOG=namdb=debug` shows what each measurement set up.
@@ -36,7 +41,8 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Bench(cmd) => bench::run(cmd),
+        Command::Bench(cmd) => bench::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }
 }
 
@@ -53,7 +59,9 @@ mod tests {
     #[test]
     fn bench_fabric_defaults() {
         let cli = Cli::try_parse_from(["namdb", "bench", "fabric"]).expect("parses");
-        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command;
+        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command else {
+            panic!("parsed as another command");
+        };
         assert_eq!(args.backend, backend::BackendKind::Sim);
         assert_eq!(args.threads, 2);
         assert_eq!(args.batch, 32);
@@ -75,7 +83,9 @@ mod tests {
             "send_recv",
         ])
         .expect("parses");
-        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command;
+        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command else {
+            panic!("parsed as another command");
+        };
         assert_eq!(args.cost.map(|c| c.name), Some("edr4x"));
         assert_eq!(args.ops.len(), 3);
     }

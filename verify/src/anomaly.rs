@@ -199,15 +199,6 @@ impl Findings {
         }
     }
 
-    pub fn merge(&mut self, other: Findings) {
-        for (kind, theirs) in other.by_kind {
-            let ours = self.by_kind.entry(kind).or_default();
-            ours.count += theirs.count;
-            let room = self.max_examples.saturating_sub(ours.examples.len());
-            ours.examples.extend(theirs.examples.into_iter().take(room));
-        }
-    }
-
     pub fn count(&self, kind: AnomalyKind) -> u64 {
         self.by_kind.get(&kind).map_or(0, |k| k.count)
     }
@@ -224,10 +215,6 @@ impl Findings {
     /// Whether anything found rules out snapshot isolation.
     pub fn violates_si(&self) -> bool {
         self.by_kind.keys().any(|kind| !kind.allowed_under_si())
-    }
-
-    pub fn max_examples(&self) -> usize {
-        self.max_examples
     }
 }
 
@@ -296,11 +283,9 @@ mod tests {
         let mut findings = Findings::default();
         findings.add(AnomalyKind::G2, || Explained::new("skew".into(), vec![]));
         assert!(!findings.violates_si());
-        let mut other = Findings::default();
-        other.add(AnomalyKind::GSingle, || {
+        findings.add(AnomalyKind::GSingle, || {
             Explained::new("lost".into(), vec![])
         });
-        findings.merge(other);
         assert!(findings.violates_si());
         assert_eq!(findings.count(AnomalyKind::GSingle), 1);
     }

@@ -93,14 +93,6 @@ pub enum Op {
     Write { key: String, value: i64 },
 }
 
-impl Op {
-    pub fn key(&self) -> &str {
-        match self {
-            Op::Read { key, .. } | Op::Append { key, .. } | Op::Write { key, .. } => key,
-        }
-    }
-}
-
 /// What a read returned: a register's value, a list-append key's whole list, or
 /// nothing (`null`: a register never written; for a list key the same as `[]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -337,10 +329,6 @@ impl<W: Write> JsonlWriter<W> {
     pub fn write(&mut self, txn: &Txn) -> io::Result<()> {
         serde_json::to_writer(&mut self.out, txn)?;
         self.out.write_all(b"\n")
-    }
-
-    pub fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
     }
 
     pub fn into_inner(self) -> W {

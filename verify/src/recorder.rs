@@ -59,7 +59,7 @@ impl<S: HistorySink> Recorder<S> {
     }
 
     /// Nanoseconds since the Unix epoch, monotonic within this recorder.
-    pub fn now_ns(&self) -> u64 {
+    fn now_ns(&self) -> u64 {
         self.epoch_ns + self.started.elapsed().as_nanos() as u64
     }
 
@@ -111,10 +111,6 @@ impl<S: HistorySink> Recorder<S> {
 }
 
 impl TxnRecord {
-    pub fn id(&self) -> u64 {
-        self.txn.id
-    }
-
     pub fn set_read_timestamp(&mut self, rid: Option<u64>) {
         self.txn.rid = rid;
     }

@@ -183,7 +183,8 @@ impl<'g> CycleFinder<'g> {
                 let path = self
                     .bfs
                     .shortest_path(start, start, kinds, limit, budget, |n| {
-                        scratch[n as usize] == stamp
+                        // `scratch` also holds other components' positions: check both.
+                        component[n as usize] == c && scratch[n as usize] == stamp
                     });
                 match path {
                     Ok(Some(path)) => best = Some(path),

@@ -191,13 +191,14 @@ impl HistoryIndex {
 }
 
 /// What one transaction has established about one key so far, to check its next read.
+#[derive(Default)]
 struct LocalKey {
-    key: u32,
     /// The value the transaction must see now, once a read has told it.
     known: Option<ReadValue>,
     /// Its own appends to the key so far.
     own_appends: Vec<i64>,
     own_writes: u32,
+    last_write_marked: bool,
 }
 
 /// Builds a [`HistoryIndex`] one transaction at a time.
@@ -206,7 +207,8 @@ pub struct IndexBuilder {
     key_ids: HashMap<String, u32>,
     txn_ids: HashSet<u64>,
     sessions: HashSet<u64>,
-    local: Vec<LocalKey>,
+    /// The current transaction's keys (hashed: one transaction may touch thousands).
+    local: HashMap<u32, LocalKey>,
 }
 
 impl IndexBuilder {
@@ -225,7 +227,7 @@ impl IndexBuilder {
             key_ids: HashMap::new(),
             txn_ids: HashSet::new(),
             sessions: HashSet::new(),
-            local: Vec::new(),
+            local: HashMap::new(),
         }
     }
 
@@ -368,19 +370,7 @@ impl IndexBuilder {
     }
 
     fn local_key(&mut self, key: u32) -> &mut LocalKey {
-        let at = match self.local.iter().position(|l| l.key == key) {
-            Some(at) => at,
-            None => {
-                self.local.push(LocalKey {
-                    key,
-                    known: None,
-                    own_appends: Vec::new(),
-                    own_writes: 0,
-                });
-                self.local.len() - 1
-            }
-        };
-        &mut self.local[at]
+        self.local.entry(key).or_default()
     }
 
     fn push_write(&mut self, txn: u32, key: u32, value: i64, append: bool) {
@@ -393,11 +383,13 @@ impl IndexBuilder {
         });
     }
 
+    /// Marks the transaction's last write to each key, using `local` (whose keys are
+    /// exactly the ones it touched) to remember which keys are done.
     fn mark_last_writes(&mut self, start: u32) {
-        let writes = &mut self.index.writes[start as usize..];
-        for i in (0..writes.len()).rev() {
-            let key = writes[i].key;
-            writes[i].last_in_txn = !writes[i + 1..].iter().any(|w| w.key == key);
+        for write in self.index.writes[start as usize..].iter_mut().rev() {
+            if let Some(local) = self.local.get_mut(&write.key) {
+                write.last_in_txn = !std::mem::replace(&mut local.last_write_marked, true);
+            }
         }
     }
 

@@ -18,7 +18,7 @@
 //! Everything is sorting and binary search: O(n log n) in the history's size.
 
 use crate::anomaly::{AnomalyKind, Explained, Findings, show_list};
-use crate::index::{HistoryIndex, KeyKind, ReadRec, Seen};
+use crate::index::{HistoryIndex, KeyKind, ReadRec, Seen, WriteRec};
 use std::collections::HashMap;
 
 /// Runs the white-box checks, or says why the history does not allow them.
@@ -398,8 +398,36 @@ impl Checker<'_> {
             );
         };
         let shown = format!("{key}={value}");
-        let holding: Vec<usize> = (0..kv.values.len())
-            .filter(|&v| kv.values[v] == value)
+        // Built once, on the first wrong register read: a broken store may give
+        // millions, and scanning a hot key's versions for each would be quadratic.
+        let writes = self.register_writes.get_or_insert_with(|| {
+            let mut map: HashMap<(u32, i64), Vec<u32>> = HashMap::new();
+            for (w, write) in index.writes.iter().enumerate() {
+                if !write.append {
+                    map.entry((write.key, write.value))
+                        .or_default()
+                        .push(w as u32);
+                }
+            }
+            map
+        });
+        let writes: Vec<&WriteRec> = writes
+            .get(&(read.key, value))
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .map(|&w| &index.writes[w as usize])
+            .collect();
+        // The committed versions holding the value, in CID order.
+        let holding: Vec<usize> = writes
+            .iter()
+            .filter(|w| w.last_in_txn && index.txns[w.txn as usize].committed)
+            .filter_map(|w| {
+                let cid = index.txns[w.txn as usize].cid?;
+                let first = kv.cids.partition_point(|&c| c < cid);
+                (first..kv.cids.len())
+                    .take_while(|&v| kv.cids[v] == cid)
+                    .find(|&v| kv.writers[v] == w.txn)
+            })
             .collect();
         // Prefer a version the read named, then the one nearest its snapshot.
         let pick = holding
@@ -414,7 +442,7 @@ impl Checker<'_> {
             } else {
                 AnomalyKind::StaleRead
             };
-            let writer = self.label(kv.writers[v]);
+            let writer = index.label(kv.writers[v]);
             return (
                 kind,
                 format!(
@@ -423,26 +451,10 @@ impl Checker<'_> {
                 ),
             );
         }
-        let writes = self.register_writes.get_or_insert_with(|| {
-            let mut map: HashMap<(u32, i64), Vec<u32>> = HashMap::new();
-            for (w, write) in index.writes.iter().enumerate() {
-                if !write.append {
-                    map.entry((write.key, write.value))
-                        .or_default()
-                        .push(w as u32);
-                }
-            }
-            map
-        });
-        let writers = writes
-            .get(&(read.key, value))
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        let uncommitted = writers
+        if let Some(write) = writes
             .iter()
-            .map(|&w| &index.writes[w as usize])
-            .find(|w| !index.txns[w.txn as usize].committed);
-        if let Some(write) = uncommitted {
+            .find(|w| !index.txns[w.txn as usize].committed)
+        {
             let writer = index.label(write.txn);
             return (
                 AnomalyKind::UncommittedRead,
@@ -452,8 +464,8 @@ impl Checker<'_> {
                 ),
             );
         }
-        if let Some(&w) = writers.first() {
-            let writer = index.label(index.writes[w as usize].txn);
+        if let Some(write) = writes.first() {
+            let writer = index.label(write.txn);
             return (
                 AnomalyKind::IntermediateRead,
                 format!("{shown}, which {writer} overwrote before committing"),

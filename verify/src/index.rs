@@ -468,7 +468,11 @@ impl IndexBuilder {
             }
             return Seen::Prefix(list.len() as u32);
         }
-        let other = self.index.txns[info.longest_reader as usize].id;
+        // The longest list may come from this very transaction, not yet indexed.
+        let other = match self.index.txns.get(info.longest_reader as usize) {
+            Some(meta) if info.longest_reader != txn => meta.id,
+            _ => txn_id,
+        };
         let (name, longest) = (&info.name, &info.longest);
         self.index.findings.add(AnomalyKind::IncompatibleOrder, || {
             Explained::new(
@@ -688,6 +692,23 @@ pub(crate) mod tests {
             found.examples[0].summary,
             "T2 read x=[1, 3] but T1 read x=[1, 2]: neither is a prefix of the other, so no \
              version order explains both"
+        );
+    }
+
+    #[test]
+    fn a_transaction_contradicting_its_own_earlier_read_twice_is_reported_not_a_crash() {
+        let index = HistoryIndex::from_txns([txn(
+            1,
+            Committed,
+            vec![rl("x", &[1, 2]), rl("x", &[1, 3]), rl("x", &[1, 3])],
+        )])
+        .expect("indexes");
+        assert_eq!(index.findings.count(AnomalyKind::Internal), 1);
+        assert_eq!(index.findings.count(AnomalyKind::IncompatibleOrder), 1);
+        let seen: Vec<Seen> = index.reads.iter().map(|r| r.seen).collect();
+        assert_eq!(
+            seen,
+            vec![Seen::Prefix(2), Seen::Inconsistent, Seen::Detached(0)]
         );
     }
 

@@ -204,7 +204,88 @@ impl fmt::Display for Report {
 mod tests {
     use super::*;
     use crate::history::Status::*;
+    use crate::history::{Op, ReadValue, Status, Txn};
     use crate::index::tests::{append, rl, txn};
+    use proptest::prelude::*;
+
+    /// Operations over a handful of keys and values, so that random histories collide
+    /// often: repeated reads, reused elements, reads of aborted writes, cycles.
+    fn small_op() -> impl Strategy<Value = Op> {
+        let list_read = prop::collection::vec(0..6i64, 0..4).prop_map(ReadValue::List);
+        prop_oneof![
+            (0..2u8, 0..6i64).prop_map(|(k, element)| Op::Append {
+                key: format!("l{k}"),
+                element
+            }),
+            (0..2u8, 0..6i64).prop_map(|(k, value)| Op::Write {
+                key: format!("r{k}"),
+                value
+            }),
+            (0..2u8, list_read, prop::option::of(0..8u64)).prop_map(|(k, value, version)| {
+                Op::Read {
+                    key: format!("l{k}"),
+                    value,
+                    version,
+                }
+            }),
+            (0..2u8, prop::option::of(0..6i64), prop::option::of(0..8u64)).prop_map(
+                |(k, v, version)| {
+                    let value = v.map_or(ReadValue::Absent, ReadValue::Register);
+                    Op::Read {
+                        key: format!("r{k}"),
+                        value,
+                        version,
+                    }
+                }
+            ),
+        ]
+    }
+
+    fn small_history() -> impl Strategy<Value = Vec<Txn>> {
+        let status = prop_oneof![
+            Just(Status::Committed),
+            Just(Status::Aborted),
+            Just(Status::Unknown)
+        ];
+        let txn = (
+            0..3u64,
+            status,
+            prop::option::of(0..8u64),
+            prop::option::of(0..8u64),
+            prop::option::of(0..20u64),
+            prop::option::of(0..20u64),
+            prop::collection::vec(small_op(), 0..5),
+        );
+        prop::collection::vec(txn, 0..8).prop_map(|txns| {
+            txns.into_iter()
+                .enumerate()
+                .map(
+                    |(i, (session, status, rid, cid, begin_ns, end_ns, ops))| Txn {
+                        rid,
+                        cid,
+                        begin_ns,
+                        end_ns,
+                        ops,
+                        ..Txn::new(i as u64 + 1, session, status)
+                    },
+                )
+                .collect()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Whatever a history holds, indexing it gives an error or a report, and the
+        /// report renders: no input may crash the checkers.
+        #[test]
+        fn any_history_is_checked_without_crashing(txns in small_history()) {
+            if let Ok(index) = HistoryIndex::from_txns(txns) {
+                let report = check(&index, Model::SnapshotIsolation);
+                prop_assert!(report.to_string().contains("verdict: "));
+            }
+        }
+    }
 
     #[test]
     fn write_skew_is_valid_and_a_lost_update_is_not() {

@@ -18,7 +18,7 @@
 //! Everything is sorting and binary search: O(n log n) in the history's size.
 
 use crate::anomaly::{AnomalyKind, Explained, Findings, show_list};
-use crate::index::{HistoryIndex, KeyKind, ReadRec, Seen, WriteRec};
+use crate::index::{HistoryIndex, KeyKind, ReadRec, Seen};
 use std::collections::HashMap;
 
 /// Runs the white-box checks, or says why the history does not allow them.
@@ -29,7 +29,7 @@ pub fn check(index: &HistoryIndex, findings: &mut Findings) -> Result<WhiteBoxSu
         index,
         versions: &versions,
         findings,
-        register_writes: None,
+        register_values: None,
     };
     checker.timestamps();
     checker.first_committer_wins();
@@ -149,9 +149,20 @@ struct Checker<'a> {
     index: &'a HistoryIndex,
     versions: &'a [KeyVersions],
     findings: &'a mut Findings,
-    /// (key, value) → writes of that value, built on the first register read that needs
+    /// What wrote each register value, built on the first register read that needs
     /// explaining.
-    register_writes: Option<HashMap<(u32, i64), Vec<u32>>>,
+    register_values: Option<HashMap<(u32, i64), ValueWrites>>,
+}
+
+/// The writes of one value to one register.
+#[derive(Default)]
+struct ValueWrites {
+    /// The committed versions holding it, in CID order.
+    versions: Vec<u32>,
+    /// A write of it by a transaction that did not commit.
+    uncommitted: Option<u32>,
+    /// Any write of it.
+    any: Option<u32>,
 }
 
 impl Checker<'_> {
@@ -399,43 +410,39 @@ impl Checker<'_> {
         };
         let shown = format!("{key}={value}");
         // Built once, on the first wrong register read: a broken store may give
-        // millions, and scanning a hot key's versions for each would be quadratic.
-        let writes = self.register_writes.get_or_insert_with(|| {
-            let mut map: HashMap<(u32, i64), Vec<u32>> = HashMap::new();
+        // millions, and searching a hot key's versions for each would be quadratic.
+        let by_value = self.register_values.get_or_insert_with(|| {
+            let mut map: HashMap<(u32, i64), ValueWrites> = HashMap::new();
+            for (key, kv) in self.versions.iter().enumerate() {
+                for (v, value) in kv.values.iter().enumerate() {
+                    let entry = map.entry((key as u32, *value)).or_default();
+                    entry.versions.push(v as u32);
+                }
+            }
             for (w, write) in index.writes.iter().enumerate() {
                 if !write.append {
-                    map.entry((write.key, write.value))
-                        .or_default()
-                        .push(w as u32);
+                    let entry = map.entry((write.key, write.value)).or_default();
+                    entry.any.get_or_insert(w as u32);
+                    if !index.txns[write.txn as usize].committed {
+                        entry.uncommitted.get_or_insert(w as u32);
+                    }
                 }
             }
             map
         });
-        let writes: Vec<&WriteRec> = writes
-            .get(&(read.key, value))
-            .map_or(&[][..], Vec::as_slice)
-            .iter()
-            .map(|&w| &index.writes[w as usize])
-            .collect();
-        // The committed versions holding the value, in CID order.
-        let holding: Vec<usize> = writes
-            .iter()
-            .filter(|w| w.last_in_txn && index.txns[w.txn as usize].committed)
-            .filter_map(|w| {
-                let cid = index.txns[w.txn as usize].cid?;
-                let first = kv.cids.partition_point(|&c| c < cid);
-                (first..kv.cids.len())
-                    .take_while(|&v| kv.cids[v] == cid)
-                    .find(|&v| kv.writers[v] == w.txn)
-            })
-            .collect();
-        // Prefer a version the read named, then the one nearest its snapshot.
-        let pick = holding
-            .iter()
-            .copied()
-            .find(|&v| read.version == Some(kv.cids[v]))
-            .or_else(|| holding.iter().copied().find(|&v| Some(v) > newest))
-            .or_else(|| holding.last().copied());
+        let empty = ValueWrites::default();
+        let writes = by_value.get(&(read.key, value)).unwrap_or(&empty);
+        let holding = &writes.versions;
+        let named = read.version.and_then(|cid| {
+            let v = kv.cids.partition_point(|&c| c < cid);
+            (kv.cids.get(v) == Some(&cid) && kv.values[v] == value).then_some(v)
+        });
+        let first_after = holding.partition_point(|&v| Some(v as usize) <= newest);
+        // Prefer the version the read named, then the nearest one after its snapshot,
+        // then the nearest before.
+        let pick = named
+            .or_else(|| holding.get(first_after).map(|&v| v as usize))
+            .or_else(|| first_after.checked_sub(1).map(|i| holding[i] as usize));
         if let Some(v) = pick {
             let kind = if Some(v) > newest {
                 AnomalyKind::FutureRead
@@ -451,10 +458,8 @@ impl Checker<'_> {
                 ),
             );
         }
-        if let Some(write) = writes
-            .iter()
-            .find(|w| !index.txns[w.txn as usize].committed)
-        {
+        if let Some(w) = writes.uncommitted {
+            let write = &index.writes[w as usize];
             let writer = index.label(write.txn);
             return (
                 AnomalyKind::UncommittedRead,
@@ -464,8 +469,8 @@ impl Checker<'_> {
                 ),
             );
         }
-        if let Some(write) = writes.first() {
-            let writer = index.label(write.txn);
+        if let Some(w) = writes.any {
+            let writer = index.label(index.writes[w as usize].txn);
             return (
                 AnomalyKind::IntermediateRead,
                 format!("{shown}, which {writer} overwrote before committing"),

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use verify::anomaly::Findings;
 use verify::history::JsonlWriter;
@@ -65,7 +65,7 @@ pub fn run(args: &VerifyBenchArgs) -> Result<()> {
 }
 
 /// Writes the history; returns its size in bytes.
-fn generate(args: &VerifyBenchArgs, path: &PathBuf) -> Result<u64> {
+fn generate(args: &VerifyBenchArgs, path: &Path) -> Result<u64> {
     eprintln!(
         "generating {} transactions over {} sessions into {}…",
         args.txns,
@@ -98,7 +98,7 @@ fn generate(args: &VerifyBenchArgs, path: &PathBuf) -> Result<u64> {
     Ok(bytes)
 }
 
-fn measure(args: &VerifyBenchArgs, path: &PathBuf, bytes: u64) -> Result<()> {
+fn measure(args: &VerifyBenchArgs, path: &Path, bytes: u64) -> Result<()> {
     let mut timings = Vec::with_capacity(args.runs as usize);
     for run in 1..=args.runs {
         let started = Instant::now();

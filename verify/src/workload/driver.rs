@@ -84,7 +84,12 @@ pub fn run<S: TxnStore, H: HistorySink>(
             first.step(store, workload, recorder)?;
         }
         if first.summary.committed != 1 {
-            return Err(RunError::Setup(format!("{:?}", first.summary)));
+            let outcome = if first.summary.unknown > 0 {
+                "its outcome is unknown"
+            } else {
+                "it aborted"
+            };
+            return Err(RunError::Setup(outcome.into()));
         }
         first.summary = RunSummary::default();
     }
@@ -237,5 +242,97 @@ impl<S: TxnStore> SessionRunner<S> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{Status, Txn};
+    use crate::mem_store::MemStore;
+    use crate::workload::{ListAppend, Script};
+
+    /// Sets up with a transaction that gives up.
+    struct FailingSetup;
+
+    impl Workload for FailingSetup {
+        fn setup(&self) -> Option<Box<dyn TxnProgram>> {
+            Some(Box::new(Script::new([
+                Action::Write("k".into(), 1),
+                Action::Abort,
+            ])))
+        }
+
+        fn next_txn(&self, _: &mut StdRng) -> Box<dyn TxnProgram> {
+            Box::new(Script::new([Action::Commit]))
+        }
+    }
+
+    fn config(sessions: usize, schedule: Schedule) -> RunConfig {
+        RunConfig {
+            sessions,
+            txns: 50,
+            seed: 9,
+            schedule,
+        }
+    }
+
+    #[test]
+    fn a_failed_setup_and_no_sessions_are_errors() {
+        let recorder = Recorder::new(Vec::<Txn>::new());
+        let err = run(
+            &MemStore::new(),
+            &FailingSetup,
+            &recorder,
+            &config(2, Schedule::Threads),
+        )
+        .expect_err("setup aborts");
+        assert_eq!(
+            err.to_string(),
+            "the workload's setup transaction did not commit: it aborted"
+        );
+        let err = run(
+            &MemStore::new(),
+            &FailingSetup,
+            &recorder,
+            &config(0, Schedule::Threads),
+        )
+        .expect_err("no sessions");
+        assert!(matches!(err, RunError::NoSessions));
+    }
+
+    #[test]
+    fn every_transaction_is_recorded_once_with_its_session() {
+        for schedule in [Schedule::Threads, Schedule::Interleaved] {
+            let recorder = Recorder::new(Vec::<Txn>::new());
+            let summary = run(
+                &MemStore::new(),
+                &ListAppend::default(),
+                &recorder,
+                &config(3, schedule),
+            )
+            .expect("runs");
+            let txns = recorder.into_sink();
+            assert_eq!(txns.len(), 50);
+            assert_eq!(summary.committed + summary.aborted + summary.unknown, 50);
+            let committed = txns
+                .iter()
+                .filter(|t| t.status == Status::Committed)
+                .count();
+            assert_eq!(committed as u64, summary.committed);
+            let mut ids: Vec<u64> = txns.iter().map(|t| t.id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), 50);
+            for session in 0..3 {
+                // 50 split over 3 sessions: 17, 17, 16.
+                let count = txns.iter().filter(|t| t.session == session).count();
+                assert_eq!(count, if session < 2 { 17 } else { 16 }, "{schedule:?}");
+            }
+            assert!(
+                txns.iter()
+                    .all(|t| t.rid.is_some() && t.begin_ns <= t.end_ns)
+            );
+        }
     }
 }

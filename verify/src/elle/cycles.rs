@@ -115,44 +115,17 @@ impl<'g> CycleFinder<'g> {
             }
         }
         backward.sort_unstable();
-        let mut best: Option<Path> = None;
-        for &(_, edge, a, b) in &backward {
-            // A path of at most best - 2 edges closes a strictly shorter cycle.
-            let limit = best.as_ref().map_or(usize::MAX, |p| p.len() - 2);
-            if limit == 0 {
-                break;
-            }
-            let (lo, hi) = (position[b as usize], position[a as usize]);
-            let fenced = |n: u32| in_c(n) && (lo..=hi).contains(&position[n as usize]);
-            match self
-                .bfs
-                .shortest_path(b, a, Kinds::WW_WR, limit, budget, fenced)
-            {
-                Ok(Some(path)) => best = Some(std::iter::once(edge).chain(path).collect()),
-                Ok(None) => {}
-                Err(Exhausted) if best.is_some() => break,
-                Err(Exhausted) => return Err(Exhausted),
-            }
+        let position = &*position;
+        let g_single =
+            shortest_closing(&mut self.bfs, &backward, Kinds::WW_WR, budget, |n, a, b| {
+                in_c(n)
+                    && (position[b as usize]..=position[a as usize]).contains(&position[n as usize])
+            })?;
+        if g_single.is_some() {
+            return Ok(g_single);
         }
-        if best.is_some() {
-            return Ok(best);
-        }
-        for &(_, edge, a, b) in backward.iter().take(G2_ATTEMPTS) {
-            let limit = best.as_ref().map_or(usize::MAX, |p| p.len() - 2);
-            if limit == 0 {
-                break;
-            }
-            match self
-                .bfs
-                .shortest_path(b, a, Kinds::ALL, limit, budget, in_c)
-            {
-                Ok(Some(path)) => best = Some(std::iter::once(edge).chain(path).collect()),
-                Ok(None) => {}
-                Err(Exhausted) if best.is_some() => break,
-                Err(Exhausted) => return Err(Exhausted),
-            }
-        }
-        Ok(best)
+        let tried = &backward[..backward.len().min(G2_ATTEMPTS)];
+        shortest_closing(&mut self.bfs, tried, Kinds::ALL, budget, |n, _, _| in_c(n))
     }
 
     /// The shortest cycle over `kinds` edges within component `c`, trying a few start
@@ -198,6 +171,33 @@ impl<'g> CycleFinder<'g> {
     }
 }
 
+/// The shortest cycle made of one of the `backward` edges a→b (entries `(window, edge,
+/// a, b)`) and a path from b back to a over `kinds` through nodes `in_scope(n, a, b)`
+/// accepts. A spent budget still returns the best cycle found, if any.
+fn shortest_closing(
+    bfs: &mut Bfs,
+    backward: &[(u32, u32, u32, u32)],
+    kinds: Kinds,
+    budget: &mut u64,
+    in_scope: impl Fn(u32, u32, u32) -> bool,
+) -> Result<Option<Path>, Exhausted> {
+    let mut best: Option<Path> = None;
+    for &(_, edge, a, b) in backward {
+        // A path of at most best - 2 edges closes a strictly shorter cycle.
+        let limit = best.as_ref().map_or(usize::MAX, |p| p.len() - 2);
+        if limit == 0 {
+            break;
+        }
+        match bfs.shortest_path(b, a, kinds, limit, budget, |n| in_scope(n, a, b)) {
+            Ok(Some(path)) => best = Some(std::iter::once(edge).chain(path).collect()),
+            Ok(None) => {}
+            Err(Exhausted) if best.is_some() => break,
+            Err(Exhausted) => return Err(Exhausted),
+        }
+    }
+    Ok(best)
+}
+
 /// The anomaly a cycle shows, by its kinds of edges.
 pub fn classify(graph: &Graph, cycle: &Path) -> AnomalyKind {
     let count = |kind: EdgeKind| {
@@ -217,18 +217,8 @@ pub fn classify(graph: &Graph, cycle: &Path) -> AnomalyKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::elle::graph::Edge;
+    use crate::elle::graph::tests::graph;
     use EdgeKind::*;
-
-    fn graph(nodes: usize, edges: &[(u32, u32, EdgeKind)]) -> Graph {
-        Graph::new(
-            nodes,
-            edges
-                .iter()
-                .map(|&(from, to, kind)| (from, Edge { to, key: 0, kind }))
-                .collect(),
-        )
-    }
 
     /// Each component's worst cycle, as (kind, nodes in cycle order).
     fn worst(g: &Graph) -> Vec<(AnomalyKind, Vec<u32>)> {

@@ -336,10 +336,11 @@ pub fn topological_positions(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn graph(nodes: usize, edges: &[(u32, u32, EdgeKind)]) -> Graph {
+    /// A graph from (from, to, kind) triples, all on key 0.
+    pub(in crate::elle) fn graph(nodes: usize, edges: &[(u32, u32, EdgeKind)]) -> Graph {
         Graph::new(
             nodes,
             edges

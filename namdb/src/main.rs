@@ -5,9 +5,11 @@ mod backend;
 mod bench;
 mod memory_server_cmd;
 mod token_cmd;
+mod verify_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
@@ -31,9 +33,12 @@ enum Command {
     /// Manage the cluster token.
     #[command(subcommand)]
     Token(token_cmd::TokenCommand),
+    /// Check a recorded history (JSON Lines) for snapshot-isolation anomalies; exits
+    /// non-zero when the history violates the model.
+    Verify(verify_cmd::VerifyArgs),
 }
 
-fn main() -> Result<()> {
+fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     // Logs go to stderr so that stdout carries only the report a command prints. Quiet
     // by default; `RUST_LOG=namdb=debug` shows what each measurement set up. A server
@@ -49,9 +54,10 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Bench(cmd) => bench::run(cmd),
-        Command::MemoryServer(args) => memory_server_cmd::run(args),
-        Command::Token(cmd) => token_cmd::run(cmd),
+        Command::Bench(cmd) => bench::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::MemoryServer(args) => memory_server_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }
 }
 

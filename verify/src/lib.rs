@@ -1,3 +1,20 @@
 //! History recording and snapshot-isolation checkers.
 //!
-//! Empty until the verify issue fills it; see DESIGN.md ("Verification").
+//! A history is a list of transactions with their reads, writes and outcomes, stored as
+//! JSON Lines ([`history`]). [`recorder`] writes one while a workload ([`workload`])
+//! runs against any store implementing [`store::TxnStore`] ([`mem_store`] is the
+//! in-memory reference). Checking starts by indexing the history ([`index`]); then a
+//! white-box checker ([`whitebox`]) replays the system's own timestamps and an
+//! Elle-style black-box checker ([`elle`]) infers dependencies from values alone.
+//! [`report`] runs both and gives the verdict.
+
+pub mod anomaly;
+pub mod elle;
+pub mod history;
+pub mod index;
+pub mod mem_store;
+pub mod recorder;
+pub mod report;
+pub mod store;
+pub mod whitebox;
+pub mod workload;

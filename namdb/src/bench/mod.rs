@@ -1,6 +1,7 @@
 //! `namdb bench …`: benchmarks, one module per subject.
 
 mod fabric;
+mod verify;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -10,10 +11,14 @@ pub enum BenchCommand {
     /// Latency and throughput of every verb on a fabric backend, next to this
     /// machine's memcpy bandwidth.
     Fabric(self::fabric::FabricArgs),
+    /// Time checking a generated history of N transactions with `namdb verify`'s
+    /// checkers (median of several runs).
+    Verify(self::verify::VerifyBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Fabric(args) => self::fabric::run(&args),
+        BenchCommand::Verify(args) => self::verify::run(&args),
     }
 }

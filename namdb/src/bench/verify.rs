@@ -1,0 +1,152 @@
+//! `namdb bench verify`: how long checking a history takes.
+//!
+//! Generates a valid history by running the list-append workload on the in-memory
+//! snapshot-isolation reference store (`verify::mem_store`), sessions interleaved one
+//! action at a time so transactions overlap, writes it as JSON Lines, then times
+//! `--runs` complete checks of the file exactly as `namdb verify` does them: read and
+//! index, white-box, black-box. Reports each run and the median.
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Args;
+use std::fs::{self, File};
+use std::io::{BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use verify::anomaly::Findings;
+use verify::history::JsonlWriter;
+use verify::index::load_jsonl;
+use verify::mem_store::MemStore;
+use verify::recorder::Recorder;
+use verify::report::{self, Model, Verdict};
+use verify::workload::{self, ListAppend, RunConfig, Schedule};
+
+#[derive(Args, Debug, Clone)]
+pub struct VerifyBenchArgs {
+    /// Transactions in the generated history.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub txns: u64,
+    /// Concurrent sessions of the generating workload.
+    #[arg(long, value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub sessions: u64,
+    /// Timed checks of the history; the median is reported.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
+    /// Seed of the generating workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Keep the generated history at FILE (by default a temporary file, removed after).
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<PathBuf>,
+}
+
+struct Timing {
+    load: Duration,
+    whitebox: Duration,
+    blackbox: Duration,
+    total: Duration,
+}
+
+pub fn run(args: &VerifyBenchArgs) -> Result<()> {
+    let (path, keep) = match &args.history {
+        Some(path) => (path.clone(), true),
+        None => (
+            std::env::temp_dir().join(format!("namdb-bench-verify-{}.jsonl", std::process::id())),
+            false,
+        ),
+    };
+    let result = generate(args, &path).and_then(|bytes| measure(args, &path, bytes));
+    if !keep {
+        let _ = fs::remove_file(&path);
+    }
+    result
+}
+
+/// Writes the history; returns its size in bytes.
+fn generate(args: &VerifyBenchArgs, path: &Path) -> Result<u64> {
+    eprintln!(
+        "generating {} transactions over {} sessions into {}…",
+        args.txns,
+        args.sessions,
+        path.display()
+    );
+    let started = Instant::now();
+    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let recorder = Recorder::new(JsonlWriter::new(BufWriter::with_capacity(1 << 20, file)));
+    let config = RunConfig {
+        sessions: args.sessions as usize,
+        txns: args.txns,
+        seed: args.seed,
+        schedule: Schedule::Interleaved,
+    };
+    let outcome = workload::run(&MemStore::new(), &ListAppend::default(), &recorder, &config)?;
+    recorder
+        .into_sink()
+        .into_inner()
+        .flush()
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    let bytes = fs::metadata(path)?.len();
+    eprintln!(
+        "generated in {:.1} s: {} committed, {} aborted; {:.0} MB",
+        started.elapsed().as_secs_f64(),
+        outcome.committed,
+        outcome.aborted,
+        bytes as f64 / 1e6
+    );
+    Ok(bytes)
+}
+
+fn measure(args: &VerifyBenchArgs, path: &Path, bytes: u64) -> Result<()> {
+    let mut timings = Vec::with_capacity(args.runs as usize);
+    for run in 1..=args.runs {
+        let started = Instant::now();
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let index = load_jsonl(
+            BufReader::with_capacity(1 << 20, file),
+            Findings::DEFAULT_EXAMPLES,
+        )
+        .with_context(|| format!("cannot read back {}", path.display()))?;
+        let load = started.elapsed();
+        let report = report::check(&index, Model::SnapshotIsolation);
+        let total = started.elapsed();
+        if report.verdict() != Verdict::Valid {
+            bail!("the reference store's history did not check as valid:\n{report}");
+        }
+        ensure!(
+            report.whitebox.is_ok(),
+            "the white-box checker did not run: {:?}",
+            report.whitebox
+        );
+        let timing = Timing {
+            load,
+            whitebox: report.whitebox_time,
+            blackbox: report.blackbox_time,
+            total,
+        };
+        println!(
+            "run {run}: {:.2} s (read and index {:.2} s, white-box {:.2} s, black-box {:.2} s); \
+             {} dependency edges, {} cyclic components (all G2)",
+            timing.total.as_secs_f64(),
+            timing.load.as_secs_f64(),
+            timing.whitebox.as_secs_f64(),
+            timing.blackbox.as_secs_f64(),
+            report.blackbox.edges,
+            report.blackbox.components
+        );
+        timings.push(timing);
+    }
+    timings.sort_by_key(|t| t.total);
+    let median = &timings[timings.len() / 2];
+    println!(
+        "verify: {} transactions ({:.0} MB of JSON Lines) checked in {:.2} s median of {} \
+         ({:.0} transactions/s)",
+        args.txns,
+        bytes as f64 / 1e6,
+        median.total.as_secs_f64(),
+        args.runs,
+        args.txns as f64 / median.total.as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! `namdb verify` and `namdb bench verify` as a user runs them: the built binary on
+//! history files, its exit status, its report and its error messages.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn namdb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(args)
+        .output()
+        .expect("the namdb binary runs")
+}
+
+/// A history file in the temp directory that no other test (or concurrent run) uses;
+/// removed when dropped.
+struct TempHistory(PathBuf);
+
+impl TempHistory {
+    fn new(name: &str, lines: &[&str]) -> TempHistory {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "namdb-verify-{name}-{}-{nanos}.jsonl",
+            std::process::id()
+        ));
+        std::fs::write(&path, lines.join("\n") + "\n").expect("history written");
+        TempHistory(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("temp path is UTF-8")
+    }
+}
+
+impl Drop for TempHistory {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Two sessions appending to x and y with timestamps; T3 sees both; a write skew
+/// between T1 and T2 (each read the key the other wrote, before it was written).
+const VALID: &[&str] = &[
+    r#"{"id":1,"session":1,"status":"committed","rid":0,"cid":1,"begin_ns":10,"end_ns":20,"ops":[{"f":"r","key":"x","value":null},{"f":"append","key":"y","value":1}]}"#,
+    r#"{"id":2,"session":2,"status":"committed","rid":0,"cid":2,"begin_ns":11,"end_ns":30,"ops":[{"f":"r","key":"y","value":[]},{"f":"append","key":"x","value":1}]}"#,
+    r#"{"id":3,"session":1,"status":"committed","rid":2,"begin_ns":40,"end_ns":50,"ops":[{"f":"r","key":"x","value":[1],"version":2},{"f":"r","key":"y","value":[1],"version":1}]}"#,
+    r#"{"id":4,"session":2,"status":"aborted","rid":2,"error":"conflict","begin_ns":41,"end_ns":51,"ops":[{"f":"append","key":"x","value":9}]}"#,
+];
+
+#[test]
+fn a_valid_history_exits_zero_and_reports_write_skew_as_allowed() {
+    let history = TempHistory::new("valid", VALID);
+    let out = namdb(&["verify", history.path(), "--model", "si"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains(
+            "history: 4 transactions: 3 committed, 1 aborted, 0 unknown (errors: conflict 1)"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "white-box (system timestamps): 4 reads checked against 2 committed versions"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("G2: 1 (cycle with two or more anti-dependencies: write skew; allowed under snapshot isolation)"), "{stdout}");
+    assert!(
+        stdout.contains("verdict: VALID under snapshot isolation"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("checked in "), "{stdout}");
+}
+
+#[test]
+fn a_lost_update_exits_one_with_its_cycle_explained() {
+    let history = TempHistory::new(
+        "lost-update",
+        &[
+            r#"{"id":1,"session":1,"status":"committed","rid":0,"cid":1,"ops":[{"f":"r","key":"x","value":null},{"f":"append","key":"x","value":1}]}"#,
+            r#"{"id":2,"session":2,"status":"committed","rid":0,"cid":2,"ops":[{"f":"r","key":"x","value":null},{"f":"append","key":"x","value":2}]}"#,
+            r#"{"id":3,"session":1,"status":"committed","rid":2,"ops":[{"f":"r","key":"x","value":[1,2]}]}"#,
+        ],
+    );
+    let out = namdb(&["verify", history.path()]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    for expected in [
+        "G-single: 1",
+        "T2 -rw(x)-> T1: T2 read x=[] and T1 appended 1, the first element of x",
+        "T1 -ww(x)-> T2: T2 appended 2 right after T1's 1 in x's version order",
+        "first-committer-wins: 1",
+        "T1 and T2 both wrote x and both committed",
+        "counts: G-single 1, first-committer-wins 1",
+        "verdict: INVALID under snapshot isolation (G-single, first-committer-wins)",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn a_malformed_line_exits_two_naming_the_line() {
+    let history = TempHistory::new(
+        "malformed",
+        &[
+            VALID[0],
+            "",
+            r#"{"id":2,"session":2,"status":"committed","ops":[{"f":"append","key":"x","value":"one"}]}"#,
+        ],
+    );
+    let out = namdb(&["verify", history.path()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("is not a usable history: line 3, column "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("an integer, a list of integers or null"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn a_repeated_id_and_a_missing_file_are_clear_errors() {
+    let history = TempHistory::new("repeated", &[VALID[0], VALID[0]]);
+    let out = namdb(&["verify", history.path()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("line 2: transaction 1: the id appears twice in the history"),
+        "{stderr}"
+    );
+
+    let out = namdb(&["verify", "/nonexistent/history.jsonl"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot open /nonexistent/history.jsonl"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_history_can_come_from_standard_input() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["verify", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the namdb binary runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all((VALID.join("\n") + "\n").as_bytes())
+        .expect("history written");
+    let out = child.wait_with_output().expect("namdb finishes");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("verdict: VALID"));
+}
+
+#[test]
+fn bench_verify_generates_and_checks_a_history() {
+    let out = namdb(&["bench", "verify", "--txns", "3000", "--runs", "2"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert_eq!(stdout.matches("run ").count(), 2, "{stdout}");
+    assert!(stdout.contains("verify: 3000 transactions ("), "{stdout}");
+    assert!(stdout.contains("median of 2"), "{stdout}");
+}

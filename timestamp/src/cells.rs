@@ -14,6 +14,13 @@
 //! which needs t + V and so t decided first. A bit that reads "undecided" may be stale,
 //! which only makes a scan stop early. So a scan over words loaded at different
 //! moments (a torn READ) still yields a prefix of truly decided timestamps.
+//!
+//! Why holders stay within V/2 of their known prefix (a stricter form of "t − V must
+//! be decided"): a position is reused for t + V once t is decided, which a reader whose
+//! known prefix is still below t does not know; it would read t as undecided and stop
+//! there for good. With every handed-out t below `known + V/2`, a reused position lies
+//! more than V/2 behind every holder's prefix, so a reader lagging less than V/2 never
+//! meets one, and one that lags more catches up through the published prefix hint.
 
 /// Where timestamp `ts` lives in a vector of `bits` bits: (word, bit in word).
 pub(crate) fn position(bits: u64, ts: u64) -> (u64, u32) {
@@ -57,10 +64,18 @@ pub(crate) struct Scan {
 /// distance from `start`'s position, because the window never crosses the end of the
 /// vector.
 pub(crate) fn scan(bits: u64, start: u64, words: &[u64]) -> Scan {
+    scan_until(bits, start, words, u64::MAX)
+}
+
+/// [`scan`], looking only at timestamps below `limit`.
+pub(crate) fn scan_until(bits: u64, start: u64, words: &[u64], limit: u64) -> Scan {
     let p0 = start % bits;
     let w0 = p0 / 64;
     let odd = odd_round(bits, start);
-    let end_pos = ((w0 + words.len() as u64) * 64).min(bits);
+    let end_pos = ((w0 + words.len() as u64) * 64)
+        .min(bits)
+        .min(p0.saturating_add(limit.saturating_sub(start)))
+        .max(p0);
     let mut gap = None;
     let mut frontier = None;
     for (i, &word) in words.iter().enumerate() {

@@ -6,7 +6,7 @@
 //!               0 magic "NAMDBTSO"   1 version   2 V (bits)   3 S (slots)
 //!               4 slot-table offset  5 bit-vector offset
 //!               6 prefix hint (first undecided timestamp some client has seen)
-//!               7 reserved (0)
+//!               7 far hint (a decided timestamp beyond the windows readers scan)
 //! offset 64   slot table, S entries of 2 words:
 //!               lease      state:2 | tag:14 | horizon:48   (CAS only)
 //!               heartbeat  counter bumped by the holder   (FETCH_ADD only)
@@ -45,6 +45,7 @@ pub const SLOT_BYTES: u64 = 16;
 
 pub(crate) const HEADER_WORDS: usize = 8;
 pub(crate) const OFF_PREFIX_HINT: u64 = 48;
+pub(crate) const OFF_FAR_HINT: u64 = 56;
 
 const HORIZON_BITS: u32 = 48;
 const HORIZON_MASK: u64 = (1 << HORIZON_BITS) - 1;

@@ -30,7 +30,8 @@ use crate::cells::{self, Scan};
 use crate::clock::Clock;
 use crate::error::{OracleError, Result};
 use crate::layout::{
-    BLOCK, HEADER_WORDS, Layout, Lease, MAX_HORIZON, OFF_PREFIX_HINT, SLOT_BYTES, SlotState,
+    BLOCK, HEADER_WORDS, Layout, Lease, MAX_HORIZON, OFF_FAR_HINT, OFF_PREFIX_HINT, SLOT_BYTES,
+    SlotState,
 };
 use crate::link::{BUFFER_BYTES, Link, Op};
 use fabric::{CompletionQueue, Device, QueuePair, RemoteRegion};
@@ -138,6 +139,32 @@ enum Status {
     Released,
 }
 
+/// What one tick read: the header's hints and one or two windows of the vector.
+struct Observation {
+    hint: u64,
+    far: u64,
+    gap: Option<u64>,
+    frontier: Option<u64>,
+    /// Where the first window ends.
+    end: u64,
+    /// Where everything read ends.
+    covered_end: u64,
+    w0: u64,
+    n1: u64,
+    /// The first window's words, then (from word 0) the second's.
+    words: Vec<u64>,
+}
+
+impl Observation {
+    fn word(&self, w: u64) -> Option<u64> {
+        if w >= self.w0 && w < self.w0 + self.n1 {
+            return Some(self.words[(w - self.w0) as usize]);
+        }
+        let second = &self.words[self.n1 as usize..];
+        second.get(w as usize).copied()
+    }
+}
+
 /// Another slot that stalls the prefix, and when its lease was last seen to change.
 #[derive(Clone, Copy, Debug)]
 struct Watch {
@@ -167,6 +194,8 @@ struct State {
     renewed_at: Duration,
     next_tick: Duration,
     hint_seen: u64,
+    far_seen: u64,
+    highest_marked: u64,
     last_gap: Option<u64>,
     watch: Option<Watch>,
     stats: SlotStats,
@@ -225,6 +254,8 @@ impl SlotHandle {
                 renewed_at: Duration::ZERO,
                 next_tick: Duration::ZERO,
                 hint_seen: header[6],
+                far_seen: header[7],
+                highest_marked: 0,
                 last_gap: None,
                 watch: None,
                 stats: SlotStats::default(),
@@ -255,7 +286,12 @@ impl SlotHandle {
     pub fn outstanding(&self) -> usize {
         self.st.borrow().pending.len()
     }
-    /// Whether the slot is held (not fenced, not released).
+    /// The lease word this handle believes it holds (what it last wrote or confirmed).
+    pub fn held_lease(&self) -> Lease {
+        self.st.borrow().lease
+    }
+    /// Whether the slot is held (not fenced, not released) as far as this handle
+    /// knows; a fence shows at the next renewal.
     pub fn is_active(&self) -> bool {
         self.st.borrow().status == Status::Active
     }
@@ -356,10 +392,11 @@ impl SlotHandle {
 
     /// The next commit timestamp of this slot, without communication.
     ///
-    /// Fails with [`OracleError::WrapBlocked`] while `ts − V` is not inside the known
-    /// prefix (its bit position is still in use), and with
-    /// [`OracleError::ReservationExhausted`] when the slot must raise its horizon
-    /// first; [`SlotHandle::acquire_commit_ts`] does both and retries.
+    /// Fails with [`OracleError::WrapBlocked`] unless `ts − V/2` is inside the known
+    /// prefix (so `ts − V`, whose bit position `ts` reuses, is long decided; see
+    /// `cells` for why the margin), and with [`OracleError::ReservationExhausted`]
+    /// when the slot must raise its horizon first; [`SlotHandle::acquire_commit_ts`]
+    /// does both and retries.
     pub fn next_commit_ts(&self) -> Result<u64> {
         self.active()?;
         let mut st = self.st.borrow_mut();
@@ -370,17 +407,22 @@ impl SlotHandle {
                 horizon: st.lease.horizon * BLOCK,
             });
         }
-        let v = self.layout.bits();
-        if t >= v && t - v >= st.known {
+        let reach = self.reach();
+        if t >= st.known + reach {
             return Err(OracleError::WrapBlocked {
                 ts: t,
-                blocked_by: t - v,
+                blocked_by: t - reach,
                 prefix: st.known,
             });
         }
         st.cursor = t + self.layout.slots() as u64;
         st.pending.push_back((t, true));
         Ok(t)
+    }
+
+    /// How far beyond its known prefix a holder may decide timestamps: V/2.
+    fn reach(&self) -> u64 {
+        self.layout.bits() / 2
     }
 
     /// [`SlotHandle::next_commit_ts`], raising the horizon or refreshing the read
@@ -432,6 +474,7 @@ impl SlotHandle {
         while st.pending.front().is_some_and(|&(_, undecided)| !undecided) {
             st.pending.pop_front();
         }
+        st.highest_marked = st.highest_marked.max(ts);
         match outcome {
             Outcome::Committed => st.stats.committed += 1,
             Outcome::Aborted => st.stats.aborted += 1,
@@ -441,15 +484,33 @@ impl SlotHandle {
 
     /// The read timestamp: the end of the run of decided timestamps, scanned from the
     /// known prefix onward. Never below an earlier result of this handle.
+    ///
+    /// One READ while the prefix has moved since this handle's last look. When it has
+    /// not, a second one fetches the published prefix hint, which gets a handle that
+    /// fell behind (more than V/2, e.g. after a long pause) past positions that were
+    /// reused meanwhile.
     pub fn read_timestamp(&self) -> Result<u64> {
         let max_words = self.window_words();
         let mut buf = [0u64; (BUFFER_BYTES / 8) as usize];
-        let mut start = self.st.borrow().known;
+        let first = self.st.borrow().known;
+        let mut start = first;
+        let mut hinted = false;
         for _ in 0..self.max_windows() {
             let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
             let words = &mut buf[..n as usize];
             self.link.read(self.layout.word_offset(w0), words)?;
             let scan = cells::scan(self.layout.bits(), start, words);
+            if scan.gap == Some(first) && !hinted {
+                hinted = true;
+                let mut hint = [0u64];
+                self.link.read(OFF_PREFIX_HINT, &mut hint)?;
+                if hint[0] > first {
+                    self.note_window(n);
+                    self.st.borrow_mut().known = hint[0];
+                    start = hint[0];
+                    continue;
+                }
+            }
             if let Some(rid) = self.absorb(scan, n) {
                 return Ok(rid);
             }
@@ -462,7 +523,9 @@ impl SlotHandle {
     /// handle on one thread.
     pub async fn read_timestamp_async(&self) -> Result<u64> {
         let max_words = self.window_words();
-        let mut start = self.st.borrow().known;
+        let first = self.st.borrow().known;
+        let mut start = first;
+        let mut hinted = false;
         for _ in 0..self.max_windows() {
             let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
             let words = self
@@ -470,12 +533,28 @@ impl SlotHandle {
                 .read_async(self.layout.word_offset(w0), n as u32)
                 .await?;
             let scan = cells::scan(self.layout.bits(), start, &words);
+            if scan.gap == Some(first) && !hinted {
+                hinted = true;
+                let hint = self.link.read_async(OFF_PREFIX_HINT, 1).await?;
+                if hint[0] > first {
+                    self.note_window(n);
+                    self.st.borrow_mut().known = hint[0];
+                    start = hint[0];
+                    continue;
+                }
+            }
             if let Some(rid) = self.absorb(scan, n) {
                 return Ok(rid);
             }
             start = scan.end;
         }
         Err(self.runaway())
+    }
+
+    fn note_window(&self, words: u64) {
+        let mut st = self.st.borrow_mut();
+        st.stats.window_reads += 1;
+        st.stats.window_bytes += words * 8;
     }
 
     fn window_words(&self) -> u64 {
@@ -499,9 +578,8 @@ impl SlotHandle {
     /// Files one window's scan: counts it and, if it found the gap, moves the known
     /// prefix and returns the read timestamp.
     fn absorb(&self, scan: Scan, words: u64) -> Option<u64> {
+        self.note_window(words);
         let mut st = self.st.borrow_mut();
-        st.stats.window_reads += 1;
-        st.stats.window_bytes += words * 8;
         let gap = scan.gap?;
         st.known = st.known.max(gap);
         st.stats.read_timestamps += 1;
@@ -587,11 +665,12 @@ impl SlotHandle {
 
     /// Keeps the vector moving; call it at least every `tick_interval` (it returns at
     /// once when not due). It renews the lease when due, reads the window at the known
-    /// prefix (and the published hint), skips this slot's unused timestamps below the
-    /// highest decided one it sees, raises the horizon ahead of need, and, when
-    /// another slot has stalled the prefix since the previous tick, checks that slot:
-    /// a free or fenced slot is skipped for, an owned one whose lease has not changed
-    /// for `lease_timeout` is fenced and then skipped for.
+    /// prefix together with the header's hints (one doorbell; a second window past
+    /// the end of the vector when the first reaches it), skips this slot's unused
+    /// timestamps below the highest decided one it sees, raises the horizon ahead of
+    /// need, and, when another slot has stalled the prefix since the previous tick,
+    /// checks that slot: a free or fenced slot is skipped for, an owned one whose
+    /// lease has not changed for `lease_timeout` is fenced and then skipped for.
     pub fn tick(&self) -> Result<TickReport> {
         let now = self.clock.now();
         let mut report = TickReport {
@@ -609,86 +688,69 @@ impl SlotHandle {
         {
             self.renew()?;
         }
-
-        let v = self.layout.bits();
-        let max_words = self.window_words();
-        let mut buf = [0u64; 1 + (BUFFER_BYTES / 8) as usize];
-        let mut start = self.st.borrow().known;
-        // A few windows at most: more only while this slot itself was the stall.
-        for round in 0..4 {
-            let (w0, n) = cells::window_words(v, start, max_words);
-            let words = &mut buf[..1 + n as usize];
-            self.link.run(
-                &[
-                    Op::Read {
-                        remote: OFF_PREFIX_HINT,
-                        words: 1,
-                    },
-                    Op::Read {
-                        remote: self.layout.word_offset(w0),
-                        words: n as u32,
-                    },
-                ],
-                words,
-            )?;
-            let hint = words[0];
-            let window = &words[1..];
-            self.st.borrow_mut().hint_seen = hint;
-            if hint > start {
-                // Someone saw further; our window is behind it. Restart from there.
+        let s = self.layout.slots() as u64;
+        // A few windows at most: more only while this slot itself was the stall, or to
+        // catch up with the hint.
+        for _ in 0..4 {
+            let start = self.st.borrow().known;
+            let obs = self.observe(start)?;
+            if obs.hint > start {
                 let mut st = self.st.borrow_mut();
-                st.known = st.known.max(hint);
-                start = st.known;
-                if round < 3 {
-                    continue;
-                }
-                break;
+                st.known = st.known.max(obs.hint);
+                continue;
             }
-            let scan = cells::scan(v, start, window);
-            let Some(gap) = scan.gap else {
+            let Some(gap) = obs.gap else {
                 let mut st = self.st.borrow_mut();
-                st.stats.window_reads += 1;
-                st.stats.window_bytes += n * 8;
-                st.known = st.known.max(scan.end);
-                start = st.known;
+                st.known = st.known.max(obs.end);
                 continue;
             };
-            self.absorb(scan, n);
-            let mut progressed = false;
-            if active && let Some(frontier) = scan.frontier {
-                let skipped = self.skip_own(frontier)?;
-                report.skipped_own += skipped;
-                progressed = skipped > 0 && gap % self.layout.slots() as u64 == self.slot() as u64;
+            {
+                let mut st = self.st.borrow_mut();
+                st.known = st.known.max(gap);
             }
+            // Deciding anything at or beyond gap + V/2 would break the wrap margin.
+            let reach_end = gap + self.reach();
+            let far = Some(obs.far).filter(|&f| f > gap);
+            let Some(frontier) = obs
+                .frontier
+                .filter(|&f| f > gap)
+                .max(far)
+                .map(|f| f.min(reach_end - 1))
+            else {
+                // Nothing decided beyond the gap: nobody waits for it.
+                self.st.borrow_mut().last_gap = Some(gap);
+                break;
+            };
             let (me, inherited_below) = {
                 let st = self.st.borrow();
                 (st.slot as u64, st.inherited_below)
             };
-            if active
-                && gap % self.layout.slots() as u64 == me
-                && gap < inherited_below
-                && let Some(frontier) = scan.frontier.filter(|&f| f > gap)
-            {
-                let upto = frontier.min(inherited_below - 1);
-                let skipped = self.cas_skip(gap, upto, w0, window)?;
+            let owner = gap % s;
+            let mut progressed = false;
+            if active {
+                let skipped = self.skip_own(frontier)?;
                 report.skipped_own += skipped;
-                self.st.borrow_mut().stats.skipped += skipped;
-                progressed |= skipped > 0;
+                progressed |= skipped > 0 && owner == me;
+                if owner == me && gap < inherited_below {
+                    let upto = frontier.min(inherited_below - 1).min(obs.covered_end - 1);
+                    let skipped = self.cas_skip(gap, upto, &obs)?;
+                    report.skipped_own += skipped;
+                    self.st.borrow_mut().stats.skipped += skipped;
+                    progressed |= skipped > 0;
+                }
             }
             let stuck = self.st.borrow().last_gap == Some(gap);
             self.st.borrow_mut().last_gap = Some(gap);
-            let owner = (gap % self.layout.slots() as u64) as u32;
-            if stuck && (!active || owner != self.slot()) {
-                let (fenced, skipped) = self.unstall(owner, gap, scan, w0, window, now)?;
+            if stuck && (!active || owner != me) {
+                let (fenced, skipped) = self.unstall(owner as u32, gap, frontier, &obs, now)?;
                 report.fenced = report.fenced.or(fenced);
                 report.skipped_for_others += skipped;
             }
             if !progressed {
                 break;
             }
-            start = self.st.borrow().known;
         }
-        self.publish_hint()?;
+        self.publish_hints()?;
         if active {
             let (cursor, horizon) = {
                 let st = self.st.borrow();
@@ -702,8 +764,65 @@ impl SlotHandle {
         Ok(report)
     }
 
+    /// Reads the header's hints and the window at `start` in one doorbell, plus the
+    /// start of the next round when the window reaches the end of the vector (so that
+    /// timestamps just past the wrap count as seen).
+    fn observe(&self, start: u64) -> Result<Observation> {
+        let v = self.layout.bits();
+        let max_words = self.window_words();
+        let (w0, n1) = cells::window_words(v, start, max_words);
+        let wraps = w0 + n1 == self.layout.words();
+        let n2 = if wraps { max_words.min(w0 + 1) } else { 0 };
+        let mut ops = [
+            Op::Read {
+                remote: OFF_PREFIX_HINT,
+                words: 2,
+            },
+            Op::Read {
+                remote: self.layout.word_offset(w0),
+                words: n1 as u32,
+            },
+            Op::Read {
+                remote: self.layout.word_offset(0),
+                words: n2 as u32,
+            },
+        ];
+        let nops = if wraps { 3 } else { 2 };
+        let mut out = vec![0u64; 2 + (n1 + n2) as usize];
+        self.link.run(&mut ops[..nops], &mut out)?;
+        let words = out.split_off(2);
+        let scan1 = cells::scan(v, start, &words[..n1 as usize]);
+        self.note_window(n1);
+        let (gap, frontier, covered_end) = if wraps {
+            self.note_window(n2);
+            let scan2 =
+                cells::scan_until(v, scan1.end, &words[n1 as usize..], start + self.reach());
+            (
+                scan1.gap.or(scan2.gap),
+                scan1.frontier.max(scan2.frontier),
+                scan2.end,
+            )
+        } else {
+            (scan1.gap, scan1.frontier, scan1.end)
+        };
+        let mut st = self.st.borrow_mut();
+        st.hint_seen = st.hint_seen.max(out[0]);
+        st.far_seen = st.far_seen.max(out[1]);
+        Ok(Observation {
+            hint: out[0],
+            far: out[1],
+            gap,
+            frontier,
+            end: scan1.end,
+            covered_end,
+            w0,
+            n1,
+            words,
+        })
+    }
+
     /// Decides, unused, this slot's timestamps from the cursor up to `frontier` (a
-    /// decided timestamp some other slot already reached): one FETCH_ADD per word.
+    /// timestamp another slot already decided or holds): one FETCH_ADD per word.
     fn skip_own(&self, frontier: u64) -> Result<u64> {
         let (cursor, horizon) = {
             let st = self.st.borrow();
@@ -718,8 +837,8 @@ impl SlotHandle {
         self.ensure_lease()?;
         let s = self.layout.slots() as u64;
         let v = self.layout.bits();
-        // The frontier lies in a window read from the known prefix, so every
-        // timestamp up to it is less than V beyond the prefix: the wrap rule holds.
+        // The caller keeps the frontier below the known prefix + V/2: the wrap margin
+        // holds for every timestamp skipped.
         let masks = cells::own_masks(v, s, cursor, frontier);
         let adds: Vec<(u64, u64)> = masks
             .iter()
@@ -740,15 +859,10 @@ impl SlotHandle {
         &self,
         owner: u32,
         gap: u64,
-        scan: Scan,
-        w0: u64,
-        window: &[u64],
+        frontier: u64,
+        obs: &Observation,
         now: Duration,
     ) -> Result<(Option<u32>, u64)> {
-        let Some(frontier) = scan.frontier.filter(|&f| f > gap) else {
-            // Nothing decided beyond the gap: nobody waits for it.
-            return Ok((None, 0));
-        };
         let mut entry = [0u64; 2];
         self.link
             .read(self.layout.lease_offset(owner), &mut entry)?;
@@ -795,7 +909,7 @@ impl SlotHandle {
                 taken
             }
         };
-        let skipped = self.skip_for(owner, lease, gap, frontier, w0, window)?;
+        let skipped = self.skip_for(owner, lease, gap, frontier, obs)?;
         Ok((fenced, skipped))
     }
 
@@ -810,8 +924,7 @@ impl SlotHandle {
         mut lease: Lease,
         gap: u64,
         frontier: u64,
-        w0: u64,
-        window: &[u64],
+        obs: &Observation,
     ) -> Result<u64> {
         let off = self.layout.lease_offset(owner);
         if frontier >= lease.horizon * BLOCK {
@@ -824,24 +937,28 @@ impl SlotHandle {
             }
             lease = raised;
         }
-        let upto = frontier.min(lease.horizon * BLOCK - 1);
-        if upto < gap {
-            return Ok(0);
-        }
-        let skipped = self.cas_skip(gap, upto, w0, window)?;
+        let upto = frontier
+            .min(lease.horizon * BLOCK - 1)
+            .min(obs.covered_end - 1);
+        let skipped = self.cas_skip(gap, upto, obs)?;
         self.st.borrow_mut().stats.skipped_for_others += skipped;
         Ok(skipped)
     }
 
     /// Decides the undecided timestamps of `from`'s slot in `[from, upto]`, all inside
-    /// the window `window` read from word `w0`, with one CAS per word (retried a few
-    /// times when other bits of the word change meanwhile).
-    fn cas_skip(&self, from: u64, upto: u64, w0: u64, window: &[u64]) -> Result<u64> {
+    /// what `obs` read, with one CAS per word (retried a few times when other bits of
+    /// the word change meanwhile).
+    fn cas_skip(&self, from: u64, upto: u64, obs: &Observation) -> Result<u64> {
+        if upto < from {
+            return Ok(0);
+        }
         let v = self.layout.bits();
         let s = self.layout.slots() as u64;
         let mut skipped = 0;
         for (w, mask, odd) in cells::own_masks(v, s, from, upto) {
-            let mut cur = window[(w - w0) as usize];
+            let Some(mut cur) = obs.word(w) else {
+                continue;
+            };
             for _ in 0..4 {
                 let undecided = mask & !cells::decided_bits(cur, odd);
                 if undecided == 0 {
@@ -859,17 +976,24 @@ impl SlotHandle {
         Ok(skipped)
     }
 
-    /// Publishes the known prefix in the header (CAS, so it only grows) once it is a
-    /// tenth of a round ahead of what is there: new handles start scanning from it,
-    /// and a handle that fell behind catches up from it.
-    fn publish_hint(&self) -> Result<()> {
-        let (known, hint) = {
+    /// Publishes, with CAS so that they only grow: the known prefix once it is a tenth
+    /// of a round ahead of the header's (new handles start scanning from it, and a
+    /// handle that fell behind catches up from it); and this slot's highest decision
+    /// when it lies beyond the first window from the prefix, where other slots' ticks
+    /// would not see it and so would not skip up to it.
+    fn publish_hints(&self) -> Result<()> {
+        let (known, hint, far, highest) = {
             let st = self.st.borrow();
-            (st.known, st.hint_seen)
+            (st.known, st.hint_seen, st.far_seen, st.highest_marked)
         };
         if known > hint && known - hint >= (self.layout.bits() / 10).max(1) {
             let old = self.link.cas(OFF_PREFIX_HINT, hint, known)?;
             self.st.borrow_mut().hint_seen = if old == hint { known } else { old };
+        }
+        let window_ts = self.window_words() * 64;
+        if highest > far && highest >= known + window_ts {
+            let old = self.link.cas(OFF_FAR_HINT, far, highest)?;
+            self.st.borrow_mut().far_seen = if old == far { highest } else { old };
         }
         Ok(())
     }

@@ -111,9 +111,8 @@ fn a_position_is_not_reused_before_its_previous_timestamp_is_decided() {
     let h = handles(&o, 2, &clock);
     let held = h[1].next_commit_ts().unwrap();
     assert_eq!(held, 1);
-    // Slot 0 runs on: 2, 4, …, 16 are within the first round; 18 would reuse the
-    // position of 2 — fine once 2 is decided — but the prefix is stuck at 1, so 18
-    // (18 − 16 = 2 ≥ prefix 1) must wait.
+    // Slot 0 runs on: 2, 4, 6, 8 are within V/2 = 8 of the prefix (1); 10 is not, and
+    // far from reusing the position of an undecided timestamp, it must wait.
     let mut got = Vec::new();
     let err = loop {
         match h[0].next_commit_ts() {
@@ -127,18 +126,18 @@ fn a_position_is_not_reused_before_its_previous_timestamp_is_decided() {
     assert_eq!(
         err,
         OracleError::WrapBlocked {
-            ts: 18,
+            ts: 10,
             blocked_by: 2,
             prefix: 1
         }
     );
-    assert_eq!(got.last(), Some(&16));
+    assert_eq!(got, [2, 4, 6, 8]);
     assert!(matches!(
         h[0].acquire_commit_ts(3),
         Err(OracleError::Stalled { attempts: 3, .. })
     ));
     h[1].mark(held, Outcome::Committed).unwrap();
-    assert_eq!(h[0].acquire_commit_ts(3).unwrap(), 18);
+    assert_eq!(h[0].acquire_commit_ts(3).unwrap(), 10);
 }
 
 #[test]

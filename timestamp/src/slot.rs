@@ -26,7 +26,7 @@
 //!
 //! [`SIGNAL_EVERY`]: crate::link::SIGNAL_EVERY
 
-use crate::cells::{self, Scan};
+use crate::cells;
 use crate::clock::Clock;
 use crate::error::{OracleError, Result};
 use crate::layout::{
@@ -392,14 +392,22 @@ impl SlotHandle {
 
     /// The next commit timestamp of this slot, without communication.
     ///
-    /// Fails with [`OracleError::WrapBlocked`] unless `ts − V/2` is inside the known
+    /// Fails with [`OracleError::RenewalDue`] once half the lease timeout has passed
+    /// since the lease was last confirmed (a clock read, no communication), with
+    /// [`OracleError::WrapBlocked`] unless `ts − V/2` is inside the known
     /// prefix (so `ts − V`, whose bit position `ts` reuses, is long decided; see
     /// `cells` for why the margin), and with [`OracleError::ReservationExhausted`]
     /// when the slot must raise its horizon first; [`SlotHandle::acquire_commit_ts`]
     /// does both and retries.
     pub fn next_commit_ts(&self) -> Result<u64> {
         self.active()?;
+        let now = self.clock.now();
         let mut st = self.st.borrow_mut();
+        // A holder that may have been fenced learns it before its caller does any
+        // commit work under the timestamp.
+        if now.saturating_sub(st.confirmed_at) >= self.config.lease_timeout / 2 {
+            return Err(OracleError::RenewalDue);
+        }
         let t = st.cursor;
         if t >= st.lease.horizon * BLOCK {
             return Err(OracleError::ReservationExhausted {
@@ -425,30 +433,32 @@ impl SlotHandle {
         self.layout.bits() / 2
     }
 
-    /// [`SlotHandle::next_commit_ts`], raising the horizon or refreshing the read
-    /// timestamp as needed, up to `attempts` times.
+    /// [`SlotHandle::next_commit_ts`], renewing the lease, raising the horizon or
+    /// refreshing the read timestamp as needed, up to `attempts` times.
     pub fn acquire_commit_ts(&self, attempts: u32) -> Result<u64> {
-        let mut last = None;
         for _ in 0..attempts.max(1) {
             match self.next_commit_ts() {
                 Ok(t) => return Ok(t),
-                Err(OracleError::ReservationExhausted { ts, .. }) => {
-                    self.raise_horizon(ts)?;
-                }
-                Err(e @ OracleError::WrapBlocked { .. }) => {
+                Err(OracleError::ReservationExhausted { ts, .. }) => self.raise_horizon(ts)?,
+                Err(OracleError::RenewalDue) => self.renew()?,
+                Err(OracleError::WrapBlocked { ts, .. }) => {
+                    self.announce_far(ts)?;
                     self.read_timestamp()?;
-                    last = Some(e);
                     crate::spin();
                 }
                 Err(e) => return Err(e),
             }
         }
-        match last {
-            Some(e) => Err(OracleError::Stalled {
+        match self.next_commit_ts() {
+            Err(
+                e @ (OracleError::ReservationExhausted { .. }
+                | OracleError::RenewalDue
+                | OracleError::WrapBlocked { .. }),
+            ) => Err(OracleError::Stalled {
                 attempts,
                 last: Box::new(e),
             }),
-            None => self.next_commit_ts(),
+            other => other,
         }
     }
 
@@ -485,70 +495,97 @@ impl SlotHandle {
     /// The read timestamp: the end of the run of decided timestamps, scanned from the
     /// known prefix onward. Never below an earlier result of this handle.
     ///
-    /// One READ while the prefix has moved since this handle's last look. When it has
-    /// not, a second one fetches the published prefix hint, which gets a handle that
-    /// fell behind (more than V/2, e.g. after a long pause) past positions that were
-    /// reused meanwhile.
+    /// One READ while the prefix has moved less than a window since this handle's
+    /// last look and more than not at all. A gap right at the known prefix, or none in
+    /// a whole round, is what a handle that fell more than V/2 behind (a long pause)
+    /// would see where positions were reused meanwhile; then it also reads the
+    /// published prefix hint and, if that is ahead, scans again from there.
     pub fn read_timestamp(&self) -> Result<u64> {
         let max_words = self.window_words();
         let mut buf = [0u64; (BUFFER_BYTES / 8) as usize];
-        let first = self.st.borrow().known;
-        let mut start = first;
         let mut hinted = false;
-        for _ in 0..self.max_windows() {
-            let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
-            let words = &mut buf[..n as usize];
-            self.link.read(self.layout.word_offset(w0), words)?;
-            let scan = cells::scan(self.layout.bits(), start, words);
-            if scan.gap == Some(first) && !hinted {
+        loop {
+            let first = self.st.borrow().known;
+            let mut start = first;
+            let mut found = None;
+            for _ in 0..self.max_windows() {
+                let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
+                let words = &mut buf[..n as usize];
+                self.link.read(self.layout.word_offset(w0), words)?;
+                self.note_window(n);
+                let scan = cells::scan(self.layout.bits(), start, words);
+                if scan.gap.is_some() {
+                    found = scan.gap;
+                    break;
+                }
+                start = scan.end;
+            }
+            if !hinted && found.is_none_or(|g| g == first) {
                 hinted = true;
                 let mut hint = [0u64];
                 self.link.read(OFF_PREFIX_HINT, &mut hint)?;
-                if hint[0] > first {
-                    self.note_window(n);
-                    self.st.borrow_mut().known = hint[0];
-                    start = hint[0];
+                if self.adopt_hint(hint[0]) {
                     continue;
                 }
             }
-            if let Some(rid) = self.absorb(scan, n) {
-                return Ok(rid);
-            }
-            start = scan.end;
+            return self.settle(found);
         }
-        Err(self.runaway())
     }
 
     /// [`SlotHandle::read_timestamp`] as a future, for coroutines that share this
     /// handle on one thread.
     pub async fn read_timestamp_async(&self) -> Result<u64> {
         let max_words = self.window_words();
-        let first = self.st.borrow().known;
-        let mut start = first;
         let mut hinted = false;
-        for _ in 0..self.max_windows() {
-            let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
-            let words = self
-                .link
-                .read_async(self.layout.word_offset(w0), n as u32)
-                .await?;
-            let scan = cells::scan(self.layout.bits(), start, &words);
-            if scan.gap == Some(first) && !hinted {
+        loop {
+            let first = self.st.borrow().known;
+            let mut start = first;
+            let mut found = None;
+            for _ in 0..self.max_windows() {
+                let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
+                let words = self
+                    .link
+                    .read_async(self.layout.word_offset(w0), n as u32)
+                    .await?;
+                self.note_window(n);
+                let scan = cells::scan(self.layout.bits(), start, &words);
+                if scan.gap.is_some() {
+                    found = scan.gap;
+                    break;
+                }
+                start = scan.end;
+            }
+            if !hinted && found.is_none_or(|g| g == first) {
                 hinted = true;
                 let hint = self.link.read_async(OFF_PREFIX_HINT, 1).await?;
-                if hint[0] > first {
-                    self.note_window(n);
-                    self.st.borrow_mut().known = hint[0];
-                    start = hint[0];
+                if self.adopt_hint(hint[0]) {
                     continue;
                 }
             }
-            if let Some(rid) = self.absorb(scan, n) {
-                return Ok(rid);
-            }
-            start = scan.end;
+            return self.settle(found);
         }
-        Err(self.runaway())
+    }
+
+    /// Moves the known prefix up to a published hint; whether it moved.
+    fn adopt_hint(&self, hint: u64) -> bool {
+        let mut st = self.st.borrow_mut();
+        st.hint_seen = st.hint_seen.max(hint);
+        if hint > st.known {
+            st.known = hint;
+            return true;
+        }
+        false
+    }
+
+    /// The read timestamp from the gap a scan found.
+    fn settle(&self, gap: Option<u64>) -> Result<u64> {
+        let Some(gap) = gap else {
+            return Err(self.runaway());
+        };
+        let mut st = self.st.borrow_mut();
+        st.known = st.known.max(gap);
+        st.stats.read_timestamps += 1;
+        Ok(st.known - 1)
     }
 
     fn note_window(&self, words: u64) {
@@ -573,17 +610,6 @@ impl SlotHandle {
             self.layout.bits(),
             self.st.borrow().known
         ))
-    }
-
-    /// Files one window's scan: counts it and, if it found the gap, moves the known
-    /// prefix and returns the read timestamp.
-    fn absorb(&self, scan: Scan, words: u64) -> Option<u64> {
-        self.note_window(words);
-        let mut st = self.st.borrow_mut();
-        let gap = scan.gap?;
-        st.known = st.known.max(gap);
-        st.stats.read_timestamps += 1;
-        Some(st.known - 1)
     }
 
     /// Makes sure the lease is good for deciding timestamps: renews first once half
@@ -978,23 +1004,41 @@ impl SlotHandle {
 
     /// Publishes, with CAS so that they only grow: the known prefix once it is a tenth
     /// of a round ahead of the header's (new handles start scanning from it, and a
-    /// handle that fell behind catches up from it); and this slot's highest decision
-    /// when it lies beyond the first window from the prefix, where other slots' ticks
-    /// would not see it and so would not skip up to it.
+    /// handle that fell behind catches up from it); and, in the far hint, a timestamp
+    /// other slots' ticks would not see in their first window but should skip up to:
+    /// this slot's highest decision when it lies beyond that window, or its cursor
+    /// while the wrap margin blocks it (a holder that claimed a slot far ahead waits
+    /// for the others to skip up to it, and they would not know to otherwise).
     fn publish_hints(&self) -> Result<()> {
-        let (known, hint, far, highest) = {
+        let (known, hint, highest, cursor) = {
             let st = self.st.borrow();
-            (st.known, st.hint_seen, st.far_seen, st.highest_marked)
+            (st.known, st.hint_seen, st.highest_marked, st.cursor)
         };
         if known > hint && known - hint >= (self.layout.bits() / 10).max(1) {
             let old = self.link.cas(OFF_PREFIX_HINT, hint, known)?;
             self.st.borrow_mut().hint_seen = if old == hint { known } else { old };
         }
         let window_ts = self.window_words() * 64;
-        if highest > far && highest >= known + window_ts {
-            let old = self.link.cas(OFF_FAR_HINT, far, highest)?;
-            self.st.borrow_mut().far_seen = if old == far { highest } else { old };
+        if highest >= known + window_ts {
+            self.announce_far(highest)?;
         }
+        if self.active().is_ok() && cursor >= known + self.reach() {
+            self.announce_far(cursor)?;
+        }
+        Ok(())
+    }
+
+    /// Raises the far hint to `ts` unless it is there already.
+    fn announce_far(&self, ts: u64) -> Result<()> {
+        let mut far = self.st.borrow().far_seen;
+        for _ in 0..4 {
+            if far >= ts {
+                break;
+            }
+            let old = self.link.cas(OFF_FAR_HINT, far, ts)?;
+            far = if old == far { ts } else { old };
+        }
+        self.st.borrow_mut().far_seen = far;
         Ok(())
     }
 

@@ -41,7 +41,9 @@ pub enum OracleError {
         "timestamp {ts} is beyond the slot's reservation ({horizon}): call tick or acquire_commit_ts"
     )]
     ReservationExhausted { ts: u64, horizon: u64 },
-    #[error("the slot's lease must be renewed before it hands out or decides timestamps: call renew, tick or acquire_commit_ts")]
+    #[error(
+        "the slot's lease must be renewed before it hands out or decides timestamps: call renew, tick or acquire_commit_ts"
+    )]
     RenewalDue,
     #[error("{count} commit timestamps are still outstanding; mark them before releasing")]
     Outstanding { count: usize },

@@ -56,15 +56,13 @@ pub(crate) enum Op {
         compare: u64,
         swap: u64,
     },
-    /// FETCH_ADD; returns the old value.
-    Add { remote: u64, add: u64 },
 }
 
 impl Op {
     fn words(&self) -> usize {
         match self {
             Op::Read { words, .. } => *words as usize,
-            Op::Cas { .. } | Op::Add { .. } => 1,
+            Op::Cas { .. } => 1,
         }
     }
 }
@@ -168,9 +166,6 @@ impl Link {
                 compare,
                 swap,
             ),
-            Op::Add { remote, add } => {
-                SendWr::fetch_add(id, self.scratch.buf(off, 8), self.remote.at(remote), add)
-            }
         }
     }
 
@@ -229,7 +224,7 @@ impl Link {
     }
 
     /// Runs `ops` in one doorbell and waits for all of them; `out` receives each op's
-    /// result words in order (READ: the words read; CAS, FETCH_ADD: the old value).
+    /// result words in order (READ: the words read; CAS: the old value).
     pub(crate) fn run(&self, ops: &[Op], out: &mut [u64]) -> Result<()> {
         self.check()?;
         let need: usize = ops.iter().map(Op::words).sum();

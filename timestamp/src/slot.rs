@@ -139,6 +139,9 @@ enum Status {
     Released,
 }
 
+/// The heartbeat word's top bit: set by a fencer, cleared by the next holder.
+const BEAT_FENCED: u64 = 1 << 63;
+
 /// What one tick read: the header's hints and one or two windows of the vector.
 struct Observation {
     hint: u64,
@@ -189,6 +192,8 @@ struct State {
     known: u64,
     /// Handed-out timestamps in order, with whether each is still undecided.
     pending: VecDeque<(u64, bool)>,
+    /// Our heartbeat word as we last set it.
+    beat: u64,
     /// When the last renewal that found our lease intact was posted.
     confirmed_at: Duration,
     renewed_at: Duration,
@@ -247,6 +252,7 @@ impl SlotHandle {
                     horizon: 0,
                 },
                 cursor: 0,
+                beat: 0,
                 inherited_below: 0,
                 known: header[6].max(1),
                 pending: VecDeque::new(),
@@ -362,7 +368,9 @@ impl SlotHandle {
                     // Someone else changed it first; look at the rest.
                     continue;
                 }
+                let beat = self.restart_heartbeat(slot)?;
                 let mut st = self.st.borrow_mut();
+                st.beat = beat;
                 st.slot = slot;
                 st.status = Status::Active;
                 st.lease = mine;
@@ -379,6 +387,27 @@ impl SlotHandle {
             first += n;
         }
         Err(OracleError::NoFreeSlot { slots })
+    }
+
+    /// Starts the heartbeat of a slot just claimed: clears a fencer's mark and moves
+    /// the counter on, so that no CAS prepared against an earlier holder's value can
+    /// succeed (the counter never repeats).
+    fn restart_heartbeat(&self, slot: u32) -> Result<u64> {
+        let off = self.layout.heartbeat_offset(slot);
+        let mut cur = [0u64];
+        self.link.read(off, &mut cur)?;
+        let mut cur = cur[0];
+        for _ in 0..8 {
+            let next = (cur & !BEAT_FENCED).wrapping_add(1) & !BEAT_FENCED;
+            let old = self.link.cas(off, cur, next)?;
+            if old == cur {
+                return Ok(next);
+            }
+            cur = old;
+        }
+        Err(OracleError::Corrupt(format!(
+            "the heartbeat of slot {slot} keeps changing under its new holder"
+        )))
     }
 
     /// Claims a slot again after this handle's was fenced or released. Timestamps
@@ -623,35 +652,28 @@ impl SlotHandle {
         self.renew()
     }
 
-    /// Bumps the heartbeat and reads the lease back, in one doorbell (RC executes them
-    /// in order). A changed lease word means another node fenced this slot.
+    /// Bumps the heartbeat with CAS from the value this holder last wrote. A fencer
+    /// CASes the same word (from the value it watched to that value with the fenced
+    /// bit), so of a late renewal and a fence exactly one succeeds: a holder whose
+    /// renewal went through cannot have been fenced before it.
     pub fn renew(&self) -> Result<()> {
         self.active()?;
-        let (slot, expected) = {
+        let (slot, beat) = {
             let st = self.st.borrow();
-            (st.slot, st.lease.encode())
+            (st.slot, st.beat)
         };
         let posted = self.clock.now();
-        let mut out = [0u64; 2];
-        self.link.run(
-            &[
-                Op::Add {
-                    remote: self.layout.heartbeat_offset(slot),
-                    add: 1,
-                },
-                Op::Read {
-                    remote: self.layout.lease_offset(slot),
-                    words: 1,
-                },
-            ],
-            &mut out,
-        )?;
+        let next = beat.wrapping_add(1) & !BEAT_FENCED;
+        let old = self
+            .link
+            .cas(self.layout.heartbeat_offset(slot), beat, next)?;
         let mut st = self.st.borrow_mut();
         st.renewed_at = posted;
-        if out[1] != expected {
+        if old != beat {
             st.status = Status::Fenced;
             return Err(OracleError::Fenced { slot });
         }
+        st.beat = next;
         st.confirmed_at = posted;
         st.stats.renewals += 1;
         Ok(())
@@ -799,7 +821,7 @@ impl SlotHandle {
         let (w0, n1) = cells::window_words(v, start, max_words);
         let wraps = w0 + n1 == self.layout.words();
         let n2 = if wraps { max_words.min(w0 + 1) } else { 0 };
-        let mut ops = [
+        let ops = [
             Op::Read {
                 remote: OFF_PREFIX_HINT,
                 words: 2,
@@ -815,7 +837,7 @@ impl SlotHandle {
         ];
         let nops = if wraps { 3 } else { 2 };
         let mut out = vec![0u64; 2 + (n1 + n2) as usize];
-        self.link.run(&mut ops[..nops], &mut out)?;
+        self.link.run(&ops[..nops], &mut out)?;
         let words = out.split_off(2);
         let scan1 = cells::scan(v, start, &words[..n1 as usize]);
         self.note_window(n1);
@@ -898,24 +920,35 @@ impl SlotHandle {
         let lease = match lease.state {
             SlotState::Free | SlotState::Fenced => lease,
             SlotState::Owned => {
-                let mut st = self.st.borrow_mut();
-                match st.watch {
-                    Some(w) if w.slot == owner && w.lease == word && w.beat == beat => {
-                        if now.saturating_sub(w.since) < self.config.lease_timeout {
+                if beat & BEAT_FENCED == 0 {
+                    let mut st = self.st.borrow_mut();
+                    match st.watch {
+                        Some(w) if w.slot == owner && w.lease == word && w.beat == beat => {
+                            if now.saturating_sub(w.since) < self.config.lease_timeout {
+                                return Ok((None, 0));
+                            }
+                        }
+                        _ => {
+                            st.watch = Some(Watch {
+                                slot: owner,
+                                lease: word,
+                                beat,
+                                since: now,
+                            });
                             return Ok((None, 0));
                         }
                     }
-                    _ => {
-                        st.watch = Some(Watch {
-                            slot: owner,
-                            lease: word,
-                            beat,
-                            since: now,
-                        });
+                    st.watch = None;
+                    drop(st);
+                    // Step 1: the heartbeat, against the value watched, so that a
+                    // renewal since then wins instead.
+                    let off = self.layout.heartbeat_offset(owner);
+                    if self.link.cas(off, beat, beat | BEAT_FENCED)? != beat {
                         return Ok((None, 0));
                     }
                 }
-                drop(st);
+                // Step 2 (or finishing a fencer that stopped after step 1): the lease,
+                // which tells skippers and claimers the slot is up for grabs.
                 let taken = Lease {
                     state: SlotState::Fenced,
                     tag: lease.next_tag(),
@@ -924,13 +957,10 @@ impl SlotHandle {
                 let old = self
                     .link
                     .cas(self.layout.lease_offset(owner), word, taken.encode())?;
-                let mut st = self.st.borrow_mut();
-                st.watch = None;
                 if old != word {
-                    // It renewed or someone else fenced it: look again next time.
                     return Ok((None, 0));
                 }
-                st.stats.fences += 1;
+                self.st.borrow_mut().stats.fences += 1;
                 fenced = Some(owner);
                 taken
             }

@@ -168,7 +168,11 @@ impl Run {
     /// and must not start V/2 behind, so it starts from the freshest handle's known
     /// prefix (each is a truthful lower bound).
     fn refresh(&mut self) {
-        let freshest = self.handles.iter().map(|h| h.known_read_timestamp() + 1).max();
+        let freshest = self
+            .handles
+            .iter()
+            .map(|h| h.known_read_timestamp() + 1)
+            .max();
         let from = self.truth.max(freshest.unwrap_or(1));
         self.truth = self.o.true_prefix(from).unwrap();
     }
@@ -229,17 +233,17 @@ impl Run {
         }
         let mut fresh = vec![false; self.handles.len()];
         for _ in 0..400 {
-            for h in 0..self.handles.len() {
+            for (h, done) in fresh.iter_mut().enumerate() {
                 let hd = &self.handles[h];
                 if !hd.is_active() {
                     let _ = hd.rejoin();
                 }
-                if !fresh[h] && hd.is_active() {
+                if !*done && hd.is_active() {
                     match hd.acquire_commit_ts(1) {
                         Ok(t) => match hd.mark(t, Outcome::Committed) {
                             Ok(()) => {
                                 self.marked.insert(t);
-                                fresh[h] = true;
+                                *done = true;
                                 self.refresh();
                             }
                             Err(OracleError::Fenced { .. }) => {}

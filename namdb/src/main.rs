@@ -53,7 +53,9 @@ mod tests {
     #[test]
     fn bench_fabric_defaults() {
         let cli = Cli::try_parse_from(["namdb", "bench", "fabric"]).expect("parses");
-        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command;
+        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command else {
+            panic!("parsed as another command");
+        };
         assert_eq!(args.backend, backend::BackendKind::Sim);
         assert_eq!(args.threads, 2);
         assert_eq!(args.batch, 32);
@@ -75,7 +77,9 @@ mod tests {
             "send_recv",
         ])
         .expect("parses");
-        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command;
+        let Command::Bench(bench::BenchCommand::Fabric(args)) = cli.command else {
+            panic!("parsed as another command");
+        };
         assert_eq!(args.cost.map(|c| c.name), Some("edr4x"));
         assert_eq!(args.ops.len(), 3);
     }

@@ -1,6 +1,7 @@
 //! `namdb bench …`: benchmarks, one module per subject.
 
 mod fabric;
+mod timestamp;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -10,10 +11,14 @@ pub enum BenchCommand {
     /// Latency and throughput of every verb on a fabric backend, next to this
     /// machine's memcpy bandwidth.
     Fabric(self::fabric::FabricArgs),
+    /// The bit-vector timestamp oracle: marked commits/s, read timestamps/s, bytes
+    /// READ per read timestamp and prefix lag.
+    Timestamp(self::timestamp::TimestampArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Fabric(args) => self::fabric::run(&args),
+        BenchCommand::Timestamp(args) => self::timestamp::run(&args),
     }
 }

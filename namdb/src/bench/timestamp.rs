@@ -251,7 +251,7 @@ fn worker(
         h.mark(t, Outcome::Committed)?;
         marked[me].0.store(t, Ordering::Relaxed);
         n += 1;
-        if read_every > 0 && n % read_every as u64 == 0 {
+        if read_every > 0 && n.is_multiple_of(read_every as u64) {
             let top = marked
                 .iter()
                 .map(|m| m.0.load(Ordering::Relaxed))

@@ -2,6 +2,7 @@
 
 mod fabric;
 mod verify;
+mod timestamp;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -14,11 +15,15 @@ pub enum BenchCommand {
     /// Time checking a generated history of N transactions with `namdb verify`'s
     /// checkers (median of several runs).
     Verify(self::verify::VerifyBenchArgs),
+    /// The bit-vector timestamp oracle: marked commits/s, read timestamps/s, bytes
+    /// READ per read timestamp and prefix lag.
+    Timestamp(self::timestamp::TimestampArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Fabric(args) => self::fabric::run(&args),
         BenchCommand::Verify(args) => self::verify::run(&args),
+        BenchCommand::Timestamp(args) => self::timestamp::run(&args),
     }
 }

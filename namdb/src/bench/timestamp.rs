@@ -1,0 +1,322 @@
+//! `namdb bench timestamp`: the bit-vector oracle under load.
+//!
+//! One memory-server node holds a V-bit oracle with `--slots` slots; `--threads`
+//! client threads each hold one slot over their own RC queue pair. Each thread loops
+//! like an RSI worker: take a commit timestamp (no communication), mark it committed
+//! (one unsignaled FETCH_ADD), and every `--read-every` commits compute a read
+//! timestamp (one READ of at most 256 B in steady state); it also calls the slot's
+//! `tick` each iteration, which does work once per tick interval. Slots beyond the
+//! threads stay free, so the ticks skip for them.
+//!
+//! Reported: marked commits/s and read timestamps/s (sums over threads), bytes READ
+//! per read timestamp, and the prefix lag at each read: how many timestamps the read
+//! timestamp trails the highest timestamp any thread had marked by then (p50, p99).
+
+use crate::backend::{self, BackendKind};
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use fabric::{Access, QpConfig};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+use timestamp::{
+    Layout, MIN_CQ_CAPACITY, MIN_SEND_QUEUE, OracleConfig, OracleError, Outcome, SlotHandle,
+    SlotStats, SystemClock,
+};
+
+/// How long a thread may go without a commit timestamp before the run is called stuck.
+const STALL_LIMIT: Duration = Duration::from_secs(10);
+
+#[derive(Args, Debug, Clone)]
+pub struct TimestampArgs {
+    /// Fabric backend to run on (only `sim` exists so far).
+    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+    pub backend: BackendKind,
+    /// Slots of the oracle (at least --threads).
+    #[arg(long, value_name = "S", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub slots: u32,
+    /// Client threads, each holding one slot.
+    #[arg(long, value_name = "T", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub threads: u32,
+    /// Bits of the vector (V).
+    #[arg(long, value_name = "V", default_value_t = timestamp::DEFAULT_BITS)]
+    pub bits: u64,
+    /// Read timestamps per commit: one every N commits (1 = one per commit, as in
+    /// RSI where each transaction begins with a read timestamp; 0 = none).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub read_every: u32,
+    /// Length of the run.
+    #[arg(long, value_name = "MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub duration_ms: u64,
+    /// Also write the result to FILE as a JSON object.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// The result, as printed and as written to `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub backend: &'static str,
+    pub slots: u32,
+    pub threads: u32,
+    pub bits: u64,
+    pub read_every: u32,
+    pub commits_per_sec: f64,
+    pub rids_per_sec: f64,
+    pub bytes_per_rid: f64,
+    pub lag_p50: u64,
+    pub lag_p99: u64,
+    /// Own timestamps skipped by idle ticks, and timestamps skipped for free slots.
+    pub skipped: u64,
+    pub skipped_for_others: u64,
+    pub duration_ms: u64,
+}
+
+pub fn run(args: &TimestampArgs) -> Result<()> {
+    if args.threads > args.slots {
+        bail!(
+            "--threads {} needs at least as many --slots (got {}): each thread holds a slot",
+            args.threads,
+            args.slots
+        );
+    }
+    let layout = Layout::new(args.bits, args.slots).context("invalid oracle shape")?;
+    // Checked before the run, so that a bad path fails at once.
+    if let Some(path) = &args.json {
+        std::fs::File::create(path)
+            .with_context(|| format!("cannot open JSON output file {}", path.display()))?;
+    }
+    let report = measure(args, layout)?;
+    print(&report);
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)? + "\n";
+        std::fs::write(path, text)
+            .with_context(|| format!("cannot write JSON output file {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// What one thread measured.
+struct ThreadResult {
+    stats: SlotStats,
+    lag: Histogram<u64>,
+}
+
+fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
+    let nodes = backend::nodes(args.backend, None)?;
+    let region = nodes
+        .server
+        .register(layout.region_bytes(), Access::ALL)
+        .context("registering the oracle region")?;
+    layout.format(&region)?;
+    let clock = SystemClock::shared();
+    let mut handles = Vec::new();
+    let mut server_qps = Vec::new();
+    for _ in 0..args.threads {
+        let ccq = nodes.client.create_cq(MIN_CQ_CAPACITY * 2)?;
+        let scq = nodes.server.create_cq(16)?;
+        let (qp, sqp) = fabric::connect_rc_with(
+            (nodes.client.as_ref(), &ccq),
+            (nodes.server.as_ref(), &scq),
+            |c| QpConfig {
+                max_send_wr: MIN_SEND_QUEUE * 2,
+                ..c
+            },
+        )
+        .context("connecting a client to the oracle")?;
+        server_qps.push(sqp);
+        let h = SlotHandle::register(
+            nodes.client.as_ref(),
+            qp,
+            ccq,
+            region.remote(),
+            OracleConfig::default(),
+            clock.clone(),
+        )
+        .context("registering a slot")?;
+        handles.push(h);
+    }
+    // Highest timestamp each thread has marked, on its own cache line.
+    let marked: Arc<Vec<Padded>> = Arc::new((0..args.threads).map(|_| Padded::default()).collect());
+    let start = Arc::new(Barrier::new(args.threads as usize));
+    let duration = Duration::from_millis(args.duration_ms);
+    let began = Instant::now();
+    let results: Vec<Result<ThreadResult>> = thread::scope(|s| {
+        let workers: Vec<_> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let marked = marked.clone();
+                let start = start.clone();
+                let read_every = args.read_every;
+                s.spawn(move || worker(h, i, &marked, &start, duration, read_every))
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .map_err(|_| anyhow!("a benchmark thread panicked"))?
+            })
+            .collect()
+    });
+    let elapsed = began.elapsed().as_secs_f64();
+    drop(server_qps);
+    let mut lag = new_histogram()?;
+    let mut total = SlotStats::default();
+    for r in results {
+        let r = r?;
+        lag.add(&r.lag)
+            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
+        total.committed += r.stats.committed;
+        total.read_timestamps += r.stats.read_timestamps;
+        total.window_bytes += r.stats.window_bytes;
+        total.skipped += r.stats.skipped;
+        total.skipped_for_others += r.stats.skipped_for_others;
+    }
+    let rids = total.read_timestamps.max(1) as f64;
+    Ok(Report {
+        backend: args.backend.name(),
+        slots: args.slots,
+        threads: args.threads,
+        bits: args.bits,
+        read_every: args.read_every,
+        commits_per_sec: total.committed as f64 / elapsed,
+        rids_per_sec: total.read_timestamps as f64 / elapsed,
+        bytes_per_rid: if total.read_timestamps == 0 {
+            0.0
+        } else {
+            total.window_bytes as f64 / rids
+        },
+        lag_p50: lag.value_at_quantile(0.5),
+        lag_p99: lag.value_at_quantile(0.99),
+        skipped: total.skipped,
+        skipped_for_others: total.skipped_for_others,
+        duration_ms: args.duration_ms,
+    })
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Padded(AtomicU64);
+
+fn worker(
+    h: SlotHandle,
+    me: usize,
+    marked: &[Padded],
+    start: &Barrier,
+    duration: Duration,
+    read_every: u32,
+) -> Result<ThreadResult> {
+    let mut lag = new_histogram()?;
+    // The stats so far cover registration; the run's are the difference.
+    let before = h.stats();
+    start.wait();
+    let end = Instant::now() + duration;
+    let mut n = 0u64;
+    let mut blocked_since: Option<Instant> = None;
+    loop {
+        // The clock is read once per batch of commits, not per commit.
+        if n.is_multiple_of(256) && Instant::now() >= end {
+            break;
+        }
+        h.tick()?;
+        let t = match h.next_commit_ts() {
+            Ok(t) => t,
+            Err(_) => match h.acquire_commit_ts(64) {
+                Ok(t) => t,
+                // The wrap margin holds this slot back until the other threads
+                // catch up (one descheduled for a few ms is enough): that is
+                // back-pressure, not failure, unless it lasts.
+                Err(OracleError::Stalled { .. }) => {
+                    let since = *blocked_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > STALL_LIMIT {
+                        bail!("no commit timestamp for {STALL_LIMIT:?}: the prefix is stuck");
+                    }
+                    thread::yield_now();
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        blocked_since = None;
+        h.mark(t, Outcome::Committed)?;
+        marked[me].0.store(t, Ordering::Relaxed);
+        n += 1;
+        if read_every > 0 && n.is_multiple_of(read_every as u64) {
+            let top = marked
+                .iter()
+                .map(|m| m.0.load(Ordering::Relaxed))
+                .max()
+                .unwrap_or(0);
+            let rid = h.read_timestamp()?;
+            lag.saturating_record(top.saturating_sub(rid));
+        }
+    }
+    let after = h.stats();
+    let stats = SlotStats {
+        committed: after.committed - before.committed,
+        read_timestamps: after.read_timestamps - before.read_timestamps,
+        window_bytes: after.window_bytes - before.window_bytes,
+        skipped: after.skipped - before.skipped,
+        skipped_for_others: after.skipped_for_others - before.skipped_for_others,
+        ..after
+    };
+    Ok(ThreadResult { stats, lag })
+}
+
+fn new_histogram() -> Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, 1 << 40, 3).map_err(|e| anyhow!("creating a histogram: {e:?}"))
+}
+
+fn print(r: &Report) {
+    println!(
+        "namdb bench timestamp: backend {}, V = {}, {} slots, {} threads, a read timestamp every {} commits, {} ms",
+        r.backend, r.bits, r.slots, r.threads, r.read_every, r.duration_ms
+    );
+    println!();
+    println!("{:<28} {:>14}", "marked commits/s", rate(r.commits_per_sec));
+    println!("{:<28} {:>14}", "read timestamps/s", rate(r.rids_per_sec));
+    println!("{:<28} {:>14.1}", "bytes READ per read ts", r.bytes_per_rid);
+    println!("{:<28} {:>14}", "prefix lag p50 (timestamps)", r.lag_p50);
+    println!("{:<28} {:>14}", "prefix lag p99 (timestamps)", r.lag_p99);
+    println!("{:<28} {:>14}", "own timestamps skipped", r.skipped);
+    println!(
+        "{:<28} {:>14}",
+        "skipped for free slots", r.skipped_for_others
+    );
+    println!();
+    let goal = r.commits_per_sec >= 5e6;
+    println!(
+        "goal ≥ 5 M marked commits/s: {} — {}",
+        rate(r.commits_per_sec),
+        if goal { "met" } else { "NOT met" }
+    );
+    println!(
+        "goal ≤ 256 B READ per read timestamp: {:.1} B — {}",
+        r.bytes_per_rid,
+        if r.bytes_per_rid <= 256.0 {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+}
+
+fn rate(per_sec: f64) -> String {
+    if per_sec >= 1e6 {
+        format!("{:.2} M", per_sec / 1e6)
+    } else if per_sec >= 1e3 {
+        format!("{:.1} k", per_sec / 1e3)
+    } else {
+        format!("{per_sec:.1}")
+    }
+}

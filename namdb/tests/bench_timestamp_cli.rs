@@ -1,0 +1,52 @@
+//! `namdb bench timestamp` as a user runs it: exit status, JSON fields, errors.
+
+use serde_json::Value;
+use std::process::Command;
+
+#[test]
+fn short_run_writes_the_json_fields() {
+    let path = std::env::temp_dir().join(format!("namdb-bench-ts-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "bench",
+            "timestamp",
+            "--backend",
+            "sim",
+            "--slots",
+            "3",
+            "--threads",
+            "2",
+            "--duration-ms",
+            "50",
+            "--json",
+            path.to_str().expect("UTF-8 path"),
+        ])
+        .output()
+        .expect("the namdb binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&path).expect("JSON written");
+    let _ = std::fs::remove_file(&path);
+    let v: Value = serde_json::from_str(&text).expect("JSON object");
+    assert_eq!(v["backend"], "sim");
+    assert_eq!(v["slots"], 3);
+    assert_eq!(v["threads"], 2);
+    for f in ["commits_per_sec", "rids_per_sec", "bytes_per_rid"] {
+        assert!(v[f].as_f64().expect(f) > 0.0, "{f}: {v}");
+    }
+    assert!(v["lag_p99"].as_u64().is_some(), "{v}");
+    assert!(v["bytes_per_rid"].as_f64().unwrap() <= 512.0, "{v}");
+}
+
+#[test]
+fn more_threads_than_slots_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["bench", "timestamp", "--slots", "1", "--threads", "2"])
+        .output()
+        .expect("the namdb binary runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--slots"));
+}

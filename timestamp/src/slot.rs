@@ -1,0 +1,1108 @@
+//! The client side of the oracle: a [`SlotHandle`] holds one slot and hands out its
+//! commit timestamps, decides them, computes read timestamps, and keeps the whole
+//! vector moving (idle skips, fencing) from its [`SlotHandle::tick`].
+//!
+//! Costs:
+//! - [`SlotHandle::next_commit_ts`]: no communication (a local cursor).
+//! - [`SlotHandle::mark`]: one FETCH_ADD, unsignaled (one in [`SIGNAL_EVERY`] is
+//!   signaled to retire the others).
+//! - [`SlotHandle::read_timestamp`]: one READ of at most 256 bytes from the known
+//!   prefix while the prefix moves less than a window (2048 timestamps) between two
+//!   reads; more READs only to catch up.
+//! - [`SlotHandle::tick`]: every `tick_interval`, one READ (window + hint, one
+//!   doorbell), plus FETCH_ADDs to skip own timestamps, a heartbeat every
+//!   `lease_timeout / 4`, and reads/CAS of another slot only while that slot stalls
+//!   the prefix.
+//!
+//! Leases. A holder bumps its heartbeat word (FETCH_ADD) and reads its lease word back
+//! in one doorbell at least every `lease_timeout / 4`. Another node that sees the
+//! stalling slot's lease and heartbeat unchanged for `lease_timeout` of *its own*
+//! clock fences it with CAS. The holder stops deciding timestamps once
+//! `lease_timeout / 2` of its own clock has passed since it posted the last renewal
+//! that found its lease intact, and renews first. So no clocks are compared across
+//! nodes; safety needs only that clock rates differ by less than 2× and that a posted
+//! mark lands within `lease_timeout / 2` (RC transport retries are far shorter), the
+//! usual lease assumptions.
+//!
+//! [`SIGNAL_EVERY`]: crate::link::SIGNAL_EVERY
+
+use crate::cells;
+use crate::clock::Clock;
+use crate::error::{OracleError, Result};
+use crate::layout::{
+    BLOCK, HEADER_WORDS, Layout, Lease, MAX_HORIZON, OFF_FAR_HINT, OFF_PREFIX_HINT, SLOT_BYTES,
+    SlotState,
+};
+use crate::link::{BUFFER_BYTES, Link, Op};
+use fabric::{CompletionQueue, Device, QueuePair, RemoteRegion};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a client runs the protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OracleConfig {
+    /// How often [`SlotHandle::tick`] does work. A live but idle slot stalls the prefix
+    /// for at most this long (plus one round trip) if its holder calls `tick` at least
+    /// this often: the configured idle bound.
+    pub tick_interval: Duration,
+    /// A slot whose lease and heartbeat do not change for this long, as another node's
+    /// clock measures it, is fenced. Its holder renews every quarter of it.
+    pub lease_timeout: Duration,
+    /// Timestamps a holder reserves ahead of its cursor when it raises its horizon;
+    /// 0 picks V / 4. Larger means fewer CAS, and a longer reach for a dead slot.
+    pub reserve: u64,
+    /// Bytes of the vector one window READ covers: 8..=256, a multiple of 8.
+    pub window_bytes: u32,
+}
+
+impl Default for OracleConfig {
+    fn default() -> Self {
+        OracleConfig {
+            tick_interval: Duration::from_millis(1),
+            lease_timeout: Duration::from_millis(250),
+            reserve: 0,
+            window_bytes: BUFFER_BYTES,
+        }
+    }
+}
+
+impl OracleConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(OracleError::InvalidConfig(m));
+        if self.tick_interval.is_zero() {
+            return bad("tick_interval must be positive".into());
+        }
+        if self.lease_timeout < self.tick_interval * 4 {
+            return bad(format!(
+                "lease_timeout ({:?}) must be at least 4 tick intervals ({:?}), so ticks can renew in time",
+                self.lease_timeout, self.tick_interval
+            ));
+        }
+        if self.window_bytes < 8
+            || self.window_bytes > BUFFER_BYTES
+            || !self.window_bytes.is_multiple_of(8)
+        {
+            return bad(format!(
+                "window_bytes must be a multiple of 8 in 8..={BUFFER_BYTES}, got {}",
+                self.window_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What became of a commit timestamp. The vector records only that it is decided;
+/// the outcome feeds the handle's statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Committed,
+    Aborted,
+}
+
+/// Counters of one handle, for benchmarks and diagnostics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotStats {
+    pub committed: u64,
+    pub aborted: u64,
+    /// Own timestamps decided without use (idle skips).
+    pub skipped: u64,
+    /// Other slots' timestamps decided for them (free or fenced slots).
+    pub skipped_for_others: u64,
+    /// Read timestamps computed, and the READs and bytes they took.
+    pub read_timestamps: u64,
+    pub window_reads: u64,
+    pub window_bytes: u64,
+    pub renewals: u64,
+    pub horizon_raises: u64,
+    pub fences: u64,
+}
+
+/// What one [`SlotHandle::tick`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TickReport {
+    /// Whether the tick was due and did work.
+    pub ran: bool,
+    /// The first undecided timestamp as now known.
+    pub prefix: u64,
+    pub skipped_own: u64,
+    pub skipped_for_others: u64,
+    /// A slot this tick fenced.
+    pub fenced: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Active,
+    Fenced,
+    Released,
+}
+
+/// The heartbeat word's top bit: set by a fencer, cleared by the next holder.
+const BEAT_FENCED: u64 = 1 << 63;
+
+/// What one tick read: the header's hints and one or two windows of the vector.
+struct Observation {
+    hint: u64,
+    far: u64,
+    gap: Option<u64>,
+    frontier: Option<u64>,
+    /// Where the first window ends.
+    end: u64,
+    /// Where everything read ends.
+    covered_end: u64,
+    w0: u64,
+    n1: u64,
+    /// The first window's words, then (from word 0) the second's.
+    words: Vec<u64>,
+}
+
+impl Observation {
+    fn word(&self, w: u64) -> Option<u64> {
+        if w >= self.w0 && w < self.w0 + self.n1 {
+            return Some(self.words[(w - self.w0) as usize]);
+        }
+        let second = &self.words[self.n1 as usize..];
+        second.get(w as usize).copied()
+    }
+}
+
+/// Another slot that stalls the prefix, and when its lease was last seen to change.
+#[derive(Clone, Copy, Debug)]
+struct Watch {
+    slot: u32,
+    lease: u64,
+    beat: u64,
+    since: Duration,
+}
+
+struct State {
+    slot: u32,
+    status: Status,
+    /// Our lease word as we last wrote or confirmed it.
+    lease: Lease,
+    /// The next own timestamp to hand out.
+    cursor: u64,
+    /// Where this holder started. The slot's undecided timestamps below it are
+    /// inherited from earlier holders or skippers; others may still be skipping them,
+    /// so this holder decides them with CAS, never FETCH_ADD.
+    inherited_below: u64,
+    /// First undecided timestamp as far as this handle knows (monotone, truthful).
+    known: u64,
+    /// Handed-out timestamps in order, with whether each is still undecided.
+    pending: VecDeque<(u64, bool)>,
+    /// Our heartbeat word as we last set it.
+    beat: u64,
+    /// When the last renewal that found our lease intact was posted.
+    confirmed_at: Duration,
+    renewed_at: Duration,
+    next_tick: Duration,
+    hint_seen: u64,
+    far_seen: u64,
+    highest_marked: u64,
+    last_gap: Option<u64>,
+    watch: Option<Watch>,
+    stats: SlotStats,
+}
+
+/// One slot of the oracle, held by this client.
+///
+/// A handle belongs to one thread (it is `Send`, not `Sync`); coroutines on that
+/// thread share it by reference: every method but [`SlotHandle::read_timestamp_async`]
+/// completes without yielding, and concurrent async reads each use their own buffer.
+/// A thread that wants more commit throughput than one slot's ordering allows holds
+/// several handles.
+pub struct SlotHandle {
+    link: Link,
+    layout: Layout,
+    config: OracleConfig,
+    clock: Arc<dyn Clock>,
+    st: RefCell<State>,
+}
+
+impl SlotHandle {
+    /// Opens the oracle in `oracle` (on the node `qp` is connected to) and claims a
+    /// free or fenced slot. `qp` and `cq` are this handle's alone; see
+    /// [`crate::MIN_SEND_QUEUE`] and [`crate::MIN_CQ_CAPACITY`].
+    pub fn register(
+        device: &dyn Device,
+        qp: Arc<dyn QueuePair>,
+        cq: Arc<dyn CompletionQueue>,
+        oracle: RemoteRegion,
+        config: OracleConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SlotHandle> {
+        config.validate()?;
+        let link = Link::new(device, qp, cq, oracle)?;
+        let mut header = [0u64; HEADER_WORDS];
+        link.read(0, &mut header)?;
+        let layout = Layout::from_header(&header, oracle.len)?;
+        let handle = SlotHandle {
+            link,
+            layout,
+            config,
+            clock,
+            st: RefCell::new(State {
+                slot: 0,
+                status: Status::Released,
+                lease: Lease {
+                    state: SlotState::Free,
+                    tag: 0,
+                    horizon: 0,
+                },
+                cursor: 0,
+                beat: 0,
+                inherited_below: 0,
+                known: header[6].max(1),
+                pending: VecDeque::new(),
+                confirmed_at: Duration::ZERO,
+                renewed_at: Duration::ZERO,
+                next_tick: Duration::ZERO,
+                hint_seen: header[6],
+                far_seen: header[7],
+                highest_marked: 0,
+                last_gap: None,
+                watch: None,
+                stats: SlotStats::default(),
+            }),
+        };
+        handle.claim()?;
+        Ok(handle)
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    pub fn config(&self) -> &OracleConfig {
+        &self.config
+    }
+    /// The slot this handle holds (or held, once fenced or released).
+    pub fn slot(&self) -> u32 {
+        self.st.borrow().slot
+    }
+    pub fn stats(&self) -> SlotStats {
+        self.st.borrow().stats
+    }
+    /// The last read timestamp this handle computed, without communication.
+    pub fn known_read_timestamp(&self) -> u64 {
+        self.st.borrow().known - 1
+    }
+    /// Commit timestamps handed out and not yet marked.
+    pub fn outstanding(&self) -> usize {
+        self.st.borrow().pending.len()
+    }
+    /// The lease word this handle believes it holds (what it last wrote or confirmed).
+    pub fn held_lease(&self) -> Lease {
+        self.st.borrow().lease
+    }
+    /// Whether the slot is held (not fenced, not released) as far as this handle
+    /// knows; a fence shows at the next renewal.
+    pub fn is_active(&self) -> bool {
+        self.st.borrow().status == Status::Active
+    }
+
+    fn reserve_ts(&self) -> u64 {
+        if self.config.reserve == 0 {
+            (self.layout.bits() / 4).max(BLOCK)
+        } else {
+            self.config.reserve
+        }
+    }
+
+    /// A horizon (in blocks) that covers `ts` and the reserve beyond it.
+    fn horizon_for(&self, ts: u64) -> u64 {
+        ts.saturating_add(1)
+            .saturating_add(self.reserve_ts())
+            .div_ceil(BLOCK)
+            .min(MAX_HORIZON)
+    }
+
+    /// The first timestamp of `slot` at or after `from` (never the genesis, 0).
+    fn first_own(&self, slot: u32, from: u64) -> u64 {
+        let s = self.layout.slots() as u64;
+        let t = from + (slot as u64 + s - from % s) % s;
+        if t == 0 { s } else { t }
+    }
+
+    fn active(&self) -> Result<()> {
+        let st = self.st.borrow();
+        match st.status {
+            Status::Active => Ok(()),
+            Status::Fenced => Err(OracleError::Fenced { slot: st.slot }),
+            Status::Released => Err(OracleError::Released),
+        }
+    }
+
+    /// Claims a free or fenced slot: scans the slot table and CASes the first one it
+    /// finds to owned, with a fresh tag and a reservation. The new holder starts at
+    /// the slot's horizon: everything of the slot below it was decided, or may be
+    /// skipped by others, and nothing above it was touched.
+    fn claim(&self) -> Result<u32> {
+        let slots = self.layout.slots();
+        let per_read = (BUFFER_BYTES as u64 / SLOT_BYTES) as u32;
+        let mut first = 0;
+        while first < slots {
+            let n = per_read.min(slots - first);
+            let mut entries = [0u64; (BUFFER_BYTES / 8) as usize];
+            let words = &mut entries[..2 * n as usize];
+            self.link.read(self.layout.lease_offset(first), words)?;
+            for i in 0..n {
+                let word = words[2 * i as usize];
+                let lease = Lease::decode(word)?;
+                if lease.state == SlotState::Owned {
+                    continue;
+                }
+                let slot = first + i;
+                let start = self.first_own(slot, lease.horizon * BLOCK);
+                let mine = Lease {
+                    state: SlotState::Owned,
+                    tag: lease.next_tag(),
+                    horizon: self.horizon_for(start).max(lease.horizon),
+                };
+                let posted = self.clock.now();
+                let old = self
+                    .link
+                    .cas(self.layout.lease_offset(slot), word, mine.encode())?;
+                if old != word {
+                    // Someone else changed it first; look at the rest.
+                    continue;
+                }
+                let beat = self.restart_heartbeat(slot)?;
+                let mut st = self.st.borrow_mut();
+                st.beat = beat;
+                st.slot = slot;
+                st.status = Status::Active;
+                st.lease = mine;
+                st.cursor = start;
+                st.inherited_below = start;
+                st.pending.clear();
+                st.confirmed_at = posted;
+                st.renewed_at = posted;
+                st.next_tick = posted;
+                st.last_gap = None;
+                st.watch = None;
+                return Ok(slot);
+            }
+            first += n;
+        }
+        Err(OracleError::NoFreeSlot { slots })
+    }
+
+    /// Starts the heartbeat of a slot just claimed: clears a fencer's mark and moves
+    /// the counter on, so that no CAS prepared against an earlier holder's value can
+    /// succeed (the counter never repeats).
+    fn restart_heartbeat(&self, slot: u32) -> Result<u64> {
+        let off = self.layout.heartbeat_offset(slot);
+        let mut cur = [0u64];
+        self.link.read(off, &mut cur)?;
+        let mut cur = cur[0];
+        for _ in 0..8 {
+            let next = (cur & !BEAT_FENCED).wrapping_add(1) & !BEAT_FENCED;
+            let old = self.link.cas(off, cur, next)?;
+            if old == cur {
+                return Ok(next);
+            }
+            cur = old;
+        }
+        Err(OracleError::Corrupt(format!(
+            "the heartbeat of slot {slot} keeps changing under its new holder"
+        )))
+    }
+
+    /// Claims a slot again after this handle's was fenced or released. Timestamps
+    /// outstanding under the old slot are in doubt: a fencer may have skipped them.
+    pub fn rejoin(&self) -> Result<u32> {
+        if self.active().is_ok() {
+            return Ok(self.slot());
+        }
+        self.claim()
+    }
+
+    /// The next commit timestamp of this slot, without communication.
+    ///
+    /// Fails with [`OracleError::RenewalDue`] once half the lease timeout has passed
+    /// since the lease was last confirmed (a clock read, no communication), with
+    /// [`OracleError::WrapBlocked`] unless `ts − V/2` is inside the known
+    /// prefix (so `ts − V`, whose bit position `ts` reuses, is long decided; see
+    /// `cells` for why the margin), and with [`OracleError::ReservationExhausted`]
+    /// when the slot must raise its horizon first; [`SlotHandle::acquire_commit_ts`]
+    /// does both and retries.
+    pub fn next_commit_ts(&self) -> Result<u64> {
+        self.active()?;
+        let now = self.clock.now();
+        let mut st = self.st.borrow_mut();
+        // A holder that may have been fenced learns it before its caller does any
+        // commit work under the timestamp.
+        if now.saturating_sub(st.confirmed_at) >= self.config.lease_timeout / 2 {
+            return Err(OracleError::RenewalDue);
+        }
+        let t = st.cursor;
+        if t >= st.lease.horizon * BLOCK {
+            return Err(OracleError::ReservationExhausted {
+                ts: t,
+                horizon: st.lease.horizon * BLOCK,
+            });
+        }
+        let reach = self.reach();
+        if t >= st.known + reach {
+            return Err(OracleError::WrapBlocked {
+                ts: t,
+                blocked_by: t - reach,
+                prefix: st.known,
+            });
+        }
+        st.cursor = t + self.layout.slots() as u64;
+        st.pending.push_back((t, true));
+        Ok(t)
+    }
+
+    /// How far beyond its known prefix a holder may decide timestamps: V/2.
+    fn reach(&self) -> u64 {
+        self.layout.bits() / 2
+    }
+
+    /// [`SlotHandle::next_commit_ts`], renewing the lease, raising the horizon or
+    /// refreshing the read timestamp as needed, up to `attempts` times.
+    pub fn acquire_commit_ts(&self, attempts: u32) -> Result<u64> {
+        for _ in 0..attempts.max(1) {
+            match self.next_commit_ts() {
+                Ok(t) => return Ok(t),
+                Err(OracleError::ReservationExhausted { ts, .. }) => self.raise_horizon(ts)?,
+                Err(OracleError::RenewalDue) => self.renew()?,
+                Err(OracleError::WrapBlocked { ts, .. }) => {
+                    self.announce_far(ts)?;
+                    self.read_timestamp()?;
+                    crate::spin();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match self.next_commit_ts() {
+            Err(
+                e @ (OracleError::ReservationExhausted { .. }
+                | OracleError::RenewalDue
+                | OracleError::WrapBlocked { .. }),
+            ) => Err(OracleError::Stalled {
+                attempts,
+                last: Box::new(e),
+            }),
+            other => other,
+        }
+    }
+
+    /// Decides `ts`, a commit timestamp this handle handed out: one FETCH_ADD of ±2^b
+    /// on its word, unsignaled.
+    pub fn mark(&self, ts: u64, outcome: Outcome) -> Result<()> {
+        self.active()?;
+        let index = {
+            let st = self.st.borrow();
+            match st.pending.binary_search_by_key(&ts, |&(t, _)| t) {
+                Ok(i) if st.pending[i].1 => i,
+                _ => return Err(OracleError::NotOutstanding { ts }),
+            }
+        };
+        self.ensure_lease()?;
+        let v = self.layout.bits();
+        let (word, bit) = cells::position(v, ts);
+        let add = cells::decide_add(1 << bit, cells::odd_round(v, ts));
+        self.link
+            .post_adds(&[(self.layout.word_offset(word), add)])?;
+        let mut st = self.st.borrow_mut();
+        st.pending[index].1 = false;
+        while st.pending.front().is_some_and(|&(_, undecided)| !undecided) {
+            st.pending.pop_front();
+        }
+        st.highest_marked = st.highest_marked.max(ts);
+        match outcome {
+            Outcome::Committed => st.stats.committed += 1,
+            Outcome::Aborted => st.stats.aborted += 1,
+        }
+        Ok(())
+    }
+
+    /// The read timestamp: the end of the run of decided timestamps, scanned from the
+    /// known prefix onward. Never below an earlier result of this handle.
+    ///
+    /// One READ while the prefix has moved less than a window since this handle's
+    /// last look and more than not at all. A gap right at the known prefix, or none in
+    /// a whole round, is what a handle that fell more than V/2 behind (a long pause)
+    /// would see where positions were reused meanwhile; then it also reads the
+    /// published prefix hint and, if that is ahead, scans again from there.
+    pub fn read_timestamp(&self) -> Result<u64> {
+        let max_words = self.window_words();
+        let mut buf = [0u64; (BUFFER_BYTES / 8) as usize];
+        let mut hinted = false;
+        loop {
+            let first = self.st.borrow().known;
+            let mut start = first;
+            let mut found = None;
+            for _ in 0..self.max_windows() {
+                let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
+                let words = &mut buf[..n as usize];
+                self.link.read(self.layout.word_offset(w0), words)?;
+                self.note_window(n);
+                let scan = cells::scan(self.layout.bits(), start, words);
+                if scan.gap.is_some() {
+                    found = scan.gap;
+                    break;
+                }
+                start = scan.end;
+            }
+            if !hinted && found.is_none_or(|g| g == first) {
+                hinted = true;
+                let mut hint = [0u64];
+                self.link.read(OFF_PREFIX_HINT, &mut hint)?;
+                if self.adopt_hint(hint[0]) {
+                    continue;
+                }
+            }
+            return self.settle(found);
+        }
+    }
+
+    /// [`SlotHandle::read_timestamp`] as a future, for coroutines that share this
+    /// handle on one thread.
+    pub async fn read_timestamp_async(&self) -> Result<u64> {
+        let max_words = self.window_words();
+        let mut hinted = false;
+        loop {
+            let first = self.st.borrow().known;
+            let mut start = first;
+            let mut found = None;
+            for _ in 0..self.max_windows() {
+                let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
+                let words = self
+                    .link
+                    .read_async(self.layout.word_offset(w0), n as u32)
+                    .await?;
+                self.note_window(n);
+                let scan = cells::scan(self.layout.bits(), start, &words);
+                if scan.gap.is_some() {
+                    found = scan.gap;
+                    break;
+                }
+                start = scan.end;
+            }
+            if !hinted && found.is_none_or(|g| g == first) {
+                hinted = true;
+                let hint = self.link.read_async(OFF_PREFIX_HINT, 1).await?;
+                if self.adopt_hint(hint[0]) {
+                    continue;
+                }
+            }
+            return self.settle(found);
+        }
+    }
+
+    /// Moves the known prefix up to a published hint; whether it moved.
+    fn adopt_hint(&self, hint: u64) -> bool {
+        let mut st = self.st.borrow_mut();
+        st.hint_seen = st.hint_seen.max(hint);
+        if hint > st.known {
+            st.known = hint;
+            return true;
+        }
+        false
+    }
+
+    /// The read timestamp from the gap a scan found.
+    fn settle(&self, gap: Option<u64>) -> Result<u64> {
+        let Some(gap) = gap else {
+            return Err(self.runaway());
+        };
+        let mut st = self.st.borrow_mut();
+        st.known = st.known.max(gap);
+        st.stats.read_timestamps += 1;
+        Ok(st.known - 1)
+    }
+
+    fn note_window(&self, words: u64) {
+        let mut st = self.st.borrow_mut();
+        st.stats.window_reads += 1;
+        st.stats.window_bytes += words * 8;
+    }
+
+    fn window_words(&self) -> u64 {
+        self.config.window_bytes as u64 / 8
+    }
+
+    /// A whole round of windows, plus one for a start in the middle of a word.
+    fn max_windows(&self) -> u64 {
+        let per = self.config.window_bytes as u64 / 8;
+        self.layout.words().div_ceil(per) + 1
+    }
+
+    fn runaway(&self) -> OracleError {
+        OracleError::Corrupt(format!(
+            "no undecided timestamp within a round of {} from {}: the vector holds more decided timestamps than can be",
+            self.layout.bits(),
+            self.st.borrow().known
+        ))
+    }
+
+    /// Makes sure the lease is good for deciding timestamps: renews first once half
+    /// the timeout has passed since the last confirmed renewal was posted.
+    fn ensure_lease(&self) -> Result<()> {
+        let now = self.clock.now();
+        let confirmed_at = self.st.borrow().confirmed_at;
+        if now.saturating_sub(confirmed_at) < self.config.lease_timeout / 2 {
+            return Ok(());
+        }
+        self.renew()
+    }
+
+    /// Bumps the heartbeat with CAS from the value this holder last wrote. A fencer
+    /// CASes the same word (from the value it watched to that value with the fenced
+    /// bit), so of a late renewal and a fence exactly one succeeds: a holder whose
+    /// renewal went through cannot have been fenced before it.
+    pub fn renew(&self) -> Result<()> {
+        self.active()?;
+        let (slot, beat) = {
+            let st = self.st.borrow();
+            (st.slot, st.beat)
+        };
+        let posted = self.clock.now();
+        let next = beat.wrapping_add(1) & !BEAT_FENCED;
+        let old = self
+            .link
+            .cas(self.layout.heartbeat_offset(slot), beat, next)?;
+        let mut st = self.st.borrow_mut();
+        st.renewed_at = posted;
+        if old != beat {
+            st.status = Status::Fenced;
+            return Err(OracleError::Fenced { slot });
+        }
+        st.beat = next;
+        st.confirmed_at = posted;
+        st.stats.renewals += 1;
+        Ok(())
+    }
+
+    /// Raises this slot's horizon so that it covers `ts` and the reserve beyond.
+    fn raise_horizon(&self, ts: u64) -> Result<()> {
+        self.active()?;
+        let (slot, cur) = {
+            let st = self.st.borrow();
+            (st.slot, st.lease)
+        };
+        let want = Lease {
+            horizon: self.horizon_for(ts).max(cur.horizon + 1).min(MAX_HORIZON),
+            ..cur
+        };
+        if want.horizon == cur.horizon {
+            return Err(OracleError::Corrupt(format!(
+                "slot {slot} reached the largest horizon"
+            )));
+        }
+        let posted = self.clock.now();
+        let old = self
+            .link
+            .cas(self.layout.lease_offset(slot), cur.encode(), want.encode())?;
+        let mut st = self.st.borrow_mut();
+        if old != cur.encode() {
+            st.status = Status::Fenced;
+            return Err(OracleError::Fenced { slot });
+        }
+        st.lease = want;
+        st.confirmed_at = posted;
+        st.renewed_at = posted;
+        st.stats.horizon_raises += 1;
+        Ok(())
+    }
+
+    /// Keeps the vector moving; call it at least every `tick_interval` (it returns at
+    /// once when not due). It renews the lease when due, reads the window at the known
+    /// prefix together with the header's hints (one doorbell; a second window past
+    /// the end of the vector when the first reaches it), skips this slot's unused
+    /// timestamps below the highest decided one it sees, raises the horizon ahead of
+    /// need, and, when another slot has stalled the prefix since the previous tick,
+    /// checks that slot: a free or fenced slot is skipped for, an owned one whose
+    /// lease has not changed for `lease_timeout` is fenced and then skipped for.
+    pub fn tick(&self) -> Result<TickReport> {
+        let now = self.clock.now();
+        let mut report = TickReport {
+            prefix: self.st.borrow().known,
+            ..TickReport::default()
+        };
+        if now < self.st.borrow().next_tick {
+            return Ok(report);
+        }
+        report.ran = true;
+        self.st.borrow_mut().next_tick = now + self.config.tick_interval;
+        let active = self.active().is_ok();
+        if active
+            && now.saturating_sub(self.st.borrow().renewed_at) >= self.config.lease_timeout / 4
+        {
+            self.renew()?;
+        }
+        let s = self.layout.slots() as u64;
+        // A few windows at most: more only while this slot itself was the stall, or to
+        // catch up with the hint.
+        for _ in 0..4 {
+            let start = self.st.borrow().known;
+            let obs = self.observe(start)?;
+            if obs.hint > start {
+                let mut st = self.st.borrow_mut();
+                st.known = st.known.max(obs.hint);
+                continue;
+            }
+            let Some(gap) = obs.gap else {
+                let mut st = self.st.borrow_mut();
+                st.known = st.known.max(obs.end);
+                continue;
+            };
+            {
+                let mut st = self.st.borrow_mut();
+                st.known = st.known.max(gap);
+            }
+            // Deciding anything at or beyond gap + V/2 would break the wrap margin.
+            let reach_end = gap + self.reach();
+            let far = Some(obs.far).filter(|&f| f > gap);
+            let Some(frontier) = obs
+                .frontier
+                .filter(|&f| f > gap)
+                .max(far)
+                .map(|f| f.min(reach_end - 1))
+            else {
+                // Nothing decided beyond the gap: nobody waits for it.
+                self.st.borrow_mut().last_gap = Some(gap);
+                break;
+            };
+            let (me, inherited_below) = {
+                let st = self.st.borrow();
+                (st.slot as u64, st.inherited_below)
+            };
+            let owner = gap % s;
+            let mut progressed = false;
+            if active {
+                let skipped = self.skip_own(frontier)?;
+                report.skipped_own += skipped;
+                progressed |= skipped > 0 && owner == me;
+                if owner == me && gap < inherited_below {
+                    let upto = frontier.min(inherited_below - 1).min(obs.covered_end - 1);
+                    let skipped = self.cas_skip(gap, upto, &obs)?;
+                    report.skipped_own += skipped;
+                    self.st.borrow_mut().stats.skipped += skipped;
+                    progressed |= skipped > 0;
+                }
+            }
+            let stuck = self.st.borrow().last_gap == Some(gap);
+            self.st.borrow_mut().last_gap = Some(gap);
+            if stuck && (!active || owner != me) {
+                let (fenced, skipped) = self.unstall(owner as u32, gap, frontier, &obs, now)?;
+                report.fenced = report.fenced.or(fenced);
+                report.skipped_for_others += skipped;
+            }
+            if !progressed {
+                break;
+            }
+        }
+        self.publish_hints()?;
+        if active {
+            let (cursor, horizon) = {
+                let st = self.st.borrow();
+                (st.cursor, st.lease.horizon * BLOCK)
+            };
+            if horizon.saturating_sub(cursor) < self.reserve_ts() / 2 {
+                self.raise_horizon(cursor)?;
+            }
+        }
+        report.prefix = self.st.borrow().known;
+        Ok(report)
+    }
+
+    /// Reads the header's hints and the window at `start` in one doorbell, plus the
+    /// start of the next round when the window reaches the end of the vector (so that
+    /// timestamps just past the wrap count as seen).
+    fn observe(&self, start: u64) -> Result<Observation> {
+        let v = self.layout.bits();
+        let max_words = self.window_words();
+        let (w0, n1) = cells::window_words(v, start, max_words);
+        let wraps = w0 + n1 == self.layout.words();
+        let n2 = if wraps { max_words.min(w0 + 1) } else { 0 };
+        let ops = [
+            Op::Read {
+                remote: OFF_PREFIX_HINT,
+                words: 2,
+            },
+            Op::Read {
+                remote: self.layout.word_offset(w0),
+                words: n1 as u32,
+            },
+            Op::Read {
+                remote: self.layout.word_offset(0),
+                words: n2 as u32,
+            },
+        ];
+        let nops = if wraps { 3 } else { 2 };
+        let mut out = vec![0u64; 2 + (n1 + n2) as usize];
+        self.link.run(&ops[..nops], &mut out)?;
+        let words = out.split_off(2);
+        let scan1 = cells::scan(v, start, &words[..n1 as usize]);
+        self.note_window(n1);
+        let (gap, frontier, covered_end) = if wraps {
+            self.note_window(n2);
+            let scan2 =
+                cells::scan_until(v, scan1.end, &words[n1 as usize..], start + self.reach());
+            (
+                scan1.gap.or(scan2.gap),
+                scan1.frontier.max(scan2.frontier),
+                scan2.end,
+            )
+        } else {
+            (scan1.gap, scan1.frontier, scan1.end)
+        };
+        let mut st = self.st.borrow_mut();
+        st.hint_seen = st.hint_seen.max(out[0]);
+        st.far_seen = st.far_seen.max(out[1]);
+        Ok(Observation {
+            hint: out[0],
+            far: out[1],
+            gap,
+            frontier,
+            end: scan1.end,
+            covered_end,
+            w0,
+            n1,
+            words,
+        })
+    }
+
+    /// Decides, unused, this slot's timestamps from the cursor up to `frontier` (a
+    /// timestamp another slot already decided or holds): one FETCH_ADD per word.
+    fn skip_own(&self, frontier: u64) -> Result<u64> {
+        let (cursor, horizon) = {
+            let st = self.st.borrow();
+            (st.cursor, st.lease.horizon * BLOCK)
+        };
+        if frontier < cursor {
+            return Ok(0);
+        }
+        if frontier >= horizon {
+            self.raise_horizon(frontier)?;
+        }
+        self.ensure_lease()?;
+        let s = self.layout.slots() as u64;
+        let v = self.layout.bits();
+        // The caller keeps the frontier below the known prefix + V/2: the wrap margin
+        // holds for every timestamp skipped.
+        let masks = cells::own_masks(v, s, cursor, frontier);
+        let adds: Vec<(u64, u64)> = masks
+            .iter()
+            .map(|&(w, m, odd)| (self.layout.word_offset(w), cells::decide_add(m, odd)))
+            .collect();
+        self.link.post_adds(&adds)?;
+        let count = masks.iter().map(|&(_, m, _)| m.count_ones() as u64).sum();
+        let mut st = self.st.borrow_mut();
+        st.cursor = cursor + count * s;
+        st.stats.skipped += count;
+        Ok(count)
+    }
+
+    /// Looks at `owner`, whose timestamp `gap` has stalled the prefix since the last
+    /// tick: skips for it if it is free or fenced, fences it if its lease has not
+    /// changed for `lease_timeout` of our clock.
+    fn unstall(
+        &self,
+        owner: u32,
+        gap: u64,
+        frontier: u64,
+        obs: &Observation,
+        now: Duration,
+    ) -> Result<(Option<u32>, u64)> {
+        let mut entry = [0u64; 2];
+        self.link
+            .read(self.layout.lease_offset(owner), &mut entry)?;
+        let (word, beat) = (entry[0], entry[1]);
+        let lease = Lease::decode(word)?;
+        let mut fenced = None;
+        let lease = match lease.state {
+            SlotState::Free | SlotState::Fenced => lease,
+            SlotState::Owned => {
+                if beat & BEAT_FENCED == 0 {
+                    let mut st = self.st.borrow_mut();
+                    match st.watch {
+                        Some(w) if w.slot == owner && w.lease == word && w.beat == beat => {
+                            if now.saturating_sub(w.since) < self.config.lease_timeout {
+                                return Ok((None, 0));
+                            }
+                        }
+                        _ => {
+                            st.watch = Some(Watch {
+                                slot: owner,
+                                lease: word,
+                                beat,
+                                since: now,
+                            });
+                            return Ok((None, 0));
+                        }
+                    }
+                    st.watch = None;
+                    drop(st);
+                    // Step 1: the heartbeat, against the value watched, so that a
+                    // renewal since then wins instead.
+                    let off = self.layout.heartbeat_offset(owner);
+                    if self.link.cas(off, beat, beat | BEAT_FENCED)? != beat {
+                        return Ok((None, 0));
+                    }
+                }
+                // Step 2 (or finishing a fencer that stopped after step 1): the lease,
+                // which tells skippers and claimers the slot is up for grabs.
+                let taken = Lease {
+                    state: SlotState::Fenced,
+                    tag: lease.next_tag(),
+                    horizon: lease.horizon,
+                };
+                let old = self
+                    .link
+                    .cas(self.layout.lease_offset(owner), word, taken.encode())?;
+                if old != word {
+                    return Ok((None, 0));
+                }
+                self.st.borrow_mut().stats.fences += 1;
+                fenced = Some(owner);
+                taken
+            }
+        };
+        let skipped = self.skip_for(owner, lease, gap, frontier, obs)?;
+        Ok((fenced, skipped))
+    }
+
+    /// Decides, for a free or fenced slot, its undecided timestamps from `gap` to
+    /// `frontier`, with CAS per word: unlike FETCH_ADD, a CAS that lost a race
+    /// changes nothing, so any number of nodes may do this at once. The slot's
+    /// horizon bounds it, so that a node claiming the slot meanwhile (which starts at
+    /// the horizon) never shares a timestamp with us; it is raised first if needed.
+    fn skip_for(
+        &self,
+        owner: u32,
+        mut lease: Lease,
+        gap: u64,
+        frontier: u64,
+        obs: &Observation,
+    ) -> Result<u64> {
+        let off = self.layout.lease_offset(owner);
+        if frontier >= lease.horizon * BLOCK {
+            let raised = Lease {
+                horizon: (frontier + 1).div_ceil(BLOCK).min(MAX_HORIZON),
+                ..lease
+            };
+            if self.link.cas(off, lease.encode(), raised.encode())? != lease.encode() {
+                return Ok(0);
+            }
+            lease = raised;
+        }
+        let upto = frontier
+            .min(lease.horizon * BLOCK - 1)
+            .min(obs.covered_end - 1);
+        let skipped = self.cas_skip(gap, upto, obs)?;
+        self.st.borrow_mut().stats.skipped_for_others += skipped;
+        Ok(skipped)
+    }
+
+    /// Decides the undecided timestamps of `from`'s slot in `[from, upto]`, all inside
+    /// what `obs` read, with one CAS per word (retried a few times when other bits of
+    /// the word change meanwhile).
+    fn cas_skip(&self, from: u64, upto: u64, obs: &Observation) -> Result<u64> {
+        if upto < from {
+            return Ok(0);
+        }
+        let v = self.layout.bits();
+        let s = self.layout.slots() as u64;
+        let mut skipped = 0;
+        for (w, mask, odd) in cells::own_masks(v, s, from, upto) {
+            let Some(mut cur) = obs.word(w) else {
+                continue;
+            };
+            for _ in 0..4 {
+                let undecided = mask & !cells::decided_bits(cur, odd);
+                if undecided == 0 {
+                    break;
+                }
+                let next = cur ^ undecided;
+                let old = self.link.cas(self.layout.word_offset(w), cur, next)?;
+                if old == cur {
+                    skipped += undecided.count_ones() as u64;
+                    break;
+                }
+                cur = old;
+            }
+        }
+        Ok(skipped)
+    }
+
+    /// Publishes, with CAS so that they only grow: the known prefix once it is a tenth
+    /// of a round ahead of the header's (new handles start scanning from it, and a
+    /// handle that fell behind catches up from it); and, in the far hint, a timestamp
+    /// other slots' ticks would not see in their first window but should skip up to:
+    /// this slot's highest decision when it lies beyond that window, or its cursor
+    /// while the wrap margin blocks it (a holder that claimed a slot far ahead waits
+    /// for the others to skip up to it, and they would not know to otherwise).
+    fn publish_hints(&self) -> Result<()> {
+        let (known, hint, highest, cursor) = {
+            let st = self.st.borrow();
+            (st.known, st.hint_seen, st.highest_marked, st.cursor)
+        };
+        if known > hint && known - hint >= (self.layout.bits() / 10).max(1) {
+            let old = self.link.cas(OFF_PREFIX_HINT, hint, known)?;
+            self.st.borrow_mut().hint_seen = if old == hint { known } else { old };
+        }
+        let window_ts = self.window_words() * 64;
+        if highest >= known + window_ts {
+            self.announce_far(highest)?;
+        }
+        if self.active().is_ok() && cursor >= known + self.reach() {
+            self.announce_far(cursor)?;
+        }
+        Ok(())
+    }
+
+    /// Raises the far hint to `ts` unless it is there already.
+    fn announce_far(&self, ts: u64) -> Result<()> {
+        let mut far = self.st.borrow().far_seen;
+        for _ in 0..4 {
+            if far >= ts {
+                break;
+            }
+            let old = self.link.cas(OFF_FAR_HINT, far, ts)?;
+            far = if old == far { ts } else { old };
+        }
+        self.st.borrow_mut().far_seen = far;
+        Ok(())
+    }
+
+    /// Gives the slot up: every handed-out timestamp must be marked. The slot becomes
+    /// free with its horizon at this handle's cursor: others may skip its unused
+    /// timestamps from there, and its next holder starts there.
+    pub fn release(&self) -> Result<()> {
+        self.active()?;
+        let (slot, cur, cursor, outstanding) = {
+            let st = self.st.borrow();
+            (st.slot, st.lease, st.cursor, st.pending.len())
+        };
+        if outstanding > 0 {
+            return Err(OracleError::Outstanding { count: outstanding });
+        }
+        let free = Lease {
+            state: SlotState::Free,
+            tag: cur.next_tag(),
+            horizon: cursor.div_ceil(BLOCK).min(MAX_HORIZON),
+        };
+        let old = self
+            .link
+            .cas(self.layout.lease_offset(slot), cur.encode(), free.encode())?;
+        let mut st = self.st.borrow_mut();
+        if old != cur.encode() {
+            st.status = Status::Fenced;
+            return Err(OracleError::Fenced { slot });
+        }
+        st.status = Status::Released;
+        Ok(())
+    }
+
+    /// The remote region this handle talks to.
+    pub fn oracle(&self) -> RemoteRegion {
+        self.link.remote()
+    }
+}

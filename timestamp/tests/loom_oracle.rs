@@ -1,0 +1,147 @@
+//! Loom models of the oracle over the sim backend: tiny vectors, two slots.
+//!
+//! Run with `RUSTFLAGS="--cfg fabric_loom --cfg timestamp_loom"
+//! CARGO_TARGET_DIR=target/loom cargo test -p timestamp --release --test loom_oracle`.
+//!
+//! - `prefix_and_wrap`: two holders decide their timestamps through more than a round
+//!   of an 8-bit vector while reading timestamps; every read timestamp covers only
+//!   timestamps whose holder had decided them, and none goes backwards.
+//! - `renewal_races_fence`: a late holder renews while another node fences it; exactly
+//!   one wins, and the stalled timestamp ends up decided exactly once.
+#![cfg(all(fabric_loom, timestamp_loom))]
+
+use fabric::sim::SimConfig;
+use loom::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use timestamp::testkit::SimOracle;
+use timestamp::{Clock, Layout, ManualClock, OracleConfig, OracleError, Outcome, SlotHandle};
+
+const TICK: Duration = Duration::from_millis(1);
+const LEASE: Duration = Duration::from_millis(4);
+
+fn config() -> OracleConfig {
+    OracleConfig {
+        tick_interval: TICK,
+        lease_timeout: LEASE,
+        reserve: 64,
+        window_bytes: 8,
+    }
+}
+
+fn setup(bits: u64) -> (Arc<SimOracle>, Arc<ManualClock>, SlotHandle, SlotHandle) {
+    let o = Arc::new(SimOracle::new(SimConfig::default(), Layout::new(bits, 2).unwrap()).unwrap());
+    let clock = ManualClock::new();
+    let a = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
+    let b = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
+    (o, clock, a, b)
+}
+
+/// Takes `count` timestamps one after another, deciding each (after raising its
+/// intent flag) and reading a timestamp after each decision.
+fn run_holder(h: SlotHandle, count: usize, intent: Arc<Vec<AtomicBool>>) -> SlotHandle {
+    let mut last = 0;
+    for _ in 0..count {
+        let t = loop {
+            match h.acquire_commit_ts(1) {
+                Ok(t) => break t,
+                Err(OracleError::Stalled { .. }) => loom::thread::yield_now(),
+                Err(e) => panic!("acquire: {e}"),
+            }
+        };
+        intent[t as usize].store(true, Ordering::SeqCst);
+        h.mark(t, Outcome::Committed).unwrap();
+        let rid = h.read_timestamp().unwrap();
+        assert!(rid >= last, "read timestamp went back: {last} → {rid}");
+        for ts in 1..=rid {
+            assert!(
+                intent[ts as usize].load(Ordering::SeqCst),
+                "read timestamp {rid} covers {ts}, never decided"
+            );
+        }
+        last = rid;
+    }
+    h
+}
+
+/// Runs `f` as a loom model and returns how many interleavings loom explored.
+fn explore(builder: loom::model::Builder, f: impl Fn() + Sync + Send + 'static) -> usize {
+    let explored = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = explored.clone();
+    builder.check(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    explored.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn prefix_and_wrap() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    // Registration and the sim's locks make one execution long, not wide.
+    builder.max_branches = 200_000;
+    let n = explore(builder, || {
+        // V = 8, S = 2: slot 0 takes 2, 4, 6, 8 (8 reuses the position of 0), slot 1
+        // takes 1, 3, 5, 7; the V/2 margin makes each wait for the other.
+        let (o, _clock, a, b) = setup(8);
+        let intent: Arc<Vec<AtomicBool>> =
+            Arc::new((0..16).map(|_| AtomicBool::new(false)).collect());
+        let ia = intent.clone();
+        let ib = intent.clone();
+        let ta = loom::thread::spawn(move || run_holder(a, 4, ia));
+        let tb = loom::thread::spawn(move || run_holder(b, 4, ib));
+        let a = ta.join().unwrap();
+        let _b = tb.join().unwrap();
+        assert_eq!(a.read_timestamp().unwrap(), 8);
+        assert_eq!(o.true_prefix(1).unwrap(), 9);
+    });
+    eprintln!("loom explored {n} interleavings of two holders through a wrap");
+    assert!(n > 100, "loom explored only {n} interleavings");
+}
+
+#[test]
+fn renewal_races_fence() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.max_branches = 200_000;
+    let n = explore(builder, || {
+        let (o, clock, a, b) = setup(16);
+        // Slot 1 takes 1 and goes quiet; slot 0 decides 2, so 1 stalls the prefix.
+        let stalled = b.next_commit_ts().unwrap();
+        assert_eq!(stalled, 1);
+        let t = a.next_commit_ts().unwrap();
+        a.mark(t, Outcome::Committed).unwrap();
+        // Slot 0's ticks see the stall, start watching slot 1, and wait out its lease.
+        for _ in 0..3 {
+            clock.advance(TICK);
+            assert_eq!(a.tick().unwrap().fenced, None);
+        }
+        clock.advance(LEASE);
+        let fencer = loom::thread::spawn(move || {
+            let r = a.tick().unwrap();
+            (a, r.fenced)
+        });
+        let late = loom::thread::spawn(move || {
+            let renewed = b.renew();
+            if renewed.is_ok() {
+                b.mark(stalled, Outcome::Committed).unwrap();
+            }
+            (b, renewed)
+        });
+        let (a, fenced) = fencer.join().unwrap();
+        let (_b, renewed) = late.join().unwrap();
+        match renewed {
+            Ok(()) => assert_eq!(fenced, None, "fenced a holder whose renewal succeeded"),
+            Err(OracleError::Fenced { slot: 1 }) => assert_eq!(fenced, Some(1)),
+            Err(e) => panic!("renew: {e}"),
+        }
+        // Decided exactly once: a second toggle would read undecided (and carry).
+        assert!(o.is_decided(stalled).unwrap());
+        assert!(o.is_decided(t).unwrap());
+        assert!(!o.is_decided(3).unwrap());
+        assert_eq!(a.read_timestamp().unwrap(), 2);
+    });
+    eprintln!("loom explored {n} interleavings of a renewal racing a fence");
+    assert!(n > 10, "loom explored only {n} interleavings");
+}

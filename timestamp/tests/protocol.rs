@@ -1,0 +1,376 @@
+//! The oracle protocol on the sim backend, one scenario per test, with a manual clock
+//! so that leases and tick schedules are deterministic.
+#![cfg(not(timestamp_loom))]
+
+use fabric::sim::SimConfig;
+use std::sync::Arc;
+use std::time::Duration;
+use timestamp::testkit::SimOracle;
+use timestamp::{
+    Clock, Layout, ManualClock, OracleConfig, OracleError, Outcome, SlotHandle, SlotState,
+};
+
+const TICK: Duration = Duration::from_millis(1);
+const LEASE: Duration = Duration::from_millis(20);
+
+fn config() -> OracleConfig {
+    OracleConfig {
+        tick_interval: TICK,
+        lease_timeout: LEASE,
+        ..OracleConfig::default()
+    }
+}
+
+fn cluster(bits: u64, slots: u32) -> SimOracle {
+    SimOracle::new(SimConfig::default(), Layout::new(bits, slots).unwrap()).unwrap()
+}
+
+fn handles(o: &SimOracle, n: usize, clock: &Arc<ManualClock>) -> Vec<SlotHandle> {
+    (0..n)
+        .map(|_| o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_commit_becomes_visible_once_marked() {
+    let o = cluster(1024, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    assert_eq!(h[0].read_timestamp().unwrap(), 0, "genesis");
+    let a = h[0].next_commit_ts().unwrap();
+    let b = h[1].next_commit_ts().unwrap();
+    assert_eq!((a, b), (2, 1), "slot 0 starts at S, slot 1 at 1");
+    h[0].mark(a, Outcome::Committed).unwrap();
+    assert_eq!(h[0].read_timestamp().unwrap(), 0, "1 is still undecided");
+    h[1].mark(b, Outcome::Aborted).unwrap();
+    assert_eq!(h[0].read_timestamp().unwrap(), 2);
+    assert_eq!(h[1].read_timestamp().unwrap(), 2);
+    let s = h[0].stats();
+    assert_eq!((s.committed, s.aborted), (1, 0));
+    assert_eq!(h[1].stats().aborted, 1);
+}
+
+#[test]
+fn bad_marks_are_refused() {
+    let o = cluster(1024, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    let a = h[0].next_commit_ts().unwrap();
+    assert_eq!(
+        h[0].mark(a + 1, Outcome::Committed),
+        Err(OracleError::NotOutstanding { ts: a + 1 })
+    );
+    assert_eq!(
+        h[1].mark(a, Outcome::Committed),
+        Err(OracleError::NotOutstanding { ts: a })
+    );
+    h[0].mark(a, Outcome::Committed).unwrap();
+    assert_eq!(
+        h[0].mark(a, Outcome::Committed),
+        Err(OracleError::NotOutstanding { ts: a })
+    );
+    assert!(o.is_decided(a).unwrap());
+}
+
+#[test]
+fn marks_in_any_order_and_many_rounds_of_wrap() {
+    // V = 16, 2 slots: 100 rounds of the vector, marks out of order within a slot.
+    let o = cluster(16, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    let mut last = 0;
+    for _ in 0..400 {
+        let mut taken = Vec::new();
+        for hd in &h {
+            for _ in 0..2 {
+                match hd.next_commit_ts() {
+                    Ok(t) => taken.push((hd, t)),
+                    Err(OracleError::WrapBlocked { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        for (hd, t) in taken.into_iter().rev() {
+            hd.mark(t, Outcome::Committed).unwrap();
+        }
+        let rid = h[0].read_timestamp().unwrap();
+        assert!(rid >= last, "read timestamp went back from {last} to {rid}");
+        assert_eq!(rid + 1, o.true_prefix(rid + 1).unwrap());
+        last = rid;
+        clock.advance(TICK);
+        h[0].tick().unwrap();
+        h[1].tick().unwrap();
+    }
+    assert!(last >= 16 * 90, "only reached {last}");
+}
+
+#[test]
+fn a_position_is_not_reused_before_its_previous_timestamp_is_decided() {
+    let o = cluster(16, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    let held = h[1].next_commit_ts().unwrap();
+    assert_eq!(held, 1);
+    // Slot 0 runs on: 2, 4, 6, 8 are within V/2 = 8 of the prefix (1); 10 is not, and
+    // far from reusing the position of an undecided timestamp, it must wait.
+    let mut got = Vec::new();
+    let err = loop {
+        match h[0].next_commit_ts() {
+            Ok(t) => {
+                h[0].mark(t, Outcome::Committed).unwrap();
+                got.push(t);
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(
+        err,
+        OracleError::WrapBlocked {
+            ts: 10,
+            blocked_by: 2,
+            prefix: 1
+        }
+    );
+    assert_eq!(got, [2, 4, 6, 8]);
+    assert!(matches!(
+        h[0].acquire_commit_ts(3),
+        Err(OracleError::Stalled { attempts: 3, .. })
+    ));
+    h[1].mark(held, Outcome::Committed).unwrap();
+    assert_eq!(h[0].acquire_commit_ts(3).unwrap(), 10);
+}
+
+#[test]
+fn an_idle_slot_stalls_the_prefix_at_most_one_tick_interval() {
+    let o = cluster(60_000, 3);
+    let clock = ManualClock::new();
+    let h = handles(&o, 3, &clock);
+    // Slot 2 commits far ahead; slots 0 and 1 are idle but tick.
+    let mut top = 0;
+    for _ in 0..500 {
+        let t = h[2].next_commit_ts().unwrap();
+        h[2].mark(t, Outcome::Committed).unwrap();
+        top = t;
+    }
+    assert!(h[2].read_timestamp().unwrap() < top);
+    // The idle slots' ticks are due one interval after their last one.
+    let mut elapsed = Duration::ZERO;
+    while h[2].read_timestamp().unwrap() < top {
+        assert!(
+            elapsed <= TICK,
+            "the prefix still stalls after {elapsed:?} (bound {TICK:?})"
+        );
+        for hd in &h[..2] {
+            hd.tick().unwrap();
+        }
+        clock.advance(TICK / 4);
+        elapsed += TICK / 4;
+    }
+    assert_eq!(h[2].read_timestamp().unwrap(), top);
+    assert!(h[0].stats().skipped > 0 && h[1].stats().skipped > 0);
+    // The skipped timestamps are spent: the idle slots' next ones are beyond `top`.
+    assert!(h[0].next_commit_ts().unwrap() > top);
+    assert!(h[1].next_commit_ts().unwrap() > top);
+}
+
+#[test]
+fn an_expired_slot_is_fenced_and_skipped_and_its_holder_learns_it() {
+    let o = cluster(1024, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    // Slot 1's holder takes 1 and goes silent: no ticks, no marks.
+    let lost = h[1].next_commit_ts().unwrap();
+    let t = h[0].next_commit_ts().unwrap();
+    h[0].mark(t, Outcome::Committed).unwrap();
+    let mut fenced_at = None;
+    for step in 0..200u32 {
+        clock.advance(TICK);
+        let r = h[0].tick().unwrap();
+        if r.fenced.is_some() {
+            assert_eq!(r.fenced, Some(1));
+            fenced_at = Some(Duration::from_millis(step as u64 + 1));
+            break;
+        }
+    }
+    let fenced_at = fenced_at.expect("slot 1 was never fenced");
+    assert!(
+        fenced_at >= LEASE,
+        "fenced after {fenced_at:?}, lease {LEASE:?}"
+    );
+    assert!(
+        fenced_at <= LEASE + 4 * TICK,
+        "fenced only after {fenced_at:?}"
+    );
+    assert_eq!(o.lease(1).unwrap().state, SlotState::Fenced);
+    // Its timestamps were skipped: the prefix covers the commit above them.
+    assert!(o.is_decided(lost).unwrap());
+    assert!(h[0].read_timestamp().unwrap() >= t);
+    // The old holder comes back: its next decision renews first and fails.
+    assert_eq!(
+        h[1].mark(lost, Outcome::Committed),
+        Err(OracleError::Fenced { slot: 1 })
+    );
+    assert_eq!(h[1].next_commit_ts(), Err(OracleError::Fenced { slot: 1 }));
+    assert!(!h[1].is_active());
+    // It re-registers: slot 1 is free again for it, and it starts above what the
+    // fencer may skip.
+    assert_eq!(h[1].rejoin().unwrap(), 1);
+    let fresh = h[1].next_commit_ts().unwrap();
+    assert!(fresh > lost);
+    h[1].mark(fresh, Outcome::Committed).unwrap();
+    let mut next = h[0].next_commit_ts().unwrap();
+    h[0].mark(next, Outcome::Committed).unwrap();
+    for _ in 0..8 {
+        clock.advance(TICK);
+        h[0].tick().unwrap();
+        h[1].tick().unwrap();
+    }
+    next = next.max(fresh);
+    let rid = h[0].read_timestamp().unwrap();
+    assert!(
+        rid >= next,
+        "rid {rid} fresh {fresh} next {next} true {}",
+        o.true_prefix(1).unwrap()
+    );
+}
+
+#[test]
+fn a_live_slot_that_ticks_is_never_fenced() {
+    let o = cluster(1024, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    // Slot 1 holds a timestamp for a long time (a slow commit) but keeps ticking.
+    let slow = h[1].next_commit_ts().unwrap();
+    let t = h[0].next_commit_ts().unwrap();
+    h[0].mark(t, Outcome::Committed).unwrap();
+    for _ in 0..(LEASE.as_millis() * 5) {
+        clock.advance(TICK);
+        assert_eq!(h[0].tick().unwrap().fenced, None);
+        h[1].tick().unwrap();
+    }
+    assert!(h[1].is_active());
+    assert_eq!(h[0].read_timestamp().unwrap(), slow - 1);
+    h[1].mark(slow, Outcome::Committed).unwrap();
+    assert!(h[0].read_timestamp().unwrap() >= t);
+}
+
+#[test]
+fn released_slots_are_skipped_for_and_can_be_claimed_again() {
+    let o = cluster(1024, 3);
+    let clock = ManualClock::new();
+    let h = handles(&o, 3, &clock);
+    let t = h[1].next_commit_ts().unwrap();
+    assert_eq!(h[1].release(), Err(OracleError::Outstanding { count: 1 }));
+    h[1].mark(t, Outcome::Committed).unwrap();
+    h[1].release().unwrap();
+    assert_eq!(o.lease(1).unwrap().state, SlotState::Free);
+    assert_eq!(h[1].next_commit_ts(), Err(OracleError::Released));
+    // Slot 0 commits ahead; slot 2 idles and ticks; nobody holds slot 1.
+    let mut top = 0;
+    for _ in 0..50 {
+        let t = h[0].next_commit_ts().unwrap();
+        h[0].mark(t, Outcome::Committed).unwrap();
+        top = t;
+    }
+    for _ in 0..8 {
+        clock.advance(TICK);
+        h[0].tick().unwrap();
+        h[2].tick().unwrap();
+    }
+    assert!(h[0].read_timestamp().unwrap() >= top);
+    assert!(h[0].stats().skipped_for_others + h[2].stats().skipped_for_others > 0);
+    // A new node claims the free slot and starts beyond what was skipped for it.
+    let newcomer = o.client(config(), clock.clone()).unwrap();
+    assert_eq!(newcomer.slot(), 1);
+    let n = newcomer.next_commit_ts().unwrap();
+    assert!(n > top && n % 3 == 1, "{n}");
+    assert!(!o.is_decided(n).unwrap());
+}
+
+#[test]
+fn registration_checks_the_region_and_the_slot_count() {
+    let o = cluster(64, 2);
+    let clock = ManualClock::new();
+    let _h = handles(&o, 2, &clock);
+    assert!(matches!(
+        o.client(config(), clock.clone()),
+        Err(OracleError::NoFreeSlot { slots: 2 })
+    ));
+    // A region that holds no oracle.
+    let other = cluster(64, 2);
+    other.region.store_u64(0, 42).unwrap();
+    assert!(matches!(
+        other.client(config(), clock.clone()),
+        Err(OracleError::NotAnOracle { magic: 42 })
+    ));
+    let bad = OracleConfig {
+        window_bytes: 12,
+        ..config()
+    };
+    assert!(matches!(
+        o.client(bad, clock.clone()),
+        Err(OracleError::InvalidConfig(_))
+    ));
+    let bad = OracleConfig {
+        lease_timeout: TICK,
+        ..config()
+    };
+    assert!(matches!(
+        o.client(bad, clock),
+        Err(OracleError::InvalidConfig(_))
+    ));
+}
+
+#[test]
+fn coroutines_share_one_handle() {
+    let o = cluster(4096, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    let other = h[1].next_commit_ts().unwrap();
+    let (a, b) = (&h[0], &h[1]);
+    let rids = futures::executor::block_on(async {
+        let commits = (0..16).map(|_| async {
+            let t = a.next_commit_ts()?;
+            let before = a.read_timestamp_async().await?;
+            assert!(before < t);
+            a.mark(t, Outcome::Committed)?;
+            a.read_timestamp_async().await
+        });
+        let blocker = async {
+            let r = b.read_timestamp_async().await?;
+            b.mark(other, Outcome::Committed)?;
+            Ok::<u64, OracleError>(r)
+        };
+        let (rids, blocked) = futures::join!(futures::future::join_all(commits), blocker);
+        assert_eq!(blocked.unwrap(), other - 1);
+        rids
+    });
+    for r in rids {
+        // Slot 1 has not decided 3 yet (and may not have decided 1 when it was read).
+        assert!(r.unwrap() <= 2);
+    }
+    // Slot 1 idles; its tick skips up to slot 0's last commit.
+    clock.advance(TICK);
+    h[1].tick().unwrap();
+    assert_eq!(h[0].read_timestamp().unwrap(), 2 * 16);
+}
+
+#[test]
+fn reads_are_one_window_in_steady_state() {
+    let o = cluster(60_000, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    h[0].read_timestamp().unwrap();
+    let before = h[0].stats();
+    for _ in 0..1000 {
+        for hd in &h {
+            let t = hd.next_commit_ts().unwrap();
+            hd.mark(t, Outcome::Committed).unwrap();
+        }
+        h[0].read_timestamp().unwrap();
+    }
+    let after = h[0].stats();
+    assert_eq!(after.read_timestamps - before.read_timestamps, 1000);
+    assert_eq!(after.window_reads - before.window_reads, 1000);
+    assert!((after.window_bytes - before.window_bytes) <= 1000 * 256);
+}

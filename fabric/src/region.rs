@@ -153,6 +153,21 @@ impl Region {
         Ok(self.word(offset)?.load(Ordering::Acquire))
     }
 
+    /// Loads `out.len()` aligned words starting at `offset` (Acquire): the results of a
+    /// multi-word READ, with one bounds check.
+    pub fn read_words(&self, offset: u64, out: &mut [u64]) -> Result<(), FabricError> {
+        if !offset.is_multiple_of(8) {
+            return Err(FabricError::Misaligned { offset });
+        }
+        self.check(offset, out.len() as u64 * 8)?;
+        let first = (offset / 8) as usize;
+        let words = &self.mem.words()[first..first + out.len()];
+        for (o, w) in out.iter_mut().zip(words) {
+            *o = w.load(Ordering::Acquire);
+        }
+        Ok(())
+    }
+
     /// Stores the aligned 8-byte word at `offset` (Release). Only for words that no
     /// remote atomic targets: CPU stores are not atomic against NIC atomics.
     pub fn store_u64(&self, offset: u64, value: u64) -> Result<(), FabricError> {
@@ -208,6 +223,17 @@ mod tests {
             Err(FabricError::OutOfBounds { .. })
         ));
         r.store_u64(8, 99).unwrap();
+        let mut two = [0u64; 2];
+        r.read_words(0, &mut two).unwrap();
+        assert_eq!(two[1], 99);
+        assert!(matches!(
+            r.read_words(8, &mut two),
+            Err(FabricError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.read_words(4, &mut two[..1]),
+            Err(FabricError::Misaligned { .. })
+        ));
         assert_eq!(r.load_u64(8).unwrap(), 99);
         assert_eq!(r.to_vec(12, 4).unwrap(), 99u64.to_le_bytes()[4..8].to_vec());
     }

@@ -67,8 +67,18 @@ pub(crate) fn scan(bits: u64, start: u64, words: &[u64]) -> Scan {
     scan_until(bits, start, words, u64::MAX)
 }
 
+/// [`scan`] for a read timestamp, which needs only the gap: it stops at the first
+/// undecided timestamp and leaves `frontier` unset.
+pub(crate) fn scan_to_gap(bits: u64, start: u64, words: &[u64]) -> Scan {
+    scan_words(bits, start, words, u64::MAX, true)
+}
+
 /// [`scan`], looking only at timestamps below `limit`.
 pub(crate) fn scan_until(bits: u64, start: u64, words: &[u64], limit: u64) -> Scan {
+    scan_words(bits, start, words, limit, false)
+}
+
+fn scan_words(bits: u64, start: u64, words: &[u64], limit: u64, stop_at_gap: bool) -> Scan {
     let p0 = start % bits;
     let w0 = p0 / 64;
     let odd = odd_round(bits, start);
@@ -94,6 +104,9 @@ pub(crate) fn scan_until(bits: u64, start: u64, words: &[u64], limit: u64) -> Sc
         let undecided = !decided & valid;
         if gap.is_none() && undecided != 0 {
             gap = Some(base + undecided.trailing_zeros() as u64);
+            if stop_at_gap {
+                break;
+            }
         }
         if decided != 0 {
             frontier = Some(base + 63 - decided.leading_zeros() as u64);
@@ -154,6 +167,26 @@ mod tests {
             }
         }
         words
+    }
+
+    proptest! {
+        /// The early-exit scan of the read path finds the same gap as the full scan,
+        /// and covers the same range when there is none.
+        #[test]
+        fn scan_to_gap_agrees_with_scan(
+            words in proptest::collection::vec(any::<u64>(), 1..8),
+            start_bit in 0u64..64,
+            round in 0u64..3,
+        ) {
+            let bits = 64 * 8;
+            let start = round * bits + start_bit;
+            let full = scan(bits, start, &words);
+            let fast = scan_to_gap(bits, start, &words);
+            prop_assert_eq!(fast.gap, full.gap);
+            if full.gap.is_none() {
+                prop_assert_eq!(fast.end, full.end);
+            }
+        }
     }
 
     #[test]

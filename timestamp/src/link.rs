@@ -173,7 +173,8 @@ impl Link {
     /// selective signaling leaves retired-but-unpolled requests in it.
     fn post(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut rest = wrs;
-        let start = Instant::now();
+        // The clock is read only once the queue is full: posting is the hot path.
+        let mut since: Option<Instant> = None;
         loop {
             match self.qp.post_send(rest) {
                 Ok(()) => return Ok(()),
@@ -182,7 +183,7 @@ impl Link {
                 {
                     rest = &rest[index..];
                     self.drain()?;
-                    if start.elapsed() > PATIENCE {
+                    if since.get_or_insert_with(Instant::now).elapsed() > PATIENCE {
                         return Err(FabricError::Post { index, source }.into());
                     }
                     crate::spin();
@@ -291,11 +292,9 @@ impl Link {
     }
 
     fn copy_out(&self, buffer: usize, out: &mut [u64]) -> Result<()> {
-        let off = Self::buffer_offset(buffer);
-        for (j, w) in out.iter_mut().enumerate() {
-            *w = self.scratch.load_u64(off + j as u64 * 8)?;
-        }
-        Ok(())
+        self.scratch
+            .read_words(Self::buffer_offset(buffer), out)
+            .map_err(Into::into)
     }
 
     pub(crate) fn read(&self, remote: u64, out: &mut [u64]) -> Result<()> {

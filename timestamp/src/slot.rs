@@ -542,7 +542,7 @@ impl SlotHandle {
                 let words = &mut buf[..n as usize];
                 self.link.read(self.layout.word_offset(w0), words)?;
                 self.note_window(n);
-                let scan = cells::scan(self.layout.bits(), start, words);
+                let scan = cells::scan_to_gap(self.layout.bits(), start, words);
                 if scan.gap.is_some() {
                     found = scan.gap;
                     break;
@@ -577,7 +577,7 @@ impl SlotHandle {
                     .read_async(self.layout.word_offset(w0), n as u32)
                     .await?;
                 self.note_window(n);
-                let scan = cells::scan(self.layout.bits(), start, &words);
+                let scan = cells::scan_to_gap(self.layout.bits(), start, &words);
                 if scan.gap.is_some() {
                     found = scan.gap;
                     break;

@@ -25,7 +25,10 @@ mod async_qp;
 pub mod conformance;
 mod cq;
 mod device;
+mod engine;
 mod error;
+#[cfg(not(fabric_loom))]
+mod handshake;
 #[cfg(all(target_os = "linux", not(fabric_loom)))]
 pub mod memfd;
 mod memory;

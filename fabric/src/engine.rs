@@ -130,7 +130,6 @@ pub(crate) enum Fail {
     NotReady,
     /// The way to the peer is momentarily full (a shared-memory ring): retry later,
     /// without counting against the RNR budget.
-    #[allow(dead_code)] // until the shm backend lands
     Busy,
 }
 
@@ -159,7 +158,6 @@ pub(crate) enum Payload<'a> {
     Bytes(&'a [u8]),
     /// A message of this length that did not travel, because the sender already knew
     /// the receive buffer was too small for it.
-    #[allow(dead_code)] // until the shm backend lands
     Absent(u32),
 }
 
@@ -547,6 +545,14 @@ impl<T: Transport> Qp<T> {
             self.set_state(ERROR);
         }
         self.flush_receives(&mut rq);
+    }
+
+    /// Breaks the queue pair from its receive side (whose lock the caller holds).
+    pub(crate) fn fail_receiver(&self, rq: &mut RecvSide<T>) {
+        if self.raw_state() != DESTROYED {
+            self.set_state(ERROR);
+        }
+        self.flush_receives(rq);
     }
 
     pub(crate) fn flush_receives(&self, rq: &mut RecvSide<T>) {

@@ -34,6 +34,8 @@ pub mod memfd;
 mod memory;
 mod region;
 mod registry;
+#[cfg(all(target_os = "linux", not(fabric_loom)))]
+pub mod shm;
 pub mod sim;
 mod sync;
 #[cfg(not(fabric_loom))]

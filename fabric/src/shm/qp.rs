@@ -156,6 +156,8 @@ pub(crate) struct ShmRecv {
     /// Receives posted so far, as published in the block.
     posted: u64,
     inbound: Vec<Inbound>,
+    /// RC: the one sender this queue pair accepts, from its first attach on.
+    sender: Option<QpEndpoint>,
 }
 
 /// Resolves a remote range, as the responder's NIC checks an rkey: live in the peer's
@@ -446,18 +448,18 @@ pub(crate) fn attach(
         .read_only_fd()
         .map_err(|_| control::FAILED)?;
     let mut rq = sync::lock(&qp.rq);
-    let inbound = &mut rq.state.inbound;
+    let state = &mut rq.state;
     match qp.kind {
         QpKind::Rc => {
-            if inbound.first().is_some_and(|i| i.from != from) {
+            if *state.sender.get_or_insert(from) != from {
                 return Err(control::REFUSED);
             }
-            inbound.clear();
+            state.inbound.clear();
         }
-        QpKind::Ud if inbound.len() >= MAX_UD_SENDERS => return Err(control::REFUSED),
+        QpKind::Ud if state.inbound.len() >= MAX_UD_SENDERS => return Err(control::REFUSED),
         QpKind::Ud => {}
     }
-    inbound.push(Inbound {
+    state.inbound.push(Inbound {
         from,
         ring: Consumer::new(mem),
     });
@@ -482,10 +484,7 @@ impl Transport for ShmPort {
     }
 
     fn connect(&self, qp: &ShmQp, to: QpEndpoint) -> Result<Peer> {
-        let link = self
-            .node
-            .link(to.node)
-            .map_err(|_| FabricError::UnknownPeer(to))?;
+        let link = self.node.link(to.node)?;
         let (block, ring) = link
             .attach(control::KIND_RC, to.qpn, qp.endpoint.qpn)
             .map_err(|e| match e {

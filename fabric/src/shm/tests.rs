@@ -1,1 +1,468 @@
+//! Fault behaviour of the shm backend: what hostile, vanishing or dead peers can and
+//! cannot do.
 
+use super::ShmDevice;
+use super::control::{self, Request};
+use crate::conformance::{drain, exec, wait};
+use crate::memfd::MemfdMemory;
+use crate::memory::Memory;
+use crate::{
+    Access, Device, HeapMemory, NodeId, QpConfig, QpEndpoint, QpState, RecvWr, Region, SendWr, Src,
+    WcStatus,
+};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TOKEN: &[u8] = b"fault test token";
+
+fn device(dir: &Path, name: &str) -> Arc<ShmDevice> {
+    ShmDevice::bind(dir.join(name), TOKEN).unwrap()
+}
+
+struct Server {
+    dir: tempfile::TempDir,
+    device: Arc<ShmDevice>,
+    region: Region,
+}
+
+/// A device with a region full of 0xAB.
+fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let device = device(dir.path(), "server.sock");
+    let region = device.register(4096, Access::ALL).unwrap();
+    region.write(0, &[0xAB; 4096]).unwrap();
+    Server {
+        dir,
+        device,
+        region,
+    }
+}
+
+/// A fresh client through the fabric API reads the region as the server has it.
+fn check_server_alive(s: &Server) {
+    let client = device(
+        s.dir.path(),
+        &format!("client-{}.sock", rand::random::<u32>()),
+    );
+    let (ccq, scq) = (
+        client.create_cq(16).unwrap(),
+        s.device.create_cq(16).unwrap(),
+    );
+    let (_sq, qp) = crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
+    let local = client.register(4096, Access::ALL).unwrap();
+    let wc = exec(
+        &qp,
+        &ccq,
+        SendWr::read(1, local.buf(0, 4096), s.region.remote_addr(0)),
+    );
+    assert_eq!(wc.status, WcStatus::Success);
+    assert!(local.to_vec(0, 4096).unwrap() == s.region.to_vec(0, 4096).unwrap());
+}
+
+/// The server's region holds 0xAB everywhere but `[from, to)`.
+fn assert_intact_outside(s: &Server, from: u64, to: u64) {
+    let bytes = s.region.to_vec(0, 4096).unwrap();
+    let stray = (0..4096u64).find(|&i| (i < from || i >= to) && bytes[i as usize] != 0xAB);
+    assert_eq!(stray, None, "a byte outside [{from}, {to}) changed");
+}
+
+/// An authenticated raw connection to the server's control socket.
+fn raw_client(s: &Server) -> UnixStream {
+    control::dial(s.device.path(), TOKEN, 9).unwrap().0
+}
+
+fn read_to_end(stream: &mut UnixStream) -> Vec<u8> {
+    let mut all = Vec::new();
+    let _ = stream.read_to_end(&mut all);
+    all
+}
+
+#[test]
+fn a_wrong_token_gets_no_access() {
+    let s = server();
+    let err = control::dial(s.device.path(), b"not the token", 1).unwrap_err();
+    assert!(err.contains("token"), "{err}");
+    let other = ShmDevice::bind(s.dir.path().join("other.sock"), b"another cluster!").unwrap();
+    let (ocq, scq) = (other.create_cq(4).unwrap(), s.device.create_cq(4).unwrap());
+    let err = crate::connect_rc((s.device.as_ref(), &scq), (other.as_ref(), &ocq))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("token"), "{err}");
+    check_server_alive(&s);
+}
+
+#[test]
+fn garbage_instead_of_a_handshake_is_dropped() {
+    let s = server();
+    let mut c = UnixStream::connect(s.device.path()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert!(
+        read_to_end(&mut c).is_empty(),
+        "nothing is answered to a stranger"
+    );
+    check_server_alive(&s);
+}
+
+#[test]
+fn a_peer_vanishing_mid_request_leaves_the_device_serving() {
+    let s = server();
+    // Half a hello, then gone.
+    let mut c = UnixStream::connect(s.device.path()).unwrap();
+    c.write_all(b"NAMDB").unwrap();
+    drop(c);
+    // Authenticated, half a request, then gone.
+    let mut c = raw_client(&s);
+    c.write_all(&[control::REGION, 0, 0, 0, 1, 2, 3, 4])
+        .unwrap();
+    drop(c);
+    // An unknown request is refused and the connection closed.
+    let mut c = raw_client(&s);
+    c.write_all(&[99; 16]).unwrap();
+    let reply = read_to_end(&mut c);
+    assert_eq!(reply.first(), Some(&control::MALFORMED));
+    check_server_alive(&s);
+}
+
+#[test]
+fn a_client_dying_mid_batch_leaves_the_server_whole() {
+    let s = server();
+    let client = device(s.dir.path(), "dying.sock");
+    let (ccq, scq) = (
+        client.create_cq(256).unwrap(),
+        s.device.create_cq(256).unwrap(),
+    );
+    let (server_qp, qp) =
+        crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
+    let inbox = s.device.register(64 * 16, Access::LOCAL_WRITE).unwrap();
+    let recvs: Vec<RecvWr> = (0..16)
+        .map(|i| RecvWr {
+            wr_id: i,
+            buf: inbox.buf(i * 64, 64),
+        })
+        .collect();
+    server_qp.post_recv(&recvs).unwrap();
+    let batch: Vec<SendWr> = (0..8u64)
+        .flat_map(|i| {
+            [
+                SendWr::send(i, Src::Inline(b"hello")).unsignaled(),
+                SendWr::write(
+                    i,
+                    Src::Inline(&[0x11; 8]),
+                    s.region.remote_addr(1024 + i * 8),
+                )
+                .unsignaled(),
+            ]
+        })
+        .collect();
+    qp.post_send(&batch).unwrap();
+    drop((qp, ccq, client));
+    // The messages that arrived are received; the rest of the queue is untouched.
+    let got = wait(&scq, 8);
+    assert!(got.iter().all(|c| c.status == WcStatus::Success), "{got:?}");
+    assert_eq!(s.region.to_vec(1024, 64).unwrap(), vec![0x11; 64]);
+    assert_intact_outside(&s, 1024, 1088);
+    check_server_alive(&s);
+}
+
+#[test]
+fn a_corrupt_ring_breaks_only_its_own_connection() {
+    let s = server();
+    let cq = s.device.create_cq(16).unwrap();
+    let qp = s.device.create_qp(&QpConfig::rc(&cq)).unwrap();
+    let inbox = s.device.register(64, Access::LOCAL_WRITE).unwrap();
+    qp.post_recv(&[RecvWr {
+        wr_id: 5,
+        buf: inbox.buf(0, 64),
+    }])
+    .unwrap();
+    let mut c = raw_client(&s);
+    let request = Request {
+        op: control::ATTACH,
+        kind: control::KIND_RC,
+        a: qp.endpoint().qpn,
+        b: 1,
+    };
+    let response = control::call(&mut c, request).unwrap();
+    assert_eq!(response.status, control::OK);
+    let ring = response.fds.into_iter().nth(1).unwrap();
+    let ring = MemfdMemory::from_peer(ring, true).unwrap();
+    // A tail far ahead of anything written: the receiver must refuse to follow it.
+    ring.words()[0].store(u64::MAX / 2, crate::Ordering::Release);
+    let got = wait(&cq, 1);
+    assert_eq!((got[0].wr_id, got[0].status), (5, WcStatus::WrFlush));
+    assert_eq!(qp.state(), QpState::Error);
+    assert_intact_outside(&s, 0, 0);
+    // A second sender may not attach to a connected queue pair's ring.
+    let response = control::call(&mut c, Request { b: 2, ..request }).unwrap();
+    assert_eq!(response.status, control::REFUSED);
+    check_server_alive(&s);
+}
+
+#[test]
+fn read_only_regions_are_handed_out_read_only() {
+    let s = server();
+    let ro = s.device.register(4096, Access::REMOTE_READ).unwrap();
+    let mut c = raw_client(&s);
+    let response = control::call(&mut c, Request::new(control::REGION, ro.rkey())).unwrap();
+    assert_eq!(response.status, control::OK);
+    let fd = response.fds.into_iter().next().unwrap();
+    assert!(rustix::fs::ftruncate(&fd, 0).is_err());
+    let err = MemfdMemory::from_peer(fd, true).unwrap_err();
+    assert!(err.to_string().contains("mmap"), "{err}");
+    let local = s.device.register(64, Access::LOCAL).unwrap();
+    let response = control::call(&mut c, Request::new(control::REGION, local.rkey())).unwrap();
+    assert_eq!(
+        (response.status, response.fds.len()),
+        (control::NO_SUCH_REGION, 0),
+        "local memory is not exported"
+    );
+}
+
+#[test]
+fn private_memory_cannot_be_exported() {
+    let s = server();
+    let heap = Arc::new(HeapMemory::new(64));
+    let err = s
+        .device
+        .register_memory(heap.clone(), 64, Access::REMOTE_READ)
+        .unwrap_err();
+    assert!(err.to_string().contains("memfd"), "{err}");
+    let local = s.device.register_memory(heap, 64, Access::LOCAL).unwrap();
+    assert_eq!(local.len(), 64);
+    let shared = Arc::new(MemfdMemory::new("exported", 4096).unwrap());
+    assert!(s.device.register_memory(shared, 4096, Access::ALL).is_ok());
+}
+
+#[test]
+fn a_stale_rkey_is_a_remote_access_error_even_after_its_slot_is_reused() {
+    let s = server();
+    let client = device(s.dir.path(), "client.sock");
+    let (ccq, scq) = (
+        client.create_cq(16).unwrap(),
+        s.device.create_cq(16).unwrap(),
+    );
+    let (_s1, qp) = crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
+    let local = client.register(64, Access::ALL).unwrap();
+    let old = s.device.register(64, Access::ALL).unwrap();
+    let stale = old.remote_addr(0);
+    let wc = exec(&qp, &ccq, SendWr::read(1, local.buf(0, 8), stale));
+    assert_eq!(
+        wc.status,
+        WcStatus::Success,
+        "the region is mapped and cached"
+    );
+    drop(old);
+    let new = s.device.register(64, Access::ALL).unwrap();
+    assert_eq!(new.rkey() >> 8, stale.rkey >> 8, "the slot is reused");
+    assert_ne!(new.rkey(), stale.rkey);
+    let wc = exec(&qp, &ccq, SendWr::write(2, Src::Inline(&[1; 8]), stale));
+    assert_eq!(wc.status, WcStatus::RemoteAccess);
+    assert_eq!(new.to_vec(0, 8).unwrap(), vec![0; 8], "nothing landed");
+    let (_s2, qp) = crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
+    let wc = exec(
+        &qp,
+        &ccq,
+        SendWr::read(3, local.buf(0, 8), new.remote_addr(0)),
+    );
+    assert_eq!(wc.status, WcStatus::Success);
+}
+
+#[test]
+fn clients_see_a_clean_error_when_the_server_dies() {
+    let s = server();
+    let client = device(s.dir.path(), "client.sock");
+    let (ccq, scq) = (
+        client.create_cq(64).unwrap(),
+        s.device.create_cq(64).unwrap(),
+    );
+    let (server_qp, qp) =
+        crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
+    let remote = s.region.remote_addr(0);
+    let local = client.register(64, Access::ALL).unwrap();
+    assert_eq!(
+        exec(&qp, &ccq, SendWr::read(1, local.buf(0, 8), remote)).status,
+        WcStatus::Success
+    );
+    let Server { device, region, .. } = s;
+    drop((server_qp, region, device));
+    let wrs: Vec<SendWr> = (0..4)
+        .map(|i| SendWr::read(i, local.buf(0, 8), remote))
+        .collect();
+    qp.post_send(&wrs).unwrap();
+    let got = wait(&ccq, 4);
+    assert_eq!(got[0].status, WcStatus::RetryExceeded, "{got:?}");
+    assert!(
+        got[1..].iter().all(|c| c.status == WcStatus::WrFlush),
+        "{got:?}"
+    );
+    assert_eq!(qp.state(), QpState::Error);
+    assert!(qp.recover().is_err(), "nobody to reconnect to");
+}
+
+// ------------------------------------------------------------- across processes
+
+const CHILD_ENV: &str = "NAMDB_SHM_TEST_CHILD_DIR";
+const CHILD_NODE: NodeId = NodeId(0x5eed);
+
+fn wait_for_file(path: &Path, child: &mut std::process::Child) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the owner process exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "no {}", path.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Writes `text` so that a reader never sees half of it.
+fn publish(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The memory owner of [`the_owner_process_dying_fails_its_peers_cleanly`], run in a
+/// process of its own (this test binary, re-executed). Does nothing when run directly.
+#[test]
+#[ignore = "run by the cross-process test as its child"]
+fn owner_process() {
+    let Some(dir) = std::env::var_os(CHILD_ENV).map(PathBuf::from) else {
+        return;
+    };
+    let dev = ShmDevice::bind_as(dir.join("owner.sock"), TOKEN, CHILD_NODE).unwrap();
+    let region = dev.register(4096, Access::ALL).unwrap();
+    region.write(0, &[0x5A; 4096]).unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let qp = dev.create_qp(&QpConfig::rc(&cq)).unwrap();
+    publish(
+        &dir.join("owner"),
+        &format!("{} {}\n", region.rkey(), qp.endpoint().qpn),
+    );
+    let peer = wait_for_client(&dir.join("client"));
+    dev.add_peer(peer.0.node, &peer.1).unwrap();
+    qp.connect(peer.0).unwrap();
+    publish(&dir.join("ready"), "ready\n");
+    // Serves until killed.
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn wait_for_client(path: &Path) -> (QpEndpoint, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let [node, qpn, address] = text.split_whitespace().collect::<Vec<_>>()[..]
+        {
+            let ep = QpEndpoint {
+                node: NodeId(node.parse().unwrap()),
+                qpn: qpn.parse().unwrap(),
+            };
+            return (ep, address.to_string());
+        }
+        assert!(Instant::now() < deadline, "no client");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Kills the child on every way out of the test, so a failure leaves no process behind.
+struct Reaper(std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_owner_process_dying_fails_its_peers_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "shm::tests::owner_process",
+            "--ignored",
+            "--quiet",
+        ])
+        .env(CHILD_ENV, dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = Reaper(child);
+    let owner = wait_for_file(&dir.path().join("owner"), &mut child.0);
+    let [rkey, qpn] = owner
+        .split_whitespace()
+        .map(|v| v.parse::<u32>().unwrap())
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("bad owner file {owner:?}")
+    };
+    let client = device(dir.path(), "client.sock");
+    let cq = client.create_cq(64).unwrap();
+    client
+        .add_peer(
+            CHILD_NODE,
+            &format!("shm:{}", dir.path().join("owner.sock").display()),
+        )
+        .unwrap();
+    let qp = client.create_qp(&QpConfig::rc(&cq)).unwrap();
+    qp.connect(QpEndpoint {
+        node: CHILD_NODE,
+        qpn,
+    })
+    .unwrap();
+    publish(
+        &dir.path().join("client"),
+        &format!(
+            "{} {} {}\n",
+            client.node().0,
+            qp.endpoint().qpn,
+            client.address()
+        ),
+    );
+    wait_for_file(&dir.path().join("ready"), &mut child.0);
+    let local = client.register(4096, Access::ALL).unwrap();
+    let remote = crate::RemoteAddr {
+        node: CHILD_NODE,
+        rkey,
+        offset: 0,
+    };
+    let wc = exec(&qp, &cq, SendWr::read(1, local.buf(0, 4096), remote));
+    assert_eq!(wc.status, WcStatus::Success);
+    assert_eq!(local.to_vec(0, 4096).unwrap(), vec![0x5A; 4096]);
+    let wc = exec(&qp, &cq, SendWr::fetch_add(2, local.buf(0, 8), remote, 1));
+    assert_eq!(wc.status, WcStatus::Success, "one-sided, with no owner CPU");
+
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    // The kernel tells the watcher thread; until it has, requests may still succeed
+    // against the dead owner's memory (as a NIC may answer before its host is noticed).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let failed = loop {
+        let wc = exec(&qp, &cq, SendWr::read(3, local.buf(0, 8), remote));
+        if wc.status != WcStatus::Success {
+            break wc;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the owner's death went unnoticed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(failed.status, WcStatus::RetryExceeded);
+    assert_eq!(qp.state(), QpState::Error);
+    let wc = exec(&qp, &cq, SendWr::read(4, local.buf(0, 8), remote));
+    assert_eq!(wc.status, WcStatus::WrFlush);
+    assert!(drain(&cq, Duration::from_millis(10)).is_empty());
+}

@@ -844,6 +844,11 @@ impl<T: Transport> Progress for Qp<T> {
         let receiving = self.transport.progress_recv(self, &mut rq);
         waiting || receiving
     }
+
+    fn poll_arrivals(&self) -> bool {
+        let mut rq = sync::lock(&self.rq);
+        self.transport.progress_recv(self, &mut rq)
+    }
 }
 
 /// The handle `create_qp` returns. Dropping it destroys the queue pair.

@@ -465,7 +465,7 @@ pub(crate) fn attach(
     });
     drop(rq);
     if let Some(progress) = qp.as_progress() {
-        qp.recv_cq.add_waiting(progress);
+        qp.recv_cq.add_poller(progress);
     }
     Ok((block_fd, ring_fd))
 }

@@ -233,6 +233,31 @@ pub(crate) fn local<'c>(
     Ok(region)
 }
 
+/// The word an atomic targets in checked remote memory: 8-byte aligned, or it is a
+/// remote access error.
+pub(crate) fn atomic_word(words: &[AtomicU64], offset: u64) -> Result<&AtomicU64, WcStatus> {
+    if !offset.is_multiple_of(8) {
+        return Err(WcStatus::RemoteAccess);
+    }
+    Ok(&words[(offset / 8) as usize])
+}
+
+/// Executes the CAS or FETCH_ADD `op` on `word` and lands the old value at `offset` of
+/// `result` (a checked local buffer). Returns the completion's byte count.
+pub(crate) fn apply_atomic(op: &WrOp<'_>, word: &AtomicU64, result: &RegEntry, offset: u64) -> u32 {
+    let old = match *op {
+        WrOp::Cas { compare, swap, .. } => {
+            match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(old) | Err(old) => old,
+            }
+        }
+        WrOp::FetchAdd { add, .. } => word.fetch_add(add, Ordering::AcqRel),
+        _ => unreachable!("only atomics reach apply_atomic"),
+    };
+    memory::copy_in(result.mem.words(), offset, &old.to_le_bytes());
+    8
+}
+
 /// A few recently used regions, so the common case resolves a key without touching
 /// the shared region table. A hit is checked against the entry's `live` flag, so a
 /// deregistered region is never used through the cache.

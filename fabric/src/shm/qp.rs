@@ -25,7 +25,7 @@ use crate::error::{FabricError, Result, WcStatus};
 use crate::memfd::MemfdMemory;
 use crate::memory::{self, Memory};
 use crate::registry::Registry;
-use crate::sync::{self, AtomicU64, Ordering};
+use crate::sync::{self, AtomicU64};
 use crate::wr::{SendWr, UD_MTU, WrOp};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -199,10 +199,7 @@ fn atomic_target<'c>(
     addr: RemoteAddr,
 ) -> Result<&'c AtomicU64, WcStatus> {
     let words = remote(cache, link, addr, 8, Access::REMOTE_ATOMIC)?;
-    if !addr.offset.is_multiple_of(8) {
-        return Err(WcStatus::RemoteAccess);
-    }
-    Ok(&words[(addr.offset / 8) as usize])
+    engine::atomic_word(words, addr.offset)
 }
 
 fn pushed(result: Result<(), PushError>) -> Result<(), Fail> {
@@ -294,29 +291,16 @@ impl ShmPort {
             WrOp::Cas {
                 local: buf,
                 remote: addr,
-                compare,
-                swap,
-            } => {
-                let word = atomic_target(regions, &peer.link, addr)?;
-                let result = engine::local(local_keys, node, buf, true)?;
-                let old =
-                    match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire)
-                    {
-                        Ok(old) | Err(old) => old,
-                    };
-                memory::copy_in(result.mem.words(), buf.offset, &old.to_le_bytes());
-                Ok(8)
+                ..
             }
-            WrOp::FetchAdd {
+            | WrOp::FetchAdd {
                 local: buf,
                 remote: addr,
-                add,
+                ..
             } => {
                 let word = atomic_target(regions, &peer.link, addr)?;
                 let result = engine::local(local_keys, node, buf, true)?;
-                let old = word.fetch_add(add, Ordering::AcqRel);
-                memory::copy_in(result.mem.words(), buf.offset, &old.to_le_bytes());
-                Ok(8)
+                Ok(engine::apply_atomic(&wr.op, word, result, buf.offset))
             }
         }
     }

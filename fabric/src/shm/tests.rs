@@ -273,34 +273,10 @@ fn a_stale_rkey_is_a_remote_access_error_even_after_its_slot_is_reused() {
 
 #[test]
 fn clients_see_a_clean_error_when_the_server_dies() {
-    let s = server();
-    let client = device(s.dir.path(), "client.sock");
-    let (ccq, scq) = (
-        client.create_cq(64).unwrap(),
-        s.device.create_cq(64).unwrap(),
-    );
-    let (server_qp, qp) =
-        crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
-    let remote = s.region.remote_addr(0);
-    let local = client.register(64, Access::ALL).unwrap();
-    assert_eq!(
-        exec(&qp, &ccq, SendWr::read(1, local.buf(0, 8), remote)).status,
-        WcStatus::Success
-    );
-    let Server { device, region, .. } = s;
-    drop((server_qp, region, device));
-    let wrs: Vec<SendWr> = (0..4)
-        .map(|i| SendWr::read(i, local.buf(0, 8), remote))
-        .collect();
-    qp.post_send(&wrs).unwrap();
-    let got = wait(&ccq, 4);
-    assert_eq!(got[0].status, WcStatus::RetryExceeded, "{got:?}");
-    assert!(
-        got[1..].iter().all(|c| c.status == WcStatus::WrFlush),
-        "{got:?}"
-    );
-    assert_eq!(qp.state(), QpState::Error);
-    assert!(qp.recover().is_err(), "nobody to reconnect to");
+    let dir = tempfile::tempdir().unwrap();
+    let server = device(dir.path(), "server.sock");
+    let client = device(dir.path(), "client.sock");
+    crate::conformance::owner_death_fails_cleanly(server, client);
 }
 
 // ------------------------------------------------------------- across processes

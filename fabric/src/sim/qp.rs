@@ -13,7 +13,7 @@ use crate::engine::{
 use crate::error::{Result, WcStatus};
 use crate::memory;
 use crate::registry::{RegEntry, Registry};
-use crate::sync::{self, Ordering};
+use crate::sync;
 use crate::wr::{SendWr, Src, UD_MTU, WrOp};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -68,10 +68,7 @@ fn atomic_target<'c>(
     addr: RemoteAddr,
 ) -> Result<&'c crate::sync::AtomicU64, WcStatus> {
     let region = remote(cache, registry, addr, 8, Access::REMOTE_ATOMIC)?;
-    if !addr.offset.is_multiple_of(8) {
-        return Err(WcStatus::RemoteAccess);
-    }
-    Ok(&region.mem.words()[(addr.offset / 8) as usize])
+    engine::atomic_word(region.mem.words(), addr.offset)
 }
 
 /// Resolves a remote address at the responder, as the responder's NIC checks an rkey.
@@ -227,29 +224,16 @@ impl SimPort {
             WrOp::Cas {
                 local: buf,
                 remote: addr,
-                compare,
-                swap,
-            } => {
-                let word = atomic_target(remote_keys, peer_regions, addr)?;
-                let result = engine::local(local_keys, node, buf, true)?;
-                let old =
-                    match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire)
-                    {
-                        Ok(old) | Err(old) => old,
-                    };
-                memory::copy_in(result.mem.words(), buf.offset, &old.to_le_bytes());
-                Ok(8)
+                ..
             }
-            WrOp::FetchAdd {
+            | WrOp::FetchAdd {
                 local: buf,
                 remote: addr,
-                add,
+                ..
             } => {
                 let word = atomic_target(remote_keys, peer_regions, addr)?;
                 let result = engine::local(local_keys, node, buf, true)?;
-                let old = word.fetch_add(add, Ordering::AcqRel);
-                memory::copy_in(result.mem.words(), buf.offset, &old.to_le_bytes());
-                Ok(8)
+                Ok(engine::apply_atomic(&wr.op, word, result, buf.offset))
             }
         }
     }

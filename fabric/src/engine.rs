@@ -13,7 +13,7 @@
 //! once cannot deadlock.
 
 use crate::addr::{Access, LocalBuf, NodeId, QpEndpoint, UdDest};
-use crate::cq::{CqEntry, CqInner, Progress};
+use crate::cq::{CqEntry, CqInner, Progress, SoftCq};
 use crate::device::{QpConfig, QpKind, QueuePair};
 use crate::error::{FabricError, QpState, Result, WcStatus};
 use crate::memory;
@@ -70,6 +70,38 @@ impl Caps {
             rnr_timer: config.rnr_timer,
             qkey: config.qkey,
         })
+    }
+}
+
+/// What every software backend's `create_qp` starts from: the queue pair's completion
+/// queues, its checked limits and a fresh endpoint.
+pub(crate) struct NewQp {
+    pub(crate) endpoint: QpEndpoint,
+    pub(crate) kind: QpKind,
+    pub(crate) caps: Caps,
+    pub(crate) send_cq: Arc<CqInner>,
+    pub(crate) recv_cq: Arc<CqInner>,
+}
+
+impl NewQp {
+    /// Checks `config` and numbers the queue pair from `next_qpn`.
+    pub(crate) fn prepare(config: &QpConfig, node: NodeId, next_qpn: &AtomicU32) -> Result<NewQp> {
+        let send_cq = SoftCq::inner_of(&config.send_cq)?;
+        let recv_cq = SoftCq::inner_of(&config.recv_cq)?;
+        let caps = Caps::of(config)?;
+        let qpn = next_qpn.fetch_add(1, Ordering::Relaxed);
+        Ok(NewQp {
+            endpoint: QpEndpoint { node, qpn },
+            kind: config.kind,
+            caps,
+            send_cq,
+            recv_cq,
+        })
+    }
+
+    /// UD queue pairs are ready at once; RC ones once connected.
+    pub(crate) fn initial_state(&self) -> u8 {
+        if self.kind == QpKind::Ud { READY } else { INIT }
     }
 }
 
@@ -291,6 +323,101 @@ impl KeyCache {
     }
 }
 
+/// A receive-queue completion as a completion queue takes it.
+pub(crate) fn recv_entry(wc: Completion, visible_at: Option<Instant>) -> CqEntry {
+    CqEntry {
+        wc,
+        retires: 0,
+        send_queue: None,
+        visible_at,
+    }
+}
+
+/// The completion of a receive flushed by the error state.
+pub(crate) fn flushed_receive(wr_id: u64, qpn: u32) -> CqEntry {
+    recv_entry(
+        Completion {
+            wr_id,
+            status: WcStatus::WrFlush,
+            opcode: WcOpcode::Recv,
+            qpn,
+            ..Completion::default()
+        },
+        None,
+    )
+}
+
+/// The completion of a receive consumed by a WRITE_WITH_IMM of `len` bytes.
+pub(crate) fn write_imm_completion(
+    recv: &PostedRecv,
+    len: u32,
+    imm: Option<u32>,
+    qpn: u32,
+    src: QpEndpoint,
+) -> Completion {
+    Completion {
+        wr_id: recv.wr_id,
+        status: WcStatus::Success,
+        opcode: WcOpcode::RecvWriteImm,
+        byte_len: len,
+        imm,
+        qpn,
+        src: Some(src),
+    }
+}
+
+/// Lands a message in `recv` (behind a zeroed GRH on UD) and returns the receive's
+/// completion: `LocalLength`, with nothing written, if the buffer is too small.
+pub(crate) fn land(
+    recv: &PostedRecv,
+    payload: &Payload<'_>,
+    imm: Option<u32>,
+    qpn: u32,
+    src: QpEndpoint,
+    ud: bool,
+) -> Completion {
+    let grh = if ud { GRH_BYTES } else { 0 };
+    let needed = payload.len() as u64 + grh as u64;
+    let mut wc = Completion {
+        wr_id: recv.wr_id,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Recv,
+        byte_len: needed as u32,
+        imm,
+        qpn,
+        src: Some(src),
+    };
+    if needed > recv.len as u64 || matches!(payload, Payload::Absent(_)) {
+        wc.status = WcStatus::LocalLength;
+        wc.byte_len = 0;
+        return wc;
+    }
+    if ud {
+        memory::copy_in(
+            recv.region.mem.words(),
+            recv.offset,
+            &[0; GRH_BYTES as usize],
+        );
+    }
+    payload.copy_to(recv.region.mem.words(), recv.offset + grh as u64);
+    wc
+}
+
+/// A send-queue completion; it retires `retires` work requests of `send_queue`.
+pub(crate) fn send_entry(
+    wc: Completion,
+    retires: u32,
+    send_queue: &Arc<AtomicU32>,
+    visible_at: Option<Instant>,
+) -> CqEntry {
+    CqEntry {
+        wc,
+        retires,
+        send_queue: Some(send_queue.clone()),
+        visible_at,
+    }
+}
+
 pub(crate) struct PostedRecv {
     pub(crate) wr_id: u64,
     pub(crate) region: Arc<RegEntry>,
@@ -421,27 +548,21 @@ enum Outcome {
 }
 
 impl<T: Transport> Qp<T> {
-    /// A new queue pair. `caps` comes from [`Caps::of`].
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         transport: T,
-        endpoint: QpEndpoint,
-        kind: QpKind,
-        caps: Caps,
-        send_cq: Arc<CqInner>,
-        recv_cq: Arc<CqInner>,
+        new: NewQp,
         send_state: T::SendState,
         recv_state: T::RecvState,
     ) -> Arc<Qp<T>> {
         let qp = Arc::new_cyclic(|me| Qp {
             me: me.clone(),
             transport,
-            endpoint,
-            kind,
-            caps,
-            state: AtomicU8::new(if kind == QpKind::Ud { READY } else { INIT }),
-            send_cq,
-            recv_cq,
+            state: AtomicU8::new(new.initial_state()),
+            endpoint: new.endpoint,
+            kind: new.kind,
+            caps: new.caps,
+            send_cq: new.send_cq,
+            recv_cq: new.recv_cq,
             sq_outstanding: Arc::new(AtomicU32::new(0)),
             sq: Mutex::new(SendSide {
                 peer: None,
@@ -583,18 +704,8 @@ impl<T: Transport> Qp<T> {
     pub(crate) fn flush_receives(&self, rq: &mut RecvSide<T>) {
         self.transport.receives_flushed(rq);
         for recv in rq.queue.drain(..) {
-            self.recv_cq.push(CqEntry {
-                wc: Completion {
-                    wr_id: recv.wr_id,
-                    status: WcStatus::WrFlush,
-                    opcode: WcOpcode::Recv,
-                    qpn: self.endpoint.qpn,
-                    ..Completion::default()
-                },
-                retires: 0,
-                send_queue: None,
-                visible_at: None,
-            });
+            self.recv_cq
+                .push(flushed_receive(recv.wr_id, self.endpoint.qpn));
         }
     }
 
@@ -607,20 +718,16 @@ impl<T: Transport> Qp<T> {
         byte_len: u32,
         visible_at: Option<Instant>,
     ) {
-        side.completions.push(CqEntry {
-            wc: Completion {
-                wr_id: wr.wr_id,
-                status,
-                opcode: wr.op.opcode(),
-                byte_len,
-                imm: None,
-                qpn: self.endpoint.qpn,
-                src: None,
-            },
-            retires: side.unretired,
-            send_queue: Some(self.sq_outstanding.clone()),
-            visible_at,
-        });
+        let wc = Completion {
+            wr_id: wr.wr_id,
+            status,
+            opcode: wr.op.opcode(),
+            byte_len,
+            qpn: self.endpoint.qpn,
+            ..Completion::default()
+        };
+        let entry = send_entry(wc, side.unretired, &self.sq_outstanding, visible_at);
+        side.completions.push(entry);
         side.unretired = 0;
     }
 
@@ -641,44 +748,14 @@ impl<T: Transport> Qp<T> {
         let Some(recv) = rq.queue.pop_front() else {
             return Delivery::NoReceive;
         };
-        let grh = if ud { GRH_BYTES } else { 0 };
-        let needed = payload.len() as u64 + grh as u64;
-        let mut wc = Completion {
-            wr_id: recv.wr_id,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Recv,
-            byte_len: needed as u32,
-            imm,
-            qpn: self.endpoint.qpn,
-            src: Some(src),
-        };
-        if needed > recv.len as u64 || matches!(payload, Payload::Absent(_)) {
-            wc.status = WcStatus::LocalLength;
-            wc.byte_len = 0;
-            self.recv_cq.push(CqEntry {
-                wc,
-                retires: 0,
-                send_queue: None,
-                visible_at: visible,
-            });
+        let wc = land(&recv, payload, imm, self.endpoint.qpn, src, ud);
+        let landed = wc.status.is_ok();
+        self.recv_cq.push(recv_entry(wc, visible));
+        if !landed {
             self.set_state(ERROR);
             self.flush_receives(rq);
             return Delivery::TooSmall;
         }
-        if ud {
-            memory::copy_in(
-                recv.region.mem.words(),
-                recv.offset,
-                &[0; GRH_BYTES as usize],
-            );
-        }
-        payload.copy_to(recv.region.mem.words(), recv.offset + grh as u64);
-        self.recv_cq.push(CqEntry {
-            wc,
-            retires: 0,
-            send_queue: None,
-            visible_at: visible,
-        });
         Delivery::Delivered
     }
 
@@ -691,20 +768,8 @@ impl<T: Transport> Qp<T> {
         src: QpEndpoint,
         visible: Option<Instant>,
     ) {
-        self.recv_cq.push(CqEntry {
-            wc: Completion {
-                wr_id: recv.wr_id,
-                status: WcStatus::Success,
-                opcode: WcOpcode::RecvWriteImm,
-                byte_len: len,
-                imm,
-                qpn: self.endpoint.qpn,
-                src: Some(src),
-            },
-            retires: 0,
-            send_queue: None,
-            visible_at: visible,
-        });
+        let wc = write_imm_completion(&recv, len, imm, self.endpoint.qpn, src);
+        self.recv_cq.push(recv_entry(wc, visible));
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {

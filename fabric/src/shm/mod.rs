@@ -25,10 +25,10 @@ mod qp;
 mod ring;
 mod server;
 
-use crate::addr::{Access, NodeId, QpEndpoint};
+use crate::addr::{Access, NodeId};
 use crate::cq::SoftCq;
 use crate::device::{CompletionQueue, Device, QpConfig, QueuePair};
-use crate::engine::{Caps, QpHandle};
+use crate::engine::{NewQp, QpHandle};
 use crate::error::{FabricError, Result};
 use crate::memfd::{HUGE_PAGE_SIZE, HugePages, MemfdMemory};
 use crate::memory::Memory;
@@ -311,16 +311,10 @@ impl Device for ShmDevice {
     }
 
     fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>> {
-        let send_cq = SoftCq::inner_of(&config.send_cq)?;
-        let recv_cq = SoftCq::inner_of(&config.recv_cq)?;
-        let caps = Caps::of(config)?;
-        let qpn = self.node.next_qpn.fetch_add(1, Ordering::Relaxed);
-        let endpoint = QpEndpoint {
-            node: self.node.id,
-            qpn,
-        };
-        let port = ShmPort::new(self.node.clone(), &caps).map_err(FabricError::Backend)?;
-        let qp = qp::create(port, endpoint, config.kind, caps, send_cq, recv_cq);
+        let new = NewQp::prepare(config, self.node.id, &self.node.next_qpn)?;
+        let qpn = new.endpoint.qpn;
+        let port = ShmPort::new(self.node.clone(), &new.caps).map_err(FabricError::Backend)?;
+        let qp = qp::create(port, new);
         sync::write(&self.node.qps).insert(qpn, Arc::downgrade(&qp));
         Ok(Arc::new(QpHandle(qp)))
     }

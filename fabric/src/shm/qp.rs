@@ -15,11 +15,10 @@ use super::ring::{
     QpBlock,
 };
 use crate::addr::{Access, NodeId, QpEndpoint, RemoteAddr};
-use crate::cq::CqInner;
 use crate::device::QpKind;
 use crate::engine::{
-    self, Caps, Delivery, Fail, Payload, Qp, READY, RecvSide, SendSide, Transport, in_bounds,
-    payload_of,
+    self, Caps, Delivery, Fail, NewQp, Payload, Qp, READY, RecvSide, SendSide, Transport,
+    in_bounds, payload_of,
 };
 use crate::error::{FabricError, Result, WcStatus};
 use crate::memfd::MemfdMemory;
@@ -52,24 +51,8 @@ impl ShmPort {
 
 pub(crate) type ShmQp = Qp<ShmPort>;
 
-pub(crate) fn create(
-    port: ShmPort,
-    endpoint: QpEndpoint,
-    kind: QpKind,
-    caps: Caps,
-    send_cq: Arc<CqInner>,
-    recv_cq: Arc<CqInner>,
-) -> Arc<ShmQp> {
-    Qp::new(
-        port,
-        endpoint,
-        kind,
-        caps,
-        send_cq,
-        recv_cq,
-        ShmSend::default(),
-        ShmRecv::default(),
-    )
+pub(crate) fn create(port: ShmPort, new: NewQp) -> Arc<ShmQp> {
+    Qp::new(port, new, ShmSend::default(), ShmRecv::default())
 }
 
 /// The connected peer of an RC queue pair.

@@ -13,12 +13,12 @@ pub use cost::CostModel;
 use crate::addr::{Access, NodeId, QpEndpoint};
 use crate::cq::SoftCq;
 use crate::device::{CompletionQueue, Device, QpConfig, QueuePair};
-use crate::engine::{Caps, QpHandle};
+use crate::engine::{NewQp, QpHandle};
 use crate::error::{FabricError, Result};
 use crate::memory::{HeapMemory, Memory};
 use crate::region::Region;
 use crate::registry::{self, Registration, Registry};
-use crate::sync::{self, AtomicU32, Mutex, Ordering, RwLock};
+use crate::sync::{self, AtomicU32, Mutex, RwLock};
 use qp::{SimPort, SimQpInner, SimRecv, SimSend};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -225,30 +225,15 @@ impl Device for SimDevice {
     }
 
     fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>> {
-        let send_cq = SoftCq::inner_of(&config.send_cq)?;
-        let recv_cq = SoftCq::inner_of(&config.recv_cq)?;
-        let caps = Caps::of(config)?;
-        let qpn = self.node.next_qpn.fetch_add(1, Ordering::Relaxed);
-        let endpoint = QpEndpoint {
-            node: self.node.id,
-            qpn,
-        };
+        let new = NewQp::prepare(config, self.node.id, &self.node.next_qpn)?;
+        let endpoint = new.endpoint;
         let seed = self.net.config.seed ^ ((endpoint.node.0 as u64) << 32 | endpoint.qpn as u64);
         let port = SimPort {
             net: self.net.clone(),
             node: self.node.clone(),
         };
-        let inner = crate::engine::Qp::new(
-            port,
-            endpoint,
-            config.kind,
-            caps,
-            send_cq,
-            recv_cq,
-            SimSend::new(seed),
-            SimRecv::default(),
-        );
-        sync::write(&self.node.qps).insert(qpn, Arc::downgrade(&inner));
+        let inner = crate::engine::Qp::new(port, new, SimSend::new(seed), SimRecv::default());
+        sync::write(&self.node.qps).insert(endpoint.qpn, Arc::downgrade(&inner));
         Ok(Arc::new(QpHandle(inner)))
     }
 }

@@ -17,9 +17,10 @@ mod qp;
 mod responder;
 mod wire;
 
-use crate::addr::{Access, NodeId, QpEndpoint};
+use crate::addr::{Access, NodeId};
 use crate::cq::SoftCq;
 use crate::device::{CompletionQueue, Device, QpConfig, QueuePair};
+use crate::engine::NewQp;
 use crate::error::{FabricError, Result};
 use crate::memory::{HeapMemory, Memory};
 use crate::region::Region;
@@ -226,19 +227,9 @@ impl Device for TcpDevice {
     }
 
     fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>> {
-        let send_cq = SoftCq::inner_of(&config.send_cq)?;
-        let recv_cq = SoftCq::inner_of(&config.recv_cq)?;
-        if config.rnr_retry > 7 || config.max_send_wr == 0 || config.max_recv_wr == 0 {
-            return Err(FabricError::InvalidWorkRequest(
-                "rnr_retry is 0..=7 and queue depths at least 1".into(),
-            ));
-        }
-        let qpn = self.node.next_qpn.fetch_add(1, Ordering::Relaxed);
-        let endpoint = QpEndpoint {
-            node: self.node.id,
-            qpn,
-        };
-        let shared = QpShared::new(self.node.clone(), endpoint, config, send_cq, recv_cq);
+        let new = NewQp::prepare(config, self.node.id, &self.node.next_qpn)?;
+        let qpn = new.endpoint.qpn;
+        let shared = QpShared::new(self.node.clone(), new);
         self.node
             .qps
             .write()

@@ -34,6 +34,8 @@ pub mod memfd;
 mod memory;
 mod region;
 mod registry;
+#[cfg(not(fabric_loom))]
+mod serve;
 #[cfg(all(target_os = "linux", not(fabric_loom)))]
 pub mod shm;
 pub mod sim;

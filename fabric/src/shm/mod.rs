@@ -34,6 +34,7 @@ use crate::memfd::{HUGE_PAGE_SIZE, HugePages, MemfdMemory};
 use crate::memory::Memory;
 use crate::region::Region;
 use crate::registry::{self, Registration, Registry};
+use crate::serve::{Connections, Server};
 use crate::sync;
 use keytable::KeyTable;
 use link::PeerLink;
@@ -41,7 +42,7 @@ use qp::{ShmPort, ShmQp};
 use std::collections::HashMap;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 const REMOTE: Access = Access::REMOTE_READ
@@ -60,13 +61,22 @@ pub(crate) struct ShmNode {
     links: Mutex<HashMap<NodeId, Arc<PeerLink>>>,
     shutdown: AtomicBool,
     /// Connections the control server is serving, so that shutting down closes them.
-    connections: Mutex<HashMap<u64, UnixStream>>,
-    next_connection: AtomicU64,
+    connections: Connections<UnixStream>,
 }
 
 impl AsRef<Registry> for ShmNode {
     fn as_ref(&self) -> &Registry {
         &self.regions
+    }
+}
+
+impl Server<UnixStream> for ShmNode {
+    fn connections(&self) -> &Connections<UnixStream> {
+        &self.connections
+    }
+
+    fn is_shut_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
     }
 }
 
@@ -77,10 +87,6 @@ impl ShmNode {
 
     fn forget_qp(&self, qpn: u32) {
         sync::write(&self.qps).remove(&qpn);
-    }
-
-    fn is_shut_down(&self) -> bool {
-        self.shutdown.load(Ordering::Acquire)
     }
 
     fn knows(&self, node: NodeId) -> bool {
@@ -143,8 +149,7 @@ impl ShmDevice {
             peers: RwLock::new(HashMap::new()),
             links: Mutex::new(HashMap::new()),
             shutdown: AtomicBool::new(false),
-            connections: Mutex::new(HashMap::new()),
-            next_connection: AtomicU64::new(0),
+            connections: Connections::new(),
         });
         let server = node.clone();
         std::thread::Builder::new()
@@ -190,9 +195,7 @@ impl Drop for ShmDevice {
         node.keys.close();
         // Wakes the accept loop, which sees the flag and exits.
         let _ = UnixStream::connect(&node.path);
-        for (_, c) in sync::lock(&node.connections).drain() {
-            let _ = c.shutdown(std::net::Shutdown::Both);
-        }
+        node.connections.close_all();
         sync::lock(&node.links).clear();
         let _ = std::fs::remove_file(&node.path);
     }
@@ -259,14 +262,6 @@ impl Device for ShmDevice {
     /// Memory registered with a remote access flag is exported: it must be shareable
     /// with other processes (`Memory::fd`, e.g. [`MemfdMemory`]).
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
-        let available = mem.words().len() as u64 * 8;
-        if len > available {
-            return Err(FabricError::OutOfBounds {
-                offset: 0,
-                len,
-                region_len: available,
-            });
-        }
         let exported = access.intersects(REMOTE);
         if exported && mem.fd().is_none() {
             return Err(FabricError::Backend(
@@ -275,14 +270,10 @@ impl Device for ShmDevice {
                     .into(),
             ));
         }
-        let entry = registry::register(&self.node.regions, mem.clone(), len, access);
-        let key = entry.key;
-        let registration = Registration {
-            owner: Arc::downgrade(&self.node),
-            entry,
-        };
-        let handle: Box<dyn Send + Sync> = if exported {
-            if !self.node.keys.publish(key, access, len) {
+        let registration = registry::register_with(&self.node, mem, len, access)?;
+        let entry = registration.entry.clone();
+        let guard: Box<dyn Send + Sync> = if exported {
+            if !self.node.keys.publish(entry.key, access, len) {
                 return Err(FabricError::Backend(format!(
                     "the key table is full ({} exported regions)",
                     keytable::SLOTS
@@ -290,20 +281,13 @@ impl Device for ShmDevice {
             }
             Box::new(Export {
                 node: Arc::downgrade(&self.node),
-                key,
+                key: entry.key,
                 _registration: registration,
             })
         } else {
             Box::new(registration)
         };
-        Ok(Region::from_parts(
-            mem,
-            len,
-            (key, key),
-            access,
-            self.node.id,
-            handle,
-        ))
+        Ok(registry::region(&entry, self.node.id, guard))
     }
 
     fn create_cq(&self, capacity: u32) -> Result<Arc<dyn CompletionQueue>> {

@@ -8,36 +8,14 @@ use super::qp;
 use crate::addr::{NodeId, QpEndpoint};
 use crate::device::QpKind;
 use crate::memfd::reopen_read_only;
-use crate::sync;
+use crate::serve::{self, Server};
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 pub(super) fn accept_loop(node: Arc<ShmNode>, listener: UnixListener) {
-    for stream in listener.incoming() {
-        if node.is_shut_down() {
-            return;
-        }
-        let Ok(stream) = stream else { continue };
-        let id = node.next_connection.fetch_add(1, Ordering::Relaxed);
-        if let Ok(clone) = stream.try_clone() {
-            sync::lock(&node.connections).insert(id, clone);
-        }
-        let conn_node = node.clone();
-        let spawned = std::thread::Builder::new()
-            .name("shm-control".into())
-            .spawn(move || {
-                serve(&conn_node, stream);
-                if let Some(s) = sync::lock(&conn_node.connections).remove(&id) {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
-                }
-            });
-        if spawned.is_err() {
-            // Out of threads: the peer sees its connection closed.
-            continue;
-        }
-    }
+    serve::accept_loop(node, listener.incoming(), "shm-control", serve);
 }
 
 fn serve(node: &Arc<ShmNode>, mut stream: UnixStream) {

@@ -17,7 +17,7 @@ use crate::engine::{NewQp, QpHandle};
 use crate::error::{FabricError, Result};
 use crate::memory::{HeapMemory, Memory};
 use crate::region::Region;
-use crate::registry::{self, Registration, Registry};
+use crate::registry::{self, Registry};
 use crate::sync::{self, AtomicU32, Mutex, RwLock};
 use qp::{SimPort, SimQpInner, SimRecv, SimSend};
 use std::collections::HashMap;
@@ -197,26 +197,12 @@ impl Device for SimDevice {
     }
 
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
-        let available = mem.words().len() as u64 * 8;
-        if len > available {
-            return Err(FabricError::OutOfBounds {
-                offset: 0,
-                len,
-                region_len: available,
-            });
-        }
-        let entry = registry::register(&self.node.regions, mem.clone(), len, access);
-        let key = entry.key;
-        Ok(Region::from_parts(
-            mem,
-            len,
-            (key, key),
-            access,
+        let registration = registry::register_with(&self.node, mem, len, access)?;
+        let entry = registration.entry.clone();
+        Ok(registry::region(
+            &entry,
             self.node.id,
-            Box::new(Registration {
-                owner: Arc::downgrade(&self.node),
-                entry,
-            }),
+            Box::new(registration),
         ))
     }
 

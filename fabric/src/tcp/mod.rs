@@ -24,12 +24,13 @@ use crate::engine::NewQp;
 use crate::error::{FabricError, Result};
 use crate::memory::{HeapMemory, Memory};
 use crate::region::Region;
-use crate::registry::{self, Registration, Registry};
+use crate::registry::{self, Registry};
+use crate::serve::{Connections, Server};
 use qp::{QpShared, TcpQp};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 pub(crate) struct TcpNode {
@@ -43,8 +44,7 @@ pub(crate) struct TcpNode {
     udp: UdpSocket,
     shutdown: AtomicBool,
     /// Live responder connections, so that shutting the device down closes them.
-    connections: Mutex<HashMap<u64, TcpStream>>,
-    next_connection: std::sync::atomic::AtomicU64,
+    connections: Connections<TcpStream>,
 }
 
 impl AsRef<Registry> for TcpNode {
@@ -75,6 +75,12 @@ impl TcpNode {
             .unwrap_or_else(|e| e.into_inner())
             .get(&node)
             .copied()
+    }
+}
+
+impl Server<TcpStream> for TcpNode {
+    fn connections(&self) -> &Connections<TcpStream> {
+        &self.connections
     }
 
     fn is_shut_down(&self) -> bool {
@@ -118,8 +124,7 @@ impl TcpDevice {
             peers: RwLock::new(HashMap::new()),
             udp,
             shutdown: AtomicBool::new(false),
-            connections: Mutex::new(HashMap::new()),
-            next_connection: std::sync::atomic::AtomicU64::new(0),
+            connections: Connections::new(),
         });
         let accept_node = node.clone();
         std::thread::Builder::new()
@@ -145,16 +150,7 @@ impl Drop for TcpDevice {
         self.node.shutdown.store(true, Ordering::Release);
         // Wakes the accept loop, which sees the flag and exits.
         let _ = TcpStream::connect_timeout(&self.node.addr, Duration::from_millis(100));
-        for c in self
-            .node
-            .connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .map(|(_, c)| c)
-        {
-            let _ = c.shutdown(std::net::Shutdown::Both);
-        }
+        self.node.connections.close_all();
     }
 }
 
@@ -199,26 +195,12 @@ impl Device for TcpDevice {
     }
 
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
-        let available = mem.words().len() as u64 * 8;
-        if len > available {
-            return Err(FabricError::OutOfBounds {
-                offset: 0,
-                len,
-                region_len: available,
-            });
-        }
-        let entry = registry::register(&self.node.regions, mem.clone(), len, access);
-        let key = entry.key;
-        Ok(Region::from_parts(
-            mem,
-            len,
-            (key, key),
-            access,
+        let registration = registry::register_with(&self.node, mem, len, access)?;
+        let entry = registration.entry.clone();
+        Ok(registry::region(
+            &entry,
             self.node.id,
-            Box::new(Registration {
-                owner: Arc::downgrade(&self.node),
-                entry,
-            }),
+            Box::new(registration),
         ))
     }
 

@@ -135,8 +135,8 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     fn visible_at(&self, _state: &mut Self::SendState, _wr: &SendWr<'_>) -> Option<Instant> {
         None
     }
-    /// Delivers whatever has arrived for the queue pair; returns whether it must be
-    /// polled again.
+    /// Delivers whatever has arrived for the queue pair; returns whether a poller (see
+    /// `CqInner::add_poller`) must keep polling it.
     fn progress_recv(&self, qp: &Qp<Self>, rq: &mut RecvSide<Self>) -> bool;
     /// Called before the queue pair enters the error state and flushes its receives:
     /// messages already accepted for it are delivered first.
@@ -923,7 +923,9 @@ impl<T: Transport> Qp<T> {
 
 impl<T: Transport> Progress for Qp<T> {
     /// Gives waiting work a chance to run: deferred sends retry, and whatever arrived
-    /// for the receive side is delivered. Returns whether work is still waiting.
+    /// for the receive side is delivered. Returns whether deferred sends still wait;
+    /// arrivals that need polling for good are a poller's business (`poll_arrivals`),
+    /// so a queue pair leaves the waiting list once its backlog is gone.
     fn progress(&self) -> bool {
         let mut guard = sync::lock(&self.sq);
         let side = &mut *guard;
@@ -934,8 +936,8 @@ impl<T: Transport> Progress for Qp<T> {
         let waiting = !side.backlog.is_empty();
         drop(guard);
         let mut rq = sync::lock(&self.rq);
-        let receiving = self.transport.progress_recv(self, &mut rq);
-        waiting || receiving
+        self.transport.progress_recv(self, &mut rq);
+        waiting
     }
 
     fn poll_arrivals(&self) -> bool {

@@ -141,8 +141,8 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     /// Called before the queue pair enters the error state and flushes its receives:
     /// messages already accepted for it are delivered first.
     fn settle(&self, _qp: &Qp<Self>, _rq: &mut RecvSide<Self>) {}
-    /// A receive was appended to the receive queue.
-    fn receive_posted(&self, _rq: &mut RecvSide<Self>, _len: u32) {}
+    /// A receive was appended to the receive queue (its last entry).
+    fn receive_posted(&self, _rq: &mut RecvSide<Self>) {}
     /// Every posted receive was flushed.
     fn receives_flushed(&self, _rq: &mut RecvSide<Self>) {}
     /// The queue pair's state changed.
@@ -193,12 +193,15 @@ pub(crate) enum Payload<'a> {
     /// the receive buffer was too small for it.
     #[cfg_attr(fabric_loom, allow(dead_code))] // only shm's rings carry such notices
     Absent(u32),
+    /// A message of this length that the sender already placed in the receive buffer.
+    #[cfg_attr(fabric_loom, allow(dead_code))] // only shm places messages directly
+    Placed(u32),
 }
 
 impl Payload<'_> {
     pub(crate) fn len(&self) -> u32 {
         match self {
-            Payload::Words { len, .. } | Payload::Absent(len) => *len,
+            Payload::Words { len, .. } | Payload::Absent(len) | Payload::Placed(len) => *len,
             Payload::Bytes(b) => b.len() as u32,
         }
     }
@@ -212,7 +215,7 @@ impl Payload<'_> {
                 len,
             } => memory::copy_between(words, *from, dst, offset, *len as u64),
             Payload::Bytes(b) => memory::copy_in(dst, offset, b),
-            Payload::Absent(_) => {}
+            Payload::Absent(_) | Payload::Placed(_) => {}
         }
     }
 
@@ -224,7 +227,7 @@ impl Payload<'_> {
                 v
             }
             Payload::Bytes(b) => b.to_vec(),
-            Payload::Absent(_) => Vec::new(),
+            Payload::Absent(_) | Payload::Placed(_) => Vec::new(),
         }
     }
 }
@@ -866,7 +869,7 @@ impl<T: Transport> Qp<T> {
                 offset: wr.buf.offset,
                 len: wr.buf.len,
             });
-            self.transport.receive_posted(&mut rq, wr.buf.len);
+            self.transport.receive_posted(&mut rq);
             if self.raw_state() == ERROR {
                 self.flush_receives(&mut rq);
             }

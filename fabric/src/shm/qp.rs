@@ -11,8 +11,8 @@ use super::ShmNode;
 use super::control;
 use super::link::{AttachError, PeerLink};
 use super::ring::{
-    self, Consumer, KIND_SEND, KIND_TOO_SMALL, KIND_WRITE_IMM, PeerBlock, Producer, PushError,
-    QpBlock,
+    self, Consumer, KIND_PLACED, KIND_SEND, KIND_TOO_SMALL, KIND_WRITE_IMM, PeerBlock, Producer,
+    PushError, QpBlock,
 };
 use crate::addr::{Access, NodeId, QpEndpoint, RemoteAddr};
 use crate::device::QpKind;
@@ -261,13 +261,36 @@ impl ShmPort {
             WrOp::Send { local: src, imm } => {
                 let payload = payload_of(local_keys, node, src)?;
                 let seq = peer.next_receive().ok_or(Fail::NotReady)?;
-                if payload.len() > peer.block.receive_len(seq) {
-                    let notice = Payload::Absent(payload.len());
-                    pushed(peer.ring.push(KIND_TOO_SMALL, imm, 0, &notice))?;
+                let (room, place) = peer.block.receive(seq);
+                let len = payload.len();
+                if len > room {
+                    pushed(
+                        peer.ring
+                            .push(KIND_TOO_SMALL, imm, 0, &Payload::Absent(len)),
+                    )?;
                     peer.consumed = seq + 1;
                     return Err(WcStatus::RemoteInvalidRequest.into());
                 }
-                pushed(peer.ring.push(KIND_SEND, imm, 0, &payload))?;
+                // Placed directly when the receiver offers it and the key still checks
+                // out; through the ring otherwise.
+                let target = place.and_then(|(rkey, offset)| {
+                    let at = RemoteAddr {
+                        node: peer.link.node,
+                        rkey,
+                        offset,
+                    };
+                    remote(regions, &peer.link, at, len as u64, Access::REMOTE_WRITE)
+                        .ok()
+                        .map(|words| (words, offset))
+                });
+                match target {
+                    Some((words, offset)) => {
+                        pushed(peer.ring.check(KIND_PLACED, len))?;
+                        payload.copy_to(words, offset);
+                        pushed(peer.ring.push(KIND_PLACED, imm, 0, &Payload::Placed(len)))?;
+                    }
+                    None => pushed(peer.ring.push(KIND_SEND, imm, 0, &payload))?,
+                }
                 peer.consumed = seq + 1;
                 Ok(0)
             }
@@ -360,32 +383,40 @@ impl ShmPort {
                 Ok(None) => return true,
                 Err(_) => return false,
             };
+            // What the protocol does not allow breaks the ring, whatever the state.
+            let allowed = match record.kind {
+                KIND_SEND | KIND_TOO_SMALL => true,
+                // Only into a receive offered for placement.
+                KIND_PLACED => {
+                    !ud && rq
+                        .queue
+                        .front()
+                        .is_none_or(|r| r.region.access.contains(Access::REMOTE_WRITE))
+                }
+                KIND_WRITE_IMM => !ud,
+                _ => false,
+            };
+            if !allowed {
+                return false;
+            }
             if !qp.is_up() {
                 // Nothing can take it: the queue pair failed or was never connected.
                 sender.ring.discard();
                 return true;
             }
-            match record.kind {
-                KIND_SEND | KIND_TOO_SMALL => {
-                    let datagram_ok = record.qkey == qp.caps.qkey && record.len <= UD_MTU;
-                    if !ud || datagram_ok {
-                        let payload = sender.ring.payload(&record);
-                        // No receive for it: a UD datagram is dropped; on RC it lost a
-                        // race with a flush, and the flush took its receive.
-                        let delivered =
-                            qp.deliver_locked(rq, &payload, record.imm, sender.from, ud, None);
-                        if matches!(delivered, Delivery::TooSmall) {
-                            sender.ring.discard();
-                            return true;
-                        }
-                    }
+            if record.kind == KIND_WRITE_IMM {
+                if let Some(recv) = rq.queue.pop_front() {
+                    qp.complete_write_imm(recv, record.len, record.imm, sender.from, None);
                 }
-                KIND_WRITE_IMM if !ud => {
-                    if let Some(recv) = rq.queue.pop_front() {
-                        qp.complete_write_imm(recv, record.len, record.imm, sender.from, None);
-                    }
+            } else if !ud || (record.qkey == qp.caps.qkey && record.len <= UD_MTU) {
+                let payload = sender.ring.payload(&record);
+                // No receive for it: a UD datagram is dropped; on RC it lost a race with
+                // a flush, and the flush took its receive.
+                let delivered = qp.deliver_locked(rq, &payload, record.imm, sender.from, ud, None);
+                if matches!(delivered, Delivery::TooSmall) {
+                    sender.ring.discard();
+                    return true;
                 }
-                _ => return false,
             }
             sender.ring.consume(&record);
         }
@@ -499,8 +530,16 @@ impl Transport for ShmPort {
         self.drain(qp, rq);
     }
 
-    fn receive_posted(&self, rq: &mut RecvSide<ShmPort>, len: u32) {
-        self.block.post(rq.state.posted, len);
+    /// Publishes the receive; one in a region peers may write anyway is offered for
+    /// direct placement, which spares the message its copy through the ring.
+    fn receive_posted(&self, rq: &mut RecvSide<ShmPort>) {
+        let Some(recv) = rq.queue.back() else { return };
+        let place = recv
+            .region
+            .access
+            .contains(Access::REMOTE_WRITE)
+            .then_some((recv.region.key, recv.offset));
+        self.block.post(rq.state.posted, recv.len, place);
         rq.state.posted += 1;
     }
 

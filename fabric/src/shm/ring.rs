@@ -4,10 +4,12 @@
 //! **Queue-pair block** (created by the queue pair's owner, mapped read-only by peers),
 //! 64-bit words: `state`, `qkey`, `posted` (receives posted so far), `flushed` (the
 //! value of `posted` at the last flush: receives below it will never take a message),
-//! `depth` (a power of two), padding to word 8, then `depth` words holding the length of
-//! receive `n` at `8 + n % depth`. A receive queue never holds more than `max_recv_wr
-//! <= depth` receives, so a sender reading the length of receive `n < posted` never
-//! sees it overwritten.
+//! `depth` (a power of two), padding to word 8, then two words per receive `n` at
+//! `8 + 2 * (n % depth)`: `len | key << 32` and `offset`, where a nonzero `key` says the
+//! receive buffer is at `offset` of region `key`, which peers may already write
+//! (exported with `REMOTE_WRITE`), so a sender may place the message there itself. A
+//! receive queue never holds more than `max_recv_wr <= depth` receives, so a sender
+//! reading receive `n < posted` never sees it overwritten.
 //!
 //! **Ring** (created by the receiver for one sender, mapped read-write by that sender):
 //! `tail` (bytes produced, word 0) and `head` (bytes consumed, word 8, its own cache
@@ -39,6 +41,8 @@ pub(crate) const KIND_SEND: u8 = 2;
 pub(crate) const KIND_WRITE_IMM: u8 = 3;
 /// A SEND the sender knew to be too large for the receive: its payload did not travel.
 pub(crate) const KIND_TOO_SMALL: u8 = 4;
+/// A SEND whose payload the sender wrote into the receive buffer itself.
+pub(crate) const KIND_PLACED: u8 = 5;
 
 const B_STATE: usize = 0;
 const B_QKEY: usize = 1;
@@ -61,7 +65,7 @@ pub(crate) struct QpBlock {
 impl QpBlock {
     pub(crate) fn create(max_recv_wr: u32, qkey: u32) -> Result<QpBlock, String> {
         let depth = (max_recv_wr as u64).next_power_of_two();
-        let mem = memfd("namdb-shm-qp", (B_LENS as u64 + depth) * 8)?;
+        let mem = memfd("namdb-shm-qp", (B_LENS as u64 + 2 * depth) * 8)?;
         let w = mem.words();
         w[B_QKEY].store(qkey as u64, Ordering::Relaxed);
         w[B_DEPTH].store(depth, Ordering::Release);
@@ -76,10 +80,14 @@ impl QpBlock {
         self.mem.words()[B_STATE].store(state as u64, Ordering::Release);
     }
 
-    /// Publishes receive number `seq` (the count posted before it) of `len` bytes.
-    pub(crate) fn post(&self, seq: u64, len: u32) {
+    /// Publishes receive number `seq` (the count posted before it) of `len` bytes, and
+    /// where a sender may place its message: `(key, offset)` of a region peers may write.
+    pub(crate) fn post(&self, seq: u64, len: u32, place: Option<(u32, u64)>) {
         let w = self.mem.words();
-        w[B_LENS + (seq % self.depth) as usize].store(len as u64, Ordering::Relaxed);
+        let at = B_LENS + 2 * (seq % self.depth) as usize;
+        let (key, offset) = place.unwrap_or((0, 0));
+        w[at].store(len as u64 | (key as u64) << 32, Ordering::Relaxed);
+        w[at + 1].store(offset, Ordering::Relaxed);
         w[B_POSTED].store(seq + 1, Ordering::Release);
     }
 
@@ -99,7 +107,7 @@ impl PeerBlock {
     pub(crate) fn new(mem: MemfdMemory) -> Result<PeerBlock, String> {
         let w = mem.words();
         let depth = w.get(B_DEPTH).map_or(0, |d| d.load(Ordering::Acquire));
-        if !depth.is_power_of_two() || (w.len() as u64) < B_LENS as u64 + depth {
+        if !depth.is_power_of_two() || (w.len() as u64) < B_LENS as u64 + 2 * depth {
             return Err("the peer's queue-pair block has an unknown layout".into());
         }
         Ok(PeerBlock { mem, depth })
@@ -122,10 +130,15 @@ impl PeerBlock {
         self.depth
     }
 
-    /// The length of receive `seq`; valid while `seq < posted` and `posted - seq <=
-    /// depth`.
-    pub(crate) fn receive_len(&self, seq: u64) -> u32 {
-        self.mem.words()[B_LENS + (seq % self.depth) as usize].load(Ordering::Relaxed) as u32
+    /// The length of receive `seq` and where a sender may place a message for it;
+    /// valid while `seq < posted` and `posted - seq <= depth`.
+    pub(crate) fn receive(&self, seq: u64) -> (u32, Option<(u32, u64)>) {
+        let w = self.mem.words();
+        let at = B_LENS + 2 * (seq % self.depth) as usize;
+        let first = w[at].load(Ordering::Relaxed);
+        let key = (first >> 32) as u32;
+        let place = (key != 0).then(|| (key, w[at + 1].load(Ordering::Relaxed)));
+        (first as u32, place)
     }
 }
 
@@ -290,15 +303,17 @@ impl Consumer {
         }
     }
 
-    /// The payload of `record`, in place (absent unless it is a SEND).
+    /// The payload of `record`: in the ring for a SEND, already in the receive buffer
+    /// when placed, absent otherwise.
     pub(crate) fn payload(&self, record: &Record) -> Payload<'_> {
-        if record.kind != KIND_SEND {
-            return Payload::Absent(record.len);
-        }
-        Payload::Words {
-            words: self.mem.words(),
-            offset: record.payload_at,
-            len: record.len,
+        match record.kind {
+            KIND_SEND => Payload::Words {
+                words: self.mem.words(),
+                offset: record.payload_at,
+                len: record.len,
+            },
+            KIND_PLACED => Payload::Placed(record.len),
+            _ => Payload::Absent(record.len),
         }
     }
 
@@ -404,10 +419,11 @@ mod tests {
         let fd = b.memory().read_only_fd().unwrap();
         let peer = PeerBlock::new(MemfdMemory::from_peer(fd, false).unwrap()).unwrap();
         assert_eq!(peer.depth(), 128);
-        b.post(0, 64);
-        b.post(1, 32);
+        b.post(0, 64, None);
+        b.post(1, 32, Some((0x105, 4096)));
         assert_eq!(peer.receives(), (2, 0));
-        assert_eq!((peer.receive_len(0), peer.receive_len(1)), (64, 32));
+        assert_eq!(peer.receive(0), (64, None));
+        assert_eq!(peer.receive(1), (32, Some((0x105, 4096))));
         b.flushed(2);
         assert_eq!(peer.receives(), (2, 2));
         b.set_state(crate::engine::READY);

@@ -203,6 +203,89 @@ fn a_corrupt_ring_breaks_only_its_own_connection() {
 }
 
 #[test]
+fn sends_into_writable_regions_are_placed_directly_and_keep_rc_order() {
+    let s = server();
+    let client = device(s.dir.path(), "client.sock");
+    let (ccq, scq) = (
+        client.create_cq(64).unwrap(),
+        s.device.create_cq(64).unwrap(),
+    );
+    let (server_qp, qp) =
+        crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
+    // Alternating receives: placed (peers may write the region anyway) and copied
+    // through the ring (a region only this process writes).
+    let placed = s.device.register(8 * 64, Access::ALL).unwrap();
+    let private = s.device.register(8 * 64, Access::LOCAL_WRITE).unwrap();
+    let recvs: Vec<RecvWr> = (0..16u64)
+        .map(|i| {
+            let region = if i % 2 == 0 { &placed } else { &private };
+            RecvWr {
+                wr_id: i,
+                buf: region.buf(i / 2 * 64, 64),
+            }
+        })
+        .collect();
+    server_qp.post_recv(&recvs).unwrap();
+    let bodies: Vec<Vec<u8>> = (0..16u8).map(|i| vec![i + 1; 10 + i as usize]).collect();
+    let wrs: Vec<SendWr> = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| SendWr::send_imm(i as u64, Src::Inline(b), i as u32).signaled(i == 15))
+        .collect();
+    qp.post_send(&wrs).unwrap();
+    assert_eq!(wait(&ccq, 1)[0].status, WcStatus::Success);
+    let got = wait(&scq, 16);
+    for (i, wc) in got.iter().enumerate() {
+        assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success));
+        assert_eq!((wc.imm, wc.byte_len), (Some(i as u32), 10 + i as u32));
+        let region = if i % 2 == 0 { &placed } else { &private };
+        let body = region.to_vec(i as u64 / 2 * 64, 10 + i).unwrap();
+        assert_eq!(body, bodies[i], "message {i}");
+    }
+    // Too large for a placed receive: refused at the sender, before any byte lands.
+    server_qp
+        .post_recv(&[RecvWr {
+            wr_id: 99,
+            buf: placed.buf(0, 8),
+        }])
+        .unwrap();
+    let wc = exec(&qp, &ccq, SendWr::send(1, Src::Inline(&[0xEE; 9])));
+    assert_eq!(wc.status, WcStatus::RemoteInvalidRequest);
+    assert_eq!(wait(&scq, 1)[0].status, WcStatus::LocalLength);
+    assert_eq!(placed.to_vec(0, 8).unwrap(), bodies[0][..8]);
+}
+
+#[test]
+fn a_message_placed_where_it_was_not_offered_breaks_the_connection() {
+    let s = server();
+    let cq = s.device.create_cq(16).unwrap();
+    let qp = s.device.create_qp(&QpConfig::rc(&cq)).unwrap();
+    let private = s.device.register(64, Access::LOCAL_WRITE).unwrap();
+    qp.post_recv(&[RecvWr {
+        wr_id: 5,
+        buf: private.buf(0, 64),
+    }])
+    .unwrap();
+    let mut c = raw_client(&s);
+    let request = Request {
+        op: control::ATTACH,
+        kind: control::KIND_RC,
+        a: qp.endpoint().qpn,
+        b: 1,
+    };
+    let response = control::call(&mut c, request).unwrap();
+    let ring = response.fds.into_iter().nth(1).unwrap();
+    let mut ring = super::ring::Producer::new(MemfdMemory::from_peer(ring, true).unwrap()).unwrap();
+    let placed = crate::engine::Payload::Placed(8);
+    ring.push(super::ring::KIND_PLACED, None, 0, &placed)
+        .unwrap();
+    let got = wait(&cq, 1);
+    assert_eq!((got[0].wr_id, got[0].status), (5, WcStatus::WrFlush));
+    assert_eq!(qp.state(), QpState::Error);
+    check_server_alive(&s);
+}
+
+#[test]
 fn read_only_regions_are_handed_out_read_only() {
     let s = server();
     let ro = s.device.register(4096, Access::REMOTE_READ).unwrap();

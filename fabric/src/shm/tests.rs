@@ -11,6 +11,7 @@ use crate::{
     WcStatus,
 };
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -168,9 +169,18 @@ fn a_client_dying_mid_batch_leaves_the_server_whole() {
     check_server_alive(&s);
 }
 
-#[test]
-fn a_corrupt_ring_breaks_only_its_own_connection() {
-    let s = server();
+/// A raw sender attached to a fresh (unconnected) RC queue pair of the server, which
+/// has one receive posted in memory only the server may write.
+struct RawSender {
+    qp: Arc<dyn crate::QueuePair>,
+    cq: Arc<dyn crate::CompletionQueue>,
+    _inbox: Region,
+    control: UnixStream,
+    request: Request,
+    ring: MemfdMemory,
+}
+
+fn raw_sender(s: &Server) -> RawSender {
     let cq = s.device.create_cq(16).unwrap();
     let qp = s.device.create_qp(&QpConfig::rc(&cq)).unwrap();
     let inbox = s.device.register(64, Access::LOCAL_WRITE).unwrap();
@@ -179,25 +189,44 @@ fn a_corrupt_ring_breaks_only_its_own_connection() {
         buf: inbox.buf(0, 64),
     }])
     .unwrap();
-    let mut c = raw_client(&s);
+    let mut control = raw_client(s);
     let request = Request {
         op: control::ATTACH,
         kind: control::KIND_RC,
         a: qp.endpoint().qpn,
         b: 1,
     };
-    let response = control::call(&mut c, request).unwrap();
+    let response = control::call(&mut control, request).unwrap();
     assert_eq!(response.status, control::OK);
     let ring = response.fds.into_iter().nth(1).unwrap();
-    let ring = MemfdMemory::from_peer(ring, true).unwrap();
-    // A tail far ahead of anything written: the receiver must refuse to follow it.
-    ring.words()[0].store(u64::MAX / 2, crate::Ordering::Release);
-    let got = wait(&cq, 1);
+    RawSender {
+        qp,
+        cq,
+        _inbox: inbox,
+        control,
+        request,
+        ring: MemfdMemory::from_peer(ring, true).unwrap(),
+    }
+}
+
+/// The raw sender's queue pair broke: its receive was flushed.
+fn assert_receiver_broke(r: &RawSender) {
+    let got = wait(&r.cq, 1);
     assert_eq!((got[0].wr_id, got[0].status), (5, WcStatus::WrFlush));
-    assert_eq!(qp.state(), QpState::Error);
+    assert_eq!(r.qp.state(), QpState::Error);
+}
+
+#[test]
+fn a_corrupt_ring_breaks_only_its_own_connection() {
+    let s = server();
+    let mut r = raw_sender(&s);
+    // A tail far ahead of anything written: the receiver must refuse to follow it.
+    r.ring.words()[0].store(u64::MAX / 2, crate::Ordering::Release);
+    assert_receiver_broke(&r);
     assert_intact_outside(&s, 0, 0);
     // A second sender may not attach to a connected queue pair's ring.
-    let response = control::call(&mut c, Request { b: 2, ..request }).unwrap();
+    let second = Request { b: 2, ..r.request };
+    let response = control::call(&mut r.control, second).unwrap();
     assert_eq!(response.status, control::REFUSED);
     check_server_alive(&s);
 }
@@ -258,30 +287,15 @@ fn sends_into_writable_regions_are_placed_directly_and_keep_rc_order() {
 #[test]
 fn a_message_placed_where_it_was_not_offered_breaks_the_connection() {
     let s = server();
-    let cq = s.device.create_cq(16).unwrap();
-    let qp = s.device.create_qp(&QpConfig::rc(&cq)).unwrap();
-    let private = s.device.register(64, Access::LOCAL_WRITE).unwrap();
-    qp.post_recv(&[RecvWr {
-        wr_id: 5,
-        buf: private.buf(0, 64),
-    }])
+    let r = raw_sender(&s);
+    let mut ring = super::ring::Producer::new(
+        MemfdMemory::from_peer(r.ring.as_fd().try_clone_to_owned().unwrap(), true).unwrap(),
+    )
     .unwrap();
-    let mut c = raw_client(&s);
-    let request = Request {
-        op: control::ATTACH,
-        kind: control::KIND_RC,
-        a: qp.endpoint().qpn,
-        b: 1,
-    };
-    let response = control::call(&mut c, request).unwrap();
-    let ring = response.fds.into_iter().nth(1).unwrap();
-    let mut ring = super::ring::Producer::new(MemfdMemory::from_peer(ring, true).unwrap()).unwrap();
     let placed = crate::engine::Payload::Placed(8);
     ring.push(super::ring::KIND_PLACED, None, 0, &placed)
         .unwrap();
-    let got = wait(&cq, 1);
-    assert_eq!((got[0].wr_id, got[0].status), (5, WcStatus::WrFlush));
-    assert_eq!(qp.state(), QpState::Error);
+    assert_receiver_broke(&r);
     check_server_alive(&s);
 }
 

@@ -116,6 +116,7 @@ impl RegionCache {
 enum UdTarget {
     Ring {
         link: Arc<PeerLink>,
+        block: PeerBlock,
         ring: Producer,
     },
     /// The peer has no such UD queue pair: datagrams to it vanish.
@@ -327,10 +328,13 @@ impl ShmPort {
         }
         let payload = payload_of(&mut side.local_keys, &self.node.regions, src)?;
         let targets = &mut side.state.ud;
-        if targets
-            .get(&dest.endpoint)
-            .is_some_and(|t| matches!(t, UdTarget::Ring { link, .. } if !link.is_alive()))
-        {
+        // A destination that went away is forgotten, and its ring unmapped.
+        if targets.get(&dest.endpoint).is_some_and(|t| match t {
+            UdTarget::Ring { link, block, .. } => {
+                !link.is_alive() || block.state() == engine::DESTROYED
+            }
+            UdTarget::Missing => false,
+        }) {
             targets.remove(&dest.endpoint);
         }
         let target = match targets.entry(dest.endpoint) {
@@ -341,7 +345,7 @@ impl ShmPort {
                 };
                 slot.insert(
                     match link.attach(control::KIND_UD, dest.endpoint.qpn, qp.endpoint.qpn) {
-                        Ok((_block, ring)) => UdTarget::Ring { link, ring },
+                        Ok((block, ring)) => UdTarget::Ring { link, block, ring },
                         Err(AttachError::Missing | AttachError::Refused(_)) => UdTarget::Missing,
                         Err(AttachError::Unreachable(_)) => return Ok(0),
                     },
@@ -454,8 +458,13 @@ pub(crate) fn attach(
             }
             state.inbound.clear();
         }
-        QpKind::Ud if state.inbound.len() >= MAX_UD_SENDERS => return Err(control::REFUSED),
-        QpKind::Ud => {}
+        QpKind::Ud => {
+            // A sender attaching again (after its peer link broke) gets a fresh ring.
+            state.inbound.retain(|i| i.from != from);
+            if state.inbound.len() >= MAX_UD_SENDERS {
+                return Err(control::REFUSED);
+            }
+        }
     }
     state.inbound.push(Inbound {
         from,

@@ -300,6 +300,45 @@ fn a_message_placed_where_it_was_not_offered_breaks_the_connection() {
 }
 
 #[test]
+fn datagrams_to_a_destroyed_queue_pair_vanish() {
+    let s = server();
+    let client = device(s.dir.path(), "client.sock");
+    client
+        .add_peer(s.device.node(), &s.device.address())
+        .unwrap();
+    let (ccq, scq) = (
+        client.create_cq(16).unwrap(),
+        s.device.create_cq(16).unwrap(),
+    );
+    let sender = client.create_qp(&QpConfig::ud(&ccq)).unwrap();
+    let receiver = s.device.create_qp(&QpConfig::ud(&scq)).unwrap();
+    let inbox = s.device.register(4096, Access::LOCAL_WRITE).unwrap();
+    receiver
+        .post_recv(&[RecvWr {
+            wr_id: 1,
+            buf: inbox.buf(0, 4096),
+        }])
+        .unwrap();
+    let dest = crate::UdDest {
+        endpoint: receiver.endpoint(),
+        qkey: QpConfig::DEFAULT_QKEY,
+    };
+    let wc = exec(&sender, &ccq, SendWr::send(1, Src::Inline(b"one")).to(dest));
+    assert_eq!(wc.status, WcStatus::Success);
+    assert_eq!(wait(&scq, 1)[0].byte_len, crate::GRH_BYTES + 3);
+    drop(receiver);
+    for i in 2..5 {
+        let wc = exec(
+            &sender,
+            &ccq,
+            SendWr::send(i, Src::Inline(b"gone")).to(dest),
+        );
+        assert_eq!(wc.status, WcStatus::Success, "UD senders learn nothing");
+    }
+    assert!(drain(&scq, Duration::from_millis(10)).is_empty());
+}
+
+#[test]
 fn read_only_regions_are_handed_out_read_only() {
     let s = server();
     let ro = s.device.register(4096, Access::REMOTE_READ).unwrap();

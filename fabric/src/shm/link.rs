@@ -114,8 +114,16 @@ impl PeerLink {
             _ => return None,
         };
         let mem = Arc::new(MemfdMemory::from_peer(fd, writable).ok()?);
+        // A mapping keeps the owner's pages alive after it deregistered the region:
+        // drop those of regions that are gone.
+        regions.retain(|k, _| self.keys.lookup(*k).is_some());
         regions.insert(key, mem.clone());
         Some(mem)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn mapped_regions(&self) -> Vec<u32> {
+        sync::lock(&self.regions).keys().copied().collect()
     }
 
     /// Drops the mapping of a region the peer no longer exports.

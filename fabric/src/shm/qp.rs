@@ -94,6 +94,14 @@ impl RegionCache {
             Some(i) => i,
             None => {
                 let mem = link.region(key, writable)?;
+                // Like the link, let go of regions the owner deregistered.
+                for e in &mut self.entries {
+                    if e.as_ref()
+                        .is_some_and(|(k, _)| link.keys().lookup(*k).is_none())
+                    {
+                        *e = None;
+                    }
+                }
                 let i = self.victim;
                 self.victim = (self.victim + 1) % self.entries.len();
                 self.entries[i] = Some((key, mem));

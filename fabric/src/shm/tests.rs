@@ -408,6 +408,35 @@ fn a_stale_rkey_is_a_remote_access_error_even_after_its_slot_is_reused() {
 }
 
 #[test]
+fn peers_let_go_of_deregistered_regions() {
+    let s = server();
+    let client = device(s.dir.path(), "client.sock");
+    let (ccq, scq) = (
+        client.create_cq(16).unwrap(),
+        s.device.create_cq(16).unwrap(),
+    );
+    let (_s, qp) = crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
+    let local = client.register(64, Access::ALL).unwrap();
+    let read = |region: &Region| {
+        let wc = exec(
+            &qp,
+            &ccq,
+            SendWr::read(1, local.buf(0, 8), region.remote_addr(0)),
+        );
+        assert_eq!(wc.status, WcStatus::Success);
+    };
+    let gone = s.device.register(1 << 20, Access::ALL).unwrap();
+    read(&gone);
+    let link = client.node.link(s.device.node()).unwrap();
+    assert_eq!(link.mapped_regions(), vec![gone.rkey()]);
+    drop(gone);
+    // Not touched again: the next region the peer maps sweeps it out.
+    let other = s.device.register(64, Access::ALL).unwrap();
+    read(&other);
+    assert_eq!(link.mapped_regions(), vec![other.rkey()]);
+}
+
+#[test]
 fn clients_see_a_clean_error_when_the_server_dies() {
     let dir = tempfile::tempdir().unwrap();
     let server = device(dir.path(), "server.sock");

@@ -102,8 +102,14 @@ impl RegionCache {
                         *e = None;
                     }
                 }
-                let i = self.victim;
-                self.victim = (self.victim + 1) % self.entries.len();
+                let i = match self.entries.iter().position(Option::is_none) {
+                    Some(free) => free,
+                    None => {
+                        let i = self.victim;
+                        self.victim = (self.victim + 1) % self.entries.len();
+                        i
+                    }
+                };
                 self.entries[i] = Some((key, mem));
                 i
             }

@@ -445,138 +445,221 @@ fn clients_see_a_clean_error_when_the_server_dies() {
 }
 
 // ------------------------------------------------------------- across processes
+//
+// The test binary re-runs itself as the other process (an ignored test that does
+// nothing unless `CHILD_ENV` names the directory to work in). The two sides exchange
+// what an out-of-band exchange would (node, address, queue pair, rkey) through files.
 
 const CHILD_ENV: &str = "NAMDB_SHM_TEST_CHILD_DIR";
-const CHILD_NODE: NodeId = NodeId(0x5eed);
 
-fn wait_for_file(path: &Path, child: &mut std::process::Child) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && text.ends_with('\n')
-        {
-            return text;
+/// What one side tells the other: `node qpn rkey address`.
+struct Card {
+    node: NodeId,
+    qpn: u32,
+    rkey: u32,
+    address: String,
+}
+
+impl Card {
+    fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint {
+            node: self.node,
+            qpn: self.qpn,
         }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the owner process exited early: {status}");
-        }
-        assert!(Instant::now() < deadline, "no {}", path.display());
-        std::thread::sleep(Duration::from_millis(5));
     }
-}
 
-/// Writes `text` so that a reader never sees half of it.
-fn publish(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
-/// The memory owner of [`the_owner_process_dying_fails_its_peers_cleanly`], run in a
-/// process of its own (this test binary, re-executed). Does nothing when run directly.
-#[test]
-#[ignore = "run by the cross-process test as its child"]
-fn owner_process() {
-    let Some(dir) = std::env::var_os(CHILD_ENV).map(PathBuf::from) else {
-        return;
-    };
-    let dev = ShmDevice::bind_as(dir.join("owner.sock"), TOKEN, CHILD_NODE).unwrap();
-    let region = dev.register(4096, Access::ALL).unwrap();
-    region.write(0, &[0x5A; 4096]).unwrap();
-    let cq = dev.create_cq(16).unwrap();
-    let qp = dev.create_qp(&QpConfig::rc(&cq)).unwrap();
-    publish(
-        &dir.join("owner"),
-        &format!("{} {}\n", region.rkey(), qp.endpoint().qpn),
-    );
-    let peer = wait_for_client(&dir.join("client"));
-    dev.add_peer(peer.0.node, &peer.1).unwrap();
-    qp.connect(peer.0).unwrap();
-    publish(&dir.join("ready"), "ready\n");
-    // Serves until killed.
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
+    /// Writes the card so that a reader never sees half of it.
+    fn publish(&self, path: &Path) {
+        let text = format!(
+            "{} {} {} {}\n",
+            self.node.0, self.qpn, self.rkey, self.address
+        );
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
     }
-}
 
-fn wait_for_client(path: &Path) -> (QpEndpoint, String) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && let [node, qpn, address] = text.split_whitespace().collect::<Vec<_>>()[..]
-        {
-            let ep = QpEndpoint {
-                node: NodeId(node.parse().unwrap()),
-                qpn: qpn.parse().unwrap(),
-            };
-            return (ep, address.to_string());
+    /// Waits for the card at `path`; gives up if `child` (when given) exits first.
+    fn wait(path: &Path, mut child: Option<&mut std::process::Child>) -> Card {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(path)
+                && let [node, qpn, rkey, address] = text.split_whitespace().collect::<Vec<_>>()[..]
+            {
+                return Card {
+                    node: NodeId(node.parse().unwrap()),
+                    qpn: qpn.parse().unwrap(),
+                    rkey: rkey.parse().unwrap(),
+                    address: address.to_string(),
+                };
+            }
+            if let Some(child) = child.as_deref_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("the other process exited early: {status}");
+            }
+            assert!(Instant::now() < deadline, "no {}", path.display());
+            std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(Instant::now() < deadline, "no client");
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
 /// Kills the child on every way out of the test, so a failure leaves no process behind.
-struct Reaper(std::process::Child);
+struct Child(std::process::Child);
 
-impl Drop for Reaper {
+impl Child {
+    /// Runs ignored test `name` of this binary in a new process working in `dir`.
+    fn spawn(name: &str, dir: &Path) -> Child {
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--ignored", "--quiet"])
+            .env(CHILD_ENV, dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Child(child)
+    }
+
+    fn kill(&mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for Child {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
 
+/// A connected RC queue pair in a child process: publishes `me` (with the queue pair's
+/// number) as `mine`, connects to the other side's card, and returns once the other
+/// side says it is connected too (`ready`).
+fn child_connect(
+    dir: &Path,
+    dev: &ShmDevice,
+    mut me: Card,
+    mine: &str,
+) -> (Arc<dyn crate::QueuePair>, Arc<dyn crate::CompletionQueue>) {
+    let cq = dev.create_cq(256).unwrap();
+    let qp = dev.create_qp(&QpConfig::rc(&cq)).unwrap();
+    me.qpn = qp.endpoint().qpn;
+    me.publish(&dir.join(mine));
+    let theirs = Card::wait(
+        &dir.join(if mine == "owner" { "client" } else { "owner" }),
+        None,
+    );
+    dev.add_peer(theirs.node, &theirs.address).unwrap();
+    qp.connect(theirs.endpoint()).unwrap();
+    (qp, cq)
+}
+
+fn wait_for(path: &Path, mut child: Option<&mut Child>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        if let Some(child) = child.as_deref_mut()
+            && let Ok(Some(status)) = child.0.try_wait()
+        {
+            panic!("the other process exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "no {}", path.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The memory owner of [`the_owner_process_dying_fails_its_peers_cleanly`].
+#[test]
+#[ignore = "run by a cross-process test as its child"]
+fn owner_process() {
+    let Some(dir) = std::env::var_os(CHILD_ENV).map(PathBuf::from) else {
+        return;
+    };
+    let dev = ShmDevice::bind(dir.join("owner.sock"), TOKEN).unwrap();
+    let region = dev.register(4096, Access::ALL).unwrap();
+    region.write(0, &[0x5A; 4096]).unwrap();
+    let me = Card {
+        node: dev.node(),
+        qpn: 0,
+        rkey: region.rkey(),
+        address: dev.address(),
+    };
+    let _connected = child_connect(&dir, &dev, me, "owner");
+    std::fs::write(dir.join("ready"), "").unwrap();
+    // Serves, with no CPU of its own, until killed.
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The client of [`a_client_process_dying_mid_stream_leaves_the_owner_whole`]: sends
+/// and writes into the owner as fast as it can until killed.
+#[test]
+#[ignore = "run by a cross-process test as its child"]
+fn client_process() {
+    let Some(dir) = std::env::var_os(CHILD_ENV).map(PathBuf::from) else {
+        return;
+    };
+    let dev = ShmDevice::bind(dir.join("client.sock"), TOKEN).unwrap();
+    let me = Card {
+        node: dev.node(),
+        qpn: 0,
+        rkey: 0,
+        address: dev.address(),
+    };
+    let (qp, cq) = child_connect(&dir, &dev, me, "client");
+    wait_for(&dir.join("ready"), None);
+    let owner = Card::wait(&dir.join("owner"), None);
+    let payload = [0x11u8; 100];
+    let mut wcs = [crate::Completion::default(); 16];
+    for round in 0u64.. {
+        let at = crate::RemoteAddr {
+            node: owner.node,
+            rkey: owner.rkey,
+            offset: (round % 3) * 1024,
+        };
+        // Messages for the owner's receives first, then WRITEs, batch after batch.
+        let wr = if round < 64 {
+            SendWr::send(round, Src::Inline(&payload))
+        } else {
+            SendWr::write(round, Src::Inline(&payload[..64]), at)
+        };
+        qp.post_send(&[wr.signaled(round % 32 == 31)]).unwrap();
+        if round % 32 == 31 {
+            while cq.poll(&mut wcs).unwrap() == 0 {}
+            assert!(wcs[0].status.is_ok(), "{:?}", wcs[0]);
+        }
+        if round == 1000 {
+            std::fs::write(dir.join("busy"), "").unwrap();
+        }
+    }
+}
+
 #[test]
 fn the_owner_process_dying_fails_its_peers_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "shm::tests::owner_process",
-            "--ignored",
-            "--quiet",
-        ])
-        .env(CHILD_ENV, dir.path())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = Reaper(child);
-    let owner = wait_for_file(&dir.path().join("owner"), &mut child.0);
-    let [rkey, qpn] = owner
-        .split_whitespace()
-        .map(|v| v.parse::<u32>().unwrap())
-        .collect::<Vec<_>>()[..]
-    else {
-        panic!("bad owner file {owner:?}")
-    };
+    let mut child = Child::spawn("shm::tests::owner_process", dir.path());
     let client = device(dir.path(), "client.sock");
+    let me = Card {
+        node: client.node(),
+        qpn: 0,
+        rkey: 0,
+        address: client.address(),
+    };
+    let owner = Card::wait(&dir.path().join("owner"), Some(&mut child.0));
+    client.add_peer(owner.node, &owner.address).unwrap();
     let cq = client.create_cq(64).unwrap();
-    client
-        .add_peer(
-            CHILD_NODE,
-            &format!("shm:{}", dir.path().join("owner.sock").display()),
-        )
-        .unwrap();
     let qp = client.create_qp(&QpConfig::rc(&cq)).unwrap();
-    qp.connect(QpEndpoint {
-        node: CHILD_NODE,
-        qpn,
-    })
-    .unwrap();
-    publish(
-        &dir.path().join("client"),
-        &format!(
-            "{} {} {}\n",
-            client.node().0,
-            qp.endpoint().qpn,
-            client.address()
-        ),
-    );
-    wait_for_file(&dir.path().join("ready"), &mut child.0);
+    qp.connect(owner.endpoint()).unwrap();
+    Card {
+        qpn: qp.endpoint().qpn,
+        ..me
+    }
+    .publish(&dir.path().join("client"));
+    wait_for(&dir.path().join("ready"), Some(&mut child));
     let local = client.register(4096, Access::ALL).unwrap();
     let remote = crate::RemoteAddr {
-        node: CHILD_NODE,
-        rkey,
+        node: owner.node,
+        rkey: owner.rkey,
         offset: 0,
     };
     let wc = exec(&qp, &cq, SendWr::read(1, local.buf(0, 4096), remote));
@@ -585,8 +668,7 @@ fn the_owner_process_dying_fails_its_peers_cleanly() {
     let wc = exec(&qp, &cq, SendWr::fetch_add(2, local.buf(0, 8), remote, 1));
     assert_eq!(wc.status, WcStatus::Success, "one-sided, with no owner CPU");
 
-    child.0.kill().unwrap();
-    child.0.wait().unwrap();
+    child.kill();
     // The kernel tells the watcher thread; until it has, requests may still succeed
     // against the dead owner's memory (as a NIC may answer before its host is noticed).
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -606,4 +688,57 @@ fn the_owner_process_dying_fails_its_peers_cleanly() {
     let wc = exec(&qp, &cq, SendWr::read(4, local.buf(0, 8), remote));
     assert_eq!(wc.status, WcStatus::WrFlush);
     assert!(drain(&cq, Duration::from_millis(10)).is_empty());
+}
+
+#[test]
+fn a_client_process_dying_mid_stream_leaves_the_owner_whole() {
+    let s = server();
+    let dir = s.dir.path();
+    let mut child = Child::spawn("shm::tests::client_process", dir);
+    let cq = s.device.create_cq(4096).unwrap();
+    let qp = s.device.create_qp(&QpConfig::rc(&cq)).unwrap();
+    let inbox = s.device.register(100 * 64, Access::LOCAL_WRITE).unwrap();
+    let recvs: Vec<RecvWr> = (0..64)
+        .map(|i| RecvWr {
+            wr_id: i,
+            buf: inbox.buf(i * 100, 100),
+        })
+        .collect();
+    qp.post_recv(&recvs).unwrap();
+    Card {
+        node: s.device.node(),
+        qpn: qp.endpoint().qpn,
+        rkey: s.region.rkey(),
+        address: s.device.address(),
+    }
+    .publish(&dir.join("owner"));
+    let client = Card::wait(&dir.join("client"), Some(&mut child.0));
+    s.device.add_peer(client.node, &client.address).unwrap();
+    qp.connect(client.endpoint()).unwrap();
+    std::fs::write(dir.join("ready"), "").unwrap();
+    wait_for(&dir.join("busy"), Some(&mut child));
+    // Killed in the middle of writing and sending, with no warning.
+    child.kill();
+    let got = drain(&cq, Duration::from_millis(50));
+    assert!(!got.is_empty(), "messages arrived before the client died");
+    assert!(
+        got.iter()
+            .all(|c| c.status == WcStatus::Success && c.byte_len == 100)
+    );
+    assert_eq!(s.region.to_vec(0, 64).unwrap(), vec![0x11; 64]);
+    assert_intact_outside(&s, 0, 3 * 1024);
+    check_server_alive(&s);
+    // The owner's own requests to the dead client now fail cleanly.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let failed = loop {
+        let wc = exec(&qp, &cq, SendWr::send(1, Src::Inline(b"anyone?")));
+        if wc.status != WcStatus::Success {
+            break wc;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the client's death went unnoticed"
+        );
+    };
+    assert_eq!(failed.status, WcStatus::RetryExceeded);
 }

@@ -177,6 +177,38 @@ impl Fixture {
     }
 }
 
+/// What a client sees when the device it talks to goes away, for backends' fault tests
+/// (a dropped device stands for a dead one): `server` must be the only handle to its
+/// device, and is dropped after one good READ. The next request fails with
+/// `RetryExceeded`, the ones after it are flushed, and `recover` has nobody to
+/// reconnect to.
+pub fn owner_death_fails_cleanly(server: Arc<dyn Device>, client: Arc<dyn Device>) {
+    let (ccq, scq) = (
+        client.create_cq(64).expect("cq"),
+        server.create_cq(64).expect("cq"),
+    );
+    let (server_qp, qp) =
+        crate::connect_rc((server.as_ref(), &scq), (client.as_ref(), &ccq)).expect("connect");
+    let region = server.register(64, Access::ALL).expect("register");
+    let remote = region.remote_addr(0);
+    let local = client.register(64, Access::ALL).expect("register");
+    let wc = exec(&qp, &ccq, SendWr::read(1, local.buf(0, 8), remote));
+    assert_eq!(wc.status, WcStatus::Success);
+    drop((server_qp, region, server));
+    let wrs: Vec<SendWr> = (0..4)
+        .map(|i| SendWr::read(i, local.buf(0, 8), remote))
+        .collect();
+    qp.post_send(&wrs).expect("post_send");
+    let got = wait(&ccq, 4);
+    assert_eq!(got[0].status, WcStatus::RetryExceeded, "{got:?}");
+    assert!(
+        got[1..].iter().all(|c| c.status == WcStatus::WrFlush),
+        "{got:?}"
+    );
+    assert_eq!(qp.state(), QpState::Error);
+    assert!(qp.recover().is_err(), "nobody to reconnect to");
+}
+
 /// Sets a flag when dropped, so a background loop stops even when the test body
 /// panics (otherwise the scope would wait for it forever).
 struct StopOnDrop<'a>(&'a AtomicBool);

@@ -1,7 +1,7 @@
 //! The software completion queue of the sim, shm and tcp backends.
 use crate::device::CompletionQueue;
 use crate::error::{FabricError, Result};
-use crate::sync::{self, AtomicBool, AtomicU32, Mutex, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU32, Mutex, Ordering, RwLock};
 use crate::wr::Completion;
 use std::any::Any;
 use std::collections::VecDeque;
@@ -9,10 +9,16 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 /// A queue pair with work that only makes progress when someone polls: RNR-deferred
-/// sends, held-back datagrams, responses still on the wire.
+/// sends, held-back datagrams, responses still on the wire, messages in a ring.
 pub(crate) trait Progress: Send + Sync {
     /// Makes what progress it can; returns whether work is still waiting.
     fn progress(&self) -> bool;
+
+    /// For a [`CqInner::add_poller`]: takes in whatever arrived for the receive side;
+    /// returns whether it must still be polled.
+    fn poll_arrivals(&self) -> bool {
+        false
+    }
 }
 
 pub(crate) struct CqEntry {
@@ -34,6 +40,11 @@ pub(crate) struct CqInner {
     /// retry timer would.
     waiting: Mutex<Vec<Weak<dyn Progress>>>,
     has_waiting: AtomicBool,
+    /// Queue pairs whose messages arrive in shared memory, looked at on every poll for
+    /// as long as they live. Kept apart from `waiting` so that the common poll neither
+    /// allocates nor takes a lock for writing.
+    pollers: RwLock<Vec<Weak<dyn Progress>>>,
+    has_pollers: AtomicBool,
 }
 
 impl CqInner {
@@ -93,7 +104,37 @@ impl CqInner {
         }
     }
 
+    /// Registers `qp` to have [`Progress::poll_arrivals`] called on every poll.
+    #[cfg_attr(fabric_loom, allow(dead_code))] // used by shm, which loom builds leave out
+    pub(crate) fn add_poller(&self, qp: Arc<dyn Progress>) {
+        let mut pollers = sync::write(&self.pollers);
+        if !pollers
+            .iter()
+            .any(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(&qp)))
+        {
+            pollers.push(Arc::downgrade(&qp));
+        }
+        self.has_pollers.store(true, Ordering::Release);
+    }
+
+    fn progress_pollers(&self) {
+        if !self.has_pollers.load(Ordering::Acquire) {
+            return;
+        }
+        let mut finished = false;
+        for weak in sync::read(&self.pollers).iter() {
+            finished |= !weak.upgrade().is_some_and(|qp| qp.poll_arrivals());
+        }
+        if finished {
+            let mut pollers = sync::write(&self.pollers);
+            pollers.retain(|w| w.strong_count() > 0);
+            self.has_pollers
+                .store(!pollers.is_empty(), Ordering::Release);
+        }
+    }
+
     fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        self.progress_pollers();
         self.progress_waiting();
         if self.overrun.load(Ordering::Acquire) {
             return Err(FabricError::CqOverrun {
@@ -144,6 +185,8 @@ impl SoftCq {
                 overrun: AtomicBool::new(false),
                 waiting: Mutex::new(Vec::new()),
                 has_waiting: AtomicBool::new(false),
+                pollers: RwLock::new(Vec::new()),
+                has_pollers: AtomicBool::new(false),
             }),
         }
     }

@@ -25,12 +25,19 @@ mod async_qp;
 pub mod conformance;
 mod cq;
 mod device;
+mod engine;
 mod error;
+#[cfg(not(fabric_loom))]
+mod handshake;
 #[cfg(all(target_os = "linux", not(fabric_loom)))]
 pub mod memfd;
 mod memory;
 mod region;
 mod registry;
+#[cfg(not(fabric_loom))]
+mod serve;
+#[cfg(all(target_os = "linux", not(fabric_loom)))]
+pub mod shm;
 pub mod sim;
 mod sync;
 #[cfg(not(fabric_loom))]

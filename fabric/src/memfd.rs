@@ -11,11 +11,14 @@
 //! so the mapping is only ever touched through atomic words ([`Memory::words`]), as all
 //! region memory is. Backing pages are allocated up front (`fallocate`), as registering
 //! with an RNIC pins them: running out of memory is an error here, not a `SIGBUS` on
-//! the data path later.
+//! the data path later. The size is then sealed (`F_SEAL_SHRINK | F_SEAL_GROW`): a
+//! process the fd is handed to cannot truncate it under the owner's mapping (which
+//! would turn the owner's next access into a `SIGBUS`), and [`MemfdMemory::from_peer`]
+//! refuses an fd that is not sealed so, for the same reason the other way round.
 
 use crate::memory::Memory;
 use crate::sync::AtomicU64;
-use rustix::fs::{FallocateFlags, MemfdFlags};
+use rustix::fs::{FallocateFlags, MemfdFlags, Mode, OFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
@@ -57,6 +60,8 @@ pub enum MemfdError {
     },
     #[error("huge pages were required but are unavailable ({0})")]
     HugePagesUnavailable(#[source] Box<MemfdError>),
+    #[error("a peer's memfd cannot be mapped: {0}")]
+    Peer(String),
 }
 
 /// Zeroed memory in a shared memfd mapping, usable as region memory.
@@ -141,6 +146,66 @@ impl MemfdMemory {
     pub fn huge_page_fallback_reason(&self) -> Option<&str> {
         self.fallback_reason.as_deref()
     }
+
+    /// Maps a memfd that another process handed over: all of it, shared, writable only
+    /// if `writable` (mapping a read-only fd writable fails). The fd must be sealed
+    /// against shrinking, so the owner cannot pull the pages from under this mapping.
+    pub fn from_peer(fd: OwnedFd, writable: bool) -> Result<MemfdMemory, MemfdError> {
+        let bad = |reason: String| MemfdError::Peer(reason);
+        let stat = rustix::fs::fstat(&fd).map_err(|e| bad(format!("fstat: {e}")))?;
+        let len = u64::try_from(stat.st_size).map_err(|_| bad("negative size".into()))?;
+        if len == 0 || !len.is_multiple_of(8) {
+            return Err(bad(format!("size {len} is not a positive multiple of 8")));
+        }
+        let mapped = usize::try_from(len)
+            .ok()
+            .filter(|&m| m <= isize::MAX as usize)
+            .ok_or(MemfdError::TooLarge { len })?;
+        let seals =
+            rustix::fs::fcntl_get_seals(&fd).map_err(|e| bad(format!("not a memfd ({e})")))?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(bad("its size is not sealed against shrinking".into()));
+        }
+        let prot = if writable {
+            ProtFlags::READ | ProtFlags::WRITE
+        } else {
+            ProtFlags::READ
+        };
+        // SAFETY: a fresh mapping chosen by the kernel aliases no Rust object; the fd's
+        // size is `mapped` and sealed against shrinking, so every page stays backed.
+        let ptr = unsafe {
+            rustix::mm::mmap(std::ptr::null_mut(), mapped, prot, MapFlags::SHARED, &fd, 0)
+        }
+        .map_err(|e| bad(format!("mmap: {e}")))?;
+        let base = NonNull::new(ptr.cast::<AtomicU64>())
+            .ok_or_else(|| bad("the kernel returned a null mapping".into()))?;
+        Ok(MemfdMemory {
+            fd,
+            base,
+            mapped_len: mapped,
+            len,
+            huge_pages: false,
+            fallback_reason: None,
+        })
+    }
+
+    /// A new read-only fd of the same memory, to hand to a process that may only read
+    /// it: it can neither map it writable nor change its size or contents.
+    pub fn read_only_fd(&self) -> std::io::Result<OwnedFd> {
+        reopen_read_only(self.fd.as_fd())
+    }
+}
+
+/// A new read-only open of the file behind `fd` (through `/proc/self/fd`): what a
+/// process that may only read the memory is handed.
+pub fn reopen_read_only(fd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    Ok(rustix::fs::open(
+        path.as_str(),
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 fn page_size(huge: bool) -> u64 {
@@ -167,7 +232,7 @@ fn map(name: &str, len: u64, huge: bool) -> Result<MemfdMemory, MemfdError> {
             source: e.into(),
         }
     };
-    let mut flags = MemfdFlags::CLOEXEC;
+    let mut flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
     if huge {
         flags |= MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB;
     }
@@ -175,6 +240,8 @@ fn map(name: &str, len: u64, huge: bool) -> Result<MemfdMemory, MemfdError> {
     rustix::fs::ftruncate(&fd, mapped as u64).map_err(sys("ftruncate"))?;
     rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, mapped as u64)
         .map_err(sys("fallocate"))?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .map_err(sys("sealing"))?;
     // SAFETY: a fresh mapping chosen by the kernel (null hint, no MAP_FIXED) aliases no
     // Rust object; `fd` is a valid memfd of at least `mapped` bytes.
     let ptr = unsafe {
@@ -205,11 +272,16 @@ fn map(name: &str, len: u64, huge: bool) -> Result<MemfdMemory, MemfdError> {
 }
 
 impl Memory for MemfdMemory {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.fd.as_fd())
+    }
+
     fn words(&self) -> &[AtomicU64] {
-        // SAFETY: `base` is a page-aligned (so 8-byte-aligned) read/write mapping of
-        // `mapped_len` bytes, a multiple of 8, that lives as long as `self`. A memfd is
-        // zero-filled, and every bit pattern is a valid `AtomicU64`. Other processes
-        // that map the same fd touch it only with atomic operations too.
+        // SAFETY: `base` is a page-aligned (so 8-byte-aligned) mapping of `mapped_len`
+        // bytes, a multiple of 8, that lives as long as `self`. Every bit pattern is a
+        // valid `AtomicU64`. Other processes that map the same fd touch it only with
+        // atomic operations too. A peer's read-only mapping (`from_peer`) is only ever
+        // loaded from by this crate: a store would fault, not race.
         unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.mapped_len / 8) }
     }
 }
@@ -282,6 +354,38 @@ mod tests {
         assert_eq!(n, 16);
         assert_eq!(&buf[..8], &[0; 8]);
         assert_eq!(&buf[8..], &0x1122_3344_5566_7788u64.to_le_bytes());
+    }
+
+    #[test]
+    fn a_peer_maps_the_same_memory_and_cannot_shrink_it() {
+        let m = MemfdMemory::with_huge_pages("test-peer", 8192, HugePages::Never).unwrap();
+        let dup = m.as_fd().try_clone_to_owned().unwrap();
+        assert!(
+            rustix::fs::ftruncate(&dup, 0).is_err(),
+            "sealed against shrinking"
+        );
+        let peer = MemfdMemory::from_peer(dup, true).unwrap();
+        assert_eq!(peer.len(), 8192);
+        peer.words()[3].store(7, Ordering::Release);
+        assert_eq!(m.words()[3].load(Ordering::Acquire), 7);
+        let ro = MemfdMemory::from_peer(m.read_only_fd().unwrap(), false).unwrap();
+        assert_eq!(ro.words()[3].load(Ordering::Acquire), 7);
+        let ro_fd = m.read_only_fd().unwrap();
+        assert!(rustix::fs::ftruncate(&ro_fd, 0).is_err());
+        let err = MemfdMemory::from_peer(ro_fd, true).unwrap_err();
+        assert!(err.to_string().contains("mmap"), "{err}");
+    }
+
+    #[test]
+    fn unsealed_or_foreign_fds_are_refused() {
+        let unsealed = rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&unsealed, 4096).unwrap();
+        let err = MemfdMemory::from_peer(unsealed, true).unwrap_err();
+        assert!(err.to_string().contains("sealed"), "{err}");
+        let empty = rustix::fs::memfd_create("empty", MemfdFlags::ALLOW_SEALING).unwrap();
+        assert!(MemfdMemory::from_peer(empty, true).is_err());
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(MemfdMemory::from_peer(a.into(), true).is_err());
     }
 
     #[test]

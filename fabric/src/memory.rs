@@ -15,6 +15,13 @@ use crate::sync::{AtomicU64, Ordering};
 /// Memory that can back a region: anything that exposes a stable array of atomic words.
 pub trait Memory: Send + Sync {
     fn words(&self) -> &[AtomicU64];
+
+    /// A file whose contents from offset 0 are these words, for memory that another
+    /// process can map (the `shm` backend hands it to peers). `None`: this process only.
+    #[cfg(unix)]
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// Plain heap memory, zero-initialised.

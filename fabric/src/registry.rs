@@ -1,8 +1,10 @@
 //! The regions a device has registered, by key: what its NIC consults to check an
 //! lkey or rkey. Shared by the software backends.
 
-use crate::addr::Access;
+use crate::addr::{Access, NodeId};
+use crate::error::{FabricError, Result};
 use crate::memory::Memory;
+use crate::region::Region;
 use crate::sync::{self, AtomicBool, Ordering, RwLock};
 use std::sync::{Arc, Weak};
 
@@ -76,6 +78,42 @@ pub(crate) fn register(
 
 pub(crate) fn lookup(registry: &Registry, key: u32) -> Option<Arc<RegEntry>> {
     sync::read(registry).get(key).cloned()
+}
+
+/// Registers the first `len` bytes of `mem` with `owner`'s registry, as
+/// `Device::register_memory` does; the registration lasts as long as the returned guard.
+pub(crate) fn register_with<O: AsRef<Registry> + Send + Sync>(
+    owner: &Arc<O>,
+    mem: Arc<dyn Memory>,
+    len: u64,
+    access: Access,
+) -> Result<Registration<O>> {
+    let available = mem.words().len() as u64 * 8;
+    if len > available {
+        return Err(FabricError::OutOfBounds {
+            offset: 0,
+            len,
+            region_len: available,
+        });
+    }
+    let entry = register(AsRef::<Registry>::as_ref(&**owner), mem, len, access);
+    Ok(Registration {
+        owner: Arc::downgrade(owner),
+        entry,
+    })
+}
+
+/// The handle of registered `entry` on `node`; `guard` (which undoes the registration
+/// when dropped) lives as long as it.
+pub(crate) fn region(entry: &RegEntry, node: NodeId, guard: Box<dyn Send + Sync>) -> Region {
+    Region::from_parts(
+        entry.mem.clone(),
+        entry.len,
+        (entry.key, entry.key),
+        entry.access,
+        node,
+        guard,
+    )
 }
 
 /// Undoes a registration when its `Region` is dropped.

@@ -2,20 +2,24 @@
 //! runs on. Every backend yields the same thing: devices behind `Arc<dyn Device>`, so
 //! the code above never names a backend type.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::ValueEnum;
 use fabric::Device;
+use fabric::shm::ShmDevice;
 use fabric::sim::{CostModel, SimConfig, SimNetwork};
 use fabric::tcp::TcpDevice;
 use std::sync::Arc;
 
-/// A fabric backend. `shm` and `verbs` join here.
+/// A fabric backend. `verbs` joins here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
     /// In-process simulation (`fabric::sim`).
     Sim,
     /// Soft-NICs over TCP on loopback (`fabric::tcp`), both nodes in this process.
     Tcp,
+    /// Shared memory between processes (`fabric::shm`), both nodes in this process,
+    /// each on its own Unix socket.
+    Shm,
 }
 
 impl BackendKind {
@@ -23,6 +27,7 @@ impl BackendKind {
         match self {
             BackendKind::Sim => "sim",
             BackendKind::Tcp => "tcp",
+            BackendKind::Shm => "shm",
         }
     }
 }
@@ -32,6 +37,8 @@ impl BackendKind {
 pub struct Nodes {
     pub server: Arc<dyn Device>,
     pub client: Arc<dyn Device>,
+    /// Where the nodes' sockets live, removed after them.
+    _sockets: Option<tempfile::TempDir>,
 }
 
 /// Brings up a fresh pair of nodes. Fresh per call, so that state a backend keeps per
@@ -39,12 +46,12 @@ pub struct Nodes {
 pub fn nodes(kind: BackendKind, cost: Option<CostModel>) -> Result<Nodes> {
     match kind {
         BackendKind::Sim => Ok(sim_nodes(cost)),
-        BackendKind::Tcp => {
-            if cost.is_some() {
-                anyhow::bail!("--cost models the sim fabric; the tcp backend has real costs");
-            }
-            tcp_nodes()
-        }
+        BackendKind::Tcp | BackendKind::Shm if cost.is_some() => anyhow::bail!(
+            "--cost models the sim fabric; the {} backend has real costs",
+            kind.name()
+        ),
+        BackendKind::Tcp => tcp_nodes(),
+        BackendKind::Shm => shm_nodes(),
     }
 }
 
@@ -55,7 +62,11 @@ fn sim_nodes(cost: Option<CostModel>) -> Nodes {
     });
     let server: Arc<dyn Device> = net.add_node();
     let client: Arc<dyn Device> = net.add_node();
-    Nodes { server, client }
+    Nodes {
+        server,
+        client,
+        _sockets: None,
+    }
 }
 
 fn tcp_nodes() -> Result<Nodes> {
@@ -63,7 +74,27 @@ fn tcp_nodes() -> Result<Nodes> {
     let token: [u8; 32] = rand::random();
     let server: Arc<dyn Device> = TcpDevice::bind("127.0.0.1:0", &token)?;
     let client: Arc<dyn Device> = TcpDevice::bind("127.0.0.1:0", &token)?;
-    Ok(Nodes { server, client })
+    Ok(Nodes {
+        server,
+        client,
+        _sockets: None,
+    })
+}
+
+fn shm_nodes() -> Result<Nodes> {
+    let dir = tempfile::Builder::new()
+        .prefix("namdb-shm-")
+        .tempdir()
+        .context("creating a directory for the shm sockets")?;
+    // Both devices live in this process, so a fresh random token is the cluster's.
+    let token: [u8; 32] = rand::random();
+    let server: Arc<dyn Device> = ShmDevice::bind(dir.path().join("server.sock"), &token)?;
+    let client: Arc<dyn Device> = ShmDevice::bind(dir.path().join("client.sock"), &token)?;
+    Ok(Nodes {
+        server,
+        client,
+        _sockets: Some(dir),
+    })
 }
 
 /// Parses a `--cost` profile name for clap. The error lists the profiles, so a typo

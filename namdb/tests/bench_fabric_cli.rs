@@ -162,9 +162,57 @@ fn tcp_backend_runs_over_loopback() {
 }
 
 #[test]
-fn a_cost_model_on_tcp_is_refused() {
-    let out = namdb(&["bench", "fabric", "--backend", "tcp", "--cost", "fdr4x"]);
-    assert!(!out.status.success());
+fn shm_backend_runs_with_sim_as_its_reference() {
+    let path = temp_path("bench-fabric-shm");
+    let path_arg = path.to_str().expect("temp path is UTF-8");
+    let out = namdb(&[
+        "bench",
+        "fabric",
+        "--backend",
+        "shm",
+        "--duration-ms",
+        "20",
+        "--threads",
+        "1",
+        "--ops",
+        "read,send_recv",
+        "--json",
+        path_arg,
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("sim"), "{stderr}");
+    assert!(out.status.success(), "namdb failed: {stderr}");
+    let text = std::fs::read_to_string(&path).expect("JSON file written");
+    let _ = std::fs::remove_file(&path);
+    let rows: Vec<Value> = serde_json::from_str(&text).expect("JSON is a list");
+    for backend in ["shm", "sim"] {
+        let of: Vec<&Value> = rows.iter().filter(|r| r["backend"] == backend).collect();
+        assert_eq!(
+            of.len(),
+            4,
+            "read 64/4096/65536 and send_recv on {backend}: {rows:?}"
+        );
+        assert!(
+            of.iter()
+                .all(|r| r["ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let goals = stdout
+        .lines()
+        .filter(|l| l.starts_with("goal shm within 2× of sim per operation"))
+        .count();
+    assert_eq!(goals, 4, "one ratio per shm row: {stdout}");
+}
+
+#[test]
+fn a_cost_model_on_tcp_is_refused() {
+    for backend in ["tcp", "shm"] {
+        let out = namdb(&["bench", "fabric", "--backend", backend, "--cost", "fdr4x"]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("sim") && stderr.contains(backend),
+            "{stderr}"
+        );
+    }
 }

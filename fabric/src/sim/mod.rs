@@ -13,12 +13,13 @@ pub use cost::CostModel;
 use crate::addr::{Access, NodeId, QpEndpoint};
 use crate::cq::SoftCq;
 use crate::device::{CompletionQueue, Device, QpConfig, QueuePair};
+use crate::engine::{NewQp, QpHandle};
 use crate::error::{FabricError, Result};
 use crate::memory::{HeapMemory, Memory};
 use crate::region::Region;
-use crate::registry::{self, RegEntry, Registration, Registry};
-use crate::sync::{self, AtomicU32, Mutex, Ordering, RwLock};
-use qp::{QpInner, SimQp};
+use crate::registry::{self, Registry};
+use crate::sync::{self, AtomicU32, Mutex, RwLock};
+use qp::{SimPort, SimQpInner, SimRecv, SimSend};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -89,7 +90,7 @@ impl NetInner {
         sync::read(&self.nodes).get(id.0 as usize).cloned()
     }
 
-    pub(crate) fn qp(&self, ep: QpEndpoint) -> Option<Arc<QpInner>> {
+    pub(crate) fn qp(&self, ep: QpEndpoint) -> Option<Arc<SimQpInner>> {
         self.node(ep.node)?.qp(ep.qpn)
     }
 }
@@ -129,7 +130,7 @@ impl SimNetwork {
 pub(crate) struct NodeInner {
     pub(crate) id: NodeId,
     regions: Registry,
-    qps: RwLock<HashMap<u32, Weak<QpInner>>>,
+    qps: RwLock<HashMap<u32, Weak<SimQpInner>>>,
     next_qpn: AtomicU32,
     pub(crate) port: Mutex<cost::Port>,
 }
@@ -141,11 +142,12 @@ impl AsRef<Registry> for NodeInner {
 }
 
 impl NodeInner {
-    pub(crate) fn region(&self, key: u32) -> Option<Arc<RegEntry>> {
+    #[cfg(test)]
+    pub(crate) fn region(&self, key: u32) -> Option<Arc<crate::registry::RegEntry>> {
         registry::lookup(&self.regions, key)
     }
 
-    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<SimQpInner>> {
         sync::read(&self.qps).get(&qpn)?.upgrade()
     }
 
@@ -195,26 +197,12 @@ impl Device for SimDevice {
     }
 
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
-        let available = mem.words().len() as u64 * 8;
-        if len > available {
-            return Err(FabricError::OutOfBounds {
-                offset: 0,
-                len,
-                region_len: available,
-            });
-        }
-        let entry = registry::register(&self.node.regions, mem.clone(), len, access);
-        let key = entry.key;
-        Ok(Region::from_parts(
-            mem,
-            len,
-            (key, key),
-            access,
+        let registration = registry::register_with(&self.node, mem, len, access)?;
+        let entry = registration.entry.clone();
+        Ok(registry::region(
+            &entry,
             self.node.id,
-            Box::new(Registration {
-                owner: Arc::downgrade(&self.node),
-                entry,
-            }),
+            Box::new(registration),
         ))
     }
 
@@ -223,34 +211,16 @@ impl Device for SimDevice {
     }
 
     fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>> {
-        let send_cq = SoftCq::inner_of(&config.send_cq)?;
-        let recv_cq = SoftCq::inner_of(&config.recv_cq)?;
-        if config.rnr_retry > 7 {
-            return Err(FabricError::InvalidWorkRequest(format!(
-                "rnr_retry is 0..=7, got {}",
-                config.rnr_retry
-            )));
-        }
-        if config.max_send_wr == 0 || config.max_recv_wr == 0 {
-            return Err(FabricError::InvalidWorkRequest(
-                "queue depths must be at least 1".into(),
-            ));
-        }
-        let qpn = self.node.next_qpn.fetch_add(1, Ordering::Relaxed);
-        let endpoint = QpEndpoint {
-            node: self.node.id,
-            qpn,
+        let new = NewQp::prepare(config, self.node.id, &self.node.next_qpn)?;
+        let endpoint = new.endpoint;
+        let seed = self.net.config.seed ^ ((endpoint.node.0 as u64) << 32 | endpoint.qpn as u64);
+        let port = SimPort {
+            net: self.net.clone(),
+            node: self.node.clone(),
         };
-        let inner = QpInner::new(
-            self.net.clone(),
-            self.node.clone(),
-            endpoint,
-            config,
-            send_cq,
-            recv_cq,
-        );
-        sync::write(&self.node.qps).insert(qpn, Arc::downgrade(&inner));
-        Ok(Arc::new(SimQp::new(inner)))
+        let inner = crate::engine::Qp::new(port, new, SimSend::new(seed), SimRecv::default());
+        sync::write(&self.node.qps).insert(endpoint.qpn, Arc::downgrade(&inner));
+        Ok(Arc::new(QpHandle(inner)))
     }
 }
 

@@ -17,18 +17,20 @@ mod qp;
 mod responder;
 mod wire;
 
-use crate::addr::{Access, NodeId, QpEndpoint};
+use crate::addr::{Access, NodeId};
 use crate::cq::SoftCq;
 use crate::device::{CompletionQueue, Device, QpConfig, QueuePair};
+use crate::engine::NewQp;
 use crate::error::{FabricError, Result};
 use crate::memory::{HeapMemory, Memory};
 use crate::region::Region;
-use crate::registry::{self, Registration, Registry};
+use crate::registry::{self, Registry};
+use crate::serve::{Connections, Server};
 use qp::{QpShared, TcpQp};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 pub(crate) struct TcpNode {
@@ -42,8 +44,7 @@ pub(crate) struct TcpNode {
     udp: UdpSocket,
     shutdown: AtomicBool,
     /// Live responder connections, so that shutting the device down closes them.
-    connections: Mutex<HashMap<u64, TcpStream>>,
-    next_connection: std::sync::atomic::AtomicU64,
+    connections: Connections<TcpStream>,
 }
 
 impl AsRef<Registry> for TcpNode {
@@ -74,6 +75,12 @@ impl TcpNode {
             .unwrap_or_else(|e| e.into_inner())
             .get(&node)
             .copied()
+    }
+}
+
+impl Server<TcpStream> for TcpNode {
+    fn connections(&self) -> &Connections<TcpStream> {
+        &self.connections
     }
 
     fn is_shut_down(&self) -> bool {
@@ -117,8 +124,7 @@ impl TcpDevice {
             peers: RwLock::new(HashMap::new()),
             udp,
             shutdown: AtomicBool::new(false),
-            connections: Mutex::new(HashMap::new()),
-            next_connection: std::sync::atomic::AtomicU64::new(0),
+            connections: Connections::new(),
         });
         let accept_node = node.clone();
         std::thread::Builder::new()
@@ -144,16 +150,7 @@ impl Drop for TcpDevice {
         self.node.shutdown.store(true, Ordering::Release);
         // Wakes the accept loop, which sees the flag and exits.
         let _ = TcpStream::connect_timeout(&self.node.addr, Duration::from_millis(100));
-        for c in self
-            .node
-            .connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .map(|(_, c)| c)
-        {
-            let _ = c.shutdown(std::net::Shutdown::Both);
-        }
+        self.node.connections.close_all();
     }
 }
 
@@ -198,26 +195,12 @@ impl Device for TcpDevice {
     }
 
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
-        let available = mem.words().len() as u64 * 8;
-        if len > available {
-            return Err(FabricError::OutOfBounds {
-                offset: 0,
-                len,
-                region_len: available,
-            });
-        }
-        let entry = registry::register(&self.node.regions, mem.clone(), len, access);
-        let key = entry.key;
-        Ok(Region::from_parts(
-            mem,
-            len,
-            (key, key),
-            access,
+        let registration = registry::register_with(&self.node, mem, len, access)?;
+        let entry = registration.entry.clone();
+        Ok(registry::region(
+            &entry,
             self.node.id,
-            Box::new(Registration {
-                owner: Arc::downgrade(&self.node),
-                entry,
-            }),
+            Box::new(registration),
         ))
     }
 
@@ -226,19 +209,9 @@ impl Device for TcpDevice {
     }
 
     fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>> {
-        let send_cq = SoftCq::inner_of(&config.send_cq)?;
-        let recv_cq = SoftCq::inner_of(&config.recv_cq)?;
-        if config.rnr_retry > 7 || config.max_send_wr == 0 || config.max_recv_wr == 0 {
-            return Err(FabricError::InvalidWorkRequest(
-                "rnr_retry is 0..=7 and queue depths at least 1".into(),
-            ));
-        }
-        let qpn = self.node.next_qpn.fetch_add(1, Ordering::Relaxed);
-        let endpoint = QpEndpoint {
-            node: self.node.id,
-            qpn,
-        };
-        let shared = QpShared::new(self.node.clone(), endpoint, config, send_cq, recv_cq);
+        let new = NewQp::prepare(config, self.node.id, &self.node.next_qpn)?;
+        let qpn = new.endpoint.qpn;
+        let shared = QpShared::new(self.node.clone(), new);
         self.node
             .qps
             .write()

@@ -6,47 +6,22 @@ use super::TcpNode;
 use super::wire::{self, Attach, Op, Request};
 use crate::addr::{Access, LocalBuf, QpEndpoint};
 use crate::cq::{CqEntry, CqInner, Progress};
-use crate::device::{QpConfig, QpKind, QueuePair};
+use crate::device::{QpKind, QueuePair};
+pub(crate) use crate::engine::Delivery;
+use crate::engine::{
+    self, Caps, DESTROYED, ERROR, INIT, NewQp, Payload, PostedRecv, READY, state_of,
+};
 use crate::error::{FabricError, QpState, Result, WcStatus};
 use crate::memory;
 use crate::registry::{self, RegEntry};
 use crate::validate::validate;
-use crate::wr::{Completion, GRH_BYTES, RecvWr, SendWr, Src, UD_MTU, WcOpcode, WrOp};
+use crate::wr::{Completion, RecvWr, SendWr, Src, UD_MTU, WcOpcode, WrOp};
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
-
-const INIT: u8 = 0;
-const READY: u8 = 1;
-const ERROR: u8 = 2;
-const DESTROYED: u8 = 3;
-
-struct Caps {
-    max_send_wr: u32,
-    max_recv_wr: u32,
-    max_inline: u32,
-    rnr_retry: u8,
-    rnr_timer: Duration,
-    qkey: u32,
-}
-
-/// What became of a delivery attempt at this (receiving) queue pair.
-pub(crate) enum Delivery {
-    Delivered,
-    NoReceive,
-    TooSmall,
-    ReceiverDown,
-}
-
-struct PostedRecv {
-    wr_id: u64,
-    region: Arc<RegEntry>,
-    offset: u64,
-    len: u32,
-}
 
 /// A work request posted and not yet completed, in posting order.
 struct Inflight {
@@ -98,42 +73,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn state_of(raw: u8) -> QpState {
-    match raw {
-        INIT => QpState::Init,
-        READY => QpState::Ready,
-        _ => QpState::Error,
-    }
-}
-
 impl QpShared {
-    pub(crate) fn new(
-        node: Arc<TcpNode>,
-        endpoint: QpEndpoint,
-        config: &QpConfig,
-        send_cq: Arc<CqInner>,
-        recv_cq: Arc<CqInner>,
-    ) -> Arc<QpShared> {
+    pub(crate) fn new(node: Arc<TcpNode>, new: NewQp) -> Arc<QpShared> {
         Arc::new_cyclic(|me| QpShared {
             me: me.clone(),
             node,
-            endpoint,
-            kind: config.kind,
-            caps: Caps {
-                max_send_wr: config.max_send_wr,
-                max_recv_wr: config.max_recv_wr,
-                max_inline: config.max_inline,
-                rnr_retry: config.rnr_retry,
-                rnr_timer: config.rnr_timer,
-                qkey: config.qkey,
-            },
-            state: AtomicU8::new(if config.kind == QpKind::Ud {
-                READY
-            } else {
-                INIT
-            }),
-            send_cq,
-            recv_cq,
+            endpoint: new.endpoint,
+            kind: new.kind,
+            state: AtomicU8::new(new.initial_state()),
+            caps: new.caps,
+            send_cq: new.send_cq,
+            recv_cq: new.recv_cq,
             sq_outstanding: Arc::new(AtomicU32::new(0)),
             sq: Mutex::new(SendSide {
                 link: None,
@@ -172,18 +122,8 @@ impl QpShared {
 
     fn flush_receives(&self, rq: &mut VecDeque<PostedRecv>) {
         for recv in rq.drain(..) {
-            self.recv_cq.push(CqEntry {
-                wc: Completion {
-                    wr_id: recv.wr_id,
-                    status: WcStatus::WrFlush,
-                    opcode: WcOpcode::Recv,
-                    qpn: self.endpoint.qpn,
-                    ..Completion::default()
-                },
-                retires: 0,
-                send_queue: None,
-                visible_at: None,
-            });
+            self.recv_cq
+                .push(engine::flushed_receive(recv.wr_id, self.endpoint.qpn));
         }
     }
 
@@ -205,44 +145,21 @@ impl QpShared {
         let Some(recv) = rq.pop_front() else {
             return Delivery::NoReceive;
         };
-        let grh = if ud { GRH_BYTES as u64 } else { 0 };
-        let needed = payload.len() as u64 + grh;
-        let mut wc = Completion {
-            wr_id: recv.wr_id,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Recv,
-            byte_len: needed as u32,
+        let wc = engine::land(
+            &recv,
+            &Payload::Bytes(payload),
             imm,
-            qpn: self.endpoint.qpn,
-            src: Some(src),
-        };
-        if needed > recv.len as u64 {
-            wc.status = WcStatus::LocalLength;
-            wc.byte_len = 0;
-            self.recv_cq.push(CqEntry {
-                wc,
-                retires: 0,
-                send_queue: None,
-                visible_at: None,
-            });
+            self.endpoint.qpn,
+            src,
+            ud,
+        );
+        let landed = wc.status.is_ok();
+        self.recv_cq.push(engine::recv_entry(wc, None));
+        if !landed {
             self.state.store(ERROR, Ordering::Release);
             self.flush_receives(&mut rq);
             return Delivery::TooSmall;
         }
-        if ud {
-            memory::copy_in(
-                recv.region.mem.words(),
-                recv.offset,
-                &[0; GRH_BYTES as usize],
-            );
-        }
-        memory::copy_in(recv.region.mem.words(), recv.offset + grh, payload);
-        self.recv_cq.push(CqEntry {
-            wc,
-            retires: 0,
-            send_queue: None,
-            visible_at: None,
-        });
         Delivery::Delivered
     }
 
@@ -262,20 +179,8 @@ impl QpShared {
             return Delivery::NoReceive;
         };
         write();
-        self.recv_cq.push(CqEntry {
-            wc: Completion {
-                wr_id: recv.wr_id,
-                status: WcStatus::Success,
-                opcode: WcOpcode::RecvWriteImm,
-                byte_len: len,
-                imm,
-                qpn: self.endpoint.qpn,
-                src: Some(src),
-            },
-            retires: 0,
-            send_queue: None,
-            visible_at: None,
-        });
+        let wc = engine::write_imm_completion(&recv, len, imm, self.endpoint.qpn, src);
+        self.recv_cq.push(engine::recv_entry(wc, None));
         Delivery::Delivered
     }
 
@@ -297,20 +202,16 @@ impl QpShared {
         status: WcStatus,
         byte_len: u32,
     ) {
-        side.completions.push(CqEntry {
-            wc: Completion {
-                wr_id,
-                status,
-                opcode,
-                byte_len,
-                imm: None,
-                qpn: self.endpoint.qpn,
-                src: None,
-            },
-            retires: side.unretired,
-            send_queue: Some(self.sq_outstanding.clone()),
-            visible_at: None,
-        });
+        let wc = Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            qpn: self.endpoint.qpn,
+            ..Completion::default()
+        };
+        let entry = engine::send_entry(wc, side.unretired, &self.sq_outstanding, None);
+        side.completions.push(entry);
         side.unretired = 0;
     }
 

@@ -11,6 +11,7 @@ use crate::device::QpKind;
 use crate::error::WcStatus;
 use crate::memory;
 use crate::registry::{self, RegEntry};
+use crate::serve::{self, Server};
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
@@ -18,34 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 pub(super) fn accept_loop(node: Arc<TcpNode>, listener: TcpListener) {
-    for stream in listener.incoming() {
-        if node.is_shut_down() {
-            return;
-        }
-        let Ok(stream) = stream else { continue };
-        let id = node.next_connection.fetch_add(1, Ordering::Relaxed);
-        if let Ok(clone) = stream.try_clone() {
-            lock(&node.connections).insert(id, clone);
-        }
-        let conn_node = node.clone();
-        let spawned = std::thread::Builder::new()
-            .name("tcp-responder".into())
-            .spawn(move || {
-                serve(&conn_node, stream);
-                // Closes the socket for good: the registry's clone would keep it open.
-                if let Some(s) = lock(&conn_node.connections).remove(&id) {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
-                }
-            });
-        if spawned.is_err() {
-            // Out of threads: the peer sees its connection closed.
-            continue;
-        }
-    }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    serve::accept_loop(node, listener.incoming(), "tcp-responder", serve);
 }
 
 /// A responder's view of one connection.

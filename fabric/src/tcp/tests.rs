@@ -2,8 +2,8 @@
 
 use super::TcpDevice;
 use super::wire::{self, Attach, Op, Request};
-use crate::conformance::{exec, wait};
-use crate::{Access, Device, QpState, QueuePair, SendWr, WcStatus};
+use crate::conformance::exec;
+use crate::{Access, Device, QueuePair, SendWr, WcStatus};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -228,32 +228,7 @@ fn bad_requests_never_touch_memory_outside_their_region() {
 
 #[test]
 fn clients_see_a_clean_error_when_the_server_dies() {
-    let server_dev = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let server = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
     let client = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
-    let (ccq, scq) = (
-        client.create_cq(64).unwrap(),
-        server_dev.create_cq(64).unwrap(),
-    );
-    let (server_qp, qp) =
-        crate::connect_rc((server_dev.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
-    let region = server_dev.register(64, Access::ALL).unwrap();
-    let remote = region.remote_addr(0);
-    let local = client.register(64, Access::ALL).unwrap();
-    assert_eq!(
-        exec(&qp, &ccq, SendWr::read(1, local.buf(0, 8), remote)).status,
-        WcStatus::Success
-    );
-    drop((server_qp, region, server_dev));
-    let wrs: Vec<SendWr> = (0..4)
-        .map(|i| SendWr::read(i, local.buf(0, 8), remote))
-        .collect();
-    qp.post_send(&wrs).unwrap();
-    let got = wait(&ccq, 4);
-    assert_eq!(got[0].status, WcStatus::RetryExceeded, "{got:?}");
-    assert!(
-        got[1..].iter().all(|c| c.status == WcStatus::WrFlush),
-        "{got:?}"
-    );
-    assert_eq!(qp.state(), QpState::Error);
-    assert!(qp.recover().is_err(), "nobody to reconnect to");
+    crate::conformance::owner_death_fails_cleanly(server, client);
 }

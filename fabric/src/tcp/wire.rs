@@ -8,16 +8,13 @@
 //! successful READ (the request's length) or the old value of a successful atomic.
 
 use crate::error::WcStatus;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use crate::handshake;
 use std::io::{self, Read, Write};
 
 pub(crate) const MAGIC: &[u8; 8] = b"NAMDBTCP";
 pub(crate) const VERSION: u16 = 1;
 /// The largest frame body either side accepts.
 pub(crate) const MAX_FRAME: usize = 64 << 20;
-pub(crate) const NONCE: usize = 16;
-pub(crate) const PROOF: usize = 32;
 
 pub(crate) const KIND_REQUESTS: u8 = 1;
 pub(crate) const KIND_RESPONSES: u8 = 2;
@@ -270,32 +267,12 @@ pub(crate) fn status_from(b: u8) -> Option<WcStatus> {
 
 // ------------------------------------------------------------------ handshake
 
-type HmacSha256 = Hmac<Sha256>;
-
-fn proof(token: &[u8], role: &[u8], client: &[u8; NONCE], server: &[u8; NONCE]) -> [u8; PROOF] {
-    let mut mac = HmacSha256::new_from_slice(token).expect("HMAC takes any key length");
-    mac.update(role);
-    mac.update(client);
-    mac.update(server);
-    mac.finalize().into_bytes().into()
-}
-
-fn verify(
-    token: &[u8],
-    role: &[u8],
-    client: &[u8; NONCE],
-    server: &[u8; NONCE],
-    claimed: &[u8],
-) -> bool {
-    let mut mac = HmacSha256::new_from_slice(token).expect("HMAC takes any key length");
-    mac.update(role);
-    mac.update(client);
-    mac.update(server);
-    mac.verify_slice(claimed).is_ok()
-}
-
-const SERVER_ROLE: &[u8] = b"namdb-tcp responder";
-const CLIENT_ROLE: &[u8] = b"namdb-tcp requester";
+const PROTOCOL: handshake::Protocol = handshake::Protocol {
+    magic: MAGIC,
+    version: VERSION,
+    server_role: b"namdb-tcp responder",
+    client_role: b"namdb-tcp requester",
+};
 
 /// What a requester asks for once authenticated: which queue pair it connects to, who
 /// it is, and how long the responder may hold a SEND that finds no receive (RNR).
@@ -308,57 +285,26 @@ pub(crate) struct Attach {
     pub(crate) rnr_timer_us: u32,
 }
 
+const ATTACH_LEN: usize = 17;
+
 pub(crate) const ATTACH_OK: u8 = 0;
-pub(crate) const ATTACH_UNAUTHENTICATED: u8 = 1;
+pub(crate) const ATTACH_UNAUTHENTICATED: u8 = handshake::UNAUTHENTICATED;
 pub(crate) const ATTACH_NO_SUCH_QP: u8 = 2;
 
-/// The requester's side of the handshake: mutual challenge-response over the cluster
-/// token (HMAC-SHA256 of both nonces; the token itself never crosses the wire), then
-/// the attach request. Returns the responder's node id.
+/// The requester's side of the handshake (see [`handshake`]), with the attach request
+/// as its first request. Returns the responder's node id.
 pub(crate) fn client_handshake(
     stream: &mut (impl Read + Write),
     token: &[u8],
     attach: Attach,
 ) -> Result<u32, String> {
-    let client_nonce: [u8; NONCE] = rand::random();
-    let mut hello = Vec::with_capacity(26);
-    hello.extend_from_slice(MAGIC);
-    hello.extend_from_slice(&VERSION.to_le_bytes());
-    hello.extend_from_slice(&client_nonce);
-    stream
-        .write_all(&hello)
-        .map_err(|e| format!("handshake: {e}"))?;
-    let mut challenge = [0u8; 2 + 4 + NONCE + PROOF];
-    stream
-        .read_exact(&mut challenge)
-        .map_err(|e| format!("handshake: no challenge from the peer ({e})"))?;
-    let version = u16::from_le_bytes([challenge[0], challenge[1]]);
-    if version != VERSION {
-        return Err(format!(
-            "peer speaks protocol version {version}, we speak {VERSION}"
-        ));
-    }
-    let node = u32::from_le_bytes(challenge[2..6].try_into().expect("4 bytes"));
-    let server_nonce: [u8; NONCE] = challenge[6..6 + NONCE].try_into().expect("nonce");
-    if !verify(
-        token,
-        SERVER_ROLE,
-        &client_nonce,
-        &server_nonce,
-        &challenge[6 + NONCE..],
-    ) {
-        return Err("the peer does not know the cluster token".into());
-    }
-    let mut msg = Vec::with_capacity(PROOF + 17);
-    msg.extend_from_slice(&proof(token, CLIENT_ROLE, &client_nonce, &server_nonce));
+    let mut msg = Vec::with_capacity(ATTACH_LEN);
     msg.extend_from_slice(&attach.src_node.to_le_bytes());
     msg.extend_from_slice(&attach.src_qpn.to_le_bytes());
     msg.extend_from_slice(&attach.dst_qpn.to_le_bytes());
     msg.push(attach.rnr_retry);
     msg.extend_from_slice(&attach.rnr_timer_us.to_le_bytes());
-    stream
-        .write_all(&msg)
-        .map_err(|e| format!("handshake: {e}"))?;
+    let node = handshake::client(stream, token, &PROTOCOL, &msg)?;
     let mut reply = [0u8; 1];
     stream
         .read_exact(&mut reply)
@@ -378,38 +324,8 @@ pub(crate) fn server_handshake(
     token: &[u8],
     node: u32,
 ) -> Result<Attach, String> {
-    let mut hello = [0u8; 8 + 2 + NONCE];
-    stream
-        .read_exact(&mut hello)
-        .map_err(|e| format!("no hello ({e})"))?;
-    if &hello[..8] != MAGIC {
-        return Err("not a namdb tcp peer (bad magic)".into());
-    }
-    let client_nonce: [u8; NONCE] = hello[10..].try_into().expect("nonce");
-    let server_nonce: [u8; NONCE] = rand::random();
-    let mut challenge = Vec::with_capacity(54);
-    challenge.extend_from_slice(&VERSION.to_le_bytes());
-    challenge.extend_from_slice(&node.to_le_bytes());
-    challenge.extend_from_slice(&server_nonce);
-    challenge.extend_from_slice(&proof(token, SERVER_ROLE, &client_nonce, &server_nonce));
-    stream
-        .write_all(&challenge)
-        .map_err(|e| format!("handshake: {e}"))?;
-    let mut msg = [0u8; PROOF + 17];
-    stream
-        .read_exact(&mut msg)
-        .map_err(|e| format!("no attach ({e})"))?;
-    if !verify(
-        token,
-        CLIENT_ROLE,
-        &client_nonce,
-        &server_nonce,
-        &msg[..PROOF],
-    ) {
-        let _ = stream.write_all(&[ATTACH_UNAUTHENTICATED]);
-        return Err("requester failed authentication".into());
-    }
-    let mut c = Cursor::new(&msg[PROOF..]);
+    let msg = handshake::server::<ATTACH_LEN>(stream, token, &PROTOCOL, node)?;
+    let mut c = Cursor::new(&msg);
     let field = |r: Result<u32, WireError>| r.map_err(|e| e.0);
     Ok(Attach {
         src_node: field(c.u32("src node"))?,

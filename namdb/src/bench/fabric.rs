@@ -219,29 +219,43 @@ fn cases(ops: &[OpKind]) -> Vec<Case> {
         .collect()
 }
 
+/// The backends a run measures: the one asked for, and for shm also the sim, whose
+/// per-operation cost is shm's goal to stay within.
+fn measured_backends(backend: BackendKind) -> Vec<BackendKind> {
+    match backend {
+        BackendKind::Shm => vec![BackendKind::Shm, BackendKind::Sim],
+        other => vec![other],
+    }
+}
+
 fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
     let cases = cases(&args.ops);
-    let total = cases.len() * args.threads as usize + 1;
+    let backends = measured_backends(args.backend);
+    let total = cases.len() * args.threads as usize * backends.len() + 1;
     let phase = Duration::from_millis(args.duration_ms);
     let mut rows = Vec::with_capacity(total);
     for case in &cases {
         for threads in 1..=args.threads {
-            eprintln!(
-                "[{:>2}/{total}] {} {} B, {threads} thread(s)…",
-                rows.len() + 1,
-                case.op.name(),
-                case.bytes
-            );
-            let row = measure(args, *case, threads, phase).with_context(|| {
-                format!(
-                    "benchmark of {} {} B with {threads} thread(s) on {} failed",
+            // Back to back, so that both backends see the machine in the same state.
+            for &backend in &backends {
+                eprintln!(
+                    "[{:>2}/{total}] {} {} {} B, {threads} thread(s)…",
+                    rows.len() + 1,
+                    backend.name(),
                     case.op.name(),
-                    case.bytes,
-                    args.backend.name()
-                )
-            })?;
-            tracing::info!(?row, "measured");
-            rows.push(row);
+                    case.bytes
+                );
+                let row = measure(args, backend, *case, threads, phase).with_context(|| {
+                    format!(
+                        "benchmark of {} {} B with {threads} thread(s) on {} failed",
+                        case.op.name(),
+                        case.bytes,
+                        backend.name()
+                    )
+                })?;
+                tracing::info!(?row, "measured");
+                rows.push(row);
+            }
         }
     }
     eprintln!(
@@ -252,13 +266,19 @@ fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn measure(args: &FabricArgs, case: Case, threads: u32, phase: Duration) -> Result<Row> {
-    let nodes = backend::nodes(args.backend, args.cost)?;
+fn measure(
+    args: &FabricArgs,
+    backend: BackendKind,
+    case: Case,
+    threads: u32,
+    phase: Duration,
+) -> Result<Row> {
+    let nodes = backend::nodes(backend, args.cost)?;
     let setup = Setup::new(&nodes, case, threads, args.batch)?;
     let (ops_per_sec, latency) = setup.run(phase)?;
     let payload = case.bytes as f64;
     Ok(Row {
-        backend: args.backend.name(),
+        backend: backend.name(),
         cost: args.cost.map(|c| c.name),
         op: case.op.name(),
         bytes: case.bytes as u64,
@@ -773,13 +793,14 @@ fn print_report(out: &mut impl Write, args: &FabricArgs, rows: &[Row]) -> std::i
     writeln!(out)?;
     writeln!(
         out,
-        "{:<10} {:>8} {:>7} {:>12} {:>9} {:>10} {:>10}",
-        "op", "bytes", "threads", "ops/s", "GB/s", "p50", "p99"
+        "{:<7} {:<10} {:>8} {:>7} {:>12} {:>9} {:>10} {:>10}",
+        "backend", "op", "bytes", "threads", "ops/s", "GB/s", "p50", "p99"
     )?;
     for row in rows {
         writeln!(
             out,
-            "{:<10} {:>8} {:>7} {:>12} {:>9.3} {:>10} {:>10}",
+            "{:<7} {:<10} {:>8} {:>7} {:>12} {:>9.3} {:>10} {:>10}",
+            row.backend,
             row.op,
             row.bytes,
             row.threads,
@@ -801,7 +822,7 @@ fn print_report(out: &mut impl Write, args: &FabricArgs, rows: &[Row]) -> std::i
     }
     let best_read = rows
         .iter()
-        .filter(|r| r.op == OpKind::Read.name())
+        .filter(|r| r.op == OpKind::Read.name() && r.backend == args.backend.name())
         .max_by(|a, b| a.gb_per_sec.total_cmp(&b.gb_per_sec));
     if let (Some(r), Some(m)) = (best_read, memcpy)
         && m.gb_per_sec > 0.0
@@ -869,7 +890,34 @@ fn goal_lines(backend: BackendKind, rows: &[Row]) -> Vec<String> {
                 ]
             })
             .collect(),
+        BackendKind::Shm => rows
+            .iter()
+            .filter(|r| r.backend == BackendKind::Shm.name())
+            .filter_map(|shm| {
+                let sim = rows.iter().find(|r| {
+                    r.backend == BackendKind::Sim.name()
+                        && (r.op, r.bytes, r.threads) == (shm.op, shm.bytes, shm.threads)
+                })?;
+                let (batched, p50) = shm_vs_sim(shm, sim);
+                Some(format!(
+                    "goal shm within 2× of sim per operation, {} {} B, {} thread(s): \
+                     {batched:.2}× batched, {p50:.2}× p50 — {}",
+                    shm.op,
+                    shm.bytes,
+                    shm.threads,
+                    verdict(batched <= 2.0 && p50 <= 2.0)
+                ))
+            })
+            .collect(),
     }
+}
+
+/// How many times longer an operation takes on shm than on the sim: batched (from the
+/// throughput phase) and alone (p50 latency).
+fn shm_vs_sim(shm: &Row, sim: &Row) -> (f64, f64) {
+    let batched = sim.ops_per_sec / shm.ops_per_sec.max(f64::MIN_POSITIVE);
+    let p50 = shm.p50_ns as f64 / sim.p50_ns.max(1) as f64;
+    (batched, p50)
 }
 
 fn rate(per_sec: f64) -> String {
@@ -971,11 +1019,57 @@ mod tests {
             batch: 8,
             json: None,
         };
-        for case in cases(&[]) {
-            let row = measure(&args, case, 2, Duration::from_millis(5)).expect("measures");
-            assert!(row.ops_per_sec > 0.0, "{row:?}");
-            assert!(row.p99_ns >= row.p50_ns && row.p50_ns > 0, "{row:?}");
+        for backend in [BackendKind::Sim, BackendKind::Shm] {
+            for case in cases(&[]) {
+                let row =
+                    measure(&args, backend, case, 2, Duration::from_millis(5)).expect("measures");
+                assert_eq!(row.backend, backend.name());
+                assert!(row.ops_per_sec > 0.0, "{row:?}");
+                assert!(row.p99_ns >= row.p50_ns && row.p50_ns > 0, "{row:?}");
+            }
         }
+    }
+
+    fn row(backend: BackendKind, ops_per_sec: f64, p50_ns: u64) -> Row {
+        Row {
+            backend: backend.name(),
+            cost: None,
+            op: "read",
+            bytes: 64,
+            threads: 1,
+            ops_per_sec,
+            gb_per_sec: 0.0,
+            p50_ns,
+            p99_ns: p50_ns,
+        }
+    }
+
+    #[test]
+    fn shm_goals_compare_with_sim_in_the_same_run() {
+        assert_eq!(
+            measured_backends(BackendKind::Shm),
+            [BackendKind::Shm, BackendKind::Sim]
+        );
+        assert_eq!(measured_backends(BackendKind::Tcp), [BackendKind::Tcp]);
+        let rows = [
+            row(BackendKind::Shm, 10e6, 300),
+            row(BackendKind::Sim, 30e6, 100),
+        ];
+        let lines = goal_lines(BackendKind::Shm, &rows);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("3.00× batched, 3.00× p50 — NOT met"),
+            "{lines:?}"
+        );
+        let rows = [
+            row(BackendKind::Shm, 20e6, 150),
+            row(BackendKind::Sim, 30e6, 100),
+        ];
+        let lines = goal_lines(BackendKind::Shm, &rows);
+        assert!(
+            lines[0].contains("1.50× batched, 1.50× p50 — met"),
+            "{lines:?}"
+        );
     }
 
     #[test]
@@ -991,7 +1085,8 @@ mod tests {
         };
         for op in [OpKind::Read, OpKind::SendRecv] {
             let case = Case { op, bytes: 4096 };
-            let row = measure(&args, case, 1, Duration::from_millis(5)).expect("measures");
+            let row = measure(&args, BackendKind::Sim, case, 1, Duration::from_millis(5))
+                .expect("measures");
             // A READ round trip is modelled at 2 µs.
             assert!(row.p50_ns >= 1_000, "{row:?}");
         }

@@ -4,6 +4,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
+use fabric::shm::ShmDevice;
 use fabric::tcp::TcpDevice;
 use fabric::{Device, NodeId};
 use memory_server::{ClusterToken, MemoryServer, RegionPlan, ServerConfig, parse_bytes};
@@ -33,6 +34,10 @@ pub struct MemoryServerArgs {
     /// control plane's host with a free port.
     #[arg(long, value_name = "ADDR")]
     pub data_listen: Option<SocketAddr>,
+    /// shm only: the Unix socket peers reach the data path at; by default
+    /// `namdb-memory-server-<pid>.sock` in the temporary directory.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// This server's fabric node id, unique in the cluster; random by default.
     #[arg(long, value_name = "N")]
     pub node: Option<u32>,
@@ -56,7 +61,7 @@ fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Devic
     match args.backend {
         ServerBackend::Sim => bail!(
             "the sim backend runs in-process only, so no compute node in another process \
-             could reach this server's memory; use --backend tcp"
+             could reach this server's memory; use --backend tcp or shm"
         ),
         ServerBackend::Tcp => {
             let data = args
@@ -67,7 +72,13 @@ fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Devic
             Ok(device)
         }
         ServerBackend::Shm => {
-            bail!("the shm backend is not available yet in this build; use --backend tcp")
+            let path = args.socket.clone().unwrap_or_else(|| {
+                std::env::temp_dir()
+                    .join(format!("namdb-memory-server-{}.sock", std::process::id()))
+            });
+            let device = ShmDevice::bind_as(&path, token.secret(), node)
+                .with_context(|| format!("cannot start the shm data path on {}", path.display()))?;
+            Ok(device)
         }
     }
 }
@@ -159,15 +170,25 @@ mod tests {
     #[test]
     fn backends_that_cannot_serve_a_process_say_so() {
         let token = ClusterToken::new("0123456789abcdef0123456789abcdef").unwrap();
-        for (backend, says) in [
-            (ServerBackend::Sim, "in-process only"),
-            (ServerBackend::Shm, "not available yet"),
-        ] {
+        for (backend, says) in [(ServerBackend::Sim, "in-process only")] {
             let mut args = parse(&["--size", "1M"]).unwrap();
             args.backend = backend;
             let err = device(&args, &token).err().expect("no device").to_string();
             assert!(err.contains(says), "{backend:?}: {err}");
         }
+    }
+
+    #[test]
+    fn shm_serves_on_the_chosen_socket() {
+        let token = ClusterToken::new("0123456789abcdef0123456789abcdef").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("ms.sock");
+        let mut args = parse(&["--size", "1M", "--node", "7"]).unwrap();
+        args.backend = ServerBackend::Shm;
+        args.socket = Some(socket.clone());
+        let device = device(&args, &token).unwrap();
+        assert_eq!(device.node(), NodeId(7));
+        assert_eq!(device.address(), format!("shm:{}", socket.display()));
     }
 
     #[test]

@@ -95,7 +95,7 @@ fn unknown_backend_lists_the_choices() {
 fn backends_that_cannot_serve_a_process_say_so() {
     let dir = tempfile::tempdir().unwrap();
     let path = token_file(&dir, GOOD_TOKEN, 0o600);
-    for (backend, says) in [("sim", "in-process only"), ("shm", "not available yet")] {
+    for (backend, says) in [("sim", "in-process only")] {
         let out = memory_server(backend, &path, "1MiB");
         assert!(!out.status.success(), "{backend} must not start");
         let err = stderr(&out);
@@ -190,7 +190,7 @@ impl Drop for ServerProcess {
     }
 }
 
-fn start_tcp_server(token_file: &Path) -> ServerProcess {
+fn start_server(backend: &str, token_file: &Path) -> ServerProcess {
     use std::io::BufRead;
     use std::process::Stdio;
     let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
@@ -199,7 +199,7 @@ fn start_tcp_server(token_file: &Path) -> ServerProcess {
             "--listen",
             "127.0.0.1:0",
             "--backend",
-            "tcp",
+            backend,
             "--size",
             "4MiB",
             "--token-file",
@@ -217,7 +217,7 @@ fn start_tcp_server(token_file: &Path) -> ServerProcess {
         .nth(4)
         .unwrap_or_else(|| panic!("no listening line: {line:?}"))
         .to_string();
-    assert!(line.contains("data path tcp:127.0.0.1:"), "{line}");
+    assert!(line.contains(&format!("data path {backend}:")), "{line}");
     ServerProcess {
         child,
         control,
@@ -227,18 +227,37 @@ fn start_tcp_server(token_file: &Path) -> ServerProcess {
 
 #[test]
 fn a_tcp_memory_server_serves_another_process_and_stops_on_sigterm() {
-    use fabric::{Access, Device, SendWr, Src, WcStatus};
+    serve_another_process_then_stop("tcp", |token, _| {
+        fabric::tcp::TcpDevice::bind("127.0.0.1:0", token).unwrap()
+    });
+}
+
+#[test]
+fn an_shm_memory_server_serves_another_process_and_stops_on_sigterm() {
+    serve_another_process_then_stop("shm", |token, dir| {
+        fabric::shm::ShmDevice::bind(dir.join("client.sock"), token).unwrap()
+    });
+}
+
+/// Starts a `backend` server process, uses it from this process through the control
+/// plane and a client device made by `client`, stops it with SIGTERM, and checks the
+/// client then sees a clean error.
+fn serve_another_process_then_stop(
+    backend: &str,
+    client_device: impl Fn(&[u8], &Path) -> std::sync::Arc<dyn fabric::Device>,
+) {
+    use fabric::{Access, SendWr, Src, WcStatus};
     use memory_server::ClusterToken;
     let dir = tempfile::tempdir().unwrap();
     let path = token_file(&dir, GOOD_TOKEN, 0o600);
-    let mut server = start_tcp_server(&path);
+    let mut server = start_server(backend, &path);
 
     let token = ClusterToken::from_file(&path).unwrap();
     let client = memory_server::blocking::Client::connect(&server.control, &token).unwrap();
-    assert_eq!(client.server().backend, "tcp");
+    assert_eq!(client.server().backend, backend);
     let regions = client.list_regions().unwrap();
     let data = regions.data().next().expect("a data region").remote;
-    let device = fabric::tcp::TcpDevice::bind("127.0.0.1:0", token.secret()).unwrap();
+    let device = client_device(token.secret(), dir.path());
     let cq = device.create_cq(64).unwrap();
     let (qp, _) = client.connect_qp(device.as_ref(), &cq).unwrap();
     let local = device.register(64, Access::ALL).unwrap();

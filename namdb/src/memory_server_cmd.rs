@@ -170,7 +170,8 @@ mod tests {
     #[test]
     fn backends_that_cannot_serve_a_process_say_so() {
         let token = ClusterToken::new("0123456789abcdef0123456789abcdef").unwrap();
-        for (backend, says) in [(ServerBackend::Sim, "in-process only")] {
+        {
+            let (backend, says) = (ServerBackend::Sim, "in-process only");
             let mut args = parse(&["--size", "1M"]).unwrap();
             args.backend = backend;
             let err = device(&args, &token).err().expect("no device").to_string();

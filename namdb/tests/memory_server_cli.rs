@@ -95,7 +95,8 @@ fn unknown_backend_lists_the_choices() {
 fn backends_that_cannot_serve_a_process_say_so() {
     let dir = tempfile::tempdir().unwrap();
     let path = token_file(&dir, GOOD_TOKEN, 0o600);
-    for (backend, says) in [("sim", "in-process only")] {
+    {
+        let (backend, says) = ("sim", "in-process only");
         let out = memory_server(backend, &path, "1MiB");
         assert!(!out.status.success(), "{backend} must not start");
         let err = stderr(&out);

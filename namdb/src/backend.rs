@@ -108,3 +108,76 @@ pub fn parse_cost(name: &str) -> Result<CostModel, String> {
         )
     })
 }
+
+/// A memory server started separately, as a benchmark's target: a client device of
+/// the server's backend in this process, the authenticated control-plane session, and
+/// the data region to address.
+pub struct ServerTarget {
+    pub client: Arc<dyn Device>,
+    pub control: memory_server::blocking::Client,
+    pub region: fabric::RemoteRegion,
+    pub address: String,
+    _sockets: Option<tempfile::TempDir>,
+}
+
+/// Connects to the memory server at `addr` (its gRPC control plane) with the token in
+/// `token_file`, and brings up a client device of `kind` that the server can reach.
+pub fn connect_server(
+    kind: BackendKind,
+    addr: &str,
+    token_file: &std::path::Path,
+) -> Result<ServerTarget> {
+    let token = memory_server::ClusterToken::from_file(token_file)?;
+    let control = memory_server::blocking::Client::connect(addr, &token)
+        .with_context(|| format!("cannot reach the memory server at {addr}"))?;
+    let served = control.server().backend.clone();
+    anyhow::ensure!(
+        served == kind.name(),
+        "the memory server at {addr} serves the {served} backend, not {}; pass --backend {served}",
+        kind.name()
+    );
+    let region = control
+        .list_regions()?
+        .data()
+        .next()
+        .map(|r| r.remote)
+        .with_context(|| format!("the memory server at {addr} exports no data region"))?;
+    let (client, sockets): (Arc<dyn Device>, _) = match kind {
+        BackendKind::Sim => anyhow::bail!("a memory server never serves the sim backend"),
+        BackendKind::Tcp => {
+            // The server dials the client's soft-NIC back, so listen on the address this
+            // host uses to reach the server, not on loopback or the wildcard.
+            let server_ip = addr
+                .parse::<std::net::SocketAddr>()
+                .map(|a| a.ip())
+                .or_else(|_| {
+                    std::net::ToSocketAddrs::to_socket_addrs(addr)
+                        .ok()
+                        .and_then(|mut a| a.next())
+                        .map(|a| a.ip())
+                        .context("unresolvable")
+                })
+                .with_context(|| format!("cannot resolve {addr}"))?;
+            let probe = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
+            probe.connect((server_ip, 9))?;
+            let local = probe.local_addr()?.ip();
+            let device = TcpDevice::bind(&format!("{local}:0"), token.secret())?;
+            (device, None)
+        }
+        BackendKind::Shm => {
+            let dir = tempfile::Builder::new()
+                .prefix("namdb-bench-")
+                .tempdir()
+                .context("creating a directory for the client socket")?;
+            let device = ShmDevice::bind(dir.path().join("client.sock"), token.secret())?;
+            (device, Some(dir))
+        }
+    };
+    Ok(ServerTarget {
+        client,
+        control,
+        region,
+        address: addr.to_string(),
+        _sockets: sockets,
+    })
+}

@@ -1,6 +1,8 @@
 //! `namdb bench fabric` as a user runs it: the built binary, its exit status, its
 //! JSON output and its error messages.
 
+mod common;
+
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -215,4 +217,55 @@ fn a_cost_model_on_tcp_is_refused() {
             "{stderr}"
         );
     }
+}
+
+#[test]
+fn connect_measures_a_separately_started_memory_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let out = namdb(&["token", "generate", token.to_str().unwrap()]);
+    assert!(out.status.success());
+    let server = common::start_server("tcp", &token);
+    let path = temp_path("bench-fabric-connect");
+    let out = namdb(&[
+        "bench",
+        "fabric",
+        "--backend",
+        "tcp",
+        "--connect",
+        &server.control,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--duration-ms",
+        "20",
+        "--threads",
+        "1",
+        "--json",
+        path.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "namdb failed: {stderr}");
+    assert!(stderr.contains("send_recv skipped"), "{stderr}");
+    let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    // read/write × 3 sizes, cas, fetch_add; and memcpy.
+    assert_eq!(
+        rows.iter().filter(|r| r["backend"] == "tcp").count(),
+        8,
+        "{rows:?}"
+    );
+    assert!(rows.iter().all(|r| r["op"] != "send_recv"));
+
+    let wrong = namdb(&[
+        "bench",
+        "fabric",
+        "--backend",
+        "shm",
+        "--connect",
+        &server.control,
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    assert!(!wrong.status.success());
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("serves the tcp backend"));
 }

@@ -4,6 +4,9 @@
 //! A real server process on the tcp backend is started, used by a client in this
 //! process over gRPC and the fabric, and stopped with SIGTERM.
 
+mod common;
+
+use common::start_server;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -175,55 +178,6 @@ fn token_generate_writes_a_private_token_once() {
     let err = stderr(&out);
     assert!(err.contains("in-process only"), "{err}");
     assert!(!err.contains("token"), "{err}");
-}
-
-/// A memory server process, killed when dropped so a failing test leaves none behind.
-struct ServerProcess {
-    child: std::process::Child,
-    control: String,
-    stdout: std::io::BufReader<std::process::ChildStdout>,
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server(backend: &str, token_file: &Path) -> ServerProcess {
-    use std::io::BufRead;
-    use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args([
-            "memory-server",
-            "--listen",
-            "127.0.0.1:0",
-            "--backend",
-            backend,
-            "--size",
-            "4MiB",
-            "--token-file",
-            token_file.to_str().unwrap(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("namdb starts");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let control = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
-        .to_string();
-    assert!(line.contains(&format!("data path {backend}:")), "{line}");
-    ServerProcess {
-        child,
-        control,
-        stdout,
-    }
 }
 
 #[test]

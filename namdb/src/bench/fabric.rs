@@ -22,7 +22,7 @@
 //!
 //! Every completion status is checked; anything but success aborts with an error.
 
-use crate::backend::{self, BackendKind, Nodes};
+use crate::backend::{self, BackendKind, Nodes, ServerTarget};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use clap::{Args, ValueEnum};
 use fabric::sim::CostModel;
@@ -86,6 +86,14 @@ pub struct FabricArgs {
     /// Also write the results to FILE as a JSON list.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Measure against a memory server started separately (`namdb memory-server`):
+    /// its gRPC control-plane address. The server's backend must be `--backend`.
+    /// SEND/RECV is skipped: a memory server runs no receivers.
+    #[arg(long, value_name = "ADDR", requires = "token_file")]
+    pub connect: Option<String>,
+    /// The cluster token file, with `--connect`.
+    #[arg(long, value_name = "FILE", requires = "connect")]
+    pub token_file: Option<PathBuf>,
 }
 
 /// An operation the benchmark measures.
@@ -229,7 +237,15 @@ fn measured_backends(backend: BackendKind) -> Vec<BackendKind> {
 }
 
 fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
-    let cases = cases(&args.ops);
+    let server = match (&args.connect, &args.token_file) {
+        (Some(addr), Some(token)) => Some(backend::connect_server(args.backend, addr, token)?),
+        _ => None,
+    };
+    let mut cases = cases(&args.ops);
+    if server.is_some() && cases.iter().any(|c| c.op == OpKind::SendRecv) {
+        eprintln!("note: send_recv skipped: a memory server runs no receivers");
+        cases.retain(|c| c.op != OpKind::SendRecv);
+    }
     let backends = measured_backends(args.backend);
     let total = cases.len() * args.threads as usize * backends.len() + 1;
     let phase = Duration::from_millis(args.duration_ms);
@@ -245,14 +261,16 @@ fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
                     case.op.name(),
                     case.bytes
                 );
-                let row = measure(args, backend, *case, threads, phase).with_context(|| {
-                    format!(
-                        "benchmark of {} {} B with {threads} thread(s) on {} failed",
-                        case.op.name(),
-                        case.bytes,
-                        backend.name()
-                    )
-                })?;
+                let target = server.as_ref().filter(|_| backend == args.backend);
+                let row =
+                    measure(args, backend, target, *case, threads, phase).with_context(|| {
+                        format!(
+                            "benchmark of {} {} B with {threads} thread(s) on {} failed",
+                            case.op.name(),
+                            case.bytes,
+                            backend.name()
+                        )
+                    })?;
                 tracing::info!(?row, "measured");
                 rows.push(row);
             }
@@ -269,13 +287,29 @@ fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
 fn measure(
     args: &FabricArgs,
     backend: BackendKind,
+    server: Option<&ServerTarget>,
     case: Case,
     threads: u32,
     phase: Duration,
 ) -> Result<Row> {
-    let nodes = backend::nodes(backend, args.cost)?;
-    let setup = Setup::new(&nodes, case, threads, args.batch)?;
-    let (ops_per_sec, latency) = setup.run(phase)?;
+    let nodes;
+    let target = match server {
+        Some(server) => Target::Server(server),
+        None => {
+            nodes = backend::nodes(backend, args.cost)?;
+            Target::InProcess(&nodes)
+        }
+    };
+    let setup = Setup::new(&target, case, threads, args.batch)?;
+    let measured = setup.run(phase);
+    if let Target::Server(server) = target {
+        // The server's queue pairs are per measurement; the session would end them
+        // only at exit.
+        for qpn in &setup.server_qpns {
+            server.control.disconnect_qp(*qpn)?;
+        }
+    }
+    let (ops_per_sec, latency) = measured?;
     let payload = case.bytes as f64;
     Ok(Row {
         backend: backend.name(),
@@ -338,12 +372,26 @@ impl Flow {
     }
 }
 
+/// Where a measurement's requests go.
+enum Target<'a> {
+    /// A fresh pair of nodes in this process.
+    InProcess(&'a Nodes),
+    /// A memory server started separately (`--connect`).
+    Server(&'a ServerTarget),
+}
+
+/// The server's end of a pair, when it is in this process (it posts the receives of
+/// SEND/RECV).
+struct ServerSide {
+    qp: Arc<dyn QueuePair>,
+    cq: Arc<dyn CompletionQueue>,
+}
+
 /// One client thread's connection to the server node.
 struct Pair {
     client_qp: Arc<dyn QueuePair>,
     client_cq: Arc<dyn CompletionQueue>,
-    server_qp: Arc<dyn QueuePair>,
-    server_cq: Arc<dyn CompletionQueue>,
+    server: Option<ServerSide>,
     /// The client's source/target buffer: one slot per work request of a batch.
     local: Region,
     /// This thread's slice of the server region, as the client addresses it and as
@@ -359,57 +407,101 @@ struct Setup {
     batch: u32,
     /// Receives each server queue pair keeps posted (SEND/RECV only).
     recv_slots: u32,
-    server_region: Region,
+    /// The target region, when the server is in this process.
+    server_region: Option<Region>,
+    /// Queue pairs a separately started server made for this measurement.
+    server_qpns: Vec<u32>,
     pairs: Vec<Pair>,
 }
 
 impl Setup {
-    fn new(nodes: &Nodes, case: Case, threads: u32, batch: u32) -> Result<Setup> {
+    fn new(target: &Target<'_>, case: Case, threads: u32, batch: u32) -> Result<Setup> {
         let send_recv = case.op == OpKind::SendRecv;
         let recv_slots = if send_recv { batch * RECV_BATCHES } else { 1 };
         let slots = if send_recv { recv_slots } else { batch };
         let slice = slots as u64 * case.bytes as u64;
-        let server_region = nodes
-            .server
-            .register(slice * threads as u64, Access::ALL)
-            .context("registering the server region")?;
+        let (server_region, remote_region, client) = match target {
+            Target::InProcess(nodes) => {
+                let region = nodes
+                    .server
+                    .register(slice * threads as u64, Access::ALL)
+                    .context("registering the server region")?;
+                let remote = region.remote();
+                (Some(region), remote, nodes.client.clone())
+            }
+            Target::Server(server) => {
+                ensure!(
+                    server.region.len >= slice * threads as u64,
+                    "the server's data region has {} bytes; this case needs {}",
+                    server.region.len,
+                    slice * threads as u64
+                );
+                (None, server.region, server.client.clone())
+            }
+        };
         let send_depth = batch * PIPELINE_DEPTH;
         let mut pairs = Vec::with_capacity(threads as usize);
+        let mut server_qpns = Vec::new();
         for t in 0..threads {
             // Room for every request in flight to complete, even all with errors, so
             // a failure shows its status rather than a CQ overrun.
-            let client_cq = nodes.client.create_cq(send_depth + 16)?;
-            let server_cq = nodes.server.create_cq(recv_slots + 16)?;
-            let (client_qp, server_qp) = fabric::connect_rc_with(
-                (&*nodes.client, &client_cq),
-                (&*nodes.server, &server_cq),
-                |c| QpConfig {
-                    max_send_wr: send_depth,
-                    max_recv_wr: recv_slots,
-                    ..c
-                },
-            )
-            .context("connecting a client queue pair to the server")?;
-            let local = nodes
-                .client
+            let client_cq = client.create_cq(send_depth + 16)?;
+            let tune = |c| QpConfig {
+                max_send_wr: send_depth,
+                max_recv_wr: recv_slots,
+                ..c
+            };
+            let (client_qp, server) = match target {
+                Target::InProcess(nodes) => {
+                    let server_cq = nodes.server.create_cq(recv_slots + 16)?;
+                    let (client_qp, server_qp) = fabric::connect_rc_with(
+                        (&*nodes.client, &client_cq),
+                        (&*nodes.server, &server_cq),
+                        tune,
+                    )
+                    .context("connecting a client queue pair to the server")?;
+                    let server = ServerSide {
+                        qp: server_qp,
+                        cq: server_cq,
+                    };
+                    (client_qp, Some(server))
+                }
+                Target::Server(server) => {
+                    let (qp, info) = server
+                        .control
+                        .connect_qp_with_config(&*server.client, &tune(QpConfig::rc(&client_cq)))
+                        .with_context(|| {
+                            format!(
+                                "connecting a queue pair to the memory server at {}",
+                                server.address
+                            )
+                        })?;
+                    server_qpns.push(info.qpn);
+                    (qp, None)
+                }
+            };
+            let local = client
                 .register(batch as u64 * case.bytes as u64, Access::LOCAL)
                 .context("registering a client buffer")?;
             let base = t as u64 * slice;
             let pair = Pair {
                 client_qp,
                 client_cq,
-                server_qp,
-                server_cq,
+                server,
                 local,
-                remote: server_region.remote_addr(base),
+                remote: remote_region.at(base),
                 base,
                 flow: Flow::default(),
             };
             if send_recv {
+                let (Some(region), Some(server)) = (&server_region, &pair.server) else {
+                    bail!("SEND/RECV needs the server in this process");
+                };
                 let recvs: Vec<RecvWr> = (0..recv_slots)
-                    .map(|slot| recv_wr(&server_region, base, case.bytes, slot as u64))
+                    .map(|slot| recv_wr(region, base, case.bytes, slot as u64))
                     .collect();
-                pair.server_qp
+                server
+                    .qp
                     .post_recv(&recvs)
                     .context("posting the initial receives")?;
                 pair.flow
@@ -424,6 +516,7 @@ impl Setup {
             batch,
             recv_slots,
             server_region,
+            server_qpns,
             pairs,
         })
     }
@@ -617,13 +710,16 @@ impl Setup {
 
     fn receive_loop(&self, pair: &Pair) -> Result<()> {
         let bytes = self.case.bytes;
+        let (Some(region), Some(server)) = (&self.server_region, &pair.server) else {
+            bail!("SEND/RECV needs the server in this process");
+        };
         let mut wcs = [Completion::default(); 32];
         let mut repost = Vec::with_capacity(wcs.len());
         let mut received = 0u64;
         let mut drain_since = None;
         loop {
-            let n = pair
-                .server_cq
+            let n = server
+                .cq
                 .poll(&mut wcs)
                 .context("polling the server completion queue")?;
             if n == 0 {
@@ -666,9 +762,10 @@ impl Setup {
                     "a receive completed with unknown wr_id {}",
                     wc.wr_id
                 );
-                repost.push(recv_wr(&self.server_region, pair.base, bytes, wc.wr_id));
+                repost.push(recv_wr(region, pair.base, bytes, wc.wr_id));
             }
-            pair.server_qp
+            server
+                .qp
                 .post_recv(&repost)
                 .context("re-posting receives")?;
             pair.flow.posted.fetch_add(n as u64, Ordering::Release);

@@ -1115,11 +1115,13 @@ mod tests {
             ops: Vec::new(),
             batch: 8,
             json: None,
+            connect: None,
+            token_file: None,
         };
         for backend in [BackendKind::Sim, BackendKind::Shm] {
             for case in cases(&[]) {
-                let row =
-                    measure(&args, backend, case, 2, Duration::from_millis(5)).expect("measures");
+                let row = measure(&args, backend, None, case, 2, Duration::from_millis(5))
+                    .expect("measures");
                 assert_eq!(row.backend, backend.name());
                 assert!(row.ops_per_sec > 0.0, "{row:?}");
                 assert!(row.p99_ns >= row.p50_ns && row.p50_ns > 0, "{row:?}");
@@ -1179,11 +1181,20 @@ mod tests {
             ops: Vec::new(),
             batch: 4,
             json: None,
+            connect: None,
+            token_file: None,
         };
         for op in [OpKind::Read, OpKind::SendRecv] {
             let case = Case { op, bytes: 4096 };
-            let row = measure(&args, BackendKind::Sim, case, 1, Duration::from_millis(5))
-                .expect("measures");
+            let row = measure(
+                &args,
+                BackendKind::Sim,
+                None,
+                case,
+                1,
+                Duration::from_millis(5),
+            )
+            .expect("measures");
             // A READ round trip is modelled at 2 µs.
             assert!(row.p50_ns >= 1_000, "{row:?}");
         }

@@ -4,6 +4,9 @@
 //! A real server process on the tcp backend is started, used by a client in this
 //! process over gRPC and the fabric, and stopped with SIGTERM.
 
+mod common;
+
+use common::ServerProcess;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -176,53 +179,14 @@ fn token_generate_writes_a_private_token_once() {
     assert!(!err.contains("token"), "{err}");
 }
 
-/// A memory server process, killed when dropped so a failing test leaves none behind.
-struct ServerProcess {
-    child: std::process::Child,
-    control: String,
-    stdout: std::io::BufReader<std::process::ChildStdout>,
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_tcp_server(token_file: &Path) -> ServerProcess {
-    use std::io::BufRead;
-    use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args([
-            "memory-server",
-            "--listen",
-            "127.0.0.1:0",
-            "--backend",
-            "tcp",
-            "--size",
-            "4MiB",
-            "--token-file",
-            token_file.to_str().unwrap(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("namdb starts");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let control = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
-        .to_string();
-    assert!(line.contains("data path tcp:127.0.0.1:"), "{line}");
-    ServerProcess {
-        child,
-        control,
-        stdout,
-    }
+    let server = ServerProcess::start("tcp", token_file, &["--size", "4MiB"]);
+    assert!(
+        server.line.contains("data path tcp:127.0.0.1:"),
+        "{}",
+        server.line
+    );
+    server
 }
 
 #[test]
@@ -284,17 +248,8 @@ fn a_tcp_memory_server_serves_another_process_and_stops_on_sigterm() {
     assert!(status.success());
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
-    let mut err = String::new();
-    use std::io::Read;
-    server
-        .child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = server.stderr();
     assert!(err.contains("memory server stopped"), "{err}");
-    let _ = &mut server.stdout;
 
     // The server is gone: the next request fails cleanly, the rest are flushed.
     let wc = run(SendWr::read(6, local.buf(0, 8), data.at(0)));

@@ -1,8 +1,8 @@
 //! `namdb bench …`: benchmarks, one module per subject.
 
 mod fabric;
-mod verify;
 mod timestamp;
+mod verify;
 
 use anyhow::Result;
 use clap::Subcommand;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tonic::{Request, Response, Status};
 
-/// Everything the control plane serves from.
+/// Everything the control plane and the remote-verbs service serve from.
 pub(crate) struct ServerState {
     pub device: Arc<dyn Device>,
     /// The completion queue of every server-side queue pair. The server never posts, so

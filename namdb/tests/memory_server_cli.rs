@@ -200,6 +200,15 @@ fn a_tcp_memory_server_serves_another_process_and_stops_on_sigterm() {
     let token = ClusterToken::from_file(&path).unwrap();
     let client = memory_server::blocking::Client::connect(&server.control, &token).unwrap();
     assert_eq!(client.server().backend, "tcp");
+    // Started without --allow-remote-verbs, it keeps its device to itself.
+    let other = memory_server::blocking::Client::connect(&server.control, &token).unwrap();
+    let refused = memory_server::RemoteDevice::new(other)
+        .err()
+        .expect("refused");
+    assert!(
+        refused.to_string().contains("--allow-remote-verbs"),
+        "{refused}"
+    );
     let regions = client.list_regions().unwrap();
     let data = regions.data().next().expect("a data region").remote;
     let device = fabric::tcp::TcpDevice::bind("127.0.0.1:0", token.secret()).unwrap();

@@ -3,8 +3,9 @@
 //!
 //! A backend's test file implements [`Backend`] and invokes
 //! [`conformance_tests!`](crate::conformance_tests), which expands to one `#[test]` per
-//! case below. Cases check results through the fabric itself (READs), so they hold for
-//! backends whose memory lives in another process.
+//! case below. Cases check results through the fabric itself (READs) and never touch
+//! the first device's memory with the CPU, so they hold when that device is in another
+//! process (a memory server driven over remote verbs).
 
 use crate::{
     Access, AsyncQp, Completion, CompletionQueue, CqDriver, Device, FabricError, GRH_BYTES,
@@ -18,7 +19,8 @@ use std::time::{Duration, Instant};
 
 /// A backend under test.
 pub trait Backend: Sync {
-    /// A fresh network of `nodes` devices.
+    /// A fresh network of `nodes` devices. The first plays the server: its memory may
+    /// be in another process, so the suite reaches it only through the fabric.
     fn devices(&self, nodes: usize) -> Vec<Arc<dyn Device>>;
     /// Whether UD datagrams may be dropped in this configuration.
     fn ud_may_drop(&self) -> bool {
@@ -1112,10 +1114,28 @@ pub fn ud_datagrams_arrive_with_grh_in_any_order(b: &dyn Backend) {
         endpoint: p.b_qp.endpoint(),
         qkey: QpConfig::DEFAULT_QKEY,
     };
-    let out = p.a.register(N * 16, Access::LOCAL).unwrap();
+    // The payloads are staged on the receiving device and fetched into the sender's
+    // buffer with a READ: the sender may be a device in another process, whose memory
+    // the suite never touches with the CPU.
+    let staged = p.b.register(N * 16, Access::REMOTE_READ).unwrap();
     for i in 0..N {
         let len = 8 + (i % 9);
-        out.write(i * 16, &pattern(len as usize, i as u8)).unwrap();
+        staged
+            .write(i * 16, &pattern(len as usize, i as u8))
+            .unwrap();
+    }
+    let out = p.a.register(N * 16, Access::LOCAL).unwrap();
+    let (fetch_cq, peer_cq) = (p.a.create_cq(4).unwrap(), p.b.create_cq(4).unwrap());
+    let (fetch, _peer) =
+        crate::connect_rc((p.a.as_ref(), &fetch_cq), (p.b.as_ref(), &peer_cq)).unwrap();
+    let wc = exec(
+        &fetch,
+        &fetch_cq,
+        SendWr::read(0, out.buf(0, (N * 16) as u32), staged.remote_addr(0)),
+    );
+    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    for i in 0..N {
+        let len = 8 + (i % 9);
         let wr = SendWr::send_imm(i, out.buf(i * 16, len as u32), i as u32)
             .to(dest)
             .signaled(i % 16 == 15 || i == N - 1);

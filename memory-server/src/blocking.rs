@@ -51,6 +51,24 @@ impl Client {
         self.open.as_ref().expect("the client is open until closed")
     }
 
+    pub(crate) fn inner(&self) -> &client::Client {
+        &self.open().inner
+    }
+
+    /// Runs `future` (an RPC of this client's) to completion on the client's runtime;
+    /// refuses inside another runtime, whose thread it would block.
+    pub(crate) fn block_on<F: std::future::Future>(
+        &self,
+        future: F,
+    ) -> Result<F::Output, ClientError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(ClientError::Runtime(
+                "a blocking memory-server call cannot run inside a tokio runtime".into(),
+            ));
+        }
+        Ok(self.open().runtime.block_on(future))
+    }
+
     pub fn server(&self) -> &ServerInfo {
         self.open().inner.server()
     }

@@ -111,6 +111,8 @@ impl RemoteEndpointInfo {
 /// An authenticated session with one memory server.
 pub struct Client {
     rpc: MemoryServerClient<Channel>,
+    /// For the remote-verbs service, which shares the connection and the session.
+    channel: Channel,
     session: SessionId,
     header: AsciiMetadataValue,
     server: ServerInfo,
@@ -146,7 +148,7 @@ impl Client {
                 addr: addr.to_string(),
                 source,
             })?;
-        let mut rpc = MemoryServerClient::new(channel);
+        let mut rpc = MemoryServerClient::new(channel.clone());
 
         let handshake = ClientHandshake::new();
         let hello = rpc
@@ -189,6 +191,7 @@ impl Client {
         let keepalive = tokio::spawn(renew(rpc.clone(), header.clone(), lease));
         Ok(Client {
             rpc,
+            channel,
             session,
             header,
             server: ServerInfo {
@@ -216,7 +219,12 @@ impl Client {
         self.lease
     }
 
-    fn request<T>(&self, message: T) -> Request<T> {
+    pub(crate) fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// `message` as a request of this session.
+    pub(crate) fn request<T>(&self, message: T) -> Request<T> {
         let mut req = Request::new(message);
         req.metadata_mut()
             .insert(SESSION_METADATA, self.header.clone());

@@ -10,19 +10,27 @@
 //! - [`MemoryServer::start`] takes a [`ServerConfig`] and the device to serve on, as
 //!   `Arc<dyn fabric::Device>`: which backend it is, is the caller's choice.
 //! - [`Client`] (async, tokio) and [`blocking::Client`] talk to it.
+//! - [`RemoteDevice`] drives the server's own device over the remote-verbs service,
+//!   which a server offers only when [`ServerConfig::allow_remote_verbs`] is set: for
+//!   the conformance suite and diagnostics.
 //! - [`proto`] is the gRPC protocol, `namdb.memory_server.v1`.
 
 mod auth;
 pub mod blocking;
 mod client;
 pub mod regions;
+mod remote_device;
 mod server;
 mod service;
 mod session;
 mod stats;
 pub mod token;
+mod verbs_error;
+mod verbs_service;
+mod verbs_wire;
 
-/// The generated gRPC types and stubs of `proto/namdb/memory_server/v1/control.proto`.
+/// The generated gRPC types and stubs of `proto/namdb/memory_server/v1/control.proto`
+/// and `remote_verbs.proto`.
 pub mod proto {
     tonic::include_proto!("namdb.memory_server.v1");
 }
@@ -32,6 +40,7 @@ pub use regions::{
     CATALOG_BYTES, CATALOG_REGION, DEFAULT_REGION_SIZE, PlanError, RegionDirectory, RegionInfo,
     RegionPlan, parse_bytes,
 };
+pub use remote_device::RemoteDevice;
 pub use server::{MemoryServer, ServerConfig, ServerError, wait_for_signal};
 pub use session::{SESSION_METADATA, SessionId};
 pub use stats::Stats;

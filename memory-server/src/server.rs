@@ -3,11 +3,13 @@
 
 use crate::auth::Authenticator;
 use crate::proto::memory_server_server::MemoryServerServer;
+use crate::proto::remote_verbs_server::RemoteVerbsServer;
 use crate::regions::{self, AllocError, RegionDirectory, RegionPlan};
 use crate::service::{ControlService, ServerState};
-use crate::session::Sessions;
+use crate::session::{ObjectLimits, Sessions};
 use crate::stats::{Counters, Stats};
 use crate::token::ClusterToken;
+use crate::verbs_service::{self, VerbsService};
 use fabric::{Device, FabricError, NodeId};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,12 +34,19 @@ pub struct ServerConfig {
     pub session_lease: Duration,
     pub max_sessions: usize,
     pub max_qps_per_session: usize,
+    /// Serve the remote-verbs service: any client holding the token may then drive the
+    /// server's device (register memory, create and post on queue pairs). For
+    /// conformance testing and diagnostics; off by default.
+    pub allow_remote_verbs: bool,
+    /// The most bytes one session may register through remote verbs.
+    pub remote_verbs_bytes: u64,
 }
 
 impl ServerConfig {
     pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(30);
     pub const DEFAULT_MAX_SESSIONS: usize = 1024;
     pub const DEFAULT_MAX_QPS_PER_SESSION: usize = 1024;
+    pub const DEFAULT_REMOTE_VERBS_BYTES: u64 = 1 << 30;
 
     pub fn new(listen: SocketAddr, plan: RegionPlan, token: ClusterToken) -> ServerConfig {
         ServerConfig {
@@ -47,6 +56,8 @@ impl ServerConfig {
             session_lease: Self::DEFAULT_SESSION_LEASE,
             max_sessions: Self::DEFAULT_MAX_SESSIONS,
             max_qps_per_session: Self::DEFAULT_MAX_QPS_PER_SESSION,
+            allow_remote_verbs: false,
+            remote_verbs_bytes: Self::DEFAULT_REMOTE_VERBS_BYTES,
         }
     }
 }
@@ -139,6 +150,12 @@ impl MemoryServer {
             counters: Counters::default(),
             started: Instant::now(),
             max_qps_per_session: config.max_qps_per_session,
+            allow_remote_verbs: config.allow_remote_verbs,
+            verbs_limits: ObjectLimits {
+                cqs: verbs_service::MAX_CQS_PER_SESSION,
+                regions: verbs_service::MAX_REGIONS_PER_SESSION,
+                region_bytes: config.remote_verbs_bytes,
+            },
         });
         // TCP keepalive lets the kernel notice a vanished peer host without the peer's
         // process doing anything, so even an idle connection does not linger forever.
@@ -147,15 +164,23 @@ impl MemoryServer {
             .with_keepalive(Some(Duration::from_secs(60)));
         let (tx, rx) = oneshot::channel::<()>();
         let service = MemoryServerServer::new(ControlService::new(state.clone()));
+        // Always served, so that a client asking for it while it is off learns why.
+        let verbs = RemoteVerbsServer::new(VerbsService::new(state.clone()));
         let serve = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(service)
+                .add_service(verbs)
                 .serve_with_incoming_shutdown(incoming, async {
                     // A dropped sender (the server was dropped) also means stop.
                     let _ = rx.await;
                 }),
         );
         let reaper = tokio::spawn(reap(state.clone()));
+        if state.allow_remote_verbs {
+            tracing::warn!(
+                "remote verbs are on: any client holding the cluster token can drive this server's device (for conformance testing and diagnostics only)"
+            );
+        }
         let stats = state.stats();
         tracing::info!(
             %local_addr,

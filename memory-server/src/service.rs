@@ -5,14 +5,14 @@ use crate::PROTOCOL;
 use crate::auth::{AuthError, Authenticator};
 use crate::proto::{self, memory_server_server::MemoryServer as ControlRpc};
 use crate::regions::{RegionDirectory, ServedRegion};
-use crate::session::{SESSION_METADATA, Session, SessionError, SessionId, Sessions};
+use crate::session::{ObjectLimits, SESSION_METADATA, Session, SessionError, SessionId, Sessions};
 use crate::stats::{Counters, Rpc, Stats};
 use fabric::{CompletionQueue, Device, FabricError, NodeId, QpConfig, QpEndpoint, QueuePair};
 use std::sync::Arc;
 use std::time::Instant;
 use tonic::{Request, Response, Status};
 
-/// Everything the control plane serves from.
+/// Everything the control plane and the remote-verbs service serve from.
 pub(crate) struct ServerState {
     pub device: Arc<dyn Device>,
     /// The completion queue of every server-side queue pair. The server never posts, so
@@ -25,6 +25,10 @@ pub(crate) struct ServerState {
     pub counters: Counters,
     pub started: Instant,
     pub max_qps_per_session: usize,
+    /// Whether the remote-verbs service drives the device for clients.
+    pub allow_remote_verbs: bool,
+    /// What a session may create through remote verbs.
+    pub verbs_limits: ObjectLimits,
 }
 
 impl ServerState {
@@ -42,19 +46,9 @@ impl ServerState {
             auth_failures: self.counters.auth_failures(),
         }
     }
-}
-
-pub(crate) struct ControlService {
-    state: Arc<ServerState>,
-}
-
-impl ControlService {
-    pub fn new(state: Arc<ServerState>) -> ControlService {
-        ControlService { state }
-    }
 
     /// The caller's live session (its lease renewed), or UNAUTHENTICATED.
-    fn session<T>(&self, req: &Request<T>) -> Result<Arc<Session>, Status> {
+    pub fn session<T>(&self, req: &Request<T>) -> Result<Arc<Session>, Status> {
         let value = req.metadata().get(SESSION_METADATA).ok_or_else(|| {
             Status::unauthenticated(format!(
                 "no session: authenticate with Hello and Authenticate, then send the session id in the `{SESSION_METADATA}` metadata entry"
@@ -69,12 +63,19 @@ impl ControlService {
                     "malformed `{SESSION_METADATA}`: expected 32 hex digits"
                 ))
             })?;
-        self.state
-            .sessions
-            .touch(id, Instant::now())
-            .ok_or_else(|| {
-                Status::unauthenticated("unknown or expired session; authenticate again")
-            })
+        self.sessions.touch(id, Instant::now()).ok_or_else(|| {
+            Status::unauthenticated("unknown or expired session; authenticate again")
+        })
+    }
+}
+
+pub(crate) struct ControlService {
+    state: Arc<ServerState>,
+}
+
+impl ControlService {
+    pub fn new(state: Arc<ServerState>) -> ControlService {
+        ControlService { state }
     }
 }
 
@@ -146,7 +147,7 @@ impl ControlRpc for ControlService {
         req: Request<proto::ListRegionsRequest>,
     ) -> Result<Response<proto::ListRegionsResponse>, Status> {
         self.state.counters.rpc(Rpc::ListRegions);
-        self.session(&req)?;
+        self.state.session(&req)?;
         let regions = self
             .state
             .directory
@@ -168,7 +169,7 @@ impl ControlRpc for ControlService {
         req: Request<proto::ConnectQueuePairRequest>,
     ) -> Result<Response<proto::ConnectQueuePairResponse>, Status> {
         self.state.counters.rpc(Rpc::Connect);
-        let session = self.session(&req)?;
+        let session = self.state.session(&req)?;
         let body = req.into_inner();
         match proto::QpKind::try_from(body.kind) {
             Ok(proto::QpKind::Rc) => {}
@@ -233,7 +234,7 @@ impl ControlRpc for ControlService {
         req: Request<proto::DisconnectQueuePairRequest>,
     ) -> Result<Response<proto::DisconnectQueuePairResponse>, Status> {
         self.state.counters.rpc(Rpc::Disconnect);
-        let session = self.session(&req)?;
+        let session = self.state.session(&req)?;
         let qpn = req.get_ref().server_qpn;
         if !session.remove_qp(qpn) {
             return Err(Status::not_found(format!(
@@ -249,7 +250,7 @@ impl ControlRpc for ControlService {
         req: Request<proto::KeepAliveRequest>,
     ) -> Result<Response<proto::KeepAliveResponse>, Status> {
         self.state.counters.rpc(Rpc::KeepAlive);
-        self.session(&req)?;
+        self.state.session(&req)?;
         Ok(Response::new(proto::KeepAliveResponse {
             lease_ms: self.state.sessions.lease().as_millis() as u64,
         }))
@@ -260,7 +261,7 @@ impl ControlRpc for ControlService {
         req: Request<proto::EndSessionRequest>,
     ) -> Result<Response<proto::EndSessionResponse>, Status> {
         self.state.counters.rpc(Rpc::EndSession);
-        let session = self.session(&req)?;
+        let session = self.state.session(&req)?;
         if let Some(qps) = self.state.sessions.end(session.id) {
             tracing::info!(session = ?session.id, peer = ?session.peer, queue_pairs = qps, "session ended");
         }
@@ -272,7 +273,7 @@ impl ControlRpc for ControlService {
         req: Request<proto::StatsRequest>,
     ) -> Result<Response<proto::StatsResponse>, Status> {
         self.state.counters.rpc(Rpc::Stats);
-        self.session(&req)?;
+        self.state.session(&req)?;
         let s = self.state.stats();
         Ok(Response::new(proto::StatsResponse {
             bytes_allocated: s.bytes_allocated,

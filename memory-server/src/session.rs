@@ -1,12 +1,14 @@
-//! Sessions: what an authenticated peer holds, and the queue pairs that live with it.
+//! Sessions: what an authenticated peer holds, and the device objects that live with
+//! it: queue pairs, and (remote verbs) completion queues and regions.
 //!
 //! A session is a lease. Every RPC the peer makes renews it; a peer that stops making
 //! RPCs (it crashed, or lost the network) loses the session when the lease runs out,
-//! and the server's queue pairs for it are destroyed then, so a dead compute node does
-//! not pin server resources. Queue pairs are destroyed by dropping them: the device
-//! tears the connection down (the peer's requests then fail with a retry error).
+//! and the server's objects for it are destroyed then, so a dead compute node does
+//! not pin server resources. Objects are destroyed by dropping them: the device tears
+//! a queue pair's connection down (the peer's requests then fail with a retry error)
+//! and deregisters a region.
 
-use fabric::QueuePair;
+use fabric::{CompletionQueue, QueuePair, Region};
 use rand::RngCore;
 use std::collections::HashMap;
 use std::fmt;
@@ -56,6 +58,38 @@ struct SessionState {
     expires: Instant,
     ended: bool,
     qps: HashMap<u32, Arc<dyn QueuePair>>,
+    /// By id, which only this session uses: ids are not the device's.
+    cqs: HashMap<u32, Arc<dyn CompletionQueue>>,
+    next_cq: u32,
+    /// By lkey.
+    regions: HashMap<u32, Region>,
+    region_bytes: u64,
+}
+
+impl SessionState {
+    fn region_fits(&self, len: u64, limits: &ObjectLimits) -> Result<(), SessionError> {
+        if self.ended {
+            return Err(SessionError::Ended);
+        }
+        if self.regions.len() >= limits.regions {
+            return Err(SessionError::TooManyRegions(limits.regions));
+        }
+        match self.region_bytes.checked_add(len) {
+            Some(total) if total <= limits.region_bytes => Ok(()),
+            _ => Err(SessionError::TooManyBytes {
+                len,
+                max: limits.region_bytes,
+            }),
+        }
+    }
+}
+
+/// How much one session may hold beyond its queue pairs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ObjectLimits {
+    pub cqs: usize,
+    pub regions: usize,
+    pub region_bytes: u64,
 }
 
 /// One authenticated peer.
@@ -73,6 +107,14 @@ pub(crate) enum SessionError {
     TooManyQps(usize),
     #[error("too many sessions ({0}); end unused ones or wait for their leases to run out")]
     TooManySessions(usize),
+    #[error("the session already has {0} completion queues, the most one session may hold")]
+    TooManyCqs(usize),
+    #[error("the session already has {0} regions, the most one session may hold")]
+    TooManyRegions(usize),
+    #[error(
+        "{len} more bytes would take the session's regions past {max} bytes, the most one session may register"
+    )]
+    TooManyBytes { len: u64, max: u64 },
 }
 
 impl Session {
@@ -100,19 +142,87 @@ impl Session {
         qp.is_some()
     }
 
+    pub fn qp(&self, qpn: u32) -> Option<Arc<dyn QueuePair>> {
+        self.lock().qps.get(&qpn).cloned()
+    }
+
+    /// Keeps `cq` for as long as the session and returns the id that names it.
+    pub fn add_cq(&self, cq: Arc<dyn CompletionQueue>, max: usize) -> Result<u32, SessionError> {
+        let mut st = self.lock();
+        if st.ended {
+            return Err(SessionError::Ended);
+        }
+        if st.cqs.len() >= max {
+            return Err(SessionError::TooManyCqs(max));
+        }
+        st.next_cq += 1;
+        let id = st.next_cq;
+        st.cqs.insert(id, cq);
+        Ok(id)
+    }
+
+    pub fn cq(&self, id: u32) -> Option<Arc<dyn CompletionQueue>> {
+        self.lock().cqs.get(&id).cloned()
+    }
+
+    /// Forgets one of the session's completion queues; false if it has no such one.
+    pub fn remove_cq(&self, id: u32) -> bool {
+        let cq = self.lock().cqs.remove(&id);
+        cq.is_some()
+    }
+
+    /// Whether a region of `len` bytes would fit: checked before the memory is
+    /// allocated, and again by [`Session::add_region`].
+    pub fn region_fits(&self, len: u64, limits: &ObjectLimits) -> Result<(), SessionError> {
+        self.lock().region_fits(len, limits)
+    }
+
+    /// Keeps `region` registered for as long as the session; a refused one is
+    /// deregistered on return.
+    pub fn add_region(&self, region: Region, limits: &ObjectLimits) -> Result<(), SessionError> {
+        let mut st = self.lock();
+        st.region_fits(region.len(), limits)?;
+        st.region_bytes += region.len();
+        st.regions.insert(region.lkey(), region);
+        Ok(())
+    }
+
+    /// Deregisters one of the session's regions; false if it has no such one.
+    pub fn remove_region(&self, lkey: u32) -> bool {
+        let region = {
+            let mut st = self.lock();
+            let region = st.regions.remove(&lkey);
+            if let Some(r) = &region {
+                st.region_bytes -= r.len();
+            }
+            region
+        };
+        region.is_some()
+    }
+
     pub fn qp_count(&self) -> usize {
         self.lock().qps.len()
     }
 
-    /// Marks the session ended and destroys its queue pairs; returns how many.
+    /// Marks the session ended and destroys its objects; returns how many queue pairs.
     fn end(&self) -> usize {
-        let qps = {
+        let (qps, cqs, regions) = {
             let mut st = self.lock();
             st.ended = true;
-            std::mem::take(&mut st.qps)
+            st.region_bytes = 0;
+            (
+                std::mem::take(&mut st.qps),
+                std::mem::take(&mut st.cqs),
+                std::mem::take(&mut st.regions),
+            )
         };
-        // Dropped outside the lock: destroying a queue pair may take the device's locks.
-        qps.len()
+        // Dropped outside the lock, queue pairs first (they may use the rest):
+        // destroying an object may take the device's locks.
+        let n = qps.len();
+        drop(qps);
+        drop(cqs);
+        drop(regions);
+        n
     }
 }
 
@@ -156,6 +266,10 @@ impl Sessions {
                 expires: now + self.lease,
                 ended: false,
                 qps: HashMap::new(),
+                cqs: HashMap::new(),
+                next_cq: 0,
+                regions: HashMap::new(),
+                region_bytes: 0,
             }),
         });
         map.insert(session.id, session.clone());
@@ -301,6 +415,57 @@ mod tests {
                 .touch(old.id, t0 + Duration::from_secs(12))
                 .is_none()
         );
+    }
+
+    #[test]
+    fn completion_queues_and_regions_are_bounded_and_end_with_the_session() {
+        let dev = SimNetwork::new(SimConfig::default()).add_node();
+        let sessions = Sessions::new(Duration::from_secs(10), 8);
+        let s = sessions.open(None, Instant::now()).unwrap();
+        let limits = ObjectLimits {
+            cqs: 1,
+            regions: 2,
+            region_bytes: 64,
+        };
+        let id = s.add_cq(dev.create_cq(4).unwrap(), limits.cqs).unwrap();
+        assert!(s.cq(id).is_some());
+        assert_eq!(
+            s.add_cq(dev.create_cq(4).unwrap(), limits.cqs).err(),
+            Some(SessionError::TooManyCqs(1))
+        );
+        assert!(s.remove_cq(id) && !s.remove_cq(id));
+        assert_ne!(
+            s.add_cq(dev.create_cq(4).unwrap(), 1),
+            Ok(id),
+            "ids are not reused"
+        );
+
+        let region = dev.register(48, fabric::Access::ALL).unwrap();
+        let (lkey, weak) = (region.lkey(), Arc::downgrade(region.memory()));
+        s.add_region(region, &limits).unwrap();
+        assert_eq!(
+            s.region_fits(24, &limits),
+            Err(SessionError::TooManyBytes { len: 24, max: 64 })
+        );
+        s.region_fits(16, &limits).unwrap();
+        assert!(s.remove_region(lkey) && !s.remove_region(lkey));
+        s.region_fits(64, &limits).unwrap();
+        for _ in 0..2 {
+            s.add_region(dev.register(8, fabric::Access::ALL).unwrap(), &limits)
+                .unwrap();
+        }
+        assert_eq!(
+            s.region_fits(8, &limits),
+            Err(SessionError::TooManyRegions(2))
+        );
+        assert!(weak.upgrade().is_none(), "the removed region was freed");
+
+        let kept = dev.register(8, fabric::Access::ALL).unwrap();
+        let weak = Arc::downgrade(kept.memory());
+        sessions.end(s.id);
+        assert_eq!(s.region_fits(0, &limits), Err(SessionError::Ended));
+        assert_eq!(s.add_region(kept, &limits), Err(SessionError::Ended));
+        assert!(weak.upgrade().is_none(), "a refused region is freed");
     }
 
     #[test]

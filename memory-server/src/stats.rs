@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// The control-plane RPCs, for counting.
+/// The RPCs of both services (control plane and remote verbs), for counting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rpc {
     Hello,
@@ -15,10 +15,24 @@ pub(crate) enum Rpc {
     KeepAlive,
     EndSession,
     Stats,
+    DeviceInfo,
+    AddPeer,
+    RegisterRegion,
+    DeregisterRegion,
+    CreateCq,
+    DestroyCq,
+    PollCq,
+    CreateQp,
+    ConnectQp,
+    PostSend,
+    PostRecv,
+    QueryQp,
+    RecoverQp,
+    DestroyQp,
 }
 
 impl Rpc {
-    const ALL: [Rpc; 8] = [
+    const ALL: [Rpc; 22] = [
         Rpc::Hello,
         Rpc::Authenticate,
         Rpc::ListRegions,
@@ -27,6 +41,20 @@ impl Rpc {
         Rpc::KeepAlive,
         Rpc::EndSession,
         Rpc::Stats,
+        Rpc::DeviceInfo,
+        Rpc::AddPeer,
+        Rpc::RegisterRegion,
+        Rpc::DeregisterRegion,
+        Rpc::CreateCq,
+        Rpc::DestroyCq,
+        Rpc::PollCq,
+        Rpc::CreateQp,
+        Rpc::ConnectQp,
+        Rpc::PostSend,
+        Rpc::PostRecv,
+        Rpc::QueryQp,
+        Rpc::RecoverQp,
+        Rpc::DestroyQp,
     ];
 
     /// The method name in the proto.
@@ -40,6 +68,20 @@ impl Rpc {
             Rpc::KeepAlive => "KeepAlive",
             Rpc::EndSession => "EndSession",
             Rpc::Stats => "Stats",
+            Rpc::DeviceInfo => "DeviceInfo",
+            Rpc::AddPeer => "AddPeer",
+            Rpc::RegisterRegion => "RegisterRegion",
+            Rpc::DeregisterRegion => "DeregisterRegion",
+            Rpc::CreateCq => "CreateCq",
+            Rpc::DestroyCq => "DestroyCq",
+            Rpc::PollCq => "PollCq",
+            Rpc::CreateQp => "CreateQp",
+            Rpc::ConnectQp => "ConnectQp",
+            Rpc::PostSend => "PostSend",
+            Rpc::PostRecv => "PostRecv",
+            Rpc::QueryQp => "QueryQp",
+            Rpc::RecoverQp => "RecoverQp",
+            Rpc::DestroyQp => "DestroyQp",
         }
     }
 }

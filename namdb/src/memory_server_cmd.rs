@@ -41,6 +41,11 @@ pub struct MemoryServerArgs {
     /// This server's fabric node id, unique in the cluster; random by default.
     #[arg(long, value_name = "N")]
     pub node: Option<u32>,
+    /// Serve the remote-verbs service, which lets any client holding the token drive
+    /// this server's fabric device (register memory, create queue pairs, post work
+    /// requests). For conformance testing and diagnostics only.
+    #[arg(long)]
+    pub allow_remote_verbs: bool,
 }
 
 /// Backends a memory-server process could serve on. Each must reach other processes:
@@ -87,7 +92,8 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
     let plan = RegionPlan::new(args.size, args.region_size)?;
     let token = ClusterToken::from_file(&args.token_file)?;
     let device = device(&args, &token)?;
-    let config = ServerConfig::new(args.listen, plan, token);
+    let mut config = ServerConfig::new(args.listen, plan, token);
+    config.allow_remote_verbs = args.allow_remote_verbs;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("namdb-memory-server")
@@ -145,6 +151,13 @@ mod tests {
         assert_eq!(args.backend, ServerBackend::Tcp);
         let args = parse(&["--size", "4096", "--region-size", "1k"]).unwrap();
         assert_eq!((args.size, args.region_size), (4096, 1024));
+    }
+
+    #[test]
+    fn remote_verbs_are_off_unless_asked_for() {
+        assert!(!parse(&["--size", "1M"]).unwrap().allow_remote_verbs);
+        let args = parse(&["--size", "1M", "--allow-remote-verbs"]).unwrap();
+        assert!(args.allow_remote_verbs);
     }
 
     #[test]

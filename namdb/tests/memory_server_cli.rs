@@ -210,6 +210,15 @@ fn serve_another_process_then_stop(
     let token = ClusterToken::from_file(&path).unwrap();
     let client = memory_server::blocking::Client::connect(&server.control, &token).unwrap();
     assert_eq!(client.server().backend, backend);
+    // Started without --allow-remote-verbs, it keeps its device to itself.
+    let other = memory_server::blocking::Client::connect(&server.control, &token).unwrap();
+    let refused = memory_server::RemoteDevice::new(other)
+        .err()
+        .expect("refused");
+    assert!(
+        refused.to_string().contains("--allow-remote-verbs"),
+        "{refused}"
+    );
     let regions = client.list_regions().unwrap();
     let data = regions.data().next().expect("a data region").remote;
     let device = client_device(token.secret(), dir.path());
@@ -258,17 +267,8 @@ fn serve_another_process_then_stop(
     assert!(status.success());
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
-    let mut err = String::new();
-    use std::io::Read;
-    server
-        .child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = server.stderr();
     assert!(err.contains("memory server stopped"), "{err}");
-    let _ = &mut server.stdout;
 
     // The server is gone: the next request fails cleanly, the rest are flushed.
     let wc = run(SendWr::read(6, local.buf(0, 8), data.at(0)));

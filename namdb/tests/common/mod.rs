@@ -1,14 +1,97 @@
-//! Helpers shared by the tests that run `namdb` processes.
+//! What namdb's integration tests share: a memory-server process, and the conformance
+//! suite's devices with the server in that process.
+// Each test crate compiles this module and uses a part of it.
 #![allow(dead_code)]
 
+use fabric::Device;
+use memory_server::{ClusterToken, RemoteDevice};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
-/// A memory server process, killed when dropped so a failing test leaves none behind.
+/// A `namdb memory-server` process, killed when dropped so that a failing test leaves
+/// none behind.
 pub struct ServerProcess {
-    pub child: std::process::Child,
+    pub child: Child,
+    /// The control plane's address, from the server's listening line.
     pub control: String,
-    pub stdout: std::io::BufReader<std::process::ChildStdout>,
+    /// The listening line.
+    pub line: String,
+    // Kept open: the server's stdout is not for us to close under it.
+    _stdout: BufReader<ChildStdout>,
+    stderr: Arc<Mutex<String>>,
+    stderr_reader: Option<JoinHandle<()>>,
+}
+
+impl ServerProcess {
+    /// Starts `namdb memory-server --listen 127.0.0.1:0 --backend BACKEND --token-file
+    /// TOKEN_FILE` with `extra` arguments and waits until it is listening.
+    pub fn start(backend: &str, token_file: &Path, extra: &[&str]) -> ServerProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args([
+                "memory-server",
+                "--listen",
+                "127.0.0.1:0",
+                "--backend",
+                backend,
+            ])
+            .arg("--token-file")
+            .arg(token_file)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("namdb starts");
+        // Drained as it comes, so the server never blocks on a full pipe.
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("stderr is piped");
+        let sink = stderr.clone();
+        let stderr_reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("the server's stdout");
+        let mut server = ServerProcess {
+            child,
+            control: String::new(),
+            line,
+            _stdout: stdout,
+            stderr,
+            stderr_reader: Some(stderr_reader),
+        };
+        match server.line.split_whitespace().nth(4) {
+            Some(addr) if server.line.starts_with("memory server listening on ") => {
+                server.control = addr.to_string();
+            }
+            _ => {
+                let status = server.child.wait();
+                let said = server.stderr();
+                panic!(
+                    "the memory server did not start ({status:?}); it said {:?} and {said}",
+                    server.line
+                );
+            }
+        }
+        server
+    }
+
+    /// What the server wrote to stderr so far; everything, once it has exited.
+    pub fn stderr(&mut self) -> String {
+        if let Ok(Some(_)) = self.child.try_wait()
+            && let Some(reader) = self.stderr_reader.take()
+        {
+            let _ = reader.join();
+        }
+        self.stderr.lock().unwrap().clone()
+    }
 }
 
 impl Drop for ServerProcess {
@@ -18,37 +101,45 @@ impl Drop for ServerProcess {
     }
 }
 
+/// The token every test server and device of [`process_devices`] shares.
+const CONFORMANCE_TOKEN: &str = "namdb conformance token, for tests only";
+
+/// `nodes` devices for the conformance suite: the first is a fresh memory-server
+/// process on `backend` with remote verbs allowed, driven through a
+/// [`RemoteDevice`] (the process ends when that device and everything made from it
+/// are gone); the others are devices of this process made by `local`.
+pub fn process_devices(
+    backend: &str,
+    nodes: usize,
+    local: impl Fn(&ClusterToken) -> Arc<dyn Device>,
+) -> Vec<Arc<dyn Device>> {
+    assert!(nodes >= 1, "the first device is the server");
+    let token = ClusterToken::new(CONFORMANCE_TOKEN).expect("a valid token");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, CONFORMANCE_TOKEN).expect("the token file");
+    let server = ServerProcess::start(
+        backend,
+        &token_file,
+        &["--size", "4MiB", "--allow-remote-verbs"],
+    );
+    let client = memory_server::blocking::Client::connect(&server.control, &token)
+        .expect("a session with the memory server");
+    let remote = RemoteDevice::with_attachment(client, Box::new(server))
+        .expect("the memory server's device");
+    let mut devices: Vec<Arc<dyn Device>> = vec![remote];
+    devices.extend((1..nodes).map(|_| local(&token)));
+    devices
+}
+
+/// A `backend` memory server with 4 MiB of data regions, checked to serve its data
+/// path on that backend.
 pub fn start_server(backend: &str, token_file: &Path) -> ServerProcess {
-    use std::io::BufRead;
-    use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args([
-            "memory-server",
-            "--listen",
-            "127.0.0.1:0",
-            "--backend",
-            backend,
-            "--size",
-            "4MiB",
-            "--token-file",
-            token_file.to_str().unwrap(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("namdb starts");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let control = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
-        .to_string();
-    assert!(line.contains(&format!("data path {backend}:")), "{line}");
-    ServerProcess {
-        child,
-        control,
-        stdout,
-    }
+    let server = ServerProcess::start(backend, token_file, &["--size", "4MiB"]);
+    assert!(
+        server.line.contains(&format!("data path {backend}:")),
+        "{}",
+        server.line
+    );
+    server
 }

@@ -1,0 +1,32 @@
+//! The conformance suite with the memory server as a separate process on the shm
+//! backend: the suite's server device is the process's own, driven over remote verbs,
+//! and its client is an shm device in this process, mapping the server's memfds.
+
+mod common;
+
+use fabric::Device;
+use fabric::conformance::Backend;
+use fabric::shm::ShmDevice;
+use std::sync::{Arc, Mutex};
+
+/// Keeps the client sockets' directories until the run ends: a device's socket must
+/// outlive the device.
+struct ProcessShm {
+    dirs: Mutex<Vec<tempfile::TempDir>>,
+}
+
+impl Backend for ProcessShm {
+    fn devices(&self, nodes: usize) -> Vec<Arc<dyn Device>> {
+        common::process_devices("shm", nodes, |token| {
+            let dir = tempfile::tempdir().expect("a socket directory");
+            let device = ShmDevice::bind(dir.path().join("client.sock"), token.secret())
+                .expect("bind") as Arc<dyn Device>;
+            self.dirs.lock().expect("not poisoned").push(dir);
+            device
+        })
+    }
+}
+
+fabric::conformance_tests!(ProcessShm {
+    dirs: Mutex::new(Vec::new())
+});

@@ -494,29 +494,54 @@ impl SlotHandle {
     /// Decides `ts`, a commit timestamp this handle handed out: one FETCH_ADD of ±2^b
     /// on its word, unsignaled.
     pub fn mark(&self, ts: u64, outcome: Outcome) -> Result<()> {
+        self.mark_many(&[(ts, outcome)])
+    }
+
+    /// Decides several timestamps this handle handed out, as a worker whose coroutines
+    /// finish commits together does: timestamps that share a word of the vector (a
+    /// slot's consecutive ones do) are decided by one FETCH_ADD of the sum of their
+    /// ±2^b, and all the adds go in one doorbell, unsignaled. Nothing is posted unless
+    /// every timestamp is outstanding.
+    pub fn mark_many(&self, decided: &[(u64, Outcome)]) -> Result<()> {
         self.active()?;
-        let index = {
+        let mut indices = Vec::with_capacity(decided.len());
+        {
             let st = self.st.borrow();
-            match st.pending.binary_search_by_key(&ts, |&(t, _)| t) {
-                Ok(i) if st.pending[i].1 => i,
-                _ => return Err(OracleError::NotOutstanding { ts }),
+            for &(ts, _) in decided {
+                match st.pending.binary_search_by_key(&ts, |&(t, _)| t) {
+                    Ok(i) if st.pending[i].1 && !indices.contains(&i) => indices.push(i),
+                    _ => return Err(OracleError::NotOutstanding { ts }),
+                }
             }
-        };
+        }
         self.ensure_lease()?;
         let v = self.layout.bits();
-        let (word, bit) = cells::position(v, ts);
-        let add = cells::decide_add(1 << bit, cells::odd_round(v, ts));
-        self.link
-            .post_adds(&[(self.layout.word_offset(word), add)])?;
+        // (word, odd round, bits): a wrap splits one word's timestamps in two rounds.
+        let mut words: Vec<(u64, bool, u64)> = Vec::with_capacity(decided.len());
+        for &(ts, _) in decided {
+            let (word, bit) = cells::position(v, ts);
+            let odd = cells::odd_round(v, ts);
+            match words.iter_mut().find(|(w, o, _)| *w == word && *o == odd) {
+                Some((_, _, mask)) => *mask |= 1 << bit,
+                None => words.push((word, odd, 1 << bit)),
+            }
+        }
+        let adds: Vec<(u64, u64)> = words
+            .iter()
+            .map(|&(word, odd, mask)| (self.layout.word_offset(word), cells::decide_add(mask, odd)))
+            .collect();
+        self.link.post_adds(&adds)?;
         let mut st = self.st.borrow_mut();
-        st.pending[index].1 = false;
+        for (&i, &(ts, outcome)) in indices.iter().zip(decided) {
+            st.pending[i].1 = false;
+            st.highest_marked = st.highest_marked.max(ts);
+            match outcome {
+                Outcome::Committed => st.stats.committed += 1,
+                Outcome::Aborted => st.stats.aborted += 1,
+            }
+        }
         while st.pending.front().is_some_and(|&(_, undecided)| !undecided) {
             st.pending.pop_front();
-        }
-        st.highest_marked = st.highest_marked.max(ts);
-        match outcome {
-            Outcome::Committed => st.stats.committed += 1,
-            Outcome::Aborted => st.stats.aborted += 1,
         }
         Ok(())
     }

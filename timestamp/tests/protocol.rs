@@ -51,6 +51,47 @@ fn a_commit_becomes_visible_once_marked() {
 }
 
 #[test]
+fn marks_of_many_timestamps_share_fetch_adds_and_decide_each() {
+    let o = cluster(1024, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    let mine: Vec<u64> = (0..5).map(|_| h[0].next_commit_ts().unwrap()).collect();
+    let theirs: Vec<u64> = (0..5).map(|_| h[1].next_commit_ts().unwrap()).collect();
+    // A timestamp that is not outstanding refuses the whole batch: nothing is decided.
+    let mut batch: Vec<(u64, Outcome)> = mine.iter().map(|&t| (t, Outcome::Committed)).collect();
+    batch.push((mine[4] + 2, Outcome::Committed));
+    assert!(matches!(
+        h[0].mark_many(&batch),
+        Err(OracleError::NotOutstanding { .. })
+    ));
+    assert_eq!(h[0].stats().committed, 0);
+    batch.pop();
+    batch[1].1 = Outcome::Aborted;
+    h[0].mark_many(&batch).unwrap();
+    assert_eq!(
+        h[1].read_timestamp().unwrap(),
+        0,
+        "slot 1's timestamps are undecided"
+    );
+    let theirs: Vec<(u64, Outcome)> = theirs.iter().map(|&t| (t, Outcome::Committed)).collect();
+    h[1].mark_many(&theirs).unwrap();
+    assert_eq!(
+        h[1].read_timestamp().unwrap(),
+        10,
+        "every one of 1..=10 is decided"
+    );
+    let s = h[0].stats();
+    assert_eq!((s.committed, s.aborted), (4, 1));
+    assert!(
+        matches!(
+            h[0].mark(mine[0], Outcome::Committed),
+            Err(OracleError::NotOutstanding { .. })
+        ),
+        "a timestamp is decided once"
+    );
+}
+
+#[test]
 fn bad_marks_are_refused() {
     let o = cluster(1024, 2);
     let clock = ManualClock::new();

@@ -51,6 +51,11 @@ pub struct TimestampArgs {
     /// RSI where each transaction begins with a read timestamp; 0 = none).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub read_every: u32,
+    /// Commits decided together (`SlotHandle::mark_many`), as a worker whose
+    /// coroutines finish commits together does: 1 marks each commit on its own.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub mark_batch: u32,
     /// Length of the run.
     #[arg(long, value_name = "MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -68,6 +73,7 @@ pub struct Report {
     pub threads: u32,
     pub bits: u64,
     pub read_every: u32,
+    pub mark_batch: u32,
     pub commits_per_sec: f64,
     pub rids_per_sec: f64,
     pub bytes_per_rid: f64,
@@ -156,8 +162,11 @@ fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
             .map(|(i, h)| {
                 let marked = marked.clone();
                 let start = start.clone();
-                let read_every = args.read_every;
-                s.spawn(move || worker(h, i, &marked, &start, duration, read_every))
+                let shape = Shape {
+                    read_every: args.read_every,
+                    mark_batch: args.mark_batch,
+                };
+                s.spawn(move || worker(h, i, &marked, &start, duration, shape))
             })
             .collect();
         workers
@@ -189,6 +198,7 @@ fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
         threads: args.threads,
         bits: args.bits,
         read_every: args.read_every,
+        mark_batch: args.mark_batch,
         commits_per_sec: total.committed as f64 / elapsed,
         rids_per_sec: total.read_timestamps as f64 / elapsed,
         bytes_per_rid: if total.read_timestamps == 0 {
@@ -214,24 +224,32 @@ fn worker(
     marked: &[Padded],
     start: &Barrier,
     duration: Duration,
-    read_every: u32,
+    shape: Shape,
 ) -> Result<ThreadResult> {
+    let Shape {
+        read_every,
+        mark_batch,
+    } = shape;
+    let mut undecided = Vec::with_capacity(mark_batch as usize);
     let mut lag = new_histogram()?;
     // The stats so far cover registration; the run's are the difference.
     let before = h.stats();
     start.wait();
     let end = Instant::now() + duration;
+    // Commits marked, and passes of the loop.
     let mut n = 0u64;
+    let mut passes = 0u64;
     let mut blocked_since: Option<Instant> = None;
     loop {
-        // The clock is read once per batch of commits, not per commit.
-        if n.is_multiple_of(256) && Instant::now() >= end {
+        passes += 1;
+        // The clock is read once per 256 passes, not per commit.
+        if passes.is_multiple_of(256) && Instant::now() >= end {
             break;
         }
         // `tick` is due every `tick_interval` (1 ms by default); a scheduler calls it on
-        // a timer, not per commit, and so does this loop (every 64 commits is far
-        // more often than that).
-        if n.is_multiple_of(64) {
+        // a timer, not per commit, and so does this loop (every 64 passes is far more
+        // often than that).
+        if passes.is_multiple_of(64) {
             h.tick()?;
         }
         let t = match h.next_commit_ts() {
@@ -242,6 +260,11 @@ fn worker(
                 // catch up (one descheduled for a few ms is enough): that is
                 // back-pressure, not failure, unless it lasts.
                 Err(OracleError::Stalled { .. }) => {
+                    // Our own undecided timestamps may be what holds the prefix back.
+                    if !undecided.is_empty() {
+                        h.mark_many(&undecided)?;
+                        undecided.clear();
+                    }
                     let since = *blocked_since.get_or_insert_with(Instant::now);
                     if since.elapsed() > STALL_LIMIT {
                         bail!("no commit timestamp for {STALL_LIMIT:?}: the prefix is stuck");
@@ -253,17 +276,23 @@ fn worker(
             },
         };
         blocked_since = None;
-        h.mark(t, Outcome::Committed)?;
+        undecided.push((t, Outcome::Committed));
+        if undecided.len() < mark_batch as usize {
+            continue;
+        }
+        h.mark_many(&undecided)?;
         marked[me].0.store(t, Ordering::Relaxed);
-        n += 1;
-        if read_every > 0 && n.is_multiple_of(read_every as u64) {
-            let top = marked
-                .iter()
-                .map(|m| m.0.load(Ordering::Relaxed))
-                .max()
-                .unwrap_or(0);
-            let rid = h.read_timestamp()?;
-            lag.saturating_record(top.saturating_sub(rid));
+        for _ in undecided.drain(..) {
+            n += 1;
+            if read_every > 0 && n.is_multiple_of(read_every as u64) {
+                let top = marked
+                    .iter()
+                    .map(|m| m.0.load(Ordering::Relaxed))
+                    .max()
+                    .unwrap_or(0);
+                let rid = h.read_timestamp()?;
+                lag.saturating_record(top.saturating_sub(rid));
+            }
         }
     }
     let after = h.stats();
@@ -278,14 +307,21 @@ fn worker(
     Ok(ThreadResult { stats, lag })
 }
 
+/// The workload of one thread.
+#[derive(Clone, Copy)]
+struct Shape {
+    read_every: u32,
+    mark_batch: u32,
+}
+
 fn new_histogram() -> Result<Histogram<u64>> {
     Histogram::new_with_bounds(1, 1 << 40, 3).map_err(|e| anyhow!("creating a histogram: {e:?}"))
 }
 
 fn print(r: &Report) {
     println!(
-        "namdb bench timestamp: backend {}, V = {}, {} slots, {} threads, a read timestamp every {} commits, {} ms",
-        r.backend, r.bits, r.slots, r.threads, r.read_every, r.duration_ms
+        "namdb bench timestamp: backend {}, V = {}, {} slots, {} threads, a read timestamp every {} commits, marks in batches of {}, {} ms",
+        r.backend, r.bits, r.slots, r.threads, r.read_every, r.mark_batch, r.duration_ms
     );
     println!();
     println!("{:<28} {:>14}", "marked commits/s", rate(r.commits_per_sec));

@@ -103,6 +103,20 @@ pub(crate) fn register_with<O: AsRef<Registry> + Send + Sync>(
     })
 }
 
+/// Registers `mem` with `owner` and returns its handle on `node`, whose drop undoes
+/// the registration: `Device::register_memory` for a backend with nothing to add.
+pub(crate) fn register_region<O: AsRef<Registry> + Send + Sync + 'static>(
+    owner: &Arc<O>,
+    node: NodeId,
+    mem: Arc<dyn Memory>,
+    len: u64,
+    access: Access,
+) -> Result<Region> {
+    let registration = register_with(owner, mem, len, access)?;
+    let entry = registration.entry.clone();
+    Ok(region(&entry, node, Box::new(registration)))
+}
+
 /// The handle of registered `entry` on `node`; `guard` (which undoes the registration
 /// when dropped) lives as long as it.
 pub(crate) fn region(entry: &RegEntry, node: NodeId, guard: Box<dyn Send + Sync>) -> Region {

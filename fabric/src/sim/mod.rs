@@ -197,13 +197,7 @@ impl Device for SimDevice {
     }
 
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
-        let registration = registry::register_with(&self.node, mem, len, access)?;
-        let entry = registration.entry.clone();
-        Ok(registry::region(
-            &entry,
-            self.node.id,
-            Box::new(registration),
-        ))
+        registry::register_region(&self.node, self.node.id, mem, len, access)
     }
 
     fn create_cq(&self, capacity: u32) -> Result<Arc<dyn CompletionQueue>> {

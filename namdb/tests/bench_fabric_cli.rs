@@ -151,6 +151,11 @@ fn tcp_backend_runs_over_loopback() {
     let rows: Vec<Value> = serde_json::from_str(&text).expect("JSON is a list");
     let tcp_rows: Vec<&Value> = rows.iter().filter(|r| r["backend"] == "tcp").collect();
     assert_eq!(tcp_rows.len(), 4, "read 64/4096/65536 and cas: {rows:?}");
+    let sim_rows = rows.iter().filter(|r| r["backend"] == "sim").count();
+    assert_eq!(
+        sim_rows, 4,
+        "the sim is measured next to tcp in the same run: {rows:?}"
+    );
     assert!(
         tcp_rows
             .iter()

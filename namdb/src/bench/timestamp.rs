@@ -335,12 +335,15 @@ fn print(r: &Report) {
         "skipped for free slots", r.skipped_for_others
     );
     println!();
-    let goal = r.commits_per_sec >= 5e6;
-    println!(
-        "goal ≥ 5 M marked commits/s: {} — {}",
-        rate(r.commits_per_sec),
-        if goal { "met" } else { "NOT met" }
-    );
+    // The throughput goal is the sim's: elsewhere the fabric's own costs dominate.
+    if r.backend == "sim" {
+        let goal = r.commits_per_sec >= 5e6;
+        println!(
+            "goal ≥ 5 M marked commits/s on sim: {} — {}",
+            rate(r.commits_per_sec),
+            if goal { "met" } else { "NOT met" }
+        );
+    }
     println!(
         "goal ≤ 256 B READ per read timestamp: {:.1} B — {}",
         r.bytes_per_rid,

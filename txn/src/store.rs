@@ -68,6 +68,12 @@ pub struct Options {
     /// Oracle slots: the most clients at once.
     pub slots: u32,
     pub oracle: OracleConfig,
+    /// `commit` returns only once the oracle's prefix includes the commit, so every
+    /// transaction that begins after it returns sees it (real-time order, which
+    /// verify's white-box checker demands). The wait needs the other live clients to
+    /// tick; single-threaded code that interleaves clients turns it off and uses
+    /// [`Client::begin_after`] instead.
+    pub wait_visible: bool,
 }
 
 impl Default for Options {
@@ -76,6 +82,7 @@ impl Default for Options {
             sim: SimConfig::default(),
             slots: 16,
             oracle: OracleConfig::default(),
+            wait_visible: true,
         }
     }
 }
@@ -200,6 +207,7 @@ impl Database {
             cache: HashMap::new(),
             last_cid: 0,
             stats: ClientStats::default(),
+            wait_visible: sh.options.wait_visible,
         })
     }
 
@@ -246,6 +254,7 @@ pub struct Client {
     pub(crate) cache: AddrCache,
     pub(crate) last_cid: u64,
     pub(crate) stats: ClientStats,
+    pub(crate) wait_visible: bool,
 }
 
 /// The address cache, per table.
@@ -254,8 +263,18 @@ pub(crate) type AddrCache = HashMap<u32, IndexCache>;
 impl Client {
     /// Starts a transaction at the oracle's committed prefix, once it covers this
     /// client's last commit (a session sees its own writes).
-    pub fn begin(&mut self) -> Result<Transaction<'_>> {
+    pub fn begin(&mut self) -> Result<Transaction<&mut Client>> {
         self.begin_after(0)
+    }
+
+    /// As [`Client::begin_after`], for a transaction that owns the client until it
+    /// ends; on error the client comes back with it.
+    #[allow(clippy::result_large_err)]
+    pub fn begin_owned(mut self, min: u64) -> Result<Transaction<Client>, (Client, TxnError)> {
+        match self.wait_rid(min) {
+            Ok(rid) => Ok(Transaction::new(self, rid)),
+            Err(e) => Err((self, e)),
+        }
     }
 
     /// As [`Client::begin`], with a snapshot that also includes timestamp `min` (for
@@ -263,7 +282,12 @@ impl Client {
     /// live client to keep calling `begin` or [`Client::tick`]; a client idle for the
     /// oracle's lease timeout is fenced by the waiters and re-registers on its next
     /// call.
-    pub fn begin_after(&mut self, min: u64) -> Result<Transaction<'_>> {
+    pub fn begin_after(&mut self, min: u64) -> Result<Transaction<&mut Client>> {
+        let rid = self.wait_rid(min)?;
+        Ok(Transaction::new(self, rid))
+    }
+
+    pub(crate) fn wait_rid(&mut self, min: u64) -> Result<u64> {
         let want = min.max(self.last_cid);
         let start = std::time::Instant::now();
         let rid = loop {
@@ -279,7 +303,7 @@ impl Client {
             }
             std::hint::spin_loop();
         };
-        Ok(Transaction::new(self, rid))
+        Ok(rid)
     }
 
     /// Keeps this client's oracle slot moving (skips its unused timestamps, renews its

@@ -16,6 +16,8 @@
 //!   (first committer wins). (4) Install: per record a WRITE of the versions (new one at
 //!   the head, older ones shifted) and a CAS of the header from locked to `CID`, all in
 //!   one doorbell. (5) Mark CID committed, one unsignaled FETCH_ADD.
+//!   With `Options::wait_visible` (the default), commit then waits until the oracle's
+//!   prefix includes CID, so transactions that begin after it returns see it.
 //! - **Abort** (in commit, or [`Transaction::abort`]): every lock taken is released with
 //!   CAS to the header it replaced; a new record's block becomes a tombstone at CID 0
 //!   (its index slot stays, so a later insert of the key reuses the block); the CID is
@@ -30,6 +32,7 @@ use crate::index::Lookup;
 use crate::layout::{self, Block, Header, LayoutError, Version, Visible};
 use crate::store::{COMMIT_AREA, Client, READ_AREA, SCRATCH_BYTES, Table};
 use fabric::SendWr;
+use std::borrow::BorrowMut;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,15 +61,20 @@ struct Write {
 /// A transaction of one [`Client`]; it ends with [`Transaction::commit`] or
 /// [`Transaction::abort`] (dropping it unfinished aborts: nothing is locked before
 /// commit, so nothing needs releasing).
-pub struct Transaction<'c> {
-    client: &'c mut Client,
+///
+/// `C` is how it holds its client: `&mut Client` from [`Client::begin`], or the
+/// `Client` itself from [`Client::begin_owned`] (for drivers whose transactions must
+/// not borrow their session), handed back by [`Transaction::commit_into`] and
+/// [`Transaction::abort`].
+pub struct Transaction<C: BorrowMut<Client>> {
+    client: C,
     rid: u64,
     seen: HashMap<(u32, u64), Seen>,
     writes: BTreeMap<(u32, u64), Write>,
 }
 
-impl<'c> Transaction<'c> {
-    pub(crate) fn new(client: &'c mut Client, rid: u64) -> Transaction<'c> {
+impl<C: BorrowMut<Client>> Transaction<C> {
+    pub(crate) fn new(client: C, rid: u64) -> Transaction<C> {
         Transaction {
             client,
             rid,
@@ -78,6 +86,11 @@ impl<'c> Transaction<'c> {
     /// The read timestamp.
     pub fn rid(&self) -> u64 {
         self.rid
+    }
+
+    /// Whether this transaction has buffered a write of `key`.
+    pub fn wrote(&self, table: &Table, key: u64) -> bool {
+        self.writes.contains_key(&(table.id, key))
     }
 
     /// The value of `key` in this transaction's snapshot, with its own writes applied.
@@ -147,13 +160,16 @@ impl<'c> Transaction<'c> {
         Ok(())
     }
 
-    /// Ends the transaction without effect.
-    pub fn abort(self) {}
+    /// Ends the transaction without effect (nothing is locked before commit) and
+    /// hands back the client.
+    pub fn abort(self) -> C {
+        self.client
+    }
 
     /// What the transaction saw of a record; read on first use.
     fn see(&mut self, table: &Arc<Table>, key: u64) -> Result<&Seen> {
         if !self.seen.contains_key(&(table.id, key)) {
-            let seen = fetch(self.client, table, key)?;
+            let seen = fetch(self.client.borrow_mut(), table, key)?;
             self.seen.insert((table.id, key), seen);
         }
         Ok(&self.seen[&(table.id, key)])
@@ -162,11 +178,21 @@ impl<'c> Transaction<'c> {
     /// Runs the commit protocol. Returns the CID, or `None` for a read-only
     /// transaction (which takes no timestamp). On error the transaction is aborted.
     pub fn commit(self) -> Result<Option<u64>> {
+        self.commit_into().1
+    }
+
+    /// [`Transaction::commit`], handing back the client.
+    pub fn commit_into(mut self) -> (C, Result<Option<u64>>) {
+        let result = self.run();
+        (self.client, result)
+    }
+
+    fn run(&mut self) -> Result<Option<u64>> {
+        let client = self.client.borrow_mut();
         if self.writes.is_empty() {
-            self.client.stats.committed += 1;
+            client.stats.committed += 1;
             return Ok(None);
         }
-        let client = self.client;
         let cid = client.slot.acquire_commit_ts(1000)?;
         let mut state = CommitState::default();
         let result = run_commit(client, self.rid, cid, &self.seen, &self.writes, &mut state);
@@ -175,6 +201,9 @@ impl<'c> Transaction<'c> {
                 client.slot.mark(cid, Outcome::Committed)?;
                 client.last_cid = client.last_cid.max(cid);
                 client.stats.committed += 1;
+                if client.wait_visible {
+                    client.wait_rid(cid)?;
+                }
                 Ok(Some(cid))
             }
             Err(e) => {

@@ -15,6 +15,7 @@ fn db(sim: SimConfig) -> (Database, Arc<Table>) {
             tick_interval: Duration::from_micros(20),
             ..timestamp::OracleConfig::default()
         },
+        wait_visible: false,
         ..Options::default()
     })
     .unwrap();

@@ -1,0 +1,109 @@
+//! A compute node's synchronous connection to one memory server: an RC queue pair, its
+//! completion queue (used by nobody else) and a registered scratch region that READs
+//! and atomics land in.
+//!
+//! [`Conn::run`] posts a batch with one doorbell, only the last request signaled, and
+//! spins on the completion queue until that completion (or the first error) arrives.
+//! RC executes a queue pair's requests in order, so the last completion means the whole
+//! batch is done. A `Conn` belongs to one thread at a time.
+
+use fabric::{Access, Completion, CompletionQueue, Device, FabricError, QueuePair, Region, SendWr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A completion that takes this long means a lost connection, not a slow one.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+pub struct Conn {
+    qp: Arc<dyn QueuePair>,
+    cq: Arc<dyn CompletionQueue>,
+    scratch: Region,
+    next_id: u64,
+}
+
+impl Conn {
+    /// `qp` is an RC queue pair connected to the memory server whose send completions
+    /// go to `cq`; `scratch_bytes` of local memory are registered for results.
+    pub fn new(
+        device: &dyn Device,
+        qp: Arc<dyn QueuePair>,
+        cq: Arc<dyn CompletionQueue>,
+        scratch_bytes: u64,
+    ) -> Result<Conn, FabricError> {
+        let scratch = device.register(scratch_bytes.max(8), Access::LOCAL)?;
+        Ok(Conn {
+            qp,
+            cq,
+            scratch,
+            next_id: 1,
+        })
+    }
+
+    /// The local region READ and atomic results land in.
+    pub fn scratch(&self) -> &Region {
+        &self.scratch
+    }
+
+    /// Posts `wrs` with one doorbell, the last one signaled and the others not, and
+    /// waits until the last completes. The first error completion is returned as
+    /// `FabricError::Completion { index, .. }` (its position in `wrs`); the queue pair
+    /// is then recovered so the connection stays usable.
+    pub fn run(&mut self, wrs: &mut [SendWr<'_>]) -> Result<(), FabricError> {
+        let Some(last) = wrs.len().checked_sub(1) else {
+            return Ok(());
+        };
+        let base = self.next_id;
+        self.next_id += wrs.len() as u64;
+        for (i, wr) in wrs.iter_mut().enumerate() {
+            wr.wr_id = base + i as u64;
+            wr.signaled = i == last;
+        }
+        self.qp.post_send(wrs)?;
+        let mut wcs = [Completion::default(); 8];
+        let start = Instant::now();
+        loop {
+            let n = self.cq.poll(&mut wcs)?;
+            for wc in &wcs[..n] {
+                if wc.status != fabric::WcStatus::Success {
+                    let index = wc.wr_id.saturating_sub(base) as usize;
+                    self.recover_after_error(base + last as u64)?;
+                    return Err(FabricError::Completion {
+                        status: wc.status,
+                        index,
+                    });
+                }
+                if wc.wr_id == base + last as u64 {
+                    return Ok(());
+                }
+            }
+            if n == 0 {
+                if start.elapsed() > PATIENCE {
+                    return Err(FabricError::Backend(format!(
+                        "no completion for {} work requests after {PATIENCE:?}",
+                        wrs.len()
+                    )));
+                }
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// After an error completion: collect the flushes of the rest of the batch, then
+    /// take the queue pair out of the error state.
+    fn recover_after_error(&mut self, last_id: u64) -> Result<(), FabricError> {
+        let mut wcs = [Completion::default(); 8];
+        let start = Instant::now();
+        'outer: while start.elapsed() < PATIENCE {
+            let n = self.cq.poll(&mut wcs)?;
+            for wc in &wcs[..n] {
+                if wc.wr_id >= last_id {
+                    break 'outer;
+                }
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        self.qp.recover()
+    }
+}

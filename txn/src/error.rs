@@ -1,0 +1,51 @@
+//! Typed errors of the transaction layer.
+
+use crate::index::IndexError;
+use crate::layout::LayoutError;
+use fabric::FabricError;
+use thiserror::Error;
+use timestamp::OracleError;
+
+#[derive(Debug, Error)]
+pub enum TxnError {
+    /// The transaction lost a write-write conflict (first committer wins, or a record
+    /// it writes was locked or changed since it was read) and was aborted.
+    #[error("conflict on table {table} key {key}: {why}")]
+    Conflict {
+        table: u32,
+        key: u64,
+        why: &'static str,
+    },
+    /// No version of the record old enough for the snapshot is kept any more.
+    #[error("snapshot {rid} too old for table {table} key {key}")]
+    SnapshotTooOld { table: u32, key: u64, rid: u64 },
+    #[error("key {key} already exists in table {table}")]
+    DuplicateKey { table: u32, key: u64 },
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("table {table} is full ({capacity} blocks)")]
+    TableFull { table: u32, capacity: u64 },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("the transaction already ended")]
+    Ended,
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Index(IndexError),
+    #[error("oracle: {0}")]
+    Oracle(#[from] OracleError),
+    #[error("fabric: {0}")]
+    Fabric(#[from] FabricError),
+}
+
+impl From<IndexError> for TxnError {
+    fn from(e: IndexError) -> Self {
+        match e {
+            IndexError::Fabric(f) => TxnError::Fabric(f),
+            e => TxnError::Index(e),
+        }
+    }
+}
+
+pub type Result<T, E = TxnError> = std::result::Result<T, E>;

@@ -551,44 +551,28 @@ impl Setup {
         })
     }
 
-    fn run_clients(&self, phase: Duration) -> Result<(f64, Histogram<u64>)> {
+    /// Runs `phase` on one thread per pair, all starting together.
+    fn on_every_pair<T: Send>(&self, phase: impl Fn(&Pair) -> Result<T> + Sync) -> Result<Vec<T>> {
         let start = Barrier::new(self.pairs.len());
-        let rates = thread::scope(|s| {
+        thread::scope(|s| {
             let handles: Vec<_> = self
                 .pairs
                 .iter()
                 .map(|pair| {
-                    let start = &start;
+                    let (start, phase) = (&start, &phase);
                     s.spawn(move || {
                         start.wait();
-                        self.throughput(pair, phase)
+                        phase(pair)
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| join(h, "client"))
-                .collect::<Result<Vec<f64>>>()
-        })?;
+            handles.into_iter().map(|h| join(h, "client")).collect()
+        })
+    }
 
-        let start = Barrier::new(self.pairs.len());
-        let histograms = thread::scope(|s| {
-            let handles: Vec<_> = self
-                .pairs
-                .iter()
-                .map(|pair| {
-                    let start = &start;
-                    s.spawn(move || {
-                        start.wait();
-                        self.latency(pair, phase)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| join(h, "client"))
-                .collect::<Result<Vec<Histogram<u64>>>>()
-        })?;
+    fn run_clients(&self, phase: Duration) -> Result<(f64, Histogram<u64>)> {
+        let rates = self.on_every_pair(|pair| self.throughput(pair, phase))?;
+        let histograms = self.on_every_pair(|pair| self.latency(pair, phase))?;
 
         let mut latency = new_histogram()?;
         for h in &histograms {

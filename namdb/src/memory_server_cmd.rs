@@ -30,8 +30,9 @@ pub struct MemoryServerArgs {
     /// File holding the cluster token (`namdb token generate FILE` makes one).
     #[arg(long, value_name = "FILE")]
     pub token_file: PathBuf,
-    /// Address of the data path (the tcp soft-NIC), host:port; by default the
-    /// control plane's host with a free port.
+    /// Address of the data path (the tcp soft-NIC), host:port, which peers dial: by
+    /// default the control plane's host with a free port. With `--listen 0.0.0.0:…`
+    /// name this host's reachable address here (e.g. 10.0.0.5:0).
     #[arg(long, value_name = "ADDR")]
     pub data_listen: Option<SocketAddr>,
     /// shm only: the Unix socket peers reach the data path at; by default
@@ -72,8 +73,13 @@ fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Devic
             let data = args
                 .data_listen
                 .unwrap_or_else(|| SocketAddr::new(args.listen.ip(), 0));
-            let device = TcpDevice::bind_as(&data.to_string(), token.secret(), node)
-                .with_context(|| format!("cannot start the tcp data path on {data}"))?;
+            let device =
+                TcpDevice::bind_as(&data.to_string(), token.secret(), node).with_context(|| {
+                    format!(
+                        "cannot start the tcp data path on {data}; --data-listen sets it to an \
+                         address compute nodes can reach"
+                    )
+                })?;
             Ok(device)
         }
         ServerBackend::Shm => {

@@ -23,27 +23,28 @@ fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("namdb-{name}-{}-{nanos}.json", std::process::id()))
 }
 
-#[test]
-fn short_run_writes_every_row_to_json() {
-    let path = temp_path("bench-fabric");
-    let path_arg = path.to_str().expect("temp path is UTF-8");
-    let out = namdb(&[
-        "bench",
-        "fabric",
-        "--backend",
-        "sim",
-        "--duration-ms",
-        "20",
-        "--threads",
-        "1",
-        "--json",
-        path_arg,
-    ]);
+/// Runs `namdb bench fabric ARGS --json TMP`, asserts it succeeded, and returns its
+/// output and the JSON rows it wrote.
+fn bench_rows(name: &str, args: &[&str]) -> (Output, Vec<Value>) {
+    let path = temp_path(name);
+    let mut argv = vec!["bench", "fabric"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--json", path.to_str().expect("temp path is UTF-8")]);
+    let out = namdb(&argv);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "namdb failed: {stderr}");
     let text = std::fs::read_to_string(&path).expect("JSON file written");
     let _ = std::fs::remove_file(&path);
     let rows: Vec<Value> = serde_json::from_str(&text).expect("JSON is a list");
+    (out, rows)
+}
+
+#[test]
+fn short_run_writes_every_row_to_json() {
+    let (out, rows) = bench_rows(
+        "bench-fabric",
+        &["--backend", "sim", "--duration-ms", "20", "--threads", "1"],
+    );
 
     let fields = [
         "backend",
@@ -87,13 +88,17 @@ fn short_run_writes_every_row_to_json() {
         assert_eq!(
             found.count(),
             1,
-            "expected one {op} {bytes} B row in {text}"
+            "expected one {op} {bytes} B row in {rows:?}"
         );
     }
     let memcpy: Vec<_> = rows.iter().filter(|r| r["op"] == "memcpy").collect();
-    assert_eq!(memcpy.len(), 1, "expected one memcpy row in {text}");
+    assert_eq!(memcpy.len(), 1, "expected one memcpy row in {rows:?}");
     assert_eq!(memcpy[0]["threads"], 1);
-    assert_eq!(rows.len(), expected.len() + 1, "unexpected rows in {text}");
+    assert_eq!(
+        rows.len(),
+        expected.len() + 1,
+        "unexpected rows in {rows:?}"
+    );
 
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("memcpy reference"), "{stdout}");
@@ -128,27 +133,19 @@ fn unwritable_json_path_fails_before_measuring() {
 
 #[test]
 fn tcp_backend_runs_over_loopback() {
-    let path = temp_path("bench-fabric-tcp");
-    let path_arg = path.to_str().expect("temp path is UTF-8");
-    let out = namdb(&[
-        "bench",
-        "fabric",
-        "--backend",
-        "tcp",
-        "--duration-ms",
-        "20",
-        "--threads",
-        "1",
-        "--ops",
-        "read,cas",
-        "--json",
-        path_arg,
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "namdb failed: {stderr}");
-    let text = std::fs::read_to_string(&path).expect("JSON file written");
-    let _ = std::fs::remove_file(&path);
-    let rows: Vec<Value> = serde_json::from_str(&text).expect("JSON is a list");
+    let (out, rows) = bench_rows(
+        "bench-fabric-tcp",
+        &[
+            "--backend",
+            "tcp",
+            "--duration-ms",
+            "20",
+            "--threads",
+            "1",
+            "--ops",
+            "read,cas",
+        ],
+    );
     let tcp_rows: Vec<&Value> = rows.iter().filter(|r| r["backend"] == "tcp").collect();
     assert_eq!(tcp_rows.len(), 4, "read 64/4096/65536 and cas: {rows:?}");
     let sim_rows = rows.iter().filter(|r| r["backend"] == "sim").count();
@@ -170,27 +167,19 @@ fn tcp_backend_runs_over_loopback() {
 
 #[test]
 fn shm_backend_runs_with_sim_as_its_reference() {
-    let path = temp_path("bench-fabric-shm");
-    let path_arg = path.to_str().expect("temp path is UTF-8");
-    let out = namdb(&[
-        "bench",
-        "fabric",
-        "--backend",
-        "shm",
-        "--duration-ms",
-        "20",
-        "--threads",
-        "1",
-        "--ops",
-        "read,send_recv",
-        "--json",
-        path_arg,
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "namdb failed: {stderr}");
-    let text = std::fs::read_to_string(&path).expect("JSON file written");
-    let _ = std::fs::remove_file(&path);
-    let rows: Vec<Value> = serde_json::from_str(&text).expect("JSON is a list");
+    let (out, rows) = bench_rows(
+        "bench-fabric-shm",
+        &[
+            "--backend",
+            "shm",
+            "--duration-ms",
+            "20",
+            "--threads",
+            "1",
+            "--ops",
+            "read,send_recv",
+        ],
+    );
     for backend in ["shm", "sim"] {
         let of: Vec<&Value> = rows.iter().filter(|r| r["backend"] == backend).collect();
         assert_eq!(
@@ -231,28 +220,23 @@ fn connect_measures_a_separately_started_memory_server() {
     let out = namdb(&["token", "generate", token.to_str().unwrap()]);
     assert!(out.status.success());
     let server = common::start_server("tcp", &token);
-    let path = temp_path("bench-fabric-connect");
-    let out = namdb(&[
-        "bench",
-        "fabric",
-        "--backend",
-        "tcp",
-        "--connect",
-        &server.control,
-        "--token-file",
-        token.to_str().unwrap(),
-        "--duration-ms",
-        "20",
-        "--threads",
-        "1",
-        "--json",
-        path.to_str().unwrap(),
-    ]);
+    let (out, rows) = bench_rows(
+        "bench-fabric-connect",
+        &[
+            "--backend",
+            "tcp",
+            "--connect",
+            &server.control,
+            "--token-file",
+            token.to_str().unwrap(),
+            "--duration-ms",
+            "20",
+            "--threads",
+            "1",
+        ],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "namdb failed: {stderr}");
     assert!(stderr.contains("send_recv skipped"), "{stderr}");
-    let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&path);
     // read/write × 3 sizes, cas, fetch_add; and memcpy.
     assert_eq!(
         rows.iter().filter(|r| r["backend"] == "tcp").count(),

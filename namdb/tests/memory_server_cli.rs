@@ -278,3 +278,27 @@ fn serve_another_process_then_stop(
         WcStatus::WrFlush
     );
 }
+
+#[test]
+fn a_wildcard_data_path_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_file(&dir, GOOD_TOKEN, 0o600);
+    let out = namdb(&[
+        "memory-server",
+        "--listen",
+        "0.0.0.0:0",
+        "--backend",
+        "tcp",
+        "--size",
+        "1MiB",
+        "--token-file",
+        path.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("wildcard") && err.contains("--data-listen"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "nothing claims to be listening");
+}

@@ -111,6 +111,13 @@ impl TcpDevice {
         let bound = listener
             .local_addr()
             .map_err(|e| io("cannot read the address of", e))?;
+        // Peers dial the address this device advertises; a wildcard names no host.
+        if bound.ip().is_unspecified() {
+            return Err(FabricError::Backend(format!(
+                "cannot advertise the wildcard address {bound}: bind the soft-NIC to the \
+                 address peers reach this host at (e.g. 10.0.0.5:0, or 127.0.0.1:0 on one host)"
+            )));
+        }
         let udp = UdpSocket::bind(bound).map_err(|e| io("cannot bind UDP on", e))?;
         udp.set_read_timeout(Some(Duration::from_millis(50)))
             .map_err(|e| io("cannot configure UDP on", e))?;

@@ -70,6 +70,12 @@ fn check_server_alive(s: &Server) {
     assert_eq!(local.to_vec(0, 64).unwrap(), vec![0xAB; 64]);
 }
 
+/// The region still holds what `server` wrote, and the server still serves a client.
+fn assert_whole_and_serving(s: &Server, why: &str) {
+    assert_eq!(s.region.to_vec(0, 4096).unwrap(), vec![0xAB; 4096], "{why}");
+    check_server_alive(s);
+}
+
 fn read_to_end(stream: &mut TcpStream) -> Vec<u8> {
     let mut all = Vec::new();
     let _ = stream.read_to_end(&mut all);
@@ -94,12 +100,7 @@ fn malformed_frames_get_an_error_reply_and_a_closed_connection() {
         assert!(reply.len() >= 7, "no error frame for {garbage:?}");
         assert_eq!(reply[4], wire::KIND_ERROR, "{garbage:?}");
     }
-    assert_eq!(
-        s.region.to_vec(0, 4096).unwrap(),
-        vec![0xAB; 4096],
-        "memory untouched"
-    );
-    check_server_alive(&s);
+    assert_whole_and_serving(&s, "memory untouched");
 }
 
 #[test]
@@ -163,12 +164,7 @@ fn a_client_vanishing_mid_batch_leaves_memory_whole() {
     c.write_all(&frame[..100]).unwrap();
     drop(c);
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(
-        s.region.to_vec(0, 4096).unwrap(),
-        vec![0xAB; 4096],
-        "a partial frame never executes"
-    );
-    check_server_alive(&s);
+    assert_whole_and_serving(&s, "a partial frame never executes");
 }
 
 #[test]
@@ -231,4 +227,10 @@ fn clients_see_a_clean_error_when_the_server_dies() {
     let server = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
     let client = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
     crate::conformance::owner_death_fails_cleanly(server, client);
+}
+
+#[test]
+fn a_wildcard_address_is_refused_because_no_peer_could_dial_it() {
+    let err = TcpDevice::bind("0.0.0.0:0", TOKEN).err().expect("refused");
+    assert!(err.to_string().contains("wildcard"), "{err}");
 }

@@ -107,3 +107,32 @@ impl Conn {
         self.qp.recover()
     }
 }
+
+/// A compute node's connection to one memory server for coroutines: batches are
+/// futures ([`fabric::AsyncQp`]), so many transactions of one thread share the queue
+/// pair, each awaiting its own requests. Results land in buffers the caller owns.
+pub struct AsyncConn {
+    qp: fabric::AsyncQp,
+}
+
+impl AsyncConn {
+    /// `qp` is an RC queue pair connected to the memory server whose send completions
+    /// go to `cq`, which nothing else polls.
+    pub fn new(qp: Arc<dyn QueuePair>, cq: Arc<dyn CompletionQueue>) -> AsyncConn {
+        AsyncConn {
+            qp: fabric::AsyncQp::new(qp, fabric::CqDriver::new(cq)),
+        }
+    }
+
+    /// Posts `wrs` with one doorbell and resolves once all completed. After an error
+    /// completion the queue pair is taken out of the error state, so the connection
+    /// stays usable for the other coroutines (whose batches in flight were flushed and
+    /// fail too).
+    pub async fn run(&self, wrs: &[SendWr<'_>]) -> Result<(), FabricError> {
+        let result = self.qp.run(wrs).await;
+        if result.is_err() && self.qp.qp().state() == fabric::QpState::Error {
+            self.qp.qp().recover()?;
+        }
+        result
+    }
+}

@@ -48,4 +48,15 @@ impl From<IndexError> for TxnError {
     }
 }
 
+impl TxnError {
+    /// Whether running the transaction again may succeed: it lost a conflict or its
+    /// snapshot was too old, through no fault of its own.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            TxnError::Conflict { .. } | TxnError::SnapshotTooOld { .. }
+        )
+    }
+}
+
 pub type Result<T, E = TxnError> = std::result::Result<T, E>;

@@ -22,8 +22,8 @@
 //! [`IndexCache`] is the compute-side address cache: addresses never change once
 //! inserted (no removal), so cached entries never go stale.
 
-use crate::conn::Conn;
-use fabric::{FabricError, RemoteRegion, SendWr};
+use crate::conn::AsyncConn;
+use fabric::{FabricError, LocalBuf, Region, RemoteRegion, SendWr};
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -49,7 +49,7 @@ impl IndexShape {
 }
 
 /// splitmix64's finaliser: spreads sequential keys over buckets.
-fn mix(mut z: u64) -> u64 {
+pub(crate) fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
@@ -77,38 +77,41 @@ pub enum Lookup {
     Pending,
 }
 
-/// The index in `region` (on the node `conn` is connected to), seen from one compute
-/// node. Uses the first `bucket_bytes` bytes of the connection's scratch region.
+/// The index at `base` in `region` (on one memory server), seen from a compute node.
+/// Buckets are READ into a caller's registered buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct RemoteIndex {
     pub region: RemoteRegion,
+    /// Offset of bucket 0 in the region.
+    pub base: u64,
     pub shape: IndexShape,
-    /// Where in the scratch region the bucket lands.
-    pub scratch_offset: u64,
+}
+
+/// Where an insert claims its slot, found in a bucket that does not hold the key.
+enum Claim {
+    Slot(u64),
 }
 
 impl RemoteIndex {
-    fn read_bucket(&self, conn: &mut Conn, bucket: u64) -> Result<Vec<u64>, IndexError> {
-        let bytes = self.shape.bucket_bytes();
-        if self.scratch_offset + bytes > conn.scratch().len() {
-            return Err(IndexError::Scratch(bytes));
-        }
-        let local = conn.scratch().buf(self.scratch_offset, bytes as u32);
-        let remote = self.region.at(bucket * bytes);
-        conn.run(&mut [SendWr::read(0, local, remote)])?;
-        let mut words = vec![0u64; (bytes / 8) as usize];
-        conn.scratch().read_words(self.scratch_offset, &mut words)?;
-        Ok(words)
-    }
-
     fn check_key(key: u64) -> Result<u64, IndexError> {
         key.checked_add(1).ok_or(IndexError::ReservedKey)
     }
 
-    /// One READ of the key's bucket.
-    pub fn lookup(&self, conn: &mut Conn, key: u64) -> Result<Lookup, IndexError> {
+    fn bucket_offset(&self, bucket: u64) -> u64 {
+        self.base + bucket * self.shape.bucket_bytes()
+    }
+
+    /// The READ of `key`'s bucket into `buf` (at least `bucket_bytes` long).
+    pub fn bucket_read<'a>(&self, key: u64, buf: LocalBuf) -> SendWr<'a> {
+        let remote = self
+            .region
+            .at(self.bucket_offset(self.shape.bucket_of(key)));
+        SendWr::read(0, buf, remote)
+    }
+
+    /// What a READ bucket says about `key`.
+    pub fn find(words: &[u64], key: u64) -> Result<Lookup, IndexError> {
         let tag = Self::check_key(key)?;
-        let words = self.read_bucket(conn, self.shape.bucket_of(key))?;
         for slot in words.chunks_exact(2) {
             if slot[0] == tag {
                 return Ok(match slot[1] {
@@ -120,45 +123,90 @@ impl RemoteIndex {
         Ok(Lookup::Absent)
     }
 
-    /// Inserts `key → addr`; exactly one of concurrent inserts of a key succeeds.
-    pub fn insert(&self, conn: &mut Conn, key: u64, addr: u64) -> Result<(), IndexError> {
+    fn claim(&self, words: &[u64], key: u64) -> Result<Claim, IndexError> {
         let tag = Self::check_key(key)?;
         let bucket = self.shape.bucket_of(key);
-        let base = bucket * self.shape.bucket_bytes();
-        let result = self.scratch_offset;
-        loop {
-            let words = self.read_bucket(conn, bucket)?;
-            let mut empty = None;
-            for (i, slot) in words.chunks_exact(2).enumerate() {
-                if slot[0] == tag {
-                    return Err(IndexError::DuplicateKey {
-                        key,
-                        addr: slot[1].checked_sub(1),
-                    });
-                }
-                if slot[0] == 0 {
-                    empty = Some(i as u64);
-                    break;
-                }
-            }
-            let Some(i) = empty else {
-                return Err(IndexError::BucketFull {
+        for (i, slot) in words.chunks_exact(2).enumerate() {
+            if slot[0] == tag {
+                return Err(IndexError::DuplicateKey {
                     key,
-                    bucket,
-                    slots: self.shape.slots,
+                    addr: slot[1].checked_sub(1),
                 });
-            };
-            let slot_at = base + i * SLOT_BYTES;
-            let local = conn.scratch().buf(result, 8);
-            conn.run(&mut [SendWr::cas(0, local, self.region.at(slot_at), 0, tag)])?;
-            let old = conn.scratch().load_u64(result)?;
+            }
+            if slot[0] == 0 {
+                return Ok(Claim::Slot(
+                    self.bucket_offset(bucket) + i as u64 * SLOT_BYTES,
+                ));
+            }
+        }
+        Err(IndexError::BucketFull {
+            key,
+            bucket,
+            slots: self.shape.slots,
+        })
+    }
+
+    async fn read_bucket(
+        &self,
+        conn: &AsyncConn,
+        buf: &Region,
+        at: u64,
+        key: u64,
+    ) -> Result<Vec<u64>, IndexError> {
+        let bytes = self.shape.bucket_bytes();
+        if at + bytes > buf.len() {
+            return Err(IndexError::Scratch(bytes));
+        }
+        conn.run(&[self.bucket_read(key, buf.buf(at, bytes as u32))])
+            .await?;
+        let mut words = vec![0u64; (bytes / 8) as usize];
+        buf.read_words(at, &mut words)?;
+        Ok(words)
+    }
+
+    /// One READ of the key's bucket, landing in `buf` at `at`.
+    pub async fn lookup(
+        &self,
+        conn: &AsyncConn,
+        buf: &Region,
+        at: u64,
+        key: u64,
+    ) -> Result<Lookup, IndexError> {
+        Self::check_key(key)?;
+        let words = self.read_bucket(conn, buf, at, key).await?;
+        Self::find(&words, key)
+    }
+
+    /// Inserts `key → addr`; exactly one of concurrent inserts of a key succeeds.
+    /// Uses `bucket_bytes + 8` bytes of `buf` from `at`.
+    pub async fn insert(
+        &self,
+        conn: &AsyncConn,
+        buf: &Region,
+        at: u64,
+        key: u64,
+        addr: u64,
+    ) -> Result<(), IndexError> {
+        let tag = Self::check_key(key)?;
+        let result = at + self.shape.bucket_bytes();
+        if result + 8 > buf.len() {
+            return Err(IndexError::Scratch(self.shape.bucket_bytes() + 8));
+        }
+        loop {
+            let words = self.read_bucket(conn, buf, at, key).await?;
+            let Claim::Slot(slot_at) = self.claim(&words, key)?;
+            let local = buf.buf(result, 8);
+            conn.run(&[SendWr::cas(0, local, self.region.at(slot_at), 0, tag)])
+                .await?;
+            let old = buf.load_u64(result)?;
             if old == 0 {
                 let value = (addr + 1).to_le_bytes();
-                conn.run(&mut [SendWr::write(
+                conn.run(&[SendWr::write(
                     0,
                     fabric::Src::Inline(&value),
                     self.region.at(slot_at + 8),
-                )])?;
+                )])
+                .await?;
                 return Ok(());
             }
             if old == tag {
@@ -192,6 +240,7 @@ impl IndexCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::block_on;
     use fabric::sim::{SimConfig, SimNetwork};
     use fabric::{Access, Device, Region};
     use std::sync::Arc;
@@ -211,8 +260,8 @@ mod tests {
         let region = server.register(shape.region_bytes(), Access::ALL).unwrap();
         let index = RemoteIndex {
             region: region.remote(),
+            base: 0,
             shape,
-            scratch_offset: 0,
         };
         Fixture {
             net,
@@ -223,14 +272,32 @@ mod tests {
         }
     }
 
-    fn client(f: &mut Fixture) -> Conn {
+    /// A compute node's connection and buffer, with blocking calls for the tests.
+    struct Client {
+        conn: AsyncConn,
+        buf: Region,
+    }
+
+    impl Client {
+        fn lookup(&self, idx: &RemoteIndex, key: u64) -> Result<Lookup, IndexError> {
+            block_on(idx.lookup(&self.conn, &self.buf, 0, key))
+        }
+        fn insert(&self, idx: &RemoteIndex, key: u64, addr: u64) -> Result<(), IndexError> {
+            block_on(idx.insert(&self.conn, &self.buf, 0, key, addr))
+        }
+    }
+
+    fn client(f: &mut Fixture) -> Client {
         let dev: Arc<dyn Device> = f.net.add_node();
         let ccq = dev.create_cq(64).unwrap();
         let scq = f.server_dev.create_cq(64).unwrap();
         let (sqp, qp) =
             fabric::connect_rc((f.server_dev.as_ref(), &scq), (dev.as_ref(), &ccq)).unwrap();
         f.keep.push(sqp);
-        Conn::new(dev.as_ref(), qp, ccq, 4096).unwrap()
+        Client {
+            conn: AsyncConn::new(qp, ccq),
+            buf: dev.register(4096, Access::LOCAL).unwrap(),
+        }
     }
 
     #[test]
@@ -239,27 +306,27 @@ mod tests {
             buckets: 16,
             slots: 4,
         });
-        let mut c = client(&mut f);
+        let c = client(&mut f);
         let idx = f.index;
-        assert_eq!(idx.lookup(&mut c, 7).unwrap(), Lookup::Absent);
-        idx.insert(&mut c, 7, 4096).unwrap();
-        assert_eq!(idx.lookup(&mut c, 7).unwrap(), Lookup::Found(4096));
-        idx.insert(&mut c, 8, 0).unwrap();
-        assert_eq!(idx.lookup(&mut c, 8).unwrap(), Lookup::Found(0));
-        match idx.insert(&mut c, 7, 1) {
+        assert_eq!(c.lookup(&idx, 7).unwrap(), Lookup::Absent);
+        c.insert(&idx, 7, 4096).unwrap();
+        assert_eq!(c.lookup(&idx, 7).unwrap(), Lookup::Found(4096));
+        c.insert(&idx, 8, 0).unwrap();
+        assert_eq!(c.lookup(&idx, 8).unwrap(), Lookup::Found(0));
+        match c.insert(&idx, 7, 1) {
             Err(IndexError::DuplicateKey { key: 7, addr }) => assert_eq!(addr, Some(4096)),
             other => panic!("expected DuplicateKey, got {other:?}"),
         }
-        assert_eq!(idx.lookup(&mut c, 7).unwrap(), Lookup::Found(4096));
+        assert_eq!(c.lookup(&idx, 7).unwrap(), Lookup::Found(4096));
         assert!(matches!(
-            idx.lookup(&mut c, u64::MAX),
+            c.lookup(&idx, u64::MAX),
             Err(IndexError::ReservedKey)
         ));
         // A second node sees the same index.
-        let mut d = client(&mut f);
-        assert_eq!(idx.lookup(&mut d, 7).unwrap(), Lookup::Found(4096));
+        let d = client(&mut f);
+        assert_eq!(d.lookup(&idx, 7).unwrap(), Lookup::Found(4096));
         assert!(matches!(
-            idx.insert(&mut d, 8, 5),
+            d.insert(&idx, 8, 5),
             Err(IndexError::DuplicateKey { .. })
         ));
     }
@@ -270,10 +337,10 @@ mod tests {
             buckets: 1,
             slots: 2,
         });
-        let mut c = client(&mut f);
+        let c = client(&mut f);
         // A claimed key whose address is not written yet, by CPU stores on the server.
         f.region.store_u64(0, 42 + 1).unwrap();
-        assert_eq!(f.index.lookup(&mut c, 42).unwrap(), Lookup::Pending);
+        assert_eq!(c.lookup(&f.index, 42).unwrap(), Lookup::Pending);
     }
 
     #[test]
@@ -282,12 +349,12 @@ mod tests {
             buckets: 1,
             slots: 3,
         });
-        let mut c = client(&mut f);
+        let c = client(&mut f);
         let idx = f.index;
         for k in 0..3 {
-            idx.insert(&mut c, k, k * 100).unwrap();
+            c.insert(&idx, k, k * 100).unwrap();
         }
-        match idx.insert(&mut c, 3, 300) {
+        match c.insert(&idx, 3, 300) {
             Err(IndexError::BucketFull {
                 key: 3,
                 bucket: 0,
@@ -296,7 +363,7 @@ mod tests {
             other => panic!("expected BucketFull, got {other:?}"),
         }
         for k in 0..3 {
-            assert_eq!(idx.lookup(&mut c, k).unwrap(), Lookup::Found(k * 100));
+            assert_eq!(c.lookup(&idx, k).unwrap(), Lookup::Found(k * 100));
         }
     }
 
@@ -306,17 +373,17 @@ mod tests {
             buckets: 4,
             slots: 64,
         });
-        let conns: Vec<Conn> = (0..4).map(|_| client(&mut f)).collect();
+        let conns: Vec<Client> = (0..4).map(|_| client(&mut f)).collect();
         let idx = f.index;
         let wins: Vec<Vec<u64>> = std::thread::scope(|s| {
             let hs: Vec<_> = conns
                 .into_iter()
                 .enumerate()
-                .map(|(t, mut c)| {
+                .map(|(t, c)| {
                     s.spawn(move || {
                         let mut won = Vec::new();
                         for k in 0..100u64 {
-                            match idx.insert(&mut c, k, t as u64) {
+                            match c.insert(&idx, k, t as u64) {
                                 Ok(()) => won.push(k),
                                 Err(IndexError::DuplicateKey { .. }) => {}
                                 Err(e) => panic!("{e}"),

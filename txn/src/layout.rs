@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! word 0            header   lock:1 | CID:63
+//! word 1            the record's key (written at insert, never changed: scans need it)
 //! then n versions, newest first, each of 2 + ceil(value_cap / 8) words:
 //!   meta word       present:1 | tombstone:1 | CID:62
 //!   length word     bytes of the value (≤ value_cap)
@@ -35,6 +36,10 @@ pub const MAX_CID: u64 = (1 << 62) - 1;
 const PRESENT: u64 = 1 << 63;
 const TOMB: u64 = 1 << 62;
 const VERSION_CID: u64 = (1 << 62) - 1;
+/// Header and key words before the versions.
+const PREAMBLE_WORDS: u64 = 2;
+/// Byte offset of the versions in a block: where an install WRITEs.
+pub const VERSIONS_OFFSET: u64 = 8 * PREAMBLE_WORDS;
 
 /// A header word: `lock:1 | CID:63`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -113,11 +118,11 @@ impl BlockShape {
     }
     /// Bytes per block, a multiple of 8.
     pub fn block_bytes(&self) -> u64 {
-        8 * (1 + self.versions as u64 * self.version_words())
+        8 * (PREAMBLE_WORDS + self.versions as u64 * self.version_words())
     }
     /// Byte offset of version `i` (0 = newest) inside the block.
     pub fn version_offset(&self, i: u32) -> u64 {
-        8 * (1 + i as u64 * self.version_words())
+        8 * (PREAMBLE_WORDS + i as u64 * self.version_words())
     }
 }
 
@@ -125,6 +130,7 @@ impl BlockShape {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Block {
     pub header: Header,
+    pub key: u64,
     pub versions: Vec<Version>,
 }
 
@@ -142,7 +148,13 @@ pub enum Visible<'a> {
 impl Block {
     /// A new record's block: `value` at `cid`, then (if the shape keeps two versions) a
     /// tombstone at CID 0, with `header`.
-    pub fn inserted(header: Header, cid: u64, value: Vec<u8>, shape: BlockShape) -> Block {
+    pub fn inserted(
+        header: Header,
+        key: u64,
+        cid: u64,
+        value: Vec<u8>,
+        shape: BlockShape,
+    ) -> Block {
         let mut versions = vec![Version {
             cid,
             value: Some(value),
@@ -153,7 +165,11 @@ impl Block {
                 value: None,
             });
         }
-        Block { header, versions }
+        Block {
+            header,
+            key,
+            versions,
+        }
     }
 
     /// The version a snapshot at `rid` sees: the newest with CID ≤ RID.
@@ -225,7 +241,7 @@ pub fn encode_versions(versions: &[Version], shape: BlockShape) -> Result<Vec<u8
         });
     }
     let vw = shape.version_words();
-    let mut out = vec![0u8; (shape.block_bytes() - 8) as usize];
+    let mut out = vec![0u8; (shape.block_bytes() - VERSIONS_OFFSET) as usize];
     for (i, v) in versions.iter().enumerate() {
         if v.cid > VERSION_CID {
             return Err(LayoutError::CidTooLarge(v.cid));
@@ -258,6 +274,7 @@ pub fn encode(block: &Block, shape: BlockShape) -> Result<Vec<u8>, LayoutError> 
     }
     let mut out = Vec::with_capacity(shape.block_bytes() as usize);
     out.extend_from_slice(&block.header.encode().to_le_bytes());
+    out.extend_from_slice(&block.key.to_le_bytes());
     out.extend_from_slice(&encode_versions(&block.versions, shape)?);
     Ok(out)
 }
@@ -272,11 +289,12 @@ pub fn decode(bytes: &[u8], shape: BlockShape) -> Result<Block, LayoutError> {
         });
     }
     let header = Header::decode(word(bytes, 0));
+    let key = word(bytes, 1);
     let vw = shape.version_words();
     let mut versions: Vec<Version> = Vec::new();
     let mut ended = false;
     for i in 0..shape.versions {
-        let base = 1 + i as u64 * vw;
+        let base = PREAMBLE_WORDS + i as u64 * vw;
         let meta = word(bytes, base);
         let bad = |why: &str| LayoutError::Malformed {
             index: i,
@@ -308,7 +326,11 @@ pub fn decode(bytes: &[u8], shape: BlockShape) -> Result<Block, LayoutError> {
         };
         versions.push(Version { cid, value });
     }
-    Ok(Block { header, versions })
+    Ok(Block {
+        header,
+        key,
+        versions,
+    })
 }
 
 /// The seqlock check: `block` was READ, then `header_after` (the header word) in the
@@ -347,11 +369,11 @@ mod tests {
     fn sizes_are_word_multiples() {
         let s = shape();
         assert_eq!(s.version_words(), 2 + 3);
-        assert_eq!(s.block_bytes(), 8 * (1 + 3 * 5));
-        assert_eq!(s.version_offset(1), 8 * 6);
+        assert_eq!(s.block_bytes(), 8 * (2 + 3 * 5));
+        assert_eq!(s.version_offset(1), 8 * 7);
         assert!(BlockShape::new(0, 8).is_err());
         let s = BlockShape::new(1, 0).unwrap();
-        assert_eq!(s.block_bytes(), 24);
+        assert_eq!(s.block_bytes(), 32);
     }
 
     #[test]
@@ -366,6 +388,7 @@ mod tests {
         let s = shape();
         let b = Block {
             header: Header::unlocked(30),
+            key: 7,
             versions: vec![
                 Version {
                     cid: 30,
@@ -395,10 +418,11 @@ mod tests {
         assert_eq!(shifted.len(), 3);
         assert_eq!(shifted[0].cid, 40);
         assert_eq!(shifted[2].cid, 20);
-        let ins = Block::inserted(Header::unlocked(5), 5, b"x".to_vec(), s);
+        let ins = Block::inserted(Header::unlocked(5), 42, 5, b"x".to_vec(), s);
         assert!(matches!(ins.visible(4, s), Visible::Version(v) if v.value.is_none()));
         let one = Block {
             header: Header::unlocked(5),
+            key: 7,
             versions: vec![ins.versions[0].clone()],
         };
         assert_eq!(one.visible(4, s), Visible::Absent);
@@ -407,13 +431,14 @@ mod tests {
     #[test]
     fn encode_rejects_oversize() {
         let s = shape();
-        let big = Block::inserted(Header::unlocked(1), 1, vec![0; 21], s);
+        let big = Block::inserted(Header::unlocked(1), 42, 1, vec![0; 21], s);
         assert!(matches!(
             encode(&big, s),
             Err(LayoutError::ValueTooLarge { .. })
         ));
         let many = Block {
             header: Header::unlocked(1),
+            key: 7,
             versions: (0..4)
                 .rev()
                 .map(|c| Version {
@@ -431,7 +456,8 @@ mod tests {
     #[test]
     fn decode_rejects_malformed() {
         let s = shape();
-        let mut bytes = encode(&Block::inserted(Header::unlocked(5), 5, vec![1], s), s).unwrap();
+        let mut bytes =
+            encode(&Block::inserted(Header::unlocked(5), 42, 5, vec![1], s), s).unwrap();
         // Make version 1 absent while version 2 is present.
         let v2 = s.version_offset(2) as usize;
         bytes[v2..v2 + 8].copy_from_slice(&(PRESENT | 1).to_le_bytes());
@@ -459,6 +485,7 @@ mod tests {
         )
             .prop_map(|(locked, hcid, cids, values)| Block {
                 header: Header { locked, cid: hcid },
+                key: hcid ^ 0x5555,
                 versions: cids
                     .into_iter()
                     .rev()

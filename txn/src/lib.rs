@@ -25,9 +25,12 @@ pub mod conn;
 mod error;
 pub mod index;
 pub mod layout;
+pub mod runtime;
 mod store;
 mod transaction;
+mod worker;
 
 pub use error::{Result, TxnError};
-pub use store::{Client, ClientStats, Database, Options, Table, TableSpec};
-pub use transaction::Transaction;
+pub use store::{Database, MemoryServerLink, Options, Partition, Table, TableSpec};
+pub use transaction::{AsyncTransaction, Suspended, Transaction};
+pub use worker::{Client, ClientStats, Worker};

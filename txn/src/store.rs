@@ -1,33 +1,37 @@
-//! The embedded `Database`: a sim cluster of one memory-server node holding, per table,
-//! a data region (a bump counter word, then fixed-size blocks) and an index region,
-//! plus the timestamp oracle region; and [`Client`]s, compute handles each on its own
-//! sim node with one connection to the memory server and one oracle slot.
+//! The `Database`: a cluster of memory servers holding, per table partition, an arena
+//! (a bump counter word, then fixed-size blocks) and an index, plus the timestamp
+//! oracle; and the compute-side handles ([`Worker`]s) that run transactions on it.
 //!
-//! Implemented: tables created in process ([`Database::create_table`]); the catalog
-//! lives in the `Database` value, **not yet** in memory-server memory with CAS updates.
-//! Each table is one partition on one server (no multi-partition arenas). Memory
-//! servers other than the embedded sim one are not supported yet.
+//! A compute node reaches a memory server through a [`MemoryServerLink`], which makes
+//! connected RC queue pairs. `txn` knows nothing about processes or gRPC (DESIGN.md,
+//! "Crates"): the embedded cluster implements the link with in-process sim nodes, and
+//! the binary implements it over the memory server's control plane.
 //!
-//! A client's slot stalls every other client's read timestamps while it is held and
-//! idle: a client calls [`timestamp::SlotHandle::tick`] in every `begin`, and releases
-//! its slot when dropped, so drop clients that are done.
+//! Implemented: tables created in process ([`Database::create_table`]) with their
+//! partitions spread round robin over the memory servers; the table list lives in the
+//! `Database` value, **not yet** in memory-server memory.
 
-use crate::conn::Conn;
 use crate::error::{Result, TxnError};
-use crate::index::{IndexCache, IndexShape, RemoteIndex};
+use crate::index::{IndexShape, RemoteIndex};
 use crate::layout::BlockShape;
-use crate::transaction::Transaction;
+use crate::worker::{Client, Worker};
 use fabric::sim::{SimConfig, SimNetwork};
-use fabric::{Access, Device, QpConfig, QueuePair, Region, RemoteRegion};
-use std::collections::HashMap;
+use fabric::{Access, CompletionQueue, Device, QpConfig, QueuePair, Region, RemoteRegion};
 use std::sync::{Arc, Mutex};
-use timestamp::{Layout, OracleConfig, SlotHandle, SystemClock};
+use timestamp::{Layout, OracleConfig};
 
-/// Bytes of a client's scratch region: [0, READ_AREA) index buckets, [READ_AREA,
-/// COMMIT_AREA) a block and its header for reads, [COMMIT_AREA, ..) commit buffers.
-pub(crate) const SCRATCH_BYTES: u64 = 4 << 20;
-pub(crate) const READ_AREA: u64 = 64 << 10;
-pub(crate) const COMMIT_AREA: u64 = 1 << 20;
+/// Reaches one memory server: makes RC queue pairs on a compute node's device that are
+/// connected to it.
+pub trait MemoryServerLink: Send + Sync {
+    /// A new RC queue pair on `local`, whose send completions go to `cq`, connected to
+    /// this server, allowing `send_queue` outstanding sends.
+    fn connect(
+        &self,
+        local: &Arc<dyn Device>,
+        cq: &Arc<dyn CompletionQueue>,
+        send_queue: u32,
+    ) -> Result<Arc<dyn QueuePair>>;
+}
 
 /// A table's definition.
 #[derive(Clone, Debug)]
@@ -37,141 +41,271 @@ pub struct TableSpec {
     pub versions: u32,
     /// Largest value in bytes.
     pub value_cap: u32,
-    /// Blocks the table's arena holds.
+    /// Blocks the table holds, over all partitions.
     pub capacity: u64,
+    /// Partitions, spread round robin over the memory servers; 0 means one per server.
+    pub partitions: u32,
+    /// The index of each partition.
     pub index: IndexShape,
 }
 
-/// A table as clients see it.
+impl TableSpec {
+    /// A table of `capacity` records of up to `value_cap` bytes, keeping 4 versions, one
+    /// partition per memory server, with an index of about two slots per record.
+    pub fn new(name: &str, value_cap: u32, capacity: u64) -> TableSpec {
+        TableSpec {
+            name: name.into(),
+            versions: 4,
+            value_cap,
+            capacity,
+            partitions: 0,
+            index: IndexShape {
+                buckets: (capacity / 4).max(1),
+                slots: 8,
+            },
+        }
+    }
+}
+
+/// One partition of a table: an arena and an index on one memory server.
+#[derive(Clone, Debug)]
+pub struct Partition {
+    /// Which memory server of the cluster holds it.
+    pub server: usize,
+    /// The region holding the arena.
+    pub data: RemoteRegion,
+    /// Offset of the arena in `data`: its bump counter word, then the blocks.
+    pub arena: u64,
+    /// Blocks the arena holds.
+    pub capacity: u64,
+    pub index: RemoteIndex,
+}
+
+/// A table as compute nodes see it.
 #[derive(Clone, Debug)]
 pub struct Table {
     pub id: u32,
     pub name: String,
     pub shape: BlockShape,
-    pub capacity: u64,
-    /// The arena: word 0 is the bump counter (blocks handed out), blocks start at 8.
-    pub data: RemoteRegion,
-    pub index: RemoteIndex,
+    pub partitions: Vec<Partition>,
 }
 
 impl Table {
-    /// The offset of block `i` in the data region.
-    pub fn block_offset(&self, i: u64) -> u64 {
-        8 + i * self.shape.block_bytes()
+    /// The partition holding `key`.
+    pub fn partition_of(&self, key: u64) -> usize {
+        // The high half of the hash: the index's bucket choice uses the low bits.
+        ((crate::index::mix(key) >> 32) % self.partitions.len() as u64) as usize
+    }
+
+    /// The offset of block `i` of partition `p` in that partition's data region.
+    pub fn block_offset(&self, p: usize, i: u64) -> u64 {
+        self.partitions[p].arena + 8 + i * self.shape.block_bytes()
+    }
+
+    /// Blocks over all partitions.
+    pub fn capacity(&self) -> u64 {
+        self.partitions.iter().map(|p| p.capacity).sum()
     }
 }
 
-/// Options of an embedded database.
+/// Options of a database.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The sim network of an embedded cluster.
     pub sim: SimConfig,
-    /// Oracle slots: the most clients at once.
+    /// Memory servers of an embedded cluster.
+    pub servers: usize,
+    /// Oracle slots: the most workers at once.
     pub slots: u32,
     pub oracle: OracleConfig,
     /// `commit` returns only once the oracle's prefix includes the commit, so every
     /// transaction that begins after it returns sees it (real-time order, which
-    /// verify's white-box checker demands). The wait needs the other live clients to
-    /// tick; single-threaded code that interleaves clients turns it off and uses
-    /// [`Client::begin_after`] instead.
+    /// verify's white-box checker demands). The wait needs the other live workers to
+    /// keep reading timestamps or ticking.
     pub wait_visible: bool,
+    /// Bytes of each in-flight transaction's registered buffer (reads land there and
+    /// commit requests are staged there): bounds a transaction's write set.
+    pub scratch_bytes: u64,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             sim: SimConfig::default(),
+            servers: 1,
             slots: 16,
             oracle: OracleConfig::default(),
             wait_visible: true,
+            scratch_bytes: 256 << 10,
         }
     }
 }
 
 pub(crate) struct Shared {
+    /// The compute side of the network: where workers' devices come from.
     net: SimNetwork,
-    server: Arc<dyn Device>,
-    oracle: Region,
-    options: Options,
+    pub(crate) servers: Vec<Arc<dyn MemoryServerLink>>,
+    /// The oracle's region and the server that holds it.
+    pub(crate) oracle: (usize, RemoteRegion),
+    pub(crate) options: Options,
     tables: Mutex<Vec<Arc<Table>>>,
-    /// The memory server's regions and queue pairs, kept so they stay registered and
-    /// connected.
-    keep: Mutex<Kept>,
+    /// Embedded servers' devices, for registering table regions.
+    devices: Vec<Arc<dyn Device>>,
+    /// Regions kept registered for as long as the database lives.
+    keep: Mutex<Vec<Region>>,
 }
 
-#[derive(Default)]
-struct Kept {
-    regions: Vec<Region>,
-    qps: Vec<Arc<dyn QueuePair>>,
-}
-
-/// An embedded namdb on a sim cluster.
+/// A namdb database: memory servers, the oracle, the tables.
 #[derive(Clone)]
 pub struct Database {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// An in-process memory server on the sim network.
+struct SimServer {
+    device: Arc<dyn Device>,
+    /// The server ends of connections, kept so they stay connected.
+    qps: Mutex<Vec<Arc<dyn QueuePair>>>,
+}
+
+impl MemoryServerLink for SimServer {
+    fn connect(
+        &self,
+        local: &Arc<dyn Device>,
+        cq: &Arc<dyn CompletionQueue>,
+        send_queue: u32,
+    ) -> Result<Arc<dyn QueuePair>> {
+        let scq = self.device.create_cq(16)?;
+        let (sqp, qp) =
+            fabric::connect_rc_with((self.device.as_ref(), &scq), (local.as_ref(), cq), |c| {
+                QpConfig {
+                    max_send_wr: send_queue,
+                    ..c
+                }
+            })?;
+        lock(&self.qps).push(sqp);
+        Ok(qp)
+    }
+}
+
 impl Database {
-    /// A sim network with one memory-server node holding a formatted oracle.
+    /// An embedded cluster on a sim network: `options.servers` memory-server nodes, the
+    /// oracle formatted on the first.
     pub fn embedded(options: Options) -> Result<Database> {
+        if options.servers == 0 {
+            return Err(TxnError::Invalid("a cluster needs a memory server".into()));
+        }
+        if options.scratch_bytes < 4096 {
+            return Err(TxnError::Invalid(
+                "scratch_bytes must be at least 4096".into(),
+            ));
+        }
         let net = SimNetwork::new(options.sim.clone());
-        let server: Arc<dyn Device> = net.add_node();
+        let devices: Vec<Arc<dyn Device>> = (0..options.servers)
+            .map(|_| net.add_node() as Arc<dyn Device>)
+            .collect();
         let layout = Layout::new(timestamp::DEFAULT_BITS, options.slots)?;
-        let oracle = server.register(layout.region_bytes(), Access::ALL)?;
+        let oracle = devices[0].register(layout.region_bytes(), Access::ALL)?;
         layout.format(&oracle)?;
+        let servers = devices
+            .iter()
+            .map(|d| {
+                Arc::new(SimServer {
+                    device: d.clone(),
+                    qps: Mutex::new(Vec::new()),
+                }) as Arc<dyn MemoryServerLink>
+            })
+            .collect();
         Ok(Database {
             shared: Arc::new(Shared {
                 net,
-                server,
-                oracle,
+                servers,
+                oracle: (0, oracle.remote()),
                 options,
                 tables: Mutex::new(Vec::new()),
-                keep: Mutex::new(Kept::default()),
+                devices,
+                keep: Mutex::new(vec![oracle]),
             }),
         })
     }
 
-    /// Registers the table's arena and index regions on the memory server.
+    pub fn options(&self) -> &Options {
+        &self.shared.options
+    }
+
+    /// Memory servers in the cluster.
+    pub fn servers(&self) -> usize {
+        self.shared.servers.len()
+    }
+
+    /// Creates a table: per partition, an arena region and an index region on its
+    /// memory server.
     pub fn create_table(&self, spec: TableSpec) -> Result<Arc<Table>> {
         let shape = BlockShape::new(spec.versions, spec.value_cap)?;
+        if spec.name.is_empty() || spec.name.len() > 64 {
+            return Err(TxnError::Invalid(format!(
+                "a table name has 1 to 64 bytes, got {:?}",
+                spec.name
+            )));
+        }
         if spec.index.buckets == 0 || spec.index.slots == 0 {
             return Err(TxnError::Invalid(
                 "the index needs buckets and slots".into(),
             ));
         }
-        if spec.index.bucket_bytes() > READ_AREA
-            || shape.block_bytes() + 8 > COMMIT_AREA - READ_AREA
-        {
-            return Err(TxnError::Invalid(
-                "bucket or block too large for a client's scratch buffers".into(),
-            ));
+        if spec.capacity == 0 {
+            return Err(TxnError::Invalid("a table needs a capacity".into()));
+        }
+        let scratch = self.shared.options.scratch_bytes;
+        if spec.index.bucket_bytes() > scratch / 4 || shape.block_bytes() + 8 > scratch / 4 {
+            return Err(TxnError::Invalid(format!(
+                "a bucket ({} bytes) or block ({} bytes) must fit a quarter of a transaction's buffer ({scratch} bytes, Options::scratch_bytes)",
+                spec.index.bucket_bytes(),
+                shape.block_bytes()
+            )));
         }
         let mut tables = lock(&self.shared.tables);
         if tables.iter().any(|t| t.name == spec.name) {
             return Err(TxnError::Invalid(format!("table {} exists", spec.name)));
         }
-        let data_bytes = 8 + spec.capacity * shape.block_bytes();
-        let data = self.shared.server.register(data_bytes, Access::ALL)?;
-        let index = self
-            .shared
-            .server
-            .register(spec.index.region_bytes(), Access::ALL)?;
+        let servers = self.shared.devices.len();
+        let count = if spec.partitions == 0 {
+            servers as u64
+        } else {
+            spec.partitions as u64
+        };
+        let per_partition = spec.capacity.div_ceil(count);
+        let mut partitions = Vec::with_capacity(count as usize);
+        let mut kept = Vec::new();
+        for p in 0..count as usize {
+            let server = p % servers;
+            let device = &self.shared.devices[server];
+            let data = device.register(8 + per_partition * shape.block_bytes(), Access::ALL)?;
+            let index = device.register(spec.index.region_bytes(), Access::ALL)?;
+            partitions.push(Partition {
+                server,
+                data: data.remote(),
+                arena: 0,
+                capacity: per_partition,
+                index: RemoteIndex {
+                    region: index.remote(),
+                    base: 0,
+                    shape: spec.index,
+                },
+            });
+            kept.extend([data, index]);
+        }
         let table = Arc::new(Table {
             id: tables.len() as u32,
             name: spec.name,
             shape,
-            capacity: spec.capacity,
-            data: data.remote(),
-            index: RemoteIndex {
-                region: index.remote(),
-                shape: spec.index,
-                scratch_offset: 0,
-            },
+            partitions,
         });
-        lock(&self.shared.keep).regions.extend([data, index]);
+        lock(&self.shared.keep).extend(kept);
         tables.push(table.clone());
         Ok(table)
     }
@@ -185,155 +319,24 @@ impl Database {
             .ok_or_else(|| TxnError::NotFound(format!("table {name}")))
     }
 
-    /// A compute handle on a new sim node: a connection to the memory server and a slot
-    /// of the oracle (on its own queue pair).
+    /// Every table.
+    pub fn tables(&self) -> Vec<Arc<Table>> {
+        lock(&self.shared.tables).clone()
+    }
+
+    /// A new compute-side device (a node of the embedded network).
+    pub(crate) fn new_device(&self) -> Arc<dyn Device> {
+        self.shared.net.add_node()
+    }
+
+    /// A worker: one thread's connections (one per memory server), oracle slot, address
+    /// cache and buffers, for running many transactions at once as futures.
+    pub fn worker(&self) -> Result<Worker> {
+        Worker::new(self.clone())
+    }
+
+    /// A blocking client: a [`Worker`] with one session.
     pub fn client(&self) -> Result<Client> {
-        let sh = &self.shared;
-        let node: Arc<dyn Device> = sh.net.add_node();
-        let data_qp = self.connect(&node, 256)?;
-        let conn = Conn::new(node.as_ref(), data_qp.0, data_qp.1, SCRATCH_BYTES)?;
-        let (oqp, ocq) = self.connect(&node, timestamp::MIN_SEND_QUEUE * 2)?;
-        let slot = SlotHandle::register(
-            node.as_ref(),
-            oqp,
-            ocq,
-            sh.oracle.remote(),
-            sh.options.oracle.clone(),
-            SystemClock::shared(),
-        )?;
-        Ok(Client {
-            conn,
-            slot,
-            cache: HashMap::new(),
-            last_cid: 0,
-            stats: ClientStats::default(),
-            wait_visible: sh.options.wait_visible,
-        })
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn connect(
-        &self,
-        node: &Arc<dyn Device>,
-        send_queue: u32,
-    ) -> Result<(Arc<dyn QueuePair>, Arc<dyn fabric::CompletionQueue>)> {
-        let sh = &self.shared;
-        let ccq = node.create_cq(timestamp::MIN_CQ_CAPACITY * 4)?;
-        let scq = sh.server.create_cq(16)?;
-        let (sqp, qp) =
-            fabric::connect_rc_with((sh.server.as_ref(), &scq), (node.as_ref(), &ccq), |c| {
-                QpConfig {
-                    max_send_wr: send_queue,
-                    ..c
-                }
-            })?;
-        lock(&sh.keep).qps.push(sqp);
-        Ok((qp, ccq))
-    }
-}
-
-/// Counters of one client.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClientStats {
-    /// Block reads rejected by the seqlock check because the headers differed.
-    pub torn_retries: u64,
-    /// Block reads retried because the record was locked.
-    pub locked_retries: u64,
-    pub committed: u64,
-    pub aborted: u64,
-    /// Times the oracle slot was fenced (idle past the lease timeout) and re-taken.
-    pub rejoins: u64,
-}
-
-/// A compute handle: one thread's connection, oracle slot, address cache and session
-/// (a client sees its own writes: `begin` waits until the read timestamp reaches the
-/// client's last commit).
-pub struct Client {
-    pub(crate) conn: Conn,
-    pub(crate) slot: SlotHandle,
-    pub(crate) cache: AddrCache,
-    pub(crate) last_cid: u64,
-    pub(crate) stats: ClientStats,
-    pub(crate) wait_visible: bool,
-}
-
-/// The address cache, per table.
-pub(crate) type AddrCache = HashMap<u32, IndexCache>;
-
-impl Client {
-    /// Starts a transaction at the oracle's committed prefix, once it covers this
-    /// client's last commit (a session sees its own writes).
-    pub fn begin(&mut self) -> Result<Transaction<&mut Client>> {
-        self.begin_after(0)
-    }
-
-    /// As [`Client::begin_after`], for a transaction that owns the client until it
-    /// ends; on error the client comes back with it.
-    #[allow(clippy::result_large_err)]
-    pub fn begin_owned(mut self, min: u64) -> Result<Transaction<Client>, (Client, TxnError)> {
-        match self.wait_rid(min) {
-            Ok(rid) => Ok(Transaction::new(self, rid)),
-            Err(e) => Err((self, e)),
-        }
-    }
-
-    /// As [`Client::begin`], with a snapshot that also includes timestamp `min` (for
-    /// example another session's commit this one must see). The wait needs every other
-    /// live client to keep calling `begin` or [`Client::tick`]; a client idle for the
-    /// oracle's lease timeout is fenced by the waiters and re-registers on its next
-    /// call.
-    pub fn begin_after(&mut self, min: u64) -> Result<Transaction<&mut Client>> {
-        let rid = self.wait_rid(min)?;
-        Ok(Transaction::new(self, rid))
-    }
-
-    pub(crate) fn wait_rid(&mut self, min: u64) -> Result<u64> {
-        let want = min.max(self.last_cid);
-        let start = std::time::Instant::now();
-        let rid = loop {
-            self.tick()?;
-            let rid = self.slot.read_timestamp()?;
-            if rid >= want {
-                break rid;
-            }
-            if start.elapsed() > std::time::Duration::from_secs(10) {
-                return Err(TxnError::Invalid(format!(
-                    "the read timestamp stayed at {rid}, below {want}"
-                )));
-            }
-            std::hint::spin_loop();
-        };
-        Ok(rid)
-    }
-
-    /// Keeps this client's oracle slot moving (skips its unused timestamps, renews its
-    /// lease); an idle client that others wait for calls it at least every tick
-    /// interval. A slot that was fenced meanwhile is re-registered.
-    pub fn tick(&mut self) -> Result<()> {
-        match self.slot.tick() {
-            Ok(_) => Ok(()),
-            Err(timestamp::OracleError::Fenced { .. }) => {
-                self.slot.rejoin()?;
-                self.stats.rejoins += 1;
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    pub fn stats(&self) -> ClientStats {
-        self.stats
-    }
-
-    /// The highest commit timestamp of this session.
-    pub fn last_cid(&self) -> u64 {
-        self.last_cid
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        // Frees the slot so that others skip its timestamps; fails only if it was fenced.
-        let _ = self.slot.release();
+        Ok(Client::new(self.worker()?))
     }
 }

@@ -1,39 +1,47 @@
-//! A transaction: snapshot reads at RID, buffered writes, and the RSI commit protocol
-//! (DESIGN.md, "RSI").
+//! Transactions: snapshot reads at RID, buffered writes, and the RSI commit protocol
+//! (DESIGN.md, "RSI"), as futures ([`AsyncTransaction`], many per worker thread) or
+//! blocking calls ([`Transaction`], the same code driven by `block_on`).
 //!
-//! - **Read.** The block is found through the address cache or one index READ, then
-//!   READ together with its header word in one doorbell; the block is accepted only if
-//!   both headers are equal and unlocked (seqlock, [`crate::layout::accept`]), else
-//!   re-read. The newest version with CID ≤ RID is returned; none kept is
+//! - **Read.** A block is found through the address cache or one index READ, then READ
+//!   together with its header word in one doorbell; it is accepted only if both headers
+//!   are equal and unlocked (seqlock, [`crate::layout::accept`]), else re-read. The
+//!   newest version with CID ≤ RID is returned; none kept is
 //!   [`TxnError::SnapshotTooOld`]. A record is read once per transaction (later reads
-//!   return the same snapshot), and a transaction sees its own writes.
-//! - **Commit.** (1) CID from the client's slot, no communication. (2) New records:
-//!   FETCH_ADD on the table's arena counter, WRITE the block locked by CID, CAS the index
-//!   slot from empty (a concurrent insert of the key loses: `DuplicateKey` for
-//!   [`Transaction::insert`], `Conflict` for a `put`). (3) Lock and validate every
-//!   updated record with one CAS each, all in one doorbell, expecting the header read
-//!   (unlocked, CID ≤ RID); a header read with CID above RID aborts before any CAS
-//!   (first committer wins). (4) Install: per record a WRITE of the versions (new one at
-//!   the head, older ones shifted) and a CAS of the header from locked to `CID`, all in
-//!   one doorbell. (5) Mark CID committed, one unsignaled FETCH_ADD.
-//!   With `Options::wait_visible` (the default), commit then waits until the oracle's
-//!   prefix includes CID, so transactions that begin after it returns see it.
-//! - **Abort** (in commit, or [`Transaction::abort`]): every lock taken is released with
-//!   CAS to the header it replaced; a new record's block becomes a tombstone at CID 0
-//!   (its index slot stays, so a later insert of the key reuses the block); the CID is
-//!   still marked (aborted), or the prefix would stall.
+//!   return the same snapshot), and a transaction sees its own writes. `get_many` puts
+//!   all its index READs, then all its block READs, in one doorbell per memory server.
+//! - **Scan.** Each partition's arena is READ in large chunks, each chunk twice in one
+//!   doorbell: a block whose header is equal in both copies and unlocked was not
+//!   written in between (installs change the header before and after writing), the
+//!   others are re-read one by one with the seqlock.
+//! - **Commit.** (1) CID from the worker's slot, no communication. (2) First committer
+//!   wins: a written record whose header CID (as read) is above RID aborts before any
+//!   lock. (3) New records: FETCH_ADD on the partition's arena counter, WRITE the block
+//!   locked by CID, CAS the index slot from empty (losing the race is `DuplicateKey` for
+//!   [`AsyncTransaction::insert`], `Conflict` for a `put`). (4) Lock and validate every
+//!   updated record with one CAS each, one doorbell per memory server, expecting the
+//!   header read. (5) Install: per record a WRITE of the versions (new one at the head,
+//!   older ones shifted) and a CAS of the header from locked to `CID`, one doorbell per
+//!   server. (6) Mark CID committed, unsignaled, batched with the marks of the worker's
+//!   other coroutines. With `Options::wait_visible` (the default), commit then waits
+//!   until the oracle's prefix includes CID, so transactions that begin after it
+//!   returns see it.
+//! - **Abort** (in commit, or [`AsyncTransaction::abort`]): every lock taken is released
+//!   with CAS to the header it replaced; a new block (published or not) becomes a
+//!   tombstone at CID 0 and is unlocked (a published one is reused by a later insert of
+//!   the key); the CID is still marked (aborted), or the prefix would stall.
 //!
 //! Not implemented yet: the crash-atomic commit record (DESIGN.md step 3) and recovery
 //! of a dead node's locks (a reader blocked by a lock for over a second gets
-//! `Conflict`), deletes, scans, `get_many`.
+//! `Conflict`).
 
 use crate::error::{Result, TxnError};
-use crate::index::Lookup;
-use crate::layout::{self, Block, Header, LayoutError, Version, Visible};
-use crate::store::{COMMIT_AREA, Client, READ_AREA, SCRATCH_BYTES, Table};
-use fabric::SendWr;
-use std::borrow::BorrowMut;
-use std::collections::{BTreeMap, HashMap};
+use crate::index::{Lookup, RemoteIndex};
+use crate::layout::{self, Block, Header, LayoutError, VERSIONS_OFFSET, Version, Visible};
+use crate::runtime::{block_on, yield_now};
+use crate::store::Table;
+use crate::worker::Worker;
+use fabric::{Region, SendWr};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use timestamp::Outcome;
@@ -46,68 +54,205 @@ const LOCK_PATIENCE: Duration = Duration::from_secs(1);
 enum Seen {
     /// Not in the index.
     Absent,
-    /// Its block at `addr`, as read (unlocked).
-    Block { addr: u64, block: Block },
+    /// Its block at `addr` of partition `part`, as read (unlocked).
+    Block {
+        part: usize,
+        addr: u64,
+        block: Block,
+    },
 }
 
-#[derive(Clone, Debug)]
+struct SeenEntry {
+    table: u32,
+    key: u64,
+    seen: Seen,
+}
+
 struct Write {
     table: Arc<Table>,
-    value: Vec<u8>,
+    key: u64,
+    /// `None` deletes.
+    value: Option<Vec<u8>>,
     /// Made by `insert`: losing an index race is `DuplicateKey`, not `Conflict`.
     insert: bool,
 }
 
-/// A transaction of one [`Client`]; it ends with [`Transaction::commit`] or
-/// [`Transaction::abort`] (dropping it unfinished aborts: nothing is locked before
-/// commit, so nothing needs releasing).
-///
-/// `C` is how it holds its client: `&mut Client` from [`Client::begin`], or the
-/// `Client` itself from [`Client::begin_owned`] (for drivers whose transactions must
-/// not borrow their session), handed back by [`Transaction::commit_into`] and
-/// [`Transaction::abort`].
-pub struct Transaction<C: BorrowMut<Client>> {
-    client: C,
+/// A transaction's state, apart from the worker it runs on: what a driver keeps
+/// between calls when the transaction must not borrow its client (see
+/// [`Transaction::suspend`]).
+pub struct Suspended {
     rid: u64,
-    seen: HashMap<(u32, u64), Seen>,
-    writes: BTreeMap<(u32, u64), Write>,
+    buffer: Option<Region>,
+    seen: Vec<SeenEntry>,
+    writes: Vec<Write>,
 }
 
-impl<C: BorrowMut<Client>> Transaction<C> {
-    pub(crate) fn new(client: C, rid: u64) -> Transaction<C> {
-        Transaction {
-            client,
-            rid,
-            seen: HashMap::new(),
-            writes: BTreeMap::new(),
+/// A transaction running on a [`Worker`], as futures. It ends with
+/// [`AsyncTransaction::commit`] or [`AsyncTransaction::abort`]; dropped unfinished it
+/// aborts (nothing is locked before commit, so nothing needs releasing).
+pub struct AsyncTransaction<'w> {
+    worker: &'w Worker,
+    st: Suspended,
+}
+
+/// A cursor over a transaction's buffer.
+struct Area {
+    next: u64,
+    len: u64,
+}
+
+impl Area {
+    fn new(buffer: &Region) -> Area {
+        Area {
+            next: 0,
+            len: buffer.len(),
+        }
+    }
+
+    fn take(&mut self, bytes: u64) -> Result<u64> {
+        let at = self.next;
+        if at + bytes > self.len {
+            return Err(TxnError::Invalid(format!(
+                "the transaction needs more than its {}-byte buffer (Options::scratch_bytes): write set too large",
+                self.len
+            )));
+        }
+        self.next += bytes.next_multiple_of(8);
+        Ok(at)
+    }
+}
+
+/// Work requests for several memory servers, posted one doorbell per server and
+/// awaited together.
+struct Batches<'a> {
+    per_server: Vec<Vec<SendWr<'a>>>,
+}
+
+impl<'a> Batches<'a> {
+    fn new(servers: usize) -> Batches<'a> {
+        Batches {
+            per_server: (0..servers).map(|_| Vec::new()).collect(),
+        }
+    }
+
+    fn push(&mut self, server: usize, wr: SendWr<'a>) {
+        self.per_server[server].push(wr);
+    }
+
+    async fn run(&self, worker: &Worker) -> Result<()> {
+        let mut pending: Vec<_> = self
+            .per_server
+            .iter()
+            .enumerate()
+            .filter(|(_, wrs)| !wrs.is_empty())
+            .map(|(s, wrs)| Box::pin(worker.conn(s).run(wrs)))
+            .collect();
+        if pending.len() == 1 {
+            return Ok(pending.pop().expect("one batch").await?);
+        }
+        futures::future::try_join_all(pending).await?;
+        Ok(())
+    }
+}
+
+impl<'w> AsyncTransaction<'w> {
+    pub(crate) fn new(worker: &'w Worker, rid: u64) -> Result<AsyncTransaction<'w>> {
+        let buffer = worker.take_buffer()?;
+        Ok(AsyncTransaction {
+            worker,
+            st: Suspended {
+                rid,
+                buffer: Some(buffer),
+                seen: Vec::new(),
+                writes: Vec::new(),
+            },
+        })
+    }
+
+    /// Continues a suspended transaction on the worker it began on.
+    pub fn resume(worker: &'w Worker, state: Suspended) -> AsyncTransaction<'w> {
+        AsyncTransaction { worker, st: state }
+    }
+
+    /// Detaches the transaction's state from its worker.
+    pub fn suspend(mut self) -> Suspended {
+        Suspended {
+            rid: self.st.rid,
+            buffer: self.st.buffer.take(),
+            seen: std::mem::take(&mut self.st.seen),
+            writes: std::mem::take(&mut self.st.writes),
         }
     }
 
     /// The read timestamp.
     pub fn rid(&self) -> u64 {
-        self.rid
+        self.st.rid
+    }
+
+    fn buffer(&self) -> &Region {
+        self.st
+            .buffer
+            .as_ref()
+            .expect("a live transaction has its buffer")
+    }
+
+    fn write_of(&self, table: u32, key: u64) -> Option<&Write> {
+        self.st
+            .writes
+            .iter()
+            .find(|w| w.table.id == table && w.key == key)
+    }
+
+    fn seen_of(&self, table: u32, key: u64) -> Option<&Seen> {
+        self.st
+            .seen
+            .iter()
+            .find(|s| s.table == table && s.key == key)
+            .map(|s| &s.seen)
     }
 
     /// Whether this transaction has buffered a write of `key`.
     pub fn wrote(&self, table: &Table, key: u64) -> bool {
-        self.writes.contains_key(&(table.id, key))
+        self.write_of(table.id, key).is_some()
     }
 
     /// The value of `key` in this transaction's snapshot, with its own writes applied.
-    pub fn get(&mut self, table: &Arc<Table>, key: u64) -> Result<Option<Vec<u8>>> {
-        if let Some(w) = self.writes.get(&(table.id, key)) {
-            return Ok(Some(w.value.clone()));
+    pub async fn get(&mut self, table: &Arc<Table>, key: u64) -> Result<Option<Vec<u8>>> {
+        if let Some(w) = self.write_of(table.id, key) {
+            return Ok(w.value.clone());
         }
-        let rid = self.rid;
-        let seen = self.see(table, key)?;
-        visible_value(seen, table, key, rid)
+        self.see(table, &[key]).await?;
+        let seen = self.seen_of(table.id, key).expect("just read");
+        visible_value(seen, table, key, self.st.rid)
     }
 
-    /// The version CID `get` would return the value of (`None` if absent): for
+    /// The values of `keys` (each as [`AsyncTransaction::get`] returns it), read with
+    /// one doorbell per memory server for the index and one for the blocks.
+    pub async fn get_many(
+        &mut self,
+        table: &Arc<Table>,
+        keys: &[u64],
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        self.see(table, keys).await?;
+        keys.iter()
+            .map(|&key| match self.write_of(table.id, key) {
+                Some(w) => Ok(w.value.clone()),
+                None => visible_value(
+                    self.seen_of(table.id, key).expect("just read"),
+                    table,
+                    key,
+                    self.st.rid,
+                ),
+            })
+            .collect()
+    }
+
+    /// The CID of the version `get` would return the value of (`None` if absent): for
     /// histories and tests.
-    pub fn get_version(&mut self, table: &Arc<Table>, key: u64) -> Result<Option<u64>> {
-        let rid = self.rid;
-        match self.see(table, key)? {
+    pub async fn get_version(&mut self, table: &Arc<Table>, key: u64) -> Result<Option<u64>> {
+        self.see(table, &[key]).await?;
+        let rid = self.st.rid;
+        match self.seen_of(table.id, key).expect("just read") {
             Seen::Absent => Ok(None),
             Seen::Block { block, .. } => match block.visible(rid, table.shape) {
                 Visible::Version(v) if v.value.is_some() => Ok(Some(v.cid)),
@@ -122,98 +267,271 @@ impl<C: BorrowMut<Client>> Transaction<C> {
     }
 
     /// Buffers a write of `key` (an update, or a new record if the key is absent).
-    pub fn put(&mut self, table: &Arc<Table>, key: u64, value: Vec<u8>) -> Result<()> {
-        self.buffer(table, key, value, false)
+    pub async fn put(&mut self, table: &Arc<Table>, key: u64, value: Vec<u8>) -> Result<()> {
+        self.buffer_write(table, key, Some(value), false).await
     }
 
     /// Buffers a new record: [`TxnError::DuplicateKey`] if the key exists in the
     /// snapshot (or this transaction wrote it), or is inserted concurrently.
-    pub fn insert(&mut self, table: &Arc<Table>, key: u64, value: Vec<u8>) -> Result<()> {
-        if self.get(table, key)?.is_some() {
+    pub async fn insert(&mut self, table: &Arc<Table>, key: u64, value: Vec<u8>) -> Result<()> {
+        if self.get(table, key).await?.is_some() {
             return Err(TxnError::DuplicateKey {
                 table: table.id,
                 key,
             });
         }
-        self.buffer(table, key, value, true)
+        self.buffer_write(table, key, Some(value), true).await
     }
 
-    fn buffer(&mut self, table: &Arc<Table>, key: u64, value: Vec<u8>, insert: bool) -> Result<()> {
-        if value.len() > table.shape.value_cap as usize {
+    /// Buffers the deletion of `key`: [`TxnError::NotFound`] if it does not exist in the
+    /// snapshot (with this transaction's writes applied).
+    pub async fn delete(&mut self, table: &Arc<Table>, key: u64) -> Result<()> {
+        if self.get(table, key).await?.is_none() {
+            return Err(TxnError::NotFound(format!(
+                "key {key} in table {}",
+                table.name
+            )));
+        }
+        self.buffer_write(table, key, None, false).await
+    }
+
+    async fn buffer_write(
+        &mut self,
+        table: &Arc<Table>,
+        key: u64,
+        value: Option<Vec<u8>>,
+        insert: bool,
+    ) -> Result<()> {
+        if let Some(v) = &value
+            && v.len() > table.shape.value_cap as usize
+        {
             return Err(LayoutError::ValueTooLarge {
-                len: value.len(),
+                len: v.len(),
                 cap: table.shape.value_cap,
             }
             .into());
         }
+        if key == u64::MAX {
+            return Err(TxnError::Invalid("key u64::MAX is reserved".into()));
+        }
         // The commit compares against the header read now.
-        self.see(table, key)?;
-        let insert = insert || self.writes.get(&(table.id, key)).is_some_and(|w| w.insert);
-        self.writes.insert(
-            (table.id, key),
-            Write {
+        self.see(table, &[key]).await?;
+        match self
+            .st
+            .writes
+            .iter_mut()
+            .find(|w| w.table.id == table.id && w.key == key)
+        {
+            Some(w) => {
+                w.value = value;
+                w.insert |= insert;
+            }
+            None => self.st.writes.push(Write {
                 table: table.clone(),
+                key,
                 value,
                 insert,
-            },
-        );
+            }),
+        }
         Ok(())
     }
 
-    /// Ends the transaction without effect (nothing is locked before commit) and
-    /// hands back the client.
-    pub fn abort(self) -> C {
-        self.client
-    }
-
-    /// What the transaction saw of a record; read on first use.
-    fn see(&mut self, table: &Arc<Table>, key: u64) -> Result<&Seen> {
-        if !self.seen.contains_key(&(table.id, key)) {
-            let seen = fetch(self.client.borrow_mut(), table, key)?;
-            self.seen.insert((table.id, key), seen);
+    /// The records of `table` visible in this snapshot (with this transaction's writes
+    /// applied) for which `filter(key, value)` holds, in key order.
+    pub async fn scan(
+        &mut self,
+        table: &Arc<Table>,
+        mut filter: impl FnMut(u64, &[u8]) -> bool,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        let rid = self.st.rid;
+        let mut rows: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        for part in 0..table.partitions.len() {
+            self.scan_partition(
+                table,
+                part,
+                &mut |key, block| match block.visible(rid, table.shape) {
+                    Visible::Version(v) => {
+                        if let Some(value) = &v.value {
+                            rows.insert(key, value.clone());
+                        }
+                        Ok(())
+                    }
+                    Visible::Absent => Ok(()),
+                    Visible::TooOld => Err(TxnError::SnapshotTooOld {
+                        table: table.id,
+                        key,
+                        rid,
+                    }),
+                },
+            )
+            .await?;
         }
-        Ok(&self.seen[&(table.id, key)])
+        for w in self.st.writes.iter().filter(|w| w.table.id == table.id) {
+            match &w.value {
+                Some(v) => rows.insert(w.key, v.clone()),
+                None => rows.remove(&w.key),
+            };
+        }
+        Ok(rows.into_iter().filter(|(k, v)| filter(*k, v)).collect())
     }
 
-    /// Runs the commit protocol. Returns the CID, or `None` for a read-only
-    /// transaction (which takes no timestamp). On error the transaction is aborted.
-    pub fn commit(self) -> Result<Option<u64>> {
-        self.commit_into().1
+    /// Reads every allocated block of a partition, consistently (see the module doc),
+    /// and hands each to `each`.
+    async fn scan_partition(
+        &self,
+        table: &Table,
+        part: usize,
+        each: &mut impl FnMut(u64, &Block) -> Result<()>,
+    ) -> Result<()> {
+        let p = &table.partitions[part];
+        let worker = self.worker;
+        let buffer = self.buffer();
+        let conn = worker.conn(p.server);
+        conn.run(&[SendWr::read(0, buffer.buf(0, 8), p.data.at(p.arena))])
+            .await?;
+        let allocated = buffer.load_u64(0)?.min(p.capacity);
+        let block_bytes = table.shape.block_bytes();
+        let chunk = ((buffer.len() / 2) / block_bytes).max(1);
+        let mut i = 0;
+        while i < allocated {
+            let n = chunk.min(allocated - i);
+            let bytes = n * block_bytes;
+            let remote = p.data.at(table.block_offset(part, i));
+            conn.run(&[
+                SendWr::read(0, buffer.buf(0, bytes as u32), remote),
+                SendWr::read(0, buffer.buf(bytes, bytes as u32), remote),
+            ])
+            .await?;
+            let first = buffer.to_vec(0, bytes as usize)?;
+            let second = buffer.to_vec(bytes, bytes as usize)?;
+            for b in 0..n {
+                let at = (b * block_bytes) as usize;
+                let raw = &first[at..at + block_bytes as usize];
+                let after = u64::from_le_bytes(second[at..at + 8].try_into().expect("8 bytes"));
+                let block = match layout::accept(raw, after, table.shape) {
+                    Ok(block) => block,
+                    Err(LayoutError::Torn { .. } | LayoutError::Locked { .. }) => {
+                        let addr = table.block_offset(part, i + b);
+                        // The key word never changes once written.
+                        let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+                        read_block(worker, buffer, 0, table, part, key, addr).await?
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                if !block.versions.is_empty() {
+                    each(block.key, &block)?;
+                }
+            }
+            i += n;
+        }
+        Ok(())
     }
 
-    /// [`Transaction::commit`], handing back the client.
-    pub fn commit_into(mut self) -> (C, Result<Option<u64>>) {
-        let result = self.run();
-        (self.client, result)
+    /// Reads the records of `keys` this transaction has not seen yet.
+    async fn see(&mut self, table: &Arc<Table>, keys: &[u64]) -> Result<()> {
+        let mut todo: Vec<u64> = keys
+            .iter()
+            .copied()
+            .filter(|&k| self.seen_of(table.id, k).is_none())
+            .collect();
+        todo.sort_unstable();
+        todo.dedup();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let per =
+            (table.shape.block_bytes() + 8).max(table.partitions[0].index.shape.bucket_bytes());
+        let chunk = (self.buffer().len() / per).max(1) as usize;
+        for keys in todo.chunks(chunk) {
+            let found = fetch(self.worker, self.buffer(), table, keys).await?;
+            self.st
+                .seen
+                .extend(keys.iter().zip(found).map(|(&key, seen)| SeenEntry {
+                    table: table.id,
+                    key,
+                    seen,
+                }));
+        }
+        Ok(())
     }
 
-    fn run(&mut self) -> Result<Option<u64>> {
-        let client = self.client.borrow_mut();
-        if self.writes.is_empty() {
-            client.stats.committed += 1;
+    /// Ends the transaction without effect (nothing is locked before commit).
+    pub fn abort(self) {}
+
+    /// Runs the commit protocol. Returns the CID, or `None` for a read-only transaction
+    /// (which takes no timestamp). On error the transaction is aborted.
+    pub async fn commit(mut self) -> Result<Option<u64>> {
+        let worker = self.worker;
+        if self.st.writes.is_empty() {
+            worker.count(|s| s.committed += 1);
             return Ok(None);
         }
-        let cid = client.slot.acquire_commit_ts(1000)?;
-        let mut state = CommitState::default();
-        let result = run_commit(client, self.rid, cid, &self.seen, &self.writes, &mut state);
-        match result {
+        let rid = self.st.rid;
+        // First committer wins, checked before taking a timestamp or any lock.
+        for w in &self.st.writes {
+            if let Some(Seen::Block { block, .. }) = self.seen_of(w.table.id, w.key)
+                && block.header.cid > rid
+            {
+                worker.count(|s| {
+                    s.aborted += 1;
+                    s.conflicts += 1;
+                });
+                return Err(TxnError::Conflict {
+                    table: w.table.id,
+                    key: w.key,
+                    why: "first committer wins: written after the snapshot",
+                });
+            }
+        }
+        let cid = worker.commit_timestamp()?;
+        let mut held = Held::default();
+        let buffer = self
+            .st
+            .buffer
+            .take()
+            .expect("a live transaction has its buffer");
+        let result = run_commit(worker, &buffer, cid, &self.st, &mut held).await;
+        let outcome = match result {
             Ok(()) => {
-                client.slot.mark(cid, Outcome::Committed)?;
-                client.last_cid = client.last_cid.max(cid);
-                client.stats.committed += 1;
-                if client.wait_visible {
-                    client.wait_rid(cid)?;
-                }
+                worker.decide(cid, Outcome::Committed);
+                worker.count(|s| s.committed += 1);
                 Ok(Some(cid))
             }
             Err(e) => {
-                let released = release(client, cid, &self.seen, &state);
-                let marked = client.slot.mark(cid, Outcome::Aborted);
-                client.stats.aborted += 1;
-                released?;
-                marked?;
-                Err(e)
+                let released = release(worker, &buffer, cid, &self.st, &held).await;
+                worker.decide(cid, Outcome::Aborted);
+                worker.count(|s| {
+                    s.aborted += 1;
+                    match e {
+                        TxnError::Conflict { .. } => s.conflicts += 1,
+                        TxnError::DuplicateKey { .. } => s.duplicate_keys += 1,
+                        _ => {}
+                    }
+                });
+                released.and(Err(e))
             }
+        };
+        worker.return_buffer(buffer);
+        match outcome {
+            Ok(Some(cid)) if worker.database().options().wait_visible => {
+                // Let the other coroutines queue their marks: one flush and one oracle
+                // read then serve them all.
+                yield_now().await;
+                worker.wait_visible(cid).await?;
+                Ok(Some(cid))
+            }
+            other => {
+                worker.flush_marks()?;
+                other
+            }
+        }
+    }
+}
+
+impl Drop for AsyncTransaction<'_> {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.st.buffer.take() {
+            self.worker.return_buffer(buffer);
         }
     }
 }
@@ -233,56 +551,169 @@ fn visible_value(seen: &Seen, table: &Table, key: u64, rid: u64) -> Result<Optio
     }
 }
 
-/// Finds and reads a record's block.
-fn fetch(client: &mut Client, table: &Table, key: u64) -> Result<Seen> {
+/// Finds and reads the blocks of `keys` (distinct; they fit the buffer): index READs
+/// for the keys not in the address cache in one doorbell per server, then block and
+/// header READs for all in one doorbell per server, retrying the torn and the locked.
+async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) -> Result<Vec<Seen>> {
     let start = Instant::now();
-    let addr = loop {
-        if let Some(a) = client.cache.get(&table.id).and_then(|c| c.get(key)) {
-            break a;
+    let servers = worker.database().servers();
+    let mut addrs: Vec<Option<(usize, u64)>> = keys
+        .iter()
+        .map(|&k| {
+            let p = table.partition_of(k);
+            worker.cached_addr(table.id, k).map(|a| (p, a))
+        })
+        .collect();
+    let mut absent = vec![false; keys.len()];
+    // Index lookups, again for slots still being inserted.
+    loop {
+        let missing: Vec<usize> = (0..keys.len())
+            .filter(|&i| addrs[i].is_none() && !absent[i])
+            .collect();
+        if missing.is_empty() {
+            break;
         }
-        match table.index.lookup(&mut client.conn, key)? {
-            Lookup::Found(a) => {
-                client.cache.entry(table.id).or_default().put(key, a);
-                break a;
-            }
-            Lookup::Absent => return Ok(Seen::Absent),
-            Lookup::Pending => {
-                if start.elapsed() > LOCK_PATIENCE {
-                    return Err(TxnError::Conflict {
-                        table: table.id,
-                        key,
-                        why: "index slot pending too long",
-                    });
+        let bucket_bytes = |i: usize| {
+            table.partitions[table.partition_of(keys[i])]
+                .index
+                .shape
+                .bucket_bytes()
+        };
+        let mut batches = Batches::new(servers);
+        let mut at = 0;
+        let mut places = Vec::with_capacity(missing.len());
+        for &i in &missing {
+            let p = &table.partitions[table.partition_of(keys[i])];
+            let bytes = bucket_bytes(i);
+            batches.push(
+                p.server,
+                p.index.bucket_read(keys[i], buffer.buf(at, bytes as u32)),
+            );
+            places.push(at);
+            at += bytes;
+        }
+        batches.run(worker).await?;
+        let mut pending = false;
+        for (&i, &at) in missing.iter().zip(&places) {
+            let part = table.partition_of(keys[i]);
+            let mut words = vec![0u64; (bucket_bytes(i) / 8) as usize];
+            buffer.read_words(at, &mut words)?;
+            match RemoteIndex::find(&words, keys[i])? {
+                Lookup::Found(a) => {
+                    worker.cache_addr(table.id, keys[i], a);
+                    addrs[i] = Some((part, a));
                 }
-                std::hint::spin_loop();
+                Lookup::Absent => absent[i] = true,
+                Lookup::Pending => pending = true,
             }
         }
-    };
-    let block = read_block(client, table, key, addr)?;
-    Ok(Seen::Block { addr, block })
+        if pending {
+            if start.elapsed() > LOCK_PATIENCE {
+                return Err(TxnError::Conflict {
+                    table: table.id,
+                    key: keys[missing[0]],
+                    why: "index slot pending too long",
+                });
+            }
+            yield_now().await;
+        }
+    }
+    // Block reads: block, then its header again, per key; torn or locked ones again.
+    let block_bytes = table.shape.block_bytes();
+    let mut blocks: Vec<Option<Block>> = vec![None; keys.len()];
+    loop {
+        let todo: Vec<usize> = (0..keys.len())
+            .filter(|&i| addrs[i].is_some() && blocks[i].is_none())
+            .collect();
+        if todo.is_empty() {
+            break;
+        }
+        let mut batches = Batches::new(servers);
+        for (slot, &i) in todo.iter().enumerate() {
+            let (part, addr) = addrs[i].expect("has an address");
+            let p = &table.partitions[part];
+            let at = slot as u64 * (block_bytes + 8);
+            batches.push(
+                p.server,
+                SendWr::read(0, buffer.buf(at, block_bytes as u32), p.data.at(addr)),
+            );
+            batches.push(
+                p.server,
+                SendWr::read(0, buffer.buf(at + block_bytes, 8), p.data.at(addr)),
+            );
+        }
+        batches.run(worker).await?;
+        let mut retry = None;
+        for (slot, &i) in todo.iter().enumerate() {
+            let at = slot as u64 * (block_bytes + 8);
+            let raw = buffer.to_vec(at, block_bytes as usize)?;
+            let after = buffer.load_u64(at + block_bytes)?;
+            match layout::accept(&raw, after, table.shape) {
+                Ok(block) => blocks[i] = Some(block),
+                Err(LayoutError::Torn { .. }) => worker.count(|s| s.torn_retries += 1),
+                Err(LayoutError::Locked { .. }) => {
+                    worker.count(|s| s.locked_retries += 1);
+                    retry = Some(i);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(i) = retry
+            && start.elapsed() > LOCK_PATIENCE
+        {
+            return Err(TxnError::Conflict {
+                table: table.id,
+                key: keys[i],
+                why: "record locked too long",
+            });
+        }
+        if blocks
+            .iter()
+            .zip(&addrs)
+            .any(|(b, a)| a.is_some() && b.is_none())
+        {
+            yield_now().await;
+        }
+    }
+    Ok(addrs
+        .into_iter()
+        .zip(blocks)
+        .map(|(addr, block)| match (addr, block) {
+            (Some((part, addr)), Some(block)) => Seen::Block { part, addr, block },
+            _ => Seen::Absent,
+        })
+        .collect())
 }
 
-/// The seqlock read: READ the block and then its header word in one doorbell; retry
-/// until both headers are equal and unlocked.
-fn read_block(client: &mut Client, table: &Table, key: u64, addr: u64) -> Result<Block> {
+/// The seqlock read of one block, into `buffer` at `at`: retried until both headers
+/// are equal and unlocked.
+async fn read_block(
+    worker: &Worker,
+    buffer: &Region,
+    at: u64,
+    table: &Table,
+    part: usize,
+    key: u64,
+    addr: u64,
+) -> Result<Block> {
+    let p = &table.partitions[part];
     let bytes = table.shape.block_bytes();
-    let header_at = READ_AREA + bytes;
     let start = Instant::now();
     loop {
-        let scratch = client.conn.scratch();
-        let mut wrs = [
-            SendWr::read(0, scratch.buf(READ_AREA, bytes as u32), table.data.at(addr)),
-            SendWr::read(0, scratch.buf(header_at, 8), table.data.at(addr)),
-        ];
-        client.conn.run(&mut wrs)?;
-        let scratch = client.conn.scratch();
-        let raw = scratch.to_vec(READ_AREA, bytes as usize)?;
-        let after = scratch.load_u64(header_at)?;
+        worker
+            .conn(p.server)
+            .run(&[
+                SendWr::read(0, buffer.buf(at, bytes as u32), p.data.at(addr)),
+                SendWr::read(0, buffer.buf(at + bytes, 8), p.data.at(addr)),
+            ])
+            .await?;
+        let raw = buffer.to_vec(at, bytes as usize)?;
+        let after = buffer.load_u64(at + bytes)?;
         match layout::accept(&raw, after, table.shape) {
             Ok(block) => return Ok(block),
-            Err(LayoutError::Torn { .. }) => client.stats.torn_retries += 1,
+            Err(LayoutError::Torn { .. }) => worker.count(|s| s.torn_retries += 1),
             Err(LayoutError::Locked { .. }) => {
-                client.stats.locked_retries += 1;
+                worker.count(|s| s.locked_retries += 1);
                 if start.elapsed() > LOCK_PATIENCE {
                     return Err(TxnError::Conflict {
                         table: table.id,
@@ -293,135 +724,142 @@ fn read_block(client: &mut Client, table: &Table, key: u64, addr: u64) -> Result
             }
             Err(e) => return Err(e.into()),
         }
-        std::hint::spin_loop();
+        yield_now().await;
     }
 }
 
 /// What a commit holds, for the abort path.
 #[derive(Default)]
-struct CommitState {
-    /// Updated records locked by this commit: (table, key).
-    locked: Vec<(Arc<Table>, u64)>,
-    /// New blocks this commit wrote locked and published in the index: (table, addr).
-    created: Vec<(Arc<Table>, u64)>,
+struct Held {
+    /// Updated records locked by this commit: indices into the write set.
+    locked: Vec<usize>,
+    /// New blocks this commit wrote locked (published in the index or not): (table,
+    /// partition, addr).
+    created: Vec<(Arc<Table>, usize, u64)>,
 }
 
-/// A cursor over the commit area of the scratch region.
-struct Area {
-    next: u64,
-}
-
-impl Area {
-    fn take(&mut self, bytes: u64) -> Result<u64> {
-        let at = self.next;
-        if at + bytes > SCRATCH_BYTES {
-            return Err(TxnError::Invalid(
-                "write set too large for one commit's buffers".into(),
-            ));
-        }
-        self.next += bytes.next_multiple_of(8);
-        Ok(at)
-    }
-}
-
-fn run_commit(
-    client: &mut Client,
-    rid: u64,
+async fn run_commit(
+    worker: &Worker,
+    buffer: &Region,
     cid: u64,
-    seen: &HashMap<(u32, u64), Seen>,
-    writes: &BTreeMap<(u32, u64), Write>,
-    state: &mut CommitState,
+    st: &Suspended,
+    held: &mut Held,
 ) -> Result<()> {
+    let servers = worker.database().servers();
     let locked = Header::locked_by(cid).encode();
-    // First committer wins, checked before taking any lock.
-    for (&(t, key), _) in writes.iter() {
-        if let Some(Seen::Block { block, .. }) = seen.get(&(t, key))
-            && block.header.cid > rid
-        {
-            return Err(TxnError::Conflict {
-                table: t,
-                key,
-                why: "first committer wins: written after the snapshot",
-            });
+    let seen = |w: &Write| {
+        st.seen
+            .iter()
+            .find(|s| s.table == w.table.id && s.key == w.key)
+            .map(|s| &s.seen)
+    };
+    // New records: allocate (one FETCH_ADD per record, one doorbell per server), write
+    // the blocks locked (one doorbell per server), publish them in the index.
+    let inserts: Vec<&Write> = st
+        .writes
+        .iter()
+        .filter(|w| matches!(seen(w), Some(Seen::Absent)))
+        .collect();
+    if !inserts.is_empty() {
+        let mut area = Area::new(buffer);
+        let mut counters = Vec::with_capacity(inserts.len());
+        let mut batches = Batches::new(servers);
+        for w in &inserts {
+            let part = w.table.partition_of(w.key);
+            let p = &w.table.partitions[part];
+            let at = area.take(8)?;
+            batches.push(
+                p.server,
+                SendWr::fetch_add(0, buffer.buf(at, 8), p.data.at(p.arena), 1),
+            );
+            counters.push((part, at));
         }
-    }
-    // New records: allocate, write locked, publish in the index.
-    for (&(t, key), w) in writes.iter() {
-        if !matches!(seen.get(&(t, key)), Some(Seen::Absent)) {
-            continue;
-        }
-        let table = &w.table;
-        let mut area = Area { next: COMMIT_AREA };
-        let counter_at = area.take(8)?;
-        let scratch_buf = client.conn.scratch().buf(counter_at, 8);
-        client
-            .conn
-            .run(&mut [SendWr::fetch_add(0, scratch_buf, table.data.at(0), 1)])?;
-        let i = client.conn.scratch().load_u64(counter_at)?;
-        if i >= table.capacity {
-            return Err(TxnError::TableFull {
-                table: t,
-                capacity: table.capacity,
-            });
-        }
-        let addr = table.block_offset(i);
-        let block = Block::inserted(Header::locked_by(cid), cid, w.value.clone(), table.shape);
-        let bytes = layout::encode(&block, table.shape)?;
-        let at = area.take(bytes.len() as u64)?;
-        client.conn.scratch().write(at, &bytes)?;
-        let src = client.conn.scratch().buf(at, bytes.len() as u32);
-        client
-            .conn
-            .run(&mut [SendWr::write(0, src, table.data.at(addr))])?;
-        match table.index.insert(&mut client.conn, key, addr) {
-            Ok(()) => {}
-            Err(crate::index::IndexError::DuplicateKey { .. }) => {
-                // The unpublished block is unreachable (leaked until GC exists).
-                return Err(if w.insert {
-                    TxnError::DuplicateKey { table: t, key }
-                } else {
-                    TxnError::Conflict {
-                        table: t,
-                        key,
-                        why: "inserted concurrently",
-                    }
+        batches.run(worker).await?;
+        let mut batches = Batches::new(servers);
+        let mut placed = Vec::with_capacity(inserts.len());
+        for (w, &(part, at)) in inserts.iter().zip(&counters) {
+            let p = &w.table.partitions[part];
+            let i = buffer.load_u64(at)?;
+            if i >= p.capacity {
+                return Err(TxnError::TableFull {
+                    table: w.table.id,
+                    capacity: w.table.capacity(),
                 });
             }
-            Err(e) => return Err(e.into()),
+            let addr = w.table.block_offset(part, i);
+            let value = w.value.clone().unwrap_or_default();
+            let block = Block::inserted(Header::locked_by(cid), w.key, cid, value, w.table.shape);
+            let bytes = layout::encode(&block, w.table.shape)?;
+            let at = area.take(bytes.len() as u64)?;
+            buffer.write(at, &bytes)?;
+            batches.push(
+                p.server,
+                SendWr::write(0, buffer.buf(at, bytes.len() as u32), p.data.at(addr)),
+            );
+            placed.push((part, addr));
         }
-        client.cache.entry(t).or_default().put(key, addr);
-        state.created.push((table.clone(), addr));
+        batches.run(worker).await?;
+        for (w, &(part, addr)) in inserts.iter().zip(&placed) {
+            held.created.push((w.table.clone(), part, addr));
+        }
+        let index_at = area.take(0)?;
+        for (w, &(part, addr)) in inserts.iter().zip(&placed) {
+            let p = &w.table.partitions[part];
+            match p
+                .index
+                .insert(worker.conn(p.server), buffer, index_at, w.key, addr)
+                .await
+            {
+                Ok(()) => worker.cache_addr(w.table.id, w.key, addr),
+                Err(crate::index::IndexError::DuplicateKey { .. }) => {
+                    return Err(if w.insert {
+                        TxnError::DuplicateKey {
+                            table: w.table.id,
+                            key: w.key,
+                        }
+                    } else {
+                        TxnError::Conflict {
+                            table: w.table.id,
+                            key: w.key,
+                            why: "inserted concurrently",
+                        }
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
-    // Lock and validate the updated records: one CAS each, one doorbell.
-    let mut area = Area { next: COMMIT_AREA };
+    // Lock and validate the updated records: one CAS each, one doorbell per server.
+    let mut area = Area::new(buffer);
     let mut updates = Vec::new();
-    for (&(t, key), w) in writes.iter() {
-        if let Some(Seen::Block { addr, block }) = seen.get(&(t, key)) {
+    for (wi, w) in st.writes.iter().enumerate() {
+        if let Some(Seen::Block { part, addr, block }) = seen(w) {
             let res = area.take(8)?;
-            updates.push((t, key, w, *addr, block, res));
+            updates.push((wi, w, *part, *addr, block, res));
         }
     }
     if !updates.is_empty() {
-        let scratch = client.conn.scratch();
-        let mut wrs: Vec<SendWr<'_>> = updates
-            .iter()
-            .map(|(_, _, w, addr, block, res)| {
+        let mut batches = Batches::new(servers);
+        for (_, w, part, addr, block, res) in &updates {
+            let p = &w.table.partitions[*part];
+            batches.push(
+                p.server,
                 SendWr::cas(
                     0,
-                    scratch.buf(*res, 8),
-                    w.table.data.at(*addr),
+                    buffer.buf(*res, 8),
+                    p.data.at(*addr),
                     block.header.encode(),
                     locked,
-                )
-            })
-            .collect();
-        client.conn.run(&mut wrs)?;
+                ),
+            );
+        }
+        batches.run(worker).await?;
         let mut conflict = None;
-        for (t, key, w, _, block, res) in &updates {
-            if client.conn.scratch().load_u64(*res)? == block.header.encode() {
-                state.locked.push((w.table.clone(), *key));
+        for (wi, w, _, _, block, res) in &updates {
+            if buffer.load_u64(*res)? == block.header.encode() {
+                held.locked.push(*wi);
             } else if conflict.is_none() {
-                conflict = Some((*t, *key));
+                conflict = Some((w.table.id, w.key));
             }
         }
         if let Some((table, key)) = conflict {
@@ -432,52 +870,63 @@ fn run_commit(
             });
         }
     }
-    // Install: WRITE the versions and CAS-unlock, all in one doorbell.
-    // (block, CAS result buffer, versions buffer to WRITE (none for a new block), table)
-    type Step = (u64, u64, Option<(u64, u32)>, Arc<Table>);
-    let mut plan: Vec<Step> = Vec::new();
-    for (_, _, w, addr, block, _) in &updates {
+    // Install: WRITE the versions and CAS-unlock, one doorbell per server.
+    let mut batches = Batches::new(servers);
+    let mut results = Vec::new();
+    for (_, w, part, addr, block, _) in &updates {
+        let p = &w.table.partitions[*part];
         let versions = block.with_new_version(
             Version {
                 cid,
-                value: Some(w.value.clone()),
+                value: w.value.clone(),
             },
             w.table.shape,
         );
         let bytes = layout::encode_versions(&versions, w.table.shape)?;
         let at = area.take(bytes.len() as u64)?;
-        client.conn.scratch().write(at, &bytes)?;
+        buffer.write(at, &bytes)?;
         let res = area.take(8)?;
-        plan.push((*addr, res, Some((at, bytes.len() as u32)), w.table.clone()));
-    }
-    for (table, addr) in &state.created {
-        let res = area.take(8)?;
-        plan.push((*addr, res, None, table.clone()));
-    }
-    let scratch = client.conn.scratch();
-    let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(plan.len() * 2);
-    for (addr, res, data, table) in &plan {
-        if let Some((at, len)) = data {
-            wrs.push(SendWr::write(
+        batches.push(
+            p.server,
+            SendWr::write(
                 0,
-                scratch.buf(*at, *len),
-                table.data.at(addr + 8),
-            ));
-        }
-        wrs.push(SendWr::cas(
-            0,
-            scratch.buf(*res, 8),
-            table.data.at(*addr),
-            locked,
-            Header::unlocked(cid).encode(),
-        ));
+                buffer.buf(at, bytes.len() as u32),
+                p.data.at(addr + VERSIONS_OFFSET),
+            ),
+        );
+        batches.push(
+            p.server,
+            SendWr::cas(
+                0,
+                buffer.buf(res, 8),
+                p.data.at(*addr),
+                locked,
+                Header::unlocked(cid).encode(),
+            ),
+        );
+        results.push((*addr, res));
     }
-    client.conn.run(&mut wrs)?;
+    for (table, part, addr) in &held.created {
+        let p = &table.partitions[*part];
+        let res = area.take(8)?;
+        batches.push(
+            p.server,
+            SendWr::cas(
+                0,
+                buffer.buf(res, 8),
+                p.data.at(*addr),
+                locked,
+                Header::unlocked(cid).encode(),
+            ),
+        );
+        results.push((*addr, res));
+    }
+    batches.run(worker).await?;
     // From here the commit is visible to readers; it must be marked committed.
-    state.locked.clear();
-    state.created.clear();
-    for (addr, res, _, _) in &plan {
-        let old = client.conn.scratch().load_u64(*res)?;
+    held.locked.clear();
+    held.created.clear();
+    for (addr, res) in results {
+        let old = buffer.load_u64(res)?;
         if old != locked {
             return Err(TxnError::Invalid(format!(
                 "lock of block {addr} lost during install (header {old:#x})"
@@ -487,17 +936,18 @@ fn run_commit(
     Ok(())
 }
 
-/// The abort path: releases every lock a failed commit holds, in one doorbell.
-fn release(
-    client: &mut Client,
+/// The abort path: releases every lock a failed commit holds, one doorbell per server.
+async fn release(
+    worker: &Worker,
+    buffer: &Region,
     cid: u64,
-    seen: &HashMap<(u32, u64), Seen>,
-    state: &CommitState,
+    st: &Suspended,
+    held: &Held,
 ) -> Result<()> {
     let locked = Header::locked_by(cid).encode();
-    let mut area = Area { next: COMMIT_AREA };
-    let mut bufs = Vec::new();
-    for (table, _) in &state.created {
+    let mut area = Area::new(buffer);
+    let mut staged = Vec::new();
+    for (table, _, _) in &held.created {
         let bytes = layout::encode_versions(
             &[Version {
                 cid: 0,
@@ -506,37 +956,109 @@ fn release(
             table.shape,
         )?;
         let at = area.take(bytes.len() as u64)?;
-        client.conn.scratch().write(at, &bytes)?;
-        bufs.push((at, bytes.len() as u32));
+        buffer.write(at, &bytes)?;
+        staged.push((at, bytes.len() as u32));
     }
     let res = area.take(8)?;
-    let scratch = client.conn.scratch();
-    let mut wrs: Vec<SendWr<'_>> = Vec::new();
-    for ((table, addr), (at, len)) in state.created.iter().zip(&bufs) {
-        wrs.push(SendWr::write(
-            0,
-            scratch.buf(*at, *len),
-            table.data.at(addr + 8),
-        ));
-        wrs.push(SendWr::cas(
-            0,
-            scratch.buf(res, 8),
-            table.data.at(*addr),
-            locked,
-            Header::unlocked(0).encode(),
-        ));
-    }
-    for (table, key) in &state.locked {
-        if let Some(Seen::Block { addr, block }) = seen.get(&(table.id, *key)) {
-            wrs.push(SendWr::cas(
+    let mut batches = Batches::new(worker.database().servers());
+    for ((table, part, addr), (at, len)) in held.created.iter().zip(&staged) {
+        let p = &table.partitions[*part];
+        batches.push(
+            p.server,
+            SendWr::write(0, buffer.buf(*at, *len), p.data.at(addr + VERSIONS_OFFSET)),
+        );
+        batches.push(
+            p.server,
+            SendWr::cas(
                 0,
-                scratch.buf(res, 8),
-                table.data.at(*addr),
+                buffer.buf(res, 8),
+                p.data.at(*addr),
                 locked,
-                block.header.encode(),
-            ));
+                Header::unlocked(0).encode(),
+            ),
+        );
+    }
+    for &wi in &held.locked {
+        let w = &st.writes[wi];
+        if let Some(Seen::Block { part, addr, block }) = st
+            .seen
+            .iter()
+            .find(|s| s.table == w.table.id && s.key == w.key)
+            .map(|s| &s.seen)
+        {
+            let p = &w.table.partitions[*part];
+            batches.push(
+                p.server,
+                SendWr::cas(
+                    0,
+                    buffer.buf(res, 8),
+                    p.data.at(*addr),
+                    locked,
+                    block.header.encode(),
+                ),
+            );
         }
     }
-    client.conn.run(&mut wrs)?;
-    Ok(())
+    batches.run(worker).await
+}
+
+/// A blocking transaction of a [`crate::Client`]: [`AsyncTransaction`] driven by
+/// `block_on`. Its commit advances the client's session.
+pub struct Transaction<'c> {
+    inner: AsyncTransaction<'c>,
+    last_cid: &'c mut u64,
+}
+
+impl<'c> Transaction<'c> {
+    pub(crate) fn new(inner: AsyncTransaction<'c>, last_cid: &'c mut u64) -> Transaction<'c> {
+        Transaction { inner, last_cid }
+    }
+
+    pub fn rid(&self) -> u64 {
+        self.inner.rid()
+    }
+    pub fn wrote(&self, table: &Table, key: u64) -> bool {
+        self.inner.wrote(table, key)
+    }
+    pub fn get(&mut self, table: &Arc<Table>, key: u64) -> Result<Option<Vec<u8>>> {
+        block_on(self.inner.get(table, key))
+    }
+    pub fn get_many(&mut self, table: &Arc<Table>, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
+        block_on(self.inner.get_many(table, keys))
+    }
+    pub fn get_version(&mut self, table: &Arc<Table>, key: u64) -> Result<Option<u64>> {
+        block_on(self.inner.get_version(table, key))
+    }
+    pub fn put(&mut self, table: &Arc<Table>, key: u64, value: Vec<u8>) -> Result<()> {
+        block_on(self.inner.put(table, key, value))
+    }
+    pub fn insert(&mut self, table: &Arc<Table>, key: u64, value: Vec<u8>) -> Result<()> {
+        block_on(self.inner.insert(table, key, value))
+    }
+    pub fn delete(&mut self, table: &Arc<Table>, key: u64) -> Result<()> {
+        block_on(self.inner.delete(table, key))
+    }
+    pub fn scan(
+        &mut self,
+        table: &Arc<Table>,
+        filter: impl FnMut(u64, &[u8]) -> bool,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        block_on(self.inner.scan(table, filter))
+    }
+    /// See [`AsyncTransaction::commit`].
+    pub fn commit(self) -> Result<Option<u64>> {
+        let cid = block_on(self.inner.commit())?;
+        if let Some(c) = cid {
+            *self.last_cid = (*self.last_cid).max(c);
+        }
+        Ok(cid)
+    }
+    pub fn abort(self) {}
+
+    /// Detaches the transaction from its client, for drivers that keep a transaction
+    /// between calls without borrowing the client; [`crate::Client::resume`] continues
+    /// it.
+    pub fn suspend(self) -> Suspended {
+        self.inner.suspend()
+    }
 }

@@ -25,6 +25,7 @@ fn db(sim: SimConfig) -> (Database, Arc<Table>) {
             versions: 4,
             value_cap: 64,
             capacity: 1024,
+            partitions: 0,
             index: IndexShape {
                 buckets: 64,
                 slots: 8,

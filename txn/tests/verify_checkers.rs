@@ -5,13 +5,16 @@
 //! Sessions run on threads (`Schedule::Threads`). The interleaved schedule does not
 //! fit yet: a session waiting in `begin` for its own last commit needs every other
 //! client to tick its oracle slot, which a client parked between steps does not do.
+//!
+//! A transaction here owns its session's client (verify calls `read` and `write` with
+//! the transaction alone), suspended between calls.
 
 use fabric::sim::{Faults, SimConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use txn::index::IndexShape;
-use txn::{Client, Database, Options, Table, TableSpec, Transaction, TxnError};
+use txn::{Client, Database, Options, Suspended, Table, TableSpec, Transaction, TxnError};
 use verify::anomaly::Findings;
 use verify::history::{JsonlWriter, ReadValue};
 use verify::index::load_jsonl;
@@ -31,6 +34,26 @@ struct Store {
 
 struct Session {
     client: Option<Client>,
+}
+
+struct Txn {
+    client: Client,
+    rid: u64,
+    state: Option<Suspended>,
+}
+
+impl Txn {
+    fn with<T>(
+        &mut self,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<T, TxnError>,
+    ) -> Result<T, TxnError> {
+        let mut txn = self
+            .client
+            .resume(self.state.take().expect("a live transaction"));
+        let result = f(&mut txn);
+        self.state = Some(txn.suspend());
+        result
+    }
 }
 
 impl Store {
@@ -54,6 +77,7 @@ impl Store {
                 versions: 8,
                 value_cap: 1 + 8 * 32,
                 capacity: 1 << 16,
+                partitions: 0,
                 index: IndexShape {
                     buckets: 1 << 12,
                     slots: 16,
@@ -107,7 +131,7 @@ fn map(e: TxnError) -> StoreError {
 
 impl TxnStore for Store {
     type Session = Session;
-    type Txn = Transaction<Client>;
+    type Txn = Txn;
 
     fn open_session(&self) -> Session {
         Session {
@@ -120,21 +144,38 @@ impl TxnStore for Store {
             .client
             .take()
             .ok_or_else(|| StoreError::Other("session already in a transaction".into()))?;
-        client.begin_owned(0).map_err(|(client, e)| {
-            session.client = Some(client);
-            map(e)
-        })
+        let mut client = client;
+        let begun = client.begin().map(|t| (t.rid(), t.suspend()));
+        match begun {
+            Ok((rid, state)) => Ok(Txn {
+                client,
+                rid,
+                state: Some(state),
+            }),
+            Err(e) => {
+                session.client = Some(client);
+                Err(map(e))
+            }
+        }
     }
 
     fn read_timestamp(&self, txn: &Self::Txn) -> Option<u64> {
-        Some(txn.rid())
+        Some(txn.rid)
     }
 
     fn read(&self, txn: &mut Self::Txn, key: &str) -> Result<ReadResult, StoreError> {
         let k = self.key(key);
-        let own = txn.wrote(&self.table, k);
-        let value = decode(txn.get(&self.table, k).map_err(map)?)?;
-        let version = txn.get_version(&self.table, k).map_err(map)?;
+        let table = &self.table;
+        let (own, value, version) = txn
+            .with(|t| {
+                Ok((
+                    t.wrote(table, k),
+                    t.get(table, k)?,
+                    t.get_version(table, k)?,
+                ))
+            })
+            .map_err(map)?;
+        let value = decode(value)?;
         // A register overwritten by this transaction shows its own value, no version;
         // a list shows the snapshot's version followed by its own appends.
         let version = match value {
@@ -147,26 +188,32 @@ impl TxnStore for Store {
 
     fn write(&self, txn: &mut Self::Txn, key: &str, value: i64) -> Result<(), StoreError> {
         let k = self.key(key);
-        if let ReadValue::List(_) = decode(txn.get(&self.table, k).map_err(map)?)? {
+        let table = &self.table;
+        if let ReadValue::List(_) = decode(txn.with(|t| t.get(table, k)).map_err(map)?)? {
             return Err(StoreError::WrongType(key.into()));
         }
-        txn.put(&self.table, k, encode(REGISTER, &[value]))
+        txn.with(|t| t.put(table, k, encode(REGISTER, &[value])))
             .map_err(map)
     }
 
     fn append(&self, txn: &mut Self::Txn, key: &str, element: i64) -> Result<(), StoreError> {
         let k = self.key(key);
-        let mut list = match decode(txn.get(&self.table, k).map_err(map)?)? {
+        let table = &self.table;
+        let mut list = match decode(txn.with(|t| t.get(table, k)).map_err(map)?)? {
             ReadValue::Absent => Vec::new(),
             ReadValue::List(l) => l,
             ReadValue::Register(_) => return Err(StoreError::WrongType(key.into())),
         };
         list.push(element);
-        txn.put(&self.table, k, encode(LIST, &list)).map_err(map)
+        txn.with(|t| t.put(table, k, encode(LIST, &list)))
+            .map_err(map)
     }
 
     fn commit(&self, session: &mut Session, txn: Self::Txn) -> Result<Option<u64>, StoreError> {
-        let (client, result) = txn.commit_into();
+        let Txn {
+            mut client, state, ..
+        } = txn;
+        let result = client.resume(state.expect("a live transaction")).commit();
         session.client = Some(client);
         result.map_err(|e| match e {
             TxnError::Conflict { .. } | TxnError::DuplicateKey { .. } => StoreError::Conflict,
@@ -177,7 +224,11 @@ impl TxnStore for Store {
     }
 
     fn abort(&self, session: &mut Session, txn: Self::Txn) {
-        session.client = Some(txn.abort());
+        let Txn {
+            mut client, state, ..
+        } = txn;
+        client.resume(state.expect("a live transaction")).abort();
+        session.client = Some(client);
     }
 }
 

@@ -1,0 +1,437 @@
+//! Compute-side handles: a [`Worker`] is one thread's share of the cluster (a
+//! connection per memory server, an oracle slot, the address cache, registered
+//! buffers), on which many transactions run at once as futures; a [`Client`] is a
+//! worker with one session and blocking calls.
+//!
+//! Latency hiding (DESIGN.md, "RSI"): the coroutines of a worker share everything, so
+//! the waits of one (its requests in flight, its commit becoming visible) are other
+//! coroutines' working time. What they share is batched:
+//!
+//! - **Read timestamps.** `begin` needs a read timestamp taken after it was called
+//!   (real-time order: it must see every commit that returned before). Coroutines that
+//!   begin in the same round of the executor share one oracle read: `begin` yields
+//!   once, and the first to run again reads for all.
+//! - **Marks.** A decided commit timestamp is queued and all queued ones go out in one
+//!   doorbell ([`timestamp::SlotHandle::mark_many`], coalesced per word) before the
+//!   next oracle read, which is the first moment anyone could need them.
+
+use crate::conn::AsyncConn;
+use crate::error::{Result, TxnError};
+use crate::index::IndexCache;
+use crate::runtime::{self, yield_now};
+use crate::store::Database;
+use crate::transaction::{AsyncTransaction, Suspended, Transaction};
+use fabric::{Access, Device, Region};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use timestamp::{Outcome, SlotHandle, SystemClock};
+
+/// How long `begin` or a visibility wait may wait for the read timestamp to move.
+const RID_PATIENCE: Duration = Duration::from_secs(10);
+/// Send queue depth of a worker's connections.
+const SEND_QUEUE: u32 = 4096;
+
+/// Counters of one worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Block reads rejected by the seqlock check because the headers differed.
+    pub torn_retries: u64,
+    /// Block reads retried because the record was locked.
+    pub locked_retries: u64,
+    pub committed: u64,
+    pub aborted: u64,
+    /// Aborts by reason.
+    pub conflicts: u64,
+    pub duplicate_keys: u64,
+    pub too_old: u64,
+    /// Times the oracle slot was fenced (idle past the lease timeout) and re-taken.
+    pub rejoins: u64,
+    /// Oracle reads for read timestamps (shared by the coroutines that needed them).
+    pub oracle_reads: u64,
+}
+
+#[derive(Default)]
+struct RidState {
+    /// Oracle reads started, and the number of the last one finished.
+    started: u64,
+    finished: u64,
+    /// Whether a read is in flight.
+    reading: bool,
+    /// The highest read timestamp seen.
+    rid: u64,
+}
+
+/// One thread's compute handle. It is `Send` but not `Sync`: coroutines of the thread
+/// that owns it share it by reference.
+pub struct Worker {
+    db: Database,
+    _device: Arc<dyn Device>,
+    conns: Vec<AsyncConn>,
+    slot: SlotHandle,
+    caches: RefCell<HashMap<u32, IndexCache>>,
+    buffers: RefCell<Vec<Region>>,
+    stats: Cell<ClientStats>,
+    marks: RefCell<Vec<(u64, Outcome)>>,
+    rids: RefCell<RidState>,
+}
+
+impl Worker {
+    pub(crate) fn new(db: Database) -> Result<Worker> {
+        let shared = &db.shared;
+        let device = db.new_device();
+        let mut conns = Vec::with_capacity(shared.servers.len());
+        for link in &shared.servers {
+            let cq = device.create_cq(SEND_QUEUE * 2)?;
+            let qp = link.connect(&device, &cq, SEND_QUEUE)?;
+            conns.push(AsyncConn::new(qp, cq));
+        }
+        let (oracle_server, oracle) = shared.oracle;
+        let ocq = device.create_cq(timestamp::MIN_CQ_CAPACITY * 4)?;
+        let oqp =
+            shared.servers[oracle_server].connect(&device, &ocq, timestamp::MIN_SEND_QUEUE * 2)?;
+        let slot = SlotHandle::register(
+            device.as_ref(),
+            oqp,
+            ocq,
+            oracle,
+            shared.options.oracle.clone(),
+            SystemClock::shared(),
+        )?;
+        Ok(Worker {
+            db: db.clone(),
+            _device: device,
+            conns,
+            slot,
+            caches: RefCell::new(HashMap::new()),
+            buffers: RefCell::new(Vec::new()),
+            stats: Cell::new(ClientStats::default()),
+            marks: RefCell::new(Vec::new()),
+            rids: RefCell::new(RidState::default()),
+        })
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        self.stats.get()
+    }
+
+    pub(crate) fn count(&self, f: impl FnOnce(&mut ClientStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
+    pub(crate) fn conn(&self, server: usize) -> &AsyncConn {
+        &self.conns[server]
+    }
+
+    pub(crate) fn cached_addr(&self, table: u32, key: u64) -> Option<u64> {
+        self.caches.borrow().get(&table).and_then(|c| c.get(key))
+    }
+
+    pub(crate) fn cache_addr(&self, table: u32, key: u64, addr: u64) {
+        self.caches
+            .borrow_mut()
+            .entry(table)
+            .or_default()
+            .put(key, addr);
+    }
+
+    /// A registered buffer for one transaction, from the pool.
+    pub(crate) fn take_buffer(&self) -> Result<Region> {
+        if let Some(b) = self.buffers.borrow_mut().pop() {
+            return Ok(b);
+        }
+        let bytes = self.db.shared.options.scratch_bytes;
+        Ok(self._device.register(bytes, Access::LOCAL)?)
+    }
+
+    pub(crate) fn return_buffer(&self, buffer: Region) {
+        self.buffers.borrow_mut().push(buffer);
+    }
+
+    /// Queues the decision of a commit timestamp; see the module doc.
+    pub(crate) fn decide(&self, cid: u64, outcome: Outcome) {
+        self.marks.borrow_mut().push((cid, outcome));
+    }
+
+    /// Posts every queued decision, in one doorbell.
+    pub fn flush_marks(&self) -> Result<()> {
+        let marks = std::mem::take(&mut *self.marks.borrow_mut());
+        if !marks.is_empty() {
+            self.slot.mark_many(&marks)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the oracle slot moving (skips unused timestamps, renews the lease); a slot
+    /// fenced meanwhile is re-taken.
+    pub fn tick(&self) -> Result<()> {
+        match self.slot.tick() {
+            Ok(_) => Ok(()),
+            Err(timestamp::OracleError::Fenced { .. }) => {
+                self.slot.rejoin()?;
+                self.count(|s| s.rejoins += 1);
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A commit timestamp of this worker's slot (no communication, except now and
+    /// then to renew the lease or raise the slot's reservation).
+    pub(crate) fn commit_timestamp(&self) -> Result<u64> {
+        match self.slot.acquire_commit_ts(1000) {
+            Err(timestamp::OracleError::Fenced { .. }) => {
+                self.slot.rejoin()?;
+                self.count(|s| s.rejoins += 1);
+                Ok(self.slot.acquire_commit_ts(1000)?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// A read timestamp of at least `min`, from an oracle read that started after
+    /// oracle read number `after` (0: any read).
+    async fn read_timestamp(&self, after: u64, min: u64) -> Result<u64> {
+        let start = Instant::now();
+        loop {
+            let reading = {
+                let st = self.rids.borrow();
+                if st.finished > after && st.rid >= min {
+                    return Ok(st.rid);
+                }
+                st.reading
+            };
+            if start.elapsed() > RID_PATIENCE {
+                return Err(TxnError::Invalid(format!(
+                    "the read timestamp stayed at {}, below {min}, for {RID_PATIENCE:?}: another compute node's slot stalls the oracle",
+                    self.rids.borrow().rid
+                )));
+            }
+            if reading {
+                yield_now().await;
+                continue;
+            }
+            self.flush_marks()?;
+            self.tick()?;
+            let number = {
+                let mut st = self.rids.borrow_mut();
+                st.started += 1;
+                st.reading = true;
+                st.started
+            };
+            let read = self.slot.read_timestamp_async().await;
+            let rid = {
+                let mut st = self.rids.borrow_mut();
+                st.reading = false;
+                if let Ok(rid) = read {
+                    st.finished = st.finished.max(number);
+                    st.rid = st.rid.max(rid);
+                }
+                read?
+            };
+            self.count(|s| s.oracle_reads += 1);
+            if rid < min {
+                yield_now().await;
+            }
+        }
+    }
+
+    /// Waits until the oracle's prefix includes `cid`, so every transaction that
+    /// begins afterwards sees it.
+    pub(crate) async fn wait_visible(&self, cid: u64) -> Result<()> {
+        self.read_timestamp(0, cid).await.map(|_| ())
+    }
+
+    /// Starts a transaction whose snapshot includes every commit that returned before
+    /// this call and timestamp `after` (a session's last commit, so it sees its own
+    /// writes).
+    pub async fn begin(&self, after: u64) -> Result<AsyncTransaction<'_>> {
+        let started = self.rids.borrow().started;
+        // Let the other coroutines that begin in this round join one oracle read.
+        yield_now().await;
+        let rid = self.read_timestamp(started, after).await?;
+        AsyncTransaction::new(self, rid)
+    }
+
+    /// Runs `body` in a transaction, retrying it after conflicts (and snapshots too
+    /// old) up to `retries` times with randomized exponential backoff; returns the
+    /// body's value and the commit timestamp.
+    pub async fn run<T>(
+        &self,
+        after: u64,
+        retries: u32,
+        mut body: impl AsyncFnMut(&mut AsyncTransaction<'_>) -> Result<T>,
+    ) -> Result<(T, Option<u64>)> {
+        let mut backoff = Backoff::new();
+        let mut attempt = 0;
+        loop {
+            let mut txn = self.begin(after).await?;
+            let outcome = match body(&mut txn).await {
+                Ok(value) => txn.commit().await.map(|cid| (value, cid)),
+                Err(e) => {
+                    txn.abort();
+                    Err(e)
+                }
+            };
+            match outcome {
+                Err(e) if e.is_retryable() && attempt < retries => {
+                    attempt += 1;
+                    backoff.wait().await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs `coroutines` futures made by `make(i)` concurrently on this thread until
+    /// all finish, flushing batched marks between rounds.
+    pub fn run_coroutines<'a, T>(
+        &self,
+        coroutines: usize,
+        mut make: impl FnMut(usize) -> Pin<Box<dyn Future<Output = T> + 'a>>,
+    ) -> Vec<T> {
+        let futures = (0..coroutines).map(&mut make).collect();
+        runtime::run_all(futures, || {
+            // A failed flush resurfaces at the next oracle read, which flushes again.
+            let _ = self.flush_marks();
+        })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Every handed-out timestamp must be decided before the slot is freed for
+        // others to skip.
+        let _ = self.flush_marks();
+        let _ = self.slot.release();
+    }
+}
+
+/// Randomized exponential backoff between retries, yielding to the other coroutines
+/// while it waits.
+struct Backoff {
+    next: Duration,
+    seed: u64,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_micros(2);
+    const MAX: Duration = Duration::from_millis(2);
+
+    fn new() -> Backoff {
+        use std::hash::{BuildHasher, Hasher};
+        let seed = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Backoff {
+            next: Self::FIRST,
+            seed: seed | 1,
+        }
+    }
+
+    async fn wait(&mut self) {
+        // xorshift: enough to spread retries of colliding transactions apart.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let nanos = self.next.as_nanos() as u64;
+        let wait = Duration::from_nanos(nanos / 2 + self.seed % (nanos / 2 + 1));
+        self.next = (self.next * 2).min(Self::MAX);
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            yield_now().await;
+        }
+    }
+}
+
+/// A blocking handle: a [`Worker`] with one session (it sees its own writes).
+pub struct Client {
+    worker: Worker,
+    last_cid: u64,
+}
+
+impl Client {
+    pub(crate) fn new(worker: Worker) -> Client {
+        Client {
+            worker,
+            last_cid: 0,
+        }
+    }
+
+    pub fn worker(&self) -> &Worker {
+        &self.worker
+    }
+
+    /// Starts a transaction that sees every commit that returned before this call,
+    /// including this session's.
+    pub fn begin(&mut self) -> Result<Transaction<'_>> {
+        self.begin_after(0)
+    }
+
+    /// As [`Client::begin`], with a snapshot that also includes timestamp `min`.
+    pub fn begin_after(&mut self, min: u64) -> Result<Transaction<'_>> {
+        let after = min.max(self.last_cid);
+        let txn = runtime::block_on(self.worker.begin(after))?;
+        Ok(Transaction::new(txn, &mut self.last_cid))
+    }
+
+    /// Runs `body` in a transaction, retrying after conflicts up to `retries` times
+    /// with backoff; returns the body's value and the commit timestamp.
+    pub fn run<T>(
+        &mut self,
+        retries: u32,
+        mut body: impl FnMut(&mut Transaction<'_>) -> Result<T>,
+    ) -> Result<(T, Option<u64>)> {
+        let mut backoff = Backoff::new();
+        let mut attempt = 0;
+        loop {
+            let mut txn = self.begin()?;
+            let outcome = match body(&mut txn) {
+                Ok(value) => txn.commit().map(|cid| (value, cid)),
+                Err(e) => {
+                    txn.abort();
+                    Err(e)
+                }
+            };
+            match outcome {
+                Err(e) if e.is_retryable() && attempt < retries => {
+                    attempt += 1;
+                    runtime::block_on(backoff.wait());
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Continues a transaction suspended with [`Transaction::suspend`], which must have
+    /// begun on this client.
+    pub fn resume(&mut self, state: Suspended) -> Transaction<'_> {
+        Transaction::new(
+            AsyncTransaction::resume(&self.worker, state),
+            &mut self.last_cid,
+        )
+    }
+
+    /// Keeps the oracle slot moving; see [`Worker::tick`].
+    pub fn tick(&mut self) -> Result<()> {
+        self.worker.tick()
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        self.worker.stats()
+    }
+
+    /// The highest commit timestamp of this session.
+    pub fn last_cid(&self) -> u64 {
+        self.last_cid
+    }
+}

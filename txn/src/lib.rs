@@ -31,6 +31,6 @@ mod transaction;
 mod worker;
 
 pub use error::{Result, TxnError};
-pub use store::{Database, MemoryServerLink, Options, Partition, Table, TableSpec};
+pub use store::{Database, DeviceFactory, MemoryServerLink, Options, Partition, Table, TableSpec};
 pub use transaction::{AsyncTransaction, Suspended, Transaction};
 pub use worker::{Client, ClientStats, Worker};

@@ -51,7 +51,8 @@ pub struct TableSpec {
 
 impl TableSpec {
     /// A table of `capacity` records of up to `value_cap` bytes, keeping 4 versions, one
-    /// partition per memory server, with an index of about two slots per record.
+    /// partition per memory server, with an index of 16-slot buckets at two records per
+    /// bucket on average (a bucket overflows with probability ~1e-10).
     pub fn new(name: &str, value_cap: u32, capacity: u64) -> TableSpec {
         TableSpec {
             name: name.into(),
@@ -60,8 +61,8 @@ impl TableSpec {
             capacity,
             partitions: 0,
             index: IndexShape {
-                buckets: (capacity / 4).max(1),
-                slots: 8,
+                buckets: (capacity / 2).max(1),
+                slots: 16,
             },
         }
     }
@@ -108,11 +109,18 @@ impl Table {
     }
 }
 
+/// Makes the devices of an embedded cluster: one per memory server and one per
+/// worker, each a node that can reach the others (for example shm devices on sockets
+/// in one directory).
+pub type DeviceFactory = Arc<dyn Fn() -> Result<Arc<dyn Device>> + Send + Sync>;
+
 /// Options of a database.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Options {
-    /// The sim network of an embedded cluster.
+    /// The sim network of an embedded cluster, unless `devices` is given.
     pub sim: SimConfig,
+    /// Where an embedded cluster's devices come from instead of a sim network.
+    pub devices: Option<DeviceFactory>,
     /// Memory servers of an embedded cluster.
     pub servers: usize,
     /// Oracle slots: the most workers at once.
@@ -132,6 +140,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             sim: SimConfig::default(),
+            devices: None,
             servers: 1,
             slots: 16,
             oracle: OracleConfig::default(),
@@ -141,9 +150,23 @@ impl Default for Options {
     }
 }
 
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("sim", &self.sim)
+            .field("devices", &self.devices.as_ref().map(|_| "custom"))
+            .field("servers", &self.servers)
+            .field("slots", &self.slots)
+            .field("oracle", &self.oracle)
+            .field("wait_visible", &self.wait_visible)
+            .field("scratch_bytes", &self.scratch_bytes)
+            .finish()
+    }
+}
+
 pub(crate) struct Shared {
-    /// The compute side of the network: where workers' devices come from.
-    net: SimNetwork,
+    /// Where workers' devices come from.
+    devices_for_workers: DeviceFactory,
     pub(crate) servers: Vec<Arc<dyn MemoryServerLink>>,
     /// The oracle's region and the server that holds it.
     pub(crate) oracle: (usize, RemoteRegion),
@@ -193,8 +216,8 @@ impl MemoryServerLink for SimServer {
 }
 
 impl Database {
-    /// An embedded cluster on a sim network: `options.servers` memory-server nodes, the
-    /// oracle formatted on the first.
+    /// An embedded cluster: `options.servers` memory-server nodes (on a sim network, or
+    /// devices from `options.devices`), the oracle formatted on the first.
     pub fn embedded(options: Options) -> Result<Database> {
         if options.servers == 0 {
             return Err(TxnError::Invalid("a cluster needs a memory server".into()));
@@ -204,10 +227,16 @@ impl Database {
                 "scratch_bytes must be at least 4096".into(),
             ));
         }
-        let net = SimNetwork::new(options.sim.clone());
-        let devices: Vec<Arc<dyn Device>> = (0..options.servers)
-            .map(|_| net.add_node() as Arc<dyn Device>)
-            .collect();
+        let factory: DeviceFactory = match &options.devices {
+            Some(f) => f.clone(),
+            None => {
+                let net = SimNetwork::new(options.sim.clone());
+                Arc::new(move || Ok(net.add_node() as Arc<dyn Device>))
+            }
+        };
+        let devices = (0..options.servers)
+            .map(|_| factory())
+            .collect::<Result<Vec<_>>>()?;
         let layout = Layout::new(timestamp::DEFAULT_BITS, options.slots)?;
         let oracle = devices[0].register(layout.region_bytes(), Access::ALL)?;
         layout.format(&oracle)?;
@@ -222,7 +251,7 @@ impl Database {
             .collect();
         Ok(Database {
             shared: Arc::new(Shared {
-                net,
+                devices_for_workers: factory,
                 servers,
                 oracle: (0, oracle.remote()),
                 options,
@@ -325,8 +354,8 @@ impl Database {
     }
 
     /// A new compute-side device (a node of the embedded network).
-    pub(crate) fn new_device(&self) -> Arc<dyn Device> {
-        self.shared.net.add_node()
+    pub(crate) fn new_device(&self) -> Result<Arc<dyn Device>> {
+        (self.shared.devices_for_workers)()
     }
 
     /// A worker: one thread's connections (one per memory server), oracle slot, address

@@ -2,6 +2,7 @@
 
 mod fabric;
 mod timestamp;
+mod txn;
 mod verify;
 
 use anyhow::Result;
@@ -18,6 +19,9 @@ pub enum BenchCommand {
     /// The bit-vector timestamp oracle: marked commits/s, read timestamps/s, bytes
     /// READ per read timestamp and prefix lag.
     Timestamp(self::timestamp::TimestampArgs),
+    /// RSI transactions on an embedded cluster (ycsb, bank or list-append): txn/s,
+    /// aborts by reason, latency.
+    Txn(self::txn::TxnArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -25,5 +29,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Fabric(args) => self::fabric::run(&args),
         BenchCommand::Verify(args) => self::verify::run(&args),
         BenchCommand::Timestamp(args) => self::timestamp::run(&args),
+        BenchCommand::Txn(args) => self::txn::run(&args),
     }
 }

@@ -1,0 +1,666 @@
+//! `namdb bench txn`: RSI transactions on an embedded cluster.
+//!
+//! `--threads` worker threads each run `--coroutines` closed-loop clients as futures
+//! on one [`txn::Worker`] (one oracle slot, one connection per memory server). A client
+//! begins, runs one transaction of the workload and commits, then starts the next;
+//! an aborted transaction counts by reason and is not retried.
+//!
+//! - `ycsb`: one key per transaction; a read with probability `--read-ratio`, else a
+//!   read-modify-write of its 8-byte counter.
+//! - `bank`: a transfer between two accounts (or, with probability `--read-ratio`, a
+//!   read of two); at the end a scan checks that the money is all there.
+//! - `list-append`: one to three operations on random keys, each a read (probability
+//!   `--read-ratio`) or an append of a unique element, as verify's list-append.
+//!
+//! `--history FILE` records every transaction in verify's JSON Lines format (check it
+//! with `namdb verify FILE`). Throughput and latency count the transactions that
+//! finished after the warm-up (the first tenth of the run, at most one second).
+
+use crate::backend::BackendKind;
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Args, ValueEnum};
+use fabric::Device;
+use fabric::shm::ShmDevice;
+use fabric::tcp::TcpDevice;
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use serde::Serialize;
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use txn::{AsyncTransaction, Database, Options, Table, TableSpec, TxnError, Worker};
+use verify::history::{JsonlWriter, ReadValue};
+use verify::recorder::{Recorder, TxnRecord};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    Ycsb,
+    Bank,
+    ListAppend,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Dist {
+    Uniform,
+    Zipf,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TxnArgs {
+    /// Fabric backend of the embedded cluster.
+    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+    pub backend: BackendKind,
+    /// Worker threads.
+    #[arg(long, value_name = "T", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub threads: u32,
+    /// Transactions in flight per thread, as coroutines.
+    #[arg(long, value_name = "C", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub coroutines: u32,
+    /// Keys (records, accounts or lists).
+    #[arg(long, value_name = "K", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(2..=100_000_000))]
+    pub keys: u64,
+    #[arg(long, value_enum, default_value_t = Workload::Ycsb)]
+    pub workload: Workload,
+    /// Fraction of read-only operations.
+    #[arg(long, value_name = "R", default_value_t = 0.0)]
+    pub read_ratio: f64,
+    /// Key distribution.
+    #[arg(long, value_enum, default_value_t = Dist::Uniform)]
+    pub dist: Dist,
+    /// Skew of `--dist zipf`.
+    #[arg(long, value_name = "THETA", default_value_t = 0.99)]
+    pub zipf_theta: f64,
+    /// Seconds to run.
+    #[arg(long, value_name = "S", default_value_t = 5.0)]
+    pub duration: f64,
+    /// Bytes per value (for list-append: the largest list, 8 bytes per element).
+    #[arg(long, value_name = "BYTES", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(8..=65536))]
+    pub value_size: u32,
+    /// Memory servers of the embedded cluster (tables are partitioned over them).
+    #[arg(long, value_name = "M", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub servers: u32,
+    /// Record every transaction to FILE (verify's JSON Lines format).
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<PathBuf>,
+    /// Also write the result to FILE as a JSON object.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Aborts {
+    pub conflict: u64,
+    pub duplicate_key: u64,
+    pub snapshot_too_old: u64,
+    pub list_full: u64,
+}
+
+/// The result, as printed and as written to `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub backend: &'static str,
+    pub workload: String,
+    pub threads: u32,
+    pub coroutines: u32,
+    pub keys: u64,
+    pub dist: String,
+    pub read_ratio: f64,
+    pub servers: u32,
+    pub seconds: f64,
+    pub committed: u64,
+    pub aborted: u64,
+    pub txn_per_sec: f64,
+    pub abort_rate: f64,
+    pub aborts: Aborts,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    /// Oracle reads per committed transaction (shared by coroutines that began or
+    /// waited together).
+    pub oracle_reads_per_txn: f64,
+    /// For bank: whether the money summed to the initial total at the end.
+    pub invariant_ok: Option<bool>,
+}
+
+const BANK_BALANCE: i64 = 1000;
+
+type HistoryRecorder = Recorder<JsonlWriter<BufWriter<File>>>;
+
+/// Devices of the embedded cluster for a backend: sockets (shm) live in `dir`.
+fn cluster_options(args: &TxnArgs, dir: &tempfile::TempDir) -> Result<Options> {
+    let mut options = Options {
+        servers: args.servers as usize,
+        // One slot per worker, plus the loader's (freed before the run starts).
+        slots: args.threads,
+        wait_visible: std::env::var("NOWAIT").is_err(),
+        ..Options::default()
+    };
+    let token: [u8; 32] = rand::random();
+    match args.backend {
+        BackendKind::Sim => {}
+        BackendKind::Shm => {
+            let dir = dir.path().to_path_buf();
+            let next = std::sync::atomic::AtomicU64::new(0);
+            options.devices = Some(Arc::new(move || {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let device: Arc<dyn Device> =
+                    ShmDevice::bind(dir.join(format!("node{n}.sock")), &token)?;
+                Ok(device)
+            }));
+        }
+        BackendKind::Tcp => {
+            options.devices = Some(Arc::new(move || {
+                let device: Arc<dyn Device> = TcpDevice::bind("127.0.0.1:0", &token)?;
+                Ok(device)
+            }));
+        }
+    }
+    Ok(options)
+}
+
+fn value_cap(args: &TxnArgs) -> u32 {
+    match args.workload {
+        Workload::Ycsb => args.value_size,
+        Workload::Bank => 8,
+        Workload::ListAppend => args.value_size,
+    }
+}
+
+pub fn run(args: &TxnArgs) -> Result<()> {
+    ensure!(
+        (0.0..=1.0).contains(&args.read_ratio),
+        "--read-ratio must be between 0 and 1, got {}",
+        args.read_ratio
+    );
+    ensure!(
+        args.duration > 0.0 && args.duration.is_finite(),
+        "--duration must be a positive number of seconds"
+    );
+    ensure!(
+        args.dist == Dist::Uniform || args.zipf_theta > 0.0,
+        "--zipf-theta must be positive"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("namdb-bench-txn-")
+        .tempdir()
+        .context("creating a directory for the cluster's sockets")?;
+    let db = Database::embedded(cluster_options(args, &dir)?)?;
+    let table = db.create_table(TableSpec::new(
+        "bench",
+        value_cap(args),
+        args.keys + args.keys / 8 + 64,
+    ))?;
+    load(&db, &table, args)?;
+    let recorder = match &args.history {
+        Some(path) => Some(Recorder::new(JsonlWriter::new(BufWriter::new(
+            File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )))),
+        None => None,
+    };
+    let report = drive(&db, &table, args, recorder.as_ref())?;
+    if let Some(r) = recorder {
+        use std::io::Write;
+        r.into_sink()
+            .into_inner()
+            .flush()
+            .context("writing the history")?;
+    }
+    print(&report, args);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if report.invariant_ok == Some(false) {
+        bail!("the bank's money does not add up: a transaction was lost or torn");
+    }
+    Ok(())
+}
+
+fn initial_value(args: &TxnArgs) -> Vec<u8> {
+    match args.workload {
+        Workload::Ycsb => {
+            let mut v = vec![0u8; args.value_size as usize];
+            v[..8].copy_from_slice(&0u64.to_le_bytes());
+            v
+        }
+        Workload::Bank => BANK_BALANCE.to_le_bytes().to_vec(),
+        Workload::ListAppend => Vec::new(),
+    }
+}
+
+/// Inserts every key, 64 per transaction, 16 transactions in flight.
+fn load(db: &Database, table: &Arc<Table>, args: &TxnArgs) -> Result<()> {
+    let worker = db.worker()?;
+    let value = initial_value(args);
+    let per_txn = 64u64;
+    let chunks = args.keys.div_ceil(per_txn);
+    let next = std::cell::Cell::new(0u64);
+    let started = Instant::now();
+    let last_print = std::cell::Cell::new(Instant::now());
+    let results = worker.run_coroutines(16, |_| {
+        let (worker, next, value, last_print) = (&worker, &next, &value, &last_print);
+        Box::pin(async move {
+            loop {
+                let chunk = next.get();
+                if chunk >= chunks {
+                    return Ok::<(), TxnError>(());
+                }
+                next.set(chunk + 1);
+                let keys = chunk * per_txn..((chunk + 1) * per_txn).min(args.keys);
+                worker
+                    .run(0, 10, async |txn: &mut AsyncTransaction<'_>| {
+                        for k in keys.clone() {
+                            txn.insert(table, k, value.clone()).await?;
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                if last_print.get().elapsed() > Duration::from_secs(1) {
+                    last_print.set(Instant::now());
+                    eprintln!(
+                        "loading: {} of {} keys ({:.1} s)",
+                        (chunk + 1) * per_txn,
+                        args.keys,
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        })
+    });
+    for r in results {
+        r.context("loading the keys")?;
+    }
+    eprintln!(
+        "loaded {} keys in {:.2} s",
+        args.keys,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// What one thread measured.
+struct ThreadResult {
+    committed: u64,
+    aborted: u64,
+    aborts: Aborts,
+    latency_ns: Histogram<u64>,
+    oracle_reads: u64,
+}
+
+struct KeyPicker {
+    keys: u64,
+    zipf: Option<Zipf<f64>>,
+}
+
+impl KeyPicker {
+    fn new(args: &TxnArgs) -> Result<KeyPicker> {
+        let zipf = match args.dist {
+            Dist::Uniform => None,
+            Dist::Zipf => Some(
+                Zipf::new(args.keys as f64, args.zipf_theta)
+                    .map_err(|e| anyhow::anyhow!("zipf distribution: {e}"))?,
+            ),
+        };
+        Ok(KeyPicker {
+            keys: args.keys,
+            zipf,
+        })
+    }
+
+    fn pick(&self, rng: &mut SmallRng) -> u64 {
+        match &self.zipf {
+            // Zipf ranks start at 1; spread the hot ranks over the key space so they do
+            // not share index buckets or partitions by accident.
+            Some(z) => {
+                let rank = z.sample(rng) as u64 - 1;
+                rank.wrapping_mul(0x9e37_79b9_7f4a_7c15) % self.keys
+            }
+            None => rng.random_range(0..self.keys),
+        }
+    }
+}
+
+fn drive(
+    db: &Database,
+    table: &Arc<Table>,
+    args: &TxnArgs,
+    recorder: Option<&HistoryRecorder>,
+) -> Result<Report> {
+    let picker = KeyPicker::new(args)?;
+    let duration = Duration::from_secs_f64(args.duration);
+    let warmup = (duration / 10).min(Duration::from_secs(1));
+    let barrier = Barrier::new(args.threads as usize);
+    let results: Vec<Result<ThreadResult>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..args.threads)
+            .map(|t| {
+                let (picker, barrier) = (&picker, &barrier);
+                s.spawn(move || -> Result<ThreadResult> {
+                    let worker = db.worker()?;
+                    barrier.wait();
+                    let start = Instant::now();
+                    let measure_from = start + warmup;
+                    let end = start + duration;
+                    let result = RefCell::new(ThreadResult {
+                        committed: 0,
+                        aborted: 0,
+                        aborts: Aborts::default(),
+                        latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
+                        oracle_reads: 0,
+                    });
+                    let reads_before = std::cell::Cell::new(None);
+                    let outcomes = worker.run_coroutines(args.coroutines as usize, |c| {
+                        let session = (t as u64) * args.coroutines as u64 + c as u64;
+                        let (worker, result, reads_before) = (&worker, &result, &reads_before);
+                        Box::pin(async move {
+                            let mut rng = SmallRng::seed_from_u64(session * 7919 + 17);
+                            let mut last_cid = 0u64;
+                            let mut appended = 0i64;
+                            // One clock read per transaction: its end is the next one's start.
+                            let mut now = Instant::now();
+                            loop {
+                                if now >= end {
+                                    return Ok::<(), TxnError>(());
+                                }
+                                if now >= measure_from && reads_before.get().is_none() {
+                                    reads_before.set(Some(worker.stats().oracle_reads));
+                                }
+                                let mut record = recorder.map(|r| r.begin(session));
+                                let outcome = one_txn(
+                                    worker,
+                                    table,
+                                    args,
+                                    picker,
+                                    &mut rng,
+                                    last_cid,
+                                    session,
+                                    &mut appended,
+                                    &mut record,
+                                )
+                                .await;
+                                let finished = Instant::now();
+                                let counted = now >= measure_from;
+                                let began = std::mem::replace(&mut now, finished);
+                                let mut r = result.borrow_mut();
+                                match outcome {
+                                    Ok(cid) => {
+                                        if let Some(c) = cid {
+                                            last_cid = last_cid.max(c);
+                                        }
+                                        if let (Some(rec), Some(record)) = (recorder, record) {
+                                            rec.committed(record, cid).map_err(|e| {
+                                                TxnError::Invalid(format!("recording: {e}"))
+                                            })?;
+                                        }
+                                        if counted {
+                                            r.committed += 1;
+                                            let ns = (finished - began).as_nanos() as u64;
+                                            r.latency_ns.saturating_record(ns.max(1));
+                                        }
+                                    }
+                                    Err(e) => {
+                                        let reason = match &e {
+                                            TxnError::Conflict { .. } => &mut r.aborts.conflict,
+                                            TxnError::DuplicateKey { .. } => {
+                                                &mut r.aborts.duplicate_key
+                                            }
+                                            TxnError::SnapshotTooOld { .. } => {
+                                                &mut r.aborts.snapshot_too_old
+                                            }
+                                            TxnError::Layout(
+                                                txn::layout::LayoutError::ValueTooLarge { .. },
+                                            ) => &mut r.aborts.list_full,
+                                            _ => return Err(e),
+                                        };
+                                        if counted {
+                                            *reason += 1;
+                                            r.aborted += 1;
+                                        }
+                                        if let (Some(rec), Some(record)) = (recorder, record) {
+                                            rec.aborted(record, &e.to_string()).map_err(|e| {
+                                                TxnError::Invalid(format!("recording: {e}"))
+                                            })?;
+                                        }
+                                    }
+                                }
+                            }
+                        })
+                    });
+                    for o in outcomes {
+                        o.with_context(|| format!("worker thread {t}"))?;
+                    }
+                    let mut r = result.into_inner();
+                    r.oracle_reads = worker.stats().oracle_reads - reads_before.get().unwrap_or(0);
+                    Ok(r)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a worker thread panicked"))
+            })
+            .collect()
+    });
+    let mut committed = 0;
+    let mut aborted = 0;
+    let mut aborts = Aborts::default();
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut oracle_reads = 0;
+    for r in results {
+        let r = r?;
+        committed += r.committed;
+        aborted += r.aborted;
+        aborts.conflict += r.aborts.conflict;
+        aborts.duplicate_key += r.aborts.duplicate_key;
+        aborts.snapshot_too_old += r.aborts.snapshot_too_old;
+        aborts.list_full += r.aborts.list_full;
+        oracle_reads += r.oracle_reads;
+        latency.add(&r.latency_ns)?;
+    }
+    let seconds = (duration - warmup).as_secs_f64();
+    let invariant_ok = match args.workload {
+        Workload::Bank => Some(bank_total(db, table)? == BANK_BALANCE * args.keys as i64),
+        _ => None,
+    };
+    let us = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
+    Ok(Report {
+        backend: args.backend.name(),
+        workload: format!("{:?}", args.workload).to_lowercase(),
+        threads: args.threads,
+        coroutines: args.coroutines,
+        keys: args.keys,
+        dist: format!("{:?}", args.dist).to_lowercase(),
+        read_ratio: args.read_ratio,
+        servers: args.servers,
+        seconds,
+        committed,
+        aborted,
+        txn_per_sec: committed as f64 / seconds,
+        abort_rate: if committed + aborted == 0 {
+            0.0
+        } else {
+            aborted as f64 / (committed + aborted) as f64
+        },
+        aborts,
+        p50_us: us(0.5),
+        p99_us: us(0.99),
+        p999_us: us(0.999),
+        oracle_reads_per_txn: oracle_reads as f64 / committed.max(1) as f64,
+        invariant_ok,
+    })
+}
+
+fn counter(value: &[u8]) -> i64 {
+    i64::from_le_bytes(value[..8].try_into().expect("values hold at least 8 bytes"))
+}
+
+fn list(value: &[u8]) -> Vec<i64> {
+    value
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect()
+}
+
+fn key_name(key: u64) -> String {
+    format!("k{key}")
+}
+
+/// One transaction of the workload; its commit timestamp.
+#[allow(clippy::too_many_arguments)]
+async fn one_txn(
+    worker: &Worker,
+    table: &Arc<Table>,
+    args: &TxnArgs,
+    picker: &KeyPicker,
+    rng: &mut SmallRng,
+    after: u64,
+    session: u64,
+    appended: &mut i64,
+    record: &mut Option<TxnRecord>,
+) -> Result<Option<u64>, TxnError> {
+    let mut txn = worker.begin(after).await?;
+    if let Some(r) = record {
+        r.set_read_timestamp(Some(txn.rid()));
+    }
+    match args.workload {
+        Workload::Ycsb => {
+            let key = picker.pick(rng);
+            let read_only = rng.random_bool(args.read_ratio);
+            let value = txn.get(table, key).await?.ok_or_else(|| {
+                TxnError::NotFound(format!("key {key} was loaded but is missing"))
+            })?;
+            let n = counter(&value);
+            if let Some(r) = record {
+                let version = txn.get_version(table, key).await?;
+                r.read(&key_name(key), ReadValue::Register(n), version);
+            }
+            if !read_only {
+                let mut next = value;
+                next[..8].copy_from_slice(&(n + 1).to_le_bytes());
+                txn.put(table, key, next).await?;
+                if let Some(r) = record {
+                    r.write(&key_name(key), n + 1);
+                }
+            }
+        }
+        Workload::Bank => {
+            let a = picker.pick(rng);
+            let mut b = picker.pick(rng);
+            if b == a {
+                b = (a + 1) % args.keys;
+            }
+            let values = txn.get_many(table, &[a, b]).await?;
+            let (Some(va), Some(vb)) = (&values[0], &values[1]) else {
+                return Err(TxnError::NotFound("an account is missing".into()));
+            };
+            let (ba, bb) = (counter(va), counter(vb));
+            if let Some(r) = record {
+                for (k, v) in [(a, ba), (b, bb)] {
+                    let version = txn.get_version(table, k).await?;
+                    r.read(&key_name(k), ReadValue::Register(v), version);
+                }
+            }
+            let amount = rng.random_range(1..=10);
+            if !rng.random_bool(args.read_ratio) && ba >= amount {
+                txn.put(table, a, (ba - amount).to_le_bytes().to_vec())
+                    .await?;
+                txn.put(table, b, (bb + amount).to_le_bytes().to_vec())
+                    .await?;
+                if let Some(r) = record {
+                    r.write(&key_name(a), ba - amount);
+                    r.write(&key_name(b), bb + amount);
+                }
+            }
+        }
+        Workload::ListAppend => {
+            let ops = rng.random_range(1..=3);
+            for _ in 0..ops {
+                let key = picker.pick(rng);
+                let current = txn.get(table, key).await?;
+                if rng.random_bool(args.read_ratio) {
+                    if let Some(r) = record {
+                        let version = txn.get_version(table, key).await?;
+                        let value = match &current {
+                            Some(v) => ReadValue::List(list(v)),
+                            None => ReadValue::Absent,
+                        };
+                        r.read(&key_name(key), value, version);
+                    }
+                } else {
+                    // Unique per session: the session in the high bits.
+                    *appended += 1;
+                    let element = ((session as i64) << 32) | *appended;
+                    let mut bytes = current.unwrap_or_default();
+                    bytes.extend_from_slice(&element.to_le_bytes());
+                    txn.put(table, key, bytes).await?;
+                    if let Some(r) = record {
+                        r.append(&key_name(key), element);
+                    }
+                }
+            }
+        }
+    }
+    txn.commit().await
+}
+
+/// The sum of all balances, in one snapshot.
+fn bank_total(db: &Database, table: &Arc<Table>) -> Result<i64> {
+    let mut client = db.client()?;
+    let mut txn = client.begin()?;
+    let rows = txn.scan(table, |_, _| true)?;
+    Ok(rows.iter().map(|(_, v)| counter(v)).sum())
+}
+
+fn print(r: &Report, args: &TxnArgs) {
+    println!(
+        "bench txn: {} on {}, {} threads x {} coroutines, {} keys ({}), read ratio {}, {} server(s)",
+        r.workload, r.backend, r.threads, r.coroutines, r.keys, r.dist, r.read_ratio, r.servers
+    );
+    println!(
+        "  committed {:>12}   {:>12.0} txn/s   over {:.2} s (after {:.2} s warm-up)",
+        r.committed,
+        r.txn_per_sec,
+        r.seconds,
+        args.duration - r.seconds
+    );
+    println!(
+        "  aborted   {:>12}   abort rate {:.2}%  (conflict {}, duplicate key {}, snapshot too old {}, list full {})",
+        r.aborted,
+        r.abort_rate * 100.0,
+        r.aborts.conflict,
+        r.aborts.duplicate_key,
+        r.aborts.snapshot_too_old,
+        r.aborts.list_full
+    );
+    println!(
+        "  latency   p50 {:.1} us   p99 {:.1} us   p99.9 {:.1} us   oracle reads per txn {:.2}",
+        r.p50_us, r.p99_us, r.p999_us, r.oracle_reads_per_txn
+    );
+    if let Some(ok) = r.invariant_ok {
+        println!(
+            "  bank invariant: {}",
+            if ok { "money conserved" } else { "VIOLATED" }
+        );
+    }
+    if args.workload == Workload::Ycsb && r.read_ratio == 0.0 && r.backend == "sim" {
+        println!(
+            "  goal: >= 1 M single-key read-modify-write txn/s on 2 cores on sim: {}",
+            if r.txn_per_sec >= 1e6 {
+                "met"
+            } else {
+                "not met"
+            }
+        );
+    }
+}

@@ -1,0 +1,389 @@
+//! The client API beyond the commit protocol: delete, get_many, scan, the retry
+//! helper, partitions over several memory servers, coroutines on one worker, an
+//! embedded cluster on the shm backend, and bad input.
+
+use fabric::Device;
+use fabric::shm::ShmDevice;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use txn::{AsyncTransaction, Client, Database, Options, Table, TableSpec, TxnError};
+
+/// Ticks always due: single-threaded tests interleaving clients tick the idle ones so
+/// that the others' read timestamps move.
+fn options(servers: usize) -> Options {
+    Options {
+        servers,
+        oracle: timestamp::OracleConfig {
+            tick_interval: Duration::from_micros(20),
+            ..timestamp::OracleConfig::default()
+        },
+        wait_visible: false,
+        ..Options::default()
+    }
+}
+
+fn table(db: &Database, partitions: u32, capacity: u64) -> Arc<Table> {
+    db.create_table(TableSpec {
+        partitions,
+        ..TableSpec::new("t", 64, capacity)
+    })
+    .unwrap()
+}
+
+fn val(n: u64) -> Vec<u8> {
+    n.to_le_bytes().to_vec()
+}
+
+fn num(v: &[u8]) -> u64 {
+    u64::from_le_bytes(v[..8].try_into().unwrap())
+}
+
+/// Begins on `c` once its snapshot includes `min`, ticking `idle` meanwhile.
+fn begin_seeing<'c>(c: &'c mut Client, idle: &mut Client, min: u64) -> txn::Transaction<'c> {
+    idle.tick().unwrap();
+    std::thread::sleep(Duration::from_micros(50));
+    idle.tick().unwrap();
+    c.begin_after(min).unwrap()
+}
+
+#[test]
+fn delete_is_a_tombstone_older_snapshots_still_see_through() {
+    let db = Database::embedded(options(1)).unwrap();
+    let t = table(&db, 0, 64);
+    let mut a = db.client().unwrap();
+    let mut b = db.client().unwrap();
+    let mut x = a.begin().unwrap();
+    x.insert(&t, 1, val(10)).unwrap();
+    x.insert(&t, 2, val(20)).unwrap();
+    let c1 = x.commit().unwrap().unwrap();
+
+    let mut old = begin_seeing(&mut b, &mut a, c1);
+    assert_eq!(old.get(&t, 1).unwrap(), Some(val(10)));
+    let old_state = old.suspend();
+
+    let mut x = a.begin().unwrap();
+    assert!(matches!(x.delete(&t, 7), Err(TxnError::NotFound(_))));
+    x.delete(&t, 1).unwrap();
+    assert_eq!(x.get(&t, 1).unwrap(), None, "own delete");
+    let c2 = x.commit().unwrap().unwrap();
+
+    // The older snapshot still reads the value (and key 2, first read now).
+    let mut old = b.resume(old_state);
+    assert_eq!(old.get(&t, 1).unwrap(), Some(val(10)));
+    assert_eq!(old.get(&t, 2).unwrap(), Some(val(20)));
+    // Writing what it read is a first-committer-wins conflict.
+    old.put(&t, 1, val(11)).unwrap();
+    assert!(matches!(
+        old.commit(),
+        Err(TxnError::Conflict { key: 1, .. })
+    ));
+
+    let mut y = begin_seeing(&mut b, &mut a, c2);
+    assert_eq!(y.get(&t, 1).unwrap(), None);
+    assert!(matches!(y.delete(&t, 1), Err(TxnError::NotFound(_))));
+    // A deleted key can be inserted again.
+    y.insert(&t, 1, val(12)).unwrap();
+    let c3 = y.commit().unwrap().unwrap();
+    let mut z = begin_seeing(&mut a, &mut b, c3);
+    assert_eq!(z.get(&t, 1).unwrap(), Some(val(12)));
+}
+
+#[test]
+fn get_many_and_scan_over_partitions_on_three_servers() {
+    let db = Database::embedded(options(3)).unwrap();
+    assert_eq!(db.servers(), 3);
+    let t = table(&db, 6, 1200);
+    assert_eq!(t.partitions.len(), 6);
+    let servers: std::collections::BTreeSet<usize> =
+        t.partitions.iter().map(|p| p.server).collect();
+    assert_eq!(servers.len(), 3, "partitions spread over every server");
+
+    let mut a = db.client().unwrap();
+    let mut b = db.client().unwrap();
+    let mut x = a.begin().unwrap();
+    for k in 0..300 {
+        x.insert(&t, k, val(k * 10)).unwrap();
+    }
+    let c1 = x.commit().unwrap().unwrap();
+
+    let mut before = begin_seeing(&mut b, &mut a, c1);
+    let before_rows = before.scan(&t, |_, _| true).unwrap();
+    assert_eq!(before_rows.len(), 300);
+    let before_state = before.suspend();
+
+    // Delete the multiples of 3, update the multiples of 5, add 300..310.
+    let mut x = a.begin().unwrap();
+    for k in (0..300).step_by(3) {
+        x.delete(&t, k).unwrap();
+    }
+    for k in (0..300).step_by(5) {
+        if k % 3 != 0 {
+            x.put(&t, k, val(k * 10 + 1)).unwrap();
+        }
+    }
+    for k in 300..310 {
+        x.insert(&t, k, val(k * 10)).unwrap();
+    }
+    // The transaction's own scan shows its writes.
+    let own = x.scan(&t, |_, _| true).unwrap();
+    assert_eq!(own.len(), 300 - 100 + 10);
+    let c2 = x.commit().unwrap().unwrap();
+
+    let expect = |k: u64| -> Option<Vec<u8>> {
+        if k >= 310 || (k < 300 && k % 3 == 0) {
+            None
+        } else if k < 300 && k % 5 == 0 {
+            Some(val(k * 10 + 1))
+        } else {
+            Some(val(k * 10))
+        }
+    };
+    let mut y = begin_seeing(&mut b, &mut a, c2);
+    let keys: Vec<u64> = (0..320).rev().collect();
+    let got = y.get_many(&t, &keys).unwrap();
+    for (k, v) in keys.iter().zip(&got) {
+        assert_eq!(*v, expect(*k), "key {k}");
+    }
+    let rows = y.scan(&t, |_, _| true).unwrap();
+    let want: Vec<(u64, Vec<u8>)> = (0..320).filter_map(|k| expect(k).map(|v| (k, v))).collect();
+    assert_eq!(rows, want, "scan returns the snapshot, in key order");
+    let filtered = y.scan(&t, |k, v| k % 2 == 0 && num(v) % 10 == 1).unwrap();
+    assert!(filtered.iter().all(|(k, v)| k % 2 == 0 && num(v) % 10 == 1));
+    assert_eq!(
+        filtered.len(),
+        want.iter()
+            .filter(|(k, v)| k % 2 == 0 && num(v) % 10 == 1)
+            .count()
+    );
+    drop(y);
+
+    // The snapshot taken before still scans the old table.
+    let mut before = b.resume(before_state);
+    assert_eq!(before.scan(&t, |_, _| true).unwrap(), before_rows);
+}
+
+#[test]
+fn run_retries_conflicts_and_loses_no_update() {
+    let db = Database::embedded(Options {
+        wait_visible: true,
+        ..options(2)
+    })
+    .unwrap();
+    let t = table(&db, 0, 64);
+    let mut c = db.client().unwrap();
+    c.run(0, |x| x.insert(&t, 0, val(0))).unwrap();
+    drop(c);
+    let per_thread = 300;
+    let conflicts: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|_| {
+                let (db, t) = (&db, &t);
+                s.spawn(move || {
+                    let mut c = db.client().unwrap();
+                    for _ in 0..per_thread {
+                        c.run(1000, |x| {
+                            let n = num(&x.get(t, 0)?.unwrap());
+                            x.put(t, 0, val(n + 1))
+                        })
+                        .unwrap();
+                    }
+                    c.stats().conflicts
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let mut c = db.client().unwrap();
+    let mut x = c.begin().unwrap();
+    assert_eq!(num(&x.get(&t, 0).unwrap().unwrap()), 3 * per_thread);
+    assert!(conflicts > 0, "three threads on one key must have collided");
+}
+
+#[test]
+fn coroutines_on_one_worker_share_it_without_losing_updates() {
+    let db = Database::embedded(Options {
+        wait_visible: true,
+        ..options(2)
+    })
+    .unwrap();
+    let t = table(&db, 4, 64);
+    let worker = db.worker().unwrap();
+    let hot = 4u64;
+    let init = worker.run_coroutines(1, |_| {
+        Box::pin(worker.run(0, 0, async |x: &mut AsyncTransaction<'_>| {
+            for k in 0..hot {
+                x.insert(&t, k, val(0)).await?;
+            }
+            Ok(())
+        }))
+    });
+    let (_, cid) = init.into_iter().next().unwrap().unwrap();
+    let committed = AtomicU64::new(0);
+    let results = worker.run_coroutines(32, |i| {
+        let (worker, t, committed) = (&worker, &t, &committed);
+        Box::pin(async move {
+            let mut last = cid.unwrap();
+            for j in 0..50u64 {
+                let key = (i as u64 + j) % hot;
+                let (_, c) = worker
+                    .run(last, 10_000, async |x: &mut AsyncTransaction<'_>| {
+                        let n = num(&x.get(t, key).await?.unwrap());
+                        x.put(t, key, val(n + 1)).await
+                    })
+                    .await?;
+                last = c.unwrap();
+                committed.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), TxnError>(())
+        })
+    });
+    for r in results {
+        r.unwrap();
+    }
+    assert_eq!(committed.load(Ordering::Relaxed), 32 * 50);
+    let stats = worker.stats();
+    assert!(
+        stats.conflicts > 0,
+        "32 coroutines on 4 keys must collide: {stats:?}"
+    );
+    assert!(
+        stats.oracle_reads < stats.committed,
+        "coroutines that begin together share oracle reads: {stats:?}"
+    );
+    drop(worker);
+    let mut c = db.client().unwrap();
+    let mut x = c.begin().unwrap();
+    let total: u64 = x
+        .get_many(&t, &(0..hot).collect::<Vec<_>>())
+        .unwrap()
+        .iter()
+        .map(|v| num(v.as_ref().unwrap()))
+        .sum();
+    assert_eq!(total, 32 * 50, "every increment landed exactly once");
+}
+
+#[test]
+fn embedded_cluster_on_shm_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let next = AtomicU64::new(0);
+    let token = [7u8; 32];
+    let db = Database::embedded(Options {
+        devices: Some(Arc::new(move || {
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            let device: Arc<dyn Device> = ShmDevice::bind(path.join(format!("n{n}.sock")), &token)?;
+            Ok(device)
+        })),
+        wait_visible: true,
+        ..options(2)
+    })
+    .unwrap();
+    let t = table(&db, 0, 256);
+    let mut c = db.client().unwrap();
+    c.run(0, |x| {
+        for k in 0..100 {
+            x.insert(&t, k, val(k))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    std::thread::scope(|s| {
+        for w in 0..2u64 {
+            let (db, t) = (&db, &t);
+            s.spawn(move || {
+                let mut c = db.client().unwrap();
+                for i in 0..200u64 {
+                    let (a, b) = ((i * 7 + w) % 100, (i * 13 + 1 + w) % 100);
+                    if a == b {
+                        continue;
+                    }
+                    c.run(1000, |x| {
+                        let va = num(&x.get(t, a)?.unwrap());
+                        let vb = num(&x.get(t, b)?.unwrap());
+                        if va > 0 {
+                            x.put(t, a, val(va - 1))?;
+                            x.put(t, b, val(vb + 1))?;
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                }
+            });
+        }
+    });
+    let mut x = c.begin().unwrap();
+    let sum: u64 = x
+        .scan(&t, |_, _| true)
+        .unwrap()
+        .iter()
+        .map(|(_, v)| num(v))
+        .sum();
+    assert_eq!(
+        sum,
+        (0..100).sum::<u64>(),
+        "transfers conserve the total on shm"
+    );
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_changes_nothing() {
+    let db = Database::embedded(options(1)).unwrap();
+    for (spec, what) in [
+        (TableSpec::new("", 8, 8), "name"),
+        (TableSpec::new("x", 8, 0), "capacity"),
+        (
+            TableSpec {
+                versions: 0,
+                ..TableSpec::new("x", 8, 8)
+            },
+            "version",
+        ),
+        (TableSpec::new("huge", 1 << 20, 8), "buffer"),
+    ] {
+        let err = db.create_table(spec).unwrap_err().to_string();
+        assert!(err.contains(what), "{err} should mention {what}");
+    }
+    let t = table(&db, 0, 4);
+    assert!(
+        db.create_table(TableSpec::new("t", 8, 8)).is_err(),
+        "duplicate table name"
+    );
+    let mut c = db.client().unwrap();
+    c.run(0, |x| x.insert(&t, 1, val(1))).unwrap();
+    let mut x = c.begin().unwrap();
+    assert!(matches!(
+        x.put(&t, 2, vec![0; 65]),
+        Err(TxnError::Layout(txn::layout::LayoutError::ValueTooLarge {
+            len: 65,
+            cap: 64
+        }))
+    ));
+    assert!(matches!(
+        x.put(&t, u64::MAX, val(0)),
+        Err(TxnError::Invalid(_))
+    ));
+    x.abort();
+    // Capacity 4 over one partition: the fifth insert fails, and nothing of its
+    // transaction lands.
+    let err = c
+        .run(0, |x| {
+            for k in 10..20 {
+                x.insert(&t, k, val(k))?;
+            }
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(err, TxnError::TableFull { .. }), "{err}");
+    let mut x = c.begin().unwrap();
+    assert_eq!(x.get(&t, 1).unwrap(), Some(val(1)));
+    for k in 10..20 {
+        assert_eq!(
+            x.get(&t, k).unwrap(),
+            None,
+            "key {k} of the failed transaction"
+        );
+    }
+    let rows = x.scan(&t, |_, _| true).unwrap();
+    assert_eq!(rows, vec![(1, val(1))]);
+}

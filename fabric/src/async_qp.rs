@@ -205,7 +205,8 @@ impl AsyncQp {
                     )))
                 } else {
                     let last = list.len() - 1;
-                    let batch: Vec<SendWr<'_>> = list
+                    // Most batches are a few requests: no allocation for them.
+                    let batch: smallvec::SmallVec<[SendWr<'_>; 8]> = list
                         .iter()
                         .enumerate()
                         .map(|(i, wr)| SendWr {

@@ -333,6 +333,156 @@ pub fn decode(bytes: &[u8], shape: BlockShape) -> Result<Block, LayoutError> {
     })
 }
 
+/// A version as it lies in a READ block, without copying its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VisibleRaw<'a> {
+    /// The newest version with CID ≤ RID: its CID and value (`None`: a tombstone).
+    Version {
+        cid: u64,
+        value: Option<&'a [u8]>,
+    },
+    Absent,
+    TooOld,
+}
+
+/// Checks what [`decode`] checks, without building anything: versions present as a
+/// prefix, CIDs strictly decreasing, lengths within the shape. A block that passes can
+/// be read with [`visible_raw`] and rewritten with [`write_installed`].
+pub fn validate(bytes: &[u8], shape: BlockShape) -> Result<(), LayoutError> {
+    if bytes.len() as u64 != shape.block_bytes() {
+        return Err(LayoutError::Size {
+            got: bytes.len(),
+            want: shape.block_bytes(),
+        });
+    }
+    let vw = shape.version_words();
+    let mut ended = false;
+    let mut previous: Option<u64> = None;
+    for i in 0..shape.versions {
+        let base = PREAMBLE_WORDS + i as u64 * vw;
+        let meta = word(bytes, base);
+        let bad = |why: &str| LayoutError::Malformed {
+            index: i,
+            why: why.into(),
+        };
+        if meta & PRESENT == 0 {
+            if meta != 0 {
+                return Err(bad("absent version with a non-zero meta word"));
+            }
+            ended = true;
+            continue;
+        }
+        if ended {
+            return Err(bad("present version after an absent one"));
+        }
+        let cid = meta & VERSION_CID;
+        if previous.is_some_and(|p| p <= cid) {
+            return Err(bad("CIDs do not decrease"));
+        }
+        previous = Some(cid);
+        if meta & TOMB == 0 && word(bytes, base + 1) > shape.value_cap as u64 {
+            return Err(bad("length exceeds the value capacity"));
+        }
+    }
+    Ok(())
+}
+
+/// The version a snapshot at `rid` sees in a block that passed [`validate`].
+pub fn visible_raw(bytes: &[u8], rid: u64, shape: BlockShape) -> VisibleRaw<'_> {
+    let vw = shape.version_words();
+    for i in 0..shape.versions {
+        let base = PREAMBLE_WORDS + i as u64 * vw;
+        let meta = word(bytes, base);
+        if meta & PRESENT == 0 {
+            // Nothing was ever dropped from a block that is not full.
+            return VisibleRaw::Absent;
+        }
+        let cid = meta & VERSION_CID;
+        if cid <= rid {
+            let value = if meta & TOMB != 0 {
+                None
+            } else {
+                let len = word(bytes, base + 1) as usize;
+                let o = ((base + 2) * 8) as usize;
+                Some(&bytes[o..o + len])
+            };
+            return VisibleRaw::Version { cid, value };
+        }
+    }
+    VisibleRaw::TooOld
+}
+
+/// The versions part of a block after installing `value` at `cid` over `bytes` (a
+/// block that passed [`validate`]): the new version first, the older ones shifted
+/// (the oldest dropped when the block is full), written into `out`
+/// (`block_bytes - VERSIONS_OFFSET` bytes).
+pub fn write_installed(
+    bytes: &[u8],
+    cid: u64,
+    value: Option<&[u8]>,
+    shape: BlockShape,
+    out: &mut [u8],
+) -> Result<(), LayoutError> {
+    if cid > VERSION_CID {
+        return Err(LayoutError::CidTooLarge(cid));
+    }
+    let version_bytes = (shape.version_words() * 8) as usize;
+    let versions_len = (shape.block_bytes() - VERSIONS_OFFSET) as usize;
+    if out.len() != versions_len || bytes.len() != shape.block_bytes() as usize {
+        return Err(LayoutError::Size {
+            got: out.len(),
+            want: versions_len as u64,
+        });
+    }
+    out[..version_bytes].fill(0);
+    let mut meta = PRESENT | cid;
+    match value {
+        None => meta |= TOMB,
+        Some(v) => {
+            if v.len() > shape.value_cap as usize {
+                return Err(LayoutError::ValueTooLarge {
+                    len: v.len(),
+                    cap: shape.value_cap,
+                });
+            }
+            put_word(out, 1, v.len() as u64);
+            out[16..16 + v.len()].copy_from_slice(v);
+        }
+    }
+    put_word(out, 0, meta);
+    let old = VERSIONS_OFFSET as usize;
+    out[version_bytes..].copy_from_slice(&bytes[old..old + versions_len - version_bytes]);
+    Ok(())
+}
+
+/// [`accept`] without decoding: the block's header if the block is whole, unlocked
+/// and valid.
+pub fn accept_raw(
+    block: &[u8],
+    header_after: u64,
+    shape: BlockShape,
+) -> Result<Header, LayoutError> {
+    if block.len() < 8 {
+        return Err(LayoutError::Size {
+            got: block.len(),
+            want: shape.block_bytes(),
+        });
+    }
+    let inner = word(block, 0);
+    if inner != header_after {
+        return Err(LayoutError::Torn {
+            inner,
+            after: header_after,
+        });
+    }
+    let h = Header::decode(inner);
+    if h.locked {
+        return Err(LayoutError::Locked { holder: h.cid });
+    }
+    validate(block, shape)?;
+    Ok(h)
+}
+
 /// The seqlock check: `block` was READ, then `header_after` (the header word) in the
 /// same doorbell. Accepts only equal, unlocked headers.
 pub fn accept(block: &[u8], header_after: u64, shape: BlockShape) -> Result<Block, LayoutError> {
@@ -524,6 +674,33 @@ mod tests {
                 let torn = matches!(accept(&bytes, other, s), Err(LayoutError::Torn { .. }));
                 prop_assert!(torn);
             }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn raw_helpers_agree_with_decode(b in arb_block(shape()), rid in 0..=MAX_CID, cid in 0..=MAX_CID, v in prop::option::of(prop::collection::vec(any::<u8>(), 0..=20usize))) {
+            let s = shape();
+            let bytes = encode(&b, s).unwrap();
+            prop_assert!(validate(&bytes, s).is_ok());
+            let want = match b.visible(rid, s) {
+                Visible::Version(v) => VisibleRaw::Version { cid: v.cid, value: v.value.as_deref() },
+                Visible::Absent => VisibleRaw::Absent,
+                Visible::TooOld => VisibleRaw::TooOld,
+            };
+            prop_assert_eq!(visible_raw(&bytes, rid, s), want);
+            let mut out = vec![0u8; (s.block_bytes() - VERSIONS_OFFSET) as usize];
+            let new = Version { cid, value: v.clone() };
+            write_installed(&bytes, cid, v.as_deref(), s, &mut out).unwrap();
+            prop_assert_eq!(out, encode_versions(&b.with_new_version(new, s), s).unwrap());
+        }
+
+        #[test]
+        fn validate_agrees_with_decode(bytes in prop::collection::vec(any::<u8>(), 0..200usize)) {
+            let s = shape();
+            let mut bytes = bytes;
+            bytes.resize(s.block_bytes() as usize, 0);
+            prop_assert_eq!(validate(&bytes, s).is_ok(), decode(&bytes, s).is_ok());
         }
     }
 }

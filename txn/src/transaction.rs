@@ -36,11 +36,14 @@
 
 use crate::error::{Result, TxnError};
 use crate::index::{Lookup, RemoteIndex};
-use crate::layout::{self, Block, Header, LayoutError, VERSIONS_OFFSET, Version, Visible};
+use crate::layout::{
+    self, Block, Header, LayoutError, VERSIONS_OFFSET, Version, Visible, VisibleRaw,
+};
 use crate::runtime::{block_on, yield_now};
 use crate::store::Table;
 use crate::worker::Worker;
 use fabric::{Region, SendWr};
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,11 +57,13 @@ const LOCK_PATIENCE: Duration = Duration::from_secs(1);
 enum Seen {
     /// Not in the index.
     Absent,
-    /// Its block at `addr` of partition `part`, as read (unlocked).
+    /// Its block at `addr` of partition `part`, as read (unlocked, valid), and the
+    /// block's header.
     Block {
         part: usize,
         addr: u64,
-        block: Block,
+        header: Header,
+        raw: Vec<u8>,
     },
 }
 
@@ -125,32 +130,43 @@ impl Area {
 /// Work requests for several memory servers, posted one doorbell per server and
 /// awaited together.
 struct Batches<'a> {
-    per_server: Vec<Vec<SendWr<'a>>>,
+    wrs: SmallVec<[SendWr<'a>; 8]>,
+    servers: SmallVec<[usize; 8]>,
 }
 
 impl<'a> Batches<'a> {
-    fn new(servers: usize) -> Batches<'a> {
+    fn new() -> Batches<'a> {
         Batches {
-            per_server: (0..servers).map(|_| Vec::new()).collect(),
+            wrs: SmallVec::new(),
+            servers: SmallVec::new(),
         }
     }
 
     fn push(&mut self, server: usize, wr: SendWr<'a>) {
-        self.per_server[server].push(wr);
+        self.wrs.push(wr);
+        self.servers.push(server);
     }
 
     async fn run(&self, worker: &Worker) -> Result<()> {
-        let mut pending: Vec<_> = self
-            .per_server
-            .iter()
-            .enumerate()
-            .filter(|(_, wrs)| !wrs.is_empty())
-            .map(|(s, wrs)| Box::pin(worker.conn(s).run(wrs)))
-            .collect();
-        if pending.len() == 1 {
-            return Ok(pending.pop().expect("one batch").await?);
+        let Some(&first) = self.servers.first() else {
+            return Ok(());
+        };
+        if self.servers.iter().all(|&s| s == first) {
+            return Ok(worker.conn(first).run(&self.wrs).await?);
         }
-        futures::future::try_join_all(pending).await?;
+        let mut per_server: Vec<(usize, Vec<SendWr<'a>>)> = Vec::new();
+        for (&s, wr) in self.servers.iter().zip(&self.wrs) {
+            match per_server.iter_mut().find(|(t, _)| *t == s) {
+                Some((_, list)) => list.push(*wr),
+                None => per_server.push((s, vec![*wr])),
+            }
+        }
+        futures::future::try_join_all(
+            per_server
+                .iter()
+                .map(|(s, wrs)| Box::pin(worker.conn(*s).run(wrs))),
+        )
+        .await?;
         Ok(())
     }
 }
@@ -254,10 +270,13 @@ impl<'w> AsyncTransaction<'w> {
         let rid = self.st.rid;
         match self.seen_of(table.id, key).expect("just read") {
             Seen::Absent => Ok(None),
-            Seen::Block { block, .. } => match block.visible(rid, table.shape) {
-                Visible::Version(v) if v.value.is_some() => Ok(Some(v.cid)),
-                Visible::Version(_) | Visible::Absent => Ok(None),
-                Visible::TooOld => Err(TxnError::SnapshotTooOld {
+            Seen::Block { raw, .. } => match layout::visible_raw(raw, rid, table.shape) {
+                VisibleRaw::Version {
+                    cid,
+                    value: Some(_),
+                } => Ok(Some(cid)),
+                VisibleRaw::Version { .. } | VisibleRaw::Absent => Ok(None),
+                VisibleRaw::TooOld => Err(TxnError::SnapshotTooOld {
                     table: table.id,
                     key,
                     rid,
@@ -414,7 +433,9 @@ impl<'w> AsyncTransaction<'w> {
                         let addr = table.block_offset(part, i + b);
                         // The key word never changes once written.
                         let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
-                        read_block(worker, buffer, 0, table, part, key, addr).await?
+                        let (_, raw) =
+                            read_block(worker, buffer, 0, table, part, key, addr).await?;
+                        layout::decode(&raw, table.shape)?
                     }
                     Err(e) => return Err(e.into()),
                 };
@@ -444,11 +465,17 @@ impl<'w> AsyncTransaction<'w> {
             && let Some(addr) = self.worker.cached_addr(table.id, key)
         {
             let part = table.partition_of(key);
-            let block = read_block(self.worker, self.buffer(), 0, table, part, key, addr).await?;
+            let (header, raw) =
+                read_block(self.worker, self.buffer(), 0, table, part, key, addr).await?;
             self.st.seen.push(SeenEntry {
                 table: table.id,
                 key,
-                seen: Seen::Block { part, addr, block },
+                seen: Seen::Block {
+                    part,
+                    addr,
+                    header,
+                    raw,
+                },
             });
             return Ok(());
         }
@@ -482,8 +509,8 @@ impl<'w> AsyncTransaction<'w> {
         let rid = self.st.rid;
         // First committer wins, checked before taking a timestamp or any lock.
         for w in &self.st.writes {
-            if let Some(Seen::Block { block, .. }) = self.seen_of(w.table.id, w.key)
-                && block.header.cid > rid
+            if let Some(Seen::Block { header, .. }) = self.seen_of(w.table.id, w.key)
+                && header.cid > rid
             {
                 worker.count(|s| {
                     s.aborted += 1;
@@ -552,10 +579,10 @@ impl Drop for AsyncTransaction<'_> {
 fn visible_value(seen: &Seen, table: &Table, key: u64, rid: u64) -> Result<Option<Vec<u8>>> {
     match seen {
         Seen::Absent => Ok(None),
-        Seen::Block { block, .. } => match block.visible(rid, table.shape) {
-            Visible::Version(v) => Ok(v.value.clone()),
-            Visible::Absent => Ok(None),
-            Visible::TooOld => Err(TxnError::SnapshotTooOld {
+        Seen::Block { raw, .. } => match layout::visible_raw(raw, rid, table.shape) {
+            VisibleRaw::Version { value, .. } => Ok(value.map(<[u8]>::to_vec)),
+            VisibleRaw::Absent => Ok(None),
+            VisibleRaw::TooOld => Err(TxnError::SnapshotTooOld {
                 table: table.id,
                 key,
                 rid,
@@ -569,7 +596,6 @@ fn visible_value(seen: &Seen, table: &Table, key: u64, rid: u64) -> Result<Optio
 /// header READs for all in one doorbell per server, retrying the torn and the locked.
 async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) -> Result<Vec<Seen>> {
     let start = Instant::now();
-    let servers = worker.database().servers();
     let mut addrs: Vec<Option<(usize, u64)>> = keys
         .iter()
         .map(|&k| {
@@ -592,7 +618,7 @@ async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) ->
                 .shape
                 .bucket_bytes()
         };
-        let mut batches = Batches::new(servers);
+        let mut batches = Batches::new();
         let mut at = 0;
         let mut places = Vec::with_capacity(missing.len());
         for &i in &missing {
@@ -633,7 +659,7 @@ async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) ->
     }
     // Block reads: block, then its header again, per key; torn or locked ones again.
     let block_bytes = table.shape.block_bytes();
-    let mut blocks: Vec<Option<Block>> = vec![None; keys.len()];
+    let mut blocks: Vec<Option<(Header, Vec<u8>)>> = vec![None; keys.len()];
     loop {
         let todo: Vec<usize> = (0..keys.len())
             .filter(|&i| addrs[i].is_some() && blocks[i].is_none())
@@ -641,7 +667,7 @@ async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) ->
         if todo.is_empty() {
             break;
         }
-        let mut batches = Batches::new(servers);
+        let mut batches = Batches::new();
         for (slot, &i) in todo.iter().enumerate() {
             let (part, addr) = addrs[i].expect("has an address");
             let p = &table.partitions[part];
@@ -661,8 +687,8 @@ async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) ->
             let at = slot as u64 * (block_bytes + 8);
             let raw = buffer.to_vec(at, block_bytes as usize)?;
             let after = buffer.load_u64(at + block_bytes)?;
-            match layout::accept(&raw, after, table.shape) {
-                Ok(block) => blocks[i] = Some(block),
+            match layout::accept_raw(&raw, after, table.shape) {
+                Ok(header) => blocks[i] = Some((header, raw)),
                 Err(LayoutError::Torn { .. }) => worker.count(|s| s.torn_retries += 1),
                 Err(LayoutError::Locked { .. }) => {
                     worker.count(|s| s.locked_retries += 1);
@@ -692,14 +718,19 @@ async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) ->
         .into_iter()
         .zip(blocks)
         .map(|(addr, block)| match (addr, block) {
-            (Some((part, addr)), Some(block)) => Seen::Block { part, addr, block },
+            (Some((part, addr)), Some((header, raw))) => Seen::Block {
+                part,
+                addr,
+                header,
+                raw,
+            },
             _ => Seen::Absent,
         })
         .collect())
 }
 
 /// The seqlock read of one block, into `buffer` at `at`: retried until both headers
-/// are equal and unlocked.
+/// are equal and unlocked. Returns the header and the block's bytes (validated).
 async fn read_block(
     worker: &Worker,
     buffer: &Region,
@@ -708,7 +739,7 @@ async fn read_block(
     part: usize,
     key: u64,
     addr: u64,
-) -> Result<Block> {
+) -> Result<(Header, Vec<u8>)> {
     let p = &table.partitions[part];
     let bytes = table.shape.block_bytes();
     let mut start = None;
@@ -722,8 +753,8 @@ async fn read_block(
             .await?;
         let raw = buffer.to_vec(at, bytes as usize)?;
         let after = buffer.load_u64(at + bytes)?;
-        match layout::accept(&raw, after, table.shape) {
-            Ok(block) => return Ok(block),
+        match layout::accept_raw(&raw, after, table.shape) {
+            Ok(header) => return Ok((header, raw)),
             Err(LayoutError::Torn { .. }) => worker.count(|s| s.torn_retries += 1),
             Err(LayoutError::Locked { .. }) => {
                 worker.count(|s| s.locked_retries += 1);
@@ -758,7 +789,6 @@ async fn run_commit(
     st: &Suspended,
     held: &mut Held,
 ) -> Result<()> {
-    let servers = worker.database().servers();
     let locked = Header::locked_by(cid).encode();
     let seen = |w: &Write| {
         st.seen
@@ -776,7 +806,7 @@ async fn run_commit(
     if !inserts.is_empty() {
         let mut area = Area::new(buffer);
         let mut counters = Vec::with_capacity(inserts.len());
-        let mut batches = Batches::new(servers);
+        let mut batches = Batches::new();
         for w in &inserts {
             let part = w.table.partition_of(w.key);
             let p = &w.table.partitions[part];
@@ -788,7 +818,7 @@ async fn run_commit(
             counters.push((part, at));
         }
         batches.run(worker).await?;
-        let mut batches = Batches::new(servers);
+        let mut batches = Batches::new();
         let mut placed = Vec::with_capacity(inserts.len());
         for (w, &(part, at)) in inserts.iter().zip(&counters) {
             let p = &w.table.partitions[part];
@@ -846,13 +876,19 @@ async fn run_commit(
     let mut area = Area::new(buffer);
     let mut updates = Vec::new();
     for (wi, w) in st.writes.iter().enumerate() {
-        if let Some(Seen::Block { part, addr, block }) = seen(w) {
+        if let Some(Seen::Block {
+            part,
+            addr,
+            header,
+            raw,
+        }) = seen(w)
+        {
             let res = area.take(8)?;
-            updates.push((wi, w, *part, *addr, block, res));
+            updates.push((wi, w, *part, *addr, (*header, raw), res));
         }
     }
     if !updates.is_empty() {
-        let mut batches = Batches::new(servers);
+        let mut batches = Batches::new();
         for (_, w, part, addr, block, res) in &updates {
             let p = &w.table.partitions[*part];
             batches.push(
@@ -861,7 +897,7 @@ async fn run_commit(
                     0,
                     buffer.buf(*res, 8),
                     p.data.at(*addr),
-                    block.header.encode(),
+                    block.0.encode(),
                     locked,
                 ),
             );
@@ -869,7 +905,7 @@ async fn run_commit(
         batches.run(worker).await?;
         let mut conflict = None;
         for (wi, w, _, _, block, res) in &updates {
-            if buffer.load_u64(*res)? == block.header.encode() {
+            if buffer.load_u64(*res)? == block.0.encode() {
                 held.locked.push(*wi);
             } else if conflict.is_none() {
                 conflict = Some((w.table.id, w.key));
@@ -884,18 +920,12 @@ async fn run_commit(
         }
     }
     // Install: WRITE the versions and CAS-unlock, one doorbell per server.
-    let mut batches = Batches::new(servers);
+    let mut batches = Batches::new();
     let mut results = Vec::new();
     for (_, w, part, addr, block, _) in &updates {
         let p = &w.table.partitions[*part];
-        let versions = block.with_new_version(
-            Version {
-                cid,
-                value: w.value.clone(),
-            },
-            w.table.shape,
-        );
-        let bytes = layout::encode_versions(&versions, w.table.shape)?;
+        let mut bytes = vec![0u8; (w.table.shape.block_bytes() - VERSIONS_OFFSET) as usize];
+        layout::write_installed(block.1, cid, w.value.as_deref(), w.table.shape, &mut bytes)?;
         let at = area.take(bytes.len() as u64)?;
         buffer.write(at, &bytes)?;
         let res = area.take(8)?;
@@ -973,7 +1003,7 @@ async fn release(
         staged.push((at, bytes.len() as u32));
     }
     let res = area.take(8)?;
-    let mut batches = Batches::new(worker.database().servers());
+    let mut batches = Batches::new();
     for ((table, part, addr), (at, len)) in held.created.iter().zip(&staged) {
         let p = &table.partitions[*part];
         batches.push(
@@ -993,7 +1023,9 @@ async fn release(
     }
     for &wi in &held.locked {
         let w = &st.writes[wi];
-        if let Some(Seen::Block { part, addr, block }) = st
+        if let Some(Seen::Block {
+            part, addr, header, ..
+        }) = st
             .seen
             .iter()
             .find(|s| s.table == w.table.id && s.key == w.key)
@@ -1007,7 +1039,7 @@ async fn release(
                     buffer.buf(res, 8),
                     p.data.at(*addr),
                     locked,
-                    block.header.encode(),
+                    header.encode(),
                 ),
             );
         }

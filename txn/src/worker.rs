@@ -23,7 +23,6 @@ use crate::store::Database;
 use crate::transaction::{AsyncTransaction, Suspended, Transaction};
 use fabric::{Access, Device, Region};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -72,7 +71,7 @@ pub struct Worker {
     _device: Arc<dyn Device>,
     conns: Vec<AsyncConn>,
     slot: SlotHandle,
-    caches: RefCell<HashMap<u32, IndexCache>>,
+    caches: RefCell<Vec<IndexCache>>,
     buffers: RefCell<Vec<Region>>,
     stats: Cell<ClientStats>,
     marks: RefCell<Vec<(u64, Outcome)>>,
@@ -106,7 +105,7 @@ impl Worker {
             _device: device,
             conns,
             slot,
-            caches: RefCell::new(HashMap::new()),
+            caches: RefCell::new(Vec::new()),
             buffers: RefCell::new(Vec::new()),
             stats: Cell::new(ClientStats::default()),
             marks: RefCell::new(Vec::new()),
@@ -133,15 +132,18 @@ impl Worker {
     }
 
     pub(crate) fn cached_addr(&self, table: u32, key: u64) -> Option<u64> {
-        self.caches.borrow().get(&table).and_then(|c| c.get(key))
+        self.caches
+            .borrow()
+            .get(table as usize)
+            .and_then(|c| c.get(key))
     }
 
     pub(crate) fn cache_addr(&self, table: u32, key: u64, addr: u64) {
-        self.caches
-            .borrow_mut()
-            .entry(table)
-            .or_default()
-            .put(key, addr);
+        let mut caches = self.caches.borrow_mut();
+        if caches.len() <= table as usize {
+            caches.resize_with(table as usize + 1, IndexCache::default);
+        }
+        caches[table as usize].put(key, addr);
     }
 
     /// A registered buffer for one transaction, from the pool.
@@ -214,7 +216,9 @@ impl Worker {
                 st.reading
             };
             turns = turns.wrapping_add(1);
-            if turns % 64 == 0 && start.get_or_insert_with(Instant::now).elapsed() > RID_PATIENCE {
+            if turns.is_multiple_of(64)
+                && start.get_or_insert_with(Instant::now).elapsed() > RID_PATIENCE
+            {
                 return Err(TxnError::Invalid(format!(
                     "the read timestamp stayed at {}, below {min}, for {RID_PATIENCE:?}: another compute node's slot stalls the oracle",
                     self.rids.borrow().rid

@@ -961,7 +961,8 @@ impl Catalog {
             // Claimed with the same hash: wait for it to be completed or abandoned.
             if since.elapsed() >= self.wait {
                 let abandoned = encode_claim(Claim::Abandoned, hash, word);
-                seen = Some(self.try_claim(conn, id, word, abandoned)?);
+                let old = self.try_claim(conn, id, word, abandoned)?;
+                seen = Some(if old == word { abandoned } else { old });
                 since = Instant::now();
                 continue;
             }

@@ -166,9 +166,23 @@ impl Layout {
         Ok(layout)
     }
 
-    /// Writes a fresh oracle into `region` with CPU stores: header, every slot free,
-    /// the vector with timestamp 0 (the genesis every read timestamp starts from)
-    /// already decided.
+    /// The words of a fresh oracle, [`Layout::region_bytes`] / 8 of them: header,
+    /// every slot free, the vector with timestamp 0 (the genesis every read timestamp
+    /// starts from) already decided. [`Layout::format`] stores them with the CPU; a
+    /// compute node that carves an oracle out of a remote region WRITEs them there
+    /// (txn's catalog), before anyone learns where the oracle is.
+    pub fn image(&self) -> Vec<u64> {
+        let mut words = vec![0u64; (self.region_bytes() / 8) as usize];
+        words[..HEADER_WORDS].copy_from_slice(&self.header_words());
+        for slot in 0..self.slots {
+            words[(self.lease_offset(slot) / 8) as usize] = Lease::FREE_AT_START.encode();
+        }
+        // Bit 0 of word 0 is timestamp 0, decided in round 0.
+        words[(self.word_offset(0) / 8) as usize] = 1;
+        words
+    }
+
+    /// Writes a fresh oracle ([`Layout::image`]) into `region` with CPU stores.
     ///
     /// Run this on the node that owns the region, before its remote key is handed to
     /// any client: CPU stores are not atomic against NIC atomics, which is harmless
@@ -180,21 +194,8 @@ impl Layout {
                 have: region.len(),
             });
         }
-        for (i, w) in self.header_words().iter().enumerate() {
+        for (i, w) in self.image().iter().enumerate() {
             region.store_u64(i as u64 * 8, *w)?;
-        }
-        for slot in 0..self.slots {
-            region.store_u64(self.lease_offset(slot), Lease::FREE_AT_START.encode())?;
-            region.store_u64(self.heartbeat_offset(slot), 0)?;
-        }
-        let mut pad = HEADER_BYTES + self.slots as u64 * SLOT_BYTES;
-        while pad < self.bits_offset() {
-            region.store_u64(pad, 0)?;
-            pad += 8;
-        }
-        for word in 0..self.words() {
-            // Bit 0 of word 0 is timestamp 0, decided in round 0.
-            region.store_u64(self.word_offset(word), u64::from(word == 0))?;
         }
         Ok(())
     }
@@ -345,6 +346,12 @@ mod tests {
         assert_eq!(region.load_u64(layout.word_offset(0)).unwrap(), 1);
         let lease = Lease::decode(region.load_u64(layout.lease_offset(2)).unwrap()).unwrap();
         assert_eq!(lease, Lease::FREE_AT_START);
+
+        let image = layout.image();
+        assert_eq!(image.len() as u64 * 8, layout.region_bytes());
+        for (i, w) in image.iter().enumerate() {
+            assert_eq!(region.load_u64(i as u64 * 8).unwrap(), *w, "word {i}");
+        }
 
         let mut bad = header;
         bad[0] = 0;

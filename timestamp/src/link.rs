@@ -72,6 +72,8 @@ pub(crate) struct Link {
     cq: Arc<dyn CompletionQueue>,
     scratch: Region,
     remote: RemoteRegion,
+    /// Where the oracle starts in `remote`: offsets of requests are relative to it.
+    base: u64,
     /// Buffers taken by a request.
     busy: Cell<u32>,
     /// Buffers whose request completed and whose data is not yet collected.
@@ -90,12 +92,13 @@ impl Link {
     /// `qp` must be an RC queue pair connected to the oracle's node whose send
     /// completions go to `cq`, both used by this link alone, with a send queue of at
     /// least [`MIN_SEND_QUEUE`] and a completion queue of at least
-    /// [`MIN_CQ_CAPACITY`].
+    /// [`MIN_CQ_CAPACITY`]. The oracle starts `base` bytes into `remote`.
     pub(crate) fn new(
         device: &dyn Device,
         qp: Arc<dyn QueuePair>,
         cq: Arc<dyn CompletionQueue>,
         remote: RemoteRegion,
+        base: u64,
     ) -> Result<Link> {
         if cq.capacity() < MIN_CQ_CAPACITY {
             return Err(OracleError::InvalidConfig(format!(
@@ -109,6 +112,7 @@ impl Link {
             cq,
             scratch,
             remote,
+            base,
             busy: Cell::new(0),
             done: Cell::new(0),
             abandoned: Cell::new(0),
@@ -120,6 +124,11 @@ impl Link {
 
     pub(crate) fn remote(&self) -> RemoteRegion {
         self.remote
+    }
+
+    /// The remote address of the oracle's byte `offset`.
+    fn at(&self, offset: u64) -> fabric::RemoteAddr {
+        self.remote.at(self.base + offset)
     }
 
     fn check(&self) -> Result<()> {
@@ -153,19 +162,13 @@ impl Link {
         let id = KIND_BUFFER | buffer as u64;
         match op {
             Op::Read { remote, words } => {
-                SendWr::read(id, self.scratch.buf(off, words * 8), self.remote.at(remote))
+                SendWr::read(id, self.scratch.buf(off, words * 8), self.at(remote))
             }
             Op::Cas {
                 remote,
                 compare,
                 swap,
-            } => SendWr::cas(
-                id,
-                self.scratch.buf(off, 8),
-                self.remote.at(remote),
-                compare,
-                swap,
-            ),
+            } => SendWr::cas(id, self.scratch.buf(off, 8), self.at(remote), compare, swap),
         }
     }
 
@@ -328,13 +331,9 @@ impl Link {
                 let signal = run >= SIGNAL_EVERY;
                 self.unsignaled.set(if signal { 0 } else { run });
                 signaled_any |= signal;
-                wrs[k] = SendWr::fetch_add(
-                    KIND_MARK,
-                    self.scratch.buf(SINK, 8),
-                    self.remote.at(remote),
-                    add,
-                )
-                .signaled(signal);
+                wrs[k] =
+                    SendWr::fetch_add(KIND_MARK, self.scratch.buf(SINK, 8), self.at(remote), add)
+                        .signaled(signal);
             }
             self.post(&wrs[..chunk.len()])?;
         }

@@ -233,11 +233,32 @@ impl SlotHandle {
         config: OracleConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<SlotHandle> {
+        Self::register_at(device, qp, cq, oracle, 0, config, clock)
+    }
+
+    /// As [`SlotHandle::register`], for an oracle that starts `base` bytes into
+    /// `region` rather than at its start (one carved out of a data region, as txn's
+    /// catalog does). `base` must be a multiple of 8.
+    pub fn register_at(
+        device: &dyn Device,
+        qp: Arc<dyn QueuePair>,
+        cq: Arc<dyn CompletionQueue>,
+        region: RemoteRegion,
+        base: u64,
+        config: OracleConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SlotHandle> {
         config.validate()?;
-        let link = Link::new(device, qp, cq, oracle)?;
+        if !base.is_multiple_of(8) || base > region.len {
+            return Err(OracleError::InvalidConfig(format!(
+                "oracle base {base} is not a word offset inside a region of {} bytes",
+                region.len
+            )));
+        }
+        let link = Link::new(device, qp, cq, region, base)?;
         let mut header = [0u64; HEADER_WORDS];
         link.read(0, &mut header)?;
-        let layout = Layout::from_header(&header, oracle.len)?;
+        let layout = Layout::from_header(&header, region.len - base)?;
         let handle = SlotHandle {
             link,
             layout,
@@ -1126,7 +1147,8 @@ impl SlotHandle {
         Ok(())
     }
 
-    /// The remote region this handle talks to.
+    /// The remote region this handle talks to (the oracle starts at the `base` it was
+    /// registered with).
     pub fn oracle(&self) -> RemoteRegion {
         self.link.remote()
     }

@@ -415,3 +415,68 @@ fn reads_are_one_window_in_steady_state() {
     assert_eq!(after.window_reads - before.window_reads, 1000);
     assert!((after.window_bytes - before.window_bytes) <= 1000 * 256);
 }
+
+/// An oracle carved out of a larger region at an offset (as txn's catalog places it in
+/// a data region) works through `register_at`, and nothing outside it is touched.
+#[test]
+fn an_oracle_at_an_offset_of_a_region() {
+    let o = cluster(1024, 2);
+    let layout = o.layout;
+    let base = 4096u64;
+    let region = o
+        .server
+        .register(base + layout.region_bytes() + 64, fabric::Access::ALL)
+        .unwrap();
+    // Neighbours' bytes, which the oracle must leave alone.
+    for off in (0..region.len()).step_by(8) {
+        region.store_u64(off, 0xa5a5_a5a5_a5a5_a5a5).unwrap();
+    }
+    for (i, w) in layout.image().iter().enumerate() {
+        region.store_u64(base + i as u64 * 8, *w).unwrap();
+    }
+    let clock = ManualClock::new();
+    let h: Vec<SlotHandle> = (0..2)
+        .map(|_| {
+            let (dev, qp, cq) = o.connect(o.net.add_node()).unwrap();
+            SlotHandle::register_at(
+                dev.as_ref(),
+                qp,
+                cq,
+                region.remote(),
+                base,
+                config(),
+                clock.clone() as Arc<dyn Clock>,
+            )
+            .unwrap()
+        })
+        .collect();
+    assert_eq!(h[0].layout(), layout);
+    let a = h[0].next_commit_ts().unwrap();
+    let b = h[1].next_commit_ts().unwrap();
+    h[0].mark(a, Outcome::Committed).unwrap();
+    h[1].mark(b, Outcome::Committed).unwrap();
+    assert_eq!(h[0].read_timestamp().unwrap(), a.max(b));
+    for off in (0..base).chain(base + layout.region_bytes()..region.len()) {
+        if off % 8 == 0 {
+            assert_eq!(
+                region.load_u64(off).unwrap(),
+                0xa5a5_a5a5_a5a5_a5a5,
+                "{off}"
+            );
+        }
+    }
+    // A base that leaves no room for the header, or is not a word offset, is refused.
+    let (dev, qp, cq) = o.connect(o.net.add_node()).unwrap();
+    assert!(matches!(
+        SlotHandle::register_at(
+            dev.as_ref(),
+            qp,
+            cq,
+            region.remote(),
+            base + 4,
+            config(),
+            clock.clone() as Arc<dyn Clock>,
+        ),
+        Err(OracleError::InvalidConfig(_))
+    ));
+}

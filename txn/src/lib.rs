@@ -7,6 +7,10 @@
 //!   and tombstones) and the seqlock torn-read check [`layout::accept`].
 //! - [`index`]: the remote hash index (one READ per lookup, CAS insert, unique keys) and
 //!   the compute-side address cache.
+//! - [`catalog`]: the catalog in memory-server memory (bootstrap once with CAS, the
+//!   oracle's location, space allocation in data regions, tables with partitions
+//!   across servers), updated by any compute node with CAS; not yet used by
+//!   [`Database`].
 //! - [`conn`]: a synchronous connection (one doorbell per batch, last request signaled).
 //! - [`Database`] (embedded sim cluster: one memory-server node with the tables' arena
 //!   and index regions and the oracle), [`Client`] (a compute handle with its own
@@ -21,6 +25,7 @@
 //! a dead node's locks; garbage collection of old versions and leaked blocks; async
 //! (coroutine) execution; `namdb bench txn`.
 
+pub mod catalog;
 pub mod conn;
 mod error;
 pub mod index;

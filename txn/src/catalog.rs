@@ -115,6 +115,9 @@ pub const MIN_SCRATCH: u64 = 8 << 10;
 /// Allocations start on 64-byte boundaries (a cache line: neighbours' atomics do not
 /// share one).
 pub const ALIGN: u64 = 64;
+/// Bytes of a `catalog` region: the header page, the allocation cursors and 960
+/// table entries (memory servers export 1 MiB).
+pub const CATALOG_BYTES: u64 = 1 << 20;
 
 const HEADER_PAGE: u64 = 4096;
 const STATE: u64 = 0;
@@ -277,6 +280,27 @@ pub struct TableSpec {
     /// The index of each partition.
     pub index: IndexShape,
     pub placement: Placement,
+}
+
+impl TableSpec {
+    /// A table of `capacity` records of up to `value_cap` bytes, keeping 4 versions, one
+    /// partition per memory server (`partitions: 0`, resolved when the table is
+    /// created), with an index of 16-slot buckets at two records per bucket on average
+    /// (a bucket overflows with probability ~1e-10).
+    pub fn new(name: &str, value_cap: u32, capacity: u64) -> TableSpec {
+        TableSpec {
+            name: name.into(),
+            versions: 4,
+            value_cap,
+            capacity,
+            partitions: 0,
+            index: IndexShape {
+                buckets: (capacity / 2).max(1),
+                slots: 16,
+            },
+            placement: Placement::RoundRobin,
+        }
+    }
 }
 
 /// A table as the catalog describes it.

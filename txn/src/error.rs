@@ -1,5 +1,6 @@
 //! Typed errors of the transaction layer.
 
+use crate::catalog::CatalogError;
 use crate::index::IndexError;
 use crate::layout::LayoutError;
 use fabric::FabricError;
@@ -37,6 +38,19 @@ pub enum TxnError {
     Oracle(#[from] OracleError),
     #[error("fabric: {0}")]
     Fabric(#[from] FabricError),
+    #[error("catalog: {0}")]
+    Catalog(CatalogError),
+}
+
+impl From<CatalogError> for TxnError {
+    fn from(e: CatalogError) -> Self {
+        match e {
+            CatalogError::Fabric(f) => TxnError::Fabric(f),
+            CatalogError::Layout(l) => TxnError::Layout(l),
+            CatalogError::NotFound(name) => TxnError::NotFound(format!("table {name}")),
+            e => TxnError::Catalog(e),
+        }
+    }
 }
 
 impl From<IndexError> for TxnError {

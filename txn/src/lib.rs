@@ -35,7 +35,8 @@ mod store;
 mod transaction;
 mod worker;
 
+pub use catalog::{Placement, ServerRegions, TableSpec};
 pub use error::{Result, TxnError};
-pub use store::{Database, DeviceFactory, MemoryServerLink, Options, Partition, Table, TableSpec};
+pub use store::{Database, DeviceFactory, MemoryServerLink, Options, Partition, Table};
 pub use transaction::{AsyncTransaction, Suspended, Transaction};
 pub use worker::{Client, ClientStats, Worker};

@@ -7,18 +7,24 @@
 //! "Crates"): the embedded cluster implements the link with in-process sim nodes, and
 //! the binary implements it over the memory server's control plane.
 //!
-//! Implemented: tables created in process ([`Database::create_table`]) with their
-//! partitions spread round robin over the memory servers; the table list lives in the
-//! `Database` value, **not yet** in memory-server memory.
+//! The catalog ([`crate::catalog`]) lives in the memory servers' `catalog` regions:
+//! any compute node opens it (the first one sets it up and formats the oracle), and
+//! creates and finds tables there with CAS, so a database is opened on memory servers
+//! that other compute nodes use too ([`Database::open`]). [`Database::embedded`]
+//! brings up in-process memory servers first.
 
+use crate::catalog::{
+    CATALOG_BYTES, Catalog, CatalogError, CatalogOptions, ServerRegions, TableDef, TableSpec,
+};
+use crate::conn::Conn;
 use crate::error::{Result, TxnError};
-use crate::index::{IndexShape, RemoteIndex};
+use crate::index::RemoteIndex;
 use crate::layout::BlockShape;
 use crate::worker::{Client, Worker};
 use fabric::sim::{SimConfig, SimNetwork};
 use fabric::{Access, CompletionQueue, Device, QpConfig, QueuePair, Region, RemoteRegion};
 use std::sync::{Arc, Mutex};
-use timestamp::{Layout, OracleConfig};
+use timestamp::OracleConfig;
 
 /// Reaches one memory server: makes RC queue pairs on a compute node's device that are
 /// connected to it.
@@ -31,41 +37,6 @@ pub trait MemoryServerLink: Send + Sync {
         cq: &Arc<dyn CompletionQueue>,
         send_queue: u32,
     ) -> Result<Arc<dyn QueuePair>>;
-}
-
-/// A table's definition.
-#[derive(Clone, Debug)]
-pub struct TableSpec {
-    pub name: String,
-    /// Versions kept per record.
-    pub versions: u32,
-    /// Largest value in bytes.
-    pub value_cap: u32,
-    /// Blocks the table holds, over all partitions.
-    pub capacity: u64,
-    /// Partitions, spread round robin over the memory servers; 0 means one per server.
-    pub partitions: u32,
-    /// The index of each partition.
-    pub index: IndexShape,
-}
-
-impl TableSpec {
-    /// A table of `capacity` records of up to `value_cap` bytes, keeping 4 versions, one
-    /// partition per memory server, with an index of 16-slot buckets at two records per
-    /// bucket on average (a bucket overflows with probability ~1e-10).
-    pub fn new(name: &str, value_cap: u32, capacity: u64) -> TableSpec {
-        TableSpec {
-            name: name.into(),
-            versions: 4,
-            value_cap,
-            capacity,
-            partitions: 0,
-            index: IndexShape {
-                buckets: (capacity / 2).max(1),
-                slots: 16,
-            },
-        }
-    }
 }
 
 /// One partition of a table: an arena and an index on one memory server.
@@ -123,7 +94,13 @@ pub struct Options {
     pub devices: Option<DeviceFactory>,
     /// Memory servers of an embedded cluster.
     pub servers: usize,
-    /// Oracle slots: the most workers at once.
+    /// Bytes of data each embedded memory server exports (zeroed memory, touched as
+    /// tables fill).
+    pub server_bytes: u64,
+    /// How long a node waits for another's catalog bootstrap or table creation before
+    /// taking it over.
+    pub catalog_wait: std::time::Duration,
+    /// Oracle slots (the most workers at once), if this node sets the catalog up.
     pub slots: u32,
     pub oracle: OracleConfig,
     /// `commit` returns only once the oracle's prefix includes the commit, so every
@@ -142,6 +119,8 @@ impl Default for Options {
             sim: SimConfig::default(),
             devices: None,
             servers: 1,
+            server_bytes: 256 << 20,
+            catalog_wait: std::time::Duration::from_secs(10),
             slots: 16,
             oracle: OracleConfig::default(),
             wait_visible: true,
@@ -156,6 +135,7 @@ impl std::fmt::Debug for Options {
             .field("sim", &self.sim)
             .field("devices", &self.devices.as_ref().map(|_| "custom"))
             .field("servers", &self.servers)
+            .field("server_bytes", &self.server_bytes)
             .field("slots", &self.slots)
             .field("oracle", &self.oracle)
             .field("wait_visible", &self.wait_visible)
@@ -168,14 +148,15 @@ pub(crate) struct Shared {
     /// Where workers' devices come from.
     devices_for_workers: DeviceFactory,
     pub(crate) servers: Vec<Arc<dyn MemoryServerLink>>,
-    /// The oracle's region and the server that holds it.
-    pub(crate) oracle: (usize, RemoteRegion),
+    pub(crate) catalog: Catalog,
     pub(crate) options: Options,
-    tables: Mutex<Vec<Arc<Table>>>,
-    /// Embedded servers' devices, for registering table regions.
-    devices: Vec<Arc<dyn Device>>,
-    /// Regions kept registered for as long as the database lives.
-    keep: Mutex<Vec<Region>>,
+    /// Connections for catalog work (one per server), on their own device.
+    admin: Mutex<Vec<Conn>>,
+    _admin_device: Arc<dyn Device>,
+    /// Tables seen so far, by id.
+    tables: Mutex<Vec<Option<Arc<Table>>>>,
+    /// Embedded servers' regions, kept registered for as long as the database lives.
+    _keep: Vec<Region>,
 }
 
 /// A namdb database: memory servers, the oracle, the tables.
@@ -215,17 +196,16 @@ impl MemoryServerLink for SimServer {
     }
 }
 
+/// Send queue of an admin connection.
+const ADMIN_SEND_QUEUE: u32 = 256;
+
 impl Database {
-    /// An embedded cluster: `options.servers` memory-server nodes (on a sim network, or
-    /// devices from `options.devices`), the oracle formatted on the first.
+    /// An embedded cluster: `options.servers` in-process memory servers (nodes of a sim
+    /// network, or devices from `options.devices`), each exporting a `catalog` region
+    /// and `server_bytes` of data, as a memory-server process does.
     pub fn embedded(options: Options) -> Result<Database> {
         if options.servers == 0 {
             return Err(TxnError::Invalid("a cluster needs a memory server".into()));
-        }
-        if options.scratch_bytes < 4096 {
-            return Err(TxnError::Invalid(
-                "scratch_bytes must be at least 4096".into(),
-            ));
         }
         let factory: DeviceFactory = match &options.devices {
             Some(f) => f.clone(),
@@ -234,30 +214,85 @@ impl Database {
                 Arc::new(move || Ok(net.add_node() as Arc<dyn Device>))
             }
         };
-        let devices = (0..options.servers)
-            .map(|_| factory())
-            .collect::<Result<Vec<_>>>()?;
-        let layout = Layout::new(timestamp::DEFAULT_BITS, options.slots)?;
-        let oracle = devices[0].register(layout.region_bytes(), Access::ALL)?;
-        layout.format(&oracle)?;
-        let servers = devices
-            .iter()
-            .map(|d| {
-                Arc::new(SimServer {
-                    device: d.clone(),
-                    qps: Mutex::new(Vec::new()),
-                }) as Arc<dyn MemoryServerLink>
-            })
-            .collect();
+        let mut keep = Vec::new();
+        let mut servers = Vec::with_capacity(options.servers);
+        for _ in 0..options.servers {
+            let device = factory()?;
+            let catalog = device.register(CATALOG_BYTES, Access::ALL)?;
+            let data = device.register(options.server_bytes.max(4096), Access::ALL)?;
+            let regions = ServerRegions {
+                catalog: catalog.remote(),
+                data: vec![data.remote()],
+            };
+            keep.extend([catalog, data]);
+            let link: Arc<dyn MemoryServerLink> = Arc::new(SimServer {
+                device,
+                qps: Mutex::new(Vec::new()),
+            });
+            servers.push((link, regions));
+        }
+        Database::open_with(servers, factory, options, keep)
+    }
+
+    /// A database on memory servers that already run (and that other compute nodes may
+    /// share): each reached through its link, with its region directory. The catalog
+    /// is set up by the first node to open it. Compute-side devices come from
+    /// `devices`.
+    pub fn open(
+        servers: Vec<(Arc<dyn MemoryServerLink>, ServerRegions)>,
+        devices: DeviceFactory,
+        options: Options,
+    ) -> Result<Database> {
+        Database::open_with(servers, devices, options, Vec::new())
+    }
+
+    fn open_with(
+        servers: Vec<(Arc<dyn MemoryServerLink>, ServerRegions)>,
+        devices: DeviceFactory,
+        options: Options,
+        keep: Vec<Region>,
+    ) -> Result<Database> {
+        if servers.is_empty() {
+            return Err(TxnError::Invalid("a cluster needs a memory server".into()));
+        }
+        if options.scratch_bytes < crate::catalog::MIN_SCRATCH {
+            return Err(TxnError::Invalid(format!(
+                "scratch_bytes must be at least {}",
+                crate::catalog::MIN_SCRATCH
+            )));
+        }
+        let admin_device = devices()?;
+        let mut admin = Vec::with_capacity(servers.len());
+        for (link, _) in &servers {
+            let cq = admin_device.create_cq(ADMIN_SEND_QUEUE * 2)?;
+            let qp = link.connect(&admin_device, &cq, ADMIN_SEND_QUEUE)?;
+            admin.push(Conn::new(
+                admin_device.as_ref(),
+                qp,
+                cq,
+                crate::catalog::MIN_SCRATCH,
+            )?);
+        }
+        let (links, regions): (Vec<_>, Vec<_>) = servers.into_iter().unzip();
+        let catalog = Catalog::open(
+            &mut admin,
+            regions,
+            &CatalogOptions {
+                oracle_bits: timestamp::DEFAULT_BITS,
+                oracle_slots: options.slots,
+                wait: options.catalog_wait,
+            },
+        )?;
         Ok(Database {
             shared: Arc::new(Shared {
-                devices_for_workers: factory,
-                servers,
-                oracle: (0, oracle.remote()),
+                devices_for_workers: devices,
+                servers: links,
+                catalog,
                 options,
+                admin: Mutex::new(admin),
+                _admin_device: admin_device,
                 tables: Mutex::new(Vec::new()),
-                devices,
-                keep: Mutex::new(vec![oracle]),
+                _keep: keep,
             }),
         })
     }
@@ -271,20 +306,16 @@ impl Database {
         self.shared.servers.len()
     }
 
-    /// Creates a table: per partition, an arena region and an index region on its
-    /// memory server.
-    pub fn create_table(&self, spec: TableSpec) -> Result<Arc<Table>> {
+    /// Creates a table in the catalog: its partitions' arenas and indexes are carved out
+    /// of the memory servers' data regions. `partitions: 0` means one per server.
+    pub fn create_table(&self, mut spec: TableSpec) -> Result<Arc<Table>> {
         let shape = BlockShape::new(spec.versions, spec.value_cap)?;
-        if spec.name.is_empty() || spec.name.len() > 64 {
+        if spec.name.is_empty() || spec.name.len() > crate::catalog::MAX_NAME {
             return Err(TxnError::Invalid(format!(
-                "a table name has 1 to 64 bytes, got {:?}",
+                "a table name has 1 to {} bytes, got {:?}",
+                crate::catalog::MAX_NAME,
                 spec.name
             )));
-        }
-        if spec.index.buckets == 0 || spec.index.slots == 0 {
-            return Err(TxnError::Invalid(
-                "the index needs buckets and slots".into(),
-            ));
         }
         if spec.capacity == 0 {
             return Err(TxnError::Invalid("a table needs a capacity".into()));
@@ -297,63 +328,56 @@ impl Database {
                 shape.block_bytes()
             )));
         }
-        let mut tables = lock(&self.shared.tables);
-        if tables.iter().any(|t| t.name == spec.name) {
-            return Err(TxnError::Invalid(format!("table {} exists", spec.name)));
+        if spec.partitions == 0 {
+            spec.partitions = self.servers() as u32;
         }
-        let servers = self.shared.devices.len();
-        let count = if spec.partitions == 0 {
-            servers as u64
-        } else {
-            spec.partitions as u64
+        let def = {
+            let mut admin = lock(&self.shared.admin);
+            self.shared.catalog.create_table(&mut admin, &spec)?
         };
-        let per_partition = spec.capacity.div_ceil(count);
-        let mut partitions = Vec::with_capacity(count as usize);
-        let mut kept = Vec::new();
-        for p in 0..count as usize {
-            let server = p % servers;
-            let device = &self.shared.devices[server];
-            let data = device.register(8 + per_partition * shape.block_bytes(), Access::ALL)?;
-            let index = device.register(spec.index.region_bytes(), Access::ALL)?;
-            partitions.push(Partition {
-                server,
-                data: data.remote(),
-                arena: 0,
-                capacity: per_partition,
-                index: RemoteIndex {
-                    region: index.remote(),
-                    base: 0,
-                    shape: spec.index,
-                },
-            });
-            kept.extend([data, index]);
+        Ok(self.remember(def))
+    }
+
+    fn remember(&self, def: TableDef) -> Arc<Table> {
+        let table = Arc::new(Table::from_def(def));
+        let mut tables = lock(&self.shared.tables);
+        let id = table.id as usize;
+        if tables.len() <= id {
+            tables.resize(id + 1, None);
         }
-        let table = Arc::new(Table {
-            id: tables.len() as u32,
-            name: spec.name,
-            shape,
-            partitions,
-        });
-        lock(&self.shared.keep).extend(kept);
-        tables.push(table.clone());
-        Ok(table)
+        tables[id].get_or_insert(table).clone()
     }
 
-    /// The table called `name`.
+    /// The table called `name`, from the catalog (created by any compute node).
     pub fn table(&self, name: &str) -> Result<Arc<Table>> {
-        lock(&self.shared.tables)
+        if let Some(t) = lock(&self.shared.tables)
             .iter()
+            .flatten()
             .find(|t| t.name == name)
-            .cloned()
-            .ok_or_else(|| TxnError::NotFound(format!("table {name}")))
+        {
+            return Ok(t.clone());
+        }
+        let def = {
+            let mut admin = lock(&self.shared.admin);
+            self.shared.catalog.table(&mut admin, name)
+        };
+        match def {
+            Ok(def) => Ok(self.remember(def)),
+            Err(CatalogError::NotFound(_)) => Err(TxnError::NotFound(format!("table {name}"))),
+            Err(e) => Err(e.into()),
+        }
     }
 
-    /// Every table.
-    pub fn tables(&self) -> Vec<Arc<Table>> {
-        lock(&self.shared.tables).clone()
+    /// Every table in the catalog.
+    pub fn tables(&self) -> Result<Vec<Arc<Table>>> {
+        let defs = {
+            let mut admin = lock(&self.shared.admin);
+            self.shared.catalog.tables(&mut admin)?
+        };
+        Ok(defs.into_iter().map(|d| self.remember(d)).collect())
     }
 
-    /// A new compute-side device (a node of the embedded network).
+    /// A new compute-side device.
     pub(crate) fn new_device(&self) -> Result<Arc<dyn Device>> {
         (self.shared.devices_for_workers)()
     }
@@ -367,5 +391,30 @@ impl Database {
     /// A blocking client: a [`Worker`] with one session.
     pub fn client(&self) -> Result<Client> {
         Ok(Client::new(self.worker()?))
+    }
+}
+
+impl Table {
+    fn from_def(def: TableDef) -> Table {
+        Table {
+            id: def.id,
+            name: def.name,
+            shape: def.shape,
+            partitions: def
+                .partitions
+                .iter()
+                .map(|p| Partition {
+                    server: p.server as usize,
+                    data: p.data,
+                    arena: p.arena_offset,
+                    capacity: p.capacity,
+                    index: RemoteIndex {
+                        region: p.data,
+                        base: p.index_offset,
+                        shape: p.index,
+                    },
+                })
+                .collect(),
+        }
     }
 }

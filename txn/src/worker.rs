@@ -88,15 +88,19 @@ impl Worker {
             let qp = link.connect(&device, &cq, SEND_QUEUE)?;
             conns.push(AsyncConn::new(qp, cq));
         }
-        let (oracle_server, oracle) = shared.oracle;
+        let oracle = shared.catalog.oracle();
         let ocq = device.create_cq(timestamp::MIN_CQ_CAPACITY * 4)?;
-        let oqp =
-            shared.servers[oracle_server].connect(&device, &ocq, timestamp::MIN_SEND_QUEUE * 2)?;
-        let slot = SlotHandle::register(
+        let oqp = shared.servers[oracle.server as usize].connect(
+            &device,
+            &ocq,
+            timestamp::MIN_SEND_QUEUE * 2,
+        )?;
+        let slot = SlotHandle::register_at(
             device.as_ref(),
             oqp,
             ocq,
-            oracle,
+            oracle.data,
+            oracle.offset,
             shared.options.oracle.clone(),
             SystemClock::shared(),
         )?;

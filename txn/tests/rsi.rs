@@ -26,6 +26,7 @@ fn db(sim: SimConfig) -> (Database, Arc<Table>) {
             value_cap: 64,
             capacity: 1024,
             partitions: 0,
+            placement: txn::Placement::RoundRobin,
             index: IndexShape {
                 buckets: 64,
                 slots: 8,

@@ -78,6 +78,7 @@ impl Store {
                 value_cap: 1 + 8 * 32,
                 capacity: 1 << 16,
                 partitions: 0,
+                placement: txn::Placement::RoundRobin,
                 index: IndexShape {
                     buckets: 1 << 12,
                     slots: 16,

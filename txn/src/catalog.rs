@@ -122,6 +122,12 @@ pub const CATALOG_BYTES: u64 = 1 << 20;
 const HEADER_PAGE: u64 = 4096;
 const STATE: u64 = 0;
 const RECORDS: u64 = 64;
+/// In every server's header page but server 0's: which cluster the server belongs to
+/// (two words: `MEMBER_TAG | index` and the cluster's identity), so that a server is
+/// never bootstrapped into a second cluster, nor listed at another position.
+const MEMBER: u64 = 2048;
+const MEMBER_TAG: u64 = u64::from_le_bytes(*b"\0\0\0\0MEMB");
+const MEMBER_INDEX: u64 = (1 << 32) - 1;
 const RECORD_WORDS: usize = 8;
 const MAX_ATTEMPTS: u64 = 8;
 const CURSORS: u64 = 32 << 10;
@@ -172,6 +178,10 @@ pub enum CatalogError {
         "this node's catalog bootstrap (attempt {attempt}) stalled and was taken over by another node"
     )]
     BootstrapLost { attempt: u64 },
+    #[error(
+        "memory server {index} ({what}): list the memory servers in the order of the cluster they were set up in, and do not share a server between clusters"
+    )]
+    Membership { index: usize, what: String },
     #[error("invalid: {0}")]
     Invalid(String),
     #[error("table {0} exists")]
@@ -642,6 +652,64 @@ fn check_clean(page: &[u64], attempt: Option<u64>) -> Result<()> {
     Ok(())
 }
 
+/// The membership words server `index` of the cluster whose catalog is `c0` carries.
+fn membership(c0: &RemoteRegion, index: usize) -> [u64; 2] {
+    [
+        MEMBER_TAG | index as u64,
+        ((c0.node.0 as u64) << 32) | c0.rkey as u64,
+    ]
+}
+
+/// Marks servers 1.. as members of this cluster, by CAS from zero (a takeover of a
+/// stalled bootstrap finds its predecessor's identical marks). A server that belongs
+/// to another cluster, or to this one at another position, stops the bootstrap.
+fn claim_members(conns: &mut [Conn], servers: &[ServerRegions]) -> Result<()> {
+    let c0 = servers[0].catalog;
+    for (index, srv) in servers.iter().enumerate().skip(1) {
+        let want = membership(&c0, index);
+        for (i, w) in want.iter().enumerate() {
+            let at = srv.catalog.at(MEMBER + 8 * i as u64);
+            let old = cas(&mut conns[index], at, 0, *w)?;
+            if old != 0 && old != *w {
+                return Err(CatalogError::Membership {
+                    index,
+                    what:
+                        "it already belongs to another cluster, or to this one at another position"
+                            .into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that servers 1.. are this cluster's, at the positions given.
+fn check_members(conns: &mut [Conn], servers: &[ServerRegions]) -> Result<()> {
+    let c0 = servers[0].catalog;
+    for (index, srv) in servers.iter().enumerate().skip(1) {
+        let got = read_words(&mut conns[index], srv.catalog.at(MEMBER), 2)?;
+        if got[..] != membership(&c0, index)[..] {
+            return Err(CatalogError::Membership {
+                index,
+                what: if got[0] == 0 {
+                    "it is not part of this cluster".into()
+                } else {
+                    format!(
+                        "it is server {} of {} cluster",
+                        got[0] & MEMBER_INDEX,
+                        if got[1] == membership(&c0, index)[1] {
+                            "this"
+                        } else {
+                            "another"
+                        }
+                    )
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
 /// One step of bootstrap: CAS the state word from `seen` to `next`; the old value.
 fn try_state(conn: &mut Conn, c0: &RemoteRegion, seen: u64, next: State) -> Result<u64> {
     cas(conn, c0.at(STATE), seen, encode_state(next))
@@ -748,12 +816,23 @@ impl Catalog {
         let mut watching: Option<(u64, Instant)> = None;
         loop {
             let page = read_words(&mut conns[0], c0.at(0), (HEADER_PAGE / 8) as usize)?;
+            let member = (MEMBER / 8) as usize;
+            if page[member] & !MEMBER_INDEX == MEMBER_TAG {
+                return Err(CatalogError::Membership {
+                    index: 0,
+                    what: format!(
+                        "listed first, it is server {} of another cluster",
+                        page[member] & MEMBER_INDEX
+                    ),
+                });
+            }
             let next = match decode_state(page[0])? {
                 State::Ready { attempt, token: t } => {
                     // Read again, after having seen `ready`: the record is complete
                     // by then, whatever order the first READ's bytes arrived in.
                     let rec = read_words(&mut conns[0], record_at(&c0, attempt), RECORD_WORDS)?;
                     let oracle = parse_record(&rec, &servers, attempt, t)?;
+                    check_members(conns, &servers)?;
                     return Ok(Catalog {
                         servers,
                         oracle,
@@ -815,6 +894,7 @@ impl Catalog {
         attempt: u64,
         token: u64,
     ) -> Result<OracleLocation> {
+        claim_members(conns, servers)?;
         let layout = Layout::new(options.oracle_bits, options.oracle_slots)?;
         let space = allocate(conns, servers, 0, layout.region_bytes())?;
         write_words(&mut conns[0], space.data.at(space.offset), &layout.image())?;

@@ -3,7 +3,7 @@
 //! A history is a list of transactions with their reads, writes and outcomes, stored as
 //! JSON Lines ([`history`]). [`recorder`] writes one while a workload ([`workload`])
 //! runs against any store implementing [`store::TxnStore`] ([`mem_store`] is the
-//! in-memory reference). Checking starts by indexing the history ([`index`]); then a
+//! in-memory reference, [`txn_store`] adapts namdb's transactions). Checking starts by indexing the history ([`index`]); then a
 //! white-box checker ([`whitebox`]) replays the system's own timestamps and an
 //! Elle-style black-box checker ([`elle`]) infers dependencies from values alone.
 //! [`report`] runs both and gives the verdict.
@@ -16,5 +16,6 @@ pub mod mem_store;
 pub mod recorder;
 pub mod report;
 pub mod store;
+pub mod txn_store;
 pub mod whitebox;
 pub mod workload;

@@ -1,42 +1,29 @@
-//! verify's workloads run against txn through `verify::store::TxnStore`, recorded, read
-//! back and checked by the white-box and Elle-style checkers, on the sim with torn
-//! reads injected.
+//! txn as a [`TxnStore`]: verify's workloads drive a [`txn::Database`] as a black box
+//! (sessions are blocking clients; a transaction owns its session's client while it
+//! runs, suspended between calls, since verify calls `read` and `write` with the
+//! transaction alone).
 //!
-//! Sessions run on threads (`Schedule::Threads`). The interleaved schedule does not
-//! fit yet: a session waiting in `begin` for its own last commit needs every other
-//! client to tick its oracle slot, which a client parked between steps does not do.
-//!
-//! A transaction here owns its session's client (verify calls `read` and `write` with
-//! the transaction alone), suspended between calls.
+//! Values are a type tag byte (register or list) and then 8-byte words.
 
-use fabric::sim::{Faults, SimConfig};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use txn::index::IndexShape;
-use txn::{Client, Database, Options, Suspended, Table, TableSpec, Transaction, TxnError};
-use verify::anomaly::Findings;
-use verify::history::{JsonlWriter, ReadValue};
-use verify::index::load_jsonl;
-use verify::recorder::Recorder;
-use verify::report::{self, Model, Verdict};
-use verify::store::{ReadResult, StoreError, TxnStore};
-use verify::workload::{self, Bank, ListAppend, RunConfig, Schedule, Workload};
+use crate::history::ReadValue;
+use crate::store::{ReadResult, StoreError, TxnStore};
+use std::sync::Arc;
+use txn::{Client, Database, Suspended, Table, TableSpec, Transaction, TxnError};
 
 const REGISTER: u8 = 0;
 const LIST: u8 = 1;
 
-struct Store {
+/// txn as a verify store: one [`Database`] table holding registers and lists.
+pub struct TxnKv {
     db: Database,
     table: Arc<Table>,
-    keys: Mutex<HashMap<String, u64>>,
 }
 
-struct Session {
+pub struct Session {
     client: Option<Client>,
 }
 
-struct Txn {
+pub struct Txn {
     client: Client,
     rid: u64,
     state: Option<Suspended>,
@@ -56,46 +43,29 @@ impl Txn {
     }
 }
 
-impl Store {
-    fn new(seed: u64) -> Store {
-        let db = Database::embedded(Options {
-            sim: SimConfig {
-                faults: Faults {
-                    tear_probability: 0.2,
-                    tear_pause: Duration::from_micros(5),
-                    ..Faults::default()
-                },
-                seed,
-                ..SimConfig::default()
-            },
-            ..Options::default()
-        })
-        .unwrap();
-        let table = db
-            .create_table(TableSpec {
-                name: "kv".into(),
-                versions: 8,
-                value_cap: 1 + 8 * 32,
-                capacity: 1 << 16,
-                partitions: 0,
-                placement: txn::Placement::RoundRobin,
-                index: IndexShape {
-                    buckets: 1 << 12,
-                    slots: 16,
-                },
-            })
-            .unwrap();
-        Store {
-            db,
-            table,
-            keys: Mutex::new(HashMap::new()),
+impl TxnKv {
+    /// The table a `TxnKv` keeps its keys in: values are a type tag and up to 32
+    /// 8-byte words (registers or lists), 8 versions kept.
+    pub fn table_spec(name: &str, capacity: u64) -> TableSpec {
+        TableSpec {
+            versions: 8,
+            ..TableSpec::new(name, 1 + 8 * 32, capacity)
         }
     }
 
+    pub fn new(db: Database, table: Arc<Table>) -> TxnKv {
+        TxnKv { db, table }
+    }
+
+    /// A verify key's record key: FNV-1a of the name, the same in every process.
     fn key(&self, key: &str) -> u64 {
-        let mut keys = self.keys.lock().unwrap();
-        let n = keys.len() as u64;
-        *keys.entry(key.to_string()).or_insert(n)
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in key.bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        // u64::MAX is reserved by the index.
+        h.min(u64::MAX - 1)
     }
 }
 
@@ -130,7 +100,7 @@ fn map(e: TxnError) -> StoreError {
     }
 }
 
-impl TxnStore for Store {
+impl TxnStore for TxnKv {
     type Session = Session;
     type Txn = Txn;
 
@@ -231,53 +201,4 @@ impl TxnStore for Store {
         client.resume(state.expect("a live transaction")).abort();
         session.client = Some(client);
     }
-}
-
-fn check(
-    workload: &dyn Workload,
-    txns: u64,
-    seed: u64,
-) -> (verify::workload::RunSummary, verify::index::HistoryIndex) {
-    let store = Store::new(seed);
-    let recorder = Recorder::new(JsonlWriter::new(Vec::new()));
-    let config = RunConfig {
-        sessions: 4,
-        txns,
-        seed,
-        schedule: Schedule::Threads,
-    };
-    let run = workload::run(&store, workload, &recorder, &config).expect("the workload runs");
-    let jsonl = recorder.into_sink().into_inner();
-    let index = load_jsonl(&jsonl[..], Findings::DEFAULT_EXAMPLES).expect("history reads back");
-    let report = report::check(&index, Model::SnapshotIsolation);
-    assert!(
-        report.whitebox.is_ok(),
-        "white-box skipped: {:?}",
-        report.whitebox
-    );
-    assert_eq!(report.verdict(), Verdict::Valid, "\n{report}");
-    assert!(
-        run.committed > 0 && run.aborted > 0,
-        "no contention: {run:?}"
-    );
-    assert_eq!(run.unknown, 0, "{run:?}");
-    (run, index)
-}
-
-#[test]
-fn list_append_is_snapshot_isolation() {
-    let txns = std::env::var("TXN_VERIFY_TXNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4000);
-    check(&ListAppend::default(), txns, 11);
-}
-
-#[test]
-fn bank_is_snapshot_isolation_and_balanced() {
-    let bank = Bank::default();
-    let (_, index) = check(&bank, 4000, 12);
-    let mut findings = Findings::default();
-    bank.check(&index, &mut findings);
-    assert!(findings.is_empty(), "{findings:?}");
 }

@@ -1,0 +1,219 @@
+//! A [`txn::Database`] on memory-server processes.
+//!
+//! Each server is reached through its gRPC control plane (an authenticated session
+//! whose lease the client renews in the background): the region directory gives the
+//! `catalog` and `data.N` regions, and `ConnectQueuePair` makes every queue pair a
+//! worker needs ([`RemoteServer`] is txn's [`MemoryServerLink`]). The compute side's
+//! devices are of the backend the servers serve: shm devices on sockets in a private
+//! directory, or tcp soft-NICs on the address this host reaches the servers from.
+
+use fabric::shm::ShmDevice;
+use fabric::tcp::TcpDevice;
+use fabric::{CompletionQueue, Device, FabricError, QpConfig, QueuePair};
+use memory_server::blocking::Client;
+use memory_server::{ClientError, ClusterToken};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use thiserror::Error;
+use txn::{Database, DeviceFactory, MemoryServerLink, Options, ServerRegions, TxnError};
+
+#[derive(Debug, Error)]
+pub enum ConnectError {
+    #[error("no memory servers given")]
+    NoServers,
+    #[error("cannot reach the memory server at {addr}: {source}")]
+    Control { addr: String, source: ClientError },
+    #[error("the memory server at {addr} exports no {what} region")]
+    MissingRegion { addr: String, what: &'static str },
+    #[error(
+        "the memory servers serve different backends ({first} at {first_addr}, {other} at {other_addr}); a cluster uses one"
+    )]
+    MixedBackends {
+        first: String,
+        first_addr: String,
+        other: String,
+        other_addr: String,
+    },
+    #[error(
+        "the memory server at {addr} serves the {backend} backend, which a compute node cannot use"
+    )]
+    UnsupportedBackend { addr: String, backend: String },
+    #[error("cannot resolve {addr}: {why}")]
+    Resolve { addr: String, why: String },
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Txn(#[from] TxnError),
+}
+
+/// One memory server's control-plane session: it makes queue pairs connected to the
+/// server.
+pub struct RemoteServer {
+    addr: String,
+    control: Client,
+}
+
+impl RemoteServer {
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+}
+
+impl MemoryServerLink for RemoteServer {
+    fn connect(
+        &self,
+        local: &Arc<dyn Device>,
+        cq: &Arc<dyn CompletionQueue>,
+        send_queue: u32,
+    ) -> txn::Result<Arc<dyn QueuePair>> {
+        let config = QpConfig {
+            max_send_wr: send_queue,
+            ..QpConfig::rc(cq)
+        };
+        match self.control.connect_qp_with_config(local.as_ref(), &config) {
+            Ok((qp, _)) => Ok(qp),
+            Err(e) => Err(TxnError::Fabric(FabricError::Backend(format!(
+                "connecting a queue pair to the memory server at {}: {e}",
+                self.addr
+            )))),
+        }
+    }
+}
+
+/// A database on memory-server processes, with what keeps it reachable.
+pub struct RemoteCluster {
+    pub db: Database,
+    pub servers: Vec<Arc<RemoteServer>>,
+    /// The fabric backend the servers serve.
+    pub backend: String,
+    /// Where this process's shm sockets live.
+    _sockets: tempfile::TempDir,
+}
+
+/// Opens the database on the memory servers at `addrs` (their control-plane
+/// addresses), server 0 first: every compute node must list them in the same order.
+pub fn connect(
+    addrs: &[String],
+    token: &ClusterToken,
+    options: Options,
+) -> Result<RemoteCluster, ConnectError> {
+    let first = addrs.first().ok_or(ConnectError::NoServers)?;
+    let mut servers = Vec::with_capacity(addrs.len());
+    let mut backend: Option<String> = None;
+    for addr in addrs {
+        let control = Client::connect(addr, token).map_err(|source| ConnectError::Control {
+            addr: addr.clone(),
+            source,
+        })?;
+        let served = control.server().backend.clone();
+        match &backend {
+            None => backend = Some(served),
+            Some(b) if *b != served => {
+                return Err(ConnectError::MixedBackends {
+                    first: b.clone(),
+                    first_addr: first.clone(),
+                    other: served,
+                    other_addr: addr.clone(),
+                });
+            }
+            Some(_) => {}
+        }
+        let directory = control
+            .list_regions()
+            .map_err(|source| ConnectError::Control {
+                addr: addr.clone(),
+                source,
+            })?;
+        let catalog = directory
+            .catalog()
+            .ok_or_else(|| ConnectError::MissingRegion {
+                addr: addr.clone(),
+                what: "catalog",
+            })?
+            .remote;
+        let data: Vec<_> = directory.data().map(|r| r.remote).collect();
+        if data.is_empty() {
+            return Err(ConnectError::MissingRegion {
+                addr: addr.clone(),
+                what: "data",
+            });
+        }
+        servers.push((
+            Arc::new(RemoteServer {
+                addr: addr.clone(),
+                control,
+            }),
+            ServerRegions { catalog, data },
+        ));
+    }
+    let backend = backend.expect("at least one server");
+    let sockets = tempfile::Builder::new()
+        .prefix("namdb-compute-")
+        .tempdir()?;
+    let devices = device_factory(&backend, first, token, &sockets)?;
+    let links = servers
+        .iter()
+        .map(|(s, r)| (s.clone() as Arc<dyn MemoryServerLink>, r.clone()))
+        .collect();
+    let db = Database::open(links, devices, options)?;
+    Ok(RemoteCluster {
+        db,
+        servers: servers.into_iter().map(|(s, _)| s).collect(),
+        backend,
+        _sockets: sockets,
+    })
+}
+
+/// Devices of `backend` that the memory servers can reach.
+fn device_factory(
+    backend: &str,
+    server_addr: &str,
+    token: &ClusterToken,
+    sockets: &tempfile::TempDir,
+) -> Result<DeviceFactory, ConnectError> {
+    let secret = token.secret().to_vec();
+    match backend {
+        "shm" => {
+            let dir = sockets.path().to_path_buf();
+            let next = AtomicU64::new(0);
+            Ok(Arc::new(move || {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let device: Arc<dyn Device> =
+                    ShmDevice::bind(dir.join(format!("worker{n}.sock")), &secret)?;
+                Ok(device)
+            }))
+        }
+        "tcp" => {
+            let ip = local_ip_towards(server_addr)?;
+            Ok(Arc::new(move || {
+                let device: Arc<dyn Device> = TcpDevice::bind(&format!("{ip}:0"), &secret)?;
+                Ok(device)
+            }))
+        }
+        other => Err(ConnectError::UnsupportedBackend {
+            addr: server_addr.to_string(),
+            backend: other.to_string(),
+        }),
+    }
+}
+
+/// The address this host uses to reach `addr`: a tcp soft-NIC must listen there, since
+/// the server dials it back (not on loopback unless the server is on loopback, and
+/// never on the wildcard, which cannot be advertised).
+pub fn local_ip_towards(addr: &str) -> Result<std::net::IpAddr, ConnectError> {
+    let resolve = |why: String| ConnectError::Resolve {
+        addr: addr.to_string(),
+        why,
+    };
+    let server_ip = match addr.parse::<std::net::SocketAddr>() {
+        Ok(a) => a.ip(),
+        Err(_) => std::net::ToSocketAddrs::to_socket_addrs(addr)
+            .map_err(|e| resolve(e.to_string()))?
+            .next()
+            .ok_or_else(|| resolve("no address".into()))?
+            .ip(),
+    };
+    let probe = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
+    probe.connect((server_ip, 9))?;
+    Ok(probe.local_addr()?.ip())
+}

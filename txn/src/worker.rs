@@ -62,6 +62,12 @@ struct RidState {
     reading: bool,
     /// The highest read timestamp seen.
     rid: u64,
+    /// Under [`Worker::run_coroutines`]: the executor's round, and the round of the
+    /// last oracle read. One read per round serves every coroutine waiting: more
+    /// would only see the same prefix, since nothing of this thread moved it.
+    executor: bool,
+    round: u64,
+    read_round: u64,
 }
 
 /// One thread's compute handle. It is `Send` but not `Sync`: coroutines of the thread
@@ -228,7 +234,11 @@ impl Worker {
                     self.rids.borrow().rid
                 )));
             }
-            if reading {
+            let read_this_round = {
+                let st = self.rids.borrow();
+                st.executor && st.read_round == st.round && st.finished > after
+            };
+            if reading || read_this_round {
                 yield_now().await;
                 continue;
             }
@@ -238,6 +248,7 @@ impl Worker {
                 let mut st = self.rids.borrow_mut();
                 st.started += 1;
                 st.reading = true;
+                st.read_round = st.round;
                 st.started
             };
             let read = self.slot.read_timestamp_async().await;
@@ -312,10 +323,14 @@ impl Worker {
         mut make: impl FnMut(usize) -> Pin<Box<dyn Future<Output = T> + 'a>>,
     ) -> Vec<T> {
         let futures = (0..coroutines).map(&mut make).collect();
-        runtime::run_all(futures, || {
+        self.rids.borrow_mut().executor = true;
+        let results = runtime::run_all(futures, || {
             // A failed flush resurfaces at the next oracle read, which flushes again.
             let _ = self.flush_marks();
-        })
+            self.rids.borrow_mut().round += 1;
+        });
+        self.rids.borrow_mut().executor = false;
+        results
     }
 }
 

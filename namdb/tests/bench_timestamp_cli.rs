@@ -38,6 +38,7 @@ fn short_run_writes_the_json_fields() {
         assert!(v[f].as_f64().expect(f) > 0.0, "{f}: {v}");
     }
     assert!(v["lag_p99"].as_u64().is_some(), "{v}");
+    assert!(v["visible_p99_ns"].as_u64().is_some(), "{v}");
     assert!(v["bytes_per_rid"].as_f64().unwrap() <= 512.0, "{v}");
 }
 
@@ -49,4 +50,20 @@ fn more_threads_than_slots_is_refused() {
         .expect("the namdb binary runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--slots"));
+}
+
+#[test]
+fn commit_then_wait_times_visibility() {
+    let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["bench", "timestamp", "--wait", "--duration-ms", "50"])
+        .output()
+        .expect("the namdb binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("each commit waits until visible"), "{text}");
+    assert!(text.contains("visible after p99"), "{text}");
 }

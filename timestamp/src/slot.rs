@@ -203,8 +203,76 @@ struct State {
     highest_marked: u64,
     last_gap: Option<u64>,
     watch: Option<Watch>,
+    /// The cursor at which a read timestamp last found the prefix waiting for this
+    /// slot (see `skip_own_behind`).
+    stalled_at: Option<u64>,
+    /// Every slot's lease as last seen on the server (registration's read of the
+    /// table, the returns of lease CASes, stall checks); ours is `lease`. A slot never
+    /// seen reads as owned. Horizons only grow, so a free or fenced slot's horizon
+    /// seen once stays a safe bound for skipping for it (see the module doc).
+    leases: Vec<Lease>,
+    /// For each residue r of a word's first timestamp mod S: the bits of that word
+    /// whose slots `leases` shows free or fenced (never this handle's own active slot).
+    free_bits: Vec<u64>,
     stats: SlotStats,
 }
+
+impl State {
+    /// Whether others may skip for `slot` as far as this handle knows.
+    fn known_free(&self, slot: u32) -> bool {
+        let own = slot == self.slot && self.status == Status::Active;
+        !own && self.leases[slot as usize].state != SlotState::Owned
+    }
+
+    /// Below which timestamp this handle may decide `slot`'s undecided timestamps with
+    /// CAS: a free or fenced slot's horizon (a claimer starts at it), or, for our own
+    /// slot, where this holder started (what it inherited below that may be skipped
+    /// by others too, so it is decided with CAS as well).
+    fn cas_bound(&self, slot: u32) -> u64 {
+        if slot == self.slot && self.status == Status::Active {
+            return self.inherited_below;
+        }
+        let lease = self.leases[slot as usize];
+        if lease.state == SlotState::Owned {
+            0
+        } else {
+            lease.horizon * BLOCK
+        }
+    }
+
+    fn rebuild_free_bits(&mut self) {
+        let s = self.leases.len() as u64;
+        for r in 0..s {
+            let mut bits = 0u64;
+            for b in 0..64 {
+                if self.known_free(((r + b) % s) as u32) {
+                    bits |= 1 << b;
+                }
+            }
+            self.free_bits[r as usize] = bits;
+        }
+    }
+
+    /// Records a slot's lease word as seen on the server.
+    fn note_lease(&mut self, slot: u32, word: u64) {
+        let Ok(lease) = Lease::decode(word) else {
+            return;
+        };
+        let was_free = self.known_free(slot);
+        self.leases[slot as usize] = lease;
+        if was_free != self.known_free(slot) {
+            self.rebuild_free_bits();
+        }
+    }
+}
+
+/// What a handle assumes of a slot it has not seen: owned, so that it neither skips
+/// for it nor leaves its decisions out of the frontier.
+const UNSEEN: Lease = Lease {
+    state: SlotState::Owned,
+    tag: 0,
+    horizon: 0,
+};
 
 /// One slot of the oracle, held by this client.
 ///
@@ -264,6 +332,9 @@ impl SlotHandle {
                 highest_marked: 0,
                 last_gap: None,
                 watch: None,
+                stalled_at: None,
+                leases: vec![UNSEEN; layout.slots() as usize],
+                free_bits: vec![0; layout.slots() as usize],
                 stats: SlotStats::default(),
             }),
         };
@@ -347,6 +418,12 @@ impl SlotHandle {
             let mut entries = [0u64; (BUFFER_BYTES / 8) as usize];
             let words = &mut entries[..2 * n as usize];
             self.link.read(self.layout.lease_offset(first), words)?;
+            {
+                let mut st = self.st.borrow_mut();
+                for i in 0..n {
+                    st.note_lease(first + i, words[2 * i as usize]);
+                }
+            }
             for i in 0..n {
                 let word = words[2 * i as usize];
                 let lease = Lease::decode(word)?;
@@ -366,6 +443,7 @@ impl SlotHandle {
                     .cas(self.layout.lease_offset(slot), word, mine.encode())?;
                 if old != word {
                     // Someone else changed it first; look at the rest.
+                    self.st.borrow_mut().note_lease(slot, old);
                     continue;
                 }
                 let beat = self.restart_heartbeat(slot)?;
@@ -382,6 +460,8 @@ impl SlotHandle {
                 st.next_tick = posted;
                 st.last_gap = None;
                 st.watch = None;
+                st.leases[slot as usize] = mine;
+                st.rebuild_free_bits();
                 return Ok(slot);
             }
             first += n;
@@ -554,50 +634,66 @@ impl SlotHandle {
     /// a whole round, is what a handle that fell more than V/2 behind (a long pause)
     /// would see where positions were reused meanwhile; then it also reads the
     /// published prefix hint and, if that is ahead, scans again from there.
+    ///
+    /// The window that holds the gap also tells what this handle can do at once so
+    /// that the prefix moves on without waiting for anyone's tick (see
+    /// [`SlotHandle::skip_behind`]): skip its own unused timestamps up to the highest
+    /// decision of a slot not known to be free (FETCH_ADDs, no waiting), and, when the
+    /// gap belongs to a slot known to be free or fenced, decide that slot's and the
+    /// other free slots' timestamps through the window with CAS (a hint READ and a
+    /// doorbell of CAS, once per window's worth of progress).
     pub fn read_timestamp(&self) -> Result<u64> {
         let max_words = self.window_words();
         let mut buf = [0u64; (BUFFER_BYTES / 8) as usize];
-        let mut hinted = false;
+        let mut hint = None;
         loop {
             let first = self.st.borrow().known;
             let mut start = first;
             let mut found = None;
+            let mut n = 0;
             for _ in 0..self.max_windows() {
-                let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
-                let words = &mut buf[..n as usize];
-                self.link.read(self.layout.word_offset(w0), words)?;
-                self.note_window(n);
-                let scan = cells::scan_to_gap(self.layout.bits(), start, words);
+                let (w0, len) = cells::window_words(self.layout.bits(), start, max_words);
+                n = len as usize;
+                self.link.read(self.layout.word_offset(w0), &mut buf[..n])?;
+                self.note_window(len);
+                let scan = cells::scan_to_gap(self.layout.bits(), start, &buf[..n]);
                 if scan.gap.is_some() {
                     found = scan.gap;
                     break;
                 }
                 start = scan.end;
             }
-            if !hinted && found.is_none_or(|g| g == first) {
-                hinted = true;
-                let mut hint = [0u64];
-                self.link.read(OFF_PREFIX_HINT, &mut hint)?;
-                if self.adopt_hint(hint[0]) {
+            if hint.is_none() && found.is_none_or(|g| g == first) {
+                // The far hint comes along (same READ): a holder the prefix waits
+                // for skips up to it (see `skip_own_behind`).
+                let mut hints = [0u64; 2];
+                self.link.read(OFF_PREFIX_HINT, &mut hints)?;
+                hint = Some(hints[0]);
+                if self.adopt_hints(hints) {
                     continue;
                 }
             }
-            return self.settle(found);
+            return self.conclude(start, &mut buf[..n], found, hint);
         }
     }
 
     /// [`SlotHandle::read_timestamp`] as a future, for coroutines that share this
     /// handle on one thread.
+    ///
+    /// Its skips (see [`SlotHandle::read_timestamp`]) run without yielding: their
+    /// round trips are rare, and they are skipped while other coroutines' reads hold
+    /// every scratch buffer (the next read or tick does them).
     pub async fn read_timestamp_async(&self) -> Result<u64> {
         let max_words = self.window_words();
-        let mut hinted = false;
+        let mut hint = None;
         loop {
             let first = self.st.borrow().known;
             let mut start = first;
             let mut found = None;
+            let mut words = Vec::new();
             for _ in 0..self.max_windows() {
                 let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
-                let words = self
+                words = self
                     .link
                     .read_async(self.layout.word_offset(w0), n as u32)
                     .await?;
@@ -609,21 +705,23 @@ impl SlotHandle {
                 }
                 start = scan.end;
             }
-            if !hinted && found.is_none_or(|g| g == first) {
-                hinted = true;
-                let hint = self.link.read_async(OFF_PREFIX_HINT, 1).await?;
-                if self.adopt_hint(hint[0]) {
+            if hint.is_none() && found.is_none_or(|g| g == first) {
+                let hints = self.link.read_async(OFF_PREFIX_HINT, 2).await?;
+                hint = Some(hints[0]);
+                if self.adopt_hints([hints[0], hints[1]]) {
                     continue;
                 }
             }
-            return self.settle(found);
+            return self.conclude(start, &mut words, found, hint);
         }
     }
 
-    /// Moves the known prefix up to a published hint; whether it moved.
-    fn adopt_hint(&self, hint: u64) -> bool {
+    /// Moves the known prefix up to a published prefix hint, and notes the far hint
+    /// (the two header words from the prefix hint on); whether the prefix moved.
+    fn adopt_hints(&self, [hint, far]: [u64; 2]) -> bool {
         let mut st = self.st.borrow_mut();
         st.hint_seen = st.hint_seen.max(hint);
+        st.far_seen = st.far_seen.max(far);
         if hint > st.known {
             st.known = hint;
             return true;
@@ -631,11 +729,255 @@ impl SlotHandle {
         false
     }
 
-    /// The read timestamp from the gap a scan found.
-    fn settle(&self, gap: Option<u64>) -> Result<u64> {
+    /// Ends a read timestamp whose scan found `gap` in `words`, the window read from
+    /// `start`, and the prefix hint if it was read after the window: skips what can
+    /// be skipped at once and returns the read timestamp.
+    fn conclude(
+        &self,
+        start: u64,
+        words: &mut [u64],
+        gap: Option<u64>,
+        hint: Option<u64>,
+    ) -> Result<u64> {
         let Some(gap) = gap else {
             return Err(self.runaway());
         };
+        let gap = match self.skip_behind(start, words, gap, hint) {
+            Ok(moved) => moved.unwrap_or(gap),
+            // The read itself stands; the caller learns of the fence from its next
+            // decision, renewal or tick, as without the skip.
+            Err(OracleError::Fenced { .. } | OracleError::Released) => gap,
+            Err(e) => return Err(e),
+        };
+        self.settle(gap)
+    }
+
+    /// Decides at once what this handle may decide so that the prefix moves past
+    /// `gap`, the first undecided timestamp of `words` (the window read from `start`),
+    /// instead of waiting for the ticks of others: first the timestamps of free and
+    /// fenced slots ([`SlotHandle::skip_free_behind`]), then, if that leaves the gap at
+    /// this slot's cursor, its own unused ones ([`SlotHandle::skip_own_behind`]).
+    ///
+    /// Returns the first undecided timestamp the window shows afterwards, if the CAS
+    /// skips moved it (the FETCH_ADDs of own skips show at the next read).
+    fn skip_behind(
+        &self,
+        start: u64,
+        words: &mut [u64],
+        gap: u64,
+        hint: Option<u64>,
+    ) -> Result<Option<u64>> {
+        // Another coroutine's reads may hold every buffer: skip nothing then.
+        if self.link.idle_buffers() == 0 {
+            return Ok(None);
+        }
+        let moved = self.skip_free_behind(start, words, gap, hint)?;
+        self.skip_own_behind(start, words, moved.unwrap_or(gap))?;
+        // Our decisions beyond what others' windows reach (a slot claimed far ahead
+        // commits there) wait for their holders to skip up to them; the far hint
+        // tells them, as a tick's would.
+        let (highest, far) = {
+            let st = self.st.borrow();
+            (st.highest_marked, st.far_seen)
+        };
+        if highest > far && highest >= gap + self.window_words() * 64 {
+            self.announce_far(highest)?;
+        }
+        Ok(moved)
+    }
+
+    /// When `gap` belongs to a slot known to be free or fenced (or to this slot's
+    /// inherited range), decides the undecided timestamps of every such slot from
+    /// `gap` on, through the window or V/4, one CAS per word, after raising the
+    /// horizons that do not cover them (CAS on the lease words). So the prefix passes
+    /// free slots once per window's worth of progress, not once per timestamp.
+    ///
+    /// Like a tick's skips, this needs the prefix hint read after the window and not
+    /// ahead of `start` (a reader lagging more than V/2 could take a reused position
+    /// for an undecided timestamp), so it costs a hint READ unless the read path just
+    /// read the hint. Returns the window's first undecided timestamp afterwards, if
+    /// anything was skipped.
+    fn skip_free_behind(
+        &self,
+        start: u64,
+        words: &mut [u64],
+        gap: u64,
+        hint: Option<u64>,
+    ) -> Result<Option<u64>> {
+        let v = self.layout.bits();
+        let s = self.layout.slots() as u64;
+        let owner = (gap % s) as u32;
+        let helps = {
+            let st = self.st.borrow();
+            st.known_free(owner)
+                || (st.status == Status::Active && owner == st.slot && gap < st.inherited_below)
+        };
+        // Free slots are skipped V/4 ahead at most (the wrap margin allows V/2): a
+        // node that claims one starts at its horizon, which must stay within the wrap
+        // margin of the prefix it knows (a published hint may lag V/10), or its first
+        // commit would wait.
+        let end = cells::window_end(v, start, words.len() as u64);
+        let limit = end.min(gap + self.reach() / 2) - 1;
+        if !helps || limit < gap {
+            return Ok(None);
+        }
+        let hint = match hint {
+            Some(h) => h,
+            None => {
+                let mut hints = [0u64; 2];
+                self.link.read(OFF_PREFIX_HINT, &mut hints)?;
+                self.adopt_hints(hints);
+                hints[0]
+            }
+        };
+        if hint > start {
+            return Ok(None);
+        }
+        self.raise_free_horizons(gap, limit)?;
+        let w0 = (start % v) / 64;
+        let may_skip = |t: u64| t < self.st.borrow().cas_bound((t % s) as u32);
+        let mut plan = cells::skippable(v, start, words, gap, limit, may_skip);
+        let mut skipped = 0;
+        // A CAS that lost to another skipper's or a holder's decision in its word
+        // learns the word and tries again, a few times.
+        for _ in 0..4 {
+            if plan.is_empty() {
+                break;
+            }
+            let mut lost = Vec::new();
+            let batch = self.link.idle_buffers().max(1);
+            for chunk in plan.chunks(batch) {
+                let ops: Vec<Op> = chunk
+                    .iter()
+                    .map(|&(i, mask)| Op::Cas {
+                        remote: self.layout.word_offset(w0 + i as u64),
+                        compare: words[i],
+                        swap: words[i] ^ mask,
+                    })
+                    .collect();
+                let mut old = vec![0u64; ops.len()];
+                self.link.run(&ops, &mut old)?;
+                for (&(i, mask), &was) in chunk.iter().zip(&old) {
+                    if was == words[i] {
+                        words[i] ^= mask;
+                        skipped += mask.count_ones() as u64;
+                    } else {
+                        words[i] = was;
+                        lost.push(i);
+                    }
+                }
+            }
+            plan = cells::skippable(v, start, words, gap, limit, may_skip);
+            plan.retain(|(i, _)| lost.contains(i));
+        }
+        if skipped == 0 {
+            return Ok(None);
+        }
+        self.st.borrow_mut().stats.skipped_for_others += skipped;
+        Ok(Some(cells::scan_to_gap(v, start, words).gap.unwrap_or(end)))
+    }
+
+    /// When `gap` is this slot's cursor for the second read in a row (the prefix waits
+    /// for this slot, and its holder did not decide the timestamp meanwhile), skips
+    /// its unused timestamps up to the highest decision in the window of a slot not
+    /// known to be free, as a tick would (`skip_own`: FETCH_ADDs, unsignaled; lease,
+    /// horizon and wrap margin checked there).
+    ///
+    /// Why the second read: a holder that commits all the time decides its cursor by
+    /// committing soon enough, so skipping at the first sight would only burn its
+    /// timestamps and a FETCH_ADD per read; this way it costs such a holder a
+    /// comparison per read. Why free slots' decisions are left out: the CAS skips
+    /// decide them ahead of everyone, and counting them would make every holder chase
+    /// the window's end.
+    fn skip_own_behind(&self, start: u64, words: &[u64], gap: u64) -> Result<()> {
+        {
+            let mut st = self.st.borrow_mut();
+            if st.status != Status::Active || st.cursor != gap {
+                return Ok(());
+            }
+            if st.stalled_at != Some(gap) {
+                st.stalled_at = Some(gap);
+                return Ok(());
+            }
+        }
+        let v = self.layout.bits();
+        let s = self.layout.slots() as u64;
+        let (frontier, far) = {
+            let st = self.st.borrow();
+            let f = cells::last_decided_except(v, start, words, |base| {
+                st.free_bits[(base % s) as usize]
+            });
+            (f, st.far_seen)
+        };
+        // The far hint, which the read before this one read with the prefix hint (the
+        // prefix did not move, so it did), stands for a decision beyond the window,
+        // such as the first commits of a node that claimed a slot far ahead.
+        let frontier = frontier.max(Some(far));
+        // The wrap margin, with `gap` as the known prefix.
+        if let Some(f) = frontier.filter(|&f| f > gap) {
+            self.skip_own(f.min(gap + self.reach() - 1))?;
+        }
+        Ok(())
+    }
+
+    /// Raises, with CAS on their lease words, the horizons of the slots known to be
+    /// free or fenced that own a timestamp in `[from, upto]` at or above their
+    /// horizon, to cover `upto` and V/16 beyond (so that it is rare; and little, for
+    /// the next holder starts at the horizon, see [`SlotHandle::skip_behind`]). A CAS
+    /// that fails teaches the slot's current lease instead: a claimed slot is then
+    /// known as owned, and is neither skipped nor left out of the frontier.
+    fn raise_free_horizons(&self, from: u64, upto: u64) -> Result<()> {
+        let s = self.layout.slots() as u64;
+        let want = (upto + 1 + self.layout.bits() / 16)
+            .div_ceil(BLOCK)
+            .min(MAX_HORIZON);
+        let mut raises: Vec<(u32, Lease)> = Vec::new();
+        {
+            let st = self.st.borrow();
+            for t in from..=upto.min(from + s - 1) {
+                let slot = (t % s) as u32;
+                // The slot's last timestamp in the range.
+                let last = upto - (upto % s + s - slot as u64) % s;
+                let lease = st.leases[slot as usize];
+                if st.known_free(slot) && last >= lease.horizon * BLOCK && want > lease.horizon {
+                    raises.push((slot, lease));
+                }
+            }
+        }
+        let raised = |lease: Lease| {
+            Lease {
+                horizon: want,
+                ..lease
+            }
+            .encode()
+        };
+        let batch = self.link.idle_buffers().max(1);
+        for chunk in raises.chunks(batch) {
+            let ops: Vec<Op> = chunk
+                .iter()
+                .map(|&(slot, lease)| Op::Cas {
+                    remote: self.layout.lease_offset(slot),
+                    compare: lease.encode(),
+                    swap: raised(lease),
+                })
+                .collect();
+            let mut old = vec![0u64; ops.len()];
+            self.link.run(&ops, &mut old)?;
+            let mut st = self.st.borrow_mut();
+            for (&(slot, lease), &was) in chunk.iter().zip(&old) {
+                let now = if was == lease.encode() {
+                    raised(lease)
+                } else {
+                    was
+                };
+                st.note_lease(slot, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// The read timestamp from the first undecided timestamp a read found.
+    fn settle(&self, gap: u64) -> Result<u64> {
         let mut st = self.st.borrow_mut();
         st.known = st.known.max(gap);
         st.stats.read_timestamps += 1;
@@ -814,7 +1156,10 @@ impl SlotHandle {
             }
             let stuck = self.st.borrow().last_gap == Some(gap);
             self.st.borrow_mut().last_gap = Some(gap);
-            if stuck && (!active || owner != me) {
+            // A slot known to be free or fenced is skipped for at once; an owned one
+            // only once it stalled the prefix at two ticks in a row.
+            let known_free = self.st.borrow().known_free(owner as u32);
+            if (stuck || known_free) && (!active || owner != me) {
                 let (fenced, skipped) = self.unstall(owner as u32, gap, frontier, &obs, now)?;
                 report.fenced = report.fenced.or(fenced);
                 report.skipped_for_others += skipped;
@@ -941,6 +1286,7 @@ impl SlotHandle {
             .read(self.layout.lease_offset(owner), &mut entry)?;
         let (word, beat) = (entry[0], entry[1]);
         let lease = Lease::decode(word)?;
+        self.st.borrow_mut().note_lease(owner, word);
         let mut fenced = None;
         let lease = match lease.state {
             SlotState::Free | SlotState::Fenced => lease,
@@ -983,9 +1329,13 @@ impl SlotHandle {
                     .link
                     .cas(self.layout.lease_offset(owner), word, taken.encode())?;
                 if old != word {
+                    self.st.borrow_mut().note_lease(owner, old);
                     return Ok((None, 0));
                 }
-                self.st.borrow_mut().stats.fences += 1;
+                let mut st = self.st.borrow_mut();
+                st.stats.fences += 1;
+                st.note_lease(owner, taken.encode());
+                drop(st);
                 fenced = Some(owner);
                 taken
             }
@@ -1013,9 +1363,12 @@ impl SlotHandle {
                 horizon: (frontier + 1).div_ceil(BLOCK).min(MAX_HORIZON),
                 ..lease
             };
-            if self.link.cas(off, lease.encode(), raised.encode())? != lease.encode() {
+            let old = self.link.cas(off, lease.encode(), raised.encode())?;
+            if old != lease.encode() {
+                self.st.borrow_mut().note_lease(owner, old);
                 return Ok(0);
             }
+            self.st.borrow_mut().note_lease(owner, raised.encode());
             lease = raised;
         }
         let upto = frontier
@@ -1123,6 +1476,8 @@ impl SlotHandle {
             return Err(OracleError::Fenced { slot });
         }
         st.status = Status::Released;
+        // Others may skip for the slot now, and so may this handle.
+        st.note_lease(slot, free.encode());
         Ok(())
     }
 

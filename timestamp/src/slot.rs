@@ -8,7 +8,10 @@
 //!   signaled to retire the others).
 //! - [`SlotHandle::read_timestamp`]: one READ of at most 256 bytes from the known
 //!   prefix while the prefix moves less than a window (2048 timestamps) between two
-//!   reads; more READs only to catch up.
+//!   reads; more READs only to catch up. When the prefix waits for a free slot: a
+//!   hint READ and a doorbell of CAS (once per window's worth of progress, as they
+//!   skip the free slots through the window); when it waits for this slot's unused
+//!   cursor at two reads in a row: FETCH_ADDs, unsignaled.
 //! - [`SlotHandle::tick`]: every `tick_interval`, one READ (window + hint, one
 //!   doorbell), plus FETCH_ADDs to skip own timestamps, a heartbeat every
 //!   `lease_timeout / 4`, and reads/CAS of another slot only while that slot stalls
@@ -23,6 +26,30 @@
 //! nodes; safety needs only that clock rates differ by less than 2× and that a posted
 //! mark lands within `lease_timeout / 2` (RC transport retries are far shorter), the
 //! usual lease assumptions.
+//!
+//! Skipping without ticks. A commit is visible once every lower timestamp is decided,
+//! so the prefix must not wait for slots that do not commit. Read timestamps do the
+//! skipping (ticks remain the bound for idle holders that do not read):
+//! - A holder whose unused cursor is the gap at two reads in a row skips its own
+//!   timestamps up to the highest decision in the window of a slot it does not know
+//!   to be free (or the far hint), as a tick does: FETCH_ADD, only its own, only
+//!   above every handed-out timestamp, under a confirmed lease (`ensure_lease`) and
+//!   horizon, and below gap + V/2 (the wrap margin with the gap as known prefix).
+//! - A handle remembers every slot's lease word as last seen. When the gap belongs to
+//!   a slot seen free or fenced, it raises the horizons of such slots in the window
+//!   (CAS on the lease) and decides their undecided timestamps below the horizon
+//!   through the window, at most V/4 ahead, with one CAS per word. Why a lease seen
+//!   earlier is a safe bound: horizons never go down (a claim takes the horizon or
+//!   more, a release leaves the cursor, which is at or above it, a fence keeps it,
+//!   skippers only raise it), so every holder after the sighting starts at or above
+//!   the horizon seen, and the one before it ended (release: all decided; fence: the
+//!   usual lease assumption that its marks landed). A CAS changes nothing if the word
+//!   changed since it was read, so it never undoes a decision, and a failed lease CAS
+//!   teaches the slot's new lease (a claimed slot is then known as owned). Like a
+//!   tick's skips, these need the prefix hint, read in the same read timestamp, not
+//!   to be ahead of the window's start: a reader more than V/2 behind could read a
+//!   reused position as undecided. V/4 keeps a claimer (which starts at the horizon)
+//!   within the wrap margin of the prefix it knows.
 //!
 //! [`SIGNAL_EVERY`]: crate::link::SIGNAL_EVERY
 
@@ -108,7 +135,8 @@ pub struct SlotStats {
     pub aborted: u64,
     /// Own timestamps decided without use (idle skips).
     pub skipped: u64,
-    /// Other slots' timestamps decided for them (free or fenced slots).
+    /// Other slots' timestamps decided for them (free or fenced slots), and by read
+    /// timestamps also this slot's inherited ones.
     pub skipped_for_others: u64,
     /// Read timestamps computed, and the READs and bytes they took.
     pub read_timestamps: u64,
@@ -525,7 +553,7 @@ impl SlotHandle {
             });
         }
         let reach = self.reach();
-        if t >= st.known + reach {
+        if t >= self.margin_base(&st, st.known) + reach {
             return Err(OracleError::WrapBlocked {
                 ts: t,
                 blocked_by: t - reach,
@@ -540,6 +568,16 @@ impl SlotHandle {
     /// How far beyond its known prefix a holder may decide timestamps: V/2.
     fn reach(&self) -> u64 {
         self.layout.bits() / 2
+    }
+
+    /// What a decision's wrap margin counts from: the known prefix `known`, but never
+    /// more than V/8 beyond the prefix hint this handle has seen. So every decision
+    /// anyone makes lies below the published hint + 5V/8, and a reader that finds the
+    /// hint at or below the start of its window knows no position in the window was
+    /// reused (that would need a decision V beyond it). Publishing the hint (ticks,
+    /// read timestamps, at V/10) keeps this from holding anyone back.
+    fn margin_base(&self, st: &State, known: u64) -> u64 {
+        known.min(st.hint_seen + self.layout.bits() / 8)
     }
 
     /// [`SlotHandle::next_commit_ts`], renewing the lease, raising the horizon or
@@ -645,7 +683,7 @@ impl SlotHandle {
     pub fn read_timestamp(&self) -> Result<u64> {
         let max_words = self.window_words();
         let mut buf = [0u64; (BUFFER_BYTES / 8) as usize];
-        let mut hint = None;
+        let (mut hinted, mut hint) = (false, None);
         loop {
             let first = self.st.borrow().known;
             let mut start = first;
@@ -663,15 +701,17 @@ impl SlotHandle {
                 }
                 start = scan.end;
             }
-            if hint.is_none() && found.is_none_or(|g| g == first) {
+            if !hinted && found.is_none_or(|g| g == first) {
+                hinted = true;
                 // The far hint comes along (same READ): a holder the prefix waits
                 // for skips up to it (see `skip_own_behind`).
                 let mut hints = [0u64; 2];
                 self.link.read(OFF_PREFIX_HINT, &mut hints)?;
-                hint = Some(hints[0]);
                 if self.adopt_hints(hints) {
                     continue;
                 }
+                // Read after the window: it vouches for the window (skip_free_behind).
+                hint = Some(hints[0]);
             }
             return self.conclude(start, &mut buf[..n], found, hint);
         }
@@ -685,7 +725,7 @@ impl SlotHandle {
     /// every scratch buffer (the next read or tick does them).
     pub async fn read_timestamp_async(&self) -> Result<u64> {
         let max_words = self.window_words();
-        let mut hint = None;
+        let (mut hinted, mut hint) = (false, None);
         loop {
             let first = self.st.borrow().known;
             let mut start = first;
@@ -705,12 +745,13 @@ impl SlotHandle {
                 }
                 start = scan.end;
             }
-            if hint.is_none() && found.is_none_or(|g| g == first) {
+            if !hinted && found.is_none_or(|g| g == first) {
+                hinted = true;
                 let hints = self.link.read_async(OFF_PREFIX_HINT, 2).await?;
-                hint = Some(hints[0]);
                 if self.adopt_hints([hints[0], hints[1]]) {
                     continue;
                 }
+                hint = Some(hints[0]);
             }
             return self.conclude(start, &mut words, found, hint);
         }
@@ -749,7 +790,13 @@ impl SlotHandle {
             Err(OracleError::Fenced { .. } | OracleError::Released) => gap,
             Err(e) => return Err(e),
         };
-        self.settle(gap)
+        let rid = self.settle(gap)?;
+        // Read timestamps move the prefix faster than ticks come: they publish it too,
+        // or every holder's wrap margin would stall at the hint + V/8.
+        if self.link.idle_buffers() > 0 {
+            self.publish_prefix_hint()?;
+        }
+        Ok(rid)
     }
 
     /// Decides at once what this handle may decide so that the prefix moves past
@@ -792,10 +839,10 @@ impl SlotHandle {
     /// horizons that do not cover them (CAS on the lease words). So the prefix passes
     /// free slots once per window's worth of progress, not once per timestamp.
     ///
-    /// Like a tick's skips, this needs the prefix hint read after the window and not
-    /// ahead of `start` (a reader lagging more than V/2 could take a reused position
-    /// for an undecided timestamp), so it costs a hint READ unless the read path just
-    /// read the hint. Returns the window's first undecided timestamp afterwards, if
+    /// Like a tick's skips, this needs the prefix hint, read in the same read
+    /// timestamp, not ahead of `start` (a reader lagging more than V/2 could take a
+    /// reused position for an undecided timestamp), so it costs a hint READ unless
+    /// the read path has just read the hint. Returns the window's first undecided timestamp afterwards, if
     /// anything was skipped.
     fn skip_free_behind(
         &self,
@@ -817,7 +864,8 @@ impl SlotHandle {
         // margin of the prefix it knows (a published hint may lag V/10), or its first
         // commit would wait.
         let end = cells::window_end(v, start, words.len() as u64);
-        let limit = end.min(gap + self.reach() / 2) - 1;
+        let base = self.margin_base(&self.st.borrow(), gap);
+        let limit = end.min(base + self.reach() / 2) - 1;
         if !helps || limit < gap {
             return Ok(None);
         }
@@ -915,7 +963,8 @@ impl SlotHandle {
         let frontier = frontier.max(Some(far));
         // The wrap margin, with `gap` as the known prefix.
         if let Some(f) = frontier.filter(|&f| f > gap) {
-            self.skip_own(f.min(gap + self.reach() - 1))?;
+            let base = self.margin_base(&self.st.borrow(), gap);
+            self.skip_own(f.min(base + self.reach() - 1))?;
         }
         Ok(())
     }
@@ -1124,7 +1173,7 @@ impl SlotHandle {
                 st.known = st.known.max(gap);
             }
             // Deciding anything at or beyond gap + V/2 would break the wrap margin.
-            let reach_end = gap + self.reach();
+            let reach_end = self.margin_base(&self.st.borrow(), gap) + self.reach();
             let far = Some(obs.far).filter(|&f| f > gap);
             let Some(frontier) = obs
                 .frontier
@@ -1418,20 +1467,33 @@ impl SlotHandle {
     /// while the wrap margin blocks it (a holder that claimed a slot far ahead waits
     /// for the others to skip up to it, and they would not know to otherwise).
     fn publish_hints(&self) -> Result<()> {
-        let (known, hint, highest, cursor) = {
+        let (known, highest, cursor) = {
             let st = self.st.borrow();
-            (st.known, st.hint_seen, st.highest_marked, st.cursor)
+            (st.known, st.highest_marked, st.cursor)
         };
-        if known > hint && known - hint >= (self.layout.bits() / 10).max(1) {
-            let old = self.link.cas(OFF_PREFIX_HINT, hint, known)?;
-            self.st.borrow_mut().hint_seen = if old == hint { known } else { old };
-        }
+        self.publish_prefix_hint()?;
         let window_ts = self.window_words() * 64;
         if highest >= known + window_ts {
             self.announce_far(highest)?;
         }
-        if self.active().is_ok() && cursor >= known + self.reach() {
+        let base = self.margin_base(&self.st.borrow(), known);
+        if self.active().is_ok() && cursor >= base + self.reach() {
             self.announce_far(cursor)?;
+        }
+        Ok(())
+    }
+
+    /// Publishes the known prefix as the prefix hint (CAS, so it only grows) once it is
+    /// a tenth of a round ahead of the hint last seen.
+    fn publish_prefix_hint(&self) -> Result<()> {
+        let (known, hint) = {
+            let st = self.st.borrow();
+            (st.known, st.hint_seen)
+        };
+        if known > hint && known - hint >= (self.layout.bits() / 10).max(1) {
+            let old = self.link.cas(OFF_PREFIX_HINT, hint, known)?;
+            let mut st = self.st.borrow_mut();
+            st.hint_seen = st.hint_seen.max(if old == hint { known } else { old });
         }
         Ok(())
     }

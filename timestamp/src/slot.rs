@@ -453,27 +453,11 @@ impl SlotHandle {
                 }
             }
             for i in 0..n {
-                let word = words[2 * i as usize];
-                let lease = Lease::decode(word)?;
-                if lease.state == SlotState::Owned {
-                    continue;
-                }
                 let slot = first + i;
-                let start = self.first_own(slot, lease.horizon * BLOCK);
-                let mine = Lease {
-                    state: SlotState::Owned,
-                    tag: lease.next_tag(),
-                    horizon: self.horizon_for(start).max(lease.horizon),
-                };
-                let posted = self.clock.now();
-                let old = self
-                    .link
-                    .cas(self.layout.lease_offset(slot), word, mine.encode())?;
-                if old != word {
-                    // Someone else changed it first; look at the rest.
-                    self.st.borrow_mut().note_lease(slot, old);
+                let Some((mine, start, posted)) = self.try_claim(slot, words[2 * i as usize])?
+                else {
                     continue;
-                }
+                };
                 let beat = self.restart_heartbeat(slot)?;
                 let mut st = self.st.borrow_mut();
                 st.beat = beat;
@@ -495,6 +479,35 @@ impl SlotHandle {
             first += n;
         }
         Err(OracleError::NoFreeSlot { slots })
+    }
+
+    /// CASes `slot`'s lease from `word` (as read) to owned, unless it is owned; read
+    /// timestamps raise free slots' horizons all the time, so a CAS that lost to a
+    /// raise tries again from the word it found, a few times. Returns our lease,
+    /// where we start and when the CAS was posted.
+    fn try_claim(&self, slot: u32, mut word: u64) -> Result<Option<(Lease, u64, Duration)>> {
+        for _ in 0..4 {
+            let lease = Lease::decode(word)?;
+            if lease.state == SlotState::Owned {
+                return Ok(None);
+            }
+            let start = self.first_own(slot, lease.horizon * BLOCK);
+            let mine = Lease {
+                state: SlotState::Owned,
+                tag: lease.next_tag(),
+                horizon: self.horizon_for(start).max(lease.horizon),
+            };
+            let posted = self.clock.now();
+            let old = self
+                .link
+                .cas(self.layout.lease_offset(slot), word, mine.encode())?;
+            if old == word {
+                return Ok(Some((mine, start, posted)));
+            }
+            self.st.borrow_mut().note_lease(slot, old);
+            word = old;
+        }
+        Ok(None)
     }
 
     /// Starts the heartbeat of a slot just claimed: clears a fencer's mark and moves

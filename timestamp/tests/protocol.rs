@@ -452,12 +452,12 @@ fn commits_become_visible_through_reads_alone() {
         let rounds = rounds_until_visible(a, &[b], t, 50)
             .unwrap_or_else(|| panic!("commit {t} ({i}) not visible after 50 rounds of reads"));
         worst = worst.max(rounds);
-        assert_eq!(o.true_prefix(t).unwrap() > t, true);
+        assert!(o.true_prefix(t).unwrap() > t);
     }
     eprintln!("worst: {worst} rounds of reads");
     assert!(worst <= 4, "a commit needed {worst} rounds of reads");
     assert!(h[0].stats().skipped_for_others + h[1].stats().skipped_for_others > 0);
-    assert_eq!(h[0].stats().skipped + h[1].stats().skipped > 0, true);
+    assert!(h[0].stats().skipped + h[1].stats().skipped > 0);
 }
 
 /// The same with uneven rates: holder A commits 100 times for each commit of B, and

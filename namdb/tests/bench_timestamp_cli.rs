@@ -3,24 +3,11 @@
 use serde_json::Value;
 use std::process::Command;
 
-#[test]
-fn short_run_writes_the_json_fields() {
-    let path = std::env::temp_dir().join(format!("namdb-bench-ts-{}.json", std::process::id()));
+/// Runs `namdb bench timestamp ARGS`, which must succeed.
+fn bench(args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args([
-            "bench",
-            "timestamp",
-            "--backend",
-            "sim",
-            "--slots",
-            "3",
-            "--threads",
-            "2",
-            "--duration-ms",
-            "50",
-            "--json",
-            path.to_str().expect("UTF-8 path"),
-        ])
+        .args(["bench", "timestamp"])
+        .args(args)
         .output()
         .expect("the namdb binary runs");
     assert!(
@@ -28,6 +15,24 @@ fn short_run_writes_the_json_fields() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+#[test]
+fn short_run_writes_the_json_fields() {
+    let path = std::env::temp_dir().join(format!("namdb-bench-ts-{}.json", std::process::id()));
+    bench(&[
+        "--backend",
+        "sim",
+        "--slots",
+        "3",
+        "--threads",
+        "2",
+        "--duration-ms",
+        "50",
+        "--json",
+        path.to_str().expect("UTF-8 path"),
+    ]);
     let text = std::fs::read_to_string(&path).expect("JSON written");
     let _ = std::fs::remove_file(&path);
     let v: Value = serde_json::from_str(&text).expect("JSON object");
@@ -54,15 +59,7 @@ fn more_threads_than_slots_is_refused() {
 
 #[test]
 fn commit_then_wait_times_visibility() {
-    let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args(["bench", "timestamp", "--wait", "--duration-ms", "50"])
-        .output()
-        .expect("the namdb binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = bench(&["--wait", "--duration-ms", "50"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("each commit waits until visible"), "{text}");
     assert!(text.contains("visible after p99"), "{text}");

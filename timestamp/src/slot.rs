@@ -855,8 +855,8 @@ impl SlotHandle {
     /// Like a tick's skips, this needs the prefix hint, read in the same read
     /// timestamp, not ahead of `start` (a reader lagging more than V/2 could take a
     /// reused position for an undecided timestamp), so it costs a hint READ unless
-    /// the read path has just read the hint. Returns the window's first undecided timestamp afterwards, if
-    /// anything was skipped.
+    /// the read path has just read the hint. Returns the window's first undecided
+    /// timestamp afterwards, if anything was skipped.
     fn skip_free_behind(
         &self,
         start: u64,

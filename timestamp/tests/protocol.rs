@@ -435,6 +435,16 @@ fn rounds_until_visible(
     None
 }
 
+/// `writer` commits a timestamp; then both read until the writer's read timestamp
+/// covers it. Returns the timestamp and how many rounds of reads that took.
+fn commit_and_wait(writer: &SlotHandle, reader: &SlotHandle, limit: u32) -> (u64, u32) {
+    let t = writer.acquire_commit_ts(4).unwrap();
+    writer.mark(t, Outcome::Committed).unwrap();
+    let rounds = rounds_until_visible(writer, &[reader], t, limit)
+        .unwrap_or_else(|| panic!("commit {t} not visible after {limit} rounds of reads"));
+    (t, rounds)
+}
+
 /// Without ticks (the manual clock never moves and nobody calls `tick`), two holders
 /// among 16 slots (14 free) see each other's commits after a few read timestamps:
 /// the reads skip the free slots with CAS and a holder the prefix waits for skips
@@ -446,11 +456,7 @@ fn commits_become_visible_through_reads_alone() {
     let h = handles(&o, 2, &clock);
     let mut worst = 0;
     for i in 0..300 {
-        let (a, b) = (&h[i % 2], &h[(i + 1) % 2]);
-        let t = a.acquire_commit_ts(4).unwrap();
-        a.mark(t, Outcome::Committed).unwrap();
-        let rounds = rounds_until_visible(a, &[b], t, 50)
-            .unwrap_or_else(|| panic!("commit {t} ({i}) not visible after 50 rounds of reads"));
+        let (t, rounds) = commit_and_wait(&h[i % 2], &h[(i + 1) % 2], 50);
         worst = worst.max(rounds);
         assert!(o.true_prefix(t).unwrap() > t);
     }
@@ -471,10 +477,7 @@ fn uneven_commit_rates_keep_visibility_prompt() {
     let mut worst = 0;
     for i in 0..1000 {
         let (writer, reader) = if i % 100 == 99 { (b, a) } else { (a, b) };
-        let t = writer.acquire_commit_ts(4).unwrap();
-        writer.mark(t, Outcome::Committed).unwrap();
-        let rounds = rounds_until_visible(writer, &[reader], t, 50)
-            .unwrap_or_else(|| panic!("commit {t} ({i}) not visible after 50 rounds of reads"));
+        let (_, rounds) = commit_and_wait(writer, reader, 50);
         worst = worst.max(rounds);
     }
     eprintln!("worst: {worst} rounds of reads");
@@ -494,11 +497,7 @@ fn a_claimer_of_a_slot_skipped_ahead_starts_above_the_skips() {
     let h = handles(&o, 2, &clock);
     let mut top = 0;
     for i in 0..50 {
-        let (a, b) = (&h[i % 2], &h[(i + 1) % 2]);
-        let t = a.acquire_commit_ts(4).unwrap();
-        a.mark(t, Outcome::Committed).unwrap();
-        rounds_until_visible(a, &[b], t, 20).expect("visible");
-        top = t;
+        top = commit_and_wait(&h[i % 2], &h[(i + 1) % 2], 20).0;
     }
     let skipped_before = h[0].stats().skipped_for_others + h[1].stats().skipped_for_others;
     assert!(skipped_before > 0);

@@ -827,8 +827,19 @@ impl SlotHandle {
         gap: u64,
         hint: Option<u64>,
     ) -> Result<Option<u64>> {
+        // The common case, one look: the gap is another active slot's (or a handed-out
+        // one of ours) and nothing of ours lies beyond others' windows.
+        let window_ts = self.window_words() * 64;
+        let idle = {
+            let st = self.st.borrow();
+            let owner = (gap % self.layout.slots() as u64) as u32;
+            let ours = st.status == Status::Active && owner == st.slot;
+            !st.known_free(owner)
+                && !(ours && (gap < st.inherited_below || gap == st.cursor))
+                && !(st.highest_marked > st.far_seen && st.highest_marked >= gap + window_ts)
+        };
         // Another coroutine's reads may hold every buffer: skip nothing then.
-        if self.link.idle_buffers() == 0 {
+        if idle || self.link.idle_buffers() == 0 {
             return Ok(None);
         }
         let moved = self.skip_free_behind(start, words, gap, hint)?;
@@ -840,7 +851,7 @@ impl SlotHandle {
             let st = self.st.borrow();
             (st.highest_marked, st.far_seen)
         };
-        if highest > far && highest >= gap + self.window_words() * 64 {
+        if highest > far && highest >= gap + window_ts {
             self.announce_far(highest)?;
         }
         Ok(moved)

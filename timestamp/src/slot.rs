@@ -836,7 +836,8 @@ impl SlotHandle {
             let ours = st.status == Status::Active && owner == st.slot;
             !st.known_free(owner)
                 && !(ours && (gap < st.inherited_below || gap == st.cursor))
-                && !(st.highest_marked > st.far_seen && st.highest_marked >= gap + window_ts)
+                && !(st.highest_marked >= st.far_seen + window_ts
+                    && st.highest_marked >= gap + window_ts)
         };
         // Another coroutine's reads may hold every buffer: skip nothing then.
         if idle || self.link.idle_buffers() == 0 {
@@ -846,12 +847,13 @@ impl SlotHandle {
         self.skip_own_behind(start, words, moved.unwrap_or(gap))?;
         // Our decisions beyond what others' windows reach (a slot claimed far ahead
         // commits there) wait for their holders to skip up to them; the far hint
-        // tells them, as a tick's would.
+        // tells them, as a tick's would. Once per window of our progress at most: a
+        // holder far ahead of the prefix would otherwise CAS it at every read.
         let (highest, far) = {
             let st = self.st.borrow();
             (st.highest_marked, st.far_seen)
         };
-        if highest > far && highest >= gap + window_ts {
+        if highest >= far + window_ts && highest >= gap + window_ts {
             self.announce_far(highest)?;
         }
         Ok(moved)

@@ -167,6 +167,10 @@ enum Status {
     Released,
 }
 
+/// How many of its own timestamps a holder may lag behind another holder's decision
+/// before a read timestamp skips its cursor at once (see `skip_own_behind`).
+const BEHIND: u64 = 4;
+
 /// The heartbeat word's top bit: set by a fencer, cleared by the next holder.
 const BEAT_FENCED: u64 = 1 << 63;
 
@@ -951,29 +955,28 @@ impl SlotHandle {
         Ok(Some(cells::scan_to_gap(v, start, words).gap.unwrap_or(end)))
     }
 
-    /// When `gap` is this slot's cursor for the second read in a row (the prefix waits
-    /// for this slot, and its holder did not decide the timestamp meanwhile), skips
-    /// its unused timestamps up to the highest decision in the window of a slot not
-    /// known to be free, as a tick would (`skip_own`: FETCH_ADDs, unsignaled; lease,
-    /// horizon and wrap margin checked there).
+    /// When `gap` is this slot's cursor, skips its unused timestamps up to the highest
+    /// decision in the window of a slot not known to be free, as a tick would
+    /// (`skip_own`: FETCH_ADDs, unsignaled; lease, horizon and wrap margin checked
+    /// there) — if that decision is [`BEHIND`] of this slot's timestamps or more
+    /// ahead, or the gap was the cursor at the previous read too (the holder did not
+    /// decide it meanwhile).
     ///
-    /// Why the second read: a holder that commits all the time decides its cursor by
-    /// committing soon enough, so skipping at the first sight would only burn its
-    /// timestamps and a FETCH_ADD per read; this way it costs such a holder a
-    /// comparison per read. Why free slots' decisions are left out: the CAS skips
-    /// decide them ahead of everyone, and counting them would make every holder chase
-    /// the window's end.
+    /// Why not always: a holder that commits all the time and keeps pace decides its
+    /// cursor by committing soon enough; skipping at once would only burn its
+    /// timestamps and a FETCH_ADD per read. One that falls behind (another holder
+    /// commits faster) would hold every later commit back for as long as it lags, so it
+    /// jumps ahead. Why free slots' decisions are left out: the CAS skips decide them
+    /// ahead of everyone, and counting them would make every holder chase the window's
+    /// end.
     fn skip_own_behind(&self, start: u64, words: &[u64], gap: u64) -> Result<()> {
-        {
+        let again = {
             let mut st = self.st.borrow_mut();
             if st.status != Status::Active || st.cursor != gap {
                 return Ok(());
             }
-            if st.stalled_at != Some(gap) {
-                st.stalled_at = Some(gap);
-                return Ok(());
-            }
-        }
+            st.stalled_at.replace(gap) == Some(gap)
+        };
         let v = self.layout.bits();
         let s = self.layout.slots() as u64;
         let (frontier, far) = {
@@ -983,12 +986,13 @@ impl SlotHandle {
             });
             (f, st.far_seen)
         };
-        // The far hint, which the read before this one read with the prefix hint (the
-        // prefix did not move, so it did), stands for a decision beyond the window,
-        // such as the first commits of a node that claimed a slot far ahead.
+        // The far hint, which a read read with the prefix hint when the prefix did
+        // not move, stands for a decision beyond the window, such as the first commits
+        // of a node that claimed a slot far ahead.
         let frontier = frontier.max(Some(far));
-        // The wrap margin, with `gap` as the known prefix.
-        if let Some(f) = frontier.filter(|&f| f > gap) {
+        let due = |f: u64| f > gap && (again || f >= gap + BEHIND * s);
+        if let Some(f) = frontier.filter(|&f| due(f)) {
+            // The wrap margin, with `gap` as the known prefix.
             let base = self.margin_base(&self.st.borrow(), gap);
             self.skip_own(f.min(base + self.reach() - 1))?;
         }

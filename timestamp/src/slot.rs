@@ -606,7 +606,7 @@ impl SlotHandle {
                 Err(OracleError::ReservationExhausted { ts, .. }) => self.raise_horizon(ts)?,
                 Err(OracleError::RenewalDue) => self.renew()?,
                 Err(OracleError::WrapBlocked { ts, .. }) => {
-                    self.announce_far(ts)?;
+                    self.announce_blocked(ts)?;
                     self.read_timestamp()?;
                     crate::spin();
                 }
@@ -989,7 +989,11 @@ impl SlotHandle {
         // The far hint, which a read read with the prefix hint when the prefix did
         // not move, stands for a decision beyond the window, such as the first commits
         // of a node that claimed a slot far ahead.
-        let frontier = frontier.max(Some(far));
+        let frontier = if again {
+            frontier.max(Some(far))
+        } else {
+            frontier
+        };
         let due = |f: u64| f > gap && (again || f >= gap + BEHIND * s);
         if let Some(f) = frontier.filter(|&f| due(f)) {
             // The wrap margin, with `gap` as the known prefix.
@@ -1508,6 +1512,23 @@ impl SlotHandle {
         }
         let base = self.margin_base(&self.st.borrow(), known);
         if self.active().is_ok() && cursor >= base + self.reach() {
+            self.announce_blocked(cursor)?;
+        }
+        Ok(())
+    }
+
+    /// Announces `cursor`, blocked by the wrap margin, as the far hint — only while it
+    /// is where this holder started: a node that claimed a slot far ahead needs the
+    /// others to skip up to it. A holder that got ahead by skipping (a tick or a read
+    /// skipped its cursor up to the far hint or the frontier) must not: every other
+    /// holder would skip up to it in turn and be blocked there too, a ratchet that
+    /// kept all holders at the wrap edge and the prefix V/2 behind their commits.
+    fn announce_blocked(&self, cursor: u64) -> Result<()> {
+        let fresh = {
+            let st = self.st.borrow();
+            st.cursor == st.inherited_below && cursor == st.cursor
+        };
+        if fresh {
             self.announce_far(cursor)?;
         }
         Ok(())

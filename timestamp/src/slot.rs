@@ -958,9 +958,10 @@ impl SlotHandle {
     /// When `gap` is this slot's cursor, skips its unused timestamps up to the highest
     /// decision in the window of a slot not known to be free, as a tick would
     /// (`skip_own`: FETCH_ADDs, unsignaled; lease, horizon and wrap margin checked
-    /// there) — if that decision is [`BEHIND`] of this slot's timestamps or more
-    /// ahead, or the gap was the cursor at the previous read too (the holder did not
-    /// decide it meanwhile).
+    /// there) — if that decision is [`BEHIND`] of this slot's timestamps (and a
+    /// word's worth of timestamps, so that few slots do not skip at every small drift)
+    /// or more ahead, or the gap was the cursor at the previous read too (the holder
+    /// did not decide it meanwhile).
     ///
     /// Why not always: a holder that commits all the time and keeps pace decides its
     /// cursor by committing soon enough; skipping at once would only burn its
@@ -994,7 +995,7 @@ impl SlotHandle {
         } else {
             frontier
         };
-        let due = |f: u64| f > gap && (again || f >= gap + BEHIND * s);
+        let due = |f: u64| f > gap && (again || f >= gap + (BEHIND * s).max(BLOCK));
         if let Some(f) = frontier.filter(|&f| due(f)) {
             // The wrap margin, with `gap` as the known prefix.
             let base = self.margin_base(&self.st.borrow(), gap);

@@ -11,7 +11,7 @@
 //!   reads; more READs only to catch up. When the prefix waits for a free slot: a
 //!   hint READ and a doorbell of CAS (once per window's worth of progress, as they
 //!   skip the free slots through the window); when it waits for this slot's unused
-//!   cursor at two reads in a row: FETCH_ADDs, unsignaled.
+//!   cursor (see below): FETCH_ADDs, unsignaled; a hint CAS per V/10 of progress.
 //! - [`SlotHandle::tick`]: every `tick_interval`, one READ (window + hint, one
 //!   doorbell), plus FETCH_ADDs to skip own timestamps, a heartbeat every
 //!   `lease_timeout / 4`, and reads/CAS of another slot only while that slot stalls
@@ -30,11 +30,12 @@
 //! Skipping without ticks. A commit is visible once every lower timestamp is decided,
 //! so the prefix must not wait for slots that do not commit. Read timestamps do the
 //! skipping (ticks remain the bound for idle holders that do not read):
-//! - A holder whose unused cursor is the gap at two reads in a row skips its own
-//!   timestamps up to the highest decision in the window of a slot it does not know
-//!   to be free (or the far hint), as a tick does: FETCH_ADD, only its own, only
-//!   above every handed-out timestamp, under a confirmed lease (`ensure_lease`) and
-//!   horizon, and below gap + V/2 (the wrap margin with the gap as known prefix).
+//! - A holder whose unused cursor is the gap skips its own timestamps up to the
+//!   highest decision in the window of a slot it does not know to be free, as a tick
+//!   does — at once if it lags that decision by a few of its timestamps, else when
+//!   the cursor is the gap at two reads in a row (then up to the far hint as well):
+//!   FETCH_ADD, only its own, only above every handed-out timestamp, under a
+//!   confirmed lease (`ensure_lease`) and horizon, and within the wrap margin.
 //! - A handle remembers every slot's lease word as last seen. When the gap belongs to
 //!   a slot seen free or fenced, it raises the horizons of such slots in the window
 //!   (CAS on the lease) and decides their undecided timestamps below the horizon

@@ -3,24 +3,11 @@
 use serde_json::Value;
 use std::process::Command;
 
-#[test]
-fn short_run_writes_the_json_fields() {
-    let path = std::env::temp_dir().join(format!("namdb-bench-ts-{}.json", std::process::id()));
+/// Runs `namdb bench timestamp ARGS`, which must succeed.
+fn bench(args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args([
-            "bench",
-            "timestamp",
-            "--backend",
-            "sim",
-            "--slots",
-            "3",
-            "--threads",
-            "2",
-            "--duration-ms",
-            "50",
-            "--json",
-            path.to_str().expect("UTF-8 path"),
-        ])
+        .args(["bench", "timestamp"])
+        .args(args)
         .output()
         .expect("the namdb binary runs");
     assert!(
@@ -28,6 +15,24 @@ fn short_run_writes_the_json_fields() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+#[test]
+fn short_run_writes_the_json_fields() {
+    let path = std::env::temp_dir().join(format!("namdb-bench-ts-{}.json", std::process::id()));
+    bench(&[
+        "--backend",
+        "sim",
+        "--slots",
+        "3",
+        "--threads",
+        "2",
+        "--duration-ms",
+        "50",
+        "--json",
+        path.to_str().expect("UTF-8 path"),
+    ]);
     let text = std::fs::read_to_string(&path).expect("JSON written");
     let _ = std::fs::remove_file(&path);
     let v: Value = serde_json::from_str(&text).expect("JSON object");
@@ -38,6 +43,7 @@ fn short_run_writes_the_json_fields() {
         assert!(v[f].as_f64().expect(f) > 0.0, "{f}: {v}");
     }
     assert!(v["lag_p99"].as_u64().is_some(), "{v}");
+    assert!(v["visible_p99_ns"].as_u64().is_some(), "{v}");
     assert!(v["bytes_per_rid"].as_f64().unwrap() <= 512.0, "{v}");
 }
 
@@ -49,4 +55,12 @@ fn more_threads_than_slots_is_refused() {
         .expect("the namdb binary runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--slots"));
+}
+
+#[test]
+fn commit_then_wait_times_visibility() {
+    let out = bench(&["--wait", "--duration-ms", "50"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("each commit waits until visible"), "{text}");
+    assert!(text.contains("visible after p99"), "{text}");
 }

@@ -120,6 +120,89 @@ fn scan_words(bits: u64, start: u64, words: &[u64], limit: u64, stop_at_gap: boo
     }
 }
 
+/// The first timestamp whose bit is bit 0 of the `i`-th word of a window read from
+/// `start` (the window's first word may begin before `start`).
+fn word_base(bits: u64, start: u64, i: usize) -> u64 {
+    let p0 = start % bits;
+    start - p0 + (p0 / 64 + i as u64) * 64
+}
+
+/// The highest decided timestamp at or after `start` in a window read from `start`,
+/// leaving out the bits `ignore(base)` returns for the word whose bit 0 is timestamp
+/// `base`. The read path uses it for the highest decision of a slot that is not known
+/// to be free: what an active slot's holder may be waiting to see covered, unlike the
+/// skips made for free slots ahead of everyone.
+pub(crate) fn last_decided_except(
+    bits: u64,
+    start: u64,
+    words: &[u64],
+    ignore: impl Fn(u64) -> u64,
+) -> Option<u64> {
+    let p0 = start % bits;
+    let odd = odd_round(bits, start);
+    for (i, &word) in words.iter().enumerate().rev() {
+        let base = word_base(bits, start, i);
+        let pos = base % bits;
+        let mut valid = u64::MAX;
+        if pos < p0 {
+            valid &= u64::MAX.checked_shl((p0 - pos) as u32).unwrap_or(0);
+        }
+        if bits - pos < 64 {
+            valid &= (1u64 << (bits - pos)) - 1;
+        }
+        let decided = decided_bits(word, odd) & valid & !ignore(base);
+        if decided != 0 {
+            return Some(base + 63 - decided.leading_zeros() as u64);
+        }
+    }
+    None
+}
+
+/// Per word of a window read from `start`, the bits of the undecided timestamps in
+/// `[from, upto]` that `may_skip` allows: `(index in words, mask)` for the words with
+/// any. `from` must be at or after `start`; only bits inside the window count.
+pub(crate) fn skippable(
+    bits: u64,
+    start: u64,
+    words: &[u64],
+    from: u64,
+    upto: u64,
+    may_skip: impl Fn(u64) -> bool,
+) -> Vec<(usize, u64)> {
+    let odd = odd_round(bits, start);
+    let mut out = Vec::new();
+    for (i, &word) in words.iter().enumerate() {
+        let base = word_base(bits, start, i);
+        if base > upto {
+            break;
+        }
+        let undecided = !decided_bits(word, odd);
+        let mut mask = 0u64;
+        for b in 0..64u64 {
+            let t = base + b;
+            if t >= from
+                && t <= upto
+                && (base % bits) + b < bits
+                && undecided & (1 << b) != 0
+                && may_skip(t)
+            {
+                mask |= 1 << b;
+            }
+        }
+        if mask != 0 {
+            out.push((i, mask));
+        }
+    }
+    out
+}
+
+/// The first timestamp after a window of `words` words read from `start`.
+pub(crate) fn window_end(bits: u64, start: u64, words: u64) -> u64 {
+    let p0 = start % bits;
+    let end_pos = ((p0 / 64 + words) * 64).min(bits).max(p0);
+    start + (end_pos - p0)
+}
+
 /// The words a window read from `start` covers: from `start`'s word, at most
 /// `max_words`, never past the end of the vector.
 pub(crate) fn window_words(bits: u64, start: u64, max_words: u64) -> (u64, u64) {
@@ -224,6 +307,45 @@ mod tests {
         assert_eq!(s.gap, Some(100));
         assert_eq!(s.frontier, Some(99));
         assert_eq!(s.end, 128);
+    }
+
+    #[test]
+    fn the_highest_decision_can_leave_slots_out() {
+        let bits = 200;
+        // Decided: 0..10, 11, 130 and 150; timestamps are owned by slot t % 4.
+        let mut cells: Vec<(u64, bool)> = (0..200).map(|t| (t, t < 10)).collect();
+        for t in [11, 130, 150] {
+            cells[t].1 = true;
+        }
+        let words = render(bits, &cells);
+        let all = |_| 0;
+        assert_eq!(last_decided_except(bits, 3, &words, all), Some(150));
+        // Leaving out slot 2 leaves out 150 and 130, both of slot 2.
+        let slot2 = |base: u64| {
+            (0..64)
+                .filter(|b| (base + b) % 4 == 2)
+                .fold(0, |m, b| m | 1 << b)
+        };
+        assert_eq!(last_decided_except(bits, 3, &words, slot2), Some(11));
+        // Bits before `start` do not count.
+        assert_eq!(last_decided_except(bits, 12, &words[..1], all), None);
+        assert_eq!(last_decided_except(bits, 5, &words[..1], all), Some(11));
+    }
+
+    #[test]
+    fn skippable_bits_are_undecided_in_range_and_allowed() {
+        let bits = 200;
+        let cells: Vec<(u64, bool)> = (0..200).map(|t| (t, t < 10 || t == 14)).collect();
+        let words = render(bits, &cells);
+        // Slot 2 of 4 from 10 to 70: 10 (word 0), 18.., 14 is decided.
+        let plan = skippable(bits, 3, &words, 10, 70, |t| t % 4 == 2);
+        let want0 = (10..64)
+            .filter(|t| t % 4 == 2 && *t != 14)
+            .fold(0u64, |m, t| m | 1 << t);
+        assert_eq!(plan, vec![(0, want0), (1, 1 << (66 - 64) | 1 << (70 - 64))]);
+        // The last word holds positions 192..199 only.
+        let plan = skippable(bits, 190, &words[2..], 190, 400, |_| true);
+        assert_eq!(plan, vec![(0, 0b11 << 62), (1, 0xff)]);
     }
 
     #[test]

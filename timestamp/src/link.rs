@@ -138,6 +138,12 @@ impl Link {
         }
     }
 
+    /// Scratch buffers that no request holds: how many requests [`Link::run`] can take
+    /// now (fewer than [`BUFFERS`] while coroutines have reads in flight).
+    pub(crate) fn idle_buffers(&self) -> usize {
+        BUFFERS - self.busy.get().count_ones() as usize
+    }
+
     fn take_buffer(&self) -> Option<usize> {
         let free = !self.busy.get() & ((1u32 << BUFFERS) - 1);
         if free == 0 {

@@ -8,7 +8,10 @@
 //!   signaled to retire the others).
 //! - [`SlotHandle::read_timestamp`]: one READ of at most 256 bytes from the known
 //!   prefix while the prefix moves less than a window (2048 timestamps) between two
-//!   reads; more READs only to catch up.
+//!   reads; more READs only to catch up. When the prefix waits for a free slot: a
+//!   hint READ and a doorbell of CAS (once per window's worth of progress, as they
+//!   skip the free slots through the window); when it waits for this slot's unused
+//!   cursor (see below): FETCH_ADDs, unsignaled; a hint CAS per V/10 of progress.
 //! - [`SlotHandle::tick`]: every `tick_interval`, one READ (window + hint, one
 //!   doorbell), plus FETCH_ADDs to skip own timestamps, a heartbeat every
 //!   `lease_timeout / 4`, and reads/CAS of another slot only while that slot stalls
@@ -23,6 +26,31 @@
 //! nodes; safety needs only that clock rates differ by less than 2× and that a posted
 //! mark lands within `lease_timeout / 2` (RC transport retries are far shorter), the
 //! usual lease assumptions.
+//!
+//! Skipping without ticks. A commit is visible once every lower timestamp is decided,
+//! so the prefix must not wait for slots that do not commit. Read timestamps do the
+//! skipping (ticks remain the bound for idle holders that do not read):
+//! - A holder whose unused cursor is the gap skips its own timestamps up to the
+//!   highest decision in the window of a slot it does not know to be free, as a tick
+//!   does — at once if it lags that decision by a few of its timestamps, else when
+//!   the cursor is the gap at two reads in a row (then up to the far hint as well):
+//!   FETCH_ADD, only its own, only above every handed-out timestamp, under a
+//!   confirmed lease (`ensure_lease`) and horizon, and within the wrap margin.
+//! - A handle remembers every slot's lease word as last seen. When the gap belongs to
+//!   a slot seen free or fenced, it raises the horizons of such slots in the window
+//!   (CAS on the lease) and decides their undecided timestamps below the horizon
+//!   through the window, at most V/4 ahead, with one CAS per word. Why a lease seen
+//!   earlier is a safe bound: horizons never go down (a claim takes the horizon or
+//!   more, a release leaves the cursor, which is at or above it, a fence keeps it,
+//!   skippers only raise it), so every holder after the sighting starts at or above
+//!   the horizon seen, and the one before it ended (release: all decided; fence: the
+//!   usual lease assumption that its marks landed). A CAS changes nothing if the word
+//!   changed since it was read, so it never undoes a decision, and a failed lease CAS
+//!   teaches the slot's new lease (a claimed slot is then known as owned). Like a
+//!   tick's skips, these need the prefix hint, read in the same read timestamp, not
+//!   to be ahead of the window's start: a reader more than V/2 behind could read a
+//!   reused position as undecided. V/4 keeps a claimer (which starts at the horizon)
+//!   within the wrap margin of the prefix it knows.
 //!
 //! [`SIGNAL_EVERY`]: crate::link::SIGNAL_EVERY
 
@@ -108,7 +136,8 @@ pub struct SlotStats {
     pub aborted: u64,
     /// Own timestamps decided without use (idle skips).
     pub skipped: u64,
-    /// Other slots' timestamps decided for them (free or fenced slots).
+    /// Other slots' timestamps decided for them (free or fenced slots), and by read
+    /// timestamps also this slot's inherited ones.
     pub skipped_for_others: u64,
     /// Read timestamps computed, and the READs and bytes they took.
     pub read_timestamps: u64,
@@ -138,6 +167,10 @@ enum Status {
     Fenced,
     Released,
 }
+
+/// How many of its own timestamps a holder may lag behind another holder's decision
+/// before a read timestamp skips its cursor at once (see `skip_own_behind`).
+const BEHIND: u64 = 4;
 
 /// The heartbeat word's top bit: set by a fencer, cleared by the next holder.
 const BEAT_FENCED: u64 = 1 << 63;
@@ -203,8 +236,76 @@ struct State {
     highest_marked: u64,
     last_gap: Option<u64>,
     watch: Option<Watch>,
+    /// The cursor at which a read timestamp last found the prefix waiting for this
+    /// slot (see `skip_own_behind`).
+    stalled_at: Option<u64>,
+    /// Every slot's lease as last seen on the server (registration's read of the
+    /// table, the returns of lease CASes, stall checks); ours is `lease`. A slot never
+    /// seen reads as owned. Horizons only grow, so a free or fenced slot's horizon
+    /// seen once stays a safe bound for skipping for it (see the module doc).
+    leases: Vec<Lease>,
+    /// For each residue r of a word's first timestamp mod S: the bits of that word
+    /// whose slots `leases` shows free or fenced (never this handle's own active slot).
+    free_bits: Vec<u64>,
     stats: SlotStats,
 }
+
+impl State {
+    /// Whether others may skip for `slot` as far as this handle knows.
+    fn known_free(&self, slot: u32) -> bool {
+        let own = slot == self.slot && self.status == Status::Active;
+        !own && self.leases[slot as usize].state != SlotState::Owned
+    }
+
+    /// Below which timestamp this handle may decide `slot`'s undecided timestamps with
+    /// CAS: a free or fenced slot's horizon (a claimer starts at it), or, for our own
+    /// slot, where this holder started (what it inherited below that may be skipped
+    /// by others too, so it is decided with CAS as well).
+    fn cas_bound(&self, slot: u32) -> u64 {
+        if slot == self.slot && self.status == Status::Active {
+            return self.inherited_below;
+        }
+        let lease = self.leases[slot as usize];
+        if lease.state == SlotState::Owned {
+            0
+        } else {
+            lease.horizon * BLOCK
+        }
+    }
+
+    fn rebuild_free_bits(&mut self) {
+        let s = self.leases.len() as u64;
+        for r in 0..s {
+            let mut bits = 0u64;
+            for b in 0..64 {
+                if self.known_free(((r + b) % s) as u32) {
+                    bits |= 1 << b;
+                }
+            }
+            self.free_bits[r as usize] = bits;
+        }
+    }
+
+    /// Records a slot's lease word as seen on the server.
+    fn note_lease(&mut self, slot: u32, word: u64) {
+        let Ok(lease) = Lease::decode(word) else {
+            return;
+        };
+        let was_free = self.known_free(slot);
+        self.leases[slot as usize] = lease;
+        if was_free != self.known_free(slot) {
+            self.rebuild_free_bits();
+        }
+    }
+}
+
+/// What a handle assumes of a slot it has not seen: owned, so that it neither skips
+/// for it nor leaves its decisions out of the frontier.
+const UNSEEN: Lease = Lease {
+    state: SlotState::Owned,
+    tag: 0,
+    horizon: 0,
+};
 
 /// One slot of the oracle, held by this client.
 ///
@@ -285,6 +386,9 @@ impl SlotHandle {
                 highest_marked: 0,
                 last_gap: None,
                 watch: None,
+                stalled_at: None,
+                leases: vec![UNSEEN; layout.slots() as usize],
+                free_bits: vec![0; layout.slots() as usize],
                 stats: SlotStats::default(),
             }),
         };
@@ -368,27 +472,18 @@ impl SlotHandle {
             let mut entries = [0u64; (BUFFER_BYTES / 8) as usize];
             let words = &mut entries[..2 * n as usize];
             self.link.read(self.layout.lease_offset(first), words)?;
+            {
+                let mut st = self.st.borrow_mut();
+                for i in 0..n {
+                    st.note_lease(first + i, words[2 * i as usize]);
+                }
+            }
             for i in 0..n {
-                let word = words[2 * i as usize];
-                let lease = Lease::decode(word)?;
-                if lease.state == SlotState::Owned {
-                    continue;
-                }
                 let slot = first + i;
-                let start = self.first_own(slot, lease.horizon * BLOCK);
-                let mine = Lease {
-                    state: SlotState::Owned,
-                    tag: lease.next_tag(),
-                    horizon: self.horizon_for(start).max(lease.horizon),
-                };
-                let posted = self.clock.now();
-                let old = self
-                    .link
-                    .cas(self.layout.lease_offset(slot), word, mine.encode())?;
-                if old != word {
-                    // Someone else changed it first; look at the rest.
+                let Some((mine, start, posted)) = self.try_claim(slot, words[2 * i as usize])?
+                else {
                     continue;
-                }
+                };
                 let beat = self.restart_heartbeat(slot)?;
                 let mut st = self.st.borrow_mut();
                 st.beat = beat;
@@ -403,11 +498,42 @@ impl SlotHandle {
                 st.next_tick = posted;
                 st.last_gap = None;
                 st.watch = None;
+                st.leases[slot as usize] = mine;
+                st.rebuild_free_bits();
                 return Ok(slot);
             }
             first += n;
         }
         Err(OracleError::NoFreeSlot { slots })
+    }
+
+    /// CASes `slot`'s lease from `word` (as read) to owned, unless it is owned; read
+    /// timestamps raise free slots' horizons all the time, so a CAS that lost to a
+    /// raise tries again from the word it found, a few times. Returns our lease,
+    /// where we start and when the CAS was posted.
+    fn try_claim(&self, slot: u32, mut word: u64) -> Result<Option<(Lease, u64, Duration)>> {
+        for _ in 0..4 {
+            let lease = Lease::decode(word)?;
+            if lease.state == SlotState::Owned {
+                return Ok(None);
+            }
+            let start = self.first_own(slot, lease.horizon * BLOCK);
+            let mine = Lease {
+                state: SlotState::Owned,
+                tag: lease.next_tag(),
+                horizon: self.horizon_for(start).max(lease.horizon),
+            };
+            let posted = self.clock.now();
+            let old = self
+                .link
+                .cas(self.layout.lease_offset(slot), word, mine.encode())?;
+            if old == word {
+                return Ok(Some((mine, start, posted)));
+            }
+            self.st.borrow_mut().note_lease(slot, old);
+            word = old;
+        }
+        Ok(None)
     }
 
     /// Starts the heartbeat of a slot just claimed: clears a fencer's mark and moves
@@ -466,7 +592,7 @@ impl SlotHandle {
             });
         }
         let reach = self.reach();
-        if t >= st.known + reach {
+        if t >= self.margin_base(&st, st.known) + reach {
             return Err(OracleError::WrapBlocked {
                 ts: t,
                 blocked_by: t - reach,
@@ -483,6 +609,16 @@ impl SlotHandle {
         self.layout.bits() / 2
     }
 
+    /// What a decision's wrap margin counts from: the known prefix `known`, but never
+    /// more than V/8 beyond the prefix hint this handle has seen. So every decision
+    /// anyone makes lies below the published hint + 5V/8, and a reader that finds the
+    /// hint at or below the start of its window knows no position in the window was
+    /// reused (that would need a decision V beyond it). Publishing the hint (ticks,
+    /// read timestamps, at V/10) keeps this from holding anyone back.
+    fn margin_base(&self, st: &State, known: u64) -> u64 {
+        known.min(st.hint_seen + self.layout.bits() / 8)
+    }
+
     /// [`SlotHandle::next_commit_ts`], renewing the lease, raising the horizon or
     /// refreshing the read timestamp as needed, up to `attempts` times.
     pub fn acquire_commit_ts(&self, attempts: u32) -> Result<u64> {
@@ -492,7 +628,7 @@ impl SlotHandle {
                 Err(OracleError::ReservationExhausted { ts, .. }) => self.raise_horizon(ts)?,
                 Err(OracleError::RenewalDue) => self.renew()?,
                 Err(OracleError::WrapBlocked { ts, .. }) => {
-                    self.announce_far(ts)?;
+                    self.announce_blocked(ts)?;
                     self.read_timestamp()?;
                     crate::spin();
                 }
@@ -575,20 +711,29 @@ impl SlotHandle {
     /// a whole round, is what a handle that fell more than V/2 behind (a long pause)
     /// would see where positions were reused meanwhile; then it also reads the
     /// published prefix hint and, if that is ahead, scans again from there.
+    ///
+    /// The window that holds the gap also tells what this handle can do at once so
+    /// that the prefix moves on without waiting for anyone's tick (see
+    /// [`SlotHandle::skip_behind`]): skip its own unused timestamps up to the highest
+    /// decision of a slot not known to be free (FETCH_ADDs, no waiting), and, when the
+    /// gap belongs to a slot known to be free or fenced, decide that slot's and the
+    /// other free slots' timestamps through the window with CAS (a hint READ and a
+    /// doorbell of CAS, once per window's worth of progress).
     pub fn read_timestamp(&self) -> Result<u64> {
         let max_words = self.window_words();
         let mut buf = [0u64; (BUFFER_BYTES / 8) as usize];
-        let mut hinted = false;
+        let (mut hinted, mut hint) = (false, None);
         loop {
             let first = self.st.borrow().known;
             let mut start = first;
             let mut found = None;
+            let mut n = 0;
             for _ in 0..self.max_windows() {
-                let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
-                let words = &mut buf[..n as usize];
-                self.link.read(self.layout.word_offset(w0), words)?;
-                self.note_window(n);
-                let scan = cells::scan_to_gap(self.layout.bits(), start, words);
+                let (w0, len) = cells::window_words(self.layout.bits(), start, max_words);
+                n = len as usize;
+                self.link.read(self.layout.word_offset(w0), &mut buf[..n])?;
+                self.note_window(len);
+                let scan = cells::scan_to_gap(self.layout.bits(), start, &buf[..n]);
                 if scan.gap.is_some() {
                     found = scan.gap;
                     break;
@@ -597,28 +742,37 @@ impl SlotHandle {
             }
             if !hinted && found.is_none_or(|g| g == first) {
                 hinted = true;
-                let mut hint = [0u64];
-                self.link.read(OFF_PREFIX_HINT, &mut hint)?;
-                if self.adopt_hint(hint[0]) {
+                // The far hint comes along (same READ): a holder the prefix waits
+                // for skips up to it (see `skip_own_behind`).
+                let mut hints = [0u64; 2];
+                self.link.read(OFF_PREFIX_HINT, &mut hints)?;
+                if self.adopt_hints(hints) {
                     continue;
                 }
+                // Read after the window: it vouches for the window (skip_free_behind).
+                hint = Some(hints[0]);
             }
-            return self.settle(found);
+            return self.conclude(start, &mut buf[..n], found, hint);
         }
     }
 
     /// [`SlotHandle::read_timestamp`] as a future, for coroutines that share this
     /// handle on one thread.
+    ///
+    /// Its skips (see [`SlotHandle::read_timestamp`]) run without yielding: their
+    /// round trips are rare, and they are skipped while other coroutines' reads hold
+    /// every scratch buffer (the next read or tick does them).
     pub async fn read_timestamp_async(&self) -> Result<u64> {
         let max_words = self.window_words();
-        let mut hinted = false;
+        let (mut hinted, mut hint) = (false, None);
         loop {
             let first = self.st.borrow().known;
             let mut start = first;
             let mut found = None;
+            let mut words = Vec::new();
             for _ in 0..self.max_windows() {
                 let (w0, n) = cells::window_words(self.layout.bits(), start, max_words);
-                let words = self
+                words = self
                     .link
                     .read_async(self.layout.word_offset(w0), n as u32)
                     .await?;
@@ -632,19 +786,22 @@ impl SlotHandle {
             }
             if !hinted && found.is_none_or(|g| g == first) {
                 hinted = true;
-                let hint = self.link.read_async(OFF_PREFIX_HINT, 1).await?;
-                if self.adopt_hint(hint[0]) {
+                let hints = self.link.read_async(OFF_PREFIX_HINT, 2).await?;
+                if self.adopt_hints([hints[0], hints[1]]) {
                     continue;
                 }
+                hint = Some(hints[0]);
             }
-            return self.settle(found);
+            return self.conclude(start, &mut words, found, hint);
         }
     }
 
-    /// Moves the known prefix up to a published hint; whether it moved.
-    fn adopt_hint(&self, hint: u64) -> bool {
+    /// Moves the known prefix up to a published prefix hint, and notes the far hint
+    /// (the two header words from the prefix hint on); whether the prefix moved.
+    fn adopt_hints(&self, [hint, far]: [u64; 2]) -> bool {
         let mut st = self.st.borrow_mut();
         st.hint_seen = st.hint_seen.max(hint);
+        st.far_seen = st.far_seen.max(far);
         if hint > st.known {
             st.known = hint;
             return true;
@@ -652,11 +809,281 @@ impl SlotHandle {
         false
     }
 
-    /// The read timestamp from the gap a scan found.
-    fn settle(&self, gap: Option<u64>) -> Result<u64> {
+    /// Ends a read timestamp whose scan found `gap` in `words`, the window read from
+    /// `start`, and the prefix hint if it was read after the window: skips what can
+    /// be skipped at once and returns the read timestamp.
+    fn conclude(
+        &self,
+        start: u64,
+        words: &mut [u64],
+        gap: Option<u64>,
+        hint: Option<u64>,
+    ) -> Result<u64> {
         let Some(gap) = gap else {
             return Err(self.runaway());
         };
+        let gap = match self.skip_behind(start, words, gap, hint) {
+            Ok(moved) => moved.unwrap_or(gap),
+            // The read itself stands; the caller learns of the fence from its next
+            // decision, renewal or tick, as without the skip.
+            Err(OracleError::Fenced { .. } | OracleError::Released) => gap,
+            Err(e) => return Err(e),
+        };
+        let rid = self.settle(gap)?;
+        // Read timestamps move the prefix faster than ticks come: they publish it too,
+        // or every holder's wrap margin would stall at the hint + V/8.
+        if self.link.idle_buffers() > 0 {
+            self.publish_prefix_hint()?;
+        }
+        Ok(rid)
+    }
+
+    /// Decides at once what this handle may decide so that the prefix moves past
+    /// `gap`, the first undecided timestamp of `words` (the window read from `start`),
+    /// instead of waiting for the ticks of others: first the timestamps of free and
+    /// fenced slots ([`SlotHandle::skip_free_behind`]), then, if that leaves the gap at
+    /// this slot's cursor, its own unused ones ([`SlotHandle::skip_own_behind`]).
+    ///
+    /// Returns the first undecided timestamp the window shows afterwards, if the CAS
+    /// skips moved it (the FETCH_ADDs of own skips show at the next read).
+    fn skip_behind(
+        &self,
+        start: u64,
+        words: &mut [u64],
+        gap: u64,
+        hint: Option<u64>,
+    ) -> Result<Option<u64>> {
+        // The common case, one look: the gap is another active slot's (or a handed-out
+        // one of ours) and nothing of ours lies beyond others' windows.
+        let window_ts = self.window_words() * 64;
+        let idle = {
+            let st = self.st.borrow();
+            let owner = (gap % self.layout.slots() as u64) as u32;
+            let ours = st.status == Status::Active && owner == st.slot;
+            !st.known_free(owner)
+                && !(ours && (gap < st.inherited_below || gap == st.cursor))
+                && !(st.highest_marked >= st.far_seen + window_ts
+                    && st.highest_marked >= gap + window_ts)
+        };
+        // Another coroutine's reads may hold every buffer: skip nothing then.
+        if idle || self.link.idle_buffers() == 0 {
+            return Ok(None);
+        }
+        let moved = self.skip_free_behind(start, words, gap, hint)?;
+        self.skip_own_behind(start, words, moved.unwrap_or(gap))?;
+        // Our decisions beyond what others' windows reach (a slot claimed far ahead
+        // commits there) wait for their holders to skip up to them; the far hint
+        // tells them, as a tick's would. Once per window of our progress at most: a
+        // holder far ahead of the prefix would otherwise CAS it at every read.
+        let (highest, far) = {
+            let st = self.st.borrow();
+            (st.highest_marked, st.far_seen)
+        };
+        if highest >= far + window_ts && highest >= gap + window_ts {
+            self.announce_far(highest)?;
+        }
+        Ok(moved)
+    }
+
+    /// When `gap` belongs to a slot known to be free or fenced (or to this slot's
+    /// inherited range), decides the undecided timestamps of every such slot from
+    /// `gap` on, through the window or V/4, one CAS per word, after raising the
+    /// horizons that do not cover them (CAS on the lease words). So the prefix passes
+    /// free slots once per window's worth of progress, not once per timestamp.
+    ///
+    /// Like a tick's skips, this needs the prefix hint, read in the same read
+    /// timestamp, not ahead of `start` (a reader lagging more than V/2 could take a
+    /// reused position for an undecided timestamp), so it costs a hint READ unless
+    /// the read path has just read the hint. Returns the window's first undecided
+    /// timestamp afterwards, if anything was skipped.
+    fn skip_free_behind(
+        &self,
+        start: u64,
+        words: &mut [u64],
+        gap: u64,
+        hint: Option<u64>,
+    ) -> Result<Option<u64>> {
+        let v = self.layout.bits();
+        let s = self.layout.slots() as u64;
+        let owner = (gap % s) as u32;
+        let helps = {
+            let st = self.st.borrow();
+            st.known_free(owner)
+                || (st.status == Status::Active && owner == st.slot && gap < st.inherited_below)
+        };
+        // Free slots are skipped V/4 ahead at most (the wrap margin allows V/2): a
+        // node that claims one starts at its horizon, which must stay within the wrap
+        // margin of the prefix it knows (a published hint may lag V/10), or its first
+        // commit would wait.
+        let end = cells::window_end(v, start, words.len() as u64);
+        let base = self.margin_base(&self.st.borrow(), gap);
+        let limit = end.min(base + self.reach() / 2) - 1;
+        if !helps || limit < gap {
+            return Ok(None);
+        }
+        let hint = match hint {
+            Some(h) => h,
+            None => {
+                let mut hints = [0u64; 2];
+                self.link.read(OFF_PREFIX_HINT, &mut hints)?;
+                self.adopt_hints(hints);
+                hints[0]
+            }
+        };
+        if hint > start {
+            return Ok(None);
+        }
+        self.raise_free_horizons(gap, limit)?;
+        let w0 = (start % v) / 64;
+        let may_skip = |t: u64| t < self.st.borrow().cas_bound((t % s) as u32);
+        let mut plan = cells::skippable(v, start, words, gap, limit, may_skip);
+        let mut skipped = 0;
+        // A CAS that lost to another skipper's or a holder's decision in its word
+        // learns the word and tries again, a few times.
+        for _ in 0..4 {
+            if plan.is_empty() {
+                break;
+            }
+            let mut lost = Vec::new();
+            let batch = self.link.idle_buffers().max(1);
+            for chunk in plan.chunks(batch) {
+                let ops: Vec<Op> = chunk
+                    .iter()
+                    .map(|&(i, mask)| Op::Cas {
+                        remote: self.layout.word_offset(w0 + i as u64),
+                        compare: words[i],
+                        swap: words[i] ^ mask,
+                    })
+                    .collect();
+                let mut old = vec![0u64; ops.len()];
+                self.link.run(&ops, &mut old)?;
+                for (&(i, mask), &was) in chunk.iter().zip(&old) {
+                    if was == words[i] {
+                        words[i] ^= mask;
+                        skipped += mask.count_ones() as u64;
+                    } else {
+                        words[i] = was;
+                        lost.push(i);
+                    }
+                }
+            }
+            plan = cells::skippable(v, start, words, gap, limit, may_skip);
+            plan.retain(|(i, _)| lost.contains(i));
+        }
+        if skipped == 0 {
+            return Ok(None);
+        }
+        self.st.borrow_mut().stats.skipped_for_others += skipped;
+        Ok(Some(cells::scan_to_gap(v, start, words).gap.unwrap_or(end)))
+    }
+
+    /// When `gap` is this slot's cursor, skips its unused timestamps up to the highest
+    /// decision in the window of a slot not known to be free, as a tick would
+    /// (`skip_own`: FETCH_ADDs, unsignaled; lease, horizon and wrap margin checked
+    /// there) — if that decision is [`BEHIND`] of this slot's timestamps (and a
+    /// word's worth of timestamps, so that few slots do not skip at every small drift)
+    /// or more ahead, or the gap was the cursor at the previous read too (the holder
+    /// did not decide it meanwhile).
+    ///
+    /// Why not always: a holder that commits all the time and keeps pace decides its
+    /// cursor by committing soon enough; skipping at once would only burn its
+    /// timestamps and a FETCH_ADD per read. One that falls behind (another holder
+    /// commits faster) would hold every later commit back for as long as it lags, so it
+    /// jumps ahead. Why free slots' decisions are left out: the CAS skips decide them
+    /// ahead of everyone, and counting them would make every holder chase the window's
+    /// end.
+    fn skip_own_behind(&self, start: u64, words: &[u64], gap: u64) -> Result<()> {
+        let again = {
+            let mut st = self.st.borrow_mut();
+            if st.status != Status::Active || st.cursor != gap {
+                return Ok(());
+            }
+            st.stalled_at.replace(gap) == Some(gap)
+        };
+        let v = self.layout.bits();
+        let s = self.layout.slots() as u64;
+        let (frontier, far) = {
+            let st = self.st.borrow();
+            let f = cells::last_decided_except(v, start, words, |base| {
+                st.free_bits[(base % s) as usize]
+            });
+            (f, st.far_seen)
+        };
+        // The far hint, which a read read with the prefix hint when the prefix did
+        // not move, stands for a decision beyond the window, such as the first commits
+        // of a node that claimed a slot far ahead.
+        let frontier = if again {
+            frontier.max(Some(far))
+        } else {
+            frontier
+        };
+        let due = |f: u64| f > gap && (again || f >= gap + (BEHIND * s).max(BLOCK));
+        if let Some(f) = frontier.filter(|&f| due(f)) {
+            // The wrap margin, with `gap` as the known prefix.
+            let base = self.margin_base(&self.st.borrow(), gap);
+            self.skip_own(f.min(base + self.reach() - 1))?;
+        }
+        Ok(())
+    }
+
+    /// Raises, with CAS on their lease words, the horizons of the slots known to be
+    /// free or fenced that own a timestamp in `[from, upto]` at or above their
+    /// horizon, to cover `upto` and V/16 beyond (so that it is rare; and little, for
+    /// the next holder starts at the horizon, see [`SlotHandle::skip_behind`]). A CAS
+    /// that fails teaches the slot's current lease instead: a claimed slot is then
+    /// known as owned, and is neither skipped nor left out of the frontier.
+    fn raise_free_horizons(&self, from: u64, upto: u64) -> Result<()> {
+        let s = self.layout.slots() as u64;
+        let want = (upto + 1 + self.layout.bits() / 16)
+            .div_ceil(BLOCK)
+            .min(MAX_HORIZON);
+        let mut raises: Vec<(u32, Lease)> = Vec::new();
+        {
+            let st = self.st.borrow();
+            for t in from..=upto.min(from + s - 1) {
+                let slot = (t % s) as u32;
+                // The slot's last timestamp in the range.
+                let last = upto - (upto % s + s - slot as u64) % s;
+                let lease = st.leases[slot as usize];
+                if st.known_free(slot) && last >= lease.horizon * BLOCK && want > lease.horizon {
+                    raises.push((slot, lease));
+                }
+            }
+        }
+        let raised = |lease: Lease| {
+            Lease {
+                horizon: want,
+                ..lease
+            }
+            .encode()
+        };
+        let batch = self.link.idle_buffers().max(1);
+        for chunk in raises.chunks(batch) {
+            let ops: Vec<Op> = chunk
+                .iter()
+                .map(|&(slot, lease)| Op::Cas {
+                    remote: self.layout.lease_offset(slot),
+                    compare: lease.encode(),
+                    swap: raised(lease),
+                })
+                .collect();
+            let mut old = vec![0u64; ops.len()];
+            self.link.run(&ops, &mut old)?;
+            let mut st = self.st.borrow_mut();
+            for (&(slot, lease), &was) in chunk.iter().zip(&old) {
+                let now = if was == lease.encode() {
+                    raised(lease)
+                } else {
+                    was
+                };
+                st.note_lease(slot, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// The read timestamp from the first undecided timestamp a read found.
+    fn settle(&self, gap: u64) -> Result<u64> {
         let mut st = self.st.borrow_mut();
         st.known = st.known.max(gap);
         st.stats.read_timestamps += 1;
@@ -803,7 +1230,7 @@ impl SlotHandle {
                 st.known = st.known.max(gap);
             }
             // Deciding anything at or beyond gap + V/2 would break the wrap margin.
-            let reach_end = gap + self.reach();
+            let reach_end = self.margin_base(&self.st.borrow(), gap) + self.reach();
             let far = Some(obs.far).filter(|&f| f > gap);
             let Some(frontier) = obs
                 .frontier
@@ -835,7 +1262,10 @@ impl SlotHandle {
             }
             let stuck = self.st.borrow().last_gap == Some(gap);
             self.st.borrow_mut().last_gap = Some(gap);
-            if stuck && (!active || owner != me) {
+            // A slot known to be free or fenced is skipped for at once; an owned one
+            // only once it stalled the prefix at two ticks in a row.
+            let known_free = self.st.borrow().known_free(owner as u32);
+            if (stuck || known_free) && (!active || owner != me) {
                 let (fenced, skipped) = self.unstall(owner as u32, gap, frontier, &obs, now)?;
                 report.fenced = report.fenced.or(fenced);
                 report.skipped_for_others += skipped;
@@ -962,6 +1392,7 @@ impl SlotHandle {
             .read(self.layout.lease_offset(owner), &mut entry)?;
         let (word, beat) = (entry[0], entry[1]);
         let lease = Lease::decode(word)?;
+        self.st.borrow_mut().note_lease(owner, word);
         let mut fenced = None;
         let lease = match lease.state {
             SlotState::Free | SlotState::Fenced => lease,
@@ -1004,9 +1435,13 @@ impl SlotHandle {
                     .link
                     .cas(self.layout.lease_offset(owner), word, taken.encode())?;
                 if old != word {
+                    self.st.borrow_mut().note_lease(owner, old);
                     return Ok((None, 0));
                 }
-                self.st.borrow_mut().stats.fences += 1;
+                let mut st = self.st.borrow_mut();
+                st.stats.fences += 1;
+                st.note_lease(owner, taken.encode());
+                drop(st);
                 fenced = Some(owner);
                 taken
             }
@@ -1034,9 +1469,12 @@ impl SlotHandle {
                 horizon: (frontier + 1).div_ceil(BLOCK).min(MAX_HORIZON),
                 ..lease
             };
-            if self.link.cas(off, lease.encode(), raised.encode())? != lease.encode() {
+            let old = self.link.cas(off, lease.encode(), raised.encode())?;
+            if old != lease.encode() {
+                self.st.borrow_mut().note_lease(owner, old);
                 return Ok(0);
             }
+            self.st.borrow_mut().note_lease(owner, raised.encode());
             lease = raised;
         }
         let upto = frontier
@@ -1086,20 +1524,50 @@ impl SlotHandle {
     /// while the wrap margin blocks it (a holder that claimed a slot far ahead waits
     /// for the others to skip up to it, and they would not know to otherwise).
     fn publish_hints(&self) -> Result<()> {
-        let (known, hint, highest, cursor) = {
+        let (known, highest, cursor) = {
             let st = self.st.borrow();
-            (st.known, st.hint_seen, st.highest_marked, st.cursor)
+            (st.known, st.highest_marked, st.cursor)
         };
-        if known > hint && known - hint >= (self.layout.bits() / 10).max(1) {
-            let old = self.link.cas(OFF_PREFIX_HINT, hint, known)?;
-            self.st.borrow_mut().hint_seen = if old == hint { known } else { old };
-        }
+        self.publish_prefix_hint()?;
         let window_ts = self.window_words() * 64;
         if highest >= known + window_ts {
             self.announce_far(highest)?;
         }
-        if self.active().is_ok() && cursor >= known + self.reach() {
+        let base = self.margin_base(&self.st.borrow(), known);
+        if self.active().is_ok() && cursor >= base + self.reach() {
+            self.announce_blocked(cursor)?;
+        }
+        Ok(())
+    }
+
+    /// Announces `cursor`, blocked by the wrap margin, as the far hint — only while it
+    /// is where this holder started: a node that claimed a slot far ahead needs the
+    /// others to skip up to it. A holder that got ahead by skipping (a tick or a read
+    /// skipped its cursor up to the far hint or the frontier) must not: every other
+    /// holder would skip up to it in turn and be blocked there too, a ratchet that
+    /// kept all holders at the wrap edge and the prefix V/2 behind their commits.
+    fn announce_blocked(&self, cursor: u64) -> Result<()> {
+        let fresh = {
+            let st = self.st.borrow();
+            st.cursor == st.inherited_below && cursor == st.cursor
+        };
+        if fresh {
             self.announce_far(cursor)?;
+        }
+        Ok(())
+    }
+
+    /// Publishes the known prefix as the prefix hint (CAS, so it only grows) once it is
+    /// a tenth of a round ahead of the hint last seen.
+    fn publish_prefix_hint(&self) -> Result<()> {
+        let (known, hint) = {
+            let st = self.st.borrow();
+            (st.known, st.hint_seen)
+        };
+        if known > hint && known - hint >= (self.layout.bits() / 10).max(1) {
+            let old = self.link.cas(OFF_PREFIX_HINT, hint, known)?;
+            let mut st = self.st.borrow_mut();
+            st.hint_seen = st.hint_seen.max(if old == hint { known } else { old });
         }
         Ok(())
     }
@@ -1144,6 +1612,8 @@ impl SlotHandle {
             return Err(OracleError::Fenced { slot });
         }
         st.status = Status::Released;
+        // Others may skip for the slot now, and so may this handle.
+        st.note_lease(slot, free.encode());
         Ok(())
     }
 

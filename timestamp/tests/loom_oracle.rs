@@ -8,6 +8,10 @@
 //!   timestamps whose holder had decided them, and none goes backwards.
 //! - `renewal_races_fence`: a late holder renews while another node fences it; exactly
 //!   one wins, and the stalled timestamp ends up decided exactly once.
+//! - `free_skip_races_claim`: a holder's read timestamp skips two free slots (horizon
+//!   raises and CAS on the vector word) while a new node claims one of them and
+//!   decides its first timestamp; no timestamp is decided twice and the claimer's is
+//!   never decided by the skipper.
 #![cfg(all(fabric_loom, timestamp_loom))]
 
 use fabric::sim::SimConfig;
@@ -131,17 +135,80 @@ fn renewal_races_fence() {
         });
         let (a, fenced) = fencer.join().unwrap();
         let (_b, renewed) = late.join().unwrap();
-        match renewed {
-            Ok(()) => assert_eq!(fenced, None, "fenced a holder whose renewal succeeded"),
-            Err(OracleError::Fenced { slot: 1 }) => assert_eq!(fenced, Some(1)),
-            Err(e) => panic!("renew: {e}"),
-        }
         // Decided exactly once: a second toggle would read undecided (and carry).
         assert!(o.is_decided(stalled).unwrap());
         assert!(o.is_decided(t).unwrap());
         assert!(!o.is_decided(3).unwrap());
-        assert_eq!(a.read_timestamp().unwrap(), 2);
+        let rid = a.read_timestamp().unwrap();
+        match renewed {
+            Ok(()) => {
+                assert_eq!(fenced, None, "fenced a holder whose renewal succeeded");
+                // Slot 1 is held: its next timestamp, 3, waits for its holder.
+                assert_eq!(rid, 2);
+            }
+            Err(OracleError::Fenced { slot: 1 }) => {
+                assert_eq!(fenced, Some(1));
+                // A fenced slot is skipped for by the next read timestamp.
+                assert!(rid >= 3 && o.is_decided(3).unwrap(), "read {rid}");
+            }
+            Err(e) => panic!("renew: {e}"),
+        }
     });
     eprintln!("loom explored {n} interleavings of a renewal racing a fence");
+    assert!(n > 10, "loom explored only {n} interleavings");
+}
+
+#[test]
+fn free_skip_races_claim() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.max_branches = 200_000;
+    let n = explore(builder, || {
+        // V = 16, S = 3: slot 0 is held and decides 3, so the free slots 1 and 2 (1
+        // and 2) hold the prefix back; the holder's next read skips them.
+        let o =
+            Arc::new(SimOracle::new(SimConfig::default(), Layout::new(16, 3).unwrap()).unwrap());
+        let clock = ManualClock::new();
+        let a = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
+        assert_eq!(a.slot(), 0);
+        let t = a.next_commit_ts().unwrap();
+        assert_eq!(t, 3);
+        a.mark(t, Outcome::Committed).unwrap();
+        let o2 = o.clone();
+        let claimer = loom::thread::spawn(move || {
+            let c = o2.client(config(), clock as Arc<dyn Clock>).unwrap();
+            assert_eq!(c.slot(), 1);
+            // Either the claim came first (the slot starts at 1, below the skipper's
+            // reach) or after the skipper raised the horizon (far ahead: wrap-blocked
+            // on a vector this small, and nothing below it is the claimer's).
+            match c.next_commit_ts() {
+                Ok(mine) => {
+                    assert!(!o2.is_decided(mine).unwrap(), "{mine} handed out decided");
+                    c.mark(mine, Outcome::Committed).unwrap();
+                    Some(mine)
+                }
+                Err(OracleError::WrapBlocked { ts, .. }) => {
+                    assert!(ts >= 16, "blocked at {ts}");
+                    None
+                }
+                Err(e) => panic!("next_commit_ts: {e}"),
+            }
+        });
+        let rid = a.read_timestamp().unwrap();
+        let mine = claimer.join().unwrap();
+        // Decided exactly once: a skip and a mark of the same timestamp would toggle
+        // its bit back to undecided.
+        if let Some(m) = mine {
+            assert!(o.is_decided(m).unwrap(), "{m} decided twice");
+        }
+        assert!(o.is_decided(3).unwrap());
+        assert!(rid <= o.true_prefix(1).unwrap());
+        // Once the claimer's timestamp is decided, reads get past everything up to 3.
+        let after = a.read_timestamp().unwrap();
+        if mine.is_some() {
+            assert!(after >= 3 || !o.is_decided(2).unwrap(), "read {after}");
+        }
+    });
+    eprintln!("loom explored {n} interleavings of a free-slot skip racing a claim");
     assert!(n > 10, "loom explored only {n} interleavings");
 }

@@ -480,3 +480,118 @@ fn an_oracle_at_an_offset_of_a_region() {
         Err(OracleError::InvalidConfig(_))
     ));
 }
+
+/// Read timestamps of `readers`, round-robin, until `waiter`'s covers `cid`: how many
+/// rounds it took, or `None` after `limit` rounds. No tick runs meanwhile.
+fn rounds_until_visible(
+    waiter: &SlotHandle,
+    others: &[&SlotHandle],
+    cid: u64,
+    limit: u32,
+) -> Option<u32> {
+    for round in 1..=limit {
+        if waiter.read_timestamp().unwrap() >= cid {
+            return Some(round);
+        }
+        for h in others {
+            h.read_timestamp().unwrap();
+        }
+    }
+    None
+}
+
+/// `writer` commits a timestamp; then both read until the writer's read timestamp
+/// covers it. Returns the timestamp and how many rounds of reads that took.
+fn commit_and_wait(writer: &SlotHandle, reader: &SlotHandle, limit: u32) -> (u64, u32) {
+    let t = writer.acquire_commit_ts(4).unwrap();
+    writer.mark(t, Outcome::Committed).unwrap();
+    let rounds = rounds_until_visible(writer, &[reader], t, limit)
+        .unwrap_or_else(|| panic!("commit {t} not visible after {limit} rounds of reads"));
+    (t, rounds)
+}
+
+/// Without ticks (the manual clock never moves and nobody calls `tick`), two holders
+/// among 16 slots (14 free) see each other's commits after a few read timestamps:
+/// the reads skip the free slots with CAS and a holder the prefix waits for skips
+/// its own unused timestamps.
+#[test]
+fn commits_become_visible_through_reads_alone() {
+    let o = cluster(60_000, 16);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    let mut worst = 0;
+    for i in 0..300 {
+        let (t, rounds) = commit_and_wait(&h[i % 2], &h[(i + 1) % 2], 50);
+        worst = worst.max(rounds);
+        assert!(o.true_prefix(t).unwrap() > t);
+    }
+    eprintln!("worst: {worst} rounds of reads");
+    assert!(worst <= 4, "a commit needed {worst} rounds of reads");
+    assert!(h[0].stats().skipped_for_others + h[1].stats().skipped_for_others > 0);
+    assert!(h[0].stats().skipped + h[1].stats().skipped > 0);
+}
+
+/// The same with uneven rates: holder A commits 100 times for each commit of B, and
+/// both read; every commit of either becomes visible within a few rounds.
+#[test]
+fn uneven_commit_rates_keep_visibility_prompt() {
+    let o = cluster(60_000, 16);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    let (a, b) = (&h[0], &h[1]);
+    let mut worst = 0;
+    for i in 0..1000 {
+        let (writer, reader) = if i % 100 == 99 { (b, a) } else { (a, b) };
+        let (_, rounds) = commit_and_wait(writer, reader, 50);
+        worst = worst.max(rounds);
+    }
+    eprintln!("worst: {worst} rounds of reads");
+    assert!(worst <= 4, "a commit needed {worst} rounds of reads");
+    assert_eq!(a.stats().committed, 990);
+    assert_eq!(b.stats().committed, 10);
+}
+
+/// A node that claims a free slot the reads have skipped ahead starts at the raised
+/// horizon, above every timestamp skipped for the slot, and its commits become
+/// visible through reads as well; the holders learn from the failed horizon raise
+/// that the slot is taken and stop skipping for it.
+#[test]
+fn a_claimer_of_a_slot_skipped_ahead_starts_above_the_skips() {
+    let o = cluster(60_000, 4);
+    let clock = ManualClock::new();
+    let h = handles(&o, 2, &clock);
+    let mut top = 0;
+    for i in 0..50 {
+        top = commit_and_wait(&h[i % 2], &h[(i + 1) % 2], 20).0;
+    }
+    let skipped_before = h[0].stats().skipped_for_others + h[1].stats().skipped_for_others;
+    assert!(skipped_before > 0);
+    let horizon = o.lease(2).unwrap().horizon * timestamp::layout::BLOCK;
+    assert!(
+        horizon > top,
+        "the free slot's horizon {horizon} was raised past {top}"
+    );
+    let c = o.client(config(), clock.clone()).unwrap();
+    assert_eq!(c.slot(), 2);
+    let t = c.acquire_commit_ts(4).unwrap();
+    assert!(
+        t >= horizon && !o.is_decided(t).unwrap(),
+        "{t} below {horizon} or decided"
+    );
+    c.mark(t, Outcome::Committed).unwrap();
+    let rounds = rounds_until_visible(&c, &[&h[0], &h[1]], t, 20);
+    assert!(
+        rounds.is_some(),
+        "the claimer's commit {t} never became visible"
+    );
+    for hd in &h {
+        assert!(hd.read_timestamp().unwrap() >= t);
+        let u = hd.acquire_commit_ts(4).unwrap();
+        hd.mark(u, Outcome::Committed).unwrap();
+    }
+    // The claimer's next timestamps were not skipped by the others.
+    let next = c.acquire_commit_ts(4).unwrap();
+    assert!(!o.is_decided(next).unwrap());
+    c.mark(next, Outcome::Committed).unwrap();
+    assert!(rounds_until_visible(&c, &[&h[0], &h[1]], next, 20).is_some());
+}

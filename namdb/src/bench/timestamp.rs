@@ -4,13 +4,19 @@
 //! client threads each hold one slot over their own RC queue pair. Each thread loops
 //! like an RSI worker: take a commit timestamp (no communication), mark it committed
 //! (one unsignaled FETCH_ADD), and every `--read-every` commits compute a read
-//! timestamp (one READ of at most 256 B in steady state); it also calls the slot's
-//! `tick` each iteration, which does work once per tick interval. Slots beyond the
-//! threads stay free, so the ticks skip for them.
+//! timestamp (one READ of at most 256 B in steady state), interleaved with the
+//! commits; it also calls the slot's `tick` every 64 passes, which does work once per
+//! tick interval. Slots beyond the threads stay free (16 slots, 2 threads by default),
+//! so the others skip for them. With `--wait` a thread instead waits after each mark
+//! until its read timestamp covers the commit, as a client that commits and then
+//! waits for its commit to become visible does (txn's `wait_visible`).
 //!
 //! Reported: marked commits/s and read timestamps/s (sums over threads), bytes READ
-//! per read timestamp, and the prefix lag at each read: how many timestamps the read
-//! timestamp trails the highest timestamp any thread had marked by then (p50, p99).
+//! per read timestamp, the prefix lag at each read: how many timestamps the read
+//! timestamp trails the highest timestamp any thread had marked by then (p50, p99),
+//! and the visibility latency: the time from the mark of a commit to the first read
+//! timestamp of the same thread that covers it (p50, p99; one commit at a time is
+//! timed, so that the clock is not read per commit).
 
 use crate::backend::{self, BackendKind};
 use anyhow::{Context, Result, anyhow, bail};
@@ -37,7 +43,7 @@ pub struct TimestampArgs {
     #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
     pub backend: BackendKind,
     /// Slots of the oracle (at least --threads).
-    #[arg(long, value_name = "S", default_value_t = 2,
+    #[arg(long, value_name = "S", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub slots: u32,
     /// Client threads, each holding one slot.
@@ -56,6 +62,10 @@ pub struct TimestampArgs {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub mark_batch: u32,
+    /// Wait after each mark until a read timestamp covers the commit (commit, then
+    /// wait for visibility); `--read-every` is then unused.
+    #[arg(long)]
+    pub wait: bool,
     /// Length of the run.
     #[arg(long, value_name = "MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -74,11 +84,16 @@ pub struct Report {
     pub bits: u64,
     pub read_every: u32,
     pub mark_batch: u32,
+    pub wait: bool,
     pub commits_per_sec: f64,
     pub rids_per_sec: f64,
     pub bytes_per_rid: f64,
     pub lag_p50: u64,
     pub lag_p99: u64,
+    /// Nanoseconds from the mark of a commit to the first read timestamp of the same
+    /// thread that covers it.
+    pub visible_p50_ns: u64,
+    pub visible_p99_ns: u64,
     /// Own timestamps skipped by idle ticks, and timestamps skipped for free slots.
     pub skipped: u64,
     pub skipped_for_others: u64,
@@ -114,6 +129,7 @@ pub fn run(args: &TimestampArgs) -> Result<()> {
 struct ThreadResult {
     stats: SlotStats,
     lag: Histogram<u64>,
+    visible: Histogram<u64>,
 }
 
 fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
@@ -165,6 +181,7 @@ fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
                 let shape = Shape {
                     read_every: args.read_every,
                     mark_batch: args.mark_batch,
+                    wait: args.wait,
                 };
                 s.spawn(move || worker(h, i, &marked, &start, duration, shape))
             })
@@ -180,10 +197,14 @@ fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
     let elapsed = began.elapsed().as_secs_f64();
     drop(server_qps);
     let mut lag = new_histogram()?;
+    let mut visible = new_histogram()?;
     let mut total = SlotStats::default();
     for r in results {
         let r = r?;
         lag.add(&r.lag)
+            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
+        visible
+            .add(&r.visible)
             .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
         total.committed += r.stats.committed;
         total.read_timestamps += r.stats.read_timestamps;
@@ -199,6 +220,7 @@ fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
         bits: args.bits,
         read_every: args.read_every,
         mark_batch: args.mark_batch,
+        wait: args.wait,
         commits_per_sec: total.committed as f64 / elapsed,
         rids_per_sec: total.read_timestamps as f64 / elapsed,
         bytes_per_rid: if total.read_timestamps == 0 {
@@ -208,6 +230,8 @@ fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
         },
         lag_p50: lag.value_at_quantile(0.5),
         lag_p99: lag.value_at_quantile(0.99),
+        visible_p50_ns: visible.value_at_quantile(0.5),
+        visible_p99_ns: visible.value_at_quantile(0.99),
         skipped: total.skipped,
         skipped_for_others: total.skipped_for_others,
         duration_ms: args.duration_ms,
@@ -229,9 +253,13 @@ fn worker(
     let Shape {
         read_every,
         mark_batch,
+        wait,
     } = shape;
     let mut undecided = Vec::with_capacity(mark_batch as usize);
     let mut lag = new_histogram()?;
+    let mut visible = new_histogram()?;
+    // The commit being timed, and when it was marked.
+    let mut timed: Option<(u64, Instant)> = None;
     // The stats so far cover registration; the run's are the difference.
     let before = h.stats();
     start.wait();
@@ -282,16 +310,45 @@ fn worker(
         }
         h.mark_many(&undecided)?;
         marked[me].0.store(t, Ordering::Relaxed);
+        if timed.is_none() {
+            timed = Some((t, Instant::now()));
+        }
+        let mut read = |h: &SlotHandle| -> Result<u64> {
+            let top = marked
+                .iter()
+                .map(|m| m.0.load(Ordering::Relaxed))
+                .max()
+                .unwrap_or(0);
+            let rid = h.read_timestamp()?;
+            lag.saturating_record(top.saturating_sub(rid));
+            if let Some((cid, at)) = timed
+                && rid >= cid
+            {
+                visible.saturating_record(at.elapsed().as_nanos() as u64);
+                timed = None;
+            }
+            Ok(rid)
+        };
+        if wait {
+            // Commit, then wait for visibility: read (and tick, as a waiting client
+            // does) until the read timestamp covers this commit.
+            let since = Instant::now();
+            let mut spins = 0u32;
+            while read(&h)? < t {
+                h.tick()?;
+                spins += 1;
+                if spins.is_multiple_of(1024) && since.elapsed() > STALL_LIMIT {
+                    bail!("commit {t} not visible after {STALL_LIMIT:?}: the prefix is stuck");
+                }
+            }
+            n += undecided.len() as u64;
+            undecided.clear();
+            continue;
+        }
         for _ in undecided.drain(..) {
             n += 1;
             if read_every > 0 && n.is_multiple_of(read_every as u64) {
-                let top = marked
-                    .iter()
-                    .map(|m| m.0.load(Ordering::Relaxed))
-                    .max()
-                    .unwrap_or(0);
-                let rid = h.read_timestamp()?;
-                lag.saturating_record(top.saturating_sub(rid));
+                read(&h)?;
             }
         }
     }
@@ -304,7 +361,11 @@ fn worker(
         skipped_for_others: after.skipped_for_others - before.skipped_for_others,
         ..after
     };
-    Ok(ThreadResult { stats, lag })
+    Ok(ThreadResult {
+        stats,
+        lag,
+        visible,
+    })
 }
 
 /// The workload of one thread.
@@ -312,6 +373,7 @@ fn worker(
 struct Shape {
     read_every: u32,
     mark_batch: u32,
+    wait: bool,
 }
 
 fn new_histogram() -> Result<Histogram<u64>> {
@@ -319,9 +381,14 @@ fn new_histogram() -> Result<Histogram<u64>> {
 }
 
 fn print(r: &Report) {
+    let reads = if r.wait {
+        "each commit waits until visible".to_string()
+    } else {
+        format!("a read timestamp every {} commits", r.read_every)
+    };
     println!(
-        "namdb bench timestamp: backend {}, V = {}, {} slots, {} threads, a read timestamp every {} commits, marks in batches of {}, {} ms",
-        r.backend, r.bits, r.slots, r.threads, r.read_every, r.mark_batch, r.duration_ms
+        "namdb bench timestamp: backend {}, V = {}, {} slots, {} threads, {reads}, marks in batches of {}, {} ms",
+        r.backend, r.bits, r.slots, r.threads, r.mark_batch, r.duration_ms
     );
     println!();
     println!("{:<28} {:>14}", "marked commits/s", rate(r.commits_per_sec));
@@ -329,6 +396,16 @@ fn print(r: &Report) {
     println!("{:<28} {:>14.1}", "bytes READ per read ts", r.bytes_per_rid);
     println!("{:<28} {:>14}", "prefix lag p50 (timestamps)", r.lag_p50);
     println!("{:<28} {:>14}", "prefix lag p99 (timestamps)", r.lag_p99);
+    println!(
+        "{:<28} {:>14}",
+        "visible after p50",
+        micros(r.visible_p50_ns)
+    );
+    println!(
+        "{:<28} {:>14}",
+        "visible after p99",
+        micros(r.visible_p99_ns)
+    );
     println!("{:<28} {:>14}", "own timestamps skipped", r.skipped);
     println!(
         "{:<28} {:>14}",
@@ -353,6 +430,10 @@ fn print(r: &Report) {
             "NOT met"
         }
     );
+}
+
+fn micros(ns: u64) -> String {
+    format!("{:.2} µs", ns as f64 / 1e3)
 }
 
 fn rate(per_sec: f64) -> String {

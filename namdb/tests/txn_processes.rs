@@ -99,7 +99,7 @@ fn list_append_and_bank_on_two_shm_memory_server_processes() {
 
     let accounts = db.create_table(TxnKv::table_spec("bank", 1 << 12)).unwrap();
     let bank = Bank::default();
-    let index = check(&bank, &TxnKv::new(db.clone(), accounts), txns, 22);
+    let index = check(&bank, &TxnKv::new(db.clone(), accounts), txns / 5, 22);
     let mut findings = Findings::default();
     bank.check(&index, &mut findings);
     assert!(findings.is_empty(), "{findings:?}");

@@ -62,19 +62,23 @@ fn check(
     (run, index)
 }
 
-#[test]
-fn list_append_is_snapshot_isolation() {
-    let txns = std::env::var("TXN_VERIFY_TXNS")
+/// Transactions per run: 100 000 unless `TXN_VERIFY_TXNS` says otherwise.
+fn txns() -> u64 {
+    std::env::var("TXN_VERIFY_TXNS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(4000);
-    check(&ListAppend::default(), txns, 11);
+        .unwrap_or(100_000)
+}
+
+#[test]
+fn list_append_is_snapshot_isolation() {
+    check(&ListAppend::default(), txns(), 11);
 }
 
 #[test]
 fn bank_is_snapshot_isolation_and_balanced() {
     let bank = Bank::default();
-    let (_, index) = check(&bank, 4000, 12);
+    let (_, index) = check(&bank, txns(), 12);
     let mut findings = Findings::default();
     bank.check(&index, &mut findings);
     assert!(findings.is_empty(), "{findings:?}");

@@ -89,6 +89,10 @@ pub struct TxnArgs {
     #[arg(long, value_name = "M", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub servers: u32,
+    /// Let `commit` return before its commit is visible to transactions that begin
+    /// afterwards (weaker: gives up real-time order; sessions still see their own).
+    #[arg(long)]
+    pub no_wait_visible: bool,
     /// Record every transaction to FILE (verify's JSON Lines format).
     #[arg(long, value_name = "FILE")]
     pub history: Option<PathBuf>,
@@ -142,7 +146,7 @@ fn cluster_options(args: &TxnArgs, dir: &tempfile::TempDir) -> Result<Options> {
         servers: args.servers as usize,
         // One slot per worker, plus the loader's (freed before the run starts).
         slots: args.threads,
-        wait_visible: std::env::var("NOWAIT").is_err(),
+        wait_visible: !args.no_wait_visible,
         ..Options::default()
     };
     let token: [u8; 32] = rand::random();
@@ -200,13 +204,15 @@ pub fn run(args: &TxnArgs) -> Result<()> {
         value_cap(args),
         args.keys + args.keys / 8 + 64,
     ))?;
-    load(&db, &table, args)?;
     let recorder = match &args.history {
         Some(path) => Some(Recorder::new(JsonlWriter::new(BufWriter::new(
             File::create(path).with_context(|| format!("creating {}", path.display()))?,
         )))),
         None => None,
     };
+    if args.workload != Workload::ListAppend {
+        load(&db, &table, args, recorder.as_ref())?;
+    }
     let report = drive(&db, &table, args, recorder.as_ref())?;
     if let Some(r) = recorder {
         use std::io::Write;
@@ -238,11 +244,21 @@ fn initial_value(args: &TxnArgs) -> Vec<u8> {
     }
 }
 
-/// Inserts every key, 64 per transaction, 16 transactions in flight.
-fn load(db: &Database, table: &Arc<Table>, args: &TxnArgs) -> Result<()> {
+/// Inserts every key (up to 64 per transaction, as many as a transaction's buffer
+/// holds), 16 transactions in flight; recorded in the history, so that the checkers
+/// know where the first values came from. (Lists start absent: nothing to load.)
+fn load(
+    db: &Database,
+    table: &Arc<Table>,
+    args: &TxnArgs,
+    recorder: Option<&HistoryRecorder>,
+) -> Result<()> {
     let worker = db.worker()?;
     let value = initial_value(args);
-    let per_txn = 64u64;
+    let block = table.shape.block_bytes() + 64;
+    let per_txn = (db.options().scratch_bytes / 2 / block).clamp(1, 64);
+    // The loader's session id in the history: after every benchmark client's.
+    let session = args.threads as u64 * args.coroutines as u64;
     let chunks = args.keys.div_ceil(per_txn);
     let next = std::cell::Cell::new(0u64);
     let started = Instant::now();
@@ -257,7 +273,8 @@ fn load(db: &Database, table: &Arc<Table>, args: &TxnArgs) -> Result<()> {
                 }
                 next.set(chunk + 1);
                 let keys = chunk * per_txn..((chunk + 1) * per_txn).min(args.keys);
-                worker
+                let record = recorder.map(|r| r.begin(session));
+                let (_, cid) = worker
                     .run(0, 10, async |txn: &mut AsyncTransaction<'_>| {
                         for k in keys.clone() {
                             txn.insert(table, k, value.clone()).await?;
@@ -265,6 +282,13 @@ fn load(db: &Database, table: &Arc<Table>, args: &TxnArgs) -> Result<()> {
                         Ok(())
                     })
                     .await?;
+                if let (Some(rec), Some(mut record)) = (recorder, record) {
+                    for k in keys.clone() {
+                        record.write(&key_name(k), counter(value));
+                    }
+                    rec.committed(record, cid)
+                        .map_err(|e| TxnError::Invalid(format!("recording: {e}")))?;
+                }
                 if last_print.get().elapsed() > Duration::from_secs(1) {
                     last_print.set(Instant::now());
                     eprintln!(

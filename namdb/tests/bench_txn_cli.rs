@@ -1,0 +1,143 @@
+//! `namdb bench txn` as a user runs it: JSON fields, the bank's invariant, a recorded
+//! history that `namdb verify` accepts, and clear errors for bad arguments.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn namdb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(args)
+        .output()
+        .expect("the namdb binary runs")
+}
+
+fn bench(args: &[&str]) -> Output {
+    let mut all = vec!["bench", "txn"];
+    all.extend_from_slice(args);
+    let out = namdb(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn ycsb_writes_the_json_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let out = bench(&[
+        "--threads",
+        "2",
+        "--coroutines",
+        "4",
+        "--keys",
+        "2000",
+        "--duration",
+        "0.5",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("txn/s"), "{text}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["backend"], "sim");
+    assert_eq!(v["threads"], 2);
+    assert_eq!(v["coroutines"], 4);
+    assert!(v["txn_per_sec"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["committed"].as_u64().unwrap() > 0, "{v}");
+    for f in ["abort_rate", "p50_us", "p99_us"] {
+        assert!(v[f].as_f64().is_some(), "{f}: {v}");
+    }
+    assert!(v["p99_us"].as_f64().unwrap() >= v["p50_us"].as_f64().unwrap());
+}
+
+#[test]
+fn bank_on_shm_keeps_its_money_and_its_history_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let history = dir.path().join("h.jsonl");
+    bench(&[
+        "--backend",
+        "shm",
+        "--workload",
+        "bank",
+        "--keys",
+        "50",
+        "--dist",
+        "zipf",
+        "--threads",
+        "2",
+        "--coroutines",
+        "4",
+        "--duration",
+        "1",
+        "--history",
+        history.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["backend"], "shm");
+    assert_eq!(v["invariant_ok"], true, "{v}");
+    assert!(
+        v["aborts"]["conflict"].as_u64().unwrap() > 0,
+        "a skewed bank collides: {v}"
+    );
+    let out = namdb(&["verify", history.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn list_append_history_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("h.jsonl");
+    bench(&[
+        "--workload",
+        "list-append",
+        "--keys",
+        "200",
+        "--read-ratio",
+        "0.5",
+        "--value-size",
+        "4096",
+        "--coroutines",
+        "8",
+        "--duration",
+        "1",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    let lines = std::fs::read_to_string(&history).unwrap().lines().count();
+    assert!(lines > 100, "{lines} transactions recorded");
+    let out = namdb(&["verify", history.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_arguments_are_refused_clearly() {
+    for (args, says) in [
+        (vec!["--read-ratio", "2"], "--read-ratio"),
+        (vec!["--duration", "0"], "--duration"),
+        (vec!["--workload", "tpcc"], "tpcc"),
+        (vec!["--keys", "1"], "--keys"),
+    ] {
+        let mut all = vec!["bench", "txn"];
+        all.extend_from_slice(&args);
+        let out = namdb(&all);
+        assert!(!out.status.success(), "{args:?} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

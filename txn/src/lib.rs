@@ -1,29 +1,33 @@
-//! RSI snapshot-isolation transactions over one-sided verbs, and the embedded client API.
+//! RSI snapshot-isolation transactions over one-sided verbs, and the client API.
 //!
-//! See DESIGN.md ("Data layout", "RSI"). Implemented so far:
+//! See DESIGN.md ("Data layout", "RSI") and DEVELOPERS.md ("txn").
 //!
-//! - [`layout`]: the record block layout (header `lock:1 | CID:63` whose locked form
-//!   names the holder's commit timestamp, n versions newest first with per-version CIDs
-//!   and tombstones) and the seqlock torn-read check [`layout::accept`].
+//! - [`layout`]: record blocks (header `lock:1 | CID:63` naming its holder when locked,
+//!   the key, n versions newest first with per-version CIDs and tombstones) and the
+//!   seqlock torn-read check.
 //! - [`index`]: the remote hash index (one READ per lookup, CAS insert, unique keys) and
 //!   the compute-side address cache.
-//! - [`catalog`]: the catalog in memory-server memory (bootstrap once with CAS, the
-//!   oracle's location, space allocation in data regions, tables with partitions
-//!   across servers), updated by any compute node with CAS; not yet used by
-//!   [`Database`].
-//! - [`conn`]: a synchronous connection (one doorbell per batch, last request signaled).
-//! - [`Database`] (embedded sim cluster: one memory-server node with the tables' arena
-//!   and index regions and the oracle), [`Client`] (a compute handle with its own
-//!   oracle slot and session), and [`Transaction`] with `get`, `put`, `insert`,
-//!   `commit` (the RSI protocol: lock-and-validate by CAS in one doorbell with
-//!   first-committer-wins, install by WRITE + CAS-unlock in one doorbell, unsignaled
-//!   mark) and `abort`; typed errors [`TxnError`].
+//! - [`catalog`]: tables, partitions and the oracle's place in memory-server memory,
+//!   set up and changed by any compute node with CAS.
+//! - [`Database`] (embedded, or [`Database::open`] on running memory servers),
+//!   [`Worker`] (one thread's connections, oracle slot and coroutines), [`Client`] (a
+//!   blocking worker with one session), [`AsyncTransaction`] / [`Transaction`].
 //!
-//! Not implemented yet: `delete`, `scan`, `get_many`; the catalog in memory-server
-//! memory (tables live in the `Database` value); multi-partition arenas; databases on
-//! existing memory servers (sim only); the crash-atomic commit record and recovery of
-//! a dead node's locks; garbage collection of old versions and leaked blocks; async
-//! (coroutine) execution; `namdb bench txn`.
+//! ```
+//! let db = txn::Database::embedded(txn::Options::default())?;
+//! let accounts = db.create_table(txn::TableSpec::new("accounts", 8, 1_000))?;
+//! let mut client = db.client()?;
+//! client.run(10, |t| {
+//!     t.insert(&accounts, 1, 100i64.to_le_bytes().to_vec())?;
+//!     t.insert(&accounts, 2, 0i64.to_le_bytes().to_vec())
+//! })?;
+//! let mut t = client.begin()?;
+//! assert_eq!(t.get(&accounts, 1)?, Some(100i64.to_le_bytes().to_vec()));
+//! # Ok::<(), txn::TxnError>(())
+//! ```
+//!
+//! Not implemented yet: the crash-atomic commit record and recovery of a dead node's
+//! locks, garbage collection of old versions and leaked blocks.
 
 pub mod catalog;
 pub mod conn;

@@ -131,9 +131,9 @@ fn get_many_and_scan_over_partitions_on_three_servers() {
     let c2 = x.commit().unwrap().unwrap();
 
     let expect = |k: u64| -> Option<Vec<u8>> {
-        if k >= 310 || (k < 300 && k % 3 == 0) {
+        if k >= 310 || (k < 300 && k.is_multiple_of(3)) {
             None
-        } else if k < 300 && k % 5 == 0 {
+        } else if k < 300 && k.is_multiple_of(5) {
             Some(val(k * 10 + 1))
         } else {
             Some(val(k * 10))

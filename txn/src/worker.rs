@@ -31,6 +31,8 @@ use timestamp::{Outcome, SlotHandle, SystemClock};
 
 /// How long `begin` or a visibility wait may wait for the read timestamp to move.
 const RID_PATIENCE: Duration = Duration::from_secs(10);
+/// Fruitless oracle reads in a row after which a waiting worker yields its thread.
+const IDLE_READS_BEFORE_YIELD: u64 = 8;
 /// Send queue depth of a worker's connections.
 const SEND_QUEUE: u32 = 4096;
 
@@ -82,6 +84,8 @@ pub struct Worker {
     stats: Cell<ClientStats>,
     marks: RefCell<Vec<(u64, Outcome)>>,
     rids: RefCell<RidState>,
+    /// Oracle reads in a row that did not reach what their reader waited for.
+    idle_reads: Cell<u64>,
 }
 
 impl Worker {
@@ -120,6 +124,7 @@ impl Worker {
             stats: Cell::new(ClientStats::default()),
             marks: RefCell::new(Vec::new()),
             rids: RefCell::new(RidState::default()),
+            idle_reads: Cell::new(0),
         })
     }
 
@@ -263,7 +268,17 @@ impl Worker {
             };
             self.count(|s| s.oracle_reads += 1);
             if rid < min {
+                // The prefix waits for other threads' slots. After a run of fruitless
+                // reads, give the CPU away: on a host with more runnable threads than
+                // cores, the thread we wait for may be waiting for this core.
+                let idle = self.idle_reads.get() + 1;
+                self.idle_reads.set(idle);
+                if idle.is_multiple_of(IDLE_READS_BEFORE_YIELD) {
+                    std::thread::yield_now();
+                }
                 yield_now().await;
+            } else {
+                self.idle_reads.set(0);
             }
         }
     }

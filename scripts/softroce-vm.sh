@@ -154,7 +154,7 @@ NAMDB_VERBS_REQUIRED=1 timeout 600 $fabric_suite --test-threads 1 || fail "confo
 step "conformance suite, memory server in another process (namdb/tests/conformance_process_verbs.rs)"
 NAMDB_VERBS_REQUIRED=1 timeout 600 $process_suite --test-threads 1 || fail "conformance_process_verbs"
 step "namdb bench fabric --backend verbs"
-timeout 300 $namdb bench fabric --backend verbs --json $out/bench.json || fail "bench fabric"
+timeout 300 $namdb bench fabric --backend verbs --threads 1 --duration-ms 200 --json $out/bench.json || fail "bench fabric"
 fi
 echo "softroce-status=\$status" >$out/status
 exit \$status

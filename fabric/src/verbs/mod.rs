@@ -26,7 +26,8 @@ mod resync;
 use crate::addr::{Access, NodeId};
 use crate::device::{CompletionQueue, Device, QpConfig, QpKind, QueuePair};
 use crate::error::{FabricError, Result};
-use crate::memory::{HeapMemory, Memory};
+use crate::memfd::MemfdMemory;
+use crate::memory::Memory;
 use crate::region::Region;
 use crate::sync;
 use cq::VerbsCq;
@@ -140,8 +141,23 @@ fn local_qp_nodes() -> &'static LocalQpNodes {
     NODES.get_or_init(Default::default)
 }
 
-/// A registration's memory and length.
-pub(crate) type RegisteredMemory = (Arc<dyn Memory>, u64);
+/// A live registration as the local side sees it.
+#[derive(Clone)]
+pub(crate) struct RegisteredMemory {
+    pub(crate) mem: Arc<dyn Memory>,
+    pub(crate) len: u64,
+    pub(crate) access: Access,
+}
+
+impl RegisteredMemory {
+    /// Whether the NIC may place `len` bytes at `offset` of it.
+    pub(crate) fn can_receive(&self, offset: u64, len: u32) -> bool {
+        self.access.contains(Access::LOCAL_WRITE)
+            && offset
+                .checked_add(len as u64)
+                .is_some_and(|end| end <= self.len)
+    }
+}
 
 /// The part of a device its queue pairs, completion queues and regions share.
 pub(crate) struct DeviceShared {
@@ -414,6 +430,9 @@ impl Drop for VerbsDevice {
 /// rejects like any other out-of-bounds access.
 pub(crate) const IOVA_BASE: u64 = 1 << 44;
 
+/// The smallest page of every Linux architecture the backend runs on.
+const PAGE_BYTES: usize = 4096;
+
 /// A memory registration: deregisters (and forgets the lkey) when the region drops.
 struct Registration {
     mr: std::ptr::NonNull<sys::ibv_mr>,
@@ -485,9 +504,11 @@ impl Device for VerbsDevice {
     }
 
     fn register(&self, len: u64, access: Access) -> Result<Region> {
-        // The NIC cannot register zero bytes; a word keeps the region's address valid.
-        let mem: Arc<dyn Memory> = Arc::new(HeapMemory::new(len.max(8)));
-        self.register_memory(mem, len, access)
+        // Page-aligned (see register_memory); at least a word, as the NIC cannot
+        // register zero bytes.
+        let mem = MemfdMemory::new("namdb-verbs-region", len.max(8))
+            .map_err(|e| backend_error(&format!("allocating {len} bytes"), e))?;
+        self.register_memory(Arc::new(mem), len, access)
     }
 
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
@@ -501,6 +522,15 @@ impl Device for VerbsDevice {
             });
         }
         let addr = words.as_ptr() as usize;
+        // The NIC maps whole pages, and the kernel requires an I/O virtual address with
+        // the same offset in its page as the memory's: with every region at IOVA_BASE,
+        // that means page-aligned memory (memfd mappings are).
+        if !addr.is_multiple_of(PAGE_BYTES) {
+            return Err(FabricError::Backend(format!(
+                "verbs: memory at {addr:#x} is not page-aligned; the verbs backend \
+                 registers page-aligned memory only (e.g. fabric::MemfdMemory)"
+            )));
+        }
         // Zero-length registrations are refused by some NICs: register at least a word
         // of the memory (the region's own bounds still say `len`).
         let reg_len = len.max(8).min(available) as usize;
@@ -526,7 +556,12 @@ impl Device for VerbsDevice {
         })?;
         // SAFETY: a registered MR is valid until deregistered; its keys never change.
         let (lkey, rkey) = unsafe { (mr.as_ref().lkey, mr.as_ref().rkey) };
-        sync::write(&self.shared.lkeys).insert(lkey, (mem.clone(), len));
+        let local = RegisteredMemory {
+            mem: mem.clone(),
+            len,
+            access,
+        };
+        sync::write(&self.shared.lkeys).insert(lkey, local);
         let registration = Registration {
             mr,
             lkey,

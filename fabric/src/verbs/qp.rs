@@ -23,7 +23,8 @@ pub(crate) const RECV_TAG: u64 = 1 << 63;
 /// Transport timeout exponent: 4.096 µs × 2^14 ≈ 67 ms before a retransmission, and
 /// `RETRY_COUNT` of them before a dead peer completes with `RetryExceeded`.
 const TIMEOUT: u8 = 14;
-const RETRY_COUNT: u8 = 7;
+/// Not 7: rxe (unlike the IBA, which means that only for RNR) retries forever at 7.
+const RETRY_COUNT: u8 = 6;
 
 /// A send request the NIC has not yet retired.
 struct PendingSend {
@@ -47,6 +48,8 @@ struct PendingRecv {
     seq: u64,
     wr_id: u64,
     buf: LocalBuf,
+    /// The buffer was registered, writable and in bounds when posted.
+    valid: bool,
 }
 
 #[derive(Default)]
@@ -427,7 +430,13 @@ impl QpShared {
             }
             ring.pending.pop_front().filter(|p| p.seq == seq)?
         };
-        let status = wc_status(wc.status, false);
+        let status = match wc_status(wc.status, false) {
+            // A local error on a receive whose buffer was registered, writable and in
+            // bounds can only be a message that does not fit: rxe reports it as a
+            // local QP operation error, the IBA and the fabric as a length error.
+            WcStatus::LocalProtection if done.valid => WcStatus::LocalLength,
+            status => status,
+        };
         let ok = status == WcStatus::Success;
         let imm = (ok && wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
             // SAFETY: with IBV_WC_WITH_IMM set, the union holds the immediate data.
@@ -456,12 +465,12 @@ impl QpShared {
     /// RoCE v2 datagram over IPv4 carries an IPv4 header in the GRH's last 20 bytes,
     /// anything else a GRH whose source GID is bytes 8–24.
     fn ud_sender(&self, buf: &LocalBuf, src_qp: u32) -> Option<QpEndpoint> {
-        let (mem, len) = sync::read(&self.device.lkeys).get(&buf.lkey).cloned()?;
-        if buf.offset.checked_add(GRH_BYTES as u64)? > len {
+        let reg = sync::read(&self.device.lkeys).get(&buf.lkey).cloned()?;
+        if buf.offset.checked_add(GRH_BYTES as u64)? > reg.len {
             return None;
         }
         let mut grh = [0u8; GRH_BYTES as usize];
-        memory::copy_out(mem.words(), buf.offset, &mut grh);
+        memory::copy_out(reg.mem.words(), buf.offset, &mut grh);
         let gid = if grh[20] >> 4 == 4 {
             let ip = std::net::Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]);
             ip.to_ipv6_mapped()
@@ -476,6 +485,75 @@ impl QpShared {
 /// Where the NIC finds byte `offset` of the region with `lkey`/`rkey` (see IOVA_BASE).
 fn iova(offset: u64) -> u64 {
     IOVA_BASE.wrapping_add(offset)
+}
+
+/// A NIC work request that chains into a list for one post call (one doorbell).
+trait Chained: Sized {
+    fn chain(&mut self, next: *mut Self, sge: *mut sys::ibv_sge);
+}
+
+impl Chained for sys::ibv_send_wr {
+    fn chain(&mut self, next: *mut Self, sge: *mut sys::ibv_sge) {
+        self.next = next;
+        self.sg_list = sge;
+    }
+}
+
+impl Chained for sys::ibv_recv_wr {
+    fn chain(&mut self, next: *mut Self, sge: *mut sys::ibv_sge) {
+        self.next = next;
+        self.sg_list = sge;
+    }
+}
+
+/// Chains `wrs[i]` to `wrs[i + 1]` with `sges[i]` as its scatter/gather entry, posts
+/// the list with `post`, and returns how many requests were posted and the errno of
+/// the one the NIC refused (0: none). Neither slice may move until `post` returns,
+/// which the borrows ensure.
+fn post_chain<W: Chained>(
+    wrs: &mut [W],
+    sges: &mut [sys::ibv_sge],
+    post: impl FnOnce(*mut W, *mut *mut W) -> i32,
+) -> (usize, i32) {
+    let n = wrs.len().min(sges.len());
+    let base = wrs.as_mut_ptr();
+    let sge_base = sges.as_mut_ptr();
+    for i in 0..n {
+        // SAFETY: i < n, so `base + i` and `sge_base + i` are in bounds, and `base + i +
+        // 1` is taken only when i + 1 < n; all pointers derive from the same borrows.
+        unsafe {
+            let next = if i + 1 < n {
+                base.add(i + 1)
+            } else {
+                null_mut()
+            };
+            (*base.add(i)).chain(next, sge_base.add(i));
+        }
+    }
+    let mut bad: *mut W = null_mut();
+    let ret = post(base, &mut bad);
+    let posted = if ret == 0 {
+        n
+    } else if bad.is_null() {
+        0
+    } else {
+        // SAFETY: ibverbs points `bad` at an element of the list it was given.
+        (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
+    };
+    (posted, ret)
+}
+
+/// The NIC address of an atomic's target. A misaligned one is a remote access error to
+/// the fabric (and to most NICs, at the responder), but rxe refuses it at post time
+/// (EINVAL), so it is sent to the aligned address just below every region instead:
+/// the responder rejects that with a real remote access error, in order, breaking
+/// both halves of the connection as the misaligned atomic would have.
+fn atomic_target(offset: u64) -> u64 {
+    if offset.is_multiple_of(8) {
+        iova(offset)
+    } else {
+        IOVA_BASE - 8
+    }
 }
 
 fn post_error(index: usize, source: FabricError) -> FabricError {
@@ -564,32 +642,16 @@ impl QueuePair for VerbsQp {
         if nic_wrs.is_empty() {
             return rejected.map_or(Ok(()), Err);
         }
-        // Link the list and its scatter/gather entries only now: neither vector grows
-        // any more, so the pointers stay valid through the post.
         let n = nic_wrs.len();
-        let base = nic_wrs.as_mut_ptr();
-        for i in 0..n {
-            nic_wrs[i].sg_list = &mut sges[i];
-            // SAFETY: i + 1 <= n, within (or one past the end of) the vector.
-            nic_wrs[i].next = if i + 1 < n {
-                unsafe { base.add(i + 1) }
-            } else {
-                null_mut()
-            };
-        }
-        let mut bad: *mut sys::ibv_send_wr = null_mut();
-        // SAFETY: the QP is alive; the list is well formed and, with its sges and any
-        // inline data (borrowed from `wrs`), outlives the call. Registered buffers are
-        // named by key and IOVA: the NIC checks them against their registrations.
-        let ret = unsafe { sys::ibv_post_send(s.raw(), base, &mut bad) };
+        let (posted, ret) = post_chain(&mut nic_wrs, &mut sges, |list, bad| {
+            // SAFETY: the QP is alive; the list is well formed and, with its sges and
+            // any inline data (borrowed from `wrs`), outlives the call. Registered
+            // buffers are named by key and IOVA: the NIC checks them against their
+            // registrations.
+            unsafe { sys::ibv_post_send(s.raw(), list, bad) }
+        });
         if ret != 0 {
-            // Requests before `bad` were posted.
-            let posted = if bad.is_null() {
-                0
-            } else {
-                // SAFETY: ibverbs sets `bad` to an element of the list we passed.
-                (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
-            };
+            // Requests before the refused one were posted.
             ring.next_seq += posted as u64;
             ring.pending.extend(pending.drain(..posted));
             let err = std::io::Error::from_raw_os_error(ret);
@@ -645,35 +707,24 @@ impl QueuePair for VerbsQp {
         if n == 0 {
             return full.map_or(Ok(()), |i| Err(queue_full(i)));
         }
-        let base = nic_wrs.as_mut_ptr();
-        for i in 0..n {
-            nic_wrs[i].sg_list = &mut sges[i];
-            // SAFETY: i + 1 <= n, within (or one past the end of) the vector.
-            nic_wrs[i].next = if i + 1 < n {
-                unsafe { base.add(i + 1) }
-            } else {
-                null_mut()
-            };
-        }
-        let mut bad: *mut sys::ibv_recv_wr = null_mut();
-        // SAFETY: the QP is alive; the list and its sges outlive the call.
-        let ret = unsafe { sys::ibv_post_recv(s.raw(), base, &mut bad) };
-        let posted = if ret == 0 {
-            n
-        } else if bad.is_null() {
-            0
-        } else {
-            // SAFETY: ibverbs sets `bad` to an element of the list we passed.
-            (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
-        };
+        let (posted, ret) = post_chain(&mut nic_wrs, &mut sges, |list, bad| {
+            // SAFETY: the QP is alive; the list and its sges outlive the call.
+            unsafe { sys::ibv_post_recv(s.raw(), list, bad) }
+        });
         let first = ring.next_seq;
+        let lkeys = sync::read(&s.device.lkeys);
         for (i, wr) in wrs[..posted].iter().enumerate() {
+            let valid = lkeys
+                .get(&wr.buf.lkey)
+                .is_some_and(|r| r.can_receive(wr.buf.offset, wr.buf.len));
             ring.pending.push_back(PendingRecv {
                 seq: first + i as u64,
                 wr_id: wr.wr_id,
                 buf: wr.buf,
+                valid,
             });
         }
+        drop(lkeys);
         ring.next_seq += posted as u64;
         if ret != 0 {
             return Err(post_error(
@@ -842,7 +893,7 @@ impl VerbsQp {
                 nic.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
                 sge = buf(&l);
                 nic.wr.atomic = sys::atomic_t {
-                    remote_addr: iova(remote.offset),
+                    remote_addr: atomic_target(remote.offset),
                     compare_add: compare,
                     swap,
                     rkey: remote.rkey,
@@ -856,7 +907,7 @@ impl VerbsQp {
                 nic.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
                 sge = buf(&l);
                 nic.wr.atomic = sys::atomic_t {
-                    remote_addr: iova(remote.offset),
+                    remote_addr: atomic_target(remote.offset),
                     compare_add: add,
                     swap: 0,
                     rkey: remote.rkey,

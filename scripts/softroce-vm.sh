@@ -54,7 +54,7 @@ moddir=$kroot/lib/modules/$kver
 # The guest runs release binaries: TCG emulation is slow enough without debug builds.
 smoke=${SOFTROCE_SMOKE:-}
 if [[ -z ${SOFTROCE_SKIP_BUILD:-} && -z $smoke ]]; then
-    say "building release binaries with --features verbs"
+    say "building release binaries with --features verbs ($SECONDS s in)"
     cargo build --release -p namdb --features verbs
     cargo test --release -p fabric -p namdb --features verbs --no-run \
         --test conformance_verbs --test conformance_process_verbs 2>&1 | tee "$work/build.log" >&2
@@ -162,7 +162,7 @@ EOF
 
 # ----------------------------------------------------------------- boot
 timeout_s=${SOFTROCE_TIMEOUT:-600}
-say "booting $kver under TCG (timeout ${timeout_s}s)"
+say "booting $kver under TCG (timeout ${timeout_s}s; $SECONDS s in)"
 set +e
 timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -smp "${SOFTROCE_CPUS:-2}" -m "${SOFTROCE_MEMORY:-4G}" \
@@ -180,4 +180,4 @@ if [[ -f $out/guest.log ]]; then cat "$out/guest.log"; else tail -n 40 "$out/con
 ((qemu_status == 0)) || die "qemu exited with $qemu_status (124: timed out after ${timeout_s}s); console in $work/console.log"
 grep -qx 'softroce-status=0' "$out/status" 2>/dev/null ||
     die "the guest did not report success; logs in $work/{guest,console}.log"
-say "all passed inside the guest; logs in $work"
+say "all passed inside the guest in $SECONDS s; logs in $work"

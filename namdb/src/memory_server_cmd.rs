@@ -31,8 +31,9 @@ pub struct MemoryServerArgs {
     /// File holding the cluster token (`namdb token generate FILE` makes one).
     #[arg(long, value_name = "FILE")]
     pub token_file: PathBuf,
-    /// Address of the data path (the tcp soft-NIC), host:port, which peers dial: by
-    /// default the control plane's host with a free port. With `--listen 0.0.0.0:…`
+    /// Address of the data path (the tcp soft-NIC; for verbs, the TCP endpoint peers
+    /// dial to resynchronise a queue pair after an error), host:port, which peers dial:
+    /// by default the control plane's host with a free port. With `--listen 0.0.0.0:…`
     /// name this host's reachable address here (e.g. 10.0.0.5:0).
     #[arg(long, value_name = "ADDR")]
     pub data_listen: Option<SocketAddr>,

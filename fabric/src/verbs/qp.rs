@@ -2,7 +2,7 @@
 //! bookkeeping that turns the NIC's completions into the fabric's.
 
 use super::{DeviceShared, IOVA_BASE, backend_error, forget_local_qp, resync};
-use crate::addr::{LocalBuf, QpEndpoint};
+use crate::addr::{LocalBuf, QpEndpoint, RemoteAddr};
 use crate::device::{CompletionQueue, QpConfig, QpKind, QueuePair};
 use crate::error::{FabricError, QpState, Result, WcStatus};
 use crate::validate::validate;
@@ -556,6 +556,24 @@ fn atomic_target(offset: u64) -> u64 {
     }
 }
 
+/// Makes `nic` the atomic `opcode` on `remote` (`compare_add` and `swap` in host order,
+/// as ibverbs takes them).
+fn set_atomic(
+    nic: &mut sys::ibv_send_wr,
+    opcode: sys::ibv_wr_opcode::Type,
+    remote: RemoteAddr,
+    compare_add: u64,
+    swap: u64,
+) {
+    nic.opcode = opcode;
+    nic.wr.atomic = sys::atomic_t {
+        remote_addr: atomic_target(remote.offset),
+        compare_add,
+        swap,
+        rkey: remote.rkey,
+    };
+}
+
 fn post_error(index: usize, source: FabricError) -> FabricError {
     FabricError::Post {
         index,
@@ -890,28 +908,16 @@ impl VerbsQp {
                 compare,
                 swap,
             } => {
-                nic.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
                 sge = buf(&l);
-                nic.wr.atomic = sys::atomic_t {
-                    remote_addr: atomic_target(remote.offset),
-                    compare_add: compare,
-                    swap,
-                    rkey: remote.rkey,
-                };
+                set_atomic(&mut nic, IBV_WR_ATOMIC_CMP_AND_SWP, remote, compare, swap);
             }
             WrOp::FetchAdd {
                 local: l,
                 remote,
                 add,
             } => {
-                nic.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
                 sge = buf(&l);
-                nic.wr.atomic = sys::atomic_t {
-                    remote_addr: atomic_target(remote.offset),
-                    compare_add: add,
-                    swap: 0,
-                    rkey: remote.rkey,
-                };
+                set_atomic(&mut nic, IBV_WR_ATOMIC_FETCH_AND_ADD, remote, add, 0);
             }
         }
         nic.send_flags = flags;

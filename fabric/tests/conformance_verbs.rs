@@ -7,7 +7,7 @@
 #![cfg(all(feature = "verbs", target_os = "linux", not(fabric_loom)))]
 
 use fabric::conformance::Backend;
-use fabric::verbs::{VerbsConfig, VerbsDevice};
+use fabric::verbs::{AtomicResultOrder, VerbsConfig, VerbsDevice};
 use fabric::{Device, NodeId};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -54,6 +54,16 @@ fabric::conformance_tests!(match Verbs::available() {
     Some(backend) => backend,
     None => return,
 });
+
+/// The device found the order its NIC writes atomic results in (rxe: host order) by
+/// a FETCH_ADD to itself at open; an RDMA device that loops back leaves nothing
+/// unchecked.
+#[test]
+fn atomic_result_byte_order_is_probed_at_open() {
+    let Some(_) = Verbs::available() else { return };
+    let device = open(0).expect("open the RDMA device");
+    assert_ne!(device.atomic_result_order(), AtomicResultOrder::Unchecked);
+}
 
 #[test]
 fn without_a_device_the_error_names_the_problem() {

@@ -20,6 +20,7 @@
 //!   whose opcode ibverbs leaves undefined, still report the right one.
 
 mod cq;
+mod probe;
 mod qp;
 mod resync;
 
@@ -179,6 +180,9 @@ pub(crate) struct DeviceShared {
     /// Queue pairs by number, for completion dispatch and resync requests.
     pub(crate) qps: RwLock<HashMap<u32, Weak<QpShared>>>,
     pub(crate) shut_down: AtomicBool,
+    /// The NIC writes atomics' old values in network byte order (`probe.rs`), so the
+    /// backend swaps them into the region's.
+    pub(crate) swap_atomic_results: AtomicBool,
     /// Distinguishes this device's completion queues from another device's.
     pub(crate) id: u64,
 }
@@ -281,6 +285,20 @@ impl DeviceShared {
 pub struct VerbsDevice {
     shared: Arc<DeviceShared>,
     resync: resync::Listener,
+    atomic_results: AtomicResultOrder,
+}
+
+/// How a NIC writes an atomic's old value into the local buffer, as the device found
+/// at open by a FETCH_ADD to itself (`probe.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicResultOrder {
+    /// As a host-order word: the fabric's byte order on little-endian hosts.
+    Host,
+    /// In network byte order; the backend swaps each result after completion.
+    Network,
+    /// The loopback probe could not run (e.g. the NIC does not loop back to itself);
+    /// results are taken as they come.
+    Unchecked,
 }
 
 fn no_device(why: impl fmt::Display) -> FabricError {
@@ -381,10 +399,25 @@ impl VerbsDevice {
             lkeys: RwLock::new(HashMap::new()),
             qps: RwLock::new(HashMap::new()),
             shut_down: AtomicBool::new(false),
+            swap_atomic_results: AtomicBool::new(false),
             id: DEVICE_IDS.fetch_add(1, Ordering::Relaxed),
         });
+        let atomic_results = probe::atomic_result_order(&shared)?;
+        shared.swap_atomic_results.store(
+            atomic_results == AtomicResultOrder::Network,
+            Ordering::Release,
+        );
         let resync = listener.serve(Arc::downgrade(&shared));
-        Ok(Arc::new(VerbsDevice { shared, resync }))
+        Ok(Arc::new(VerbsDevice {
+            shared,
+            resync,
+            atomic_results,
+        }))
+    }
+
+    /// What the byte-order probe found at open.
+    pub fn atomic_result_order(&self) -> AtomicResultOrder {
+        self.atomic_results
     }
 
     /// The GID table index this device sends from.
@@ -504,80 +537,12 @@ impl Device for VerbsDevice {
     }
 
     fn register(&self, len: u64, access: Access) -> Result<Region> {
-        // Page-aligned (see register_memory); at least a word, as the NIC cannot
-        // register zero bytes.
-        let mem = MemfdMemory::new("namdb-verbs-region", len.max(8))
-            .map_err(|e| backend_error(&format!("allocating {len} bytes"), e))?;
-        self.register_memory(Arc::new(mem), len, access)
+        allocate(&self.shared, len, access)
     }
 
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {
-        let words = mem.words();
-        let available = words.len() as u64 * 8;
-        if len > available {
-            return Err(FabricError::OutOfBounds {
-                offset: 0,
-                len,
-                region_len: available,
-            });
-        }
-        let addr = words.as_ptr() as usize;
-        // The NIC maps whole pages, and the kernel requires an I/O virtual address with
-        // the same offset in its page as the memory's: with every region at IOVA_BASE,
-        // that means page-aligned memory (memfd mappings are).
-        if !addr.is_multiple_of(PAGE_BYTES) {
-            return Err(FabricError::Backend(format!(
-                "verbs: memory at {addr:#x} is not page-aligned; the verbs backend \
-                 registers page-aligned memory only (e.g. fabric::MemfdMemory)"
-            )));
-        }
-        // Zero-length registrations are refused by some NICs: register at least a word
-        // of the memory (the region's own bounds still say `len`).
-        let reg_len = len.max(8).min(available) as usize;
-        // SAFETY: [addr, addr + reg_len) lies within `mem`'s words, which stay allocated
-        // while the registration lives (the Registration keeps `mem` and deregisters
-        // before releasing it). The NIC writes them only as work requests say; the CPU
-        // touches them only through atomic word operations, as it does memory that
-        // another process writes.
-        let mr = unsafe {
-            sys::ibv_reg_mr_iova(
-                self.shared.pd.pd().as_ptr(),
-                addr as *mut std::ffi::c_void,
-                reg_len,
-                IOVA_BASE,
-                access_flags(access).bits(),
-            )
-        };
-        let mr = std::ptr::NonNull::new(mr).ok_or_else(|| {
-            backend_error(
-                &format!("registering {len} bytes"),
-                std::io::Error::last_os_error(),
-            )
-        })?;
-        // SAFETY: a registered MR is valid until deregistered; its keys never change.
-        let (lkey, rkey) = unsafe { (mr.as_ref().lkey, mr.as_ref().rkey) };
-        let local = RegisteredMemory {
-            mem: mem.clone(),
-            len,
-            access,
-        };
-        sync::write(&self.shared.lkeys).insert(lkey, local);
-        let registration = Registration {
-            mr,
-            lkey,
-            device: self.shared.clone(),
-            _mem: mem.clone(),
-        };
-        Ok(Region::from_parts(
-            mem,
-            len,
-            (lkey, rkey),
-            access,
-            self.shared.node,
-            Box::new(registration),
-        ))
+        register(&self.shared, mem, len, access)
     }
-
     fn create_cq(&self, capacity: u32) -> Result<Arc<dyn CompletionQueue>> {
         Ok(Arc::new(VerbsCq::new(&self.shared, capacity)?))
     }
@@ -596,6 +561,87 @@ impl Device for VerbsDevice {
         sync::lock(local_qp_nodes()).insert((self.shared.local.gid, qp.qpn()), self.shared.node);
         Ok(qp)
     }
+}
+
+/// Allocates `len` bytes of page-aligned memory (see `register`) and registers them;
+/// at least a word, as the NIC cannot register zero bytes.
+pub(crate) fn allocate(shared: &Arc<DeviceShared>, len: u64, access: Access) -> Result<Region> {
+    let mem = MemfdMemory::new("namdb-verbs-region", len.max(8))
+        .map_err(|e| backend_error(&format!("allocating {len} bytes"), e))?;
+    register(shared, Arc::new(mem), len, access)
+}
+
+/// Registers the first `len` bytes of `mem` at `IOVA_BASE`.
+fn register(
+    shared: &Arc<DeviceShared>,
+    mem: Arc<dyn Memory>,
+    len: u64,
+    access: Access,
+) -> Result<Region> {
+    let words = mem.words();
+    let available = words.len() as u64 * 8;
+    if len > available {
+        return Err(FabricError::OutOfBounds {
+            offset: 0,
+            len,
+            region_len: available,
+        });
+    }
+    let addr = words.as_ptr() as usize;
+    // The NIC maps whole pages, and the kernel requires an I/O virtual address with
+    // the same offset in its page as the memory's: with every region at IOVA_BASE,
+    // that means page-aligned memory (memfd mappings are).
+    if !addr.is_multiple_of(PAGE_BYTES) {
+        return Err(FabricError::Backend(format!(
+            "verbs: memory at {addr:#x} is not page-aligned; the verbs backend \
+             registers page-aligned memory only (e.g. fabric::MemfdMemory)"
+        )));
+    }
+    // Zero-length registrations are refused by some NICs: register at least a word
+    // of the memory (the region's own bounds still say `len`).
+    let reg_len = len.max(8).min(available) as usize;
+    // SAFETY: [addr, addr + reg_len) lies within `mem`'s words, which stay allocated
+    // while the registration lives (the Registration keeps `mem` and deregisters
+    // before releasing it). The NIC writes them only as work requests say; the CPU
+    // touches them only through atomic word operations, as it does memory that
+    // another process writes.
+    let mr = unsafe {
+        sys::ibv_reg_mr_iova(
+            shared.pd.pd().as_ptr(),
+            addr as *mut std::ffi::c_void,
+            reg_len,
+            IOVA_BASE,
+            access_flags(access).bits(),
+        )
+    };
+    let mr = std::ptr::NonNull::new(mr).ok_or_else(|| {
+        backend_error(
+            &format!("registering {len} bytes"),
+            std::io::Error::last_os_error(),
+        )
+    })?;
+    // SAFETY: a registered MR is valid until deregistered; its keys never change.
+    let (lkey, rkey) = unsafe { (mr.as_ref().lkey, mr.as_ref().rkey) };
+    let local = RegisteredMemory {
+        mem: mem.clone(),
+        len,
+        access,
+    };
+    sync::write(&shared.lkeys).insert(lkey, local);
+    let registration = Registration {
+        mr,
+        lkey,
+        device: shared.clone(),
+        _mem: mem.clone(),
+    };
+    Ok(Region::from_parts(
+        mem,
+        len,
+        (lkey, rkey),
+        access,
+        shared.node,
+        Box::new(registration),
+    ))
 }
 
 /// The innermost cause of an error, which sideway's wrappers tend to hide behind a

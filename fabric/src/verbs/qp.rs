@@ -1,7 +1,7 @@
 //! Queue pairs: ibverbs RC and UD QPs, their state transitions, posting and the
 //! bookkeeping that turns the NIC's completions into the fabric's.
 
-use super::{DeviceShared, IOVA_BASE, backend_error, forget_local_qp, resync};
+use super::{DeviceShared, IOVA_BASE, PortAddress, backend_error, forget_local_qp, resync};
 use crate::addr::{LocalBuf, QpEndpoint, RemoteAddr};
 use crate::device::{CompletionQueue, QpConfig, QpKind, QueuePair};
 use crate::error::{FabricError, QpState, Result, WcStatus};
@@ -13,6 +13,7 @@ use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair as _, QueuePairType
 use std::collections::VecDeque;
 use std::net::Ipv6Addr;
 use std::ptr::null_mut;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +37,8 @@ struct PendingSend {
     /// made fail on purpose (a UD datagram over the MTU, see `post_send`).
     forced: Option<WcStatus>,
     atomic: bool,
+    /// An atomic's result buffer, which the NIC writes.
+    result: Option<LocalBuf>,
 }
 
 #[derive(Default)]
@@ -203,6 +206,27 @@ impl VerbsQp {
     pub(crate) fn qpn(&self) -> u32 {
         self.0.qpn
     }
+
+    /// Connects an RC queue pair to `peer` at `address` (INIT → RTR → RTS).
+    pub(crate) fn connect_at(&self, peer: QpEndpoint, address: PortAddress) -> Result<()> {
+        let s = &self.0;
+        if s.kind == QpKind::Ud {
+            return Err(FabricError::InvalidWorkRequest(
+                "UD queue pairs do not connect; address each datagram instead".into(),
+            ));
+        }
+        let _t = sync::lock(&s.transitions);
+        if sync::lock(&s.peer).is_some() {
+            return Err(FabricError::InvalidState {
+                state: QpState::Ready,
+                action: "connect (already connected)",
+            });
+        }
+        s.to_rtr(Some((peer, address, initial_psn(peer.qpn))))?;
+        s.to_rts(initial_psn(s.qpn))?;
+        *sync::lock(&s.peer) = Some(peer);
+        Ok(())
+    }
 }
 
 impl Drop for VerbsQp {
@@ -283,18 +307,21 @@ impl QpShared {
         }
     }
 
-    /// INIT → RTR; for RC towards `peer` (its QP number, the PSN it will send first).
-    fn to_rtr(&self, peer: Option<(QpEndpoint, u32)>) -> Result<()> {
+    /// Where `peer`'s device is, from the peers added with `add_peer`.
+    fn address_of(&self, peer: QpEndpoint) -> Result<PortAddress> {
+        self.device
+            .peer_address(peer.node)
+            .ok_or(FabricError::UnknownPeer(peer))
+    }
+
+    /// INIT → RTR; for RC towards `peer` at `address`, which sends `rq_psn` first.
+    fn to_rtr(&self, peer: Option<(QpEndpoint, PortAddress, u32)>) -> Result<()> {
         use sys::ibv_qp_attr_mask as m;
         let mut attr = zeroed_attr();
         attr.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
-        let Some((peer, rq_psn)) = peer else {
+        let Some((peer, address, rq_psn)) = peer else {
             return self.modify(&mut attr, &[m::IBV_QP_STATE], "RTR");
         };
-        let address = self
-            .device
-            .peer_address(peer.node)
-            .ok_or(FabricError::UnknownPeer(peer))?;
         attr.path_mtu = self.device.path_mtu as _;
         attr.dest_qp_num = peer.qpn;
         attr.rq_psn = rq_psn;
@@ -374,7 +401,7 @@ impl QpShared {
         sync::lock(&self.send).pending.clear();
         sync::lock(&self.recv).pending.clear();
         self.to_init()?;
-        self.to_rtr(Some((peer, rq_psn)))?;
+        self.to_rtr(Some((peer, self.address_of(peer)?, rq_psn)))?;
         self.to_rts(sq_psn)
     }
 
@@ -403,12 +430,18 @@ impl QpShared {
     pub(crate) fn complete_send(&self, wc: &sys::ibv_wc) -> Option<Completion> {
         let mut ring = sync::lock(&self.send);
         while ring.pending.front().is_some_and(|p| p.seq < wc.wr_id) {
-            ring.pending.pop_front();
+            // Unsignaled, and before this completion on an RC queue pair: done.
+            if let Some(retired) = ring.pending.pop_front() {
+                self.fix_atomic_result(&retired);
+            }
         }
         let done = ring.pending.pop_front().filter(|p| p.seq == wc.wr_id)?;
         let status = done
             .forced
             .unwrap_or_else(|| wc_status(wc.status, done.atomic));
+        if status == WcStatus::Success {
+            self.fix_atomic_result(&done);
+        }
         Some(Completion {
             wr_id: done.wr_id,
             status,
@@ -418,6 +451,24 @@ impl QpShared {
             qpn: self.qpn,
             src: None,
         })
+    }
+
+    /// Puts an atomic's result into the region's byte order (little-endian words) if
+    /// this NIC writes it in network byte order (`probe.rs`).
+    fn fix_atomic_result(&self, done: &PendingSend) {
+        let Some(buf) = done.result else { return };
+        if !self.device.swap_atomic_results.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(reg) = sync::read(&self.device.lkeys).get(&buf.lkey).cloned() else {
+            return;
+        };
+        if buf.offset.checked_add(8).is_some_and(|end| end <= reg.len) {
+            let mut bytes = [0u8; 8];
+            memory::copy_out(reg.mem.words(), buf.offset, &mut bytes);
+            bytes.reverse();
+            memory::copy_in(reg.mem.words(), buf.offset, &bytes);
+        }
     }
 
     /// Turns a receive completion of the NIC into the fabric's.
@@ -607,23 +658,11 @@ impl QueuePair for VerbsQp {
     }
 
     fn connect(&self, peer: QpEndpoint) -> Result<()> {
-        let s = &self.0;
-        if s.kind == QpKind::Ud {
-            return Err(FabricError::InvalidWorkRequest(
-                "UD queue pairs do not connect; address each datagram instead".into(),
-            ));
+        if self.0.kind == QpKind::Ud {
+            return self.connect_at(peer, self.0.device.local);
         }
-        let _t = sync::lock(&s.transitions);
-        if sync::lock(&s.peer).is_some() {
-            return Err(FabricError::InvalidState {
-                state: QpState::Ready,
-                action: "connect (already connected)",
-            });
-        }
-        s.to_rtr(Some((peer, initial_psn(peer.qpn))))?;
-        s.to_rts(initial_psn(s.qpn))?;
-        *sync::lock(&s.peer) = Some(peer);
-        Ok(())
+        let address = self.0.address_of(peer)?;
+        self.connect_at(peer, address)
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
@@ -928,6 +967,10 @@ impl VerbsQp {
             len: wr.op.payload_len() as u32,
             forced,
             atomic: matches!(wr.op, WrOp::Cas { .. } | WrOp::FetchAdd { .. }),
+            result: match wr.op {
+                WrOp::Cas { local, .. } | WrOp::FetchAdd { local, .. } => Some(local),
+                _ => None,
+            },
         };
         Ok((nic, sge, pending))
     }

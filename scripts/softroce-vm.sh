@@ -155,6 +155,21 @@ step "conformance suite, memory server in another process (namdb/tests/conforman
 NAMDB_VERBS_REQUIRED=1 timeout 600 $process_suite --test-threads 1 || fail "conformance_process_verbs"
 step "namdb bench fabric --backend verbs"
 timeout 300 $namdb bench fabric --backend verbs --threads 1 --duration-ms 200 --json $out/bench.json || fail "bench fabric"
+step "memory server and a benchmark client in two processes (ConnectQueuePair over gRPC)"
+$namdb token generate /tmp/cluster.token
+$namdb memory-server --listen 127.0.0.1:7700 --backend verbs --size 64MiB \
+    --token-file /tmp/cluster.token >/tmp/memory-server.out 2>/tmp/memory-server.err &
+server=\$!
+for _ in \$(seq 120); do
+    grep -q "listening" /tmp/memory-server.out && break
+    sleep 0.5
+done
+cat /tmp/memory-server.out
+timeout 300 $namdb bench fabric --backend verbs --connect 127.0.0.1:7700 \
+    --token-file /tmp/cluster.token --threads 1 --duration-ms 200 --ops read,write,cas,fetch_add ||
+    fail "bench fabric --connect"
+kill -TERM \$server; wait \$server || fail "memory server exit"
+tail -n 5 /tmp/memory-server.err
 fi
 echo "softroce-status=\$status" >$out/status
 exit \$status

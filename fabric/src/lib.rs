@@ -15,7 +15,8 @@
 //!   posted receive is retried (RNR) and then fails with [`WcStatus::RnrRetryExceeded`].
 //! - [`AsyncQp`]: futures for one request or a batch, driven by polling the CQ.
 //!
-//! Backends: [`sim`] (in-process, deterministic, fault injection, cost model, loom).
+//! Backends: [`sim`] (in-process, deterministic, fault injection, cost model, loom),
+//! `tcp`, `shm`, and, with the `verbs` feature, `verbs` (rdma-core).
 //! Region memory is heap memory ([`HeapMemory`]) or, on Linux, a shareable memfd
 //! mapping on huge pages where possible (`memfd::MemfdMemory`).
 //! The [`conformance`] suite is what every backend must pass.
@@ -43,6 +44,8 @@ mod sync;
 #[cfg(not(fabric_loom))]
 pub mod tcp;
 mod validate;
+#[cfg(all(feature = "verbs", target_os = "linux", not(fabric_loom)))]
+pub mod verbs;
 mod wr;
 
 pub use addr::{Access, LocalBuf, NodeId, QpEndpoint, RemoteAddr, RemoteRegion, UdDest};

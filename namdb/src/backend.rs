@@ -4,13 +4,14 @@
 
 use anyhow::{Context, Result};
 use clap::ValueEnum;
-use fabric::Device;
 use fabric::shm::ShmDevice;
 use fabric::sim::{CostModel, SimConfig, SimNetwork};
 use fabric::tcp::TcpDevice;
+use fabric::{Device, NodeId};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-/// A fabric backend. `verbs` joins here.
+/// A fabric backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
     /// In-process simulation (`fabric::sim`).
@@ -20,6 +21,9 @@ pub enum BackendKind {
     /// Shared memory between processes (`fabric::shm`), both nodes in this process,
     /// each on its own Unix socket.
     Shm,
+    /// An RDMA NIC through rdma-core (`fabric::verbs`), both nodes in this process on
+    /// the first RDMA device; needs a build with `--features verbs`.
+    Verbs,
 }
 
 impl BackendKind {
@@ -28,6 +32,7 @@ impl BackendKind {
             BackendKind::Sim => "sim",
             BackendKind::Tcp => "tcp",
             BackendKind::Shm => "shm",
+            BackendKind::Verbs => "verbs",
         }
     }
 }
@@ -46,13 +51,87 @@ pub struct Nodes {
 pub fn nodes(kind: BackendKind, cost: Option<CostModel>) -> Result<Nodes> {
     match kind {
         BackendKind::Sim => Ok(sim_nodes(cost)),
-        BackendKind::Tcp | BackendKind::Shm if cost.is_some() => anyhow::bail!(
-            "--cost models the sim fabric; the {} backend has real costs",
-            kind.name()
-        ),
+        BackendKind::Tcp | BackendKind::Shm | BackendKind::Verbs if cost.is_some() => {
+            anyhow::bail!(
+                "--cost models the sim fabric; the {} backend has real costs",
+                kind.name()
+            )
+        }
         BackendKind::Tcp => tcp_nodes(),
         BackendKind::Shm => shm_nodes(),
+        BackendKind::Verbs => {
+            // Both devices live in this process, so a fresh random token is the cluster's.
+            let token: [u8; 32] = rand::random();
+            let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+            let config = VerbsOptions::default();
+            Ok(Nodes {
+                server: verbs_device(&config, NodeId(rand::random()), loopback, &token)?,
+                client: verbs_device(&config, NodeId(rand::random()), loopback, &token)?,
+                _sockets: None,
+            })
+        }
     }
+}
+
+/// Which RDMA device and GID a verbs node uses.
+#[derive(Clone, Debug, Default)]
+// Read only by the verbs backend, which a default build leaves out.
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+pub struct VerbsOptions {
+    /// The RDMA device (`mlx5_0`, `rxe0`, …); the first with an active port if `None`.
+    pub rdma_device: Option<String>,
+    /// The port's GID table index; an IPv4-mapped RoCE GID if `None`.
+    pub gid_index: Option<u8>,
+}
+
+/// A verbs device on `node` whose resync endpoint (which peers recovering a queue pair
+/// dial) listens on `resync`. Without an RDMA device, the error says so.
+#[cfg(feature = "verbs")]
+pub fn verbs_device(
+    options: &VerbsOptions,
+    node: NodeId,
+    resync: SocketAddr,
+    token: &[u8],
+) -> Result<Arc<dyn Device>> {
+    let mut config = fabric::verbs::VerbsConfig::new(node);
+    config.device = options.rdma_device.clone();
+    config.gid_index = options.gid_index;
+    config.resync_listen = resync;
+    Ok(fabric::verbs::VerbsDevice::open(&config, token)?)
+}
+
+/// Without the `verbs` feature: the error says how to get it.
+#[cfg(not(feature = "verbs"))]
+pub fn verbs_device(
+    _options: &VerbsOptions,
+    _node: NodeId,
+    _resync: SocketAddr,
+    _token: &[u8],
+) -> Result<Arc<dyn Device>> {
+    anyhow::bail!(
+        "this namdb was built without the verbs backend; rebuild with \
+         `cargo build --release -p namdb --features verbs` (needs cmake, libclang-dev and \
+         rdma-core's libibverbs-dev)"
+    )
+}
+
+/// The address this host uses to reach `addr` (host:port or ip:port): where a client
+/// device must listen for the server to reach it back.
+fn local_ip_towards(addr: &str) -> Result<std::net::IpAddr> {
+    let server_ip = addr
+        .parse::<SocketAddr>()
+        .map(|a| a.ip())
+        .or_else(|_| {
+            std::net::ToSocketAddrs::to_socket_addrs(addr)
+                .ok()
+                .and_then(|mut a| a.next())
+                .map(|a| a.ip())
+                .context("unresolvable")
+        })
+        .with_context(|| format!("cannot resolve {addr}"))?;
+    let probe = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
+    probe.connect((server_ip, 9))?;
+    Ok(probe.local_addr()?.ip())
 }
 
 fn sim_nodes(cost: Option<CostModel>) -> Nodes {
@@ -147,21 +226,15 @@ pub fn connect_server(
         BackendKind::Tcp => {
             // The server dials the client's soft-NIC back, so listen on the address this
             // host uses to reach the server, not on loopback or the wildcard.
-            let server_ip = addr
-                .parse::<std::net::SocketAddr>()
-                .map(|a| a.ip())
-                .or_else(|_| {
-                    std::net::ToSocketAddrs::to_socket_addrs(addr)
-                        .ok()
-                        .and_then(|mut a| a.next())
-                        .map(|a| a.ip())
-                        .context("unresolvable")
-                })
-                .with_context(|| format!("cannot resolve {addr}"))?;
-            let probe = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
-            probe.connect((server_ip, 9))?;
-            let local = probe.local_addr()?.ip();
+            let local = local_ip_towards(addr)?;
             let device = TcpDevice::bind(&format!("{local}:0"), token.secret())?;
+            (device, None)
+        }
+        BackendKind::Verbs => {
+            // The server dials the resync endpoint back when it recovers a queue pair.
+            let resync = SocketAddr::new(local_ip_towards(addr)?, 0);
+            let node = NodeId(rand::random());
+            let device = verbs_device(&VerbsOptions::default(), node, resync, token.secret())?;
             (device, None)
         }
         BackendKind::Shm => {

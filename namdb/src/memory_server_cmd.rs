@@ -2,6 +2,7 @@
 //! the fabric device for `--backend`, and runs `memory_server::MemoryServer` on it until
 //! SIGTERM or SIGINT.
 
+use crate::backend::VerbsOptions;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use fabric::shm::ShmDevice;
@@ -30,8 +31,9 @@ pub struct MemoryServerArgs {
     /// File holding the cluster token (`namdb token generate FILE` makes one).
     #[arg(long, value_name = "FILE")]
     pub token_file: PathBuf,
-    /// Address of the data path (the tcp soft-NIC), host:port, which peers dial: by
-    /// default the control plane's host with a free port. With `--listen 0.0.0.0:…`
+    /// Address of the data path (the tcp soft-NIC; for verbs, the TCP endpoint peers
+    /// dial to resynchronise a queue pair after an error), host:port, which peers dial:
+    /// by default the control plane's host with a free port. With `--listen 0.0.0.0:…`
     /// name this host's reachable address here (e.g. 10.0.0.5:0).
     #[arg(long, value_name = "ADDR")]
     pub data_listen: Option<SocketAddr>,
@@ -39,6 +41,14 @@ pub struct MemoryServerArgs {
     /// `namdb-memory-server-<pid>.sock` in the temporary directory.
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// verbs only: the RDMA device (e.g. mlx5_0, rxe0); the first with an active port
+    /// by default.
+    #[arg(long, value_name = "NAME")]
+    pub rdma_device: Option<String>,
+    /// verbs only: the port's GID table index to use (`ibv_devinfo -v` lists them); by
+    /// default the first IPv4-mapped RoCE GID, else the first non-empty one.
+    #[arg(long, value_name = "N")]
+    pub gid_index: Option<u8>,
     /// This server's fabric node id, unique in the cluster; random by default.
     #[arg(long, value_name = "N")]
     pub node: Option<u32>,
@@ -59,6 +69,9 @@ pub enum ServerBackend {
     Tcp,
     /// Shared memory, for processes on one host.
     Shm,
+    /// An RDMA NIC (InfiniBand, RoCE, Soft-RoCE) through rdma-core; `--data-listen`
+    /// sets the TCP address peers reach it at to resynchronise queue pairs after errors.
+    Verbs,
 }
 
 /// The device for `backend`, or why there is none. A new backend is one arm here.
@@ -90,6 +103,17 @@ fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Devic
             let device = ShmDevice::bind_as(&path, token.secret(), node)
                 .with_context(|| format!("cannot start the shm data path on {}", path.display()))?;
             Ok(device)
+        }
+        ServerBackend::Verbs => {
+            let resync = args
+                .data_listen
+                .unwrap_or_else(|| SocketAddr::new(args.listen.ip(), 0));
+            let options = VerbsOptions {
+                rdma_device: args.rdma_device.clone(),
+                gid_index: args.gid_index,
+            };
+            crate::backend::verbs_device(&options, node, resync, token.secret())
+                .context("cannot start the verbs data path")
         }
     }
 }
@@ -195,6 +219,26 @@ mod tests {
             args.backend = backend;
             let err = device(&args, &token).err().expect("no device").to_string();
             assert!(err.contains(says), "{backend:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn verbs_says_what_is_missing() {
+        let token = ClusterToken::new("0123456789abcdef0123456789abcdef").unwrap();
+        let mut args = parse(&["--size", "1M"]).unwrap();
+        args.backend = ServerBackend::Verbs;
+        match device(&args, &token) {
+            // A host with an RDMA device.
+            Ok(device) => assert_eq!(device.backend(), "verbs"),
+            Err(e) => {
+                let said = format!("{e:#}");
+                let missing = if cfg!(feature = "verbs") {
+                    "no RDMA device found"
+                } else {
+                    "--features verbs"
+                };
+                assert!(said.contains(missing), "{said}");
+            }
         }
     }
 

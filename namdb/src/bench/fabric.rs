@@ -971,6 +971,8 @@ fn goal_lines(backend: BackendKind, rows: &[Row]) -> Vec<String> {
                 ]
             })
             .collect(),
+        // Soft-RoCE figures are emulation figures; hardware has no goal here yet.
+        BackendKind::Verbs => Vec::new(),
         BackendKind::Shm => rows
             .iter()
             .filter(|r| r.backend == BackendKind::Shm.name())

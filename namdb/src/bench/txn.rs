@@ -168,6 +168,24 @@ fn cluster_options(args: &TxnArgs, dir: &tempfile::TempDir) -> Result<Options> {
                 Ok(device)
             }));
         }
+        BackendKind::Verbs => {
+            // Fails here, before any table exists, without an RDMA device or the
+            // `verbs` feature; the message says which.
+            let open = move || {
+                crate::backend::verbs_device(
+                    &crate::backend::VerbsOptions::default(),
+                    fabric::NodeId(rand::random()),
+                    std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                    &token,
+                )
+            };
+            open()?;
+            options.devices = Some(Arc::new(move || {
+                open().map_err(|e| {
+                    txn::TxnError::Fabric(fabric::FabricError::Backend(format!("{e:#}")))
+                })
+            }));
+        }
     }
     Ok(options)
 }

@@ -450,7 +450,12 @@ impl<'w> AsyncTransaction<'w> {
 
     /// Reads the records of `keys` this transaction has not seen yet.
     async fn see(&mut self, table: &Arc<Table>, keys: &[u64]) -> Result<()> {
-        let mut todo: Vec<u64> = keys
+        if let [key] = keys
+            && self.seen_of(table.id, *key).is_some()
+        {
+            return Ok(());
+        }
+        let mut todo: SmallVec<[u64; 4]> = keys
             .iter()
             .copied()
             .filter(|&k| self.seen_of(table.id, k).is_none())
@@ -776,7 +781,7 @@ async fn read_block(
 #[derive(Default)]
 struct Held {
     /// Updated records locked by this commit: indices into the write set.
-    locked: Vec<usize>,
+    locked: SmallVec<[usize; 4]>,
     /// New blocks this commit wrote locked (published in the index or not): (table,
     /// partition, addr).
     created: Vec<(Arc<Table>, usize, u64)>,
@@ -874,7 +879,7 @@ async fn run_commit(
     }
     // Lock and validate the updated records: one CAS each, one doorbell per server.
     let mut area = Area::new(buffer);
-    let mut updates = Vec::new();
+    let mut updates: SmallVec<[_; 4]> = SmallVec::new();
     for (wi, w) in st.writes.iter().enumerate() {
         if let Some(Seen::Block {
             part,
@@ -921,10 +926,11 @@ async fn run_commit(
     }
     // Install: WRITE the versions and CAS-unlock, one doorbell per server.
     let mut batches = Batches::new();
-    let mut results = Vec::new();
+    let mut results: SmallVec<[_; 4]> = SmallVec::new();
     for (_, w, part, addr, block, _) in &updates {
         let p = &w.table.partitions[*part];
-        let mut bytes = vec![0u8; (w.table.shape.block_bytes() - VERSIONS_OFFSET) as usize];
+        let mut bytes: SmallVec<[u8; 1024]> =
+            smallvec::smallvec![0u8; (w.table.shape.block_bytes() - VERSIONS_OFFSET) as usize];
         layout::write_installed(block.1, cid, w.value.as_deref(), w.table.shape, &mut bytes)?;
         let at = area.take(bytes.len() as u64)?;
         buffer.write(at, &bytes)?;

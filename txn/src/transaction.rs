@@ -45,6 +45,7 @@ use crate::worker::Worker;
 use fabric::{Region, SendWr};
 use smallvec::SmallVec;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use timestamp::Outcome;
@@ -63,7 +64,8 @@ enum Seen {
         part: usize,
         addr: u64,
         header: Header,
-        raw: Vec<u8>,
+        /// Where the block's bytes are in the transaction's arena.
+        raw: Range<usize>,
     },
 }
 
@@ -87,9 +89,48 @@ struct Write {
 /// [`Transaction::suspend`]).
 pub struct Suspended {
     rid: u64,
-    buffer: Option<Region>,
+    parts: Option<Parts>,
+}
+
+/// A transaction's working memory, pooled by its worker so that a transaction
+/// allocates next to nothing: a registered buffer (reads land there, commits are
+/// staged there), what it saw (the blocks' bytes in one arena), what it wrote.
+pub(crate) struct Parts {
+    buffer: Region,
     seen: Vec<SeenEntry>,
     writes: Vec<Write>,
+    bytes: Vec<u8>,
+}
+
+impl Parts {
+    pub(crate) fn new(buffer: Region) -> Parts {
+        Parts {
+            buffer,
+            seen: Vec::new(),
+            writes: Vec::new(),
+            bytes: Vec::new(),
+        }
+    }
+
+    /// Forgets the last transaction, keeping the capacity.
+    pub(crate) fn clear(&mut self) {
+        self.seen.clear();
+        self.writes.clear();
+        self.bytes.clear();
+    }
+
+    fn seen_of(&self, table: u32, key: u64) -> Option<&Seen> {
+        self.seen
+            .iter()
+            .find(|s| s.table == table && s.key == key)
+            .map(|s| &s.seen)
+    }
+
+    fn write_of(&self, table: u32, key: u64) -> Option<&Write> {
+        self.writes
+            .iter()
+            .find(|w| w.table.id == table && w.key == key)
+    }
 }
 
 /// A transaction running on a [`Worker`], as futures. It ends with
@@ -173,14 +214,12 @@ impl<'a> Batches<'a> {
 
 impl<'w> AsyncTransaction<'w> {
     pub(crate) fn new(worker: &'w Worker, rid: u64) -> Result<AsyncTransaction<'w>> {
-        let buffer = worker.take_buffer()?;
+        let parts = worker.take_parts()?;
         Ok(AsyncTransaction {
             worker,
             st: Suspended {
                 rid,
-                buffer: Some(buffer),
-                seen: Vec::new(),
-                writes: Vec::new(),
+                parts: Some(parts),
             },
         })
     }
@@ -194,9 +233,7 @@ impl<'w> AsyncTransaction<'w> {
     pub fn suspend(mut self) -> Suspended {
         Suspended {
             rid: self.st.rid,
-            buffer: self.st.buffer.take(),
-            seen: std::mem::take(&mut self.st.seen),
-            writes: std::mem::take(&mut self.st.writes),
+            parts: self.st.parts.take(),
         }
     }
 
@@ -205,26 +242,30 @@ impl<'w> AsyncTransaction<'w> {
         self.st.rid
     }
 
-    fn buffer(&self) -> &Region {
+    fn p(&self) -> &Parts {
         self.st
-            .buffer
+            .parts
             .as_ref()
-            .expect("a live transaction has its buffer")
+            .expect("a live transaction has its parts")
+    }
+
+    fn p_mut(&mut self) -> &mut Parts {
+        self.st
+            .parts
+            .as_mut()
+            .expect("a live transaction has its parts")
+    }
+
+    fn buffer(&self) -> &Region {
+        &self.p().buffer
     }
 
     fn write_of(&self, table: u32, key: u64) -> Option<&Write> {
-        self.st
-            .writes
-            .iter()
-            .find(|w| w.table.id == table && w.key == key)
+        self.p().write_of(table, key)
     }
 
     fn seen_of(&self, table: u32, key: u64) -> Option<&Seen> {
-        self.st
-            .seen
-            .iter()
-            .find(|s| s.table == table && s.key == key)
-            .map(|s| &s.seen)
+        self.p().seen_of(table, key)
     }
 
     /// Whether this transaction has buffered a write of `key`.
@@ -238,8 +279,9 @@ impl<'w> AsyncTransaction<'w> {
             return Ok(w.value.clone());
         }
         self.see(table, &[key]).await?;
-        let seen = self.seen_of(table.id, key).expect("just read");
-        visible_value(seen, table, key, self.st.rid)
+        let p = self.p();
+        let seen = p.seen_of(table.id, key).expect("just read");
+        visible_value(seen, &p.bytes, table, key, self.st.rid)
     }
 
     /// The values of `keys` (each as [`AsyncTransaction::get`] returns it), read with
@@ -255,6 +297,7 @@ impl<'w> AsyncTransaction<'w> {
                 Some(w) => Ok(w.value.clone()),
                 None => visible_value(
                     self.seen_of(table.id, key).expect("just read"),
+                    &self.p().bytes,
                     table,
                     key,
                     self.st.rid,
@@ -270,18 +313,20 @@ impl<'w> AsyncTransaction<'w> {
         let rid = self.st.rid;
         match self.seen_of(table.id, key).expect("just read") {
             Seen::Absent => Ok(None),
-            Seen::Block { raw, .. } => match layout::visible_raw(raw, rid, table.shape) {
-                VisibleRaw::Version {
-                    cid,
-                    value: Some(_),
-                } => Ok(Some(cid)),
-                VisibleRaw::Version { .. } | VisibleRaw::Absent => Ok(None),
-                VisibleRaw::TooOld => Err(TxnError::SnapshotTooOld {
-                    table: table.id,
-                    key,
-                    rid,
-                }),
-            },
+            Seen::Block { raw, .. } => {
+                match layout::visible_raw(&self.p().bytes[raw.clone()], rid, table.shape) {
+                    VisibleRaw::Version {
+                        cid,
+                        value: Some(_),
+                    } => Ok(Some(cid)),
+                    VisibleRaw::Version { .. } | VisibleRaw::Absent => Ok(None),
+                    VisibleRaw::TooOld => Err(TxnError::SnapshotTooOld {
+                        table: table.id,
+                        key,
+                        rid,
+                    }),
+                }
+            }
         }
     }
 
@@ -336,7 +381,7 @@ impl<'w> AsyncTransaction<'w> {
         // The commit compares against the header read now.
         self.see(table, &[key]).await?;
         match self
-            .st
+            .p_mut()
             .writes
             .iter_mut()
             .find(|w| w.table.id == table.id && w.key == key)
@@ -345,7 +390,7 @@ impl<'w> AsyncTransaction<'w> {
                 w.value = value;
                 w.insert |= insert;
             }
-            None => self.st.writes.push(Write {
+            None => self.p_mut().writes.push(Write {
                 table: table.clone(),
                 key,
                 value,
@@ -385,7 +430,7 @@ impl<'w> AsyncTransaction<'w> {
             )
             .await?;
         }
-        for w in self.st.writes.iter().filter(|w| w.table.id == table.id) {
+        for w in self.p().writes.iter().filter(|w| w.table.id == table.id) {
             match &w.value {
                 Some(v) => rows.insert(w.key, v.clone()),
                 None => rows.remove(&w.key),
@@ -433,9 +478,11 @@ impl<'w> AsyncTransaction<'w> {
                         let addr = table.block_offset(part, i + b);
                         // The key word never changes once written.
                         let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+                        let mut bytes = Vec::new();
                         let (_, raw) =
-                            read_block(worker, buffer, 0, table, part, key, addr).await?;
-                        layout::decode(&raw, table.shape)?
+                            read_block(worker, buffer, 0, &mut bytes, table, part, key, addr)
+                                .await?;
+                        layout::decode(&bytes[raw], table.shape)?
                     }
                     Err(e) => return Err(e.into()),
                 };
@@ -470,9 +517,11 @@ impl<'w> AsyncTransaction<'w> {
             && let Some(addr) = self.worker.cached_addr(table.id, key)
         {
             let part = table.partition_of(key);
+            let worker = self.worker;
+            let p = self.p_mut();
             let (header, raw) =
-                read_block(self.worker, self.buffer(), 0, table, part, key, addr).await?;
-            self.st.seen.push(SeenEntry {
+                read_block(worker, &p.buffer, 0, &mut p.bytes, table, part, key, addr).await?;
+            p.seen.push(SeenEntry {
                 table: table.id,
                 key,
                 seen: Seen::Block {
@@ -488,9 +537,10 @@ impl<'w> AsyncTransaction<'w> {
             (table.shape.block_bytes() + 8).max(table.partitions[0].index.shape.bucket_bytes());
         let chunk = (self.buffer().len() / per).max(1) as usize;
         for keys in todo.chunks(chunk) {
-            let found = fetch(self.worker, self.buffer(), table, keys).await?;
-            self.st
-                .seen
+            let worker = self.worker;
+            let p = self.p_mut();
+            let found = fetch(worker, &p.buffer, &mut p.bytes, table, keys).await?;
+            p.seen
                 .extend(keys.iter().zip(found).map(|(&key, seen)| SeenEntry {
                     table: table.id,
                     key,
@@ -507,13 +557,13 @@ impl<'w> AsyncTransaction<'w> {
     /// (which takes no timestamp). On error the transaction is aborted.
     pub async fn commit(mut self) -> Result<Option<u64>> {
         let worker = self.worker;
-        if self.st.writes.is_empty() {
+        if self.p().writes.is_empty() {
             worker.count(|s| s.committed += 1);
             return Ok(None);
         }
         let rid = self.st.rid;
         // First committer wins, checked before taking a timestamp or any lock.
-        for w in &self.st.writes {
+        for w in &self.p().writes {
             if let Some(Seen::Block { header, .. }) = self.seen_of(w.table.id, w.key)
                 && header.cid > rid
             {
@@ -530,12 +580,12 @@ impl<'w> AsyncTransaction<'w> {
         }
         let cid = worker.commit_timestamp()?;
         let mut held = Held::default();
-        let buffer = self
+        let parts = self
             .st
-            .buffer
+            .parts
             .take()
-            .expect("a live transaction has its buffer");
-        let result = run_commit(worker, &buffer, cid, &self.st, &mut held).await;
+            .expect("a live transaction has its parts");
+        let result = run_commit(worker, &parts, cid, &mut held).await;
         let outcome = match result {
             Ok(()) => {
                 worker.decide(cid, Outcome::Committed);
@@ -543,7 +593,7 @@ impl<'w> AsyncTransaction<'w> {
                 Ok(Some(cid))
             }
             Err(e) => {
-                let released = release(worker, &buffer, cid, &self.st, &held).await;
+                let released = release(worker, &parts, cid, &held).await;
                 worker.decide(cid, Outcome::Aborted);
                 worker.count(|s| {
                     s.aborted += 1;
@@ -556,7 +606,7 @@ impl<'w> AsyncTransaction<'w> {
                 released.and(Err(e))
             }
         };
-        worker.return_buffer(buffer);
+        worker.return_parts(parts);
         match outcome {
             Ok(Some(cid)) if worker.database().options().wait_visible => {
                 // Let the other coroutines queue their marks: one flush and one oracle
@@ -575,16 +625,23 @@ impl<'w> AsyncTransaction<'w> {
 
 impl Drop for AsyncTransaction<'_> {
     fn drop(&mut self) {
-        if let Some(buffer) = self.st.buffer.take() {
-            self.worker.return_buffer(buffer);
+        if let Some(parts) = self.st.parts.take() {
+            self.worker.return_parts(parts);
         }
     }
 }
 
-fn visible_value(seen: &Seen, table: &Table, key: u64, rid: u64) -> Result<Option<Vec<u8>>> {
+fn visible_value(
+    seen: &Seen,
+    bytes: &[u8],
+    table: &Table,
+    key: u64,
+    rid: u64,
+) -> Result<Option<Vec<u8>>> {
     match seen {
         Seen::Absent => Ok(None),
-        Seen::Block { raw, .. } => match layout::visible_raw(raw, rid, table.shape) {
+        Seen::Block { raw, .. } => match layout::visible_raw(&bytes[raw.clone()], rid, table.shape)
+        {
             VisibleRaw::Version { value, .. } => Ok(value.map(<[u8]>::to_vec)),
             VisibleRaw::Absent => Ok(None),
             VisibleRaw::TooOld => Err(TxnError::SnapshotTooOld {
@@ -599,7 +656,13 @@ fn visible_value(seen: &Seen, table: &Table, key: u64, rid: u64) -> Result<Optio
 /// Finds and reads the blocks of `keys` (distinct; they fit the buffer): index READs
 /// for the keys not in the address cache in one doorbell per server, then block and
 /// header READs for all in one doorbell per server, retrying the torn and the locked.
-async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) -> Result<Vec<Seen>> {
+async fn fetch(
+    worker: &Worker,
+    buffer: &Region,
+    arena: &mut Vec<u8>,
+    table: &Table,
+    keys: &[u64],
+) -> Result<Vec<Seen>> {
     let start = Instant::now();
     let mut addrs: Vec<Option<(usize, u64)>> = keys
         .iter()
@@ -664,7 +727,7 @@ async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) ->
     }
     // Block reads: block, then its header again, per key; torn or locked ones again.
     let block_bytes = table.shape.block_bytes();
-    let mut blocks: Vec<Option<(Header, Vec<u8>)>> = vec![None; keys.len()];
+    let mut blocks: Vec<Option<(Header, Range<usize>)>> = vec![None; keys.len()];
     loop {
         let todo: Vec<usize> = (0..keys.len())
             .filter(|&i| addrs[i].is_some() && blocks[i].is_none())
@@ -690,16 +753,21 @@ async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) ->
         let mut retry = None;
         for (slot, &i) in todo.iter().enumerate() {
             let at = slot as u64 * (block_bytes + 8);
-            let raw = buffer.to_vec(at, block_bytes as usize)?;
+            let raw = copy_to_arena(buffer, at, block_bytes, arena)?;
             let after = buffer.load_u64(at + block_bytes)?;
-            match layout::accept_raw(&raw, after, table.shape) {
+            match layout::accept_raw(&arena[raw.clone()], after, table.shape) {
                 Ok(header) => blocks[i] = Some((header, raw)),
-                Err(LayoutError::Torn { .. }) => worker.count(|s| s.torn_retries += 1),
-                Err(LayoutError::Locked { .. }) => {
-                    worker.count(|s| s.locked_retries += 1);
-                    retry = Some(i);
+                Err(e) => {
+                    arena.truncate(raw.start);
+                    match e {
+                        LayoutError::Torn { .. } => worker.count(|s| s.torn_retries += 1),
+                        LayoutError::Locked { .. } => {
+                            worker.count(|s| s.locked_retries += 1);
+                            retry = Some(i);
+                        }
+                        e => return Err(e.into()),
+                    }
                 }
-                Err(e) => return Err(e.into()),
             }
         }
         if let Some(i) = retry
@@ -734,17 +802,28 @@ async fn fetch(worker: &Worker, buffer: &Region, table: &Table, keys: &[u64]) ->
         .collect())
 }
 
+/// Appends `len` bytes of `buffer` from `at` to `arena`: where they are.
+fn copy_to_arena(buffer: &Region, at: u64, len: u64, arena: &mut Vec<u8>) -> Result<Range<usize>> {
+    let start = arena.len();
+    arena.resize(start + len as usize, 0);
+    buffer.read(at, &mut arena[start..])?;
+    Ok(start..arena.len())
+}
+
 /// The seqlock read of one block, into `buffer` at `at`: retried until both headers
-/// are equal and unlocked. Returns the header and the block's bytes (validated).
+/// are equal and unlocked. Returns the header and where the block's bytes (validated)
+/// are in `arena`.
+#[allow(clippy::too_many_arguments)]
 async fn read_block(
     worker: &Worker,
     buffer: &Region,
     at: u64,
+    arena: &mut Vec<u8>,
     table: &Table,
     part: usize,
     key: u64,
     addr: u64,
-) -> Result<(Header, Vec<u8>)> {
+) -> Result<(Header, Range<usize>)> {
     let p = &table.partitions[part];
     let bytes = table.shape.block_bytes();
     let mut start = None;
@@ -756,9 +835,13 @@ async fn read_block(
                 SendWr::read(0, buffer.buf(at + bytes, 8), p.data.at(addr)),
             ])
             .await?;
-        let raw = buffer.to_vec(at, bytes as usize)?;
+        let raw = copy_to_arena(buffer, at, bytes, arena)?;
         let after = buffer.load_u64(at + bytes)?;
-        match layout::accept_raw(&raw, after, table.shape) {
+        let accepted = layout::accept_raw(&arena[raw.clone()], after, table.shape);
+        if accepted.is_err() {
+            arena.truncate(raw.start);
+        }
+        match accepted {
             Ok(header) => return Ok((header, raw)),
             Err(LayoutError::Torn { .. }) => worker.count(|s| s.torn_retries += 1),
             Err(LayoutError::Locked { .. }) => {
@@ -787,13 +870,8 @@ struct Held {
     created: Vec<(Arc<Table>, usize, u64)>,
 }
 
-async fn run_commit(
-    worker: &Worker,
-    buffer: &Region,
-    cid: u64,
-    st: &Suspended,
-    held: &mut Held,
-) -> Result<()> {
+async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> Result<()> {
+    let buffer = &st.buffer;
     let locked = Header::locked_by(cid).encode();
     let seen = |w: &Write| {
         st.seen
@@ -889,7 +967,7 @@ async fn run_commit(
         }) = seen(w)
         {
             let res = area.take(8)?;
-            updates.push((wi, w, *part, *addr, (*header, raw), res));
+            updates.push((wi, w, *part, *addr, (*header, &st.bytes[raw.clone()]), res));
         }
     }
     if !updates.is_empty() {
@@ -986,13 +1064,8 @@ async fn run_commit(
 }
 
 /// The abort path: releases every lock a failed commit holds, one doorbell per server.
-async fn release(
-    worker: &Worker,
-    buffer: &Region,
-    cid: u64,
-    st: &Suspended,
-    held: &Held,
-) -> Result<()> {
+async fn release(worker: &Worker, st: &Parts, cid: u64, held: &Held) -> Result<()> {
+    let buffer = &st.buffer;
     let locked = Header::locked_by(cid).encode();
     let mut area = Area::new(buffer);
     let mut staged = Vec::new();
@@ -1031,11 +1104,7 @@ async fn release(
         let w = &st.writes[wi];
         if let Some(Seen::Block {
             part, addr, header, ..
-        }) = st
-            .seen
-            .iter()
-            .find(|s| s.table == w.table.id && s.key == w.key)
-            .map(|s| &s.seen)
+        }) = st.seen_of(w.table.id, w.key)
         {
             let p = &w.table.partitions[*part];
             batches.push(

@@ -20,8 +20,8 @@ use crate::error::{Result, TxnError};
 use crate::index::IndexCache;
 use crate::runtime::{self, yield_now};
 use crate::store::Database;
-use crate::transaction::{AsyncTransaction, Suspended, Transaction};
-use fabric::{Access, Device, Region};
+use crate::transaction::{AsyncTransaction, Parts, Suspended, Transaction};
+use fabric::{Access, Device};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
@@ -80,7 +80,8 @@ pub struct Worker {
     conns: Vec<AsyncConn>,
     slot: SlotHandle,
     caches: RefCell<Vec<IndexCache>>,
-    buffers: RefCell<Vec<Region>>,
+    /// Transactions' working memory, reused.
+    parts: RefCell<Vec<Parts>>,
     stats: Cell<ClientStats>,
     marks: RefCell<Vec<(u64, Outcome)>>,
     rids: RefCell<RidState>,
@@ -120,7 +121,7 @@ impl Worker {
             conns,
             slot,
             caches: RefCell::new(Vec::new()),
-            buffers: RefCell::new(Vec::new()),
+            parts: RefCell::new(Vec::new()),
             stats: Cell::new(ClientStats::default()),
             marks: RefCell::new(Vec::new()),
             rids: RefCell::new(RidState::default()),
@@ -161,17 +162,18 @@ impl Worker {
         caches[table as usize].put(key, addr);
     }
 
-    /// A registered buffer for one transaction, from the pool.
-    pub(crate) fn take_buffer(&self) -> Result<Region> {
-        if let Some(b) = self.buffers.borrow_mut().pop() {
-            return Ok(b);
+    /// Working memory for one transaction (with its registered buffer), from the pool.
+    pub(crate) fn take_parts(&self) -> Result<Parts> {
+        if let Some(p) = self.parts.borrow_mut().pop() {
+            return Ok(p);
         }
         let bytes = self.db.shared.options.scratch_bytes;
-        Ok(self._device.register(bytes, Access::LOCAL)?)
+        Ok(Parts::new(self._device.register(bytes, Access::LOCAL)?))
     }
 
-    pub(crate) fn return_buffer(&self, buffer: Region) {
-        self.buffers.borrow_mut().push(buffer);
+    pub(crate) fn return_parts(&self, mut parts: Parts) {
+        parts.clear();
+        self.parts.borrow_mut().push(parts);
     }
 
     /// Queues the decision of a commit timestamp; see the module doc.

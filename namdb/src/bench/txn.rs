@@ -141,9 +141,21 @@ const BANK_BALANCE: i64 = 1000;
 type HistoryRecorder = Recorder<JsonlWriter<BufWriter<File>>>;
 
 /// Devices of the embedded cluster for a backend: sockets (shm) live in `dir`.
+/// The benchmark's table: every key, with room for an eighth more (list-append inserts).
+fn table_spec(args: &TxnArgs) -> TableSpec {
+    TableSpec::new("bench", value_cap(args), args.keys + args.keys / 8 + 64)
+}
+
 fn cluster_options(args: &TxnArgs, dir: &tempfile::TempDir) -> Result<Options> {
+    // Each server holds its share of the table's blocks and index, with room to spare
+    // for the oracle and alignment.
+    let spec = table_spec(args);
+    let block = txn::layout::BlockShape::new(spec.versions, spec.value_cap)?.block_bytes();
+    let table_bytes = spec.capacity * block + spec.index.region_bytes();
+    let per_server = table_bytes / args.servers as u64 + table_bytes / 8 + (16 << 20);
     let mut options = Options {
         servers: args.servers as usize,
+        server_bytes: per_server,
         // One slot per worker, plus the loader's (freed before the run starts).
         slots: args.threads,
         wait_visible: !args.no_wait_visible,
@@ -217,11 +229,7 @@ pub fn run(args: &TxnArgs) -> Result<()> {
         .tempdir()
         .context("creating a directory for the cluster's sockets")?;
     let db = Database::embedded(cluster_options(args, &dir)?)?;
-    let table = db.create_table(TableSpec::new(
-        "bench",
-        value_cap(args),
-        args.keys + args.keys / 8 + 64,
-    ))?;
+    let table = db.create_table(table_spec(args))?;
     let recorder = match &args.history {
         Some(path) => Some(Recorder::new(JsonlWriter::new(BufWriter::new(
             File::create(path).with_context(|| format!("creating {}", path.display()))?,

@@ -282,53 +282,28 @@ pub fn encode(block: &Block, shape: BlockShape) -> Result<Vec<u8>, LayoutError> 
 /// Decodes a block. Versions must be present as a prefix (no present version after an
 /// absent one), with CIDs strictly decreasing and lengths within the shape.
 pub fn decode(bytes: &[u8], shape: BlockShape) -> Result<Block, LayoutError> {
-    if bytes.len() as u64 != shape.block_bytes() {
-        return Err(LayoutError::Size {
-            got: bytes.len(),
-            want: shape.block_bytes(),
-        });
-    }
-    let header = Header::decode(word(bytes, 0));
-    let key = word(bytes, 1);
+    validate(bytes, shape)?;
     let vw = shape.version_words();
     let mut versions: Vec<Version> = Vec::new();
-    let mut ended = false;
     for i in 0..shape.versions {
         let base = PREAMBLE_WORDS + i as u64 * vw;
         let meta = word(bytes, base);
-        let bad = |why: &str| LayoutError::Malformed {
-            index: i,
-            why: why.into(),
-        };
         if meta & PRESENT == 0 {
-            if meta != 0 {
-                return Err(bad("absent version with a non-zero meta word"));
-            }
-            ended = true;
-            continue;
+            break;
         }
-        if ended {
-            return Err(bad("present version after an absent one"));
-        }
-        let cid = meta & VERSION_CID;
-        if versions.last().is_some_and(|p| p.cid <= cid) {
-            return Err(bad("CIDs do not decrease"));
-        }
-        let value = if meta & TOMB != 0 {
-            None
-        } else {
-            let len = word(bytes, base + 1);
-            if len > shape.value_cap as u64 {
-                return Err(bad("length exceeds the value capacity"));
-            }
+        let value = (meta & TOMB == 0).then(|| {
+            let len = word(bytes, base + 1) as usize;
             let o = ((base + 2) * 8) as usize;
-            Some(bytes[o..o + len as usize].to_vec())
-        };
-        versions.push(Version { cid, value });
+            bytes[o..o + len].to_vec()
+        });
+        versions.push(Version {
+            cid: meta & VERSION_CID,
+            value,
+        });
     }
     Ok(Block {
-        header,
-        key,
+        header: Header::decode(word(bytes, 0)),
+        key: word(bytes, 1),
         versions,
     })
 }

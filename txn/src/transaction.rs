@@ -1005,6 +1005,18 @@ async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> R
     // Install: WRITE the versions and CAS-unlock, one doorbell per server.
     let mut batches = Batches::new();
     let mut results: SmallVec<[_; 4]> = SmallVec::new();
+    let unlock = |batches: &mut Batches<'_>, p: &crate::store::Partition, addr: u64, res: u64| {
+        batches.push(
+            p.server,
+            SendWr::cas(
+                0,
+                buffer.buf(res, 8),
+                p.data.at(addr),
+                locked,
+                Header::unlocked(cid).encode(),
+            ),
+        );
+    };
     for (_, w, part, addr, block, _) in &updates {
         let p = &w.table.partitions[*part];
         let mut bytes: SmallVec<[u8; 1024]> =
@@ -1021,31 +1033,13 @@ async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> R
                 p.data.at(addr + VERSIONS_OFFSET),
             ),
         );
-        batches.push(
-            p.server,
-            SendWr::cas(
-                0,
-                buffer.buf(res, 8),
-                p.data.at(*addr),
-                locked,
-                Header::unlocked(cid).encode(),
-            ),
-        );
+        unlock(&mut batches, p, *addr, res);
         results.push((*addr, res));
     }
     for (table, part, addr) in &held.created {
         let p = &table.partitions[*part];
         let res = area.take(8)?;
-        batches.push(
-            p.server,
-            SendWr::cas(
-                0,
-                buffer.buf(res, 8),
-                p.data.at(*addr),
-                locked,
-                Header::unlocked(cid).encode(),
-            ),
-        );
+        unlock(&mut batches, p, *addr, res);
         results.push((*addr, res));
     }
     batches.run(worker).await?;

@@ -115,9 +115,18 @@ for m in $(cat /modules/order); do
     insmod /modules/$m || echo "softroce-guest: insmod $m failed"
 done
 out=$(sed -n 's/.*softroce.out=\([^ ]*\).*/\1/p' /proc/cmdline)
+repo=$(sed -n 's/.*softroce.repo=\([^ ]*\).*/\1/p' /proc/cmdline)
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 hostroot /newroot ||
     { echo "softroce-guest: cannot mount the host root"; poweroff -f; }
+# The guest's /tmp and /run are its own tmpfs; a checkout that lives under one of them
+# (CI clones into /tmp) would vanish under it, so it is bound back in place.
+mkdir -p /repo
+mount -o bind /newroot$repo /repo
 for d in tmp run; do mount -t tmpfs -o mode=1777 tmpfs /newroot/$d; done
+if [ ! -d /newroot$repo/target ]; then
+    mkdir -p /newroot$repo
+    mount -o bind /repo /newroot$repo
+fi
 mount -t proc proc /newroot/proc
 mount -t sysfs sysfs /newroot/sys
 mount -t devtmpfs devtmpfs /newroot/dev
@@ -183,7 +192,7 @@ timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -smp "${SOFTROCE_CPUS:-2}" -m "${SOFTROCE_MEMORY:-4G}" \
     -nic none -display none -no-reboot -serial "file:$out/console.log" \
     -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$work/initrd.gz" \
-    -append "console=ttyS0 panic=-1 quiet rdinit=/init softroce.out=$out" \
+    -append "console=ttyS0 panic=-1 quiet rdinit=/init softroce.out=$out softroce.repo=$repo" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$out,mount_tag=results,security_model=none"
 qemu_status=$?

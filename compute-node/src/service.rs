@@ -45,6 +45,23 @@ impl ComputeService {
             .map_err(|_| Status::unavailable("the worker stopped before answering"))?
     }
 
+    /// Buffers a Put or an Insert.
+    async fn write(
+        &self,
+        r: proto::WriteRequest,
+        insert: bool,
+    ) -> Result<Response<proto::WriteResponse>, Status> {
+        self.txn(r.txn, |reply| Op::Write {
+            table: r.table,
+            key: r.key,
+            value: Some(r.value),
+            insert,
+            reply,
+        })
+        .await?;
+        Ok(Response::new(proto::WriteResponse {}))
+    }
+
     /// Runs a catalog operation off the async threads.
     async fn admin<T: Send + 'static>(
         &self,
@@ -132,32 +149,14 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::WriteRequest>,
     ) -> Result<Response<proto::WriteResponse>, Status> {
-        let r = req.into_inner();
-        self.txn(r.txn, |reply| Op::Write {
-            table: r.table,
-            key: r.key,
-            value: Some(r.value),
-            insert: false,
-            reply,
-        })
-        .await?;
-        Ok(Response::new(proto::WriteResponse {}))
+        self.write(req.into_inner(), false).await
     }
 
     async fn insert(
         &self,
         req: Request<proto::WriteRequest>,
     ) -> Result<Response<proto::WriteResponse>, Status> {
-        let r = req.into_inner();
-        self.txn(r.txn, |reply| Op::Write {
-            table: r.table,
-            key: r.key,
-            value: Some(r.value),
-            insert: true,
-            reply,
-        })
-        .await?;
-        Ok(Response::new(proto::WriteResponse {}))
+        self.write(req.into_inner(), true).await
     }
 
     async fn delete(

@@ -1,6 +1,7 @@
 //! `namdb compute-node`: a compute-node process. Connects to the memory servers,
 //! starts the worker pool, and serves the gRPC transaction API until SIGTERM or SIGINT.
 
+use crate::backend::VerbsOptions;
 use anyhow::{Context, Result};
 use clap::Args;
 use compute_node::{Pool, Server};
@@ -28,6 +29,41 @@ pub struct ComputeNodeArgs {
     /// A transaction with no request for this long is aborted (e.g. 300ms, 30s, 2m).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     pub txn_timeout: Duration,
+    /// verbs memory servers only: the RDMA device (e.g. mlx5_0, rxe0); the first with
+    /// an active port by default.
+    #[arg(long, value_name = "NAME")]
+    pub rdma_device: Option<String>,
+    /// verbs memory servers only: the port's GID table index; by default the first
+    /// IPv4-mapped RoCE GID.
+    #[arg(long, value_name = "N")]
+    pub gid_index: Option<u8>,
+}
+
+/// Options whose device factory makes verbs devices, used only if the memory servers
+/// serve verbs (shm and tcp devices `compute_node::connect` makes itself). Without the
+/// `verbs` feature or an RDMA device, the first device fails with a message saying
+/// which.
+fn options(args: &ComputeNodeArgs, token: &ClusterToken) -> Result<txn::Options> {
+    let first = &args.memory_servers[0];
+    // A queue pair's resync endpoint must be reachable from the servers.
+    let ip = compute_node::memory_servers::local_ip_towards(first)?;
+    let verbs = VerbsOptions {
+        rdma_device: args.rdma_device.clone(),
+        gid_index: args.gid_index,
+    };
+    let secret = token.secret().to_vec();
+    Ok(txn::Options {
+        devices: Some(Arc::new(move || {
+            crate::backend::verbs_device(
+                &verbs,
+                fabric::NodeId(rand::random()),
+                SocketAddr::new(ip, 0),
+                &secret,
+            )
+            .map_err(|e| txn::TxnError::Fabric(fabric::FabricError::Backend(format!("{e:#}"))))
+        })),
+        ..txn::Options::default()
+    })
 }
 
 /// A duration: a whole number with a unit of ms, s or m (a bare number is seconds).
@@ -56,7 +92,7 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     // Connecting and starting workers use the memory servers' blocking client, so both
     // happen before the tokio runtime exists.
-    let cluster = compute_node::connect(&args.memory_servers, &token, txn::Options::default())
+    let cluster = compute_node::connect(&args.memory_servers, &token, options(&args, &token)?)
         .context("cannot open the database on the memory servers")?;
     let pool = Arc::new(
         Pool::start(&cluster.db, workers, args.txn_timeout)

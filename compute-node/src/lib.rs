@@ -1,12 +1,30 @@
-//! The compute node: what runs transactions against memory servers.
+//! The compute node: what runs transactions against memory servers, and serves them.
 //!
 //! - [`memory_servers`]: opens a [`txn::Database`] on running memory-server processes
 //!   (their control plane makes the queue pairs; the catalog in their memory says the
 //!   rest).
+//! - [`pool`]: worker threads, each with a [`txn::Worker`] running requests as
+//!   coroutines and keeping its open transactions between requests (expiring idle
+//!   ones).
+//! - [`service`] and [`server`]: the gRPC API ([`proto`], `namdb.compute.v1`), with
+//!   [`auth`] on every call and [`status`] mapping transaction errors to status codes.
+//! - [`client`]: a Rust client of the API.
 //!
-//! The compute-node process and its gRPC KV/transaction API come with the
-//! compute-node issue.
+//! See DEVELOPERS.md ("compute node") for the decisions behind them.
 
+pub mod auth;
+pub mod client;
 pub mod memory_servers;
+pub mod pool;
+pub mod server;
+pub mod service;
+pub mod status;
+
+/// The generated gRPC types and stubs of `proto/namdb/compute/v1/compute.proto`.
+pub mod proto {
+    tonic::include_proto!("namdb.compute.v1");
+}
 
 pub use memory_servers::{ConnectError, RemoteCluster, RemoteServer, connect};
+pub use pool::Pool;
+pub use server::{ServeError, Server};

@@ -35,9 +35,13 @@ pub enum ConnectError {
         other_addr: String,
     },
     #[error(
-        "the memory server at {addr} serves the {backend} backend, which a compute node cannot use"
+        "the memory server at {addr} serves the {backend} backend, for which this compute node has no devices{hint}"
     )]
-    UnsupportedBackend { addr: String, backend: String },
+    UnsupportedBackend {
+        addr: String,
+        backend: String,
+        hint: &'static str,
+    },
     #[error("cannot resolve {addr}: {why}")]
     Resolve { addr: String, why: String },
     #[error("io: {0}")]
@@ -150,7 +154,7 @@ pub fn connect(
     let sockets = tempfile::Builder::new()
         .prefix("namdb-compute-")
         .tempdir()?;
-    let devices = device_factory(&backend, first, token, &sockets)?;
+    let devices = device_factory(&backend, first, token, &sockets, options.devices.clone())?;
     let links = servers
         .iter()
         .map(|(s, r)| (s.clone() as Arc<dyn MemoryServerLink>, r.clone()))
@@ -164,12 +168,15 @@ pub fn connect(
     })
 }
 
-/// Devices of `backend` that the memory servers can reach.
+/// Devices of `backend` that the memory servers can reach. shm and tcp devices are
+/// made here; verbs devices come from the caller (`Options::devices`), since the verbs
+/// backend is a cargo feature of the binary, not of this crate.
 fn device_factory(
     backend: &str,
     server_addr: &str,
     token: &ClusterToken,
     sockets: &tempfile::TempDir,
+    given: Option<DeviceFactory>,
 ) -> Result<DeviceFactory, ConnectError> {
     let secret = token.secret().to_vec();
     match backend {
@@ -190,9 +197,15 @@ fn device_factory(
                 Ok(device)
             }))
         }
+        "verbs" => given.ok_or_else(|| ConnectError::UnsupportedBackend {
+            addr: server_addr.to_string(),
+            backend: backend.to_string(),
+            hint: " (pass a verbs device factory in txn::Options::devices)",
+        }),
         other => Err(ConnectError::UnsupportedBackend {
             addr: server_addr.to_string(),
             backend: other.to_string(),
+            hint: "",
         }),
     }
 }

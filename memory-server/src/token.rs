@@ -104,6 +104,29 @@ impl ClusterToken {
     pub fn secret(&self) -> &[u8] {
         &self.0
     }
+
+    /// A key derived from the token for one purpose, named by `label`:
+    /// HMAC-SHA256(token, label). It proves possession of the token without revealing
+    /// it, and a key of one purpose is useless for another.
+    pub fn derive(&self, label: &[u8]) -> [u8; 32] {
+        use hmac::Mac;
+        self.derivation(label).finalize().into_bytes().into()
+    }
+
+    /// Whether `candidate` is [`ClusterToken::derive`]`(label)`, compared in constant
+    /// time.
+    pub fn verify_derived(&self, label: &[u8], candidate: &[u8]) -> bool {
+        use hmac::Mac;
+        self.derivation(label).verify_slice(candidate).is_ok()
+    }
+
+    fn derivation(&self, label: &[u8]) -> hmac::Hmac<sha2::Sha256> {
+        use hmac::Mac;
+        let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.0)
+            .expect("HMAC accepts keys of any length");
+        mac.update(label);
+        mac
+    }
 }
 
 /// Writes a fresh token to a new file, readable and writable by its owner only (0600).
@@ -270,6 +293,17 @@ mod tests {
                 "{w}"
             );
         }
+    }
+
+    #[test]
+    fn derived_keys_verify_only_for_their_label_and_token() {
+        let token = ClusterToken::new("0123456789abcdef0123456789abcdef").unwrap();
+        let other = ClusterToken::new("fedcba9876543210fedcba9876543210").unwrap();
+        let key = token.derive(b"purpose a");
+        assert!(token.verify_derived(b"purpose a", &key));
+        assert!(!token.verify_derived(b"purpose b", &key));
+        assert!(!other.verify_derived(b"purpose a", &key));
+        assert!(!token.verify_derived(b"purpose a", &key[..31]));
     }
 
     #[test]

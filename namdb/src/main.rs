@@ -3,6 +3,7 @@
 
 mod backend;
 mod bench;
+mod compute_node_cmd;
 mod memory_server_cmd;
 mod token_cmd;
 mod verify_cmd;
@@ -28,6 +29,8 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run a compute node: transactions on the memory servers, served over gRPC.
+    ComputeNode(compute_node_cmd::ComputeNodeArgs),
     /// Run a memory server: export registered memory to compute nodes.
     MemoryServer(memory_server_cmd::MemoryServerArgs),
     /// Manage the cluster token.
@@ -44,7 +47,7 @@ fn main() -> Result<ExitCode> {
     // by default; `RUST_LOG=namdb=debug` shows what each measurement set up. A server
     // logs its lifecycle (start, sessions, stop) by default.
     let default_filter = match cli.command {
-        Command::MemoryServer(_) => "info",
+        Command::MemoryServer(_) | Command::ComputeNode(_) => "info",
         _ => "warn",
     };
     let filter =
@@ -56,6 +59,7 @@ fn main() -> Result<ExitCode> {
     match cli.command {
         Command::Bench(cmd) => bench::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::MemoryServer(args) => memory_server_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::ComputeNode(args) => compute_node_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }

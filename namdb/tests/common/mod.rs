@@ -1,21 +1,22 @@
-//! What namdb's integration tests share: a memory-server process, and the conformance
-//! suite's devices with the server in that process.
+//! What namdb's integration tests share: memory-server and compute-node processes,
+//! and the conformance suite's devices with the server in that process.
 // Each test crate compiles this module and uses a part of it.
 #![allow(dead_code)]
 
 use fabric::Device;
 use memory_server::{ClusterToken, RemoteDevice};
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-/// A `namdb memory-server` process, killed when dropped so that a failing test leaves
-/// none behind.
+/// A `namdb memory-server` or `namdb compute-node` process, killed when dropped so that
+/// a failing test leaves none behind.
 pub struct ServerProcess {
     pub child: Child,
-    /// The control plane's address, from the server's listening line.
+    /// The address it serves gRPC on, from its listening line.
     pub control: String,
     /// The listening line.
     pub line: String,
@@ -29,17 +30,47 @@ impl ServerProcess {
     /// Starts `namdb memory-server --listen 127.0.0.1:0 --backend BACKEND --token-file
     /// TOKEN_FILE` with `extra` arguments and waits until it is listening.
     pub fn start(backend: &str, token_file: &Path, extra: &[&str]) -> ServerProcess {
+        let mut args: Vec<OsString> = [
+            "memory-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            backend,
+            "--token-file",
+        ]
+        .map(OsString::from)
+        .into();
+        args.push(token_file.into());
+        args.extend(extra.iter().map(OsString::from));
+        ServerProcess::spawn(&args, "memory server")
+    }
+
+    /// Starts `namdb compute-node --listen 127.0.0.1:0 --memory-servers ADDRS
+    /// --token-file TOKEN_FILE` with `extra` arguments and waits until it is listening.
+    pub fn compute_node(
+        memory_servers: &[String],
+        token_file: &Path,
+        extra: &[&str],
+    ) -> ServerProcess {
+        let mut args: Vec<OsString> = [
+            "compute-node",
+            "--listen",
+            "127.0.0.1:0",
+            "--memory-servers",
+        ]
+        .map(OsString::from)
+        .into();
+        args.push(memory_servers.join(",").into());
+        args.push("--token-file".into());
+        args.push(token_file.into());
+        args.extend(extra.iter().map(OsString::from));
+        ServerProcess::spawn(&args, "compute node")
+    }
+
+    /// Runs `namdb ARGS` and waits for its line `WHAT listening on ADDR …`.
+    fn spawn(args: &[OsString], what: &str) -> ServerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
-            .args([
-                "memory-server",
-                "--listen",
-                "127.0.0.1:0",
-                "--backend",
-                backend,
-            ])
-            .arg("--token-file")
-            .arg(token_file)
-            .args(extra)
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -67,15 +98,18 @@ impl ServerProcess {
             stderr,
             stderr_reader: Some(stderr_reader),
         };
-        match server.line.split_whitespace().nth(4) {
-            Some(addr) if server.line.starts_with("memory server listening on ") => {
-                server.control = addr.to_string();
-            }
-            _ => {
+        let prefix = format!("{what} listening on ");
+        match server
+            .line
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.split_whitespace().next())
+        {
+            Some(addr) => server.control = addr.to_string(),
+            None => {
                 let status = server.child.wait();
                 let said = server.stderr();
                 panic!(
-                    "the memory server did not start ({status:?}); it said {:?} and {said}",
+                    "the {what} did not start ({status:?}); it said {:?} and {said}",
                     server.line
                 );
             }

@@ -1,0 +1,694 @@
+//! The worker pool: the threads that run transactions for the gRPC API.
+//!
+//! A [`txn::Worker`] is single-threaded (it is `!Sync`; its coroutines share it by
+//! reference), so each pool thread owns one and runs an executor loop: it takes
+//! requests ([`Job`]s) from its channel, runs each as a coroutine next to the others
+//! (polling all of them in rounds, as `txn::runtime::run_all` does, but accepting new
+//! ones between rounds), and replies on a tokio oneshot channel.
+//!
+//! A transaction lives on the worker it began on: its handle names the worker, and
+//! between requests the worker keeps it as a [`Suspended`] in its table of open
+//! transactions, with the time of its last request. The loop aborts transactions idle
+//! longer than the timeout. An open transaction holds no lock (RSI locks only inside
+//! commit), so expiry only frees its working memory; and a request, once taken, runs to
+//! its end on the worker whether or not its caller still waits: a Commit whose client
+//! disappears still releases or installs every lock it took.
+
+use crate::status::{self, Fate};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tonic::Status;
+use txn::{AsyncTransaction, Database, Suspended, Table, TxnError, Worker};
+
+/// How long an idle worker waits for a request before it does its housekeeping: the
+/// oracle slot wants a tick about every millisecond (`timestamp::SlotConfig`).
+const IDLE_WAIT: Duration = Duration::from_millis(1);
+/// Bits of a transaction handle that name the worker.
+const WORKER_BITS: u32 = 16;
+/// The most workers a pool may have.
+pub const MAX_WORKERS: usize = 1 << WORKER_BITS;
+
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, Status>>;
+
+/// A request for one worker.
+pub(crate) enum Job {
+    Begin { after: u64, reply: Reply<Begun> },
+    Txn { handle: u64, op: Op },
+    Stats { reply: oneshot::Sender<WorkerStats> },
+}
+
+/// A request of an open transaction.
+pub(crate) enum Op {
+    Get {
+        table: String,
+        key: u64,
+        reply: Reply<Option<Vec<u8>>>,
+    },
+    BatchGet {
+        table: String,
+        keys: Vec<u64>,
+        reply: Reply<Vec<Option<Vec<u8>>>>,
+    },
+    /// Put, insert (`insert`) or delete (`value: None`).
+    Write {
+        table: String,
+        key: u64,
+        value: Option<Vec<u8>>,
+        insert: bool,
+        reply: Reply<()>,
+    },
+    Scan {
+        table: String,
+        start: u64,
+        /// Exclusive.
+        end: Option<u64>,
+        limit: Option<usize>,
+        reply: Reply<Vec<(u64, Vec<u8>)>>,
+    },
+    Commit {
+        reply: Reply<Option<u64>>,
+    },
+    Abort {
+        reply: Reply<()>,
+    },
+}
+
+impl Op {
+    fn fail(self, status: Status) {
+        // A caller that went away does not need the answer.
+        match self {
+            Op::Get { reply, .. } => drop(reply.send(Err(status))),
+            Op::BatchGet { reply, .. } => drop(reply.send(Err(status))),
+            Op::Write { reply, .. } => drop(reply.send(Err(status))),
+            Op::Scan { reply, .. } => drop(reply.send(Err(status))),
+            Op::Commit { reply } => drop(reply.send(Err(status))),
+            Op::Abort { reply } => drop(reply.send(Err(status))),
+        }
+    }
+}
+
+/// A transaction begun.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Begun {
+    pub handle: u64,
+    pub read_timestamp: u64,
+}
+
+/// One worker's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    pub open: u64,
+    pub begun: u64,
+    /// Aborted before commit: by Abort, or by a failed request.
+    pub aborted_open: u64,
+    pub expired: u64,
+    pub txn: txn::ClientStats,
+}
+
+impl WorkerStats {
+    pub fn add(&mut self, o: &WorkerStats) {
+        self.open += o.open;
+        self.begun += o.begun;
+        self.aborted_open += o.aborted_open;
+        self.expired += o.expired;
+        let (a, b) = (&mut self.txn, &o.txn);
+        a.committed += b.committed;
+        a.aborted += b.aborted;
+        a.conflicts += b.conflicts;
+        a.duplicate_keys += b.duplicate_keys;
+        a.too_old += b.too_old;
+        a.torn_retries += b.torn_retries;
+        a.locked_retries += b.locked_retries;
+        a.rejoins += b.rejoins;
+        a.oracle_reads += b.oracle_reads;
+    }
+}
+
+/// The handle of transaction `serial` of worker `worker`.
+fn handle(worker: usize, serial: u64) -> u64 {
+    (serial << WORKER_BITS) | worker as u64
+}
+
+/// The worker a handle names.
+fn worker_of(handle: u64) -> usize {
+    (handle & ((1 << WORKER_BITS) - 1)) as usize
+}
+
+/// Worker threads, each with a [`txn::Worker`] and its open transactions.
+pub struct Pool {
+    senders: Vec<mpsc::Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+    next: AtomicUsize,
+    idle_timeout: Duration,
+}
+
+impl Pool {
+    /// Starts `workers` threads on `db`; transactions idle for `idle_timeout` are
+    /// aborted.
+    pub fn start(db: &Database, workers: usize, idle_timeout: Duration) -> txn::Result<Pool> {
+        if workers == 0 || workers > MAX_WORKERS {
+            return Err(TxnError::Invalid(format!(
+                "a compute node runs 1 to {MAX_WORKERS} workers, not {workers}"
+            )));
+        }
+        let mut pool = Pool {
+            senders: Vec::with_capacity(workers),
+            threads: Vec::with_capacity(workers),
+            next: AtomicUsize::new(0),
+            idle_timeout,
+        };
+        for index in 0..workers {
+            let (tx, rx) = mpsc::channel();
+            let (ready_tx, ready_rx) = mpsc::channel();
+            let db = db.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("namdb-worker-{index}"))
+                .spawn(move || {
+                    // The worker's connections are made on its own thread, outside any
+                    // tokio runtime (the memory-server client blocks).
+                    let worker = match db.worker() {
+                        Ok(w) => {
+                            let _ = ready_tx.send(Ok(()));
+                            w
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    run(&Local::new(worker, index, idle_timeout), rx);
+                })
+                .map_err(|e| TxnError::Invalid(format!("cannot start a worker thread: {e}")))?;
+            pool.senders.push(tx);
+            pool.threads.push(thread);
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(TxnError::Invalid(format!(
+                        "worker thread {index} died while starting"
+                    )));
+                }
+            }
+        }
+        Ok(pool)
+    }
+
+    pub fn workers(&self) -> usize {
+        self.senders.len()
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+
+    fn send(&self, worker: usize, job: Job) -> Result<(), Status> {
+        self.senders[worker]
+            .send(job)
+            .map_err(|_| Status::unavailable(format!("worker {worker} has stopped")))
+    }
+
+    /// Hands a Begin to the next worker (round robin).
+    pub(crate) fn begin(
+        &self,
+        after: u64,
+    ) -> Result<oneshot::Receiver<Result<Begun, Status>>, Status> {
+        let worker = self.next.fetch_add(1, Ordering::Relaxed) % self.workers();
+        let (reply, rx) = oneshot::channel();
+        self.send(worker, Job::Begin { after, reply })?;
+        Ok(rx)
+    }
+
+    /// Hands a request of transaction `handle` to the worker it lives on.
+    pub(crate) fn txn(&self, handle: u64, op: Op) {
+        let worker = worker_of(handle);
+        if worker >= self.workers() || handle >> WORKER_BITS == 0 {
+            return op.fail(status::unknown_transaction(handle, self.idle_timeout));
+        }
+        if let Err(Job::Txn { op, .. }) = self.senders[worker]
+            .send(Job::Txn { handle, op })
+            .map_err(|e| e.0)
+        {
+            op.fail(Status::unavailable(format!("worker {worker} has stopped")));
+        }
+    }
+
+    /// Every worker's counters, summed.
+    pub async fn stats(&self) -> Result<WorkerStats, Status> {
+        let mut waiting = Vec::with_capacity(self.workers());
+        for worker in 0..self.workers() {
+            let (reply, rx) = oneshot::channel();
+            self.send(worker, Job::Stats { reply })?;
+            waiting.push(rx);
+        }
+        let mut total = WorkerStats::default();
+        for rx in waiting {
+            let s = rx
+                .await
+                .map_err(|_| Status::unavailable("a worker stopped while reporting"))?;
+            total.add(&s);
+        }
+        Ok(total)
+    }
+
+    /// Stops taking requests, lets the running ones finish, aborts the open
+    /// transactions and joins the threads.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.senders.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An open transaction between requests.
+struct Open {
+    /// `None` while one of its requests runs.
+    state: Option<Suspended>,
+    last_used: Instant,
+}
+
+/// What the coroutines of one worker thread share.
+struct Local {
+    worker: Worker,
+    index: usize,
+    idle_timeout: Duration,
+    open: RefCell<HashMap<u64, Open>>,
+    next_serial: Cell<u64>,
+    begun: Cell<u64>,
+    aborted_open: Cell<u64>,
+    expired: Cell<u64>,
+    /// When [`Local::expire`] looks at the table next: a scan of every open
+    /// transaction per executor round would cost more than the rounds themselves.
+    next_expiry: Cell<Instant>,
+}
+
+type Coroutine<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+/// The executor loop of one worker thread; returns when the pool drops its sender and
+/// the running requests are done.
+fn run(local: &Local, rx: mpsc::Receiver<Job>) {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut live: Vec<Coroutine<'_>> = Vec::new();
+    let mut connected = true;
+    while connected || !live.is_empty() {
+        if live.is_empty() {
+            match rx.recv_timeout(IDLE_WAIT) {
+                Ok(job) => live.push(Box::pin(local.serve(job))),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => connected = false,
+            }
+        }
+        while connected {
+            match rx.try_recv() {
+                Ok(job) => live.push(Box::pin(local.serve(job))),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => connected = false,
+            }
+        }
+        // txn's futures busy-poll (see txn::runtime): a pending one is polled again in
+        // the next round.
+        live.retain_mut(|c| c.as_mut().poll(&mut cx) == Poll::Pending);
+        // A failed flush resurfaces at the next oracle read, which flushes again.
+        let _ = local.worker.flush_marks();
+        if let Err(e) = local.worker.tick() {
+            tracing::debug!(worker = local.index, "oracle tick: {e}");
+        }
+        local.expire();
+    }
+    local.abort_all();
+}
+
+impl Local {
+    fn new(worker: Worker, index: usize, idle_timeout: Duration) -> Local {
+        Local {
+            worker,
+            index,
+            idle_timeout,
+            open: RefCell::new(HashMap::new()),
+            // Serials start at a random point, so that a handle from before a restart
+            // of the node is unknown rather than someone else's transaction.
+            next_serial: Cell::new(rand::random::<u32>() as u64 + 1),
+            begun: Cell::new(0),
+            aborted_open: Cell::new(0),
+            expired: Cell::new(0),
+            next_expiry: Cell::new(Instant::now()),
+        }
+    }
+
+    async fn serve(&self, job: Job) {
+        match job {
+            Job::Begin { after, reply } => {
+                let result = match self.worker.begin(after).await {
+                    Ok(t) => Ok(self.open_transaction(t)),
+                    Err(e) => Err(status::status_of(&e, Fate::None)),
+                };
+                let _ = reply.send(result);
+            }
+            Job::Txn { handle, op } => self.serve_op(handle, op).await,
+            Job::Stats { reply } => {
+                let _ = reply.send(WorkerStats {
+                    open: self.open.borrow().len() as u64,
+                    begun: self.begun.get(),
+                    aborted_open: self.aborted_open.get(),
+                    expired: self.expired.get(),
+                    txn: self.worker.stats(),
+                });
+            }
+        }
+    }
+
+    fn open_transaction(&self, t: AsyncTransaction<'_>) -> Begun {
+        let serial = self.next_serial.get();
+        self.next_serial.set(serial + 1);
+        let read_timestamp = t.rid();
+        self.open.borrow_mut().insert(
+            serial,
+            Open {
+                state: Some(t.suspend()),
+                last_used: Instant::now(),
+            },
+        );
+        self.begun.set(self.begun.get() + 1);
+        Begun {
+            handle: handle(self.index, serial),
+            read_timestamp,
+        }
+    }
+
+    /// Takes transaction `handle` out of the table for one request.
+    fn take(&self, handle: u64) -> Result<AsyncTransaction<'_>, Status> {
+        let mut open = self.open.borrow_mut();
+        let Some(entry) = open.get_mut(&(handle >> WORKER_BITS)) else {
+            return Err(status::unknown_transaction(handle, self.idle_timeout));
+        };
+        let state = entry.state.take().ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "transaction {handle:#x} is running another request; send one request at a time per transaction"
+            ))
+        })?;
+        Ok(AsyncTransaction::resume(&self.worker, state))
+    }
+
+    /// Puts a transaction back after a request, or aborts it (see
+    /// [`status::keeps_transaction`]), and answers.
+    fn settle<T>(
+        &self,
+        handle: u64,
+        t: AsyncTransaction<'_>,
+        result: txn::Result<T>,
+        reply: Reply<T>,
+    ) {
+        let serial = handle >> WORKER_BITS;
+        let answer = match result {
+            Ok(v) => {
+                self.put_back(serial, t);
+                Ok(v)
+            }
+            Err(e) if status::keeps_transaction(&e) => {
+                self.put_back(serial, t);
+                Err(status::status_of(&e, Fate::Open))
+            }
+            Err(e) => {
+                self.open.borrow_mut().remove(&serial);
+                t.abort();
+                self.aborted_open.set(self.aborted_open.get() + 1);
+                Err(status::status_of(&e, Fate::Aborted))
+            }
+        };
+        let _ = reply.send(answer);
+    }
+
+    fn put_back(&self, serial: u64, t: AsyncTransaction<'_>) {
+        if let Some(entry) = self.open.borrow_mut().get_mut(&serial) {
+            entry.state = Some(t.suspend());
+            entry.last_used = Instant::now();
+        }
+    }
+
+    fn table(&self, name: &str) -> txn::Result<Arc<Table>> {
+        self.worker.database().table(name)
+    }
+
+    async fn serve_op(&self, handle: u64, op: Op) {
+        let mut t = match self.take(handle) {
+            Ok(t) => t,
+            Err(status) => return op.fail(status),
+        };
+        match op {
+            Op::Get { table, key, reply } => {
+                let result = async {
+                    let table = self.table(&table)?;
+                    check_key(key)?;
+                    t.get(&table, key).await
+                }
+                .await;
+                self.settle(handle, t, result, reply);
+            }
+            Op::BatchGet { table, keys, reply } => {
+                let result = async {
+                    let table = self.table(&table)?;
+                    keys.iter().try_for_each(|&k| check_key(k))?;
+                    t.get_many(&table, &keys).await
+                }
+                .await;
+                self.settle(handle, t, result, reply);
+            }
+            Op::Write {
+                table,
+                key,
+                value,
+                insert,
+                reply,
+            } => {
+                let result = async {
+                    let table = self.table(&table)?;
+                    check_key(key)?;
+                    match (value, insert) {
+                        (Some(v), true) => t.insert(&table, key, v).await,
+                        (Some(v), false) => t.put(&table, key, v).await,
+                        (None, _) => t.delete(&table, key).await,
+                    }
+                }
+                .await;
+                self.settle(handle, t, result, reply);
+            }
+            Op::Scan {
+                table,
+                start,
+                end,
+                limit,
+                reply,
+            } => {
+                let result = async {
+                    let table = self.table(&table)?;
+                    let mut rows = t
+                        .scan(&table, |k, _| k >= start && end.is_none_or(|e| k < e))
+                        .await?;
+                    if let Some(limit) = limit {
+                        rows.truncate(limit);
+                    }
+                    Ok(rows)
+                }
+                .await;
+                self.settle(handle, t, result, reply);
+            }
+            Op::Commit { reply } => {
+                // The handle is gone from now on, whatever the outcome; the commit runs
+                // to its end even if the caller stops waiting (the executor, not the
+                // caller, owns this future).
+                self.open.borrow_mut().remove(&(handle >> WORKER_BITS));
+                let result = t
+                    .commit()
+                    .await
+                    .map_err(|e| status::status_of(&e, Fate::Aborted));
+                let _ = reply.send(result);
+            }
+            Op::Abort { reply } => {
+                self.open.borrow_mut().remove(&(handle >> WORKER_BITS));
+                t.abort();
+                self.aborted_open.set(self.aborted_open.get() + 1);
+                let _ = reply.send(Ok(()));
+            }
+        }
+    }
+
+    /// Aborts the transactions idle past the timeout. Ones running a request are not
+    /// idle.
+    fn expire(&self) {
+        let now = Instant::now();
+        if now < self.next_expiry.get() {
+            return;
+        }
+        // A transaction outlives its timeout by at most a tenth of it (and 10 ms).
+        self.next_expiry
+            .set(now + (self.idle_timeout / 10).min(Duration::from_millis(10)));
+        let mut open = self.open.borrow_mut();
+        let stale: Vec<u64> = open
+            .iter()
+            .filter(|(_, o)| o.state.is_some() && now - o.last_used > self.idle_timeout)
+            .map(|(&serial, _)| serial)
+            .collect();
+        for serial in stale {
+            if let Some(Open {
+                state: Some(state), ..
+            }) = open.remove(&serial)
+            {
+                // Resumed to be aborted, so its working memory returns to the pool.
+                AsyncTransaction::resume(&self.worker, state).abort();
+                self.expired.set(self.expired.get() + 1);
+                tracing::debug!(
+                    worker = self.index,
+                    handle = handle(self.index, serial),
+                    "transaction expired"
+                );
+            }
+        }
+    }
+
+    fn abort_all(&self) {
+        for (_, o) in self.open.borrow_mut().drain() {
+            if let Some(state) = o.state {
+                AsyncTransaction::resume(&self.worker, state).abort();
+            }
+        }
+    }
+}
+
+/// Refuses the reserved key before it reaches the index.
+fn check_key(key: u64) -> txn::Result<()> {
+    if key == u64::MAX {
+        return Err(TxnError::Invalid(
+            "key 18446744073709551615 (u64::MAX) is reserved; keys are 0 to 2^64-2".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(timeout: Duration) -> (Database, Arc<Table>, Pool) {
+        let db = Database::embedded(txn::Options::default()).unwrap();
+        let table = db.create_table(txn::TableSpec::new("t", 16, 256)).unwrap();
+        let pool = Pool::start(&db, 2, timeout).unwrap();
+        (db, table, pool)
+    }
+
+    fn wait<T>(rx: oneshot::Receiver<Result<T, Status>>) -> Result<T, Status> {
+        rx.blocking_recv().expect("the worker answers")
+    }
+
+    fn op<T>(pool: &Pool, handle: u64, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, Status> {
+        let (reply, rx) = oneshot::channel();
+        pool.txn(handle, make(reply));
+        wait(rx)
+    }
+
+    fn put(pool: &Pool, h: u64, key: u64, v: &[u8]) -> Result<(), Status> {
+        op(pool, h, |reply| Op::Write {
+            table: "t".into(),
+            key,
+            value: Some(v.to_vec()),
+            insert: false,
+            reply,
+        })
+    }
+
+    fn get(pool: &Pool, h: u64, key: u64) -> Result<Option<Vec<u8>>, Status> {
+        op(pool, h, |reply| Op::Get {
+            table: "t".into(),
+            key,
+            reply,
+        })
+    }
+
+    #[test]
+    fn a_transaction_runs_one_request_at_a_time() {
+        let db = Database::embedded(txn::Options::default()).unwrap();
+        let local = Local::new(db.worker().unwrap(), 0, Duration::from_secs(30));
+        let t = txn::runtime::block_on(local.worker.begin(0)).unwrap();
+        let begun = local.open_transaction(t);
+        let running = local.take(begun.handle).unwrap();
+        let err = local.take(begun.handle).err().expect("busy");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+        local.put_back(begun.handle >> WORKER_BITS, running);
+        assert!(local.take(begun.handle).is_ok());
+    }
+
+    #[test]
+    fn handles_name_their_worker() {
+        assert_eq!(worker_of(handle(3, 99)), 3);
+        assert_eq!(handle(3, 99) >> WORKER_BITS, 99);
+    }
+
+    #[test]
+    fn a_transaction_spans_requests_and_commits() {
+        let (_db, _t, pool) = pool(Duration::from_secs(30));
+        let a = wait(pool.begin(0).unwrap()).unwrap();
+        put(&pool, a.handle, 1, b"one").unwrap();
+        assert_eq!(get(&pool, a.handle, 1).unwrap(), Some(b"one".to_vec()));
+        let cid = op(&pool, a.handle, |reply| Op::Commit { reply }).unwrap();
+        assert!(cid.is_some());
+        let err = get(&pool, a.handle, 1).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+        let b = wait(pool.begin(0).unwrap()).unwrap();
+        assert_eq!(get(&pool, b.handle, 1).unwrap(), Some(b"one".to_vec()));
+        let stats = futures::executor::block_on(pool.stats()).unwrap();
+        assert_eq!((stats.begun, stats.open, stats.txn.committed), (2, 1, 1));
+        pool.shutdown();
+    }
+
+    #[test]
+    fn idle_transactions_expire() {
+        let (_db, _t, pool) = pool(Duration::from_millis(50));
+        let a = wait(pool.begin(0).unwrap()).unwrap();
+        put(&pool, a.handle, 2, b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let err = get(&pool, a.handle, 2).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+        let stats = futures::executor::block_on(pool.stats()).unwrap();
+        assert_eq!((stats.expired, stats.open), (1, 0));
+    }
+
+    #[test]
+    fn bad_arguments_leave_the_transaction_open() {
+        let (_db, _t, pool) = pool(Duration::from_secs(30));
+        let a = wait(pool.begin(0).unwrap()).unwrap();
+        let err = put(&pool, a.handle, u64::MAX, b"x").unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        let err = put(&pool, a.handle, 3, &[0; 17]).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        let err = op(&pool, a.handle, |reply| Op::Get {
+            table: "nope".into(),
+            key: 1,
+            reply,
+        })
+        .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+        put(&pool, a.handle, 3, b"fits").unwrap();
+        op(&pool, a.handle, |reply| Op::Commit { reply }).unwrap();
+        let err = get(&pool, 12345 << WORKER_BITS, 1).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+    }
+}

@@ -1,0 +1,125 @@
+//! The compute node's lifecycle: serve the API on a worker pool until told to stop,
+//! then stop taking calls, let the running ones finish, and abort what is open.
+
+use crate::auth::Authenticate;
+use crate::pool::Pool;
+use crate::proto::compute_server::ComputeServer;
+use crate::service::ComputeService;
+use memory_server::ClusterToken;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+use txn::Database;
+
+/// How long shutdown waits for in-flight RPCs before closing connections anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the API server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error("the API server stopped unexpectedly{0}")]
+    Stopped(String),
+    #[error(transparent)]
+    Signal(#[from] memory_server::ServerError),
+}
+
+/// A running API server.
+pub struct Server {
+    local_addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    serve: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Server {
+    /// Serves the API for `db` (whose memory servers use `backend`) on `listen`, running
+    /// transactions on `pool`; callers must hold `token`. Must run in a tokio runtime.
+    pub async fn start(
+        listen: SocketAddr,
+        token: ClusterToken,
+        db: Database,
+        backend: String,
+        pool: Arc<Pool>,
+    ) -> Result<Server, ServeError> {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|source| ServeError::Listen {
+                addr: listen,
+                source,
+            })?;
+        let local_addr = listener.local_addr().map_err(|source| ServeError::Listen {
+            addr: listen,
+            source,
+        })?;
+        // Keepalive lets the kernel notice a vanished client host; its transactions
+        // then expire on the idle timeout.
+        let incoming = TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(Duration::from_secs(60)));
+        let service = ComputeServer::with_interceptor(
+            ComputeService::new(pool, db, backend),
+            Authenticate::new(token),
+        );
+        let (tx, rx) = oneshot::channel::<()>();
+        let serve = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, async {
+                    // A dropped sender (the server was dropped) also means stop.
+                    let _ = rx.await;
+                }),
+        );
+        tracing::info!(%local_addr, "compute node API started");
+        Ok(Server {
+            local_addr,
+            shutdown: Some(tx),
+            serve,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops serving: refuses new connections, and gives in-flight calls
+    /// [`SHUTDOWN_GRACE`] to finish.
+    pub async fn shutdown(mut self) -> Result<(), ServeError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.serve).await {
+            Ok(Ok(result)) => Ok(result?),
+            Ok(Err(e)) => Err(ServeError::Stopped(format!(": {e}"))),
+            Err(_) => {
+                tracing::warn!("in-flight calls did not finish in {SHUTDOWN_GRACE:?}; closing");
+                self.serve.abort();
+                Ok(())
+            }
+        }
+    }
+
+    /// Serves until SIGTERM or SIGINT (Ctrl-C), then shuts down.
+    pub async fn run_until_signal(mut self) -> Result<(), ServeError> {
+        tokio::select! {
+            signal = memory_server::wait_for_signal() => {
+                tracing::info!("{} received; shutting down", signal?);
+                self.shutdown().await
+            }
+            finished = &mut self.serve => match finished {
+                Ok(Ok(())) => Err(ServeError::Stopped(String::new())),
+                Ok(Err(e)) => Err(ServeError::Serve(e)),
+                Err(e) => Err(ServeError::Stopped(format!(": {e}"))),
+            },
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The gRPC service: each transaction RPC becomes a request for the worker its
+//! transaction lives on ([`Pool`]); admin RPCs run on tokio's blocking threads, since
+//! catalog operations wait on the fabric.
+
+use crate::pool::{Begun, Op, Pool, Reply};
+use crate::proto::{self, compute_server::Compute};
+use crate::status::{Fate, status_of};
+use futures::stream::BoxStream;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+use tonic::{Request, Response, Status};
+use txn::{Database, Table, TableSpec};
+
+/// Rows per Scan message: large enough that framing costs little, small enough that
+/// a message stays far below gRPC's 4 MiB default limit for modest values.
+const SCAN_BATCH: usize = 256;
+
+/// The package this node serves, announced by Health.
+pub const PROTOCOL: &str = "namdb.compute.v1";
+
+pub struct ComputeService {
+    pool: Arc<Pool>,
+    db: Database,
+    backend: String,
+    started: Instant,
+}
+
+impl ComputeService {
+    pub fn new(pool: Arc<Pool>, db: Database, backend: String) -> ComputeService {
+        ComputeService {
+            pool,
+            db,
+            backend,
+            started: Instant::now(),
+        }
+    }
+
+    /// Sends `op` (made with its reply channel) for transaction `handle` and waits for
+    /// the answer.
+    async fn txn<T>(&self, handle: u64, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.pool.txn(handle, make(reply));
+        rx.await
+            .map_err(|_| Status::unavailable("the worker stopped before answering"))?
+    }
+
+    /// Buffers a Put or an Insert.
+    async fn write(
+        &self,
+        r: proto::WriteRequest,
+        insert: bool,
+    ) -> Result<Response<proto::WriteResponse>, Status> {
+        self.txn(r.txn, |reply| Op::Write {
+            table: r.table,
+            key: r.key,
+            value: Some(r.value),
+            insert,
+            reply,
+        })
+        .await?;
+        Ok(Response::new(proto::WriteResponse {}))
+    }
+
+    /// Runs a catalog operation off the async threads.
+    async fn admin<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> txn::Result<T> + Send + 'static,
+    ) -> Result<T, Status> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(|e| Status::internal(format!("the catalog operation failed: {e}")))?
+            .map_err(|e| status_of(&e, Fate::None))
+    }
+}
+
+fn table_info(t: &Table) -> proto::TableInfo {
+    proto::TableInfo {
+        id: t.id,
+        name: t.name.clone(),
+        value_cap: t.shape.value_cap,
+        versions: t.shape.versions,
+        capacity: t.capacity(),
+        partitions: t.partitions.len() as u32,
+    }
+}
+
+fn found(value: Option<Vec<u8>>) -> proto::GetResponse {
+    proto::GetResponse {
+        found: value.is_some(),
+        value: value.unwrap_or_default(),
+    }
+}
+
+#[tonic::async_trait]
+impl Compute for ComputeService {
+    async fn begin(
+        &self,
+        req: Request<proto::BeginRequest>,
+    ) -> Result<Response<proto::BeginResponse>, Status> {
+        let rx = self.pool.begin(req.into_inner().after)?;
+        let Begun {
+            handle,
+            read_timestamp,
+        } = rx
+            .await
+            .map_err(|_| Status::unavailable("the worker stopped before answering"))??;
+        Ok(Response::new(proto::BeginResponse {
+            txn: handle,
+            read_timestamp,
+            idle_timeout_ms: self.pool.idle_timeout().as_millis() as u64,
+        }))
+    }
+
+    async fn get(
+        &self,
+        req: Request<proto::GetRequest>,
+    ) -> Result<Response<proto::GetResponse>, Status> {
+        let r = req.into_inner();
+        let value = self
+            .txn(r.txn, |reply| Op::Get {
+                table: r.table,
+                key: r.key,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(found(value)))
+    }
+
+    async fn batch_get(
+        &self,
+        req: Request<proto::BatchGetRequest>,
+    ) -> Result<Response<proto::BatchGetResponse>, Status> {
+        let r = req.into_inner();
+        let values = self
+            .txn(r.txn, |reply| Op::BatchGet {
+                table: r.table,
+                keys: r.keys,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(proto::BatchGetResponse {
+            values: values.into_iter().map(found).collect(),
+        }))
+    }
+
+    async fn put(
+        &self,
+        req: Request<proto::WriteRequest>,
+    ) -> Result<Response<proto::WriteResponse>, Status> {
+        self.write(req.into_inner(), false).await
+    }
+
+    async fn insert(
+        &self,
+        req: Request<proto::WriteRequest>,
+    ) -> Result<Response<proto::WriteResponse>, Status> {
+        self.write(req.into_inner(), true).await
+    }
+
+    async fn delete(
+        &self,
+        req: Request<proto::DeleteRequest>,
+    ) -> Result<Response<proto::WriteResponse>, Status> {
+        let r = req.into_inner();
+        self.txn(r.txn, |reply| Op::Write {
+            table: r.table,
+            key: r.key,
+            value: None,
+            insert: false,
+            reply,
+        })
+        .await?;
+        Ok(Response::new(proto::WriteResponse {}))
+    }
+
+    type ScanStream = BoxStream<'static, Result<proto::ScanResponse, Status>>;
+
+    async fn scan(
+        &self,
+        req: Request<proto::ScanRequest>,
+    ) -> Result<Response<Self::ScanStream>, Status> {
+        let r = req.into_inner();
+        let rows = self
+            .txn(r.txn, |reply| Op::Scan {
+                table: r.table,
+                start: r.start_key,
+                end: (r.end_key != 0).then_some(r.end_key),
+                limit: (r.limit != 0).then_some(r.limit as usize),
+                reply,
+            })
+            .await?;
+        // The worker reads the snapshot in one go (txn's scan); the rows then go out in
+        // batches, in key order, without holding the worker.
+        let batches: Vec<Result<proto::ScanResponse, Status>> = rows
+            .chunks(SCAN_BATCH)
+            .map(|chunk| {
+                Ok(proto::ScanResponse {
+                    rows: chunk
+                        .iter()
+                        .map(|(key, value)| proto::Row {
+                            key: *key,
+                            value: value.clone(),
+                        })
+                        .collect(),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(batches))))
+    }
+
+    async fn commit(
+        &self,
+        req: Request<proto::TxnRequest>,
+    ) -> Result<Response<proto::CommitResponse>, Status> {
+        let handle = req.into_inner().txn;
+        let cid = self.txn(handle, |reply| Op::Commit { reply }).await?;
+        Ok(Response::new(proto::CommitResponse {
+            commit_timestamp: cid.unwrap_or(0),
+        }))
+    }
+
+    async fn abort(
+        &self,
+        req: Request<proto::TxnRequest>,
+    ) -> Result<Response<proto::AbortResponse>, Status> {
+        let handle = req.into_inner().txn;
+        self.txn(handle, |reply| Op::Abort { reply }).await?;
+        Ok(Response::new(proto::AbortResponse {}))
+    }
+
+    async fn create_table(
+        &self,
+        req: Request<proto::CreateTableRequest>,
+    ) -> Result<Response<proto::TableInfo>, Status> {
+        let r = req.into_inner();
+        let mut spec = TableSpec::new(&r.name, r.value_cap, r.capacity);
+        if r.versions != 0 {
+            spec.versions = r.versions;
+        }
+        spec.partitions = r.partitions;
+        let table = self.admin(move |db| db.create_table(spec)).await?;
+        Ok(Response::new(table_info(&table)))
+    }
+
+    async fn list_tables(
+        &self,
+        _req: Request<proto::ListTablesRequest>,
+    ) -> Result<Response<proto::ListTablesResponse>, Status> {
+        let tables = self.admin(|db| db.tables()).await?;
+        Ok(Response::new(proto::ListTablesResponse {
+            tables: tables.iter().map(|t| table_info(t)).collect(),
+        }))
+    }
+
+    async fn stats(
+        &self,
+        _req: Request<proto::StatsRequest>,
+    ) -> Result<Response<proto::StatsResponse>, Status> {
+        let s = self.pool.stats().await?;
+        Ok(Response::new(proto::StatsResponse {
+            workers: self.pool.workers() as u32,
+            memory_servers: self.db.servers() as u32,
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            open_transactions: s.open,
+            begun: s.begun,
+            committed: s.txn.committed,
+            aborted: s.txn.aborted + s.aborted_open + s.expired,
+            conflicts: s.txn.conflicts,
+            duplicate_keys: s.txn.duplicate_keys,
+            too_old: s.txn.too_old,
+            expired: s.expired,
+        }))
+    }
+
+    async fn health(
+        &self,
+        _req: Request<proto::HealthRequest>,
+    ) -> Result<Response<proto::HealthResponse>, Status> {
+        // Serving when every worker answers.
+        let status = match self.pool.stats().await {
+            Ok(_) => proto::health_response::Status::Serving,
+            Err(_) => proto::health_response::Status::NotServing,
+        };
+        Ok(Response::new(proto::HealthResponse {
+            status: status as i32,
+            protocol: PROTOCOL.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            backend: self.backend.clone(),
+            workers: self.pool.workers() as u32,
+            memory_servers: self.db.servers() as u32,
+        }))
+    }
+}

@@ -1,0 +1,151 @@
+//! `namdb compute-node`: a compute-node process. Connects to the memory servers,
+//! starts the worker pool, and serves the gRPC transaction API until SIGTERM or SIGINT.
+
+use crate::backend::VerbsOptions;
+use anyhow::{Context, Result};
+use clap::Args;
+use compute_node::{Pool, Server};
+use memory_server::ClusterToken;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct ComputeNodeArgs {
+    /// Control-plane addresses of the memory servers (host:port,…), in the cluster's
+    /// order: every compute node must list them the same way.
+    #[arg(long, value_name = "ADDR,…", value_delimiter = ',', required = true)]
+    pub memory_servers: Vec<String>,
+    /// Address of the gRPC API, host:port (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: SocketAddr,
+    /// File holding the cluster token (`namdb token generate FILE` makes one).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: PathBuf,
+    /// Worker threads running transactions; one per core by default.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// A transaction with no request for this long is aborted (e.g. 300ms, 30s, 2m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    pub txn_timeout: Duration,
+    /// verbs memory servers only: the RDMA device (e.g. mlx5_0, rxe0); the first with
+    /// an active port by default.
+    #[arg(long, value_name = "NAME")]
+    pub rdma_device: Option<String>,
+    /// verbs memory servers only: the port's GID table index; by default the first
+    /// IPv4-mapped RoCE GID.
+    #[arg(long, value_name = "N")]
+    pub gid_index: Option<u8>,
+}
+
+/// Options whose device factory makes verbs devices, used only if the memory servers
+/// serve verbs (shm and tcp devices `compute_node::connect` makes itself). Without the
+/// `verbs` feature or an RDMA device, the first device fails with a message saying
+/// which.
+fn options(args: &ComputeNodeArgs, token: &ClusterToken) -> Result<txn::Options> {
+    let first = &args.memory_servers[0];
+    // A queue pair's resync endpoint must be reachable from the servers.
+    let ip = compute_node::memory_servers::local_ip_towards(first)?;
+    let verbs = VerbsOptions {
+        rdma_device: args.rdma_device.clone(),
+        gid_index: args.gid_index,
+    };
+    let secret = token.secret().to_vec();
+    Ok(txn::Options {
+        devices: Some(Arc::new(move || {
+            crate::backend::verbs_device(
+                &verbs,
+                fabric::NodeId(rand::random()),
+                SocketAddr::new(ip, 0),
+                &secret,
+            )
+            .map_err(|e| txn::TxnError::Fabric(fabric::FabricError::Backend(format!("{e:#}"))))
+        })),
+        ..txn::Options::default()
+    })
+}
+
+/// A duration: a whole number with a unit of ms, s or m (a bare number is seconds).
+fn parse_duration(input: &str) -> Result<Duration, String> {
+    let s = input.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let value: u64 = s[..split]
+        .parse()
+        .map_err(|_| format!("`{input}` is not a duration: expected e.g. 300ms, 30s or 2m"))?;
+    let duration = match &s[split..] {
+        "ms" => Duration::from_millis(value),
+        "" | "s" => Duration::from_secs(value),
+        "m" => Duration::from_secs(value.saturating_mul(60)),
+        unit => return Err(format!("`{input}`: unknown unit `{unit}`; use ms, s or m")),
+    };
+    if duration.is_zero() {
+        return Err("the timeout must be positive".into());
+    }
+    Ok(duration)
+}
+
+pub fn run(args: ComputeNodeArgs) -> Result<()> {
+    let token = ClusterToken::from_file(&args.token_file)?;
+    let workers = args
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // Connecting and starting workers use the memory servers' blocking client, so both
+    // happen before the tokio runtime exists.
+    let cluster = compute_node::connect(&args.memory_servers, &token, options(&args, &token)?)
+        .context("cannot open the database on the memory servers")?;
+    let pool = Arc::new(
+        Pool::start(&cluster.db, workers, args.txn_timeout)
+            .context("cannot start the worker pool")?,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("namdb-compute-node")
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let served = runtime.block_on(async {
+        let server = Server::start(
+            args.listen,
+            token,
+            cluster.db.clone(),
+            cluster.backend.clone(),
+            pool.clone(),
+        )
+        .await?;
+        // The one line a script waits for (and, with port 0, learns the port from).
+        println!(
+            "compute node listening on {} ({} workers, {} memory servers, backend {})",
+            server.local_addr(),
+            workers,
+            cluster.db.servers(),
+            cluster.backend
+        );
+        server.run_until_signal().await
+    });
+    // The service is gone with the runtime; the last reference stops the workers
+    // (running requests finish, open transactions are aborted) before the memory
+    // servers' sessions close.
+    drop(runtime);
+    drop(pool);
+    drop(cluster);
+    served?;
+    tracing::info!("compute node stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("300ms"), Ok(Duration::from_millis(300)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("5h").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
+}

@@ -1,0 +1,350 @@
+//! `namdb compute-node` as a process: two shm memory-server processes, a compute node
+//! on them, and this test as its gRPC client (`compute_node::client::Client`).
+
+mod common;
+
+use common::ServerProcess;
+use compute_node::client::{Client, Txn};
+use compute_node::proto::health_response::Status as Health;
+use memory_server::ClusterToken;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+use tonic::{Code, Status};
+
+const TOKEN: &str = "namdb compute node test token";
+/// Short, so that the expiry tests wait little.
+const TIMEOUT: Duration = Duration::from_millis(300);
+const TABLE: &str = "kv";
+const VALUE_CAP: u32 = 32;
+
+struct Cluster {
+    compute: ServerProcess,
+    _memory: Vec<ServerProcess>,
+    token: ClusterToken,
+    _dir: tempfile::TempDir,
+}
+
+fn token_file(dir: &tempfile::TempDir) -> PathBuf {
+    let path = dir.path().join("token");
+    std::fs::write(&path, TOKEN).unwrap();
+    path
+}
+
+fn cluster(memory_servers: usize) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = token_file(&dir);
+    let memory: Vec<ServerProcess> = (0..memory_servers)
+        .map(|_| ServerProcess::start("shm", &token_file, &["--size", "16MiB"]))
+        .collect();
+    let addrs: Vec<String> = memory.iter().map(|s| s.control.clone()).collect();
+    let compute = ServerProcess::compute_node(
+        &addrs,
+        &token_file,
+        &["--workers", "2", "--txn-timeout", "300ms"],
+    );
+    assert!(compute.line.contains("2 workers"), "{}", compute.line);
+    Cluster {
+        compute,
+        _memory: memory,
+        token: ClusterToken::new(TOKEN).unwrap(),
+        _dir: dir,
+    }
+}
+
+impl Cluster {
+    async fn client(&self) -> Client {
+        Client::connect(&self.compute.control, &self.token)
+            .await
+            .expect("connects to the compute node")
+    }
+}
+
+fn expect_code<T: std::fmt::Debug>(result: Result<T, Status>, code: Code, says: &str) -> Status {
+    let status = result.expect_err("refused");
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(
+        status.message().contains(says),
+        "{:?} does not say {says:?}",
+        status.message()
+    );
+    status
+}
+
+/// Runs `put(key, value)` in transactions until one commits (a conflict is retryable).
+async fn put_committed(c: &Client, key: u64, value: &[u8]) -> u64 {
+    for _ in 0..50 {
+        let t = c.begin().await.unwrap();
+        let attempt = async {
+            c.put(t, TABLE, key, value.to_vec()).await?;
+            c.commit(t).await
+        };
+        match attempt.await {
+            Ok(cid) => return cid.expect("a write takes a commit timestamp"),
+            Err(s) if s.code() == Code::Aborted => continue,
+            Err(s) => panic!("{s:?}"),
+        }
+    }
+    panic!("key {key} stayed unwritable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_admin_and_bad_requests_through_a_compute_node_process() {
+    let c = cluster(2);
+    let client = c.client().await;
+
+    let health = client.health().await.unwrap();
+    assert_eq!(health.status, Health::Serving as i32);
+    assert_eq!(health.protocol, "namdb.compute.v1");
+    assert_eq!(
+        (
+            health.backend.as_str(),
+            health.workers,
+            health.memory_servers
+        ),
+        ("shm", 2, 2)
+    );
+
+    let info = client.create_table(TABLE, VALUE_CAP, 1024).await.unwrap();
+    assert_eq!((info.value_cap, info.partitions), (VALUE_CAP, 2));
+    expect_code(
+        client.create_table(TABLE, VALUE_CAP, 1024).await,
+        Code::AlreadyExists,
+        "exists",
+    );
+    expect_code(
+        client.create_table("", VALUE_CAP, 1024).await,
+        Code::InvalidArgument,
+        "name",
+    );
+    let tables = client.list_tables().await.unwrap();
+    assert_eq!(
+        tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        [TABLE]
+    );
+
+    // Read your writes inside a transaction, then after it.
+    let t = client.begin().await.unwrap();
+    assert_eq!(client.get(t, TABLE, 1).await.unwrap(), None);
+    client.put(t, TABLE, 1, b"one".to_vec()).await.unwrap();
+    client.insert(t, TABLE, 2, b"two".to_vec()).await.unwrap();
+    assert_eq!(
+        client.get(t, TABLE, 1).await.unwrap(),
+        Some(b"one".to_vec())
+    );
+    let cid = client.commit(t).await.unwrap().expect("a commit timestamp");
+    let t = client.begin().await.unwrap();
+    assert!(t.read_timestamp >= cid);
+    assert_eq!(
+        client.batch_get(t, TABLE, &[2, 99, 1]).await.unwrap(),
+        [Some(b"two".to_vec()), None, Some(b"one".to_vec())]
+    );
+    assert_eq!(client.commit(t).await.unwrap(), None, "read-only");
+    expect_code(
+        client.get(t, TABLE, 1).await,
+        Code::NotFound,
+        "unknown transaction",
+    );
+
+    // First committer wins: the second committer is told to retry, and its handle is
+    // gone.
+    let a = client.begin().await.unwrap();
+    let b = client.begin().await.unwrap();
+    client.put(a, TABLE, 1, b"a".to_vec()).await.unwrap();
+    client.put(b, TABLE, 1, b"b".to_vec()).await.unwrap();
+    client.commit(a).await.unwrap();
+    expect_code(client.commit(b).await, Code::Aborted, "retryable");
+    expect_code(client.get(b, TABLE, 1).await, Code::NotFound, "unknown");
+    let t = client.begin().await.unwrap();
+    assert_eq!(client.get(t, TABLE, 1).await.unwrap(), Some(b"a".to_vec()));
+    // An insert of an existing key is refused and leaves the transaction open.
+    expect_code(
+        client.insert(t, TABLE, 2, b"again".to_vec()).await,
+        Code::AlreadyExists,
+        "still open",
+    );
+    client.abort(t).await.unwrap();
+
+    // Scan: more rows than one message holds, streamed in key order.
+    let t = client.begin().await.unwrap();
+    for key in (10..610u64).rev() {
+        client
+            .put(t, TABLE, key, key.to_le_bytes().to_vec())
+            .await
+            .unwrap();
+    }
+    client.commit(t).await.unwrap();
+    let t = client.begin().await.unwrap();
+    client.delete(t, TABLE, 2).await.unwrap();
+    let mut stream = client.scan_stream(t, TABLE, 0, None, 0).await.unwrap();
+    let (mut messages, mut keys) = (0, Vec::new());
+    while let Some(batch) = stream.message().await.unwrap() {
+        messages += 1;
+        keys.extend(batch.rows.iter().map(|r| r.key));
+    }
+    let expected: Vec<u64> = std::iter::once(1).chain(10..610).collect();
+    assert_eq!(keys, expected, "own delete applied, key order");
+    assert!(messages > 1, "{messages} messages");
+    let mut stream = client
+        .scan_stream(t, TABLE, 100, Some(200), 5)
+        .await
+        .unwrap();
+    let batch = stream.message().await.unwrap().expect("a batch");
+    assert_eq!(
+        batch.rows.iter().map(|r| r.key).collect::<Vec<_>>(),
+        [100, 101, 102, 103, 104]
+    );
+    assert_eq!(batch.rows[0].value, 100u64.to_le_bytes());
+
+    // Bad requests get their status and leave the transaction open.
+    let s = expect_code(client.get(t, "nosuch", 1).await, Code::NotFound, "nosuch");
+    assert!(s.message().contains("still open"), "{s:?}");
+    expect_code(
+        client
+            .put(t, TABLE, 3, vec![0; VALUE_CAP as usize + 1])
+            .await,
+        Code::InvalidArgument,
+        "exceeds",
+    );
+    expect_code(
+        client.put(t, TABLE, u64::MAX, b"x".to_vec()).await,
+        Code::InvalidArgument,
+        "reserved",
+    );
+    expect_code(
+        client.batch_get(t, TABLE, &[1, u64::MAX]).await,
+        Code::InvalidArgument,
+        "reserved",
+    );
+    client.put(t, TABLE, 3, b"three".to_vec()).await.unwrap();
+    client.commit(t).await.unwrap();
+    let unknown = Txn {
+        handle: 0xdead_0001,
+        read_timestamp: 0,
+    };
+    expect_code(
+        client.get(unknown, TABLE, 1).await,
+        Code::NotFound,
+        "unknown transaction",
+    );
+    expect_code(client.commit(unknown).await, Code::NotFound, "unknown");
+    expect_code(
+        client
+            .get(
+                Txn {
+                    handle: 0,
+                    ..unknown
+                },
+                TABLE,
+                1,
+            )
+            .await,
+        Code::NotFound,
+        "unknown",
+    );
+
+    // An idle transaction expires.
+    let t = client.begin().await.unwrap();
+    client.put(t, TABLE, 4, b"four".to_vec()).await.unwrap();
+    tokio::time::sleep(TIMEOUT * 3).await;
+    expect_code(client.commit(t).await, Code::NotFound, "expired");
+
+    let stats = client.stats().await.unwrap();
+    assert_eq!((stats.workers, stats.memory_servers), (2, 2));
+    assert!(stats.committed >= 5, "{stats:?}");
+    assert!(stats.conflicts >= 1, "{stats:?}");
+    assert!(stats.expired >= 1, "{stats:?}");
+    assert_eq!(stats.open_transactions, 0, "{stats:?}");
+
+    // A wrong token is refused.
+    let stranger = Client::connect(
+        &c.compute.control,
+        &ClusterToken::new("not this cluster's token").unwrap(),
+    )
+    .await
+    .unwrap();
+    expect_code(
+        stranger.health().await,
+        Code::Unauthenticated,
+        "wrong credentials",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_client_leaves_nothing_locked() {
+    let c = cluster(1);
+    let client = c.client().await;
+    client.create_table(TABLE, VALUE_CAP, 256).await.unwrap();
+    put_committed(&client, 5, b"before").await;
+
+    // A client that begins, writes and disappears.
+    let gone = c.client().await;
+    let t = gone.begin().await.unwrap();
+    gone.put(t, TABLE, 5, b"lost".to_vec()).await.unwrap();
+    gone.put(t, TABLE, 6, b"lost".to_vec()).await.unwrap();
+    drop(gone);
+    tokio::time::sleep(TIMEOUT * 3).await;
+    expect_code(client.get(t, TABLE, 5).await, Code::NotFound, "expired");
+    put_committed(&client, 5, b"after").await;
+    put_committed(&client, 6, b"after").await;
+
+    // A client that goes away during Commit: the commit runs to its end on the worker
+    // anyway, so whichever way it went, the record is not left locked.
+    for round in 0..20u64 {
+        let doomed = c.client().await;
+        let t = doomed.begin().await.unwrap();
+        doomed
+            .put(t, TABLE, 7, round.to_le_bytes().to_vec())
+            .await
+            .unwrap();
+        let commit = tokio::spawn(async move { doomed.commit(t).await });
+        // Cancelled at a different point each round: before it is sent, in flight,
+        // or after it is done.
+        tokio::time::sleep(Duration::from_micros(round * 50)).await;
+        commit.abort();
+        let _ = commit.await;
+        put_committed(&client, 7, b"mine").await;
+    }
+    let t = client.begin().await.unwrap();
+    assert_eq!(
+        client.get(t, TABLE, 7).await.unwrap(),
+        Some(b"mine".to_vec())
+    );
+    let stats = client.stats().await.unwrap();
+    assert!(stats.expired >= 1, "{stats:?}");
+}
+
+#[test]
+fn sigterm_stops_the_compute_node_cleanly() {
+    let mut c = cluster(1);
+    let status = Command::new("kill")
+        .args(["-TERM", &c.compute.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = c.compute.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let err = c.compute.stderr();
+    assert!(err.contains("compute node stopped"), "{err}");
+}
+
+#[test]
+fn unreachable_memory_servers_are_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = token_file(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "compute-node",
+            "--listen",
+            "127.0.0.1:0",
+            "--memory-servers",
+            "127.0.0.1:1",
+        ])
+        .arg("--token-file")
+        .arg(&token_file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+}

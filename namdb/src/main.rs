@@ -3,8 +3,11 @@
 
 mod backend;
 mod bench;
+mod cluster_cmd;
 mod compute_node_cmd;
+mod kv_cmd;
 mod memory_server_cmd;
+mod metrics;
 mod token_cmd;
 mod verify_cmd;
 
@@ -29,8 +32,13 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run a local cluster: memory servers and compute nodes on this host.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
     /// Run a compute node: transactions on the memory servers, served over gRPC.
     ComputeNode(compute_node_cmd::ComputeNodeArgs),
+    /// One transaction on a table of a local cluster: get, put, delete or scan.
+    Kv(kv_cmd::KvArgs),
     /// Run a memory server: export registered memory to compute nodes.
     MemoryServer(memory_server_cmd::MemoryServerArgs),
     /// Manage the cluster token.
@@ -59,6 +67,8 @@ fn main() -> Result<ExitCode> {
     match cli.command {
         Command::Bench(cmd) => bench::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::MemoryServer(args) => memory_server_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Cluster(cmd) => cluster_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Kv(args) => kv_cmd::run(args),
         Command::ComputeNode(args) => compute_node_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Verify(args) => Ok(verify_cmd::run(&args)),

@@ -166,23 +166,34 @@ fn signal(pid: u32, signal: rustix::process::Signal) {
     }
 }
 
-/// A process `up` started and is waiting for.
-struct Started {
-    entry: ProcessEntry,
-}
-
 /// Stops what `up` started if it fails half-way.
 struct StartedGuard {
-    started: Vec<Started>,
+    started: Vec<ProcessEntry>,
     token_file: PathBuf,
     armed: bool,
+}
+
+impl StartedGuard {
+    /// Starts process `i` of `namdb COMMAND` (`memory-server` or `compute-node`) with
+    /// the arguments every process takes and `extra`, and waits until it is ready.
+    fn start(&mut self, dir: &Path, command: &str, i: usize, extra: &[&str]) -> Result<()> {
+        let name = format!("{command}-{i}");
+        let token = self.token_file.display().to_string();
+        let mut argv = vec![command, "--listen", "127.0.0.1:0", "--token-file", &token];
+        argv.extend_from_slice(&["--metrics-listen", "127.0.0.1:0"]);
+        argv.extend_from_slice(extra);
+        let argv: Vec<String> = argv.into_iter().map(String::from).collect();
+        let what = command.replace('-', " ");
+        let entry = spawn(&name, &what, &argv, &dir.join(format!("{name}.log")))?;
+        self.started.push(entry);
+        Ok(())
+    }
 }
 
 impl Drop for StartedGuard {
     fn drop(&mut self) {
         if self.armed {
-            let entries: Vec<ProcessEntry> = self.started.iter().map(|s| s.entry.clone()).collect();
-            stop_all(entries.iter().rev(), &self.token_file);
+            stop_all(self.started.iter().rev(), &self.token_file);
         }
     }
 }
@@ -280,68 +291,34 @@ fn up(args: &UpArgs) -> Result<()> {
         memory_server::generate_token_file(&token_file)?;
     }
     let token = ClusterToken::from_file(&token_file)?;
-    let token_arg = token_file.display().to_string();
     let mut guard = StartedGuard {
         started: Vec::new(),
         token_file: token_file.clone(),
         armed: true,
     };
     for i in 0..args.memory_servers {
-        let name = format!("memory-server-{i}");
-        let argv = [
-            "memory-server",
-            "--listen",
-            "127.0.0.1:0",
+        let extra = [
             "--backend",
             args.backend.name(),
             "--size",
             &args.size.to_string(),
-            "--token-file",
-            &token_arg,
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ]
-        .map(String::from);
-        let entry = spawn(
-            &name,
-            "memory server",
-            &argv,
-            &dir.join(format!("{name}.log")),
-        )?;
-        guard.started.push(Started { entry });
+        ];
+        guard.start(&dir, "memory-server", i, &extra)?;
     }
-    let addrs: Vec<String> = guard
-        .started
-        .iter()
-        .map(|s| s.entry.address.clone())
-        .collect();
+    let addrs: Vec<String> = guard.started.iter().map(|e| e.address.clone()).collect();
     // One at a time: the first opens the database on the memory servers.
     for i in 0..args.compute_nodes {
-        let name = format!("compute-node-{i}");
-        let argv = [
+        guard.start(
+            &dir,
             "compute-node",
-            "--listen",
-            "127.0.0.1:0",
-            "--memory-servers",
-            &addrs.join(","),
-            "--token-file",
-            &token_arg,
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ]
-        .map(String::from);
-        let entry = spawn(
-            &name,
-            "compute node",
-            &argv,
-            &dir.join(format!("{name}.log")),
+            i,
+            &["--memory-servers", &addrs.join(",")],
         )?;
-        guard.started.push(Started { entry });
     }
     let (memory, compute): (Vec<_>, Vec<_>) = guard
         .started
         .iter()
-        .map(|s| s.entry.clone())
+        .cloned()
         .partition(|e| e.name.starts_with("memory-server"));
     let file = ClusterFile {
         token_file: token_file.clone(),
@@ -394,13 +371,21 @@ fn stop_all<'a>(entries: impl Iterator<Item = &'a ProcessEntry>, token_file: &Pa
     killed
 }
 
-fn down(dir: &Path) -> Result<()> {
+/// The cluster file in `dir` and its path, or `None` after saying `none` there is.
+fn existing(dir: &Path, none: &str) -> Result<Option<(PathBuf, ClusterFile)>> {
     let path = dir.join(CLUSTER_FILE);
     if !path.exists() {
-        println!("no cluster to stop: {} does not exist", path.display());
-        return Ok(());
+        println!("{none}: {} does not exist", path.display());
+        return Ok(None);
     }
     let file = ClusterFile::read(&path)?;
+    Ok(Some((path, file)))
+}
+
+fn down(dir: &Path) -> Result<()> {
+    let Some((path, file)) = existing(dir, "no cluster to stop")? else {
+        return Ok(());
+    };
     let killed = stop_all(file.processes(), &file.token_file);
     for name in &killed {
         println!(
@@ -415,12 +400,9 @@ fn down(dir: &Path) -> Result<()> {
 }
 
 fn status(dir: &Path) -> Result<()> {
-    let path = dir.join(CLUSTER_FILE);
-    if !path.exists() {
-        println!("no cluster: {} does not exist", path.display());
+    let Some((_, file)) = existing(dir, "no cluster")? else {
         return Ok(());
-    }
-    let file = ClusterFile::read(&path)?;
+    };
     for p in file.memory_servers.iter().chain(&file.compute_nodes) {
         let state = if ours(p.pid, &file.token_file) {
             "alive"

@@ -22,7 +22,7 @@ pub struct KvArgs {
     pub cluster: Option<PathBuf>,
 }
 
-#[derive(Subcommand, Debug)]
+#[derive(Subcommand, Debug, PartialEq, Eq)]
 pub enum KvCommand {
     /// Print the value of KEY; exit status 1 if there is none.
     Get { key: u64 },
@@ -77,45 +77,54 @@ pub fn show(value: &[u8]) -> String {
     }
 }
 
-pub fn run(args: KvArgs) -> Result<ExitCode> {
-    let path = cluster_file(args.cluster)?;
+/// A runtime and a client of the first compute node of the cluster file (`given`, else
+/// found as [`cluster_file`] says).
+pub fn session(given: Option<PathBuf>) -> Result<(tokio::runtime::Runtime, Client)> {
+    let path = cluster_file(given)?;
     let file = ClusterFile::read(&path)?;
     let token = file.token()?;
     let Some(node) = file.compute_nodes.first() else {
         bail!("{} names no compute node", path.display());
     };
-    let table = args.table;
-    runtime()?.block_on(async {
-        let client = Client::connect(&node.address, &token)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot reach {} at {} (is the cluster up? `namdb cluster status`)",
-                    node.name, node.address
-                )
-            })?;
-        let t = client.begin().await.map_err(|s| failed("begin", &s))?;
-        let result = one(&client, t, &table, args.command).await;
-        match result {
-            Ok(code) => {
-                client.commit(t).await.map_err(|s| failed("commit", &s))?;
-                Ok(code)
-            }
-            Err(e) => {
-                // Gone already if the request aborted it.
-                let _ = client.abort(t).await;
-                Err(e)
-            }
-        }
-    })
+    let runtime = runtime()?;
+    let client = runtime
+        .block_on(Client::connect(&node.address, &token))
+        .with_context(|| {
+            format!(
+                "cannot reach {} at {} (is the cluster up? `namdb cluster status`)",
+                node.name, node.address
+            )
+        })?;
+    Ok((runtime, client))
 }
 
-fn failed(what: &str, s: &Status) -> anyhow::Error {
+pub fn run(args: KvArgs) -> Result<ExitCode> {
+    let (runtime, client) = session(args.cluster)?;
+    runtime.block_on(autocommit(&client, &args.table, args.command))
+}
+
+/// Runs `command` in a transaction of its own: committed if it succeeds, else aborted.
+pub async fn autocommit(client: &Client, table: &str, command: KvCommand) -> Result<ExitCode> {
+    let t = client.begin().await.map_err(|s| failed("begin", &s))?;
+    match one(client, t, table, command).await {
+        Ok(code) => {
+            client.commit(t).await.map_err(|s| failed("commit", &s))?;
+            Ok(code)
+        }
+        Err(e) => {
+            // Gone already if the request aborted it.
+            let _ = client.abort(t).await;
+            Err(e)
+        }
+    }
+}
+
+pub fn failed(what: &str, s: &Status) -> anyhow::Error {
     anyhow::anyhow!("{what} failed: {} ({:?})", s.message(), s.code())
 }
 
 /// Runs `command` in `t`; `Ok(1)` for a get of a key that has none.
-async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Result<ExitCode> {
+pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Result<ExitCode> {
     match command {
         KvCommand::Get { key } => match client.get(t, table, key).await {
             Ok(Some(value)) => println!("{}", show(&value)),

@@ -8,6 +8,7 @@ mod compute_node_cmd;
 mod kv_cmd;
 mod memory_server_cmd;
 mod metrics;
+mod shell_cmd;
 mod token_cmd;
 mod verify_cmd;
 
@@ -41,6 +42,8 @@ enum Command {
     Kv(kv_cmd::KvArgs),
     /// Run a memory server: export registered memory to compute nodes.
     MemoryServer(memory_server_cmd::MemoryServerArgs),
+    /// Read get/put/del/scan/begin/commit/abort lines from stdin against a local cluster.
+    Shell(shell_cmd::ShellArgs),
     /// Manage the cluster token.
     #[command(subcommand)]
     Token(token_cmd::TokenCommand),
@@ -70,6 +73,7 @@ fn main() -> Result<ExitCode> {
         Command::Cluster(cmd) => cluster_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Kv(args) => kv_cmd::run(args),
         Command::ComputeNode(args) => compute_node_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Shell(args) => shell_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }

@@ -248,3 +248,46 @@ fn a_process_that_cannot_start_is_named_with_its_log() {
     );
     assert!(!dir.path().join("namdb-cluster/cluster.json").exists());
 }
+
+#[test]
+fn the_shell_runs_single_commands_and_explicit_transactions() {
+    let c = Cluster::up(&[
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+    ]);
+    let mut shell = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(c.cwd())
+        .arg("shell")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let script = "put 1 a b\nget 1\nbegin\nput 2 x\nget 2\nabort\nget 2\n\
+                  begin\nput 3 y\nget nosuch\ncommit\nscan\ndel 1\nget 1\n\
+                  begin\nput 5 z\n";
+    shell
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let o = shell.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "a b\nbegun\nx\naborted\nbegun\ncommitted\n1\ta b\n3\ty\nbegun\n\
+         aborted the open transaction\n"
+    );
+    let said = stderr(&o);
+    assert!(said.contains("not found: key 2"), "{said}");
+    assert!(said.contains("`nosuch` is not a key"), "{said}");
+    assert!(said.contains("not found: key 1"), "{said}");
+    // The open transaction at the end of input was aborted.
+    let missing = namdb(c.cwd(), &["kv", "get", "5"]);
+    assert_eq!(missing.status.code(), Some(1));
+}

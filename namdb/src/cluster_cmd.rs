@@ -238,8 +238,9 @@ fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Result<ProcessE
                 .and_then(|rest| rest.split_whitespace().next())
             {
                 entry.address = addr.to_string();
-                // Reaped by whoever inherits it once this command exits.
-                std::mem::forget(child);
+                // Never waited for here: whoever inherits it once this command exits
+                // reaps it.
+                drop(child);
                 return Ok(entry);
             }
         }

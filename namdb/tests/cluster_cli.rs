@@ -127,6 +127,12 @@ fn a_local_cluster_serves_kv_commands_and_metrics_and_comes_down() {
     assert_eq!(json["compute_nodes"].as_array().unwrap().len(), 1);
     let pids = c.pids();
     assert!(pids.iter().all(|&p| alive(p)), "{pids:?}");
+    let token = PathBuf::from(json["token_file"].as_str().unwrap());
+    let mut running = processes_naming(&token);
+    running.sort();
+    let mut expected = pids.clone();
+    expected.sort();
+    assert_eq!(running, expected);
 
     ok(cwd, &["kv", "put", "7", "hello"]);
     ok(cwd, &["kv", "put", "9", "world"]);
@@ -290,4 +296,49 @@ fn the_shell_runs_single_commands_and_explicit_transactions() {
     // The open transaction at the end of input was aborted.
     let missing = namdb(c.cwd(), &["kv", "get", "5"]);
     assert_eq!(missing.status.code(), Some(1));
+}
+
+/// Pids of the processes whose command line names `arg`.
+fn processes_naming(arg: &Path) -> Vec<u32> {
+    let arg = arg.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| cmd.split(|&b| b == 0).any(|a| a == arg))
+                && alive(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_failure_after_the_processes_started_stops_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every process starts, but the table does not fit in the memory servers.
+    let o = namdb(
+        dir.path(),
+        &[
+            "cluster",
+            "up",
+            "--backend",
+            "shm",
+            "--size",
+            "16MiB",
+            "--table-capacity",
+            "100000000",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("cannot create the table kv"),
+        "{}",
+        stderr(&o)
+    );
+    let cluster_dir = dir.path().join("namdb-cluster");
+    assert!(cluster_dir.join("compute-node-0.log").exists());
+    assert!(!cluster_dir.join("cluster.json").exists());
+    let token = std::fs::canonicalize(cluster_dir.join("token")).unwrap();
+    let left = processes_naming(&token);
+    assert!(left.is_empty(), "still running: {left:?}");
 }

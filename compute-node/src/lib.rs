@@ -15,6 +15,7 @@
 pub mod auth;
 pub mod client;
 pub mod memory_servers;
+pub mod metrics;
 pub mod pool;
 pub mod server;
 pub mod service;

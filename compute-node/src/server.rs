@@ -2,6 +2,7 @@
 //! then stop taking calls, let the running ones finish, and abort what is open.
 
 use crate::auth::Authenticate;
+use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::proto::compute_server::ComputeServer;
 use crate::service::ComputeService;
@@ -39,6 +40,7 @@ pub struct Server {
     local_addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     serve: JoinHandle<Result<(), tonic::transport::Error>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Server {
@@ -66,8 +68,9 @@ impl Server {
         let incoming = TcpIncoming::from(listener)
             .with_nodelay(Some(true))
             .with_keepalive(Some(Duration::from_secs(60)));
+        let metrics = Arc::new(Metrics::default());
         let service = ComputeServer::with_interceptor(
-            ComputeService::new(pool, db, backend),
+            ComputeService::new(pool, db, backend, metrics.clone()),
             Authenticate::new(token),
         );
         let (tx, rx) = oneshot::channel::<()>();
@@ -84,11 +87,17 @@ impl Server {
             local_addr,
             shutdown: Some(tx),
             serve,
+            metrics,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The counters the service keeps, for a metrics endpoint.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
     }
 
     /// Stops serving: refuses new connections, and gives in-flight calls

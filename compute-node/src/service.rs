@@ -2,6 +2,7 @@
 //! transaction lives on ([`Pool`]); admin RPCs run on tokio's blocking threads, since
 //! catalog operations wait on the fabric.
 
+use crate::metrics::Metrics;
 use crate::pool::{Begun, Op, Pool, Reply};
 use crate::proto::{self, compute_server::Compute};
 use crate::status::{Fate, status_of};
@@ -24,15 +25,22 @@ pub struct ComputeService {
     db: Database,
     backend: String,
     started: Instant,
+    metrics: Arc<Metrics>,
 }
 
 impl ComputeService {
-    pub fn new(pool: Arc<Pool>, db: Database, backend: String) -> ComputeService {
+    pub fn new(
+        pool: Arc<Pool>,
+        db: Database,
+        backend: String,
+        metrics: Arc<Metrics>,
+    ) -> ComputeService {
         ComputeService {
             pool,
             db,
             backend,
             started: Instant::now(),
+            metrics,
         }
     }
 
@@ -99,6 +107,7 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::BeginRequest>,
     ) -> Result<Response<proto::BeginResponse>, Status> {
+        self.metrics.rpc("Begin");
         let rx = self.pool.begin(req.into_inner().after)?;
         let Begun {
             handle,
@@ -117,6 +126,7 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
+        self.metrics.rpc("Get");
         let r = req.into_inner();
         let value = self
             .txn(r.txn, |reply| Op::Get {
@@ -132,6 +142,7 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::BatchGetRequest>,
     ) -> Result<Response<proto::BatchGetResponse>, Status> {
+        self.metrics.rpc("BatchGet");
         let r = req.into_inner();
         let values = self
             .txn(r.txn, |reply| Op::BatchGet {
@@ -149,6 +160,7 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::WriteRequest>,
     ) -> Result<Response<proto::WriteResponse>, Status> {
+        self.metrics.rpc("Put");
         self.write(req.into_inner(), false).await
     }
 
@@ -156,6 +168,7 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::WriteRequest>,
     ) -> Result<Response<proto::WriteResponse>, Status> {
+        self.metrics.rpc("Insert");
         self.write(req.into_inner(), true).await
     }
 
@@ -163,6 +176,7 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::DeleteRequest>,
     ) -> Result<Response<proto::WriteResponse>, Status> {
+        self.metrics.rpc("Delete");
         let r = req.into_inner();
         self.txn(r.txn, |reply| Op::Write {
             table: r.table,
@@ -181,6 +195,7 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::ScanRequest>,
     ) -> Result<Response<Self::ScanStream>, Status> {
+        self.metrics.rpc("Scan");
         let r = req.into_inner();
         let rows = self
             .txn(r.txn, |reply| Op::Scan {
@@ -214,8 +229,12 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::TxnRequest>,
     ) -> Result<Response<proto::CommitResponse>, Status> {
+        self.metrics.rpc("Commit");
         let handle = req.into_inner().txn;
-        let cid = self.txn(handle, |reply| Op::Commit { reply }).await?;
+        let started = Instant::now();
+        let cid = self.txn(handle, |reply| Op::Commit { reply }).await;
+        self.metrics.commit_latency(started.elapsed());
+        let cid = cid?;
         Ok(Response::new(proto::CommitResponse {
             commit_timestamp: cid.unwrap_or(0),
         }))
@@ -225,6 +244,7 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::TxnRequest>,
     ) -> Result<Response<proto::AbortResponse>, Status> {
+        self.metrics.rpc("Abort");
         let handle = req.into_inner().txn;
         self.txn(handle, |reply| Op::Abort { reply }).await?;
         Ok(Response::new(proto::AbortResponse {}))
@@ -234,6 +254,7 @@ impl Compute for ComputeService {
         &self,
         req: Request<proto::CreateTableRequest>,
     ) -> Result<Response<proto::TableInfo>, Status> {
+        self.metrics.rpc("CreateTable");
         let r = req.into_inner();
         let mut spec = TableSpec::new(&r.name, r.value_cap, r.capacity);
         if r.versions != 0 {
@@ -248,6 +269,7 @@ impl Compute for ComputeService {
         &self,
         _req: Request<proto::ListTablesRequest>,
     ) -> Result<Response<proto::ListTablesResponse>, Status> {
+        self.metrics.rpc("ListTables");
         let tables = self.admin(|db| db.tables()).await?;
         Ok(Response::new(proto::ListTablesResponse {
             tables: tables.iter().map(|t| table_info(t)).collect(),
@@ -258,6 +280,7 @@ impl Compute for ComputeService {
         &self,
         _req: Request<proto::StatsRequest>,
     ) -> Result<Response<proto::StatsResponse>, Status> {
+        self.metrics.rpc("Stats");
         let s = self.pool.stats().await?;
         Ok(Response::new(proto::StatsResponse {
             workers: self.pool.workers() as u32,
@@ -278,6 +301,7 @@ impl Compute for ComputeService {
         &self,
         _req: Request<proto::HealthRequest>,
     ) -> Result<Response<proto::HealthResponse>, Status> {
+        self.metrics.rpc("Health");
         // Serving when every worker answers.
         let status = match self.pool.stats().await {
             Ok(_) => proto::health_response::Status::Serving,

@@ -219,6 +219,13 @@ impl MemoryServer {
         self.state.stats()
     }
 
+    /// A function that takes [`MemoryServer::stats`] while the server runs (for a
+    /// metrics endpoint, which outlives the borrow `run_until_signal` takes).
+    pub fn stats_source(&self) -> impl Fn() -> Stats + Send + Sync + 'static {
+        let state = self.state.clone();
+        move || state.stats()
+    }
+
     /// Stops accepting RPCs, lets in-flight ones finish (for at most a few seconds),
     /// ends every session and destroys every queue pair.
     pub async fn shutdown(mut self) -> Result<(), ServerError> {

@@ -37,6 +37,10 @@ pub struct ComputeNodeArgs {
     /// IPv4-mapped RoCE GID.
     #[arg(long, value_name = "N")]
     pub gid_index: Option<u8>,
+    /// Serve Prometheus metrics (plain HTTP, GET /metrics) on host:port; port 0 picks a
+    /// free port, printed as `metrics listening on ADDR`.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Options whose device factory makes verbs devices, used only if the memory servers
@@ -113,6 +117,19 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
             pool.clone(),
         )
         .await?;
+        if let Some(listen) = args.metrics_listen {
+            let (metrics, pool) = (server.metrics(), pool.clone());
+            let render: crate::metrics::Render = Arc::new(move || {
+                let (metrics, pool) = (metrics.clone(), pool.clone());
+                Box::pin(async move {
+                    match pool.stats().await {
+                        Ok(stats) => metrics.render(&stats),
+                        Err(e) => format!("# the workers did not answer: {}\n", e.message()),
+                    }
+                })
+            });
+            crate::metrics::serve(listen, render).await?;
+        }
         // The one line a script waits for (and, with port 0, learns the port from).
         println!(
             "compute node listening on {} ({} workers, {} memory servers, backend {})",
@@ -121,7 +138,8 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
             cluster.db.servers(),
             cluster.backend
         );
-        server.run_until_signal().await
+        server.run_until_signal().await?;
+        anyhow::Ok(())
     });
     // The service is gone with the runtime; the last reference stops the workers
     // (running requests finish, open transactions are aborted) before the memory

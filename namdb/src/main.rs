@@ -3,8 +3,12 @@
 
 mod backend;
 mod bench;
+mod cluster_cmd;
 mod compute_node_cmd;
+mod kv_cmd;
 mod memory_server_cmd;
+mod metrics;
+mod shell_cmd;
 mod token_cmd;
 mod verify_cmd;
 
@@ -29,10 +33,17 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run a local cluster: memory servers and compute nodes on this host.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
     /// Run a compute node: transactions on the memory servers, served over gRPC.
     ComputeNode(compute_node_cmd::ComputeNodeArgs),
+    /// One transaction on a table of a local cluster: get, put, delete or scan.
+    Kv(kv_cmd::KvArgs),
     /// Run a memory server: export registered memory to compute nodes.
     MemoryServer(memory_server_cmd::MemoryServerArgs),
+    /// Read get/put/del/scan/begin/commit/abort lines from stdin against a local cluster.
+    Shell(shell_cmd::ShellArgs),
     /// Manage the cluster token.
     #[command(subcommand)]
     Token(token_cmd::TokenCommand),
@@ -59,7 +70,10 @@ fn main() -> Result<ExitCode> {
     match cli.command {
         Command::Bench(cmd) => bench::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::MemoryServer(args) => memory_server_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Cluster(cmd) => cluster_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Kv(args) => kv_cmd::run(args),
         Command::ComputeNode(args) => compute_node_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Shell(args) => shell_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }

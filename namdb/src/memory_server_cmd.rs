@@ -57,6 +57,10 @@ pub struct MemoryServerArgs {
     /// requests). For conformance testing and diagnostics only.
     #[arg(long)]
     pub allow_remote_verbs: bool,
+    /// Serve Prometheus metrics (plain HTTP, GET /metrics) on host:port; port 0 picks a
+    /// free port, printed as `metrics listening on ADDR`.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Backends a memory-server process could serve on. Each must reach other processes:
@@ -133,6 +137,14 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
     let data_path = device.address();
     runtime.block_on(async {
         let server = MemoryServer::start(config, device).await?;
+        if let Some(listen) = args.metrics_listen {
+            let stats = Arc::new(server.stats_source());
+            let render: crate::metrics::Render = Arc::new(move || {
+                let text = crate::metrics::memory_server_text(&stats());
+                Box::pin(async move { text })
+            });
+            crate::metrics::serve(listen, render).await?;
+        }
         let stats = server.stats();
         // The one line a script waits for (and, with port 0, learns the port from).
         println!(

@@ -1,0 +1,465 @@
+//! `namdb cluster`: a local cluster of memory-server and compute-node processes on
+//! this host, started detached and described by a cluster file (`DIR/cluster.json`)
+//! that `namdb cluster down|status` and `namdb kv` read.
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use memory_server::{ClusterToken, parse_bytes};
+use serde::{Deserialize, Serialize};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The cluster file's name in the cluster directory.
+pub const CLUSTER_FILE: &str = "cluster.json";
+/// The directory `cluster` commands use without `--dir`.
+pub const DEFAULT_DIR: &str = "namdb-cluster";
+/// The table `cluster up` creates, and `namdb kv` uses without `--table`.
+pub const DEFAULT_TABLE: &str = "kv";
+/// How long a process may take to say it is listening.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `down` waits after SIGTERM before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Start memory servers and compute nodes on this host, detached, and write the
+    /// cluster file DIR/cluster.json.
+    Up(UpArgs),
+    /// Stop every process of the cluster file (SIGTERM, then SIGKILL after 10 s) and
+    /// remove the file.
+    Down(DirArg),
+    /// Say which processes of the cluster file are alive.
+    Status(DirArg),
+}
+
+#[derive(Args, Debug)]
+pub struct DirArg {
+    /// The cluster's directory: its token, logs and cluster file.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_DIR)]
+    pub dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Memory-server processes to start.
+    #[arg(long, value_name = "M", default_value_t = 2)]
+    pub memory_servers: usize,
+    /// Compute-node processes to start.
+    #[arg(long, value_name = "C", default_value_t = 1)]
+    pub compute_nodes: usize,
+    /// Fabric backend of the memory servers.
+    #[arg(long, value_enum)]
+    pub backend: LocalBackend,
+    #[command(flatten)]
+    pub dir: DirArg,
+    /// Bytes of data regions each memory server exports.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64MiB")]
+    pub size: u64,
+    /// Records the `kv` table holds.
+    #[arg(long, value_name = "N", default_value_t = 16384)]
+    pub table_capacity: u64,
+    /// Largest value of the `kv` table, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 256)]
+    pub value_cap: u32,
+}
+
+/// The backends a cluster of processes on one host can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LocalBackend {
+    Shm,
+    Tcp,
+}
+
+impl LocalBackend {
+    fn name(self) -> &'static str {
+        match self {
+            LocalBackend::Shm => "shm",
+            LocalBackend::Tcp => "tcp",
+        }
+    }
+}
+
+/// One process of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessEntry {
+    /// `memory-server-0`, `compute-node-1`, …
+    pub name: String,
+    pub pid: u32,
+    /// The gRPC address.
+    pub address: String,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+    /// The Prometheus endpoint (`http://ADDR/metrics`), if it serves one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
+}
+
+/// `DIR/cluster.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterFile {
+    pub token_file: PathBuf,
+    pub backend: LocalBackend,
+    pub memory_servers: Vec<ProcessEntry>,
+    pub compute_nodes: Vec<ProcessEntry>,
+}
+
+impl ClusterFile {
+    pub fn read(path: &Path) -> Result<ClusterFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the cluster file {}", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a namdb cluster file", path.display()))
+    }
+
+    fn write(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write the cluster file {}", path.display()))
+    }
+
+    /// Every process, compute nodes first (the order to stop them in).
+    fn processes(&self) -> impl Iterator<Item = &ProcessEntry> {
+        self.compute_nodes.iter().chain(&self.memory_servers)
+    }
+
+    pub fn token(&self) -> Result<ClusterToken> {
+        Ok(ClusterToken::from_file(&self.token_file)?)
+    }
+}
+
+pub fn run(cmd: ClusterCommand) -> Result<()> {
+    match cmd {
+        ClusterCommand::Up(args) => up(&args),
+        ClusterCommand::Down(d) => down(&d.dir),
+        ClusterCommand::Status(d) => status(&d.dir),
+    }
+}
+
+/// Whether process `pid` runs (and is not a zombie waiting to be reaped).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Whether `pid` is still the process the cluster started: alive, and its command
+/// line names the cluster's token file (so a reused pid is never signalled).
+fn ours(pid: u32, token_file: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let token = token_file.as_os_str().as_encoded_bytes();
+    alive(pid) && cmdline.split(|&b| b == 0).any(|arg| arg == token)
+}
+
+fn signal(pid: u32, signal: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+/// Stops what `up` started if it fails half-way.
+struct StartedGuard {
+    started: Vec<ProcessEntry>,
+    token_file: PathBuf,
+    armed: bool,
+}
+
+impl StartedGuard {
+    /// Starts process `i` of `namdb COMMAND` (`memory-server` or `compute-node`) with
+    /// the arguments every process takes and `extra`, and waits until it is ready.
+    fn start(&mut self, dir: &Path, command: &str, i: usize, extra: &[&str]) -> Result<()> {
+        let name = format!("{command}-{i}");
+        let token = self.token_file.display().to_string();
+        let mut argv = vec![command, "--listen", "127.0.0.1:0", "--token-file", &token];
+        argv.extend_from_slice(&["--metrics-listen", "127.0.0.1:0"]);
+        argv.extend_from_slice(extra);
+        let argv: Vec<String> = argv.into_iter().map(String::from).collect();
+        let what = command.replace('-', " ");
+        let entry = spawn(&name, &what, &argv, &dir.join(format!("{name}.log")))?;
+        self.started.push(entry);
+        Ok(())
+    }
+}
+
+impl Drop for StartedGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            stop_all(self.started.iter().rev(), &self.token_file);
+        }
+    }
+}
+
+/// Spawns `namdb ARGS` detached (its own process group, so a terminal's Ctrl-C does not
+/// reach it) with stdout and stderr to `log`, and waits for its line `WHAT listening on
+/// ADDR …`; a metrics line `metrics listening on ADDR` before it is recorded too.
+fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Result<ProcessEntry> {
+    let out = std::fs::File::create(log)
+        .with_context(|| format!("cannot create the log file {}", log.display()))?;
+    let err = out.try_clone()?;
+    let exe = std::env::current_exe().context("cannot find the namdb executable")?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {name}"))?;
+    let pid = child.id();
+    let mut entry = ProcessEntry {
+        name: name.to_string(),
+        pid,
+        address: String::new(),
+        log: log.to_path_buf(),
+        metrics: None,
+    };
+    let deadline = Instant::now() + START_TIMEOUT;
+    let prefix = format!("{what} listening on ");
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        for line in text.lines() {
+            if let Some(addr) = line
+                .strip_prefix("metrics listening on ")
+                .and_then(|rest| rest.split_whitespace().next())
+            {
+                entry.metrics = Some(addr.to_string());
+            }
+            if let Some(addr) = line
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.split_whitespace().next())
+            {
+                entry.address = addr.to_string();
+                // Never waited for here: whoever inherits it once this command exits
+                // reaps it.
+                drop(child);
+                return Ok(entry);
+            }
+        }
+        if let Some(exit) = child.try_wait()? {
+            bail!(
+                "{name} exited ({exit}) before it was ready; its log {} says:\n{}",
+                log.display(),
+                tail(&text)
+            );
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "{name} was not ready after {} s; its log {} says:\n{}",
+                START_TIMEOUT.as_secs(),
+                log.display(),
+                tail(&text)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The last lines of a log, for an error message.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(10)..].join("\n")
+}
+
+fn up(args: &UpArgs) -> Result<()> {
+    if args.memory_servers == 0 || args.compute_nodes == 0 {
+        bail!("a cluster needs at least one memory server and one compute node");
+    }
+    std::fs::create_dir_all(&args.dir.dir)
+        .with_context(|| format!("cannot create {}", args.dir.dir.display()))?;
+    // Absolute, so that the cluster file means the same from any directory.
+    let dir = std::fs::canonicalize(&args.dir.dir)?;
+    let cluster_file = dir.join(CLUSTER_FILE);
+    if cluster_file.exists() {
+        bail!(
+            "a cluster is already described by {}; `namdb cluster down --dir {}` first",
+            cluster_file.display(),
+            args.dir.dir.display()
+        );
+    }
+    let token_file = dir.join("token");
+    if !token_file.exists() {
+        memory_server::generate_token_file(&token_file)?;
+    }
+    let token = ClusterToken::from_file(&token_file)?;
+    let mut guard = StartedGuard {
+        started: Vec::new(),
+        token_file: token_file.clone(),
+        armed: true,
+    };
+    for i in 0..args.memory_servers {
+        let extra = [
+            "--backend",
+            args.backend.name(),
+            "--size",
+            &args.size.to_string(),
+        ];
+        guard.start(&dir, "memory-server", i, &extra)?;
+    }
+    let addrs: Vec<String> = guard.started.iter().map(|e| e.address.clone()).collect();
+    // One at a time: the first opens the database on the memory servers.
+    for i in 0..args.compute_nodes {
+        guard.start(
+            &dir,
+            "compute-node",
+            i,
+            &["--memory-servers", &addrs.join(",")],
+        )?;
+    }
+    let (memory, compute): (Vec<_>, Vec<_>) = guard
+        .started
+        .iter()
+        .cloned()
+        .partition(|e| e.name.starts_with("memory-server"));
+    let file = ClusterFile {
+        token_file: token_file.clone(),
+        backend: args.backend,
+        memory_servers: memory,
+        compute_nodes: compute,
+    };
+    let runtime = crate::kv_cmd::runtime()?;
+    runtime.block_on(async {
+        let client = compute_node::client::Client::connect(&file.compute_nodes[0].address, &token)
+            .await
+            .with_context(|| format!("cannot reach {}", file.compute_nodes[0].name))?;
+        client
+            .create_table(DEFAULT_TABLE, args.value_cap, args.table_capacity)
+            .await
+            .map_err(|s| {
+                anyhow::anyhow!("cannot create the table {DEFAULT_TABLE}: {}", s.message())
+            })?;
+        anyhow::Ok(())
+    })?;
+    file.write(&cluster_file)?;
+    guard.armed = false;
+    for p in file.memory_servers.iter().chain(&file.compute_nodes) {
+        println!("{} pid {} listening on {}", p.name, p.pid, p.address);
+    }
+    println!(
+        "cluster up ({} backend, table {DEFAULT_TABLE}); cluster file {}",
+        args.backend.name(),
+        cluster_file.display()
+    );
+    Ok(())
+}
+
+/// SIGTERM to each of `entries` still ours, then waits; SIGKILL to those left after
+/// [`STOP_TIMEOUT`]. Returns the names of the processes killed.
+fn stop_all<'a>(entries: impl Iterator<Item = &'a ProcessEntry>, token_file: &Path) -> Vec<String> {
+    let running: Vec<&ProcessEntry> = entries.filter(|p| ours(p.pid, token_file)).collect();
+    for p in &running {
+        signal(p.pid, rustix::process::Signal::TERM);
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while running.iter().any(|p| alive(p.pid)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut killed = Vec::new();
+    for p in running.iter().filter(|p| alive(p.pid)) {
+        signal(p.pid, rustix::process::Signal::KILL);
+        killed.push(p.name.clone());
+    }
+    killed
+}
+
+/// The cluster file in `dir` and its path, or `None` after saying `none` there is.
+fn existing(dir: &Path, none: &str) -> Result<Option<(PathBuf, ClusterFile)>> {
+    let path = dir.join(CLUSTER_FILE);
+    if !path.exists() {
+        println!("{none}: {} does not exist", path.display());
+        return Ok(None);
+    }
+    let file = ClusterFile::read(&path)?;
+    Ok(Some((path, file)))
+}
+
+fn down(dir: &Path) -> Result<()> {
+    let Some((path, file)) = existing(dir, "no cluster to stop")? else {
+        return Ok(());
+    };
+    let killed = stop_all(file.processes(), &file.token_file);
+    for name in &killed {
+        println!(
+            "{name} did not stop within {} s of SIGTERM; killed it (SIGKILL)",
+            STOP_TIMEOUT.as_secs()
+        );
+    }
+    std::fs::remove_file(&path)
+        .with_context(|| format!("cannot remove the cluster file {}", path.display()))?;
+    println!("cluster down ({} processes)", file.processes().count());
+    Ok(())
+}
+
+fn status(dir: &Path) -> Result<()> {
+    let Some((_, file)) = existing(dir, "no cluster")? else {
+        return Ok(());
+    };
+    for p in file.memory_servers.iter().chain(&file.compute_nodes) {
+        let state = if ours(p.pid, &file.token_file) {
+            "alive"
+        } else {
+            "not running"
+        };
+        let metrics = p
+            .metrics
+            .as_ref()
+            .map(|m| format!(", metrics http://{m}/metrics"))
+            .unwrap_or_default();
+        println!(
+            "{} pid {} {} {state} (log {}{metrics})",
+            p.name,
+            p.pid,
+            p.address,
+            p.log.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_a_free_pid_is_not() {
+        assert!(alive(std::process::id()));
+        assert!(!alive(u32::MAX));
+        assert!(!ours(std::process::id(), Path::new("/no/such/token")));
+    }
+
+    #[test]
+    fn cluster_files_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = ProcessEntry {
+            name: "memory-server-0".into(),
+            pid: 7,
+            address: "127.0.0.1:1".into(),
+            log: dir.path().join("m.log"),
+            metrics: Some("127.0.0.1:2".into()),
+        };
+        let file = ClusterFile {
+            token_file: dir.path().join("token"),
+            backend: LocalBackend::Shm,
+            memory_servers: vec![entry.clone()],
+            compute_nodes: vec![ProcessEntry {
+                name: "compute-node-0".into(),
+                metrics: None,
+                ..entry
+            }],
+        };
+        let path = dir.path().join(CLUSTER_FILE);
+        file.write(&path).unwrap();
+        assert_eq!(ClusterFile::read(&path).unwrap(), file);
+        assert!(std::fs::read_to_string(&path).unwrap().contains("\"shm\""));
+    }
+}

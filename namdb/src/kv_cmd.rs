@@ -1,0 +1,176 @@
+//! `namdb kv`: one transaction on a table of a local cluster, through a compute node
+//! named by the cluster file.
+
+use crate::cluster_cmd::{CLUSTER_FILE, ClusterFile, DEFAULT_DIR, DEFAULT_TABLE};
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use compute_node::client::{Client, Txn};
+use futures::StreamExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tonic::Status;
+
+#[derive(Args, Debug)]
+pub struct KvArgs {
+    #[command(subcommand)]
+    pub command: KvCommand,
+    /// The table.
+    #[arg(long, value_name = "T", default_value = DEFAULT_TABLE, global = true)]
+    pub table: String,
+    /// The cluster file; by default ./cluster.json, else ./namdb-cluster/cluster.json.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub cluster: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug, PartialEq, Eq)]
+pub enum KvCommand {
+    /// Print the value of KEY; exit status 1 if there is none.
+    Get { key: u64 },
+    /// Set KEY to VALUE (its UTF-8 bytes).
+    Put { key: u64, value: String },
+    /// Delete KEY.
+    Delete { key: u64 },
+    /// Print the rows (`KEY<TAB>VALUE`) in key order.
+    Scan {
+        /// First key (inclusive).
+        #[arg(long, value_name = "K", default_value_t = 0)]
+        from: u64,
+        /// Last key (exclusive); no bound by default.
+        #[arg(long, value_name = "K")]
+        to: Option<u64>,
+        /// At most this many rows; all by default.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        limit: u64,
+    },
+}
+
+/// A small runtime for a command's few RPCs.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")
+}
+
+/// The cluster file: `--cluster`, else ./cluster.json, else ./namdb-cluster/cluster.json.
+fn cluster_file(given: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(path) = given {
+        return Ok(path);
+    }
+    let here = PathBuf::from(CLUSTER_FILE);
+    let default = PathBuf::from(DEFAULT_DIR).join(CLUSTER_FILE);
+    match [here, default.clone()].into_iter().find(|p| p.exists()) {
+        Some(path) => Ok(path),
+        None => bail!(
+            "no cluster file: neither ./{CLUSTER_FILE} nor ./{} exists; start one with \
+             `namdb cluster up` or name it with --cluster",
+            default.display()
+        ),
+    }
+}
+
+/// A value as UTF-8 when it is, else as hex (`0x…`).
+pub fn show(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        Ok(s) => s.to_string(),
+        Err(_) => format!("0x{}", hex::encode(value)),
+    }
+}
+
+/// A runtime and a client of the first compute node of the cluster file (`given`, else
+/// found as [`cluster_file`] says).
+pub fn session(given: Option<PathBuf>) -> Result<(tokio::runtime::Runtime, Client)> {
+    let path = cluster_file(given)?;
+    let file = ClusterFile::read(&path)?;
+    let token = file.token()?;
+    let Some(node) = file.compute_nodes.first() else {
+        bail!("{} names no compute node", path.display());
+    };
+    let runtime = runtime()?;
+    let client = runtime
+        .block_on(Client::connect(&node.address, &token))
+        .with_context(|| {
+            format!(
+                "cannot reach {} at {} (is the cluster up? `namdb cluster status`)",
+                node.name, node.address
+            )
+        })?;
+    Ok((runtime, client))
+}
+
+pub fn run(args: KvArgs) -> Result<ExitCode> {
+    let (runtime, client) = session(args.cluster)?;
+    runtime.block_on(autocommit(&client, &args.table, args.command))
+}
+
+/// Runs `command` in a transaction of its own: committed if it succeeds, else aborted.
+pub async fn autocommit(client: &Client, table: &str, command: KvCommand) -> Result<ExitCode> {
+    let t = client.begin().await.map_err(|s| failed("begin", &s))?;
+    match one(client, t, table, command).await {
+        Ok(code) => {
+            client.commit(t).await.map_err(|s| failed("commit", &s))?;
+            Ok(code)
+        }
+        Err(e) => {
+            // Gone already if the request aborted it.
+            let _ = client.abort(t).await;
+            Err(e)
+        }
+    }
+}
+
+pub fn failed(what: &str, s: &Status) -> anyhow::Error {
+    anyhow::anyhow!("{what} failed: {} ({:?})", s.message(), s.code())
+}
+
+/// Runs `command` in `t`; `Ok(1)` for a get of a key that has none.
+pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Result<ExitCode> {
+    match command {
+        KvCommand::Get { key } => match client.get(t, table, key).await {
+            Ok(Some(value)) => println!("{}", show(&value)),
+            Ok(None) => {
+                eprintln!("not found: key {key} in table {table}");
+                return Ok(ExitCode::from(1));
+            }
+            Err(s) => return Err(failed("get", &s)),
+        },
+        KvCommand::Put { key, value } => client
+            .put(t, table, key, value.into_bytes())
+            .await
+            .map_err(|s| failed("put", &s))?,
+        KvCommand::Delete { key } => client
+            .delete(t, table, key)
+            .await
+            .map_err(|s| failed("delete", &s))?,
+        KvCommand::Scan { from, to, limit } => {
+            let mut stream = client
+                .scan_stream(t, table, from, to, limit)
+                .await
+                .map_err(|s| failed("scan", &s))?;
+            while let Some(batch) = stream.next().await {
+                for row in batch.map_err(|s| failed("scan", &s))?.rows {
+                    println!("{}\t{}", row.key, show(&row.value));
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_show_as_text_or_hex() {
+        assert_eq!(show(b"hello"), "hello");
+        assert_eq!(show(&[0xff, 0x00, 0x10]), "0xff0010");
+        assert_eq!(show(b""), "");
+    }
+
+    #[test]
+    fn a_named_cluster_file_wins() {
+        let path = PathBuf::from("/somewhere/cluster.json");
+        assert_eq!(cluster_file(Some(path.clone())).unwrap(), path);
+    }
+}

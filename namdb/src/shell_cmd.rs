@@ -1,0 +1,201 @@
+//! `namdb shell`: commands read line by line from stdin against a local cluster. Each
+//! command runs in a transaction of its own, unless `begin` opened one, which then
+//! holds every command until `commit` or `abort`.
+
+use crate::cluster_cmd::DEFAULT_TABLE;
+use crate::kv_cmd::{KvCommand, autocommit, failed, one, session};
+use anyhow::Result;
+use clap::Args;
+use compute_node::client::{Client, Txn};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct ShellArgs {
+    /// The table.
+    #[arg(long, value_name = "T", default_value = DEFAULT_TABLE)]
+    pub table: String,
+    /// The cluster file; by default ./cluster.json, else ./namdb-cluster/cluster.json.
+    #[arg(long, value_name = "FILE")]
+    pub cluster: Option<PathBuf>,
+}
+
+const HELP: &str = "\
+get K                  print the value of key K
+put K V                set key K to V (the rest of the line)
+del K                  delete key K
+scan [FROM [TO [N]]]   rows with FROM <= key < TO, at most N
+begin                  open a transaction for the commands that follow
+commit | abort         end it
+help                   this text
+quit                   leave (an open transaction is aborted)";
+
+/// A line: a transaction command, or one of the shell's own.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    Kv(KvCommand),
+    Begin,
+    Commit,
+    Abort,
+    Help,
+    Quit,
+    Empty,
+}
+
+fn key(word: Option<&str>) -> Result<u64, String> {
+    let word = word.ok_or("a key is missing")?;
+    word.parse()
+        .map_err(|_| format!("`{word}` is not a key (a whole number)"))
+}
+
+fn parse(line: &str) -> Result<Line, String> {
+    let line = line.trim();
+    let (command, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+    let mut words = rest.split_whitespace();
+    let parsed = match command {
+        "" => Line::Empty,
+        "get" => Line::Kv(KvCommand::Get {
+            key: key(words.next())?,
+        }),
+        "del" | "delete" => Line::Kv(KvCommand::Delete {
+            key: key(words.next())?,
+        }),
+        "put" => {
+            let rest = rest.trim_start();
+            let (k, value) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+            if value.trim().is_empty() {
+                return Err("put takes a key and a value".into());
+            }
+            return Ok(Line::Kv(KvCommand::Put {
+                key: key(Some(k))?,
+                value: value.trim_start().to_string(),
+            }));
+        }
+        "scan" => Line::Kv(KvCommand::Scan {
+            from: words.next().map_or(Ok(0), |w| key(Some(w)))?,
+            to: words.next().map(|w| key(Some(w))).transpose()?,
+            limit: words.next().map_or(Ok(0), |w| key(Some(w)))?,
+        }),
+        "begin" => Line::Begin,
+        "commit" => Line::Commit,
+        "abort" => Line::Abort,
+        "help" | "?" => Line::Help,
+        "quit" | "exit" => Line::Quit,
+        other => return Err(format!("unknown command `{other}`; `help` lists them")),
+    };
+    match words.next() {
+        Some(extra) => Err(format!("`{extra}` is one word too many for `{command}`")),
+        None => Ok(parsed),
+    }
+}
+
+/// Carries out `line`; `open` is the transaction `begin` opened.
+async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Line) -> Result<()> {
+    match (line, *open) {
+        (Line::Kv(cmd), None) => {
+            autocommit(client, table, cmd).await?;
+        }
+        (Line::Kv(cmd), Some(t)) => {
+            if let Err(e) = one(client, t, table, cmd).await {
+                // A failure that keeps the transaction says so (see the .proto).
+                if !format!("{e}").contains("still open") {
+                    *open = None;
+                    return Err(e.context("the transaction has ended"));
+                }
+                return Err(e);
+            }
+        }
+        (Line::Begin, Some(_)) => anyhow::bail!("a transaction is open already"),
+        (Line::Begin, None) => {
+            *open = Some(client.begin().await.map_err(|s| failed("begin", &s))?);
+            println!("begun");
+        }
+        (Line::Commit | Line::Abort, None) => anyhow::bail!("no transaction is open"),
+        (Line::Commit, Some(t)) => {
+            *open = None;
+            client.commit(t).await.map_err(|s| failed("commit", &s))?;
+            println!("committed");
+        }
+        (Line::Abort, Some(t)) => {
+            *open = None;
+            client.abort(t).await.map_err(|s| failed("abort", &s))?;
+            println!("aborted");
+        }
+        (Line::Help, _) => println!("{HELP}"),
+        (Line::Quit | Line::Empty, _) => {}
+    }
+    Ok(())
+}
+
+pub fn run(args: ShellArgs) -> Result<()> {
+    let (runtime, client) = session(args.cluster)?;
+    let stdin = std::io::stdin();
+    let interactive = stdin.is_terminal();
+    let mut open = None;
+    let mut lines = stdin.lock().lines();
+    loop {
+        if interactive {
+            print!("{}> ", if open.is_some() { "txn" } else { "namdb" });
+            std::io::stdout().flush()?;
+        }
+        let Some(line) = lines.next().transpose()? else {
+            break;
+        };
+        match parse(&line) {
+            Ok(Line::Quit) => break,
+            Ok(parsed) => {
+                if let Err(e) = runtime.block_on(execute(&client, &args.table, &mut open, parsed)) {
+                    eprintln!("error: {e:#}");
+                }
+            }
+            Err(msg) => eprintln!("error: {msg}"),
+        }
+    }
+    if let Some(t) = open {
+        let _ = runtime.block_on(client.abort(t));
+        println!("aborted the open transaction");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_parse_into_commands() {
+        assert_eq!(parse("get 7"), Ok(Line::Kv(KvCommand::Get { key: 7 })));
+        assert_eq!(
+            parse("  put 3   hello  world"),
+            Ok(Line::Kv(KvCommand::Put {
+                key: 3,
+                value: "hello  world".into()
+            }))
+        );
+        assert_eq!(parse("del 2"), Ok(Line::Kv(KvCommand::Delete { key: 2 })));
+        assert_eq!(
+            parse("scan 1 10 5"),
+            Ok(Line::Kv(KvCommand::Scan {
+                from: 1,
+                to: Some(10),
+                limit: 5
+            }))
+        );
+        assert_eq!(
+            parse("scan"),
+            Ok(Line::Kv(KvCommand::Scan {
+                from: 0,
+                to: None,
+                limit: 0
+            }))
+        );
+        assert_eq!(parse(""), Ok(Line::Empty));
+        assert_eq!(parse("begin"), Ok(Line::Begin));
+        assert_eq!(parse("quit"), Ok(Line::Quit));
+        assert!(parse("get x").unwrap_err().contains("not a key"));
+        assert!(parse("get").unwrap_err().contains("missing"));
+        assert!(parse("put 1").unwrap_err().contains("value"));
+        assert!(parse("get 1 2").unwrap_err().contains("too many"));
+        assert!(parse("frobnicate").unwrap_err().contains("help"));
+    }
+}

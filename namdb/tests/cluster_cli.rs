@@ -1,0 +1,344 @@
+//! `namdb cluster` and `namdb kv` as a user runs them: a local cluster of processes
+//! in a temporary directory, one transaction per `kv` command, the metrics endpoint,
+//! and `cluster down`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn namdb(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(cwd)
+        .args(args)
+        .output()
+        .expect("namdb runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `namdb ARGS` and expects success.
+fn ok(cwd: &Path, args: &[&str]) -> String {
+    let o = namdb(cwd, args);
+    assert!(
+        o.status.success(),
+        "namdb {args:?} failed ({}): {}{}",
+        o.status,
+        stdout(&o),
+        stderr(&o)
+    );
+    stdout(&o)
+}
+
+/// A cluster in a temporary directory, brought down when dropped, so that a failing
+/// test leaves no process behind.
+struct Cluster {
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn up(args: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = Cluster { dir };
+        let mut argv = vec!["cluster", "up"];
+        argv.extend_from_slice(args);
+        ok(cluster.cwd(), &argv);
+        cluster
+    }
+
+    fn cwd(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn file(&self) -> PathBuf {
+        self.cwd().join("namdb-cluster/cluster.json")
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(self.file()).unwrap()).unwrap()
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        let json = self.json();
+        ["memory_servers", "compute_nodes"]
+            .iter()
+            .flat_map(|k| json[k].as_array().unwrap().clone())
+            .map(|p| p["pid"].as_u64().unwrap() as u32)
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = namdb(self.cwd(), &["cluster", "down"]);
+    }
+}
+
+/// Whether `pid` runs (a zombie does not count).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !matches!(state.and_then(|s| s.chars().next()), Some('Z' | 'X') | None)
+    })
+}
+
+/// The body of `GET /metrics` at `addr`.
+fn scrape(addr: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap()
+}
+
+/// The value of the sample line `name value` in an exposition.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn a_local_cluster_serves_kv_commands_and_metrics_and_comes_down() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "2",
+        "--compute-nodes",
+        "1",
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+    ]);
+    let cwd = c.cwd();
+    let json = c.json();
+    assert_eq!(json["backend"], "shm");
+    assert_eq!(json["memory_servers"].as_array().unwrap().len(), 2);
+    assert_eq!(json["compute_nodes"].as_array().unwrap().len(), 1);
+    let pids = c.pids();
+    assert!(pids.iter().all(|&p| alive(p)), "{pids:?}");
+    let token = PathBuf::from(json["token_file"].as_str().unwrap());
+    let mut running = processes_naming(&token);
+    running.sort();
+    let mut expected = pids.clone();
+    expected.sort();
+    assert_eq!(running, expected);
+
+    ok(cwd, &["kv", "put", "7", "hello"]);
+    ok(cwd, &["kv", "put", "9", "world"]);
+    ok(cwd, &["kv", "put", "12", "later"]);
+    assert_eq!(ok(cwd, &["kv", "get", "7"]), "hello\n");
+    assert_eq!(ok(cwd, &["kv", "scan"]), "7\thello\n9\tworld\n12\tlater\n");
+    assert_eq!(
+        ok(cwd, &["kv", "scan", "--from", "8", "--to", "12"]),
+        "9\tworld\n"
+    );
+    assert_eq!(ok(cwd, &["kv", "scan", "--limit", "1"]), "7\thello\n");
+    ok(cwd, &["kv", "delete", "7"]);
+    let missing = namdb(cwd, &["kv", "get", "7"]);
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+    assert!(
+        stderr(&missing).contains("not found"),
+        "{}",
+        stderr(&missing)
+    );
+    // The file named explicitly, from elsewhere.
+    let file = c.file();
+    let elsewhere = tempfile::tempdir().unwrap();
+    assert_eq!(
+        ok(
+            elsewhere.path(),
+            &["kv", "get", "9", "--cluster", file.to_str().unwrap()]
+        ),
+        "world\n"
+    );
+    let unknown = namdb(cwd, &["kv", "get", "1", "--table", "nosuch"]);
+    assert!(!unknown.status.success());
+    assert!(stderr(&unknown).contains("nosuch"), "{}", stderr(&unknown));
+
+    let status = ok(cwd, &["cluster", "status"]);
+    assert_eq!(status.matches(" alive ").count(), 3, "{status}");
+
+    let compute_metrics = json["compute_nodes"][0]["metrics"].as_str().unwrap();
+    let text = scrape(compute_metrics);
+    let commits = sample(&text, "namdb_commits_total").expect("a commit counter");
+    assert!(commits >= 4.0, "{text}");
+    assert!(
+        sample(&text, "namdb_rpcs_total{method=\"Put\"}") == Some(3.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "namdb_commit_latency_seconds_count").unwrap() >= commits,
+        "{text}"
+    );
+    let memory_metrics = json["memory_servers"][0]["metrics"].as_str().unwrap();
+    let text = scrape(memory_metrics);
+    assert!(
+        sample(&text, "namdb_memory_sessions").unwrap() >= 1.0,
+        "{text}"
+    );
+    assert!(
+        sample(&text, "namdb_memory_regions_bytes").unwrap() >= (16 << 20) as f64,
+        "{text}"
+    );
+
+    let down = ok(cwd, &["cluster", "down"]);
+    assert!(down.contains("cluster down"), "{down}");
+    assert!(!c.file().exists());
+    for pid in pids {
+        assert!(!alive(pid), "process {pid} outlived `cluster down`");
+    }
+    let again = ok(cwd, &["cluster", "down"]);
+    assert!(again.contains("no cluster to stop"), "{again}");
+    let status = ok(cwd, &["cluster", "status"]);
+    assert!(status.contains("no cluster"), "{status}");
+}
+
+#[test]
+fn kv_without_a_cluster_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = namdb(dir.path(), &["kv", "get", "1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no cluster file"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_cluster_on_tcp_with_two_compute_nodes_comes_up_and_down() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "1",
+        "--compute-nodes",
+        "2",
+        "--backend",
+        "tcp",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+    ]);
+    ok(c.cwd(), &["kv", "put", "1", "one"]);
+    assert_eq!(ok(c.cwd(), &["kv", "get", "1"]), "one\n");
+    // A second `up` in the same directory refuses.
+    let twice = namdb(c.cwd(), &["cluster", "up", "--backend", "tcp"]);
+    assert!(!twice.status.success());
+    assert!(stderr(&twice).contains("already"), "{}", stderr(&twice));
+    let pids = c.pids();
+    assert_eq!(pids.len(), 3);
+    ok(c.cwd(), &["cluster", "down"]);
+    assert!(pids.iter().all(|&p| !alive(p)), "{pids:?}");
+}
+
+#[test]
+fn a_process_that_cannot_start_is_named_with_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    // No memory server fits in a size of zero bytes.
+    let o = namdb(
+        dir.path(),
+        &["cluster", "up", "--backend", "shm", "--size", "0"],
+    );
+    assert!(!o.status.success());
+    let said = stderr(&o);
+    assert!(
+        said.contains("memory-server-0") && said.contains("memory-server-0.log"),
+        "{said}"
+    );
+    assert!(!dir.path().join("namdb-cluster/cluster.json").exists());
+}
+
+#[test]
+fn the_shell_runs_single_commands_and_explicit_transactions() {
+    let c = Cluster::up(&[
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+    ]);
+    let mut shell = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(c.cwd())
+        .arg("shell")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let script = "put 1 a b\nget 1\nbegin\nput 2 x\nget 2\nabort\nget 2\n\
+                  begin\nput 3 y\nget nosuch\ncommit\nscan\ndel 1\nget 1\n\
+                  begin\nput 5 z\n";
+    shell
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let o = shell.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "a b\nbegun\nx\naborted\nbegun\ncommitted\n1\ta b\n3\ty\nbegun\n\
+         aborted the open transaction\n"
+    );
+    let said = stderr(&o);
+    assert!(said.contains("not found: key 2"), "{said}");
+    assert!(said.contains("`nosuch` is not a key"), "{said}");
+    assert!(said.contains("not found: key 1"), "{said}");
+    // The open transaction at the end of input was aborted.
+    let missing = namdb(c.cwd(), &["kv", "get", "5"]);
+    assert_eq!(missing.status.code(), Some(1));
+}
+
+/// Pids of the processes whose command line names `arg`.
+fn processes_naming(arg: &Path) -> Vec<u32> {
+    let arg = arg.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| cmd.split(|&b| b == 0).any(|a| a == arg))
+                && alive(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_failure_after_the_processes_started_stops_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every process starts, but the table does not fit in the memory servers.
+    let o = namdb(
+        dir.path(),
+        &[
+            "cluster",
+            "up",
+            "--backend",
+            "shm",
+            "--size",
+            "16MiB",
+            "--table-capacity",
+            "100000000",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("cannot create the table kv"),
+        "{}",
+        stderr(&o)
+    );
+    let cluster_dir = dir.path().join("namdb-cluster");
+    assert!(cluster_dir.join("compute-node-0.log").exists());
+    assert!(!cluster_dir.join("cluster.json").exists());
+    let token = std::fs::canonicalize(cluster_dir.join("token")).unwrap();
+    let left = processes_naming(&token);
+    assert!(left.is_empty(), "still running: {left:?}");
+}

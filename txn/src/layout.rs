@@ -461,23 +461,7 @@ pub fn accept_raw(
 /// The seqlock check: `block` was READ, then `header_after` (the header word) in the
 /// same doorbell. Accepts only equal, unlocked headers.
 pub fn accept(block: &[u8], header_after: u64, shape: BlockShape) -> Result<Block, LayoutError> {
-    if block.len() < 8 {
-        return Err(LayoutError::Size {
-            got: block.len(),
-            want: shape.block_bytes(),
-        });
-    }
-    let inner = word(block, 0);
-    if inner != header_after {
-        return Err(LayoutError::Torn {
-            inner,
-            after: header_after,
-        });
-    }
-    let h = Header::decode(inner);
-    if h.locked {
-        return Err(LayoutError::Locked { holder: h.cid });
-    }
+    accept_raw(block, header_after, shape)?;
     decode(block, shape)
 }
 

@@ -2,83 +2,13 @@
 //! in a temporary directory, one transaction per `kv` command, the metrics endpoint,
 //! and `cluster down`.
 
+mod common;
+
+use common::{Cluster, namdb, ok, stderr, stdout};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn namdb(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .current_dir(cwd)
-        .args(args)
-        .output()
-        .expect("namdb runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Runs `namdb ARGS` and expects success.
-fn ok(cwd: &Path, args: &[&str]) -> String {
-    let o = namdb(cwd, args);
-    assert!(
-        o.status.success(),
-        "namdb {args:?} failed ({}): {}{}",
-        o.status,
-        stdout(&o),
-        stderr(&o)
-    );
-    stdout(&o)
-}
-
-/// A cluster in a temporary directory, brought down when dropped, so that a failing
-/// test leaves no process behind.
-struct Cluster {
-    dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn up(args: &[&str]) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let cluster = Cluster { dir };
-        let mut argv = vec!["cluster", "up"];
-        argv.extend_from_slice(args);
-        ok(cluster.cwd(), &argv);
-        cluster
-    }
-
-    fn cwd(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn file(&self) -> PathBuf {
-        self.cwd().join("namdb-cluster/cluster.json")
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(self.file()).unwrap()).unwrap()
-    }
-
-    fn pids(&self) -> Vec<u32> {
-        let json = self.json();
-        ["memory_servers", "compute_nodes"]
-            .iter()
-            .flat_map(|k| json[k].as_array().unwrap().clone())
-            .map(|p| p["pid"].as_u64().unwrap() as u32)
-            .collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = namdb(self.cwd(), &["cluster", "down"]);
-    }
-}
+use std::process::Command;
 
 /// Whether `pid` runs (a zombie does not count).
 fn alive(pid: u32) -> bool {

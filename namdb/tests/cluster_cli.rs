@@ -272,3 +272,69 @@ fn a_failure_after_the_processes_started_stops_them_all() {
     let left = processes_naming(&token);
     assert!(left.is_empty(), "still running: {left:?}");
 }
+
+#[test]
+fn bench_txn_runs_through_the_compute_nodes_of_a_cluster() {
+    let c = Cluster::up(&["--backend", "shm", "--size", "16MiB"]);
+    let file = c.file();
+    let json = c.cwd().join("r.json");
+    let bench = |workload: &str, value_size: &str| {
+        ok(
+            c.cwd(),
+            &[
+                "bench",
+                "txn",
+                "--cluster",
+                file.to_str().unwrap(),
+                "--workload",
+                workload,
+                "--value-size",
+                value_size,
+                "--threads",
+                "2",
+                "--coroutines",
+                "2",
+                "--keys",
+                "500",
+                "--duration",
+                "0.5",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        )
+    };
+    let said = bench("bank", "8");
+    assert!(said.contains("grpc:shm"), "{said}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["backend"], "grpc:shm");
+    assert_eq!(v["workload"], "bank");
+    assert_eq!(v["servers"], 2);
+    assert_eq!(v["invariant_ok"], true);
+    assert!(v["committed"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["oracle_reads_per_txn"].is_null(), "{v}");
+    assert!(v["p99_us"].as_f64().unwrap() >= v["p50_us"].as_f64().unwrap());
+    // The table exists now: a second run uses it, and a workload whose values do not
+    // fit it is refused with a reason.
+    bench("bank", "8");
+    let o = namdb(
+        c.cwd(),
+        &[
+            "bench",
+            "txn",
+            "--cluster",
+            file.to_str().unwrap(),
+            "--keys",
+            "500",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("table bench exists"), "{}", stderr(&o));
+    // The compute node served the transactions.
+    let metrics = c.json()["compute_nodes"][0]["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let commits = sample(&scrape(&metrics), "namdb_commits_total").unwrap();
+    assert!(commits >= v["committed"].as_f64().unwrap(), "{commits}");
+}

@@ -95,18 +95,8 @@ fn a_python_grpcio_client_runs_transactions_on_a_compute_node() {
         .arg(format!("--grpc_python_out={}", stubs.path().display()))
         .arg(proto_root.join("namdb/compute/v1/compute.proto")));
 
-    let c = Cluster::up(&[
-        "--memory-servers",
-        "2",
-        "--compute-nodes",
-        "1",
-        "--backend",
-        "shm",
-        "--size",
-        "16MiB",
-        "--table-capacity",
-        "4096",
-    ]);
+    // The default shape: two memory servers, one compute node.
+    let c = Cluster::up(&["--backend", "shm", "--table-capacity", "4096"]);
     let json = c.json();
     let address = json["compute_nodes"][0]["address"].as_str().unwrap();
     let token_file = json["token_file"].as_str().unwrap();

@@ -118,9 +118,19 @@ impl Server {
     }
 
     /// Serves until SIGTERM or SIGINT (Ctrl-C), then shuts down.
-    pub async fn run_until_signal(mut self) -> Result<(), ServeError> {
+    pub async fn run_until_signal(self) -> Result<(), ServeError> {
+        let signal = memory_server::listen_for_signals()?;
+        self.run_until(signal).await
+    }
+
+    /// Serves until `signal` (from [`memory_server::listen_for_signals`], made before
+    /// the node says it is listening) completes, then shuts down.
+    pub async fn run_until(
+        mut self,
+        signal: impl Future<Output = Result<&'static str, memory_server::ServerError>>,
+    ) -> Result<(), ServeError> {
         tokio::select! {
-            signal = memory_server::wait_for_signal() => {
+            signal = signal => {
                 tracing::info!("{} received; shutting down", signal?);
                 self.shutdown().await
             }

@@ -41,7 +41,7 @@ pub use regions::{
     RegionPlan, parse_bytes,
 };
 pub use remote_device::RemoteDevice;
-pub use server::{MemoryServer, ServerConfig, ServerError, wait_for_signal};
+pub use server::{MemoryServer, ServerConfig, ServerError, listen_for_signals, wait_for_signal};
 pub use session::{SESSION_METADATA, SessionId};
 pub use stats::Stats;
 pub use token::{ClusterToken, TokenError, generate_token_file};

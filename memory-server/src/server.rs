@@ -234,12 +234,22 @@ impl MemoryServer {
 
     /// Serves until SIGTERM or SIGINT, then shuts down as [`MemoryServer::shutdown`].
     /// Returns early with an error if the control plane fails on its own.
-    pub async fn run_until_signal(mut self) -> Result<(), ServerError> {
+    pub async fn run_until_signal(self) -> Result<(), ServerError> {
+        let signal = listen_for_signals()?;
+        self.run_until(signal).await
+    }
+
+    /// As [`MemoryServer::run_until_signal`], with the wait from
+    /// [`listen_for_signals`] made before the server said it is listening.
+    pub async fn run_until(
+        mut self,
+        signal: impl Future<Output = Result<&'static str, ServerError>>,
+    ) -> Result<(), ServerError> {
         let Some(serve) = self.serve.as_mut() else {
             return self.stop_and_wait().await;
         };
         let finished = tokio::select! {
-            signal = wait_for_signal() => {
+            signal = signal => {
                 tracing::info!("{} received; shutting down", signal?);
                 None
             }
@@ -314,19 +324,32 @@ async fn reap(state: Arc<ServerState>) {
 
 /// Waits for SIGTERM or SIGINT and names the one that came.
 pub async fn wait_for_signal() -> Result<&'static str, ServerError> {
+    listen_for_signals()?.await
+}
+
+/// Installs the SIGTERM and SIGINT handlers now and returns the wait for the first
+/// signal. A server calls it before it announces that it is ready: a future that
+/// installed them only when first polled would leave a window after the announcement
+/// in which SIGTERM still kills the process outright, skipping the clean shutdown.
+pub fn listen_for_signals()
+-> Result<impl Future<Output = Result<&'static str, ServerError>>, ServerError> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).map_err(ServerError::Signal)?;
         let mut int = signal(SignalKind::interrupt()).map_err(ServerError::Signal)?;
-        tokio::select! {
-            _ = term.recv() => Ok("SIGTERM"),
-            _ = int.recv() => Ok("SIGINT"),
-        }
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => Ok("SIGTERM"),
+                _ = int.recv() => Ok("SIGINT"),
+            }
+        })
     }
     #[cfg(not(unix))]
     {
-        tokio::signal::ctrl_c().await.map_err(ServerError::Signal)?;
-        Ok("Ctrl-C")
+        Ok(async {
+            tokio::signal::ctrl_c().await.map_err(ServerError::Signal)?;
+            Ok("Ctrl-C")
+        })
     }
 }

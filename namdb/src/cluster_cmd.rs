@@ -74,7 +74,7 @@ pub enum LocalBackend {
 }
 
 impl LocalBackend {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             LocalBackend::Shm => "shm",
             LocalBackend::Tcp => "tcp",

@@ -130,6 +130,9 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
             });
             crate::metrics::serve(listen, render).await?;
         }
+        // Installed before the line below: a script may send SIGTERM as soon as it
+        // reads it, and must get the clean shutdown.
+        let signal = memory_server::listen_for_signals()?;
         // The one line a script waits for (and, with port 0, learns the port from).
         println!(
             "compute node listening on {} ({} workers, {} memory servers, backend {})",
@@ -138,7 +141,7 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
             cluster.db.servers(),
             cluster.backend
         );
-        server.run_until_signal().await?;
+        server.run_until(signal).await?;
         anyhow::Ok(())
     });
     // The service is gone with the runtime; the last reference stops the workers

@@ -146,6 +146,9 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
             crate::metrics::serve(listen, render).await?;
         }
         let stats = server.stats();
+        // Installed before the line below: a script may send SIGTERM as soon as it
+        // reads it, and must get the clean shutdown.
+        let signal = memory_server::listen_for_signals()?;
         // The one line a script waits for (and, with port 0, learns the port from).
         println!(
             "memory server listening on {} (node {}, {} regions, {} bytes, data path {})",
@@ -155,7 +158,7 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
             stats.bytes_registered,
             data_path
         );
-        server.run_until_signal().await?;
+        server.run_until(signal).await?;
         Ok(())
     })
 }

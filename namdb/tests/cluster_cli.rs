@@ -2,83 +2,13 @@
 //! in a temporary directory, one transaction per `kv` command, the metrics endpoint,
 //! and `cluster down`.
 
+mod common;
+
+use common::{Cluster, namdb, ok, stderr, stdout};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn namdb(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .current_dir(cwd)
-        .args(args)
-        .output()
-        .expect("namdb runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Runs `namdb ARGS` and expects success.
-fn ok(cwd: &Path, args: &[&str]) -> String {
-    let o = namdb(cwd, args);
-    assert!(
-        o.status.success(),
-        "namdb {args:?} failed ({}): {}{}",
-        o.status,
-        stdout(&o),
-        stderr(&o)
-    );
-    stdout(&o)
-}
-
-/// A cluster in a temporary directory, brought down when dropped, so that a failing
-/// test leaves no process behind.
-struct Cluster {
-    dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn up(args: &[&str]) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let cluster = Cluster { dir };
-        let mut argv = vec!["cluster", "up"];
-        argv.extend_from_slice(args);
-        ok(cluster.cwd(), &argv);
-        cluster
-    }
-
-    fn cwd(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn file(&self) -> PathBuf {
-        self.cwd().join("namdb-cluster/cluster.json")
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(self.file()).unwrap()).unwrap()
-    }
-
-    fn pids(&self) -> Vec<u32> {
-        let json = self.json();
-        ["memory_servers", "compute_nodes"]
-            .iter()
-            .flat_map(|k| json[k].as_array().unwrap().clone())
-            .map(|p| p["pid"].as_u64().unwrap() as u32)
-            .collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = namdb(self.cwd(), &["cluster", "down"]);
-    }
-}
+use std::process::Command;
 
 /// Whether `pid` runs (a zombie does not count).
 fn alive(pid: u32) -> bool {
@@ -341,4 +271,70 @@ fn a_failure_after_the_processes_started_stops_them_all() {
     let token = std::fs::canonicalize(cluster_dir.join("token")).unwrap();
     let left = processes_naming(&token);
     assert!(left.is_empty(), "still running: {left:?}");
+}
+
+#[test]
+fn bench_txn_runs_through_the_compute_nodes_of_a_cluster() {
+    let c = Cluster::up(&["--backend", "shm", "--size", "16MiB"]);
+    let file = c.file();
+    let json = c.cwd().join("r.json");
+    let bench = |workload: &str, value_size: &str| {
+        ok(
+            c.cwd(),
+            &[
+                "bench",
+                "txn",
+                "--cluster",
+                file.to_str().unwrap(),
+                "--workload",
+                workload,
+                "--value-size",
+                value_size,
+                "--threads",
+                "2",
+                "--coroutines",
+                "2",
+                "--keys",
+                "500",
+                "--duration",
+                "0.5",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        )
+    };
+    let said = bench("bank", "8");
+    assert!(said.contains("grpc:shm"), "{said}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["backend"], "grpc:shm");
+    assert_eq!(v["workload"], "bank");
+    assert_eq!(v["servers"], 2);
+    assert_eq!(v["invariant_ok"], true);
+    assert!(v["committed"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["oracle_reads_per_txn"].is_null(), "{v}");
+    assert!(v["p99_us"].as_f64().unwrap() >= v["p50_us"].as_f64().unwrap());
+    // The table exists now: a second run uses it, and a workload whose values do not
+    // fit it is refused with a reason.
+    bench("bank", "8");
+    let o = namdb(
+        c.cwd(),
+        &[
+            "bench",
+            "txn",
+            "--cluster",
+            file.to_str().unwrap(),
+            "--keys",
+            "500",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("table bench exists"), "{}", stderr(&o));
+    // The compute node served the transactions.
+    let metrics = c.json()["compute_nodes"][0]["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let commits = sample(&scrape(&metrics), "namdb_commits_total").unwrap();
+    assert!(commits >= v["committed"].as_f64().unwrap(), "{commits}");
 }

@@ -3,6 +3,7 @@
 mod fabric;
 mod timestamp;
 mod txn;
+mod txn_grpc;
 mod verify;
 
 use anyhow::Result;

@@ -99,6 +99,11 @@ pub struct TxnArgs {
     /// Also write the result to FILE as a JSON object.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Run against the compute nodes of this cluster file (`namdb cluster up`) through
+    /// gRPC instead of an embedded cluster; `--backend` and `--servers` come from the
+    /// file.
+    #[arg(long, value_name = "FILE")]
+    pub cluster: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -112,7 +117,8 @@ pub struct Aborts {
 /// The result, as printed and as written to `--json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
-    pub backend: &'static str,
+    /// The embedded cluster's backend, or `grpc:<backend>` for `--cluster`.
+    pub backend: String,
     pub workload: String,
     pub threads: u32,
     pub coroutines: u32,
@@ -130,13 +136,13 @@ pub struct Report {
     pub p99_us: f64,
     pub p999_us: f64,
     /// Oracle reads per committed transaction (shared by coroutines that began or
-    /// waited together).
-    pub oracle_reads_per_txn: f64,
+    /// waited together). None through gRPC: the compute nodes do not report it.
+    pub oracle_reads_per_txn: Option<f64>,
     /// For bank: whether the money summed to the initial total at the end.
     pub invariant_ok: Option<bool>,
 }
 
-const BANK_BALANCE: i64 = 1000;
+pub(super) const BANK_BALANCE: i64 = 1000;
 
 type HistoryRecorder = Recorder<JsonlWriter<BufWriter<File>>>;
 
@@ -202,7 +208,7 @@ fn cluster_options(args: &TxnArgs, dir: &tempfile::TempDir) -> Result<Options> {
     Ok(options)
 }
 
-fn value_cap(args: &TxnArgs) -> u32 {
+pub(super) fn value_cap(args: &TxnArgs) -> u32 {
     match args.workload {
         Workload::Ycsb => args.value_size,
         Workload::Bank => 8,
@@ -224,6 +230,9 @@ pub fn run(args: &TxnArgs) -> Result<()> {
         args.dist == Dist::Uniform || args.zipf_theta > 0.0,
         "--zipf-theta must be positive"
     );
+    if let Some(file) = &args.cluster {
+        return finish(&super::txn_grpc::run(args, file)?, args);
+    }
     let dir = tempfile::Builder::new()
         .prefix("namdb-bench-txn-")
         .tempdir()
@@ -247,9 +256,14 @@ pub fn run(args: &TxnArgs) -> Result<()> {
             .flush()
             .context("writing the history")?;
     }
-    print(&report, args);
+    finish(&report, args)
+}
+
+/// Prints the report, writes `--json`, and fails if the bank lost money.
+pub(super) fn finish(report: &Report, args: &TxnArgs) -> Result<()> {
+    print(report, args);
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+        std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if report.invariant_ok == Some(false) {
@@ -258,7 +272,7 @@ pub fn run(args: &TxnArgs) -> Result<()> {
     Ok(())
 }
 
-fn initial_value(args: &TxnArgs) -> Vec<u8> {
+pub(super) fn initial_value(args: &TxnArgs) -> Vec<u8> {
     match args.workload {
         Workload::Ycsb => {
             let mut v = vec![0u8; args.value_size as usize];
@@ -338,22 +352,99 @@ fn load(
     Ok(())
 }
 
-/// What one thread measured.
-struct ThreadResult {
-    committed: u64,
-    aborted: u64,
-    aborts: Aborts,
-    latency_ns: Histogram<u64>,
-    oracle_reads: u64,
+/// What one thread (or one gRPC client) measured after the warm-up.
+pub(super) struct Tally {
+    pub committed: u64,
+    pub aborted: u64,
+    pub aborts: Aborts,
+    pub latency_ns: Histogram<u64>,
+    pub oracle_reads: u64,
 }
 
-struct KeyPicker {
+impl Tally {
+    pub fn new() -> Result<Tally> {
+        Ok(Tally {
+            committed: 0,
+            aborted: 0,
+            aborts: Aborts::default(),
+            latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
+            oracle_reads: 0,
+        })
+    }
+
+    /// Counts a transaction that committed after `began`.
+    pub fn commit(&mut self, began: Instant, finished: Instant) {
+        self.committed += 1;
+        let ns = (finished - began).as_nanos() as u64;
+        self.latency_ns.saturating_record(ns.max(1));
+    }
+
+    pub fn add(&mut self, other: &Tally) -> Result<()> {
+        self.committed += other.committed;
+        self.aborted += other.aborted;
+        self.aborts.conflict += other.aborts.conflict;
+        self.aborts.duplicate_key += other.aborts.duplicate_key;
+        self.aborts.snapshot_too_old += other.aborts.snapshot_too_old;
+        self.aborts.list_full += other.aborts.list_full;
+        self.oracle_reads += other.oracle_reads;
+        self.latency_ns.add(&other.latency_ns)?;
+        Ok(())
+    }
+
+    /// The report of a run of `args` measured over `seconds`; `oracle_reads` says
+    /// whether the tally counted them.
+    pub fn report(
+        &self,
+        args: &TxnArgs,
+        backend: String,
+        servers: u32,
+        seconds: f64,
+        oracle_reads: bool,
+        invariant_ok: Option<bool>,
+    ) -> Report {
+        let (committed, aborted) = (self.committed, self.aborted);
+        let us = |q: f64| self.latency_ns.value_at_quantile(q) as f64 / 1000.0;
+        Report {
+            backend,
+            workload: format!("{:?}", args.workload).to_lowercase(),
+            threads: args.threads,
+            coroutines: args.coroutines,
+            keys: args.keys,
+            dist: format!("{:?}", args.dist).to_lowercase(),
+            read_ratio: args.read_ratio,
+            servers,
+            seconds,
+            committed,
+            aborted,
+            txn_per_sec: committed as f64 / seconds,
+            abort_rate: if committed + aborted == 0 {
+                0.0
+            } else {
+                aborted as f64 / (committed + aborted) as f64
+            },
+            aborts: self.aborts.clone(),
+            p50_us: us(0.5),
+            p99_us: us(0.99),
+            p999_us: us(0.999),
+            oracle_reads_per_txn: oracle_reads
+                .then(|| self.oracle_reads as f64 / committed.max(1) as f64),
+            invariant_ok,
+        }
+    }
+}
+
+/// The warm-up of a run of `duration`: a tenth, at most one second.
+pub(super) fn warmup(duration: Duration) -> Duration {
+    (duration / 10).min(Duration::from_secs(1))
+}
+
+pub(super) struct KeyPicker {
     keys: u64,
     zipf: Option<Zipf<f64>>,
 }
 
 impl KeyPicker {
-    fn new(args: &TxnArgs) -> Result<KeyPicker> {
+    pub fn new(args: &TxnArgs) -> Result<KeyPicker> {
         let zipf = match args.dist {
             Dist::Uniform => None,
             Dist::Zipf => Some(
@@ -367,7 +458,7 @@ impl KeyPicker {
         })
     }
 
-    fn pick(&self, rng: &mut SmallRng) -> u64 {
+    pub fn pick(&self, rng: &mut SmallRng) -> u64 {
         match &self.zipf {
             // Zipf ranks start at 1; spread the hot ranks over the key space so they do
             // not share index buckets or partitions by accident.
@@ -388,25 +479,19 @@ fn drive(
 ) -> Result<Report> {
     let picker = KeyPicker::new(args)?;
     let duration = Duration::from_secs_f64(args.duration);
-    let warmup = (duration / 10).min(Duration::from_secs(1));
+    let warmup = warmup(duration);
     let barrier = Barrier::new(args.threads as usize);
-    let results: Vec<Result<ThreadResult>> = std::thread::scope(|s| {
+    let results: Vec<Result<Tally>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..args.threads)
             .map(|t| {
                 let (picker, barrier) = (&picker, &barrier);
-                s.spawn(move || -> Result<ThreadResult> {
+                s.spawn(move || -> Result<Tally> {
                     let worker = db.worker()?;
                     barrier.wait();
                     let start = Instant::now();
                     let measure_from = start + warmup;
                     let end = start + duration;
-                    let result = RefCell::new(ThreadResult {
-                        committed: 0,
-                        aborted: 0,
-                        aborts: Aborts::default(),
-                        latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
-                        oracle_reads: 0,
-                    });
+                    let result = RefCell::new(Tally::new()?);
                     let reads_before = std::cell::Cell::new(None);
                     let outcomes = worker.run_coroutines(args.coroutines as usize, |c| {
                         let session = (t as u64) * args.coroutines as u64 + c as u64;
@@ -452,9 +537,7 @@ fn drive(
                                             })?;
                                         }
                                         if counted {
-                                            r.committed += 1;
-                                            let ns = (finished - began).as_nanos() as u64;
-                                            r.latency_ns.saturating_record(ns.max(1));
+                                            r.commit(began, finished);
                                         }
                                     }
                                     Err(e) => {
@@ -502,56 +585,26 @@ fn drive(
             })
             .collect()
     });
-    let mut committed = 0;
-    let mut aborted = 0;
-    let mut aborts = Aborts::default();
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
-    let mut oracle_reads = 0;
+    let mut total = Tally::new()?;
     for r in results {
-        let r = r?;
-        committed += r.committed;
-        aborted += r.aborted;
-        aborts.conflict += r.aborts.conflict;
-        aborts.duplicate_key += r.aborts.duplicate_key;
-        aborts.snapshot_too_old += r.aborts.snapshot_too_old;
-        aborts.list_full += r.aborts.list_full;
-        oracle_reads += r.oracle_reads;
-        latency.add(&r.latency_ns)?;
+        total.add(&r?)?;
     }
     let seconds = (duration - warmup).as_secs_f64();
     let invariant_ok = match args.workload {
         Workload::Bank => Some(bank_total(db, table)? == BANK_BALANCE * args.keys as i64),
         _ => None,
     };
-    let us = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
-    Ok(Report {
-        backend: args.backend.name(),
-        workload: format!("{:?}", args.workload).to_lowercase(),
-        threads: args.threads,
-        coroutines: args.coroutines,
-        keys: args.keys,
-        dist: format!("{:?}", args.dist).to_lowercase(),
-        read_ratio: args.read_ratio,
-        servers: args.servers,
+    Ok(total.report(
+        args,
+        args.backend.name().to_string(),
+        args.servers,
         seconds,
-        committed,
-        aborted,
-        txn_per_sec: committed as f64 / seconds,
-        abort_rate: if committed + aborted == 0 {
-            0.0
-        } else {
-            aborted as f64 / (committed + aborted) as f64
-        },
-        aborts,
-        p50_us: us(0.5),
-        p99_us: us(0.99),
-        p999_us: us(0.999),
-        oracle_reads_per_txn: oracle_reads as f64 / committed.max(1) as f64,
+        true,
         invariant_ok,
-    })
+    ))
 }
 
-fn counter(value: &[u8]) -> i64 {
+pub(super) fn counter(value: &[u8]) -> i64 {
     i64::from_le_bytes(value[..8].try_into().expect("values hold at least 8 bytes"))
 }
 
@@ -693,9 +746,13 @@ fn print(r: &Report, args: &TxnArgs) {
         r.aborts.snapshot_too_old,
         r.aborts.list_full
     );
+    let oracle = match r.oracle_reads_per_txn {
+        Some(n) => format!("   oracle reads per txn {n:.2}"),
+        None => String::new(),
+    };
     println!(
-        "  latency   p50 {:.1} us   p99 {:.1} us   p99.9 {:.1} us   oracle reads per txn {:.2}",
-        r.p50_us, r.p99_us, r.p999_us, r.oracle_reads_per_txn
+        "  latency   p50 {:.1} us   p99 {:.1} us   p99.9 {:.1} us{oracle}",
+        r.p50_us, r.p99_us, r.p999_us
     );
     if let Some(ok) = r.invariant_ok {
         println!(

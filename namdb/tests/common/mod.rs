@@ -7,8 +7,8 @@ use fabric::Device;
 use memory_server::{ClusterToken, RemoteDevice};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -176,4 +176,80 @@ pub fn start_server(backend: &str, token_file: &Path) -> ServerProcess {
         server.line
     );
     server
+}
+
+// ----- `namdb cluster up` clusters, as a user runs them
+
+/// Runs `namdb ARGS` in `cwd`.
+pub fn namdb(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(cwd)
+        .args(args)
+        .output()
+        .expect("namdb runs")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `namdb ARGS` and expects success.
+pub fn ok(cwd: &Path, args: &[&str]) -> String {
+    let o = namdb(cwd, args);
+    assert!(
+        o.status.success(),
+        "namdb {args:?} failed ({}): {}{}",
+        o.status,
+        stdout(&o),
+        stderr(&o)
+    );
+    stdout(&o)
+}
+
+/// A cluster in a temporary directory, brought down when dropped, so that a failing
+/// test leaves no process behind.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub fn up(args: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = Cluster { dir };
+        let mut argv = vec!["cluster", "up"];
+        argv.extend_from_slice(args);
+        ok(cluster.cwd(), &argv);
+        cluster
+    }
+
+    pub fn cwd(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn file(&self) -> PathBuf {
+        self.cwd().join("namdb-cluster/cluster.json")
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(self.file()).unwrap()).unwrap()
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        let json = self.json();
+        ["memory_servers", "compute_nodes"]
+            .iter()
+            .flat_map(|k| json[k].as_array().unwrap().clone())
+            .map(|p| p["pid"].as_u64().unwrap() as u32)
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = namdb(self.cwd(), &["cluster", "down"]);
+    }
 }

@@ -168,6 +168,17 @@ pub fn connect(
     })
 }
 
+/// shm devices on fresh sockets in `dir` (which must outlive them), authenticated
+/// with `secret`.
+pub fn shm_devices(dir: std::path::PathBuf, secret: Vec<u8>) -> DeviceFactory {
+    let next = AtomicU64::new(0);
+    Arc::new(move || {
+        let n = next.fetch_add(1, Ordering::Relaxed);
+        let device: Arc<dyn Device> = ShmDevice::bind(dir.join(format!("node{n}.sock")), &secret)?;
+        Ok(device)
+    })
+}
+
 /// Devices of `backend` that the memory servers can reach. shm and tcp devices are
 /// made here; verbs devices come from the caller (`Options::devices`), since the verbs
 /// backend is a cargo feature of the binary, not of this crate.
@@ -180,16 +191,7 @@ fn device_factory(
 ) -> Result<DeviceFactory, ConnectError> {
     let secret = token.secret().to_vec();
     match backend {
-        "shm" => {
-            let dir = sockets.path().to_path_buf();
-            let next = AtomicU64::new(0);
-            Ok(Arc::new(move || {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                let device: Arc<dyn Device> =
-                    ShmDevice::bind(dir.join(format!("worker{n}.sock")), &secret)?;
-                Ok(device)
-            }))
-        }
+        "shm" => Ok(shm_devices(sockets.path().to_path_buf(), secret)),
         "tcp" => {
             let ip = local_ip_towards(server_addr)?;
             Ok(Arc::new(move || {

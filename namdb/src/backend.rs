@@ -115,25 +115,6 @@ pub fn verbs_device(
     )
 }
 
-/// The address this host uses to reach `addr` (host:port or ip:port): where a client
-/// device must listen for the server to reach it back.
-fn local_ip_towards(addr: &str) -> Result<std::net::IpAddr> {
-    let server_ip = addr
-        .parse::<SocketAddr>()
-        .map(|a| a.ip())
-        .or_else(|_| {
-            std::net::ToSocketAddrs::to_socket_addrs(addr)
-                .ok()
-                .and_then(|mut a| a.next())
-                .map(|a| a.ip())
-                .context("unresolvable")
-        })
-        .with_context(|| format!("cannot resolve {addr}"))?;
-    let probe = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
-    probe.connect((server_ip, 9))?;
-    Ok(probe.local_addr()?.ip())
-}
-
 fn sim_nodes(cost: Option<CostModel>) -> Nodes {
     let net = SimNetwork::new(SimConfig {
         cost,
@@ -226,13 +207,13 @@ pub fn connect_server(
         BackendKind::Tcp => {
             // The server dials the client's soft-NIC back, so listen on the address this
             // host uses to reach the server, not on loopback or the wildcard.
-            let local = local_ip_towards(addr)?;
+            let local = compute_node::memory_servers::local_ip_towards(addr)?;
             let device = TcpDevice::bind(&format!("{local}:0"), token.secret())?;
             (device, None)
         }
         BackendKind::Verbs => {
             // The server dials the resync endpoint back when it recovers a queue pair.
-            let resync = SocketAddr::new(local_ip_towards(addr)?, 0);
+            let resync = SocketAddr::new(compute_node::memory_servers::local_ip_towards(addr)?, 0);
             let node = NodeId(rand::random());
             let device = verbs_device(&VerbsOptions::default(), node, resync, token.secret())?;
             (device, None)

@@ -1,33 +1,28 @@
 //! `namdb bench txn` as a user runs it: JSON fields, the bank's invariant, a recorded
 //! history that `namdb verify` accepts, and clear errors for bad arguments.
 
+mod common;
+
 use serde_json::Value;
-use std::process::{Command, Output};
+use std::path::Path;
 
-fn namdb(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args(args)
-        .output()
-        .expect("the namdb binary runs")
-}
-
-fn bench(args: &[&str]) -> Output {
+/// Runs `namdb bench txn ARGS`, which must succeed; its stdout.
+fn bench(args: &[&str]) -> String {
     let mut all = vec!["bench", "txn"];
     all.extend_from_slice(args);
-    let out = namdb(&all);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    common::ok(Path::new("."), &all)
+}
+
+/// `namdb verify FILE` must accept the history.
+fn verifies(history: &Path) {
+    common::ok(Path::new("."), &["verify", history.to_str().unwrap()]);
 }
 
 #[test]
 fn ycsb_writes_the_json_fields() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
-    let out = bench(&[
+    let text = bench(&[
         "--threads",
         "2",
         "--coroutines",
@@ -39,7 +34,6 @@ fn ycsb_writes_the_json_fields() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("txn/s"), "{text}");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["backend"], "sim");
@@ -85,13 +79,7 @@ fn bank_on_shm_keeps_its_money_and_its_history_verifies() {
         v["aborts"]["conflict"].as_u64().unwrap() > 0,
         "a skewed bank collides: {v}"
     );
-    let out = namdb(&["verify", history.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    verifies(&history);
 }
 
 #[test]
@@ -116,13 +104,7 @@ fn list_append_history_verifies() {
     ]);
     let lines = std::fs::read_to_string(&history).unwrap().lines().count();
     assert!(lines > 100, "{lines} transactions recorded");
-    let out = namdb(&["verify", history.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    verifies(&history);
 }
 
 #[test]
@@ -135,7 +117,7 @@ fn bad_arguments_are_refused_clearly() {
     ] {
         let mut all = vec!["bench", "txn"];
         all.extend_from_slice(&args);
-        let out = namdb(&all);
+        let out = common::namdb(Path::new("."), &all);
         assert!(!out.status.success(), "{args:?} accepted");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");

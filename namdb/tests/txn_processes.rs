@@ -8,12 +8,9 @@ use common::ServerProcess;
 use memory_server::ClusterToken;
 use txn::{Options, TxnError};
 use verify::anomaly::Findings;
-use verify::history::JsonlWriter;
-use verify::index::load_jsonl;
-use verify::recorder::Recorder;
-use verify::report::{self, Model, Verdict};
+use verify::report::{Model, Verdict};
 use verify::txn_store::TxnKv;
-use verify::workload::{self, Bank, ListAppend, RunConfig, Schedule, Workload};
+use verify::workload::{self, Bank, Checked, ListAppend, RunConfig, Schedule, Workload};
 
 const TOKEN: &str = "namdb txn process test token";
 
@@ -49,17 +46,15 @@ fn check(
     txns: u64,
     seed: u64,
 ) -> verify::index::HistoryIndex {
-    let recorder = Recorder::new(JsonlWriter::new(Vec::new()));
     let config = RunConfig {
         sessions: 4,
         txns,
         seed,
         schedule: Schedule::Threads,
     };
-    let run = workload::run(store, workload, &recorder, &config).expect("the workload runs");
-    let jsonl = recorder.into_sink().into_inner();
-    let index = load_jsonl(&jsonl[..], Findings::DEFAULT_EXAMPLES).expect("history reads back");
-    let report = report::check(&index, Model::SnapshotIsolation);
+    let Checked { run, index, report } =
+        workload::run_checked(store, workload, &config, Model::SnapshotIsolation)
+            .expect("the workload runs and its history reads back");
     assert!(
         report.whitebox.is_ok(),
         "white-box skipped: {:?}",

@@ -723,6 +723,12 @@ impl SlotHandle {
         let max_words = self.window_words();
         let mut buf = [0u64; (BUFFER_BYTES / 8) as usize];
         let (mut hinted, mut hint) = (false, None);
+        // Catch up with the published prefix first: a handle idle while the prefix
+        // moved more than V/2 would otherwise scan reused positions and settle on a
+        // stale gap (a read timestamp below commits that have returned).
+        let mut hints = [0u64; 2];
+        self.link.read(OFF_PREFIX_HINT, &mut hints)?;
+        self.adopt_hints(hints);
         loop {
             let first = self.st.borrow().known;
             let mut start = first;
@@ -765,6 +771,9 @@ impl SlotHandle {
     pub async fn read_timestamp_async(&self) -> Result<u64> {
         let max_words = self.window_words();
         let (mut hinted, mut hint) = (false, None);
+        // As in `read_timestamp`: the published prefix first.
+        let hints = self.link.read_async(OFF_PREFIX_HINT, 2).await?;
+        self.adopt_hints([hints[0], hints[1]]);
         loop {
             let first = self.st.borrow().known;
             let mut start = first;

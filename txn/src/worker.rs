@@ -76,7 +76,7 @@ struct RidState {
 /// that owns it share it by reference.
 pub struct Worker {
     db: Database,
-    _device: Arc<dyn Device>,
+    device: Arc<dyn Device>,
     conns: Vec<AsyncConn>,
     slot: SlotHandle,
     caches: RefCell<Vec<IndexCache>>,
@@ -117,7 +117,7 @@ impl Worker {
         )?;
         Ok(Worker {
             db: db.clone(),
-            _device: device,
+            device,
             conns,
             slot,
             caches: RefCell::new(Vec::new()),
@@ -168,7 +168,7 @@ impl Worker {
             return Ok(p);
         }
         let bytes = self.db.shared.options.scratch_bytes;
-        Ok(Parts::new(self._device.register(bytes, Access::LOCAL)?))
+        Ok(Parts::new(self.device.register(bytes, Access::LOCAL)?))
     }
 
     pub(crate) fn return_parts(&self, mut parts: Parts) {
@@ -322,12 +322,9 @@ impl Worker {
                     Err(e)
                 }
             };
-            match outcome {
-                Err(e) if e.is_retryable() && attempt < retries => {
-                    attempt += 1;
-                    backoff.wait().await;
-                }
-                other => return other,
+            match settle(outcome, &mut attempt, retries) {
+                Some(done) => return done,
+                None => backoff.wait().await,
             }
         }
     }
@@ -357,6 +354,18 @@ impl Drop for Worker {
         // others to skip.
         let _ = self.flush_marks();
         let _ = self.slot.release();
+    }
+}
+
+/// The end of a `run` attempt: final (`Some`), or, for a retryable error with
+/// attempts left, another try (`None`, the attempt counted).
+fn settle<T>(outcome: Result<T>, attempt: &mut u32, retries: u32) -> Option<Result<T>> {
+    match outcome {
+        Err(e) if e.is_retryable() && *attempt < retries => {
+            *attempt += 1;
+            None
+        }
+        other => Some(other),
     }
 }
 
@@ -446,12 +455,9 @@ impl Client {
                     Err(e)
                 }
             };
-            match outcome {
-                Err(e) if e.is_retryable() && attempt < retries => {
-                    attempt += 1;
-                    runtime::block_on(backoff.wait());
-                }
-                other => return other,
+            match settle(outcome, &mut attempt, retries) {
+                Some(done) => return done,
+                None => runtime::block_on(backoff.wait()),
             }
         }
     }

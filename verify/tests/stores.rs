@@ -3,22 +3,16 @@
 //! store must pass and each broken one must be flagged with the anomaly its bug causes.
 
 use verify::anomaly::{AnomalyKind, Findings};
-use verify::history::JsonlWriter;
-use verify::index::{HistoryIndex, load_jsonl};
 use verify::mem_store::{Flaw, MemStore};
-use verify::recorder::Recorder;
-use verify::report::{self, Model, Report, Verdict};
-use verify::workload::{
-    self, Bank, ListAppend, Registers, RunConfig, RunSummary, Schedule, Workload,
-};
+use verify::report::{Model, Verdict};
+use verify::workload::{self, Bank, Checked, ListAppend, Registers, RunConfig, Schedule, Workload};
 
-struct Checked {
-    run: RunSummary,
-    index: HistoryIndex,
-    report: Report,
+trait Counts {
+    fn count(&self, kind: AnomalyKind) -> u64;
+    fn kinds(&self) -> Vec<(AnomalyKind, u64)>;
 }
 
-impl Checked {
+impl Counts for Checked {
     fn count(&self, kind: AnomalyKind) -> u64 {
         self.report.findings.count(kind)
     }
@@ -34,24 +28,20 @@ impl Checked {
 
 fn run(flaw: Flaw, workload: &dyn Workload, schedule: Schedule, txns: u64, seed: u64) -> Checked {
     let store = MemStore::with_flaw(flaw);
-    let recorder = Recorder::new(JsonlWriter::new(Vec::new()));
     let config = RunConfig {
         sessions: 8,
         txns,
         seed,
         schedule,
     };
-    let run = workload::run(&store, workload, &recorder, &config).expect("the workload runs");
-    let jsonl = recorder.into_sink().into_inner();
-    let index = load_jsonl(&jsonl[..], Findings::DEFAULT_EXAMPLES)
-        .expect("the recorded history reads back");
-    let report = report::check(&index, Model::SnapshotIsolation);
+    let checked = workload::run_checked(&store, workload, &config, Model::SnapshotIsolation)
+        .expect("the workload runs and its history reads back");
     assert!(
-        report.whitebox.is_ok(),
+        checked.report.whitebox.is_ok(),
         "white-box skipped: {:?}",
-        report.whitebox
+        checked.report.whitebox
     );
-    Checked { run, index, report }
+    checked
 }
 
 fn assert_valid(checked: &Checked) {

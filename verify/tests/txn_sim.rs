@@ -6,12 +6,9 @@ use fabric::sim::{Faults, SimConfig};
 use std::time::Duration;
 use txn::{Database, Options};
 use verify::anomaly::Findings;
-use verify::history::JsonlWriter;
-use verify::index::load_jsonl;
-use verify::recorder::Recorder;
-use verify::report::{self, Model, Verdict};
+use verify::report::{Model, Verdict};
 use verify::txn_store::TxnKv;
-use verify::workload::{self, Bank, ListAppend, RunConfig, Schedule, Workload};
+use verify::workload::{self, Bank, Checked, ListAppend, RunConfig, Schedule, Workload};
 
 fn store(seed: u64) -> TxnKv {
     let db = Database::embedded(Options {
@@ -37,17 +34,15 @@ fn check(
     seed: u64,
 ) -> (verify::workload::RunSummary, verify::index::HistoryIndex) {
     let store = store(seed);
-    let recorder = Recorder::new(JsonlWriter::new(Vec::new()));
     let config = RunConfig {
         sessions: 4,
         txns,
         seed,
         schedule: Schedule::Threads,
     };
-    let run = workload::run(&store, workload, &recorder, &config).expect("the workload runs");
-    let jsonl = recorder.into_sink().into_inner();
-    let index = load_jsonl(&jsonl[..], Findings::DEFAULT_EXAMPLES).expect("history reads back");
-    let report = report::check(&index, Model::SnapshotIsolation);
+    let Checked { run, index, report } =
+        workload::run_checked(&store, workload, &config, Model::SnapshotIsolation)
+            .expect("the workload runs and its history reads back");
     assert!(
         report.whitebox.is_ok(),
         "white-box skipped: {:?}",

@@ -20,7 +20,6 @@ use crate::backend::BackendKind;
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
 use fabric::Device;
-use fabric::shm::ShmDevice;
 use fabric::tcp::TcpDevice;
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
@@ -171,14 +170,10 @@ fn cluster_options(args: &TxnArgs, dir: &tempfile::TempDir) -> Result<Options> {
     match args.backend {
         BackendKind::Sim => {}
         BackendKind::Shm => {
-            let dir = dir.path().to_path_buf();
-            let next = std::sync::atomic::AtomicU64::new(0);
-            options.devices = Some(Arc::new(move || {
-                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let device: Arc<dyn Device> =
-                    ShmDevice::bind(dir.join(format!("node{n}.sock")), &token)?;
-                Ok(device)
-            }));
+            options.devices = Some(compute_node::memory_servers::shm_devices(
+                dir.path().to_path_buf(),
+                token.to_vec(),
+            ));
         }
         BackendKind::Tcp => {
             options.devices = Some(Arc::new(move || {

@@ -13,11 +13,13 @@
 //! thread can step many transactions in turn.
 
 mod bank;
+mod checked;
 mod driver;
 mod list_append;
 mod register;
 
 pub use bank::Bank;
+pub use checked::{Checked, CheckedRunError, run_checked};
 pub use driver::{RunConfig, RunError, RunSummary, Schedule, run};
 pub use list_append::ListAppend;
 pub use register::Registers;

@@ -1,3 +1,13 @@
-//! The TPC-W benchmark.
+//! The TPC-W benchmark (TPC-W 1.8) on namdb, and the systems it compares.
 //!
-//! Empty until the tpcw issue fills it.
+//! - [`schema`]: the ten relations, their rows and keys, and the [`schema::Scale`].
+//! - [`generate`]: the data generator; every row is a pure function of its id.
+//! - [`system`]: what a system under test provides ([`system::Session`],
+//!   [`system::Engine`], [`system::System`]).
+//! - [`load`]: loading the generated rows through any system's transactions.
+
+pub mod codec;
+pub mod generate;
+pub mod load;
+pub mod schema;
+pub mod system;

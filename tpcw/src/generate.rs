@@ -228,7 +228,10 @@ pub fn customer(scale: &Scale, c_id: u64) -> Customer {
         c_lname: a_string(&mut rng, 8..=15),
         c_addr_id: rng.random_range(1..=scale.addresses()),
         c_phone: n_string(&mut rng, 9..=16),
-        c_email: format!("{uname}@{}.com", a_string(&mut rng, 2..=9).replace(' ', "x")),
+        c_email: format!(
+            "{uname}@{}.com",
+            a_string(&mut rng, 2..=9).replace(' ', "x")
+        ),
         c_since: since,
         c_last_login: since + rng.random_range(0..=60) * DAY,
         c_login: NOW,
@@ -336,7 +339,10 @@ mod tests {
             assert_eq!(Item::decode(&bytes).unwrap(), a);
             assert_eq!(initial_stock(id), a.i_stock);
             let (subject, date) = item_listing(id);
-            assert_eq!((SUBJECTS[subject], date), (a.i_subject.as_str(), a.i_pub_date));
+            assert_eq!(
+                (SUBJECTS[subject], date),
+                (a.i_subject.as_str(), a.i_pub_date)
+            );
             assert!((10..=30).contains(&a.i_stock));
             assert!(!a.related().contains(&id));
             assert!(a.i_cost <= a.i_srp && a.i_cost > 0);

@@ -8,6 +8,9 @@
 
 pub mod codec;
 pub mod generate;
+pub mod interactions;
 pub mod load;
+pub mod rsi;
+pub mod runner;
 pub mod schema;
 pub mod system;

@@ -463,16 +463,17 @@ impl NewProducts {
     /// Records that item `id` was published at `date` (it may be listed already).
     pub fn publish(&mut self, date: i64, id: u64) {
         self.items.retain(|&(_, i)| i != id);
-        let at = self
-            .items
-            .partition_point(|&(d, i)| (d, i) > (date, id));
+        let at = self.items.partition_point(|&(d, i)| (d, i) > (date, id));
         self.items.insert(at, (date, id));
         self.items.truncate(NEW_PRODUCTS);
     }
 }
 
 pub fn subject_index(subject: &str) -> Option<u64> {
-    SUBJECTS.iter().position(|s| *s == subject).map(|i| i as u64)
+    SUBJECTS
+        .iter()
+        .position(|s| *s == subject)
+        .map(|i| i as u64)
 }
 
 /// The largest encoded row of each relation, for sizing fixed-size record blocks:
@@ -542,14 +543,23 @@ mod tests {
         Item::set_stock(&mut bytes, 40).unwrap();
         let back = Item::decode(&bytes).unwrap();
         assert_eq!(back.i_stock, 40);
-        assert_eq!(Item { i_stock: 17, ..back }, item);
+        assert_eq!(
+            Item {
+                i_stock: 17,
+                ..back
+            },
+            item
+        );
         assert!(Item::stock_of(&bytes[..10]).is_err());
         assert!(Item::decode(&bytes[..bytes.len() - 1]).is_err());
     }
 
     #[test]
     fn new_products_keep_the_newest_fifty() {
-        let mut np = NewProducts { np_subject: 3, items: Vec::new() };
+        let mut np = NewProducts {
+            np_subject: 3,
+            items: Vec::new(),
+        };
         for id in 1..=80u64 {
             np.publish((id % 7) as i64, id);
         }

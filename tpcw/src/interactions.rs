@@ -190,7 +190,7 @@ pub struct Shared {
 impl Shared {
     /// The version of an item row the transaction read, if the item is sampled.
     async fn sampled_version<S: Session>(&self, s: &mut S, item: u64) -> Result<Option<u64>> {
-        if self.sample_every != 0 && item % self.sample_every == 0 {
+        if self.sample_every != 0 && item.is_multiple_of(self.sample_every) {
             s.version(Rel::Item, item).await
         } else {
             Ok(None)

@@ -132,19 +132,18 @@ impl ThreadTally {
     }
 
     fn kind(&mut self, kind: Interaction) -> Result<&mut KindTally> {
-        if !self.kinds.contains_key(&kind) {
-            let latency_ns = Histogram::new_with_bounds(1, 600_000_000_000, 3)
-                .map_err(|e| Error::System(format!("histogram: {e}")))?;
-            self.kinds.insert(
-                kind,
-                KindTally {
+        match self.kinds.entry(kind) {
+            std::collections::btree_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let latency_ns = Histogram::new_with_bounds(1, 600_000_000_000, 3)
+                    .map_err(|e| Error::System(format!("histogram: {e}")))?;
+                Ok(e.insert(KindTally {
                     committed: 0,
                     aborted: 0,
                     latency_ns,
-                },
-            );
+                }))
+            }
         }
-        Ok(self.kinds.get_mut(&kind).expect("inserted above"))
     }
 }
 

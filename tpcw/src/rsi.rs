@@ -6,8 +6,9 @@
 //! the block): rows that are only inserted keep one, updated ones two, the small
 //! per-subject index four.
 
+use crate::interactions::{Interaction, Mix};
 use crate::load;
-use crate::schema::{Rel, Scale, max_row_bytes};
+use crate::schema::{MAX_LINES, Rel, Scale, max_row_bytes};
 use crate::system::{AbortReason, ClientFuture, Committed, Engine, Error, Result, Session, System};
 use std::sync::Arc;
 use txn::{AsyncTransaction, Database, Table, TableSpec, TxnError, Worker};
@@ -15,27 +16,46 @@ use txn::{AsyncTransaction, Database, Table, TableSpec, TxnError, Worker};
 /// Rows the runs may add beyond the generated data.
 #[derive(Clone, Copy, Debug)]
 pub struct Room {
-    /// Orders (checkout makes three lines each, Buy Confirm as many as the cart has).
     pub orders: u64,
-    /// Customers (with one address each) and carts.
+    pub order_lines: u64,
+    /// Credit-card transactions (Buy Confirm makes one per order; checkout none).
+    pub cc_xacts: u64,
+    /// Customers (with one address each).
     pub customers: u64,
+    /// Carts: at most one per client.
     pub carts: u64,
 }
 
 impl Room {
-    /// Room for `seconds` of runs at up to `orders_per_sec` orders.
-    pub fn for_runs(seconds: f64, orders_per_sec: f64) -> Room {
-        let orders = (seconds * orders_per_sec).ceil() as u64 + 10_000;
+    /// Room for `seconds` of runs of `mix` by up to `clients` clients (over all runs)
+    /// at up to `per_sec` interactions a second.
+    pub fn for_runs(mix: Mix, seconds: f64, per_sec: f64, clients: u64) -> Room {
+        let share = |i: Interaction| {
+            mix.weights()
+                .iter()
+                .filter(|w| w.0 == i)
+                .map(|w| w.1 / 100.0)
+                .sum::<f64>()
+        };
+        let rows = |fraction: f64| (seconds * per_sec * fraction).ceil() as u64 + 1000;
+        let checkouts = share(Interaction::Checkout);
+        let confirms = share(Interaction::BuyConfirm);
+        let orders = rows(checkouts + confirms);
         Room {
             orders,
-            customers: orders / 4 + 1000,
-            carts: orders / 2 + 1000,
+            // Checkout makes three lines; a confirmed cart holds two on average and at
+            // most MAX_LINES (an unlucky run ends with "table full").
+            order_lines: rows(checkouts * 3.0 + confirms * 4.0),
+            cc_xacts: rows(confirms),
+            customers: rows(share(Interaction::BuyRequest) * 0.2),
+            carts: clients + 1000,
         }
     }
 }
 
-/// What the tables of `scale` with `room` are made of.
-pub fn table_specs(scale: &Scale, room: &Room) -> Vec<(Rel, TableSpec)> {
+/// What the tables of `scale` with `room` are made of, partitioned over `servers`
+/// memory servers.
+pub fn table_specs(scale: &Scale, room: &Room, servers: u32) -> Vec<(Rel, TableSpec)> {
     Rel::ALL
         .iter()
         .map(|&rel| {
@@ -44,30 +64,34 @@ pub fn table_specs(scale: &Scale, room: &Room) -> Vec<(Rel, TableSpec)> {
                 Rel::Item => (scale.items, 2),
                 Rel::Customer => (scale.customers() + room.customers, 2),
                 Rel::Address => (scale.addresses() + room.customers, 1),
-                Rel::Orders | Rel::CcXacts => (scale.orders() + room.orders, 1),
-                // Generated orders have up to 5 lines, three on average; checkout makes 3.
-                Rel::OrderLine => (scale.orders() * 5 + room.orders * 4, 1),
+                Rel::Orders => (scale.orders() + room.orders, 1),
+                Rel::CcXacts => (scale.orders() + room.cc_xacts, 1),
+                // Generated orders have one to five lines.
+                Rel::OrderLine => (scale.orders() * 5 + room.order_lines, 1),
                 Rel::ShoppingCart => (room.carts, 2),
-                Rel::ShoppingCartLine => (room.carts * 4, 2),
+                Rel::ShoppingCartLine => (room.carts * MAX_LINES, 2),
                 Rel::NewProducts => (scale.rows(rel), 4),
             };
             // Keys hash over partitions: room for an unlucky spread of few rows.
             let capacity = rows + rows / 16 + 256;
             let mut spec = TableSpec::new(rel.name(), max_row_bytes(rel, scale), capacity);
             spec.versions = versions;
+            // Each partition has its own index: size it for the partition's rows.
+            spec.partitions = servers;
+            spec.index.buckets = (capacity.div_ceil(servers as u64) / 2).max(1);
             (rel, spec)
         })
         .collect()
 }
 
-/// Bytes of memory-server memory the tables need, over all servers.
-pub fn bytes_needed(scale: &Scale, room: &Room) -> Result<u64> {
+/// Bytes of memory-server memory the tables need, over all `servers`.
+pub fn bytes_needed(scale: &Scale, room: &Room, servers: u32) -> Result<u64> {
     let mut total = 0;
-    for (_, spec) in table_specs(scale, room) {
+    for (_, spec) in table_specs(scale, room, servers) {
         let block = txn::layout::BlockShape::new(spec.versions, spec.value_cap)
             .map_err(|e| Error::System(e.to_string()))?
             .block_bytes();
-        total += spec.capacity * block + spec.index.region_bytes();
+        total += spec.capacity * block + spec.index.region_bytes() * servers as u64;
     }
     Ok(total)
 }
@@ -100,7 +124,7 @@ impl Rsi {
     /// Creates the tables of `scale` (before [`System::load`] fills them).
     pub fn create_tables(&mut self, scale: &Scale) -> Result<()> {
         let mut tables = Vec::new();
-        for (rel, spec) in table_specs(scale, &self.room) {
+        for (rel, spec) in table_specs(scale, &self.room, self.db.servers() as u32) {
             let table = self
                 .db
                 .create_table(spec)

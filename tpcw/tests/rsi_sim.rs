@@ -9,8 +9,8 @@ use tpcw::system::System;
 use txn::{Database, Options};
 
 fn system(scale: &Scale, seconds: f64) -> Rsi {
-    let room = Room::for_runs(seconds, 200_000.0);
-    let bytes = tpcw::rsi::bytes_needed(scale, &room).unwrap();
+    let room = Room::for_runs(Mix::Ordering, seconds, 200_000.0, 64);
+    let bytes = tpcw::rsi::bytes_needed(scale, &room, 2).unwrap();
     let db = Database::embedded(Options {
         servers: 2,
         server_bytes: bytes / 2 + bytes / 4 + (32 << 20),

@@ -24,12 +24,16 @@ use tpcw::system::System;
 pub enum SystemKind {
     /// namdb's RDMA snapshot isolation on network-attached memory.
     Rsi,
+    /// PostgreSQL at REPEATABLE READ over a socket (`scripts/postgres.sh` installs
+    /// and starts a server unless `--postgres` names one).
+    Postgres,
 }
 
 impl SystemKind {
     fn name(self) -> &'static str {
         match self {
             SystemKind::Rsi => "rsi",
+            SystemKind::Postgres => "postgres",
         }
     }
 }
@@ -91,6 +95,13 @@ pub struct TpcwArgs {
     pub dir: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Use the PostgreSQL server at this connection string (its tables are replaced)
+    /// instead of starting one.
+    #[arg(long, value_name = "CONNINFO")]
+    pub postgres: Option<String>,
+    /// The script that installs and starts PostgreSQL.
+    #[arg(long, value_name = "FILE", default_value_os_t = tpcw::postgres::Postgres::default_script())]
+    pub postgres_script: PathBuf,
 }
 
 /// The JSON document of a `namdb tpcw` run.
@@ -139,6 +150,18 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         let runs = match kind {
             SystemKind::Rsi => {
                 let system = start_rsi(args, &scale, &clients, dir.path())?;
+                load_and_run(&system, &scale, args, &clients)?
+            }
+            SystemKind::Postgres => {
+                let (system, _server) = match &args.postgres {
+                    Some(conninfo) => (tpcw::postgres::Postgres::connect(conninfo)?, None),
+                    None => {
+                        eprintln!("starting PostgreSQL ({})", args.postgres_script.display());
+                        let (pg, server) =
+                            tpcw::postgres::Postgres::start_scratch(&args.postgres_script)?;
+                        (pg, Some(server))
+                    }
+                };
                 load_and_run(&system, &scale, args, &clients)?
             }
         };

@@ -5,12 +5,14 @@
 //! - [`system`]: what a system under test provides ([`system::Session`],
 //!   [`system::Engine`], [`system::System`]).
 //! - [`load`]: loading the generated rows through any system's transactions.
+//! - [`postgres`]: PostgreSQL at REPEATABLE READ, the baseline run over TCP.
 
 pub mod codec;
 pub mod generate;
 pub mod interactions;
 pub mod load;
 pub mod plot;
+pub mod postgres;
 pub mod rsi;
 pub mod runner;
 pub mod schema;

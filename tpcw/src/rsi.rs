@@ -76,9 +76,13 @@ pub fn table_specs(scale: &Scale, room: &Room, servers: u32) -> Vec<(Rel, TableS
             let capacity = rows + rows / 16 + 256;
             let mut spec = TableSpec::new(rel.name(), max_row_bytes(rel, scale), capacity);
             spec.versions = versions;
-            // Each partition has its own index: size it for the partition's rows.
+            // Each partition has its own index, sized for the partition's rows: 32-slot
+            // buckets at 8 rows each on average overflow with probability ~1e-10, and
+            // take half the memory of 16-slot buckets at 2 (the big indexes are written
+            // at random places, so all of their memory is touched early in a run).
             spec.partitions = servers;
-            spec.index.buckets = (capacity.div_ceil(servers as u64) / 2).max(1);
+            spec.index.slots = 32;
+            spec.index.buckets = (capacity.div_ceil(servers as u64) / 8).max(1);
             (rel, spec)
         })
         .collect()

@@ -173,7 +173,13 @@ mod tests {
         let mut d = Dec::new("t", &[1, 0, 0xff]);
         assert!(matches!(d.str(), Err(CodecError::NotUtf8 { .. })));
         let d = Dec::new("t", &[1]);
-        assert_eq!(d.end(), Err(CodecError::Trailing { what: "t", extra: 1 }));
+        assert_eq!(
+            d.end(),
+            Err(CodecError::Trailing {
+                what: "t",
+                extra: 1
+            })
+        );
     }
 
     #[test]

@@ -187,7 +187,10 @@ pub fn customer(scale: &Scale, c_id: u64) -> Customer {
         c_lname: a_string(&mut rng, 8..=15),
         c_addr_id: rng.random_range(1..=scale.addresses()),
         c_phone: n_string(&mut rng, 9..=16),
-        c_email: format!("{uname}@{}.com", a_string(&mut rng, 2..=9).replace(' ', "x")),
+        c_email: format!(
+            "{uname}@{}.com",
+            a_string(&mut rng, 2..=9).replace(' ', "x")
+        ),
         c_since: since,
         c_last_login: since + rng.random_range(0..=60) * DAY,
         c_login: NOW,

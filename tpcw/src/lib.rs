@@ -5,9 +5,11 @@
 //! - [`system`]: what a system under test provides ([`system::Session`],
 //!   [`system::Engine`], [`system::System`]).
 //! - [`load`]: loading the generated rows through any system's transactions.
+//! - [`twopc`]: the baseline of traditional snapshot isolation with two-phase commit.
 
 pub mod codec;
 pub mod generate;
 pub mod load;
 pub mod schema;
 pub mod system;
+pub mod twopc;

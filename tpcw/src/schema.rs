@@ -488,7 +488,13 @@ mod tests {
         Item::set_stock(&mut bytes, 40).unwrap();
         let back = Item::decode(&bytes).unwrap();
         assert_eq!(back.i_stock, 40);
-        assert_eq!(Item { i_stock: 17, ..back }, item);
+        assert_eq!(
+            Item {
+                i_stock: 17,
+                ..back
+            },
+            item
+        );
         assert!(Item::stock_of(&bytes[..10]).is_err());
         assert!(Item::decode(&bytes[..bytes.len() - 1]).is_err());
     }

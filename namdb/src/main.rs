@@ -10,6 +10,7 @@ mod memory_server_cmd;
 mod metrics;
 mod shell_cmd;
 mod token_cmd;
+mod twopc_cmd;
 mod verify_cmd;
 
 use anyhow::Result;
@@ -47,6 +48,10 @@ enum Command {
     /// Manage the cluster token.
     #[command(subcommand)]
     Token(token_cmd::TokenCommand),
+    /// The servers of the two-phase-commit baseline of the TPC-W harness, which starts
+    /// them itself.
+    #[command(subcommand, hide = true)]
+    Twopc(twopc_cmd::TwoPcCommand),
     /// Check a recorded history (JSON Lines) for snapshot-isolation anomalies; exits
     /// non-zero when the history violates the model.
     Verify(verify_cmd::VerifyArgs),
@@ -58,7 +63,7 @@ fn main() -> Result<ExitCode> {
     // by default; `RUST_LOG=namdb=debug` shows what each measurement set up. A server
     // logs its lifecycle (start, sessions, stop) by default.
     let default_filter = match cli.command {
-        Command::MemoryServer(_) | Command::ComputeNode(_) => "info",
+        Command::MemoryServer(_) | Command::ComputeNode(_) | Command::Twopc(_) => "info",
         _ => "warn",
     };
     let filter =
@@ -75,6 +80,7 @@ fn main() -> Result<ExitCode> {
         Command::ComputeNode(args) => compute_node_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Shell(args) => shell_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Twopc(cmd) => twopc_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }
 }

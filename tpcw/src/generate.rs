@@ -147,7 +147,7 @@ pub fn item(scale: &Scale, i_id: u64) -> Item {
 fn order_step(customers: u64) -> u64 {
     [7919u64, 7927, 7933, 7937, 7949]
         .into_iter()
-        .find(|p| customers % p != 0)
+        .find(|p| !customers.is_multiple_of(*p))
         .expect("a customer count divisible by five primes above 7900")
 }
 

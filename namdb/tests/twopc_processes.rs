@@ -1,0 +1,213 @@
+//! The two-phase-commit baseline of the TPC-W harness (`tpcw::twopc`) with its servers
+//! as `namdb twopc …` processes: transactions across them, a killed resource manager,
+//! malformed bytes, and how the server processes end.
+
+use std::io::{BufRead, BufReader, Read, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tpcw::schema::Rel;
+use tpcw::system::{Engine, Error, Session, System};
+use tpcw::twopc::client::{Client, block_on};
+use tpcw::twopc::{Launch, TwoPc, resource_manager_of};
+
+fn namdb() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_namdb"))
+}
+
+fn cluster(resource_managers: usize) -> TwoPc {
+    TwoPc::start(Launch::Processes { exe: namdb() }, resource_managers)
+        .expect("the 2PC processes start")
+}
+
+fn balance(row: Option<Vec<u8>>) -> i64 {
+    i64::from_le_bytes(
+        row.expect("every account exists")
+            .try_into()
+            .expect("8 bytes"),
+    )
+}
+
+fn put_all(client: &Client, rows: &[(u64, i64)]) -> Result<Option<u64>, Error> {
+    block_on(async {
+        let mut txn = client.begin(0).await?;
+        for &(key, value) in rows {
+            txn.put(Rel::Customer, key, value.to_le_bytes().to_vec())
+                .await?;
+        }
+        Ok(client.commit(txn).await?.cid)
+    })
+}
+
+#[test]
+fn transfers_across_resource_manager_processes_conserve_the_total() {
+    const ACCOUNTS: u64 = 9;
+    const INITIAL: i64 = 50;
+    let system = cluster(3);
+    assert_eq!((system.name(), system.backend().as_str()), ("2pc", "tcp"));
+    let accounts: Vec<u64> = (1..=ACCOUNTS).collect();
+    let initial: Vec<(u64, i64)> = accounts.iter().map(|&a| (a, INITIAL)).collect();
+    put_all(&system.engine(0).unwrap(), &initial).unwrap();
+    let committed = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for thread in 0..3u64 {
+            let (system, accounts, committed) = (&system, &accounts, &committed);
+            s.spawn(move || {
+                let client = system.engine(thread as usize).unwrap();
+                let mut last = 0;
+                for i in 0..30u64 {
+                    let from = (thread + i * 2) % ACCOUNTS + 1;
+                    let to = (thread * 4 + i * 7 + 1) % ACCOUNTS + 1;
+                    let outcome = block_on(async {
+                        let mut txn = client.begin(last).await?;
+                        let all = txn.get_many(Rel::Customer, accounts).await?;
+                        let all: Vec<i64> = all.into_iter().map(balance).collect();
+                        assert_eq!(all.iter().sum::<i64>(), INITIAL * ACCOUNTS as i64);
+                        if from != to {
+                            let (a, b) = (all[from as usize - 1] - 3, all[to as usize - 1] + 3);
+                            txn.put(Rel::Customer, from, a.to_le_bytes().to_vec())
+                                .await?;
+                            txn.put(Rel::Customer, to, b.to_le_bytes().to_vec()).await?;
+                        }
+                        client.commit(txn).await
+                    });
+                    match outcome {
+                        Ok(done) => {
+                            last = done.cid.unwrap_or(last);
+                            committed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(Error::Aborted { .. }) => {}
+                        Err(e) => panic!("a transfer failed: {e}"),
+                    }
+                }
+            });
+        }
+    });
+    assert!(committed.load(Ordering::Relaxed) >= 30);
+    let rows = block_on(async {
+        let client = system.engine(0)?;
+        let mut txn = client.begin(0).await?;
+        txn.get_many(Rel::Customer, &accounts).await
+    });
+    let total: i64 = rows.unwrap().into_iter().map(balance).sum();
+    assert_eq!(total, INITIAL * ACCOUNTS as i64);
+
+    // Dropping the system ends its processes: nothing listens any more.
+    let addrs: Vec<SocketAddr> = std::iter::once(system.transaction_manager())
+        .chain(system.resource_managers().iter().copied())
+        .collect();
+    drop(system);
+    for addr in addrs {
+        assert!(TcpStream::connect(addr).is_err(), "{addr} still accepts");
+    }
+}
+
+#[test]
+fn a_killed_resource_manager_process_is_named_in_the_error() {
+    let system = cluster(3);
+    let client = system.client().unwrap();
+    let key = (1..)
+        .find(|&k| resource_manager_of(Rel::Customer, k, 3) == 2)
+        .unwrap();
+    put_all(&client, &[(key, 1)]).unwrap();
+    let dead = system.resource_managers()[2].to_string();
+    system.kill_resource_manager(2).unwrap();
+    let expect_named = |outcome: Result<(), Error>| match outcome {
+        Err(Error::System(message)) => {
+            assert!(
+                message.contains("resource manager 2") && message.contains(&dead),
+                "{message}"
+            );
+            message
+        }
+        other => panic!("expected a system error, got {other:?}"),
+    };
+    let read = block_on(async {
+        let mut txn = client.begin(0).await?;
+        txn.get(Rel::Customer, key).await.map(|_| ())
+    });
+    expect_named(read);
+    expect_named(put_all(&client, &[(key, 2)]).map(|_| ()));
+    // A new client learns how the process ended.
+    let message = expect_named(system.client().map(|_| ()));
+    assert!(message.contains("signal: 9"), "{message}");
+}
+
+#[test]
+fn malformed_bytes_do_not_crash_a_resource_manager_process() {
+    let system = cluster(1);
+    let rm = system.resource_managers()[0];
+    for garbage in [
+        &[0xff, 0xff, 0xff, 0xff][..],
+        &[4, 0, 0, 0, 9, 9, 9, 9][..],
+        &b"GET / HTTP/1.1\r\n\r\n"[..],
+    ] {
+        let mut stream = TcpStream::connect(rm).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.write_all(garbage).unwrap();
+        // An error frame, then the server hangs up.
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.contains("closing the connection"), "{text:?}");
+    }
+    let client = system.client().expect("the process still serves");
+    assert!(put_all(&client, &[(1, 1)]).unwrap().is_some());
+}
+
+/// A `namdb twopc …` child and its listening address.
+fn spawn_server(args: &[&str]) -> (Child, String) {
+    let mut child = Command::new(namdb())
+        .arg("twopc")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("not a listening line: {line:?}"))
+        .trim()
+        .to_string();
+    (child, addr)
+}
+
+#[test]
+fn server_processes_exit_cleanly_on_sigterm_and_on_stdin_close() {
+    let (mut rm, rm_addr) = spawn_server(&["resource-manager", "--listen", "127.0.0.1:0"]);
+    let (mut tm, _) = spawn_server(&[
+        "transaction-manager",
+        "--listen",
+        "127.0.0.1:0",
+        "--resource-managers",
+        &rm_addr,
+        "--exit-on-stdin-close",
+    ]);
+    drop(tm.stdin.take());
+    assert!(tm.wait().unwrap().success());
+    let pid = rustix::process::Pid::from_child(&rm);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert!(rm.wait().unwrap().success());
+
+    // A transaction manager whose resource manager is not there says which.
+    let output = Command::new(namdb())
+        .args(["twopc", "transaction-manager", "--listen", "127.0.0.1:0"])
+        .args(["--resource-managers", &rm_addr])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("resource manager 0 at {rm_addr}")),
+        "{stderr}"
+    );
+}

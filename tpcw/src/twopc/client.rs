@@ -218,12 +218,12 @@ impl Session for Txn<'_> {
     }
 
     async fn put(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()> {
-        let entry = self.writes.entry((rel, key)).or_insert(WriteOp::Delete);
-        // An insert stays one (its key must still be absent at commit).
-        *entry = match entry {
-            WriteOp::Insert(_) => WriteOp::Insert(row),
+        let op = match self.writes.get(&(rel, key)) {
+            // An insert stays one: its key must still be absent at commit.
+            Some(WriteOp::Insert(_) | WriteOp::InsertThenDelete) => WriteOp::Insert(row),
             _ => WriteOp::Put(row),
         };
+        self.writes.insert((rel, key), op);
         Ok(())
     }
 
@@ -240,14 +240,20 @@ impl Session for Txn<'_> {
             }
             // Deleted by this transaction: whatever was there is gone at commit.
             Some(WriteOp::Delete) => WriteOp::Put(row),
-            None => WriteOp::Insert(row),
+            Some(WriteOp::InsertThenDelete) | None => WriteOp::Insert(row),
         };
         self.writes.insert((rel, key), op);
         Ok(())
     }
 
     async fn delete(&mut self, rel: Rel, key: u64) -> Result<()> {
-        self.writes.insert((rel, key), WriteOp::Delete);
+        let op = match self.writes.get(&(rel, key)) {
+            // Deleting its own insert must not delete a row someone else inserted:
+            // the key must still be absent, as the insert required.
+            Some(WriteOp::Insert(_) | WriteOp::InsertThenDelete) => WriteOp::InsertThenDelete,
+            _ => WriteOp::Delete,
+        };
+        self.writes.insert((rel, key), op);
         Ok(())
     }
 }

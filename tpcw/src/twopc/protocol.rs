@@ -25,6 +25,9 @@ pub enum WriteOp {
     Insert(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Install a tombstone.
     Delete,
+    /// A row the transaction inserted and then deleted: the key must not exist (as for
+    /// `Insert`), and a tombstone is installed.
+    InsertThenDelete,
 }
 
 impl WriteOp {
@@ -32,8 +35,13 @@ impl WriteOp {
     pub fn row(&self) -> Option<&Vec<u8>> {
         match self {
             WriteOp::Put(row) | WriteOp::Insert(row) => Some(row),
-            WriteOp::Delete => None,
+            WriteOp::Delete | WriteOp::InsertThenDelete => None,
         }
+    }
+
+    /// Whether the key must be absent at commit.
+    pub fn requires_absent(&self) -> bool {
+        matches!(self, WriteOp::Insert(_) | WriteOp::InsertThenDelete)
     }
 }
 
@@ -339,6 +347,11 @@ mod tests {
                         rel: Rel::Country,
                         key: 6,
                         op: WriteOp::Delete,
+                    },
+                    Write {
+                        rel: Rel::Author,
+                        key: 7,
+                        op: WriteOp::InsertThenDelete,
                     },
                 ],
             },

@@ -173,7 +173,7 @@ impl Store {
             ));
         }
         let newest = row.newest();
-        if matches!(write.op, WriteOp::Insert(_))
+        if write.op.requires_absent()
             && let Some(Version {
                 cid: at,
                 row: Some(_),
@@ -230,7 +230,7 @@ impl Store {
             let row = shard.entry((write.rel, write.key)).or_default();
             let row_bytes = match write.op {
                 WriteOp::Put(bytes) | WriteOp::Insert(bytes) => Some(bytes),
-                WriteOp::Delete => None,
+                WriteOp::Delete | WriteOp::InsertThenDelete => None,
             };
             row.versions.push(Version {
                 cid,

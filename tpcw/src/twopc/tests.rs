@@ -111,6 +111,60 @@ fn a_snapshot_excludes_commits_after_it_began() {
 }
 
 #[test]
+fn a_commit_returns_only_once_every_earlier_commit_is_visible() {
+    use super::protocol::{RmRequest, serve_frames};
+    use super::resource_manager::Store;
+    use super::server::Server;
+    use super::transaction_manager::TransactionManager;
+    use std::sync::{Arc, Mutex, mpsc};
+    const SLOW_KEY: u64 = 1;
+    // An RM that holds back its COMMIT acknowledgement for the transaction writing
+    // SLOW_KEY, and says when that transaction has prepared.
+    let store = Arc::new(Store::new());
+    let (prepared_tx, prepared_rx) = mpsc::channel();
+    let prepared_tx = Mutex::new(prepared_tx);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let rm = Server::start(listener, "slow-rm", move |stream| {
+        let store = store.clone();
+        let prepared_tx = prepared_tx.lock().unwrap().clone();
+        let mut slow_cid = None;
+        serve_frames(stream, RmResponse::Failed, |request: RmRequest| {
+            match &request {
+                RmRequest::Prepare { cid, writes, .. }
+                    if writes.iter().any(|w| w.key == SLOW_KEY) =>
+                {
+                    slow_cid = Some(*cid);
+                    let _ = prepared_tx.send(*cid);
+                }
+                RmRequest::Commit { cid } if slow_cid == Some(*cid) => {
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                }
+                _ => {}
+            }
+            store.handle(request)
+        })
+    })
+    .unwrap();
+    let any_port = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let tm = TransactionManager::start(any_port, vec![rm.local_addr()]).unwrap();
+    let (slow, fast) = (
+        Client::connect(tm.local_addr()).unwrap(),
+        Client::connect(tm.local_addr()).unwrap(),
+    );
+    std::thread::scope(|s| {
+        let slow = s.spawn(move || commit_puts(&slow, Rel::Item, &[(SLOW_KEY, b"slow")]));
+        let slow_cid = prepared_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap();
+        let fast_cid = commit_puts(&fast, Rel::Item, &[(2, b"fast")]);
+        assert!(slow_cid < fast_cid);
+        // The fast commit returned: it and the slow one before it are visible.
+        assert!(tm.read_timestamp() >= fast_cid);
+        assert_eq!(slow.join().unwrap(), slow_cid);
+    });
+}
+
+#[test]
 fn the_first_committer_wins() {
     let system = cluster(3);
     let (a, b) = (system.client().unwrap(), system.client().unwrap());
@@ -181,7 +235,15 @@ fn inserting_a_present_key_aborts_with_duplicate_key() {
         let outcome = client.commit(txn).await;
         assert_eq!(reason(outcome), AbortReason::DuplicateKey);
 
-        // Nothing of the aborted transaction was installed.
+        // Deleting its own insert does not delete the row that was there.
+        let mut txn = client.begin(cid).await?;
+        txn.insert(Rel::Orders, 5, b"again".to_vec()).await?;
+        txn.delete(Rel::Orders, 5).await?;
+        assert_eq!(txn.get(Rel::Orders, 5).await?, None);
+        let outcome = client.commit(txn).await;
+        assert_eq!(reason(outcome), AbortReason::DuplicateKey);
+
+        // Nothing of the aborted transactions was installed.
         let mut txn = client.begin(0).await?;
         assert_eq!(txn.get(Rel::Orders, 6).await?, None);
         assert_eq!(txn.get(Rel::Orders, 5).await?, Some(b"first".to_vec()));

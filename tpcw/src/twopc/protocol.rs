@@ -249,6 +249,18 @@ impl Conn {
         decode(&self.frame)
     }
 
+    /// Closes after an answer the peer must get although it may still be sending:
+    /// closing with unread bytes would reset the connection, and a reset can make the
+    /// peer's kernel drop the answer before it is read. So the write side is shut, and
+    /// the rest of what the peer sends is read and discarded (up to a bound).
+    pub fn lingering_close(mut self) {
+        const LINGER_BYTES: u64 = 1 << 20;
+        const LINGER_TIME: Duration = Duration::from_secs(1);
+        let _ = self.writer.shutdown(std::net::Shutdown::Write);
+        let _ = self.reader.get_ref().set_read_timeout(Some(LINGER_TIME));
+        let _ = io::copy(&mut (&mut self.reader).take(LINGER_BYTES), &mut io::sink());
+    }
+
     fn io_error(&self, e: io::Error) -> FrameError {
         match (e.kind(), self.read_timeout) {
             (io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut, Some(t)) => {
@@ -307,6 +319,7 @@ pub fn serve_frames<Req, Resp>(
             Err(e @ (FrameError::TooLarge(_) | FrameError::Malformed(_))) => {
                 tracing::warn!("closing the connection from {peer}: {e}");
                 let _ = conn.send(&failed(format!("{e}; closing the connection")));
+                conn.lingering_close();
                 return;
             }
             Err(e) => {

@@ -188,35 +188,43 @@ fn of_two_concurrent_writers_of_a_key_exactly_one_commits() {
     let system = cluster(3);
     let rounds = 30;
     let barrier = Barrier::new(2);
-    let commits = AtomicU64::new(0);
+    let (commits, unexpected) = (AtomicU64::new(0), std::sync::Mutex::new(Vec::new()));
     std::thread::scope(|s| {
         for writer in 0..2u8 {
-            let (system, barrier, commits) = (&system, &barrier, &commits);
+            let (system, barrier) = (&system, &barrier);
+            let (commits, unexpected) = (&commits, &unexpected);
             s.spawn(move || {
                 let client = system.client().unwrap();
+                // Every round passes both barriers whatever happens (failures are
+                // collected, not panicked on), so neither thread is left waiting.
                 for round in 0..rounds {
-                    block_on(async {
+                    let begun = block_on(async {
                         let mut txn = client.begin(0).await?;
                         txn.put(Rel::Item, round, vec![writer]).await?;
-                        // Both have begun before either commits.
-                        barrier.wait();
-                        match client.commit(txn).await {
-                            Ok(_) => {
-                                commits.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(e @ Error::Aborted { .. }) => {
-                                assert_eq!(reason(Err::<(), _>(e)), AbortReason::Conflict);
-                            }
-                            Err(e) => return Err(e),
+                        Ok::<_, Error>(txn)
+                    });
+                    // Both have begun before either commits.
+                    barrier.wait();
+                    let outcome = begun.and_then(|txn| block_on(client.commit(txn)));
+                    barrier.wait();
+                    match outcome {
+                        Ok(_) => {
+                            commits.fetch_add(1, Ordering::Relaxed);
                         }
-                        barrier.wait();
-                        Ok(())
-                    })
-                    .unwrap();
+                        Err(Error::Aborted {
+                            reason: AbortReason::Conflict,
+                            ..
+                        }) => {}
+                        Err(e) => unexpected
+                            .lock()
+                            .unwrap()
+                            .push(format!("round {round}: {e}")),
+                    }
                 }
             });
         }
     });
+    assert_eq!(unexpected.into_inner().unwrap(), Vec::<String>::new());
     assert_eq!(commits.load(Ordering::Relaxed), rounds);
 }
 

@@ -1,6 +1,7 @@
 //! The two-phase-commit baseline of the TPC-W harness (`tpcw::twopc`) with its servers
-//! as `namdb twopc …` processes: transactions across them, a killed resource manager,
-//! malformed bytes, and how the server processes end.
+//! as `namdb twopc …` processes: transactions across them (and verify's workloads,
+//! checked for snapshot isolation), a killed resource manager, malformed bytes, and
+//! how the server processes end.
 
 use std::io::{BufRead, BufReader, Read, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -9,9 +10,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tpcw::schema::Rel;
+use tpcw::system::AbortReason;
 use tpcw::system::{Engine, Error, Session, System};
-use tpcw::twopc::client::{Client, block_on};
+use tpcw::twopc::client::{Client, Suspended, block_on};
 use tpcw::twopc::{Launch, TwoPc, resource_manager_of};
+use verify::history::ReadValue;
+use verify::report::{Model, Verdict};
+use verify::store::{ReadResult, StoreError, TxnStore};
+use verify::workload::{self, Bank, Checked, ListAppend, RunConfig, Schedule, Workload};
 
 fn namdb() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_namdb"))
@@ -210,4 +216,221 @@ fn server_processes_exit_cleanly_on_sigterm_and_on_stdin_close() {
         stderr.contains(&format!("resource manager 0 at {rm_addr}")),
         "{stderr}"
     );
+}
+
+/// The 2PC system as a verify store: every verify key is a row of relation `rel`
+/// (one per run, since runs reuse key names), its value a type tag (register or list)
+/// and 8-byte words.
+struct TwoPcKv<'a> {
+    system: &'a TwoPc,
+    rel: Rel,
+}
+
+const REGISTER: u8 = 0;
+const LIST: u8 = 1;
+
+struct KvSession {
+    client: Option<Client>,
+    last_cid: u64,
+}
+
+struct KvTxn {
+    client: Client,
+    txn: Option<Suspended>,
+    rid: u64,
+}
+
+impl KvTxn {
+    fn with<T>(
+        &mut self,
+        f: impl AsyncFnOnce(&mut tpcw::twopc::client::Txn<'_>) -> Result<T, Error>,
+    ) -> Result<T, StoreError> {
+        let suspended = self
+            .txn
+            .take()
+            .ok_or_else(|| StoreError::Other("the transaction is gone".into()))?;
+        let mut txn = self.client.resume(suspended);
+        let outcome = block_on(f(&mut txn));
+        self.txn = Some(txn.suspend());
+        outcome.map_err(store_error)
+    }
+}
+
+/// FNV-1a of the name: a verify key's row key.
+fn kv_key(key: &str) -> u64 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn kv_decode(row: Option<Vec<u8>>) -> Result<ReadValue, StoreError> {
+    let Some(row) = row else {
+        return Ok(ReadValue::Absent);
+    };
+    let (tag, words) = row
+        .split_first()
+        .ok_or_else(|| StoreError::Other("an empty row".into()))?;
+    let words: Vec<i64> = words
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    match *tag {
+        REGISTER if words.len() == 1 => Ok(ReadValue::Register(words[0])),
+        LIST => Ok(ReadValue::List(words)),
+        t => Err(StoreError::Other(format!("bad type tag {t}"))),
+    }
+}
+
+fn kv_encode(tag: u8, words: &[i64]) -> Vec<u8> {
+    std::iter::once(tag)
+        .chain(words.iter().flat_map(|w| w.to_le_bytes()))
+        .collect()
+}
+
+fn store_error(e: Error) -> StoreError {
+    match e {
+        Error::Aborted {
+            reason: AbortReason::SnapshotTooOld,
+            ..
+        } => StoreError::SnapshotTooOld,
+        Error::Aborted { .. } => StoreError::Conflict,
+        e => StoreError::Other(e.to_string()),
+    }
+}
+
+impl TxnStore for TwoPcKv<'_> {
+    type Session = KvSession;
+    type Txn = KvTxn;
+
+    fn open_session(&self) -> KvSession {
+        KvSession {
+            client: Some(self.system.client().expect("a client connects")),
+            last_cid: 0,
+        }
+    }
+
+    fn begin(&self, session: &mut KvSession) -> Result<KvTxn, StoreError> {
+        let client = session
+            .client
+            .take()
+            .ok_or_else(|| StoreError::Other("the session is in a transaction".into()))?;
+        let begun =
+            block_on(client.begin(session.last_cid)).map(|t| (t.read_timestamp(), t.suspend()));
+        match begun {
+            Ok((rid, txn)) => Ok(KvTxn {
+                client,
+                txn: Some(txn),
+                rid,
+            }),
+            Err(e) => {
+                session.client = Some(client);
+                Err(store_error(e))
+            }
+        }
+    }
+
+    fn read_timestamp(&self, txn: &KvTxn) -> Option<u64> {
+        Some(txn.rid)
+    }
+
+    fn read(&self, txn: &mut KvTxn, key: &str) -> Result<ReadResult, StoreError> {
+        let (rel, k) = (self.rel, kv_key(key));
+        let row = txn.with(async |t| t.get(rel, k).await)?;
+        Ok(ReadResult {
+            value: kv_decode(row)?,
+            version: None,
+        })
+    }
+
+    fn write(&self, txn: &mut KvTxn, key: &str, value: i64) -> Result<(), StoreError> {
+        let (rel, k) = (self.rel, kv_key(key));
+        if let ReadValue::List(_) = kv_decode(txn.with(async |t| t.get(rel, k).await)?)? {
+            return Err(StoreError::WrongType(key.into()));
+        }
+        txn.with(async |t| t.put(rel, k, kv_encode(REGISTER, &[value])).await)
+    }
+
+    fn append(&self, txn: &mut KvTxn, key: &str, element: i64) -> Result<(), StoreError> {
+        let (rel, k) = (self.rel, kv_key(key));
+        let mut list = match kv_decode(txn.with(async |t| t.get(rel, k).await)?)? {
+            ReadValue::Absent => Vec::new(),
+            ReadValue::List(list) => list,
+            ReadValue::Register(_) => return Err(StoreError::WrongType(key.into())),
+        };
+        list.push(element);
+        txn.with(async |t| t.put(rel, k, kv_encode(LIST, &list)).await)
+    }
+
+    fn commit(&self, session: &mut KvSession, txn: KvTxn) -> Result<Option<u64>, StoreError> {
+        let KvTxn { client, txn, .. } = txn;
+        let outcome = match txn {
+            Some(txn) => block_on(client.commit(client.resume(txn))),
+            None => Err(Error::System("the transaction is gone".into())),
+        };
+        session.client = Some(client);
+        match outcome {
+            Ok(done) => {
+                session.last_cid = done.cid.unwrap_or(session.last_cid);
+                Ok(done.cid)
+            }
+            Err(e @ Error::Aborted { .. }) => Err(store_error(e)),
+            // A failure after the write set left: it may have been installed.
+            Err(e) => Err(StoreError::Indeterminate(e.to_string())),
+        }
+    }
+
+    fn abort(&self, session: &mut KvSession, txn: KvTxn) {
+        session.client = Some(txn.client);
+    }
+}
+
+fn check(workload: &dyn Workload, store: &TwoPcKv, schedule: Schedule, seed: u64) -> Checked {
+    let config = RunConfig {
+        sessions: 4,
+        txns: 1500,
+        seed,
+        schedule,
+    };
+    let checked = workload::run_checked(store, workload, &config, Model::SnapshotIsolation)
+        .expect("the workload runs and its history reads back");
+    assert!(
+        checked.report.whitebox.is_ok(),
+        "white-box skipped: {:?}",
+        checked.report.whitebox
+    );
+    assert_eq!(
+        checked.report.verdict(),
+        Verdict::Valid,
+        "\n{}",
+        checked.report
+    );
+    assert!(checked.run.committed > config.txns / 4, "{:?}", checked.run);
+    assert_eq!(checked.run.unknown, 0, "{:?}", checked.run);
+    checked
+}
+
+#[test]
+fn verify_workloads_over_resource_manager_processes_are_snapshot_isolated() {
+    let system = cluster(3);
+    let store = |rel| TwoPcKv {
+        system: &system,
+        rel,
+    };
+    check(
+        &ListAppend::default(),
+        &store(Rel::Item),
+        Schedule::Threads,
+        31,
+    );
+    check(
+        &ListAppend::default(),
+        &store(Rel::Author),
+        Schedule::Interleaved,
+        32,
+    );
+    let bank = Bank::default();
+    let checked = check(&bank, &store(Rel::Country), Schedule::Interleaved, 33);
+    let mut findings = verify::anomaly::Findings::default();
+    bank.check(&checked.index, &mut findings);
+    assert!(findings.is_empty(), "{findings:?}");
 }

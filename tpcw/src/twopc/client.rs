@@ -184,6 +184,32 @@ impl Txn<'_> {
     pub fn read_timestamp(&self) -> u64 {
         self.rid
     }
+
+    /// Sets the transaction aside without its borrow of the client, for callers that
+    /// cannot hold that borrow between calls; [`Client::resume`] takes it up again.
+    pub fn suspend(self) -> Suspended {
+        Suspended {
+            rid: self.rid,
+            writes: self.writes,
+        }
+    }
+}
+
+/// A transaction set aside by [`Txn::suspend`]: its snapshot and buffered writes.
+pub struct Suspended {
+    rid: u64,
+    writes: HashMap<(Rel, u64), WriteOp>,
+}
+
+impl Client {
+    /// Takes up a suspended transaction on this client (any client of the cluster).
+    pub fn resume(&self, suspended: Suspended) -> Txn<'_> {
+        Txn {
+            client: self,
+            rid: suspended.rid,
+            writes: suspended.writes,
+        }
+    }
 }
 
 impl Session for Txn<'_> {

@@ -24,19 +24,94 @@ pub trait Memory: Send + Sync {
     }
 }
 
-/// Plain heap memory, zero-initialised.
-pub struct HeapMemory(Box<[AtomicU64]>);
+/// Plain process memory, zero-initialised.
+pub struct HeapMemory(Words);
+
+enum Words {
+    Boxed(Box<[AtomicU64]>),
+    /// A private anonymous mapping on transparent huge pages: large regions cost
+    /// memory only as they fill, and filling them faults once per 2 MiB rather than
+    /// once per page (a table's index is written at random places, so 4 KiB faults
+    /// with their TLB shootdowns would dominate a run).
+    #[cfg(not(fabric_loom))]
+    Mapped {
+        ptr: std::ptr::NonNull<AtomicU64>,
+        words: usize,
+    },
+}
+
+// SAFETY: the mapping is only reached through `&[AtomicU64]`, which is Send and Sync.
+#[cfg(not(fabric_loom))]
+unsafe impl Send for Words {}
+// SAFETY: as above.
+#[cfg(not(fabric_loom))]
+unsafe impl Sync for Words {}
 
 impl HeapMemory {
+    /// Regions from this size on are mapped rather than allocated.
+    #[cfg(not(fabric_loom))]
+    const MAP_FROM: u64 = 4 << 20;
+
     pub fn new(bytes: u64) -> HeapMemory {
         let words = bytes.div_ceil(8) as usize;
-        HeapMemory((0..words).map(|_| AtomicU64::new(0)).collect())
+        #[cfg(not(fabric_loom))]
+        if bytes >= Self::MAP_FROM
+            && let Some(mapped) = Self::map(words)
+        {
+            return HeapMemory(mapped);
+        }
+        HeapMemory(Words::Boxed(
+            (0..words).map(|_| AtomicU64::new(0)).collect(),
+        ))
+    }
+
+    /// `None` if the kernel refuses the mapping (then the heap gets its chance).
+    #[cfg(not(fabric_loom))]
+    fn map(words: usize) -> Option<Words> {
+        use rustix::mm::{Advice, MapFlags, ProtFlags, madvise, mmap_anonymous};
+        let len = words.checked_mul(8)?;
+        // SAFETY: a fresh private anonymous mapping aliases nothing.
+        let ptr = unsafe {
+            mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }
+        .ok()?;
+        // SAFETY: the range is the mapping just made. Huge pages are a hint: without
+        // them the mapping still works, with 4 KiB faults.
+        let _ = unsafe { madvise(ptr, len, Advice::LinuxHugepage) };
+        Some(Words::Mapped {
+            ptr: std::ptr::NonNull::new(ptr.cast())?,
+            words,
+        })
     }
 }
 
 impl Memory for HeapMemory {
     fn words(&self) -> &[AtomicU64] {
-        &self.0
+        match &self.0 {
+            Words::Boxed(b) => b,
+            // SAFETY: the mapping holds `words` zero-initialised words (all-zero bytes
+            // are a valid AtomicU64), lives until drop, and is only accessed atomically.
+            #[cfg(not(fabric_loom))]
+            Words::Mapped { ptr, words } => unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr(), *words)
+            },
+        }
+    }
+}
+
+#[cfg(not(fabric_loom))]
+impl Drop for Words {
+    fn drop(&mut self) {
+        if let Words::Mapped { ptr, words } = self {
+            // SAFETY: the mapping made in `map`, unmapped once; no reference to it
+            // outlives `self`.
+            let _ = unsafe { rustix::mm::munmap(ptr.as_ptr().cast(), *words * 8) };
+        }
     }
 }
 

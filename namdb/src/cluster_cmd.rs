@@ -201,7 +201,7 @@ impl Drop for StartedGuard {
 /// Spawns `namdb ARGS` detached (its own process group, so a terminal's Ctrl-C does not
 /// reach it) with stdout and stderr to `log`, and waits for its line `WHAT listening on
 /// ADDR …`; a metrics line `metrics listening on ADDR` before it is recorded too.
-fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Result<ProcessEntry> {
+pub(crate) fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Result<ProcessEntry> {
     let out = std::fs::File::create(log)
         .with_context(|| format!("cannot create the log file {}", log.display()))?;
     let err = out.try_clone()?;
@@ -355,7 +355,10 @@ fn up(args: &UpArgs) -> Result<()> {
 
 /// SIGTERM to each of `entries` still ours, then waits; SIGKILL to those left after
 /// [`STOP_TIMEOUT`]. Returns the names of the processes killed.
-fn stop_all<'a>(entries: impl Iterator<Item = &'a ProcessEntry>, token_file: &Path) -> Vec<String> {
+pub(crate) fn stop_all<'a>(
+    entries: impl Iterator<Item = &'a ProcessEntry>,
+    token_file: &Path,
+) -> Vec<String> {
     let running: Vec<&ProcessEntry> = entries.filter(|p| ours(p.pid, token_file)).collect();
     for p in &running {
         signal(p.pid, rustix::process::Signal::TERM);

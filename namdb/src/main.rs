@@ -10,6 +10,7 @@ mod memory_server_cmd;
 mod metrics;
 mod shell_cmd;
 mod token_cmd;
+mod tpcw_cmd;
 mod twopc_cmd;
 mod verify_cmd;
 
@@ -45,6 +46,9 @@ enum Command {
     MemoryServer(memory_server_cmd::MemoryServerArgs),
     /// Read get/put/del/scan/begin/commit/abort lines from stdin against a local cluster.
     Shell(shell_cmd::ShellArgs),
+    /// The TPC-W benchmark: the paper's checkout or a TPC-W mix on RSI and the
+    /// baselines, with every run checked.
+    Tpcw(tpcw_cmd::TpcwArgs),
     /// Manage the cluster token.
     #[command(subcommand)]
     Token(token_cmd::TokenCommand),
@@ -79,6 +83,7 @@ fn main() -> Result<ExitCode> {
         Command::Kv(args) => kv_cmd::run(args),
         Command::ComputeNode(args) => compute_node_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Shell(args) => shell_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Tpcw(args) => tpcw_cmd::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Twopc(cmd) => twopc_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Verify(args) => Ok(verify_cmd::run(&args)),

@@ -83,17 +83,58 @@ pub fn initial_stock(i_id: u64) -> i32 {
     rng_for(Rel::Item, i_id).random_range(10..=30)
 }
 
+fn listing_draws(rng: &mut SmallRng) -> (usize, i64) {
+    let subject = rng.random_range(0..SUBJECTS.len());
+    (subject, rng.random_range(-40 * 365 * DAY..0) + NOW)
+}
+
+/// The generated item's subject (index in [`SUBJECTS`]) and publication date.
+pub fn item_listing(i_id: u64) -> (usize, i64) {
+    let mut rng = rng_for(Rel::Item, i_id);
+    let _stock: i32 = rng.random_range(10..=30);
+    listing_draws(&mut rng)
+}
+
+/// The generated NEW_PRODUCTS rows, one per subject (computed once per scale).
+pub fn new_products(scale: &Scale) -> std::sync::Arc<Vec<NewProducts>> {
+    use std::sync::{Arc, Mutex};
+    static CACHE: Mutex<Option<(u64, Arc<Vec<NewProducts>>)>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((items, rows)) = cache.as_ref()
+        && *items == scale.items
+    {
+        return rows.clone();
+    }
+    let mut rows: Vec<NewProducts> = (0..SUBJECTS.len() as u64)
+        .map(|np_subject| NewProducts {
+            np_subject,
+            items: Vec::new(),
+        })
+        .collect();
+    for id in 1..=scale.items {
+        let (subject, date) = item_listing(id);
+        let row = &mut rows[subject];
+        // Cheap pre-filter: most items are older than the 50th newest.
+        if row.items.len() < NEW_PRODUCTS || (date, id) > row.items[NEW_PRODUCTS - 1] {
+            row.publish(date, id);
+        }
+    }
+    let rows = Arc::new(rows);
+    *cache = Some((scale.items, rows.clone()));
+    rows
+}
+
 pub fn item(scale: &Scale, i_id: u64) -> Item {
     let mut rng = rng_for(Rel::Item, i_id);
-    // Drawn first: `initial_stock` replays this draw alone.
+    // Drawn first: `initial_stock` and `item_listing` replay these draws alone.
     let i_stock = rng.random_range(10..=30);
+    let (subject, i_pub_date) = listing_draws(&mut rng);
     let authors = scale.authors();
     let i_a_id = if i_id <= authors {
         i_id
     } else {
         rng.random_range(1..=authors)
     };
-    let i_pub_date = rng.random_range(-40 * 365 * DAY..0) + NOW;
     let i_srp: i64 = rng.random_range(100..=999_999);
     let i_cost = i_srp - i_srp * rng.random_range(0..=50) / 100;
     let mut related = [0u64; 5];
@@ -121,7 +162,7 @@ pub fn item(scale: &Scale, i_id: u64) -> Item {
         i_related5: related[4],
         i_title: a_string(&mut rng, 14..=60),
         i_publisher: a_string(&mut rng, 14..=60),
-        i_subject: SUBJECTS[rng.random_range(0..SUBJECTS.len())].to_string(),
+        i_subject: SUBJECTS[subject].to_string(),
         i_desc: String::new(),
         i_thumbnail: format!("img{}/thumb_{}.gif", i_id % 100, i_id),
         i_image: format!("img{}/image_{}.gif", i_id % 100, i_id),
@@ -297,6 +338,11 @@ mod tests {
             assert_eq!(bytes.len(), 1024, "item rows are padded to item_bytes");
             assert_eq!(Item::decode(&bytes).unwrap(), a);
             assert_eq!(initial_stock(id), a.i_stock);
+            let (subject, date) = item_listing(id);
+            assert_eq!(
+                (SUBJECTS[subject], date),
+                (a.i_subject.as_str(), a.i_pub_date)
+            );
             assert!((10..=30).contains(&a.i_stock));
             assert!(!a.related().contains(&id));
             assert!(a.i_cost <= a.i_srp && a.i_cost > 0);
@@ -327,6 +373,22 @@ mod tests {
         }
         for id in 1..=s.countries() {
             assert!(country(id).encode().len() as u32 <= max_row_bytes(Rel::Country, &s));
+        }
+    }
+
+    #[test]
+    fn new_products_are_the_newest_of_each_subject() {
+        let s = scale();
+        let rows = new_products(&s);
+        for row in rows.iter() {
+            let mut all: Vec<(i64, u64)> = (1..=s.items)
+                .map(|id| (id, item_listing(id)))
+                .filter(|(_, (subj, _))| *subj as u64 == row.np_subject)
+                .map(|(id, (_, date))| (date, id))
+                .collect();
+            all.sort_by(|a, b| b.cmp(a));
+            all.truncate(NEW_PRODUCTS);
+            assert_eq!(row.items, all);
         }
     }
 

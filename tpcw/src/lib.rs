@@ -9,7 +9,11 @@
 
 pub mod codec;
 pub mod generate;
+pub mod interactions;
 pub mod load;
+pub mod plot;
+pub mod rsi;
+pub mod runner;
 pub mod schema;
 pub mod system;
 pub mod twopc;

@@ -9,13 +9,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What is generated per id, and under which relation its progress counts: an order
 /// brings its lines and its credit-card transaction.
-pub const UNITS: [Rel; 6] = [
+pub const UNITS: [Rel; 7] = [
     Rel::Country,
     Rel::Author,
     Rel::Item,
     Rel::Customer,
     Rel::Address,
     Rel::Orders,
+    Rel::NewProducts,
 ];
 
 /// The rows generated for `id` of unit `rel` (see [`UNITS`]), as (relation, key, row).
@@ -33,6 +34,12 @@ pub fn generated_rows(scale: &Scale, rel: Rel, id: u64, out: &mut Vec<(Rel, u64,
                 out.push((Rel::OrderLine, order_line_key(id, l.ol_id), l.encode()));
             }
             out.push((Rel::CcXacts, id, cc.encode()));
+        }
+        Rel::NewProducts => {
+            let rows = generate::new_products(scale);
+            if let Some(row) = rows.get(id as usize - 1) {
+                out.push((rel, row.np_subject, row.encode()));
+            }
         }
         Rel::OrderLine | Rel::CcXacts | Rel::ShoppingCart | Rel::ShoppingCartLine => {}
     }

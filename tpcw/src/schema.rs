@@ -28,10 +28,13 @@ pub enum Rel {
     CcXacts,
     ShoppingCart,
     ShoppingCartLine,
+    /// Ours: per subject, the newest items ([`NewProducts`]), so that New Products and
+    /// Search by subject need no scan of ITEM.
+    NewProducts,
 }
 
 impl Rel {
-    pub const ALL: [Rel; 10] = [
+    pub const ALL: [Rel; 11] = [
         Rel::Country,
         Rel::Author,
         Rel::Item,
@@ -42,6 +45,7 @@ impl Rel {
         Rel::CcXacts,
         Rel::ShoppingCart,
         Rel::ShoppingCartLine,
+        Rel::NewProducts,
     ];
 
     /// The table name (as in the specification, lower case).
@@ -57,6 +61,7 @@ impl Rel {
             Rel::CcXacts => "cc_xacts",
             Rel::ShoppingCart => "shopping_cart",
             Rel::ShoppingCartLine => "shopping_cart_line",
+            Rel::NewProducts => "new_products",
         }
     }
 
@@ -144,6 +149,7 @@ impl Scale {
             // Not known before generation; the generator makes 1 to 5 per order.
             Rel::OrderLine => self.orders() * 3,
             Rel::ShoppingCart | Rel::ShoppingCartLine => 0,
+            Rel::NewProducts => SUBJECTS.len() as u64,
         }
     }
 }
@@ -422,6 +428,54 @@ row_codec!(ShoppingCartLine, "shopping_cart_line", {
     scl_sc_id: u64, scl_qty: u32, scl_i_id: u64,
 });
 
+/// Items New Products shows (clause 2.10.1: the 50 newest of a subject).
+pub const NEW_PRODUCTS: usize = 50;
+
+/// Ours: the newest items of subject `np_subject` (its index in [`SUBJECTS`]), newest
+/// first, as (publication date, item id); ties by id. Kept exact because the only
+/// change to a publication date (Admin Confirm) makes it newer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewProducts {
+    pub np_subject: u64,
+    pub items: Vec<(i64, u64)>,
+}
+
+impl NewProducts {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::with_capacity(12 + 16 * self.items.len());
+        e.u64(self.np_subject).u32(self.items.len() as u32);
+        for &(date, id) in &self.items {
+            e.i64(date).u64(id);
+        }
+        e.finish()
+    }
+    pub fn decode(bytes: &[u8]) -> Result<NewProducts, CodecError> {
+        let mut d = Dec::new("new_products", bytes);
+        let np_subject = d.u64()?;
+        let n = d.u32()? as usize;
+        let mut items = Vec::with_capacity(n.min(NEW_PRODUCTS));
+        for _ in 0..n {
+            items.push((d.i64()?, d.u64()?));
+        }
+        d.end()?;
+        Ok(NewProducts { np_subject, items })
+    }
+    /// Records that item `id` was published at `date` (it may be listed already).
+    pub fn publish(&mut self, date: i64, id: u64) {
+        self.items.retain(|&(_, i)| i != id);
+        let at = self.items.partition_point(|&(d, i)| (d, i) > (date, id));
+        self.items.insert(at, (date, id));
+        self.items.truncate(NEW_PRODUCTS);
+    }
+}
+
+pub fn subject_index(subject: &str) -> Option<u64> {
+    SUBJECTS
+        .iter()
+        .position(|s| *s == subject)
+        .map(|i| i as u64)
+}
+
 /// The largest encoded row of each relation, for sizing fixed-size record blocks:
 /// every string at its specified maximum (ITEM at `scale.item_bytes`, which the
 /// generator never exceeds).
@@ -441,6 +495,7 @@ pub fn max_row_bytes(rel: Rel, scale: &Scale) -> u32 {
         Rel::CcXacts => 8 + s(10) + s(20) + s(30) + 8 + s(15) + 8 + 8 + 8,
         Rel::ShoppingCart => 8 + 8 + 4,
         Rel::ShoppingCartLine => 8 + 4 + 8,
+        Rel::NewProducts => 8 + 4 + NEW_PRODUCTS as u32 * 16,
     }
 }
 
@@ -497,6 +552,26 @@ mod tests {
         );
         assert!(Item::stock_of(&bytes[..10]).is_err());
         assert!(Item::decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn new_products_keep_the_newest_fifty() {
+        let mut np = NewProducts {
+            np_subject: 3,
+            items: Vec::new(),
+        };
+        for id in 1..=80u64 {
+            np.publish((id % 7) as i64, id);
+        }
+        assert_eq!(np.items.len(), NEW_PRODUCTS);
+        assert!(np.items.windows(2).all(|w| w[0] > w[1]));
+        // Republishing an item moves it, never duplicates it.
+        np.publish(100, np.items[30].1);
+        assert_eq!(np.items.len(), NEW_PRODUCTS);
+        assert_eq!(np.items[0].0, 100);
+        let back = NewProducts::decode(&np.encode()).unwrap();
+        assert_eq!(back, np);
+        assert!(NewProducts::decode(&np.encode()[..20]).is_err());
     }
 
     #[test]

@@ -72,6 +72,17 @@ pub trait Session {
     /// latest at commit).
     async fn insert(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()>;
     async fn delete(&mut self, rel: Rel, key: u64) -> Result<()>;
+    /// The version (the writer's commit timestamp) of the row the snapshot sees, for
+    /// systems that have one; `None` otherwise. Lets the history checker replay the
+    /// system's own order.
+    async fn version(&mut self, rel: Rel, key: u64) -> Result<Option<u64>> {
+        let _ = (rel, key);
+        Ok(None)
+    }
+    /// The snapshot's read timestamp, for systems that have one.
+    fn read_timestamp(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A commit that succeeded.

@@ -1,0 +1,497 @@
+//! `namdb tpcw`: the TPC-W benchmark (the paper's checkout, or a TPC-W mix) on RSI
+//! and on the baselines, in one harness and one run.
+//!
+//! RSI runs on an embedded sim cluster, or on memory-server processes this command
+//! starts (`--backend shm|tcp`). Each system is loaded with the same generated data,
+//! runs the same interactions for `--duration` after a warm-up (or a sweep over the
+//! number of clients), and is checked after every run (see `tpcw::runner`).
+
+use crate::backend::BackendKind;
+use crate::cluster_cmd::{ProcessEntry, spawn, stop_all};
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tpcw::interactions::Mix;
+use tpcw::rsi::{Room, Rsi};
+use tpcw::runner::{self, Ledger, RunConfig, RunReport};
+use tpcw::schema::{Rel, Scale};
+use tpcw::system::System;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SystemKind {
+    /// namdb's RDMA snapshot isolation on network-attached memory.
+    Rsi,
+}
+
+impl SystemKind {
+    fn name(self) -> &'static str {
+        match self {
+            SystemKind::Rsi => "rsi",
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TpcwArgs {
+    /// Systems to run, in this order, comma separated (e.g. `rsi,2pc,postgres`).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "rsi")]
+    pub system: Vec<SystemKind>,
+    /// RSI's fabric: `sim` (embedded), or `shm`/`tcp` (memory-server processes).
+    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+    pub backend: BackendKind,
+    /// The paper's checkout transaction, or a TPC-W mix.
+    #[arg(long, value_enum, default_value_t = Mix::Checkout)]
+    pub mix: Mix,
+    /// NUM_ITEMS.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub items: u64,
+    /// NUM_EBS: the population (2880 customers each) is sized for this many browsers.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub ebs: u64,
+    /// Bytes of an ITEM row (the paper's products are about 1 KB).
+    #[arg(long, value_name = "BYTES", default_value_t = 1024)]
+    pub item_bytes: u32,
+    /// Closed-loop clients (with `--sweep`: the most).
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub clients: u32,
+    /// Threads for RSI's clients (each runs clients as coroutines); the baselines
+    /// block, so they get a thread per client.
+    #[arg(long, value_name = "T")]
+    pub threads: Option<u32>,
+    /// Measured seconds per run.
+    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    pub duration: f64,
+    /// Seconds of warm-up before each measured run.
+    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    pub warmup: f64,
+    /// Run with 1, 2, 4, … up to `--clients` clients and plot throughput against
+    /// clients (`--svg`).
+    #[arg(long)]
+    pub sweep: bool,
+    /// Where `--sweep` draws its plot.
+    #[arg(long, value_name = "FILE", default_value = "tpcw-sweep.svg")]
+    pub svg: PathBuf,
+    /// Memory servers for RSI.
+    #[arg(long, value_name = "M", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub memory_servers: u32,
+    /// Record the stocks of every N-th item for the snapshot-isolation checker
+    /// (0: record nothing).
+    #[arg(long, value_name = "N", default_value_t = 101)]
+    pub sample_every: u64,
+    /// Write every run's result to FILE as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Where the processes' logs go (default: a temporary directory, removed after).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// The JSON document of a `namdb tpcw` run.
+#[derive(Serialize)]
+struct Output<'a> {
+    mix: Mix,
+    items: u64,
+    ebs: u64,
+    item_bytes: u32,
+    runs: &'a [RunReport],
+}
+
+pub fn run(args: &TpcwArgs) -> Result<()> {
+    ensure!(
+        args.duration > 0.0 && args.duration.is_finite(),
+        "--duration must be a positive number of seconds"
+    );
+    ensure!(
+        args.warmup >= 0.0 && args.warmup.is_finite(),
+        "--warmup must be zero or more seconds"
+    );
+    ensure!(
+        !args.system.is_empty(),
+        "--system needs at least one system"
+    );
+    let scale = Scale::new(args.items, args.ebs, args.item_bytes).map_err(anyhow::Error::msg)?;
+    if args.backend == BackendKind::Verbs {
+        bail!("tpcw runs RSI on sim, shm or tcp (verbs needs RDMA hardware: use `bench txn`)");
+    }
+    let dir = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            Workdir::Kept(d.clone())
+        }
+        None => Workdir::Temp(
+            tempfile::Builder::new()
+                .prefix("namdb-tpcw-")
+                .tempdir()
+                .context("creating a directory for the processes")?,
+        ),
+    };
+    let clients = client_counts(args);
+    let mut reports = Vec::new();
+    for &kind in &args.system {
+        eprintln!("== {} ==", kind.name());
+        let runs = match kind {
+            SystemKind::Rsi => {
+                let system = start_rsi(args, &scale, &clients, dir.path())?;
+                load_and_run(&system, &scale, args, &clients)?
+            }
+        };
+        reports.extend(runs);
+    }
+    print_summary(args, &reports);
+    if let Some(path) = &args.json {
+        let out = Output {
+            mix: args.mix,
+            items: args.items,
+            ebs: args.ebs,
+            item_bytes: args.item_bytes,
+            runs: &reports,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.sweep {
+        let series: Vec<tpcw::plot::Series> = args
+            .system
+            .iter()
+            .map(|k| tpcw::plot::Series {
+                label: label(k.name(), &reports),
+                points: reports
+                    .iter()
+                    .filter(|r| r.system == k.name())
+                    .map(|r| (r.clients, r.txn_per_sec))
+                    .collect(),
+            })
+            .collect();
+        let title = format!("TPC-W {} ({} items)", args.mix.name(), args.items);
+        tpcw::plot::throughput_svg(&args.svg, &title, &series).map_err(anyhow::Error::msg)?;
+        println!("plot: {}", args.svg.display());
+    }
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.checks_passed())
+        .map(|r| format!("{} with {} clients", r.system, r.clients))
+        .collect();
+    if !failed.is_empty() {
+        bail!("checks failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+fn label(system: &str, reports: &[RunReport]) -> String {
+    match reports.iter().find(|r| r.system == system) {
+        Some(r) => format!("{system} ({})", r.backend),
+        None => system.to_string(),
+    }
+}
+
+/// The client counts of the runs: `--clients`, or powers of two up to it.
+fn client_counts(args: &TpcwArgs) -> Vec<usize> {
+    let most = args.clients as usize;
+    if !args.sweep {
+        return vec![most];
+    }
+    let mut counts: Vec<usize> = std::iter::successors(Some(1usize), |c| Some(c * 2))
+        .take_while(|&c| c < most)
+        .collect();
+    counts.push(most);
+    counts
+}
+
+enum Workdir {
+    Temp(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl Workdir {
+    fn path(&self) -> &Path {
+        match self {
+            Workdir::Temp(t) => t.path(),
+            Workdir::Kept(p) => p,
+        }
+    }
+}
+
+fn threads(args: &TpcwArgs) -> usize {
+    args.threads
+        .map(|t| t as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+}
+
+/// Memory-server processes, stopped when dropped.
+struct MemoryServers {
+    entries: Vec<ProcessEntry>,
+    token_file: PathBuf,
+}
+
+impl Drop for MemoryServers {
+    fn drop(&mut self) {
+        stop_all(self.entries.iter(), &self.token_file);
+    }
+}
+
+/// Interactions per second the tables leave room for, by backend (a run beyond it
+/// fails with a clear "table full" error).
+fn interactions_per_sec(backend: BackendKind) -> f64 {
+    match backend {
+        // The sim's memory is touched only as tables fill: room costs little.
+        BackendKind::Sim => 1_500_000.0,
+        _ => 700_000.0,
+    }
+}
+
+fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> Result<Rsi> {
+    let seconds = clients.len() as f64 * (args.duration + args.warmup);
+    let all_clients: usize = clients.iter().sum();
+    let room = Room::for_runs(
+        args.mix,
+        seconds,
+        interactions_per_sec(args.backend),
+        all_clients as u64,
+    );
+    let servers = args.memory_servers as u64;
+    let bytes = tpcw::rsi::bytes_needed(scale, &room, servers as u32)?;
+    // Hash partitioning spreads rows evenly to within a few percent; the rest is the
+    // oracle's and the catalog's.
+    let per_server = bytes / servers + bytes / servers / 8 + (64 << 20);
+    let slots = threads(args) as u32 + 4;
+    let options = txn::Options {
+        servers: servers as usize,
+        server_bytes: per_server,
+        slots,
+        ..txn::Options::default()
+    };
+    let mut system = match args.backend {
+        BackendKind::Sim => {
+            let db = txn::Database::embedded(options)?;
+            Rsi::new(db, "sim".into(), room, Box::new(()))
+        }
+        backend => {
+            let token_file = dir.join("token");
+            memory_server::generate_token_file(&token_file)?;
+            let token = memory_server::ClusterToken::from_file(&token_file)?;
+            let mut servers_up = MemoryServers {
+                entries: Vec::new(),
+                token_file: token_file.clone(),
+            };
+            eprintln!(
+                "starting {servers} {} memory servers of {} MiB each",
+                backend.name(),
+                per_server >> 20
+            );
+            for i in 0..servers {
+                let name = format!("memory-server-{i}");
+                let argv: Vec<String> = [
+                    "memory-server",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--token-file",
+                    &token_file.display().to_string(),
+                    "--backend",
+                    backend.name(),
+                    "--size",
+                    &per_server.to_string(),
+                ]
+                .into_iter()
+                .map(String::from)
+                .collect();
+                let entry = spawn(
+                    &name,
+                    "memory server",
+                    &argv,
+                    &dir.join(format!("{name}.log")),
+                )?;
+                servers_up.entries.push(entry);
+            }
+            let addrs: Vec<String> = servers_up
+                .entries
+                .iter()
+                .map(|e| e.address.clone())
+                .collect();
+            let remote = compute_node::connect(&addrs, &token, options)
+                .context("connecting to the memory servers")?;
+            let backend = remote.backend.clone();
+            let db = remote.db.clone();
+            Rsi::new(db, backend, room, Box::new((remote, servers_up)))
+        }
+    };
+    system.create_tables(scale)?;
+    Ok(system)
+}
+
+/// Loads `system` with progress, then runs every client count.
+fn load_and_run<S: System>(
+    system: &S,
+    scale: &Scale,
+    args: &TpcwArgs,
+    clients: &[usize],
+) -> Result<Vec<RunReport>> {
+    load(system, scale)?;
+    let mut ledger = Ledger::default();
+    let mut reports = Vec::new();
+    for &n in clients {
+        let config = RunConfig {
+            mix: args.mix,
+            clients: n,
+            threads: threads(args),
+            warmup: Duration::from_secs_f64(args.warmup),
+            duration: Duration::from_secs_f64(args.duration),
+            sample_every: args.sample_every,
+            progress: true,
+            seed: args.seed,
+        };
+        eprintln!(
+            "{} ({}): {} with {n} clients for {} s after {} s of warm-up",
+            system.name(),
+            system.backend(),
+            args.mix.name(),
+            args.duration,
+            args.warmup
+        );
+        let report = runner::run(system, scale, &config, &mut ledger)?;
+        eprintln!(
+            "  {:.0} txn/s, abort rate {:.2}%, p50 {:.1} µs, p99 {:.1} µs",
+            report.txn_per_sec,
+            report.abort_rate * 100.0,
+            report.p50_us,
+            report.p99_us
+        );
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+/// Loads the generated data, printing progress about once a second.
+fn load<S: System>(system: &S, scale: &Scale) -> Result<()> {
+    let started = Instant::now();
+    let last = Mutex::new(Instant::now());
+    eprintln!(
+        "loading {} items, {} customers, {} orders into {} ({})",
+        scale.items,
+        scale.customers(),
+        scale.orders(),
+        system.name(),
+        system.backend()
+    );
+    system.load(scale, &|rel: Rel, done, total| {
+        let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.elapsed() >= Duration::from_secs(1) || done == total {
+            *last = Instant::now();
+            eprintln!(
+                "  {:>18}: {done:>9} of {total} ({:.1} s)",
+                rel.name(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    })?;
+    eprintln!("loaded in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn print_summary(args: &TpcwArgs, reports: &[RunReport]) {
+    println!();
+    println!(
+        "TPC-W {} — {} items, {} EBs, {}-byte items, {} s per run",
+        args.mix.name(),
+        args.items,
+        args.ebs,
+        args.item_bytes,
+        args.duration
+    );
+    println!(
+        "{:<9} {:<8} {:>7} {:>13} {:>8} {:>10} {:>10} {:>11}  checks",
+        "system", "backend", "clients", "txn/s", "aborts", "p50 µs", "p99 µs", "committed"
+    );
+    for r in reports {
+        println!(
+            "{:<9} {:<8} {:>7} {:>13.0} {:>7.2}% {:>10.1} {:>10.1} {:>11}  {}",
+            r.system,
+            r.backend,
+            r.clients,
+            r.txn_per_sec,
+            r.abort_rate * 100.0,
+            r.p50_us,
+            r.p99_us,
+            r.committed,
+            checks_line(r)
+        );
+    }
+    if args.mix != Mix::Checkout {
+        for r in reports {
+            println!(
+                "\n{} ({}), {} clients, per interaction:",
+                r.system, r.backend, r.clients
+            );
+            println!(
+                "  {:<22} {:>12} {:>9} {:>10} {:>10}",
+                "interaction", "txn/s", "aborts", "p50 µs", "p99 µs"
+            );
+            for i in &r.interactions {
+                println!(
+                    "  {:<22} {:>12.1} {:>9} {:>10.1} {:>10.1}",
+                    i.interaction.name(),
+                    i.txn_per_sec,
+                    i.aborted,
+                    i.p50_us,
+                    i.p99_us
+                );
+            }
+        }
+    }
+    // Ratios of RSI to each baseline at the same client count.
+    for r in reports.iter().filter(|r| r.system == "rsi") {
+        for b in reports
+            .iter()
+            .filter(|b| b.system != "rsi" && b.clients == r.clients && b.txn_per_sec > 0.0)
+        {
+            println!(
+                "rsi ({}) / {} at {} clients: {:.1}x",
+                r.backend,
+                b.system,
+                r.clients,
+                r.txn_per_sec / b.txn_per_sec
+            );
+        }
+    }
+}
+
+fn checks_line(r: &RunReport) -> String {
+    let c = &r.checks;
+    let mut parts = vec![
+        format!(
+            "stock {}",
+            if c.stock_conserved { "ok" } else { "VIOLATED" }
+        ),
+        format!("orders {}", if c.orders_present { "ok" } else { "MISSING" }),
+    ];
+    if let Some(v) = &c.history_verdict {
+        parts.push(format!("SI {v} ({} txns)", c.history_txns));
+    }
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TpcwArgs,
+    }
+
+    #[test]
+    fn sweeps_double_up_to_the_most_clients() {
+        let cli = Cli::parse_from(["t", "--sweep", "--clients", "48"]);
+        assert_eq!(client_counts(&cli.args), vec![1, 2, 4, 8, 16, 32, 48]);
+        let cli = Cli::parse_from(["t", "--clients", "48"]);
+        assert_eq!(client_counts(&cli.args), vec![48]);
+    }
+}

@@ -1,0 +1,276 @@
+//! RSI: the TPC-W relations as namdb tables, transactions run by [`txn::Worker`]s
+//! (many clients per thread as coroutines).
+//!
+//! Tables are sized up front ([`Room`]): the generated rows plus what the runs may add.
+//! Versions per record follow the paper (§4.2: a block keeps n versions, reads fetch
+//! the block): rows that are only inserted keep one, updated ones two, the small
+//! per-subject index four.
+
+use crate::interactions::{Interaction, Mix};
+use crate::load;
+use crate::schema::{MAX_LINES, Rel, Scale, max_row_bytes};
+use crate::system::{AbortReason, ClientFuture, Committed, Engine, Error, Result, Session, System};
+use std::sync::Arc;
+use txn::{AsyncTransaction, Database, Table, TableSpec, TxnError, Worker};
+
+/// Rows the runs may add beyond the generated data.
+#[derive(Clone, Copy, Debug)]
+pub struct Room {
+    pub orders: u64,
+    pub order_lines: u64,
+    /// Credit-card transactions (Buy Confirm makes one per order; checkout none).
+    pub cc_xacts: u64,
+    /// Customers (with one address each).
+    pub customers: u64,
+    /// Carts: at most one per client.
+    pub carts: u64,
+}
+
+impl Room {
+    /// Room for `seconds` of runs of `mix` by up to `clients` clients (over all runs)
+    /// at up to `per_sec` interactions a second.
+    pub fn for_runs(mix: Mix, seconds: f64, per_sec: f64, clients: u64) -> Room {
+        let share = |i: Interaction| {
+            mix.weights()
+                .iter()
+                .filter(|w| w.0 == i)
+                .map(|w| w.1 / 100.0)
+                .sum::<f64>()
+        };
+        let rows = |fraction: f64| (seconds * per_sec * fraction).ceil() as u64 + 1000;
+        let checkouts = share(Interaction::Checkout);
+        let confirms = share(Interaction::BuyConfirm);
+        let orders = rows(checkouts + confirms);
+        Room {
+            orders,
+            // Checkout makes three lines; a confirmed cart holds two on average and at
+            // most MAX_LINES (an unlucky run ends with "table full").
+            order_lines: rows(checkouts * 3.0 + confirms * 4.0),
+            cc_xacts: rows(confirms),
+            customers: rows(share(Interaction::BuyRequest) * 0.2),
+            carts: clients + 1000,
+        }
+    }
+}
+
+/// What the tables of `scale` with `room` are made of, partitioned over `servers`
+/// memory servers.
+pub fn table_specs(scale: &Scale, room: &Room, servers: u32) -> Vec<(Rel, TableSpec)> {
+    Rel::ALL
+        .iter()
+        .map(|&rel| {
+            let (rows, versions) = match rel {
+                Rel::Country | Rel::Author => (scale.rows(rel), 1),
+                Rel::Item => (scale.items, 2),
+                Rel::Customer => (scale.customers() + room.customers, 2),
+                Rel::Address => (scale.addresses() + room.customers, 1),
+                Rel::Orders => (scale.orders() + room.orders, 1),
+                Rel::CcXacts => (scale.orders() + room.cc_xacts, 1),
+                // Generated orders have one to five lines.
+                Rel::OrderLine => (scale.orders() * 5 + room.order_lines, 1),
+                Rel::ShoppingCart => (room.carts, 2),
+                Rel::ShoppingCartLine => (room.carts * MAX_LINES, 2),
+                Rel::NewProducts => (scale.rows(rel), 4),
+            };
+            // Keys hash over partitions: room for an unlucky spread of few rows.
+            let capacity = rows + rows / 16 + 256;
+            let mut spec = TableSpec::new(rel.name(), max_row_bytes(rel, scale), capacity);
+            spec.versions = versions;
+            // Each partition has its own index: size it for the partition's rows.
+            spec.partitions = servers;
+            spec.index.buckets = (capacity.div_ceil(servers as u64) / 2).max(1);
+            (rel, spec)
+        })
+        .collect()
+}
+
+/// Bytes of memory-server memory the tables need, over all `servers`.
+pub fn bytes_needed(scale: &Scale, room: &Room, servers: u32) -> Result<u64> {
+    let mut total = 0;
+    for (_, spec) in table_specs(scale, room, servers) {
+        let block = txn::layout::BlockShape::new(spec.versions, spec.value_cap)
+            .map_err(|e| Error::System(e.to_string()))?
+            .block_bytes();
+        total += spec.capacity * block + spec.index.region_bytes() * servers as u64;
+    }
+    Ok(total)
+}
+
+pub struct Rsi {
+    db: Database,
+    backend: String,
+    room: Room,
+    tables: Arc<[Arc<Table>]>,
+    /// What must live as long as the database (memory-server processes, sockets).
+    _keep: Box<dyn Send + Sync>,
+}
+
+impl Rsi {
+    /// RSI over `db`, whose tables `load` creates (or finds, if another node did).
+    pub fn new(db: Database, backend: String, room: Room, keep: Box<dyn Send + Sync>) -> Rsi {
+        Rsi {
+            db,
+            backend,
+            room,
+            tables: Arc::from(Vec::new()),
+            _keep: keep,
+        }
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// Creates the tables of `scale` (before [`System::load`] fills them).
+    pub fn create_tables(&mut self, scale: &Scale) -> Result<()> {
+        let mut tables = Vec::new();
+        for (rel, spec) in table_specs(scale, &self.room, self.db.servers() as u32) {
+            let table = self
+                .db
+                .create_table(spec)
+                .map_err(|e| Error::System(format!("creating table {}: {e}", rel.name())))?;
+            tables.push(table);
+        }
+        self.tables = Arc::from(tables);
+        Ok(())
+    }
+}
+
+fn map_err(e: TxnError) -> Error {
+    match e {
+        TxnError::Conflict { .. } => Error::aborted(AbortReason::Conflict, e.to_string()),
+        TxnError::SnapshotTooOld { .. } => {
+            Error::aborted(AbortReason::SnapshotTooOld, e.to_string())
+        }
+        TxnError::DuplicateKey { .. } => Error::aborted(AbortReason::DuplicateKey, e.to_string()),
+        TxnError::TableFull { table, capacity } => Error::System(format!(
+            "table {table} is full ({capacity} records): the run added more rows than the \
+             room it was sized for; run for less time or give more room"
+        )),
+        e => Error::System(e.to_string()),
+    }
+}
+
+impl System for Rsi {
+    type Engine = RsiEngine;
+
+    fn name(&self) -> &'static str {
+        "rsi"
+    }
+
+    fn backend(&self) -> String {
+        self.backend.clone()
+    }
+
+    fn engine(&self, _thread: usize) -> Result<RsiEngine> {
+        if self.tables.len() != Rel::ALL.len() {
+            return Err(Error::System(
+                "the tables are not created yet (create_tables)".into(),
+            ));
+        }
+        Ok(RsiEngine {
+            worker: self.db.worker().map_err(map_err)?,
+            tables: self.tables.clone(),
+        })
+    }
+
+    fn max_clients_per_thread(&self) -> usize {
+        4096
+    }
+
+    fn load(&self, scale: &Scale, progress: &(dyn Fn(Rel, u64, u64) + Sync)) -> Result<()> {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
+        load::load_through_transactions(self, scale, threads, 8, progress)
+    }
+}
+
+pub struct RsiEngine {
+    worker: Worker,
+    tables: Arc<[Arc<Table>]>,
+}
+
+pub struct RsiTxn<'a> {
+    txn: AsyncTransaction<'a>,
+    tables: &'a [Arc<Table>],
+    /// Keys per `get_many` call, so a call's blocks fit the transaction's buffer.
+    scratch_bytes: u64,
+}
+
+impl RsiTxn<'_> {
+    fn table(&self, rel: Rel) -> &Arc<Table> {
+        &self.tables[rel.index()]
+    }
+}
+
+impl Session for RsiTxn<'_> {
+    async fn get(&mut self, rel: Rel, key: u64) -> Result<Option<Vec<u8>>> {
+        let table = self.tables[rel.index()].clone();
+        self.txn.get(&table, key).await.map_err(map_err)
+    }
+
+    async fn get_many(&mut self, rel: Rel, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
+        let table = self.table(rel).clone();
+        let per_call = (self.scratch_bytes / 2 / (table.shape.block_bytes() + 64)).max(1) as usize;
+        if keys.len() <= per_call {
+            return self.txn.get_many(&table, keys).await.map_err(map_err);
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(per_call) {
+            out.extend(self.txn.get_many(&table, chunk).await.map_err(map_err)?);
+        }
+        Ok(out)
+    }
+
+    async fn put(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()> {
+        let table = self.table(rel).clone();
+        self.txn.put(&table, key, row).await.map_err(map_err)
+    }
+
+    async fn insert(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()> {
+        let table = self.table(rel).clone();
+        self.txn.insert(&table, key, row).await.map_err(map_err)
+    }
+
+    async fn delete(&mut self, rel: Rel, key: u64) -> Result<()> {
+        let table = self.table(rel).clone();
+        self.txn.delete(&table, key).await.map_err(map_err)
+    }
+
+    async fn version(&mut self, rel: Rel, key: u64) -> Result<Option<u64>> {
+        let table = self.table(rel).clone();
+        self.txn.get_version(&table, key).await.map_err(map_err)
+    }
+
+    fn read_timestamp(&self) -> Option<u64> {
+        Some(self.txn.rid())
+    }
+}
+
+impl Engine for RsiEngine {
+    type Txn<'a> = RsiTxn<'a>;
+
+    async fn begin(&self, after: u64) -> Result<RsiTxn<'_>> {
+        Ok(RsiTxn {
+            txn: self.worker.begin(after).await.map_err(map_err)?,
+            tables: &self.tables,
+            scratch_bytes: self.worker.database().options().scratch_bytes,
+        })
+    }
+
+    async fn commit<'a>(&'a self, txn: RsiTxn<'a>) -> Result<Committed> {
+        let cid = txn.txn.commit().await.map_err(map_err)?;
+        Ok(Committed { cid })
+    }
+
+    fn abort<'a>(&'a self, txn: RsiTxn<'a>) {
+        txn.txn.abort();
+    }
+
+    fn run_clients<'a, T>(
+        &'a self,
+        clients: usize,
+        make: impl FnMut(usize) -> ClientFuture<'a, T>,
+    ) -> Vec<T> {
+        self.worker.run_coroutines(clients, make)
+    }
+}

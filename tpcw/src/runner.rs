@@ -1,0 +1,649 @@
+//! The runner: closed-loop clients (threads × clients per thread) run a mix against a
+//! [`System`] for a warm-up and a measured duration; then the run is checked.
+//!
+//! - An interaction that aborts is retried until it commits (as a browser would
+//!   resubmit); every abort is counted by reason. Latency is from the first attempt's
+//!   begin to the commit.
+//! - Live progress goes to stderr once a second.
+//! - Checks after every run: stock conservation (for every item sold since the load:
+//!   generated stock − quantity sold + 21 × restocks = stock now, using the tallies
+//!   of committed interactions — see [`Ledger`]), every acknowledged order present
+//!   (each client's order stream holds exactly the orders it committed), and, when
+//!   a sample is recorded, the snapshot-isolation checker on the history of the
+//!   sampled items' stocks.
+
+use crate::generate;
+use crate::interactions::{self, Client, Effects, Interaction, Mix, Shared};
+use crate::schema::{Item, Rel, Scale, stream_id};
+use crate::system::{AbortReason, Engine, Error, Result, Session, System};
+use hdrhistogram::Histogram;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde::Serialize;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+use verify::history::{JsonlWriter, ReadValue};
+use verify::recorder::{Recorder, TxnRecord};
+
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub mix: Mix,
+    /// Closed-loop clients in all.
+    pub clients: usize,
+    /// Threads they run on (systems whose calls block get one thread per client).
+    pub threads: usize,
+    pub warmup: Duration,
+    pub duration: Duration,
+    /// Record the stocks of items whose id is a multiple of this (0: no history).
+    pub sample_every: u64,
+    /// Print progress to stderr.
+    pub progress: bool,
+    pub seed: u64,
+}
+
+/// What the runs against one database have done since its load: the sales of committed
+/// interactions per item, and the id streams used (each run takes new ones).
+#[derive(Default)]
+pub struct Ledger {
+    /// Item → (quantity sold, restocks).
+    pub sold: HashMap<u64, (i64, i64)>,
+    /// Orders committed per stream.
+    pub orders: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct InteractionReport {
+    pub interaction: Interaction,
+    pub committed: u64,
+    pub aborted: u64,
+    pub txn_per_sec: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Checks {
+    /// Items whose stock was checked (every item sold so far).
+    pub items_checked: u64,
+    pub stock_conserved: bool,
+    /// Orders acknowledged so far, all found.
+    pub orders_checked: u64,
+    pub orders_present: bool,
+    /// Transactions in the recorded sample, and the checker's verdict on them.
+    pub history_txns: u64,
+    pub history_verdict: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    pub system: String,
+    pub backend: String,
+    pub mix: Mix,
+    pub clients: usize,
+    pub threads: usize,
+    pub seconds: f64,
+    pub committed: u64,
+    pub aborted: u64,
+    pub txn_per_sec: f64,
+    pub abort_rate: f64,
+    pub aborts: BTreeMap<AbortReason, u64>,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub interactions: Vec<InteractionReport>,
+    pub checks: Checks,
+}
+
+impl RunReport {
+    /// Whether every check passed (an inconclusive history check is not a failure).
+    pub fn checks_passed(&self) -> bool {
+        self.checks.stock_conserved
+            && self.checks.orders_present
+            && self.checks.history_verdict.as_deref() != Some("invalid")
+    }
+}
+
+/// One interaction kind's counts on one thread.
+struct KindTally {
+    committed: u64,
+    aborted: u64,
+    latency_ns: Histogram<u64>,
+}
+
+struct ThreadTally {
+    kinds: BTreeMap<Interaction, KindTally>,
+    aborts: BTreeMap<AbortReason, u64>,
+    sold: HashMap<u64, (i64, i64)>,
+    /// (stream, orders committed) of this thread's clients.
+    orders: Vec<(u64, u64)>,
+}
+
+impl ThreadTally {
+    fn new() -> ThreadTally {
+        ThreadTally {
+            kinds: BTreeMap::new(),
+            aborts: BTreeMap::new(),
+            sold: HashMap::new(),
+            orders: Vec::new(),
+        }
+    }
+
+    fn kind(&mut self, kind: Interaction) -> Result<&mut KindTally> {
+        match self.kinds.entry(kind) {
+            std::collections::btree_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let latency_ns = Histogram::new_with_bounds(1, 600_000_000_000, 3)
+                    .map_err(|e| Error::System(format!("histogram: {e}")))?;
+                Ok(e.insert(KindTally {
+                    committed: 0,
+                    aborted: 0,
+                    latency_ns,
+                }))
+            }
+        }
+    }
+}
+
+type HistoryRecorder = Recorder<JsonlWriter<Vec<u8>>>;
+
+/// Commits counted across threads for the progress line, published in batches.
+struct Progress {
+    committed: AtomicU64,
+    aborted: AtomicU64,
+}
+
+const PUBLISH_EVERY: u64 = 256;
+
+/// Runs `config` on `system` (loaded at `scale`), then checks the database.
+pub fn run<S: System>(
+    system: &S,
+    scale: &Scale,
+    config: &RunConfig,
+    ledger: &mut Ledger,
+) -> Result<RunReport> {
+    if config.clients == 0 {
+        return Err(Error::System("a run needs at least one client".into()));
+    }
+    let per_thread_max = system.max_clients_per_thread().max(1);
+    let threads = config
+        .threads
+        .max(config.clients.div_ceil(per_thread_max))
+        .min(config.clients);
+    let first_stream = ledger.orders.len() as u64;
+    let streams = first_stream + config.clients as u64;
+    let shared = Shared::new(*scale, streams, config.sample_every);
+    let recorder = (config.sample_every > 0).then(|| Recorder::new(JsonlWriter::new(Vec::new())));
+    if let Some(rec) = &recorder {
+        record_initial_stocks(system, scale, config.sample_every, rec)?;
+    }
+    let progress = Progress {
+        committed: AtomicU64::new(0),
+        aborted: AtomicU64::new(0),
+    };
+    let measuring = AtomicBool::new(false);
+    let barrier = Barrier::new(threads + 1);
+    let started = Mutex::new(None::<Instant>);
+    let tallies: Vec<Result<ThreadTally>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (shared, recorder, progress, barrier, measuring) =
+                    (&shared, recorder.as_ref(), &progress, &barrier, &measuring);
+                let clients = config.clients / threads + usize::from(t < config.clients % threads);
+                // Client c of thread t: a global index, its stream after the earlier runs'.
+                let first_client: usize = (0..t)
+                    .map(|u| config.clients / threads + usize::from(u < config.clients % threads))
+                    .sum();
+                s.spawn(move || {
+                    let engine = system.engine(t);
+                    barrier.wait();
+                    let engine = engine?;
+                    let start = Instant::now();
+                    let tally = RefCell::new(ThreadTally::new());
+                    let outcomes = engine.run_clients(clients, |c| {
+                        let client_index = (first_client + c) as u64;
+                        let (engine, tally) = (&engine, &tally);
+                        Box::pin(async move {
+                            let stream = first_stream + client_index;
+                            let rng = SmallRng::seed_from_u64(
+                                config.seed ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                            );
+                            let mut client = Client::new(stream, &shared.scale, rng);
+                            let outcome = client_loop(
+                                engine,
+                                &mut client,
+                                shared,
+                                config,
+                                start,
+                                tally,
+                                recorder,
+                                progress,
+                                measuring,
+                            )
+                            .await;
+                            tally.borrow_mut().orders.push((stream, client.next_order));
+                            outcome
+                        })
+                    });
+                    for o in outcomes {
+                        o?;
+                    }
+                    Ok(tally.into_inner())
+                })
+            })
+            .collect();
+        barrier.wait();
+        *started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        watch(config, &progress, &measuring);
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::System("a client thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut merged = ThreadTally::new();
+    let mut first_error = None;
+    for t in tallies {
+        match t {
+            Ok(t) => merge(&mut merged, t)?,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    for (item, (qty, restocks)) in &merged.sold {
+        let entry = ledger.sold.entry(*item).or_default();
+        entry.0 += qty;
+        entry.1 += restocks;
+    }
+    ledger.orders.resize(streams as usize, 0);
+    for &(stream, orders) in &merged.orders {
+        ledger.orders[stream as usize] = orders;
+    }
+    let seconds = config.duration.as_secs_f64();
+    let mut report = summarize(system, config, threads, seconds, &merged)?;
+    report.checks = check(system, ledger, recorder, config.progress)?;
+    Ok(report)
+}
+
+/// Prints progress until the run ends, and flips `measuring` after the warm-up.
+fn watch(config: &RunConfig, progress: &Progress, measuring: &AtomicBool) {
+    let start = Instant::now();
+    let end = start + config.warmup + config.duration;
+    let mut last = (start, 0u64);
+    let mut warm = config.warmup.is_zero();
+    measuring.store(warm, Ordering::Relaxed);
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            return;
+        }
+        if !warm && now >= start + config.warmup {
+            warm = true;
+            measuring.store(true, Ordering::Relaxed);
+        }
+        let next = (last.0 + Duration::from_secs(1)).min(end).min(if warm {
+            end
+        } else {
+            start + config.warmup
+        });
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        let now = Instant::now();
+        let committed = progress.committed.load(Ordering::Relaxed);
+        if config.progress && now.duration_since(last.0) >= Duration::from_millis(900) {
+            let rate = (committed - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
+            eprintln!(
+                "  {:5.1} s{}  {:>10.0} txn/s  committed {committed}  aborted {}",
+                now.duration_since(start).as_secs_f64(),
+                if warm { "" } else { " (warm-up)" },
+                rate,
+                progress.aborted.load(Ordering::Relaxed),
+            );
+            last = (now, committed);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn client_loop<E: Engine>(
+    engine: &E,
+    client: &mut Client,
+    shared: &Shared,
+    config: &RunConfig,
+    start: Instant,
+    tally: &RefCell<ThreadTally>,
+    recorder: Option<&HistoryRecorder>,
+    progress: &Progress,
+    measuring: &AtomicBool,
+) -> Result<()> {
+    let picker = config.mix.picker();
+    let end = start + config.warmup + config.duration;
+    let (mut unpublished_commits, mut unpublished_aborts) = (0u64, 0u64);
+    let mut now = Instant::now();
+    while now < end {
+        let kind = picker.pick(&mut client.rng);
+        let began = now;
+        let measured = measuring.load(Ordering::Relaxed);
+        let mut aborts = 0u64;
+        loop {
+            let mut record = recorder.map(|r| r.begin(client.stream));
+            let mut txn = engine.begin(client.last_commit).await?;
+            let rid = txn.read_timestamp();
+            let outcome = match interactions::run(kind, &mut txn, client, shared).await {
+                Ok(fx) => engine.commit(txn).await.map(|c| (fx, c)),
+                Err(e) => {
+                    engine.abort(txn);
+                    Err(e)
+                }
+            };
+            match outcome {
+                Ok((fx, committed)) => {
+                    client.committed(&fx);
+                    if let Some(cid) = committed.cid {
+                        client.last_commit = cid;
+                    }
+                    if let (Some(rec), Some(r)) = (recorder, record.as_mut()) {
+                        r.set_read_timestamp(rid);
+                        if sample_ops(r, &fx, config.sample_every) {
+                            rec.committed(record.take().expect("some"), committed.cid)
+                                .map_err(|e| Error::System(format!("recording: {e}")))?;
+                        }
+                    }
+                    let mut t = tally.borrow_mut();
+                    for sale in &fx.sales {
+                        let e = t.sold.entry(sale.item).or_default();
+                        e.0 += sale.qty as i64;
+                        e.1 += i64::from(sale.restocked);
+                    }
+                    if measured {
+                        let k = t.kind(kind)?;
+                        k.committed += 1;
+                        k.aborted += aborts;
+                        let finished = Instant::now();
+                        k.latency_ns
+                            .saturating_record((finished - began).as_nanos().max(1) as u64);
+                        now = finished;
+                    } else {
+                        now = Instant::now();
+                    }
+                    unpublished_commits += 1;
+                    break;
+                }
+                Err(Error::Aborted { reason, .. }) => {
+                    aborts += 1;
+                    unpublished_aborts += 1;
+                    if measured {
+                        *tally.borrow_mut().aborts.entry(reason).or_default() += 1;
+                    }
+                    if aborts > 10_000 {
+                        return Err(Error::System(format!(
+                            "{} aborted 10000 times in a row; last: {reason:?}",
+                            kind.name()
+                        )));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if unpublished_commits >= PUBLISH_EVERY {
+            progress
+                .committed
+                .fetch_add(unpublished_commits, Ordering::Relaxed);
+            progress
+                .aborted
+                .fetch_add(unpublished_aborts, Ordering::Relaxed);
+            (unpublished_commits, unpublished_aborts) = (0, 0);
+        }
+    }
+    progress
+        .committed
+        .fetch_add(unpublished_commits, Ordering::Relaxed);
+    progress
+        .aborted
+        .fetch_add(unpublished_aborts, Ordering::Relaxed);
+    Ok(())
+}
+
+fn item_key(item: u64) -> String {
+    format!("item:{item}")
+}
+
+/// Adds the sampled items' stock reads and writes of `fx` to `record`; whether any.
+fn sample_ops(record: &mut TxnRecord, fx: &Effects, every: u64) -> bool {
+    let mut any = false;
+    for sale in fx.sales.iter().filter(|s| s.item % every == 0) {
+        record.read(
+            &item_key(sale.item),
+            ReadValue::Register(sale.before as i64),
+            sale.version,
+        );
+        record.write(&item_key(sale.item), sale.after as i64);
+        any = true;
+    }
+    for &(item, stock, version) in fx.stock_reads.iter().filter(|r| r.0 % every == 0) {
+        record.read(&item_key(item), ReadValue::Register(stock as i64), version);
+        any = true;
+    }
+    any
+}
+
+/// Records the sampled items' stocks before the run as the transactions that wrote
+/// them (grouped by version, so the white-box checker can replay the system's order).
+fn record_initial_stocks<S: System>(
+    system: &S,
+    scale: &Scale,
+    every: u64,
+    recorder: &HistoryRecorder,
+) -> Result<()> {
+    let items: Vec<u64> = (1..=scale.items).filter(|i| i % every == 0).collect();
+    let engine = system.engine(0)?;
+    let by_version = run_one(&engine, async |engine: &S::Engine| {
+        let mut by_version: BTreeMap<Option<u64>, Vec<(u64, i32)>> = BTreeMap::new();
+        let mut txn = engine.begin(0).await?;
+        for chunk in items.chunks(256) {
+            let rows = txn.get_many(Rel::Item, chunk).await?;
+            for (row, &id) in rows.into_iter().zip(chunk) {
+                let row = row.ok_or_else(|| Error::Data(format!("item {id} is missing")))?;
+                let version = txn.version(Rel::Item, id).await?;
+                by_version
+                    .entry(version)
+                    .or_default()
+                    .push((id, Item::stock_of(&row)?));
+            }
+        }
+        engine.abort(txn);
+        Ok(by_version)
+    })?;
+    for (version, stocks) in by_version {
+        let mut record = recorder.begin(u64::MAX);
+        for (id, stock) in stocks {
+            record.write(&item_key(id), stock as i64);
+        }
+        recorder
+            .committed(record, version)
+            .map_err(|e| Error::System(format!("recording: {e}")))?;
+    }
+    Ok(())
+}
+
+fn merge(into: &mut ThreadTally, from: ThreadTally) -> Result<()> {
+    for (kind, k) in from.kinds {
+        let t = into.kind(kind)?;
+        t.committed += k.committed;
+        t.aborted += k.aborted;
+        t.latency_ns
+            .add(&k.latency_ns)
+            .map_err(|e| Error::System(format!("histogram: {e}")))?;
+    }
+    for (reason, n) in from.aborts {
+        *into.aborts.entry(reason).or_default() += n;
+    }
+    for (item, (qty, restocks)) in from.sold {
+        let e = into.sold.entry(item).or_default();
+        e.0 += qty;
+        e.1 += restocks;
+    }
+    into.orders.extend(from.orders);
+    Ok(())
+}
+
+fn summarize<S: System>(
+    system: &S,
+    config: &RunConfig,
+    threads: usize,
+    seconds: f64,
+    t: &ThreadTally,
+) -> Result<RunReport> {
+    let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3)
+        .map_err(|e| Error::System(format!("histogram: {e}")))?;
+    let (mut committed, mut aborted) = (0, 0);
+    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let mut interactions = Vec::new();
+    for (&kind, k) in &t.kinds {
+        committed += k.committed;
+        aborted += k.aborted;
+        all.add(&k.latency_ns)
+            .map_err(|e| Error::System(format!("histogram: {e}")))?;
+        interactions.push(InteractionReport {
+            interaction: kind,
+            committed: k.committed,
+            aborted: k.aborted,
+            txn_per_sec: k.committed as f64 / seconds,
+            p50_us: us(&k.latency_ns, 0.5),
+            p99_us: us(&k.latency_ns, 0.99),
+        });
+    }
+    Ok(RunReport {
+        system: system.name().to_string(),
+        backend: system.backend(),
+        mix: config.mix,
+        clients: config.clients,
+        threads,
+        seconds,
+        committed,
+        aborted,
+        txn_per_sec: committed as f64 / seconds,
+        abort_rate: if committed + aborted == 0 {
+            0.0
+        } else {
+            aborted as f64 / (committed + aborted) as f64
+        },
+        aborts: t.aborts.clone(),
+        p50_us: us(&all, 0.5),
+        p99_us: us(&all, 0.99),
+        p999_us: us(&all, 0.999),
+        interactions,
+        checks: Checks::default(),
+    })
+}
+
+/// The checks of the module's docs.
+fn check<S: System>(
+    system: &S,
+    ledger: &Ledger,
+    recorder: Option<HistoryRecorder>,
+    progress: bool,
+) -> Result<Checks> {
+    let started = Instant::now();
+    let engine = system.engine(0)?;
+    let mut checks = Checks::default();
+    let items: Vec<u64> = {
+        let mut v: Vec<u64> = ledger.sold.keys().copied().collect();
+        v.sort_unstable();
+        v
+    };
+    let (bad_stock, missing_orders) = run_one(&engine, async |engine: &S::Engine| {
+        let (mut bad_stock, mut missing_orders) = (Vec::new(), Vec::new());
+        let mut txn = engine.begin(0).await?;
+        for chunk in items.chunks(256) {
+            let rows = txn.get_many(Rel::Item, chunk).await?;
+            for (row, &id) in rows.into_iter().zip(chunk) {
+                let row = row.ok_or_else(|| Error::Data(format!("item {id} is missing")))?;
+                let now = Item::stock_of(&row)? as i64;
+                let (sold, restocks) = ledger.sold[&id];
+                let expected = generate::initial_stock(id) as i64 - sold + 21 * restocks;
+                if now != expected {
+                    bad_stock.push((id, expected, now));
+                }
+            }
+            checks.items_checked += chunk.len() as u64;
+        }
+        for (stream, &count) in ledger.orders.iter().enumerate() {
+            let stream = stream as u64;
+            // The first, the last, and the one after the last (which must not exist).
+            let probes: Vec<u64> = [0, count.saturating_sub(1), count]
+                .into_iter()
+                .map(|seq| stream_id(stream, seq))
+                .collect();
+            let rows = txn.get_many(Rel::Orders, &probes).await?;
+            let present = count == 0 || (rows[0].is_some() && rows[1].is_some());
+            if !present || rows[2].is_some() {
+                missing_orders.push((stream, count));
+            }
+            checks.orders_checked += count;
+        }
+        engine.abort(txn);
+        Ok((bad_stock, missing_orders))
+    })?;
+    checks.stock_conserved = bad_stock.is_empty();
+    checks.orders_present = missing_orders.is_empty();
+    for (id, expected, now) in bad_stock.iter().take(5) {
+        eprintln!("stock check: item {id} has stock {now}, expected {expected}");
+    }
+    for (stream, count) in missing_orders.iter().take(5) {
+        eprintln!(
+            "order check: client stream {stream} committed {count} orders, the database disagrees"
+        );
+    }
+    if let Some(rec) = recorder {
+        let bytes = rec.into_sink().into_inner();
+        let index = verify::index::load_jsonl(std::io::Cursor::new(bytes), 3)
+            .map_err(|e| Error::System(format!("reading back the recorded history: {e}")))?;
+        checks.history_txns = index.stats().txns;
+        let report = verify::report::check(&index, verify::report::Model::SnapshotIsolation);
+        let verdict = match report.verdict() {
+            verify::report::Verdict::Valid => "valid",
+            verify::report::Verdict::Invalid => "invalid",
+            verify::report::Verdict::Inconclusive => "inconclusive",
+        };
+        if verdict != "valid" {
+            eprintln!("history check:\n{report}");
+        }
+        checks.history_verdict = Some(verdict.to_string());
+    }
+    if progress {
+        eprintln!(
+            "checked {} items, {} orders{} in {:.1} s",
+            checks.items_checked,
+            checks.orders_checked,
+            checks
+                .history_verdict
+                .as_ref()
+                .map(|v| format!(", a history of {} transactions: {v}", checks.history_txns))
+                .unwrap_or_default(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(checks)
+}
+
+/// Runs one future on `engine`'s thread.
+pub fn run_one<E: Engine, T>(engine: &E, body: impl AsyncFnOnce(&E) -> Result<T>) -> Result<T> {
+    let mut body = Some(body);
+    engine
+        .run_clients(1, |_| {
+            let body = body
+                .take()
+                .expect("run_clients makes one future per client");
+            Box::pin(body(engine))
+        })
+        .pop()
+        .unwrap_or_else(|| Err(Error::System("the engine ran no client".into())))
+}

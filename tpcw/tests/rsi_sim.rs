@@ -1,0 +1,84 @@
+//! TPC-W on RSI over an embedded sim cluster: load, every mix, and the checks.
+
+use std::time::Duration;
+use tpcw::interactions::{Interaction, Mix};
+use tpcw::rsi::{Room, Rsi};
+use tpcw::runner::{self, Ledger, RunConfig};
+use tpcw::schema::{Rel, Scale};
+use tpcw::system::System;
+use txn::{Database, Options};
+
+fn system(scale: &Scale, seconds: f64) -> Rsi {
+    let room = Room::for_runs(Mix::Ordering, seconds, 200_000.0, 64);
+    let bytes = tpcw::rsi::bytes_needed(scale, &room, 2).unwrap();
+    let db = Database::embedded(Options {
+        servers: 2,
+        server_bytes: bytes / 2 + bytes / 4 + (32 << 20),
+        slots: 8,
+        ..Options::default()
+    })
+    .unwrap();
+    let mut rsi = Rsi::new(db, "sim".into(), room, Box::new(()));
+    rsi.create_tables(scale).unwrap();
+    let loaded = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    rsi.load(scale, &|rel, done, total| {
+        loaded.lock().unwrap().insert(rel, (done, total));
+    })
+    .unwrap();
+    let loaded = loaded.into_inner().unwrap();
+    assert_eq!(loaded[&Rel::Item], (scale.items, scale.items));
+    assert_eq!(loaded[&Rel::Orders], (scale.orders(), scale.orders()));
+    rsi
+}
+
+fn config(mix: Mix, clients: usize) -> RunConfig {
+    RunConfig {
+        mix,
+        clients,
+        threads: 2,
+        warmup: Duration::from_millis(100),
+        duration: Duration::from_millis(1500),
+        sample_every: 7,
+        progress: false,
+        seed: 42,
+    }
+}
+
+#[test]
+fn every_mix_runs_and_passes_the_checks() {
+    let scale = Scale::new(1000, 1, 1024).unwrap();
+    let rsi = system(&scale, 8.0);
+    let mut ledger = Ledger::default();
+    for (mix, clients) in [
+        (Mix::Checkout, 8),
+        (Mix::Ordering, 6),
+        (Mix::Shopping, 4),
+        (Mix::Browsing, 4),
+    ] {
+        let report = runner::run(&rsi, &scale, &config(mix, clients), &mut ledger).unwrap();
+        assert!(report.committed > 50, "{mix:?}: {report:?}");
+        assert!(report.checks.stock_conserved, "{report:?}");
+        assert!(report.checks.orders_present, "{report:?}");
+        assert_eq!(
+            report.checks.history_verdict.as_deref(),
+            Some("valid"),
+            "{report:?}"
+        );
+        assert!(report.checks.history_txns > 10, "{report:?}");
+        assert!(report.checks.items_checked > 0);
+        if mix == Mix::Checkout {
+            assert_eq!(report.interactions.len(), 1);
+            assert_eq!(report.interactions[0].interaction, Interaction::Checkout);
+            // 1000 items, 3 per checkout: the stock rule restocks many times.
+            assert!(ledger.sold.values().any(|&(_, restocks)| restocks > 0));
+        } else {
+            assert!(
+                report.interactions.len() >= 8,
+                "{mix:?}: {:?}",
+                report.interactions
+            );
+        }
+    }
+    // Each run took new client streams.
+    assert_eq!(ledger.orders.len(), 8 + 6 + 4 + 4);
+}

@@ -24,12 +24,17 @@ use tpcw::system::System;
 pub enum SystemKind {
     /// namdb's RDMA snapshot isolation on network-attached memory.
     Rsi,
+    /// The paper's traditional snapshot isolation with two-phase commit: resource
+    /// manager and transaction manager processes over TCP on this host.
+    #[value(name = "2pc")]
+    TwoPc,
 }
 
 impl SystemKind {
     fn name(self) -> &'static str {
         match self {
             SystemKind::Rsi => "rsi",
+            SystemKind::TwoPc => "2pc",
         }
     }
 }
@@ -79,6 +84,10 @@ pub struct TpcwArgs {
     #[arg(long, value_name = "M", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=16))]
     pub memory_servers: u32,
+    /// Resource managers (partitions) for 2pc; the paper uses 3.
+    #[arg(long, value_name = "N", default_value_t = tpcw::twopc::DEFAULT_RESOURCE_MANAGERS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub resource_managers: u32,
     /// Record the stocks of every N-th item for the snapshot-isolation checker
     /// (0: record nothing).
     #[arg(long, value_name = "N", default_value_t = 101)]
@@ -139,6 +148,12 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         let runs = match kind {
             SystemKind::Rsi => {
                 let system = start_rsi(args, &scale, &clients, dir.path())?;
+                load_and_run(&system, &scale, args, &clients)?
+            }
+            SystemKind::TwoPc => {
+                let exe = std::env::current_exe().context("locating the namdb binary")?;
+                let launch = tpcw::twopc::Launch::Processes { exe };
+                let system = tpcw::twopc::TwoPc::start(launch, args.resource_managers as usize)?;
                 load_and_run(&system, &scale, args, &clients)?
             }
         };

@@ -237,7 +237,9 @@ struct KvSession {
 struct KvTxn {
     client: Client,
     txn: Option<Suspended>,
-    rid: u64,
+    rid: Option<u64>,
+    /// Keys this transaction wrote.
+    wrote: std::collections::HashSet<u64>,
 }
 
 impl KvTxn {
@@ -321,6 +323,7 @@ impl TxnStore for TwoPcKv<'_> {
                 client,
                 txn: Some(txn),
                 rid,
+                wrote: Default::default(),
             }),
             Err(e) => {
                 session.client = Some(client);
@@ -330,16 +333,22 @@ impl TxnStore for TwoPcKv<'_> {
     }
 
     fn read_timestamp(&self, txn: &KvTxn) -> Option<u64> {
-        Some(txn.rid)
+        txn.rid
     }
 
     fn read(&self, txn: &mut KvTxn, key: &str) -> Result<ReadResult, StoreError> {
         let (rel, k) = (self.rel, kv_key(key));
-        let row = txn.with(async |t| t.get(rel, k).await)?;
-        Ok(ReadResult {
-            value: kv_decode(row)?,
-            version: None,
-        })
+        let (row, version) =
+            txn.with(async |t| Ok((t.get(rel, k).await?, t.version(rel, k).await?)))?;
+        let value = kv_decode(row)?;
+        // A register this transaction overwrote shows its own value, which has no
+        // version; a list shows the snapshot's version and then its own appends.
+        let version = match value {
+            ReadValue::Absent => None,
+            ReadValue::Register(_) if txn.wrote.contains(&k) => None,
+            _ => version,
+        };
+        Ok(ReadResult { value, version })
     }
 
     fn write(&self, txn: &mut KvTxn, key: &str, value: i64) -> Result<(), StoreError> {
@@ -347,6 +356,7 @@ impl TxnStore for TwoPcKv<'_> {
         if let ReadValue::List(_) = kv_decode(txn.with(async |t| t.get(rel, k).await)?)? {
             return Err(StoreError::WrongType(key.into()));
         }
+        txn.wrote.insert(k);
         txn.with(async |t| t.put(rel, k, kv_encode(REGISTER, &[value])).await)
     }
 
@@ -358,6 +368,7 @@ impl TxnStore for TwoPcKv<'_> {
             ReadValue::Register(_) => return Err(StoreError::WrongType(key.into())),
         };
         list.push(element);
+        txn.wrote.insert(k);
         txn.with(async |t| t.put(rel, k, kv_encode(LIST, &list)).await)
     }
 

@@ -6,7 +6,7 @@
 //! [`Client::run_clients`] runs its clients one after another.
 
 use super::protocol::{Conn, FrameError, RmRequest, RmResponse, TmRequest, TmResponse, Write};
-use super::protocol::{Refusal, WriteOp};
+use super::protocol::{Refusal, VersionedRow, WriteOp};
 use super::resource_manager_of;
 use crate::schema::Rel;
 use crate::system::{AbortReason, ClientFuture, Committed, Engine, Error, Result, Session};
@@ -123,8 +123,14 @@ impl Client {
     }
 
     /// Reads `keys[rm]` from each RM `rm` at `rid`: every request goes out before any
-    /// answer is read. Returns the rows in the order of `keys[rm]`.
-    fn read(&self, rid: u64, rel: Rel, keys: &[Vec<u64>]) -> Result<Vec<Vec<Option<Vec<u8>>>>> {
+    /// answer is read. Returns the rows (with their versions) in the order of
+    /// `keys[rm]`.
+    fn read(
+        &self,
+        rid: u64,
+        rel: Rel,
+        keys: &[Vec<u64>],
+    ) -> Result<Vec<Vec<Option<VersionedRow>>>> {
         let asked: Vec<usize> = (0..keys.len()).filter(|&rm| !keys[rm].is_empty()).collect();
         for (sent, &rm) in asked.iter().enumerate() {
             let request = RmRequest::Read {
@@ -148,7 +154,7 @@ impl Client {
             let wanted = keys[rm].len();
             let outcome = match self.rms[rm].recv() {
                 Ok(RmResponse::Rows(found)) if found.len() == wanted => {
-                    rows[rm] = found.into_iter().map(|r| r.map(|b| b.into_vec())).collect();
+                    rows[rm] = found;
                     continue;
                 }
                 Ok(RmResponse::Refused { reason, message }) => refused(reason, message),
@@ -172,25 +178,25 @@ fn refused(reason: Refusal, message: String) -> Error {
     Error::aborted(AbortReason::from(reason), message)
 }
 
-/// A transaction: its read timestamp and its buffered writes.
+/// A transaction: its read timestamp, its buffered writes, and the versions of what
+/// it read (for [`Session::version`]).
 pub struct Txn<'a> {
     client: &'a Client,
     rid: u64,
     writes: HashMap<(Rel, u64), WriteOp>,
+    /// Per row read from an RM: the CID of the version the snapshot saw (`None`:
+    /// absent).
+    seen: HashMap<(Rel, u64), Option<u64>>,
 }
 
 impl Txn<'_> {
-    /// The read timestamp (RID) of the snapshot.
-    pub fn read_timestamp(&self) -> u64 {
-        self.rid
-    }
-
     /// Sets the transaction aside without its borrow of the client, for callers that
     /// cannot hold that borrow between calls; [`Client::resume`] takes it up again.
     pub fn suspend(self) -> Suspended {
         Suspended {
             rid: self.rid,
             writes: self.writes,
+            seen: self.seen,
         }
     }
 }
@@ -199,6 +205,7 @@ impl Txn<'_> {
 pub struct Suspended {
     rid: u64,
     writes: HashMap<(Rel, u64), WriteOp>,
+    seen: HashMap<(Rel, u64), Option<u64>>,
 }
 
 impl Client {
@@ -208,6 +215,7 @@ impl Client {
             client: self,
             rid: suspended.rid,
             writes: suspended.writes,
+            seen: suspended.seen,
         }
     }
 }
@@ -234,13 +242,39 @@ impl Session for Txn<'_> {
         }
         if positions.iter().any(|p| !p.is_empty()) {
             let rows = self.client.read(self.rid, rel, &asked)?;
-            for (rows, positions) in rows.into_iter().zip(&positions) {
-                for (row, &at) in rows.into_iter().zip(positions) {
-                    found[at] = row;
+            for ((rows, positions), keys) in rows.into_iter().zip(&positions).zip(&asked) {
+                for ((row, &at), &key) in rows.into_iter().zip(positions).zip(keys) {
+                    self.seen.insert((rel, key), row.as_ref().map(|r| r.cid));
+                    found[at] = row.map(|r| r.row.into_vec());
                 }
             }
         }
         Ok(found)
+    }
+
+    /// The CID of the snapshot's version of the row (not of this transaction's own
+    /// write), `None` if absent: remembered from the transaction's reads, else read.
+    async fn version(&mut self, rel: Rel, key: u64) -> Result<Option<u64>> {
+        if let Some(&version) = self.seen.get(&(rel, key)) {
+            return Ok(version);
+        }
+        let partitions = self.client.rms.len();
+        let mut asked = vec![Vec::new(); partitions];
+        asked[resource_manager_of(rel, key, partitions)].push(key);
+        let version = self
+            .client
+            .read(self.rid, rel, &asked)?
+            .into_iter()
+            .flatten()
+            .next()
+            .flatten()
+            .map(|r| r.cid);
+        self.seen.insert((rel, key), version);
+        Ok(version)
+    }
+
+    fn read_timestamp(&self) -> Option<u64> {
+        Some(self.rid)
     }
 
     async fn put(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()> {
@@ -293,6 +327,7 @@ impl Engine for Client {
                 client: self,
                 rid,
                 writes: HashMap::default(),
+                seen: HashMap::default(),
             }),
             TmResponse::Failed(message) => Err(self.tm.error(message)),
             other => Err(self.tm.error(format!("answered Begin with {other:?}"))),

@@ -94,10 +94,17 @@ pub enum RmRequest {
     Abort { cid: u64 },
 }
 
+/// A row as a snapshot sees it, with the CID of the transaction that wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionedRow {
+    pub cid: u64,
+    pub row: ByteBuf,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RmResponse {
-    /// The answer to `Read`.
-    Rows(Vec<Option<ByteBuf>>),
+    /// The answer to `Read`: per key, its row, or `None` if absent (or deleted).
+    Rows(Vec<Option<VersionedRow>>),
     /// A yes vote to `Prepare`.
     Prepared,
     /// The answer to `Commit` and `Abort`.
@@ -397,7 +404,7 @@ mod tests {
         .unwrap();
         // Variant 0, rid 1, then the relation code.
         assert_eq!(bytes[2], Rel::Item.index() as u8);
-        bytes[2] = 10;
+        bytes[2] = Rel::ALL.len() as u8;
         // (postcard drops a custom error's text.)
         let err = decode::<RmRequest>(&bytes).unwrap_err();
         assert!(matches!(err, FrameError::Malformed(_)), "{err}");

@@ -10,7 +10,7 @@
 //! either: a locked row votes no (`Conflict`), so there are no deadlocks to detect.
 
 use super::key_hash;
-use super::protocol::{Refusal, RmRequest, RmResponse, Write, WriteOp, serve_frames};
+use super::protocol::{Refusal, RmRequest, RmResponse, VersionedRow, Write, WriteOp, serve_frames};
 use super::server::Server;
 use crate::schema::Rel;
 use foldhash::HashMap;
@@ -105,7 +105,12 @@ impl Store {
     }
 
     /// The rows of `keys` as of `rid`.
-    pub fn read(&self, rid: u64, rel: Rel, keys: &[u64]) -> Result<Vec<Option<ByteBuf>>, Refused> {
+    pub fn read(
+        &self,
+        rid: u64,
+        rel: Rel,
+        keys: &[u64],
+    ) -> Result<Vec<Option<VersionedRow>>, Refused> {
         keys.iter()
             .map(|&key| {
                 let shard = self.shard(rel, key);
@@ -113,7 +118,10 @@ impl Store {
                     return Ok(None);
                 };
                 match row.versions.iter().rev().find(|v| v.cid <= rid) {
-                    Some(version) => Ok(version.row.clone().map(ByteBuf::from)),
+                    Some(version) => Ok(version.row.as_ref().map(|row| VersionedRow {
+                        cid: version.cid,
+                        row: ByteBuf::from(row.clone()),
+                    })),
                     None if row.pruned => Err((
                         Refusal::SnapshotTooOld,
                         format!(
@@ -323,7 +331,7 @@ mod tests {
             .read(rid, Rel::Item, keys)
             .unwrap()
             .into_iter()
-            .map(|r| r.map(ByteBuf::into_vec))
+            .map(|r| r.map(|v| v.row.into_vec()))
             .collect()
     }
 
@@ -345,6 +353,13 @@ mod tests {
         assert_eq!(rows(&store, 5, &[1, 2]), vec![Some(b"a".to_vec()), None]);
         assert_eq!(rows(&store, 7, &[1]), vec![Some(b"a".to_vec())]);
         assert_eq!(rows(&store, 8, &[1]), vec![Some(b"b".to_vec())]);
+        let versions: Vec<Option<u64>> = store
+            .read(7, Rel::Item, &[1, 2])
+            .unwrap()
+            .into_iter()
+            .map(|r| r.map(|v| v.cid))
+            .collect();
+        assert_eq!(versions, vec![Some(5), None]);
         // The same relation's other keys and other relations' same key are apart.
         assert_eq!(store.read(8, Rel::Author, &[1]).unwrap(), vec![None]);
     }

@@ -71,7 +71,7 @@ fn a_transaction_reads_its_own_writes() {
     .unwrap();
     let rows = block_on(async {
         let mut txn = client.begin(cid).await?;
-        assert!(txn.read_timestamp() >= cid);
+        assert!(txn.read_timestamp().unwrap() >= cid);
         txn.get_many(rel, &[1, 2]).await
     })
     .unwrap();
@@ -84,27 +84,38 @@ fn a_snapshot_excludes_commits_after_it_began() {
     let (old_reader, writer) = (system.client().unwrap(), system.client().unwrap());
     let keys: Vec<u64> = (1..=12).collect();
     let first: Vec<(u64, &[u8])> = keys.iter().map(|&k| (k, &b"v1"[..])).collect();
-    commit_puts(&writer, Rel::Customer, &first);
+    let first_cid = commit_puts(&writer, Rel::Customer, &first);
     block_on(async {
         let mut old = old_reader.begin(0).await?;
         let second: Vec<(u64, &[u8])> = keys.iter().map(|&k| (k, &b"v2"[..])).collect();
         let cid = commit_puts(&writer, Rel::Customer, &second);
-        assert!(old.read_timestamp() < cid);
+        assert!(old.read_timestamp().unwrap() < cid);
         // Read only now, after the commit returned: still the old snapshot.
         let rows = old.get_many(Rel::Customer, &keys).await?;
         assert!(
             rows.iter().all(|r| r.as_deref() == Some(&b"v1"[..])),
             "{rows:?}"
         );
-        assert_eq!(old_reader.commit(old).await?.cid, None);
+        // A version is its writer's CID as the snapshot sees it, whatever the
+        // transaction wrote itself; absent rows have none.
+        assert_eq!(old.version(Rel::Customer, 1).await?, Some(first_cid));
+        old.put(Rel::Customer, 2, b"own".to_vec()).await?;
+        assert_eq!(old.version(Rel::Customer, 2).await?, Some(first_cid));
+        assert_eq!(old.version(Rel::Customer, 13).await?, None);
+        // Its write of a key committed after its snapshot aborts.
+        assert_eq!(reason(old_reader.commit(old).await), AbortReason::Conflict);
         // A transaction that begins after the commit returned sees it, even one of
         // another client that names no CID.
         let mut new = old_reader.begin(0).await?;
+        // Asked before any read: the version comes from the RM.
+        assert_eq!(new.version(Rel::Customer, 5).await?, Some(cid));
         let rows = new.get_many(Rel::Customer, &keys).await?;
         assert!(
             rows.iter().all(|r| r.as_deref() == Some(&b"v2"[..])),
             "{rows:?}"
         );
+        // Read-only: no CID, no message to the TM.
+        assert_eq!(old_reader.commit(new).await?.cid, None);
         Ok::<_, Error>(())
     })
     .unwrap();

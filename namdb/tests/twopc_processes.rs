@@ -445,3 +445,28 @@ fn verify_workloads_over_resource_manager_processes_are_snapshot_isolated() {
     bank.check(&checked.index, &mut findings);
     assert!(findings.is_empty(), "{findings:?}");
 }
+
+#[test]
+fn namdb_tpcw_runs_the_2pc_system_and_its_checks_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("run.json");
+    let output = Command::new(namdb())
+        .args(["tpcw", "--system", "2pc", "--resource-managers", "2"])
+        .args(["--items", "1000", "--ebs", "1", "--clients", "2"])
+        .args(["--duration", "1", "--warmup", "0", "--sample-every", "7"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let run = &report["runs"][0];
+    assert_eq!(run["system"], "2pc", "{report}");
+    assert_eq!(run["backend"], "tcp", "{report}");
+    assert!(run["committed"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(run["checks"]["stock_conserved"], true, "{report}");
+    assert_eq!(run["checks"]["orders_present"], true, "{report}");
+    assert_eq!(run["checks"]["history_verdict"], "valid", "{report}");
+}

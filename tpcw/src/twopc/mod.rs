@@ -11,7 +11,8 @@
 //!   timestamp, buffer writes and send the write set to the TM to commit.
 //!
 //! [`TwoPc::start`] brings a cluster up, as child processes of the `namdb` binary
-//! (`namdb twopc resource-manager|transaction-manager`) or as threads of this one.
+//! (`namdb twopc resource-manager|transaction-manager`) or as threads of this one;
+//! `namdb tpcw --system 2pc` runs the benchmark on it.
 //! Messages per committing transaction touching `n` RMs: begin (2), reads (2 per RM
 //! read from, batched by [`Session::get_many`](crate::system::Session::get_many)),
 //! commit request and reply (2), PREPARE and vote (2n), COMMIT and acknowledgement (2n).

@@ -11,6 +11,7 @@ mod metrics;
 mod shell_cmd;
 mod token_cmd;
 mod tpcw_cmd;
+mod twopc_cmd;
 mod verify_cmd;
 
 use anyhow::Result;
@@ -51,6 +52,10 @@ enum Command {
     /// Manage the cluster token.
     #[command(subcommand)]
     Token(token_cmd::TokenCommand),
+    /// The servers of the two-phase-commit baseline of the TPC-W harness, which starts
+    /// them itself.
+    #[command(subcommand, hide = true)]
+    Twopc(twopc_cmd::TwoPcCommand),
     /// Check a recorded history (JSON Lines) for snapshot-isolation anomalies; exits
     /// non-zero when the history violates the model.
     Verify(verify_cmd::VerifyArgs),
@@ -62,7 +67,7 @@ fn main() -> Result<ExitCode> {
     // by default; `RUST_LOG=namdb=debug` shows what each measurement set up. A server
     // logs its lifecycle (start, sessions, stop) by default.
     let default_filter = match cli.command {
-        Command::MemoryServer(_) | Command::ComputeNode(_) => "info",
+        Command::MemoryServer(_) | Command::ComputeNode(_) | Command::Twopc(_) => "info",
         _ => "warn",
     };
     let filter =
@@ -80,6 +85,7 @@ fn main() -> Result<ExitCode> {
         Command::Shell(args) => shell_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Tpcw(args) => tpcw_cmd::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Twopc(cmd) => twopc_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }
 }

@@ -24,6 +24,10 @@ use tpcw::system::System;
 pub enum SystemKind {
     /// namdb's RDMA snapshot isolation on network-attached memory.
     Rsi,
+    /// The paper's traditional snapshot isolation with two-phase commit: resource
+    /// manager and transaction manager processes over TCP on this host.
+    #[value(name = "2pc")]
+    TwoPc,
     /// PostgreSQL at REPEATABLE READ over a socket (`scripts/postgres.sh` installs
     /// and starts a server unless `--postgres` names one).
     Postgres,
@@ -33,6 +37,7 @@ impl SystemKind {
     fn name(self) -> &'static str {
         match self {
             SystemKind::Rsi => "rsi",
+            SystemKind::TwoPc => "2pc",
             SystemKind::Postgres => "postgres",
         }
     }
@@ -83,6 +88,10 @@ pub struct TpcwArgs {
     #[arg(long, value_name = "M", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=16))]
     pub memory_servers: u32,
+    /// Resource managers (partitions) for 2pc; the paper uses 3.
+    #[arg(long, value_name = "N", default_value_t = tpcw::twopc::DEFAULT_RESOURCE_MANAGERS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub resource_managers: u32,
     /// Record the stocks of every N-th item for the snapshot-isolation checker
     /// (0: record nothing).
     #[arg(long, value_name = "N", default_value_t = 101)]
@@ -162,6 +171,12 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
                         (pg, Some(server))
                     }
                 };
+                load_and_run(&system, &scale, args, &clients)?
+            }
+            SystemKind::TwoPc => {
+                let exe = std::env::current_exe().context("locating the namdb binary")?;
+                let launch = tpcw::twopc::Launch::Processes { exe };
+                let system = tpcw::twopc::TwoPc::start(launch, args.resource_managers as usize)?;
                 load_and_run(&system, &scale, args, &clients)?
             }
         };

@@ -6,6 +6,7 @@
 //!   [`system::Engine`], [`system::System`]).
 //! - [`load`]: loading the generated rows through any system's transactions.
 //! - [`postgres`]: PostgreSQL at REPEATABLE READ, the baseline run over TCP.
+//! - [`twopc`]: the baseline of traditional snapshot isolation with two-phase commit.
 
 pub mod codec;
 pub mod generate;
@@ -17,3 +18,4 @@ pub mod rsi;
 pub mod runner;
 pub mod schema;
 pub mod system;
+pub mod twopc;

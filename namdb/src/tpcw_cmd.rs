@@ -297,7 +297,7 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
     let bytes = tpcw::rsi::bytes_needed(scale, &room, servers as u32)?;
     // Hash partitioning spreads rows evenly to within a few percent; the rest is the
     // oracle's and the catalog's.
-    let per_server = bytes / servers + bytes / servers / 8 + (64 << 20);
+    let per_server = (bytes / servers + bytes / servers / 8 + (64 << 20)).next_multiple_of(2 << 20);
     let slots = threads(args) as u32 + 4;
     let options = txn::Options {
         servers: servers as usize,
@@ -338,6 +338,9 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
                     "--backend",
                     backend.name(),
                     "--size",
+                    &per_server.to_string(),
+                    // One region: a big table's partition must fit in one.
+                    "--region-size",
                     &per_server.to_string(),
                 ]
                 .into_iter()

@@ -44,7 +44,7 @@ use crate::store::Table;
 use crate::worker::Worker;
 use fabric::{Region, SendWr};
 use smallvec::SmallVec;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,15 +98,22 @@ pub struct Suspended {
 pub(crate) struct Parts {
     buffer: Region,
     seen: Vec<SeenEntry>,
+    /// Where each record is in `seen`, once it holds more than [`SEEN_SCAN`]: a big
+    /// transaction (a report over thousands of rows) must not search linearly.
+    seen_at: HashMap<(u32, u64), usize, foldhash::fast::FixedState>,
     writes: Vec<Write>,
     bytes: Vec<u8>,
 }
+
+/// Records a transaction looks up by scanning; above this, through `seen_at`.
+const SEEN_SCAN: usize = 32;
 
 impl Parts {
     pub(crate) fn new(buffer: Region) -> Parts {
         Parts {
             buffer,
             seen: Vec::new(),
+            seen_at: HashMap::default(),
             writes: Vec::new(),
             bytes: Vec::new(),
         }
@@ -115,15 +122,36 @@ impl Parts {
     /// Forgets the last transaction, keeping the capacity.
     pub(crate) fn clear(&mut self) {
         self.seen.clear();
+        self.seen_at.clear();
         self.writes.clear();
         self.bytes.clear();
     }
 
     fn seen_of(&self, table: u32, key: u64) -> Option<&Seen> {
-        self.seen
-            .iter()
-            .find(|s| s.table == table && s.key == key)
-            .map(|s| &s.seen)
+        if self.seen.len() <= SEEN_SCAN {
+            return self
+                .seen
+                .iter()
+                .find(|s| s.table == table && s.key == key)
+                .map(|s| &s.seen);
+        }
+        self.seen_at.get(&(table, key)).map(|&i| &self.seen[i].seen)
+    }
+
+    fn add_seen(&mut self, entry: SeenEntry) {
+        self.seen.push(entry);
+        match self.seen.len() {
+            n if n <= SEEN_SCAN => {}
+            n if n == SEEN_SCAN + 1 => {
+                for (i, s) in self.seen.iter().enumerate() {
+                    self.seen_at.insert((s.table, s.key), i);
+                }
+            }
+            n => {
+                let s = &self.seen[n - 1];
+                self.seen_at.insert((s.table, s.key), n - 1);
+            }
+        }
     }
 
     fn write_of(&self, table: u32, key: u64) -> Option<&Write> {
@@ -347,6 +375,68 @@ impl<'w> AsyncTransaction<'w> {
         self.buffer_write(table, key, Some(value), true).await
     }
 
+    /// Like [`AsyncTransaction::insert`], but the key's absence is checked at commit,
+    /// together with the transaction's other such inserts (one doorbell per table and
+    /// memory server instead of a round trip each): a key that exists makes `commit`
+    /// fail with [`TxnError::DuplicateKey`], before anything is locked.
+    pub async fn insert_later(
+        &mut self,
+        table: &Arc<Table>,
+        key: u64,
+        value: Vec<u8>,
+    ) -> Result<()> {
+        if self.seen_of(table.id, key).is_some() || self.write_of(table.id, key).is_some() {
+            return self.insert(table, key, value).await;
+        }
+        if value.len() > table.shape.value_cap as usize {
+            return Err(LayoutError::ValueTooLarge {
+                len: value.len(),
+                cap: table.shape.value_cap,
+            }
+            .into());
+        }
+        if key == u64::MAX {
+            return Err(TxnError::Invalid("key u64::MAX is reserved".into()));
+        }
+        self.p_mut().writes.push(Write {
+            table: table.clone(),
+            key,
+            value: Some(value),
+            insert: true,
+        });
+        Ok(())
+    }
+
+    /// Reads the records of [`AsyncTransaction::insert_later`]'s inserts, batched per
+    /// table; fails if one exists in the snapshot.
+    async fn check_later_inserts(&mut self) -> Result<()> {
+        let mut unseen: SmallVec<[(Arc<Table>, u64); 8]> = SmallVec::new();
+        for w in &self.p().writes {
+            if self.seen_of(w.table.id, w.key).is_none() {
+                unseen.push((w.table.clone(), w.key));
+            }
+        }
+        if unseen.is_empty() {
+            return Ok(());
+        }
+        unseen.sort_unstable_by_key(|(t, k)| (t.id, *k));
+        for group in unseen.chunk_by(|a, b| a.0.id == b.0.id) {
+            let keys: SmallVec<[u64; 8]> = group.iter().map(|(_, k)| *k).collect();
+            self.see(&group[0].0, &keys).await?;
+        }
+        let rid = self.st.rid;
+        for (table, key) in &unseen {
+            let seen = self.seen_of(table.id, *key).expect("just read");
+            if visible_value(seen, &self.p().bytes, table, *key, rid)?.is_some() {
+                return Err(TxnError::DuplicateKey {
+                    table: table.id,
+                    key: *key,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Buffers the deletion of `key`: [`TxnError::NotFound`] if it does not exist in the
     /// snapshot (with this transaction's writes applied).
     pub async fn delete(&mut self, table: &Arc<Table>, key: u64) -> Result<()> {
@@ -521,7 +611,7 @@ impl<'w> AsyncTransaction<'w> {
             let p = self.p_mut();
             let (header, raw) =
                 read_block(worker, &p.buffer, 0, &mut p.bytes, table, part, key, addr).await?;
-            p.seen.push(SeenEntry {
+            p.add_seen(SeenEntry {
                 table: table.id,
                 key,
                 seen: Seen::Block {
@@ -540,12 +630,13 @@ impl<'w> AsyncTransaction<'w> {
             let worker = self.worker;
             let p = self.p_mut();
             let found = fetch(worker, &p.buffer, &mut p.bytes, table, keys).await?;
-            p.seen
-                .extend(keys.iter().zip(found).map(|(&key, seen)| SeenEntry {
+            for (&key, seen) in keys.iter().zip(found) {
+                p.add_seen(SeenEntry {
                     table: table.id,
                     key,
                     seen,
-                }));
+                });
+            }
         }
         Ok(())
     }
@@ -560,6 +651,10 @@ impl<'w> AsyncTransaction<'w> {
         if self.p().writes.is_empty() {
             worker.count(|s| s.committed += 1);
             return Ok(None);
+        }
+        if let Err(e) = self.check_later_inserts().await {
+            worker.count(|s| s.aborted += 1);
+            return Err(e);
         }
         let rid = self.st.rid;
         // First committer wins, checked before taking a timestamp or any lock.
@@ -873,12 +968,7 @@ struct Held {
 async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> Result<()> {
     let buffer = &st.buffer;
     let locked = Header::locked_by(cid).encode();
-    let seen = |w: &Write| {
-        st.seen
-            .iter()
-            .find(|s| s.table == w.table.id && s.key == w.key)
-            .map(|s| &s.seen)
-    };
+    let seen = |w: &Write| st.seen_of(w.table.id, w.key);
     // New records: allocate (one FETCH_ADD per record, one doorbell per server), write
     // the blocks locked (one doorbell per server), publish them in the index.
     let inserts: Vec<&Write> = st

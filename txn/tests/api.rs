@@ -387,3 +387,84 @@ fn bad_input_is_a_clear_error_and_changes_nothing() {
     let rows = x.scan(&t, |_, _| true).unwrap();
     assert_eq!(rows, vec![(1, val(1))]);
 }
+
+#[test]
+fn inserts_checked_at_commit_find_duplicates_and_race_cleanly() {
+    let db = Database::embedded(Options {
+        wait_visible: true,
+        ..options(2)
+    })
+    .unwrap();
+    let t = table(&db, 4, 256);
+    let worker = db.worker().unwrap();
+    let outcome = |r: Vec<Result<Option<u64>, TxnError>>| r.into_iter().next().unwrap();
+    // Fresh keys: nothing is read until commit, then all of them commit.
+    let first = outcome(worker.run_coroutines(1, |_| {
+        Box::pin(async {
+            let mut x = worker.begin(0).await?;
+            for k in 0..10 {
+                x.insert_later(&t, k, val(k)).await?;
+            }
+            // Its own inserts read back before commit.
+            assert_eq!(num(&x.get(&t, 3).await?.unwrap()), 3);
+            x.commit().await
+        })
+    }))
+    .unwrap()
+    .unwrap();
+    // A key that exists: the commit fails with DuplicateKey and installs nothing.
+    let dup = outcome(worker.run_coroutines(1, |_| {
+        Box::pin(async {
+            let mut x = worker.begin(first).await?;
+            x.insert_later(&t, 100, val(100)).await?;
+            x.insert_later(&t, 5, val(55)).await?;
+            x.commit().await
+        })
+    }));
+    assert!(
+        matches!(dup, Err(TxnError::DuplicateKey { key: 5, .. })),
+        "{dup:?}"
+    );
+    // Two concurrent inserters of one new key: exactly one commits.
+    let racers = worker.run_coroutines(2, |i| {
+        let (worker, t) = (&worker, &t);
+        Box::pin(async move {
+            let mut x = worker.begin(first).await?;
+            x.insert_later(t, 200, val(i as u64)).await?;
+            yield_a_little().await;
+            x.commit().await
+        })
+    });
+    let won = racers.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(won, 1, "{racers:?}");
+    assert!(racers.iter().any(|r| matches!(
+        r,
+        Err(TxnError::DuplicateKey { key: 200, .. } | TxnError::Conflict { .. })
+    )));
+    drop(worker);
+    let mut c = db.client().unwrap();
+    let mut x = c.begin().unwrap();
+    assert_eq!(num(&x.get(&t, 5).unwrap().unwrap()), 5, "not overwritten");
+    assert!(
+        x.get(&t, 100).unwrap().is_none(),
+        "the failed commit left nothing"
+    );
+    assert!(x.get(&t, 200).unwrap().is_some());
+}
+
+/// Lets the other coroutines of the worker run a few rounds.
+async fn yield_a_little() {
+    for _ in 0..4 {
+        let mut yielded = false;
+        std::future::poll_fn(|cx| {
+            if yielded {
+                std::task::Poll::Ready(())
+            } else {
+                yielded = true;
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+    }
+}

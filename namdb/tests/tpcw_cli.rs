@@ -1,0 +1,173 @@
+//! `namdb tpcw` end to end: the three systems in one run, RSI on memory-server
+//! processes with a TPC-W mix, a sweep with its plot, and bad arguments.
+
+mod common;
+
+use common::{namdb, ok, stderr};
+use serde_json::Value;
+
+/// A small database: fast to load, and small enough that stocks restock often.
+const SMALL: [&str; 10] = [
+    "--items",
+    "1000",
+    "--ebs",
+    "1",
+    "--warmup",
+    "0.2",
+    "--sample-every",
+    "7",
+    "--duration",
+    "1",
+];
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["tpcw"];
+    v.extend_from_slice(&SMALL);
+    v.extend_from_slice(extra);
+    v
+}
+
+fn runs(json: &Value) -> &Vec<Value> {
+    json["runs"].as_array().expect("runs is an array")
+}
+
+fn assert_checked(run: &Value) {
+    let c = &run["checks"];
+    assert_eq!(c["stock_conserved"], true, "{run}");
+    assert_eq!(c["orders_present"], true, "{run}");
+    assert_eq!(c["history_verdict"], "valid", "{run}");
+    assert!(c["items_checked"].as_u64().unwrap() > 0, "{run}");
+}
+
+#[test]
+fn checkout_on_rsi_2pc_and_postgres_in_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let json_arg = json.display().to_string();
+    let out = ok(
+        dir.path(),
+        &args(&[
+            "--system",
+            "rsi,2pc,postgres",
+            "--clients",
+            "6",
+            "--json",
+            &json_arg,
+        ]),
+    );
+    // The summary table names every system, and the ratios compare RSI with each.
+    for system in ["rsi ", "2pc ", "postgres "] {
+        assert!(out.contains(system), "{out}");
+    }
+    assert!(out.contains("rsi (sim) / 2pc at 6 clients:"), "{out}");
+    assert!(out.contains("rsi (sim) / postgres at 6 clients:"), "{out}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(json["mix"], "checkout");
+    let runs = runs(&json);
+    let systems: Vec<&str> = runs.iter().map(|r| r["system"].as_str().unwrap()).collect();
+    assert_eq!(systems, ["rsi", "2pc", "postgres"]);
+    for run in runs {
+        for field in [
+            "system",
+            "backend",
+            "clients",
+            "txn_per_sec",
+            "abort_rate",
+            "p50_us",
+            "p99_us",
+            "committed",
+        ] {
+            assert!(!run[field].is_null(), "{field} missing in {run}");
+        }
+        assert_eq!(run["clients"], 6);
+        assert!(run["committed"].as_u64().unwrap() > 10, "{run}");
+        assert!(run["txn_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(run["p99_us"].as_f64().unwrap() >= run["p50_us"].as_f64().unwrap());
+        assert_checked(run);
+    }
+    assert_eq!(runs[0]["backend"], "sim");
+    assert_eq!(runs[1]["backend"], "tcp");
+}
+
+#[test]
+fn a_mix_on_shm_memory_server_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let json_arg = json.display().to_string();
+    let logs = dir.path().join("logs");
+    let logs_arg = logs.display().to_string();
+    let out = ok(
+        dir.path(),
+        &args(&[
+            "--backend",
+            "shm",
+            "--mix",
+            "ordering",
+            "--clients",
+            "8",
+            "--json",
+            &json_arg,
+            "--dir",
+            &logs_arg,
+        ]),
+    );
+    assert!(out.contains("per interaction"), "{out}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let run = &runs(&json)[0];
+    assert_eq!(run["backend"], "shm");
+    assert_eq!(run["mix"], "ordering");
+    assert_checked(run);
+    let names: Vec<&str> = run["interactions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["interaction"].as_str().unwrap())
+        .collect();
+    for expected in ["buy_confirm", "shopping_cart", "product_detail", "buy_request"] {
+        assert!(names.contains(&expected), "{names:?}");
+    }
+    // The memory servers ran as processes, logging where asked.
+    assert!(logs.join("memory-server-0.log").exists());
+}
+
+#[test]
+fn a_sweep_draws_throughput_against_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("sweep.json");
+    let svg = dir.path().join("sweep.svg");
+    let (json_arg, svg_arg) = (json.display().to_string(), svg.display().to_string());
+    let mut a = args(&["--sweep", "--clients", "4", "--json", &json_arg, "--svg", &svg_arg]);
+    // Shorter points: three of them.
+    a[10] = "0.5";
+    ok(dir.path(), &a);
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let clients: Vec<u64> = runs(&json)
+        .iter()
+        .map(|r| r["clients"].as_u64().unwrap())
+        .collect();
+    assert_eq!(clients, [1, 2, 4]);
+    for run in runs(&json) {
+        assert_checked(run);
+    }
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.contains("rsi (sim)"));
+    assert_eq!(plot.matches("<circle").count(), 3, "one marker per point");
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    for (bad, expect) in [
+        (vec!["tpcw", "--items", "10"], "NUM_ITEMS must be between"),
+        (vec!["tpcw", "--duration", "0"], "--duration must be a positive"),
+        (vec!["tpcw", "--item-bytes", "64"], "item bytes must be between"),
+        (vec!["tpcw", "--backend", "verbs"], "verbs needs RDMA hardware"),
+        (vec!["tpcw", "--system", "oracle"], "invalid value 'oracle'"),
+        (vec!["tpcw", "--clients", "0"], "--clients"),
+    ] {
+        let o = namdb(dir.path(), &bad);
+        assert!(!o.status.success(), "{bad:?} succeeded");
+        let err = stderr(&o);
+        assert!(err.contains(expect), "{bad:?}: {err}");
+    }
+}

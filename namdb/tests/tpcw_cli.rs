@@ -123,7 +123,12 @@ fn a_mix_on_shm_memory_server_processes() {
         .iter()
         .map(|i| i["interaction"].as_str().unwrap())
         .collect();
-    for expected in ["buy_confirm", "shopping_cart", "product_detail", "buy_request"] {
+    for expected in [
+        "buy_confirm",
+        "shopping_cart",
+        "product_detail",
+        "buy_request",
+    ] {
         assert!(names.contains(&expected), "{names:?}");
     }
     // The memory servers ran as processes, logging where asked.
@@ -136,7 +141,15 @@ fn a_sweep_draws_throughput_against_clients() {
     let json = dir.path().join("sweep.json");
     let svg = dir.path().join("sweep.svg");
     let (json_arg, svg_arg) = (json.display().to_string(), svg.display().to_string());
-    let mut a = args(&["--sweep", "--clients", "4", "--json", &json_arg, "--svg", &svg_arg]);
+    let mut a = args(&[
+        "--sweep",
+        "--clients",
+        "4",
+        "--json",
+        &json_arg,
+        "--svg",
+        &svg_arg,
+    ]);
     // Shorter points: three of them.
     a[10] = "0.5";
     ok(dir.path(), &a);
@@ -159,9 +172,18 @@ fn bad_arguments_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     for (bad, expect) in [
         (vec!["tpcw", "--items", "10"], "NUM_ITEMS must be between"),
-        (vec!["tpcw", "--duration", "0"], "--duration must be a positive"),
-        (vec!["tpcw", "--item-bytes", "64"], "item bytes must be between"),
-        (vec!["tpcw", "--backend", "verbs"], "verbs needs RDMA hardware"),
+        (
+            vec!["tpcw", "--duration", "0"],
+            "--duration must be a positive",
+        ),
+        (
+            vec!["tpcw", "--item-bytes", "64"],
+            "item bytes must be between",
+        ),
+        (
+            vec!["tpcw", "--backend", "verbs"],
+            "verbs needs RDMA hardware",
+        ),
         (vec!["tpcw", "--system", "oracle"], "invalid value 'oracle'"),
         (vec!["tpcw", "--clients", "0"], "--clients"),
     ] {

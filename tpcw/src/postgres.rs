@@ -27,12 +27,10 @@ use postgres::types::{FromSql, ToSql, Type};
 use postgres::{Client, NoTls, Statement};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 /// A PostgreSQL database that holds (or will hold) the TPC-W tables.
@@ -690,19 +688,6 @@ impl Connection {
     }
 }
 
-/// Polls `future` until it is ready. The futures of this system never wait for
-/// anything (PostgreSQL's calls block), so they are ready at the first poll.
-fn block_on<F: Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::hint::spin_loop();
-    }
-}
-
 impl Engine for PgEngine {
     type Txn<'a> = PgTxn<'a>;
 
@@ -757,9 +742,9 @@ impl Engine for PgEngine {
     fn run_clients<'a, T>(
         &'a self,
         clients: usize,
-        mut make: impl FnMut(usize) -> ClientFuture<'a, T>,
+        make: impl FnMut(usize) -> ClientFuture<'a, T>,
     ) -> Vec<T> {
-        (0..clients).map(|i| block_on(make(i))).collect()
+        crate::system::run_clients_in_turn(clients, make)
     }
 }
 

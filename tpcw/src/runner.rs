@@ -157,6 +157,16 @@ struct Progress {
 
 const PUBLISH_EVERY: u64 = 256;
 
+impl Progress {
+    /// Adds a client's unpublished counts and zeroes them.
+    fn publish(&self, commits: &mut u64, aborts: &mut u64) {
+        self.committed
+            .fetch_add(std::mem::take(commits), Ordering::Relaxed);
+        self.aborted
+            .fetch_add(std::mem::take(aborts), Ordering::Relaxed);
+    }
+}
+
 /// Runs `config` on `system` (loaded at `scale`), then checks the database.
 pub fn run<S: System>(
     system: &S,
@@ -393,21 +403,10 @@ async fn client_loop<E: Engine>(
             }
         }
         if unpublished_commits >= PUBLISH_EVERY {
-            progress
-                .committed
-                .fetch_add(unpublished_commits, Ordering::Relaxed);
-            progress
-                .aborted
-                .fetch_add(unpublished_aborts, Ordering::Relaxed);
-            (unpublished_commits, unpublished_aborts) = (0, 0);
+            progress.publish(&mut unpublished_commits, &mut unpublished_aborts);
         }
     }
-    progress
-        .committed
-        .fetch_add(unpublished_commits, Ordering::Relaxed);
-    progress
-        .aborted
-        .fetch_add(unpublished_aborts, Ordering::Relaxed);
+    progress.publish(&mut unpublished_commits, &mut unpublished_aborts);
     Ok(())
 }
 

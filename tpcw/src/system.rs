@@ -133,3 +133,25 @@ pub trait System: Sync {
     /// loaded so far through `progress(rel, rows_done, rows_total)`.
     fn load(&self, scale: &Scale, progress: &(dyn Fn(Rel, u64, u64) + Sync)) -> Result<()>;
 }
+
+/// Runs a future to completion on this thread. For systems whose calls block, their
+/// futures finish at the first poll; anything else is polled again until it does.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// [`Engine::run_clients`] for systems whose calls block: the clients run one after
+/// another, each to its end.
+pub fn run_clients_in_turn<'a, T>(
+    clients: usize,
+    mut make: impl FnMut(usize) -> ClientFuture<'a, T>,
+) -> Vec<T> {
+    (0..clients).map(|i| block_on(make(i))).collect()
+}

@@ -364,21 +364,10 @@ impl Engine for Client {
     fn run_clients<'a, T>(
         &'a self,
         clients: usize,
-        mut make: impl FnMut(usize) -> ClientFuture<'a, T>,
+        make: impl FnMut(usize) -> ClientFuture<'a, T>,
     ) -> Vec<T> {
-        (0..clients).map(|i| block_on(make(i))).collect()
+        crate::system::run_clients_in_turn(clients, make)
     }
 }
 
-/// Runs a future to completion on this thread. This client's futures finish on their
-/// first poll (their calls block); anything else is polled again until it does.
-pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    loop {
-        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::yield_now();
-    }
-}
+pub use crate::system::block_on;

@@ -273,7 +273,8 @@ pub fn order(scale: &Scale, o_id: u64) -> (Order, Vec<OrderLine>, CcXact) {
             ol_comments: a_string(&mut rng, 20..=100),
         })
         .collect();
-    // Prices as of generation: the item's cost, less the line's discount.
+    // A price per item drawn from its id, less the line's discount (the item's own cost
+    // would mean generating its 1 KB row for every line).
     let sub_total: i64 = lines
         .iter()
         .map(|l| {

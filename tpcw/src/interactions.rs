@@ -111,25 +111,8 @@ impl Mix {
 
     /// The frequencies (percent) of clause 5.2.4, Table 5.
     pub fn weights(self) -> Vec<(Interaction, f64)> {
-        use Interaction::*;
-        let order = [
-            Home,
-            NewProducts,
-            BestSellers,
-            ProductDetail,
-            SearchRequest,
-            SearchResults,
-            ShoppingCart,
-            CustomerRegistration,
-            BuyRequest,
-            BuyConfirm,
-            OrderInquiry,
-            OrderDisplay,
-            AdminRequest,
-            AdminConfirm,
-        ];
         let percent: [f64; 14] = match self {
-            Mix::Checkout => return vec![(Checkout, 100.0)],
+            Mix::Checkout => return vec![(Interaction::Checkout, 100.0)],
             Mix::Browsing => [
                 29.00, 11.00, 11.00, 21.00, 12.00, 11.00, 2.00, 0.82, 0.75, 0.69, 0.30, 0.25, 0.10,
                 0.09,
@@ -143,7 +126,8 @@ impl Mix {
                 0.12, 0.11,
             ],
         };
-        order.into_iter().zip(percent).collect()
+        // ALL after Checkout is the specification's order of Table 5.
+        Interaction::ALL[1..].iter().copied().zip(percent).collect()
     }
 
     pub fn picker(self) -> MixPicker {
@@ -950,4 +934,33 @@ async fn admin_confirm<S: Session>(s: &mut S, client: &mut Client, shared: &Shar
     s.put(Rel::NewProducts, subject, newest.encode()).await?;
     s.put(Rel::Item, i_id, item.encode()).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn mixes_follow_the_specification_frequencies() {
+        for mix in [Mix::Browsing, Mix::Shopping, Mix::Ordering] {
+            let w = mix.weights();
+            let total: f64 = w.iter().map(|x| x.1).sum();
+            assert!((total - 100.0).abs() < 0.01, "{mix:?} sums to {total}");
+            assert!(w.iter().all(|x| x.0 != Interaction::Checkout));
+        }
+        let share = |mix: Mix, i: Interaction| mix.weights().iter().find(|w| w.0 == i).unwrap().1;
+        assert_eq!(share(Mix::Ordering, Interaction::BuyConfirm), 10.18);
+        assert_eq!(share(Mix::Browsing, Interaction::Home), 29.0);
+        assert_eq!(share(Mix::Shopping, Interaction::ShoppingCart), 11.6);
+        // The picker draws at those frequencies.
+        let picker = Mix::Shopping.picker();
+        let mut rng = SmallRng::seed_from_u64(1);
+        let n = 200_000;
+        let carts = (0..n)
+            .filter(|_| picker.pick(&mut rng) == Interaction::ShoppingCart)
+            .count();
+        assert!((carts as f64 / n as f64 - 0.116).abs() < 0.005, "{carts}");
+        assert_eq!(Mix::Checkout.picker().pick(&mut rng), Interaction::Checkout);
+    }
 }

@@ -3,7 +3,7 @@
 //! system allows.
 
 use crate::generate;
-use crate::schema::{Rel, Scale, cart_line_key, order_line_key};
+use crate::schema::{Rel, Scale, order_line_key};
 use crate::system::{Engine, Error, Result, Session, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -43,11 +43,6 @@ pub fn generated_rows(scale: &Scale, rel: Rel, id: u64, out: &mut Vec<(Rel, u64,
         }
         Rel::OrderLine | Rel::CcXacts | Rel::ShoppingCart | Rel::ShoppingCartLine => {}
     }
-}
-
-/// Keys of a cart's lines, for completeness of the key helpers' use.
-pub fn cart_lines(sc_id: u64, n: u32) -> impl Iterator<Item = u64> {
-    (0..n as u64).map(move |l| cart_line_key(sc_id, l))
 }
 
 /// Loads every unit of `scale` with `threads` threads, `batch` ids per transaction

@@ -123,10 +123,6 @@ impl Rsi {
         }
     }
 
-    pub fn database(&self) -> &Database {
-        &self.db
-    }
-
     /// Creates the tables of `scale` (before [`System::load`] fills them).
     pub fn create_tables(&mut self, scale: &Scale) -> Result<()> {
         let mut tables = Vec::new();
@@ -198,8 +194,6 @@ pub struct RsiEngine {
 pub struct RsiTxn<'a> {
     txn: AsyncTransaction<'a>,
     tables: &'a [Arc<Table>],
-    /// Keys per `get_many` call, so a call's blocks fit the transaction's buffer.
-    scratch_bytes: u64,
 }
 
 impl RsiTxn<'_> {
@@ -215,16 +209,9 @@ impl Session for RsiTxn<'_> {
     }
 
     async fn get_many(&mut self, rel: Rel, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
+        // The transaction splits big key sets to fit its buffer itself.
         let table = self.table(rel).clone();
-        let per_call = (self.scratch_bytes / 2 / (table.shape.block_bytes() + 64)).max(1) as usize;
-        if keys.len() <= per_call {
-            return self.txn.get_many(&table, keys).await.map_err(map_err);
-        }
-        let mut out = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(per_call) {
-            out.extend(self.txn.get_many(&table, chunk).await.map_err(map_err)?);
-        }
-        Ok(out)
+        self.txn.get_many(&table, keys).await.map_err(map_err)
     }
 
     async fn put(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()> {
@@ -263,7 +250,6 @@ impl Engine for RsiEngine {
         Ok(RsiTxn {
             txn: self.worker.begin(after).await.map_err(map_err)?,
             tables: &self.tables,
-            scratch_bytes: self.worker.database().options().scratch_bytes,
         })
     }
 

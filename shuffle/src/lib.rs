@@ -1,3 +1,35 @@
-//! RDMA-aware data shuffling endpoints, flows and analytical operators.
+//! `shuffle`: RDMA-aware data shuffling between compute nodes.
 //!
-//! Empty until the shuffle issue fills it; see DESIGN.md ("Shuffle").
+//! Follows Liu, Yin and Blanas, "Design and Evaluation of an RDMA-aware Data Shuffling
+//! Operator for Parallel Database Systems" (TODS 2019): the endpoint API and its eight
+//! designs ([`endpoint`]), the registered buffer pool with the adaptive and
+//! bandwidth-delay policies ([`pool`]), and on top of them the flows of DFI
+//! (Thostrup's thesis).
+//!
+//! Endpoints run over any `fabric` backend. Nodes find each other through an
+//! [`Exchange`]: threads of one process ([`LocalExchange`], the sim backend) or
+//! processes over loopback TCP ([`TcpExchange`]).
+
+pub mod buffer;
+pub mod endpoint;
+pub mod error;
+pub mod exchange;
+pub mod node;
+pub mod operator;
+pub mod pool;
+mod rd;
+mod sr;
+pub mod testing;
+mod ud;
+mod wr;
+
+pub use buffer::{Buffer, Header, Received, SendBuf, State};
+pub use endpoint::{
+    Design, EndpointConfig, Endpoints, Lane, Notify, Opened, RecvEndpoint, SendEndpoint, Transport,
+    open,
+};
+pub use error::{Result, ShuffleError};
+pub use exchange::{Exchange, LocalExchange, TcpExchange};
+pub use node::Node;
+pub use operator::{Groups, Shuffle, ShuffleWriter, receive_all};
+pub use pool::{BufferPool, Buffering, Circulation};

@@ -1,0 +1,322 @@
+//! Registered transmission buffers and the views the endpoint API hands out.
+//!
+//! Every buffer has the same layout: a [`HEADER_BYTES`] header the endpoint fills in at
+//! `put_data` (payload length, state, source), the payload, and a [`TRAILER_BYTES`]
+//! trailer that the seal-byte notification of the WR design uses. Buffer memory is
+//! region memory, which other processes and the NIC touch too, so it is only ever
+//! accessed through atomic words; payloads are therefore whole 8-byte words, which is
+//! also what the column tuples we shuffle are made of.
+
+use fabric::{LocalBuf, Region, RemoteAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const HEADER_BYTES: u32 = 16;
+pub const TRAILER_BYTES: u32 = 8;
+const HEADER_WORDS: usize = (HEADER_BYTES / 8) as usize;
+
+/// Whether more buffers follow from a source endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    MoreData,
+    /// The last buffer from this source endpoint.
+    Depleted,
+}
+
+impl State {
+    pub fn code(self) -> u8 {
+        match self {
+            State::MoreData => 0,
+            State::Depleted => 1,
+        }
+    }
+    pub fn from_code(code: u8) -> Option<State> {
+        match code {
+            0 => Some(State::MoreData),
+            1 => Some(State::Depleted),
+            _ => None,
+        }
+    }
+}
+
+/// The header every message carries at the start of its buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub payload_bytes: u32,
+    pub state: State,
+    /// Design-specific flags (8 bits).
+    pub flags: u8,
+    /// The sending endpoint's id (see [`crate::endpoint_id`]).
+    pub source: u32,
+    /// Design-specific: an inlined credit, a packet count, a sequence number.
+    pub extra: u32,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u64; 2] {
+        [
+            self.payload_bytes as u64
+                | (self.state.code() as u64) << 32
+                | (self.flags as u64) << 40,
+            self.source as u64 | (self.extra as u64) << 32,
+        ]
+    }
+
+    /// `None` when the words are not a header (an unknown state code).
+    pub fn decode(words: [u64; 2]) -> Option<Header> {
+        Some(Header {
+            payload_bytes: words[0] as u32,
+            state: State::from_code((words[0] >> 32) as u8)?,
+            flags: (words[0] >> 40) as u8,
+            source: words[1] as u32,
+            extra: (words[1] >> 32) as u32,
+        })
+    }
+}
+
+/// A registered buffer: `len` bytes at `offset` in a region.
+#[derive(Clone)]
+pub struct Buffer {
+    region: Arc<Region>,
+    offset: u64,
+    len: u32,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Buffer(rkey {:#x} +{} len {})",
+            self.region.rkey(),
+            self.offset,
+            self.len
+        )
+    }
+}
+
+impl Buffer {
+    /// # Panics
+    /// If the range is not word-aligned or lies outside the region: a bug in the pool.
+    pub fn new(region: Arc<Region>, offset: u64, len: u32) -> Buffer {
+        assert!(
+            offset.is_multiple_of(8) && len.is_multiple_of(8),
+            "unaligned buffer"
+        );
+        assert!(
+            offset + len as u64 <= region.len(),
+            "buffer outside its region"
+        );
+        Buffer {
+            region,
+            offset,
+            len,
+        }
+    }
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The whole buffer as a scatter/gather element.
+    pub fn local(&self) -> LocalBuf {
+        self.region.buf(self.offset, self.len)
+    }
+    /// `len` bytes from `at` within the buffer.
+    pub fn local_range(&self, at: u32, len: u32) -> LocalBuf {
+        debug_assert!(at + len <= self.len);
+        self.region.buf(self.offset + at as u64, len)
+    }
+    /// Where a peer finds byte `at` of this buffer.
+    pub fn remote(&self, at: u32) -> RemoteAddr {
+        self.region.remote_addr(self.offset + at as u64)
+    }
+    /// The buffer's memory as words.
+    pub fn words(&self) -> &[AtomicU64] {
+        let first = (self.offset / 8) as usize;
+        &self.region.memory().words()[first..first + (self.len / 8) as usize]
+    }
+    /// Whether two handles name the same memory.
+    pub fn same(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.region, &other.region) && self.offset == other.offset
+    }
+    pub fn write_header(&self, header: &Header) {
+        let w = self.words();
+        let [a, b] = header.encode();
+        w[0].store(a, Ordering::Relaxed);
+        w[1].store(b, Ordering::Release);
+    }
+    /// Reads a header `at` bytes into the buffer (UD receives put the GRH first).
+    pub fn read_header(&self, at: u32) -> Option<Header> {
+        let w = &self.words()[(at / 8) as usize..];
+        Header::decode([w[0].load(Ordering::Acquire), w[1].load(Ordering::Acquire)])
+    }
+}
+
+/// A buffer being filled by one thread: what `acquire` returns and `put_data` takes.
+#[derive(Debug)]
+pub struct SendBuf {
+    buf: Buffer,
+    words: usize,
+    capacity: usize,
+}
+
+impl SendBuf {
+    /// A send view over `buf` with room for `payload_capacity` bytes (at most what fits
+    /// between header and trailer).
+    pub fn new(buf: Buffer, payload_capacity: u32) -> SendBuf {
+        let fits = buf.len().saturating_sub(HEADER_BYTES + TRAILER_BYTES);
+        let capacity = (payload_capacity.min(fits) / 8) as usize;
+        SendBuf {
+            buf,
+            words: 0,
+            capacity,
+        }
+    }
+    pub fn buffer(&self) -> &Buffer {
+        &self.buf
+    }
+    pub fn into_buffer(self) -> Buffer {
+        self.buf
+    }
+    /// Payload words this buffer holds.
+    pub fn capacity_words(&self) -> usize {
+        self.capacity
+    }
+    pub fn len_words(&self) -> usize {
+        self.words
+    }
+    pub fn payload_bytes(&self) -> u32 {
+        (self.words * 8) as u32
+    }
+    pub fn is_empty(&self) -> bool {
+        self.words == 0
+    }
+    pub fn is_full(&self) -> bool {
+        self.words == self.capacity
+    }
+    pub fn remaining_words(&self) -> usize {
+        self.capacity - self.words
+    }
+    pub fn clear(&mut self) {
+        self.words = 0;
+    }
+    /// The payload area, for callers that fill it in bulk and then call
+    /// [`SendBuf::set_len_words`].
+    pub fn payload(&self) -> &[AtomicU64] {
+        &self.buf.words()[HEADER_WORDS..HEADER_WORDS + self.capacity]
+    }
+    /// # Panics
+    /// If `words` exceeds the capacity.
+    pub fn set_len_words(&mut self, words: usize) {
+        assert!(words <= self.capacity, "{words} words exceed the buffer");
+        self.words = words;
+    }
+    /// Appends one word; `false` (and nothing written) when the buffer is full.
+    #[inline]
+    pub fn push(&mut self, word: u64) -> bool {
+        if self.words == self.capacity {
+            return false;
+        }
+        self.buf.words()[HEADER_WORDS + self.words].store(word, Ordering::Relaxed);
+        self.words += 1;
+        true
+    }
+    /// Appends a tuple of words whole; `false` (and nothing written) when it does not fit.
+    #[inline]
+    pub fn push_tuple(&mut self, tuple: &[u64]) -> bool {
+        if self.capacity - self.words < tuple.len() {
+            return false;
+        }
+        let at = HEADER_WORDS + self.words;
+        for (cell, &w) in self.buf.words()[at..at + tuple.len()].iter().zip(tuple) {
+            cell.store(w, Ordering::Relaxed);
+        }
+        self.words += tuple.len();
+        true
+    }
+}
+
+/// A buffer of received data: what `get_data` returns and `release` takes back.
+#[derive(Debug)]
+#[allow(dead_code)]
+pub struct Received {
+    pub state: State,
+    /// The sending endpoint's id.
+    pub source: u32,
+    buf: Buffer,
+    /// Byte offset of the payload within `buf`.
+    payload_at: u32,
+    payload_bytes: u32,
+    /// Design-private: what `release` needs to hand the buffer back (a remote address,
+    /// a slot number).
+    pub(crate) token: u64,
+}
+
+#[allow(dead_code)] // used by the designs as they land
+impl Received {
+    /// Wraps a delivered buffer whose header starts `header_at` bytes in.
+    pub(crate) fn new(buf: Buffer, header_at: u32, header: &Header, token: u64) -> Received {
+        Received {
+            state: header.state,
+            source: header.source,
+            payload_at: header_at + HEADER_BYTES,
+            payload_bytes: header.payload_bytes,
+            buf,
+            token,
+        }
+    }
+    pub fn payload_bytes(&self) -> u32 {
+        self.payload_bytes
+    }
+    pub fn len_words(&self) -> usize {
+        (self.payload_bytes / 8) as usize
+    }
+    pub fn is_empty(&self) -> bool {
+        self.payload_bytes == 0
+    }
+    /// The payload as words.
+    pub fn payload(&self) -> &[AtomicU64] {
+        let first = (self.payload_at / 8) as usize;
+        &self.buf.words()[first..first + self.len_words()]
+    }
+    /// Copies the payload out.
+    pub fn to_words(&self) -> Vec<u64> {
+        self.payload()
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .collect()
+    }
+    pub fn buffer(&self) -> &Buffer {
+        &self.buf
+    }
+    pub(crate) fn into_parts(self) -> (Buffer, u64) {
+        (self.buf, self.token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_reject_unknown_states() {
+        let h = Header {
+            payload_bytes: 65_512,
+            state: State::Depleted,
+            flags: 0xa5,
+            source: 7,
+            extra: u32::MAX,
+        };
+        assert_eq!(Header::decode(h.encode()), Some(h));
+        let mut bad = h.encode();
+        bad[0] |= 9 << 32;
+        assert_eq!(Header::decode(bad), None);
+    }
+}

@@ -207,12 +207,29 @@ pub fn run_node(node: &Node, run: &Run) -> Result<Checksum> {
 /// checks every node received exactly the expected multiset.
 pub fn run_sim(run: &Run, sim: SimConfig) -> Result<()> {
     let net = SimNetwork::new(sim);
+    let devices = (0..run.nodes)
+        .map(|_| net.add_node() as Arc<dyn Device>)
+        .collect();
+    run_on(run, devices)
+}
+
+/// Runs `run` with one node per device, each a thread of this process (any backend:
+/// shm and tcp devices bound in this process work too), and checks every node
+/// received exactly the expected multiset.
+pub fn run_on(run: &Run, devices: Vec<Arc<dyn Device>>) -> Result<()> {
+    if devices.len() != run.nodes {
+        return Err(ShuffleError::Invalid(format!(
+            "{} devices for {} nodes",
+            devices.len(),
+            run.nodes
+        )));
+    }
     let exchanges = LocalExchange::group(run.nodes, Duration::from_secs(30));
     let results: Vec<Result<Checksum>> = std::thread::scope(|s| {
         let hs: Vec<_> = exchanges
             .into_iter()
-            .map(|x| {
-                let device: Arc<dyn Device> = net.add_node();
+            .zip(devices)
+            .map(|(x, device)| {
                 s.spawn(move || {
                     let node = Node::join(device, Arc::new(x), 1 << 30)?;
                     run_node(&node, run)

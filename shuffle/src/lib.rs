@@ -17,6 +17,7 @@ pub mod exchange;
 pub mod node;
 pub mod operator;
 pub mod pool;
+mod credit;
 mod rd;
 mod sr;
 pub mod testing;

@@ -11,13 +11,13 @@
 //! processes over loopback TCP ([`TcpExchange`]).
 
 pub mod buffer;
+mod credit;
 pub mod endpoint;
 pub mod error;
 pub mod exchange;
 pub mod node;
 pub mod operator;
 pub mod pool;
-mod credit;
 mod rd;
 mod sr;
 pub mod testing;

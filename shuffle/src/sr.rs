@@ -26,8 +26,8 @@ use crate::error::{Result, ShuffleError};
 use crate::node::Node;
 use crate::pool::{BufferPool, Circulation};
 use fabric::{
-    Access, Completion, CompletionQueue, LocalBuf, QpConfig, QpEndpoint, QueuePair, RecvWr, RemoteAddr,
-    SendWr, Src, WcOpcode,
+    Access, Completion, CompletionQueue, LocalBuf, QpConfig, QpEndpoint, QueuePair, RecvWr,
+    RemoteAddr, SendWr, Src, WcOpcode,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
@@ -88,10 +88,8 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
             dev.create_qp(&c)
         })
         .collect::<fabric::Result<Vec<_>>>()?;
-    let credit_region = Arc::new(dev.register(
-        8 * nodes as u64,
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-    )?);
+    let credit_region =
+        Arc::new(dev.register(8 * nodes as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?);
     let credit_words = Buffer::new(credit_region.clone(), 0, 8 * nodes as u32);
 
     let mine = Wiring {
@@ -272,7 +270,10 @@ impl SrSender {
 
 #[derive(Clone, Copy)]
 enum Outgoing {
-    Data { wr_id: u64, local: LocalBuf },
+    Data {
+        wr_id: u64,
+        local: LocalBuf,
+    },
     /// The header-only end of stream.
     End,
 }
@@ -386,7 +387,13 @@ struct SrReceiver {
 
 impl SrReceiver {
     /// Posts `buf` for `source`; writes the credit back when it is due.
-    fn post_one(&self, st: &mut RecvState, source: usize, buf: Buffer, released: bool) -> Result<()> {
+    fn post_one(
+        &self,
+        st: &mut RecvState,
+        source: usize,
+        buf: Buffer,
+        released: bool,
+    ) -> Result<()> {
         let wr_id = st.next_wr;
         st.next_wr += 1;
         self.qps[source].post_recv(&[RecvWr {

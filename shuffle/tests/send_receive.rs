@@ -66,7 +66,11 @@ fn every_sr_design_delivers_the_exact_multiset() {
 #[test]
 fn stragglers_and_credit_every_one_and_many() {
     for design in SR {
-        for (credit_every, buffering) in [(1, FIXED), (4, ADAPTIVE), (2, Buffering::Fixed { per_peer: 1 })] {
+        for (credit_every, buffering) in [
+            (1, FIXED),
+            (4, ADAPTIVE),
+            (2, Buffering::Fixed { per_peer: 1 }),
+        ] {
             let mut r = run(design, 3, 2, 400);
             r.straggler = Some(Duration::from_millis(1));
             r.config.credit_every = credit_every;

@@ -16,8 +16,10 @@
 //! still attributed to it posts as many again (at most `max_per_peer` in all), so a
 //! loss shows up as a count mismatch below, not as a stalled sender.
 //!
-//! End of stream by counts (§5.3): a Depleted put_data sends every node of the lane two
-//! copies of a header-only datagram carrying the number of data datagrams sent to it.
+//! End of stream by counts (§5.3): a Depleted put_data sends every node of the lane a
+//! header-only datagram carrying the number of data datagrams sent to it, and a second
+//! copy where credit is left over (a lost end of stream is then rarer; the receiver
+//! ignores the repeat).
 //! The receiver finishes a source once that many arrived, in any order (the end may
 //! arrive first); if they do not within the timeout, `get_data` fails with
 //! [`ShuffleError::Timeout`] and the counts.
@@ -242,7 +244,9 @@ impl UdSender {
         Ok(())
     }
 
-    fn send_to(&self, dest: usize, what: Outgoing) -> Result<()> {
+    /// Spends a credit for `dest` and posts the message; waits for the credit unless
+    /// `best_effort`, in which case it returns `false` at once when there is none.
+    fn send_to(&self, dest: usize, what: Outgoing, best_effort: bool) -> Result<bool> {
         let mut backoff = Backoff::new(self.timeout);
         loop {
             {
@@ -270,7 +274,10 @@ impl UdSender {
                             .to(to)])?;
                         }
                     }
-                    return Ok(());
+                    return Ok(true);
+                }
+                if best_effort {
+                    return Ok(false);
                 }
             }
             if !backoff.wait() {
@@ -351,13 +358,15 @@ impl SendEndpoint for UdSender {
                 id
             };
             for &d in dests {
-                self.send_to(d, Outgoing::Data { wr_id, local })?;
+                self.send_to(d, Outgoing::Data { wr_id, local }, false)?;
             }
         }
         if state == State::Depleted {
-            for _ in 0..END_COPIES {
+            // The first copy waits for credit; the others go only where credit is
+            // left (a receiver may finish on the first and never credit again).
+            for copy in 0..END_COPIES {
                 for d in 0..nodes {
-                    self.send_to(d, Outgoing::End)?;
+                    self.send_to(d, Outgoing::End, copy > 0)?;
                 }
             }
         }

@@ -169,3 +169,9 @@ fn every_sr_design_runs_on_tcp() {
         }
     }
 }
+
+#[test]
+fn dbg_one() {
+    let r = run(SR[0], 2, 1, 200);
+    check(&r, SimConfig::default());
+}

@@ -258,3 +258,55 @@ impl RecvBook {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_finishes_only_once_its_announced_count_arrived() {
+        let mut book = RecvBook::new(2, Buffering::Fixed { per_peer: 2 }, 2);
+        // The end of stream overtakes two data messages (UD reordering).
+        book.arrival(1, true);
+        book.arrival(1, false);
+        book.end(1, 3).unwrap();
+        book.settle();
+        assert!(!book.finished[1]);
+        book.arrival(1, true);
+        book.arrival(1, true);
+        book.settle();
+        assert!(book.finished[1] && !book.all_finished());
+        assert!(book.end(1, 3).is_ok(), "a repeated end changes nothing");
+        assert!(book.end(1, 4).is_err(), "a contradicting one is an error");
+        match book.timeout(0, std::time::Duration::ZERO) {
+            ShuffleError::Timeout { counts: None, .. } => {}
+            e => panic!("{e:?}"),
+        }
+        book.end(0, 5).unwrap();
+        book.arrival(0, true);
+        match book.timeout(0, std::time::Duration::ZERO) {
+            ShuffleError::Timeout {
+                counts: Some((5, 1)),
+                ..
+            } => {}
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn credit_is_absolute_and_stale_updates_change_nothing() {
+        let mut c = SendCredit::new(1, 2);
+        assert!(c.try_spend(0) && c.try_spend(0) && !c.try_spend(0));
+        c.update(0, 4);
+        c.update(0, 3); // a late, older update
+        assert!(c.try_spend(0) && c.try_spend(0) && !c.try_spend(0));
+        let mut book = RecvBook::new(1, Buffering::Fixed { per_peer: 2 }, 2);
+        book.posted_one(0, false);
+        book.posted_one(0, false);
+        assert_eq!(book.take_credit(0), None, "the initial credit is known");
+        assert!(!book.posted_one(0, true));
+        assert!(book.posted_one(0, true), "due every second release");
+        assert_eq!(book.take_credit(0), Some(4));
+        assert_eq!(book.take_credit(0), None);
+    }
+}

@@ -34,8 +34,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-const CQ_CAPACITY: u32 = 4096;
-
 /// What a node publishes about one lane.
 #[derive(Serialize, Deserialize)]
 struct Wiring {
@@ -70,12 +68,19 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
     let max_per_peer = config.buffering.max_per_peer().max(initial);
     let pool = node.pool(config.message_bytes);
 
-    let send_cq = dev.create_cq(CQ_CAPACITY)?;
-    let recv_cq = dev.create_cq(CQ_CAPACITY)?;
+    // Queue depths: a send QP has at most every send buffer and the end of stream
+    // outstanding; a receive QP its receives (with the adaptive growth) and the credit
+    // WRITEs issued between two polls. The CQs hold all of them.
+    let send_depth = max_per_peer * nodes * lane.sharers.max(1) + 16;
+    let recv_depth = 2 * max_per_peer + 16;
+    let credit_depth = 2 * max_per_peer + 64;
+    let cq_size = |n: usize| (n as u32).max(64);
+    let send_cq = dev.create_cq(cq_size(send_depth * nodes))?;
+    let recv_cq = dev.create_cq(cq_size((recv_depth + credit_depth) * nodes))?;
     let send_qps = (0..nodes)
         .map(|_| {
             let mut c = QpConfig::rc(&send_cq);
-            c.max_send_wr = (max_per_peer * nodes + 16) as u32;
+            c.max_send_wr = send_depth as u32;
             c.max_recv_wr = 1;
             dev.create_qp(&c)
         })
@@ -83,8 +88,8 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
     let recv_qps = (0..nodes)
         .map(|_| {
             let mut c = QpConfig::rc(&recv_cq);
-            c.max_send_wr = 256;
-            c.max_recv_wr = (max_per_peer + 16) as u32;
+            c.max_send_wr = credit_depth as u32;
+            c.max_recv_wr = recv_depth as u32;
             dev.create_qp(&c)
         })
         .collect::<fabric::Result<Vec<_>>>()?;
@@ -159,7 +164,11 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
         credit_words,
         _credit_region: credit_region,
         state: Mutex::new(SendState {
-            circulation: Circulation::new(pool.clone(), config.buffering, nodes)?,
+            circulation: Circulation::new(
+                pool.clone(),
+                config.buffering,
+                nodes * lane.sharers.max(1),
+            )?,
             credit: SendCredit::new(nodes, initial as u64),
             inflight: HashMap::new(),
             next_wr: 0,

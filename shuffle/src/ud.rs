@@ -39,7 +39,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-const CQ_CAPACITY: u32 = 4096;
 /// Header flag of a credit datagram (receiver → sender).
 const CREDIT_FLAG: u8 = 1;
 /// A credit receive slot: GRH and header.
@@ -73,15 +72,21 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
     let recv_pool = node.pool(UD_MTU + GRH_BYTES);
     let credit_slots = (4 * nodes + 16) as u32;
 
-    let send_cq = dev.create_cq(CQ_CAPACITY)?;
-    let recv_cq = dev.create_cq(CQ_CAPACITY)?;
+    // Queue depths: every send buffer to every node and the ends of stream; receives
+    // for every source (with adaptive growth and loss make-up) and the credit
+    // datagrams sent between two polls (due ones and the idle repeats).
+    let send_depth = (max_per_peer * nodes * lane.sharers.max(1) + END_COPIES + 16) * nodes;
+    let recv_depth = 3 * max_per_peer * nodes + 16;
+    let credit_depth = (2 * max_per_peer + 64) * nodes;
+    let send_cq = dev.create_cq((send_depth + credit_slots as usize) as u32)?;
+    let recv_cq = dev.create_cq((recv_depth + credit_depth) as u32)?;
     let mut c = QpConfig::ud(&send_cq);
-    c.max_send_wr = (max_per_peer * nodes * nodes + (END_COPIES + 16) * nodes) as u32;
+    c.max_send_wr = send_depth as u32;
     c.max_recv_wr = credit_slots;
     let send_qp = dev.create_qp(&c)?;
     let mut c = QpConfig::ud(&recv_cq);
-    c.max_send_wr = 256;
-    c.max_recv_wr = (3 * max_per_peer * nodes + 16) as u32;
+    c.max_send_wr = credit_depth as u32;
+    c.max_recv_wr = recv_depth as u32;
     let recv_qp = dev.create_qp(&c)?;
 
     let credit_region =
@@ -145,7 +150,11 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
         receivers: (0..nodes).map(|r| to(r, all[r].recv_qpn)).collect(),
         credit_region,
         state: Mutex::new(SendState {
-            circulation: Circulation::new(send_pool.clone(), config.buffering, nodes)?,
+            circulation: Circulation::new(
+                send_pool.clone(),
+                config.buffering,
+                nodes * lane.sharers.max(1),
+            )?,
             credit: SendCredit::new(nodes, initial as u64),
             data_sent: vec![0; nodes],
             inflight: HashMap::new(),

@@ -34,6 +34,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+/// `wr_id` of a credit WRITE: this bit and the source rank.
+const CREDIT_WRITE: u64 = 1 << 62;
+
 /// What a node publishes about one lane.
 #[derive(Serialize, Deserialize)]
 struct Wiring {
@@ -211,6 +214,13 @@ impl SrSender {
             let n = credit::poll(&self.cq, &mut wcs)?;
             let mut done = Vec::new();
             for wc in &wcs[..n] {
+                if wc.wr_id == CONTROL_WR {
+                    // An end of stream: the receiver has it once it finished with us,
+                    // and may be gone before our completion is (a tcp ack lost with
+                    // the closed connection). A receiver that did not get it reports
+                    // the missing end itself.
+                    continue;
+                }
                 credit::check(wc, "a SEND")?;
                 if let Some((_, left)) = st.inflight.get_mut(&wc.wr_id) {
                     *left -= 1;
@@ -423,7 +433,7 @@ impl SrReceiver {
         if let Some(credit) = st.book.take_credit(source) {
             let bytes = credit.to_ne_bytes();
             self.qps[source].post_send(&[SendWr::write(
-                CONTROL_WR,
+                CREDIT_WRITE | source as u64,
                 Src::Inline(&bytes),
                 self.credit_at[source],
             )])?;
@@ -438,14 +448,26 @@ impl SrReceiver {
         loop {
             let n = credit::poll(&self.cq, &mut wcs)?;
             for wc in &wcs[..n] {
-                if wc.opcode == WcOpcode::Write || wc.wr_id == CONTROL_WR {
-                    credit::check(wc, "a credit WRITE")?;
+                // Once a source has finished, its sender may close its queue pair,
+                // which flushes our receives left for it and fails a credit WRITE
+                // still on the way: nothing is lost then.
+                if wc.opcode == WcOpcode::Write || wc.wr_id & CREDIT_WRITE != 0 {
+                    let source = (wc.wr_id & !CREDIT_WRITE) as usize;
+                    if !st.book.finished.get(source).copied().unwrap_or(false) {
+                        credit::check(wc, "a credit WRITE")?;
+                    }
+                    continue;
+                }
+                let Some((source, buf)) = st.slots.remove(&wc.wr_id) else {
+                    credit::check(wc, "a RECV")?;
+                    continue;
+                };
+                if !wc.status.is_ok() && st.book.finished[source] {
+                    st.book.owned[source] -= 1;
+                    self.pool.give(buf);
                     continue;
                 }
                 credit::check(wc, "a RECV")?;
-                let Some((source, buf)) = st.slots.remove(&wc.wr_id) else {
-                    continue;
-                };
                 arrived += self.arrival(st, source, buf, wc.byte_len)? as usize;
             }
             if n < wcs.len() {

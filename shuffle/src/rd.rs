@@ -88,6 +88,8 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
     let send_qpns: Vec<Vec<u32>> = all.iter().map(|w| w.send_qpns.clone()).collect();
     let recv_qpns: Vec<Vec<u32>> = all.iter().map(|w| w.recv_qpns.clone()).collect();
     ring::connect_pairs(rank, &send_mesh, &recv_mesh, &send_qpns, &recv_qpns)?;
+    // Every queue pair is connected before anyone writes.
+    node.all_gather(&format!("mq/rd lane {} wired", lane.lane), &())?;
     let peers = send_mesh.peers.clone();
     let at = |r: usize, rkey: u32, word: usize| RemoteAddr {
         node: peers[r],

@@ -25,3 +25,20 @@ fn rd_repartition_two_nodes() {
     run_sim(&b, SimConfig::default()).unwrap();
     let _ = Faults::default();
 }
+
+#[test]
+fn wr_quick() {
+    for notify in [
+        shuffle::Notify::Seal,
+        shuffle::Notify::MessageQueue,
+        shuffle::Notify::CompletionQueue,
+    ] {
+        let mut r = small(Design::new(Endpoints::Single, Transport::MqWr), 2, 1, 2000);
+        r.config.notify = notify;
+        run_sim(&r, SimConfig::default()).unwrap();
+        let mut r = small(Design::new(Endpoints::Multi, Transport::MqWr), 3, 3, 2000);
+        r.config.notify = notify;
+        r.pattern = Pattern::Broadcast;
+        run_sim(&r, SimConfig::default()).unwrap();
+    }
+}

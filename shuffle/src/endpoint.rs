@@ -278,7 +278,6 @@ fn open_lane(
 
 /// Waiting without burning a core the other processes need: spin briefly, then yield,
 /// then sleep a little, and give up at the deadline.
-#[allow(dead_code)] // used by the designs as they land
 pub(crate) struct Backoff {
     spins: u32,
     started: Instant,

@@ -24,7 +24,7 @@ use crate::ring::{self, Consumer, Layout, Mesh, Producer};
 use fabric::{Access, Region, RemoteAddr, SendWr, WcStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -48,10 +48,6 @@ struct Wiring {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn ring_of<'a>(words: &'a [AtomicU64], layout: &Layout, peer: usize) -> &'a [AtomicU64] {
-    &words[layout.ring_word(peer)..layout.ring_word(peer) + layout.ring_words()]
 }
 
 /// Opens this node's endpoints of one lane. Collective.
@@ -187,7 +183,7 @@ impl RdSender {
         let words = self.ctrl.memory().words();
         let mut back = Vec::new();
         for j in 0..self.nodes {
-            let ring = ring_of(words, &self.layout, j);
+            let ring = self.layout.ring(words, j);
             while let Some((key, _)) = s.free[j].pop(ring) {
                 let Some(entry) = s.inflight.get_mut(&key) else {
                     return Err(ShuffleError::Malformed {
@@ -410,7 +406,7 @@ impl RdReceiver {
         }
         let words = self.ctrl.memory().words();
         for i in 0..self.nodes {
-            let ring = ring_of(words, &self.layout, i);
+            let ring = self.layout.ring(words, i);
             let mut popped = false;
             while let Some((key, aux)) = s.valid[i].pop(ring) {
                 popped = true;

@@ -137,6 +137,10 @@ impl Layout {
     pub fn ring_words(&self) -> usize {
         self.cap as usize * ENTRY_WORDS
     }
+    /// Ring `peer`'s words within the side's control words.
+    pub fn ring<'a>(&self, words: &'a [AtomicU64], peer: usize) -> &'a [AtomicU64] {
+        &words[self.ring_word(peer)..self.ring_word(peer) + self.ring_words()]
+    }
     pub fn index_word(&self, peer: usize) -> usize {
         self.peers * self.cap as usize * ENTRY_WORDS + peer
     }
@@ -154,7 +158,7 @@ pub(crate) fn ring_capacity(max_per_peer: usize, nodes: usize) -> u64 {
 
 /// Encodes a buffer's place in its region as one word: rkey and word offset.
 pub(crate) fn buffer_key(rkey: u32, offset: u64) -> u64 {
-    (rkey as u64) << 32 | offset / 8
+    ((rkey as u64) << 32) | (offset / 8)
 }
 
 /// The remote address of a buffer key on `node`.

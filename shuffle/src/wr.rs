@@ -36,7 +36,7 @@ use crate::ring::{self, Consumer, Layout, Mesh, Producer};
 use fabric::{Access, LocalBuf, RecvWr, Region, RemoteAddr, SendWr, Src, WcOpcode, WcStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -64,10 +64,6 @@ struct Wiring {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn ring_of<'a>(words: &'a [AtomicU64], layout: &Layout, peer: usize) -> &'a [AtomicU64] {
-    &words[layout.ring_word(peer)..layout.ring_word(peer) + layout.ring_words()]
 }
 
 fn notify_code(n: Notify) -> u8 {
@@ -239,7 +235,7 @@ impl WrSender {
         }
         let words = self.ctrl.memory().words();
         for j in 0..self.nodes {
-            let ring = ring_of(words, &self.layout, j);
+            let ring = self.layout.ring(words, j);
             while let Some((key, slot)) = s.free[j].pop(ring) {
                 s.remote_free[j].push_back((key, slot));
             }
@@ -587,7 +583,7 @@ impl WrReceiver {
             Notify::CompletionQueue => {}
             Notify::MessageQueue => {
                 for i in 0..self.nodes {
-                    let ring = ring_of(words, &self.layout, i);
+                    let ring = self.layout.ring(words, i);
                     let mut popped = false;
                     while let Some((slot, _)) = s.valid[i].pop(ring) {
                         popped = true;

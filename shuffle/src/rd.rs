@@ -111,6 +111,7 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
                 .collect(),
             inflight: HashMap::new(),
             ended: false,
+            end_sent: vec![false; nodes],
         }),
     };
     let receiver = RdReceiver {
@@ -167,13 +168,18 @@ struct SendSide {
     /// Buffers out for reading, by key, with the receivers that have yet to free them.
     inflight: HashMap<u64, (Buffer, usize)>,
     ended: bool,
+    /// Receivers this stream's end was written to.
+    end_sent: Vec<bool>,
 }
 
 impl RdSender {
     /// Polls completions and FreeArr rings; returns freed buffers to circulation.
     fn progress(&self, s: &mut SendSide) -> Result<()> {
         for wc in s.mesh.poll()? {
-            if wc.status != WcStatus::Success {
+            // A receiver that has this stream's end may finish and go away before the
+            // acknowledgement of the end (or of a write before it) comes back: no error.
+            if wc.status != WcStatus::Success && !s.mesh.peer_of(&wc).is_some_and(|p| s.end_sent[p])
+            {
                 return Err(ring::completion_error(
                     "an RDMA WRITE to a receiver's ValidArr",
                     &wc,
@@ -196,9 +202,9 @@ impl RdSender {
                     back.push(s.inflight.remove(&key).expect("present").0);
                 }
             }
-            // After the end of the stream the receivers are free to go: write nothing
-            // more to them (the ring has room for every buffer still out).
-            if !s.ended
+            // After the end of the stream a receiver is free to go: write nothing more
+            // to it (the ring has room for every buffer still out).
+            if !s.end_sent[j]
                 && let Some(n) = s.free[j].report()
             {
                 let to = s.free_report[j];
@@ -222,9 +228,10 @@ impl RdSender {
                 if s.valid[d].has_room(consumed) {
                     let (at, entry) = s.valid[d].push(value, aux);
                     let to = s.valid_at[d].offset_by(at as u64 * 8);
-                    return s
-                        .mesh
-                        .write_inline(d, WR_ENTRY, &ring::entry_bytes(entry), to);
+                    s.mesh
+                        .write_inline(d, WR_ENTRY, &ring::entry_bytes(entry), to)?;
+                    s.end_sent[d] |= aux & END != 0;
+                    return Ok(());
                 }
                 self.progress(&mut s)?;
             }
@@ -479,7 +486,13 @@ impl RecvEndpoint for RdReceiver {
                 if let Some(r) = s.ready.pop_front() {
                     return Ok(Some(r));
                 }
-                if s.n_ended == self.nodes && s.pending.is_empty() && s.reading.is_empty() {
+                // Every stream ended and was read; once the last FreeArr entries have
+                // landed (the senders wait for them) there is nothing more.
+                if s.n_ended == self.nodes
+                    && s.pending.is_empty()
+                    && s.reading.is_empty()
+                    && s.mesh.outstanding_total() == 0
+                {
                     return Ok(None);
                 }
                 self.check_failed(&s)?;

@@ -147,6 +147,7 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
             inflight: HashMap::new(),
             next_local: 0,
             ended: false,
+            end_sent: vec![false; nodes],
         }),
     };
     let zero = recv_ctrl.buf(0, 0);
@@ -211,13 +212,18 @@ struct SendSide {
     inflight: HashMap<u64, (Buffer, usize)>,
     next_local: u64,
     ended: bool,
+    /// Receivers this stream's end was written to.
+    end_sent: Vec<bool>,
 }
 
 impl WrSender {
     fn progress(&self, s: &mut SendSide) -> Result<()> {
         let mut back = Vec::new();
         for wc in s.mesh.poll()? {
-            if wc.status != WcStatus::Success {
+            // A receiver that has this stream's end may finish and go away before the
+            // acknowledgement of the end (or of a write before it) comes back: no error.
+            if wc.status != WcStatus::Success && !s.mesh.peer_of(&wc).is_some_and(|p| s.end_sent[p])
+            {
                 return Err(ring::completion_error("an RDMA WRITE to a receiver", &wc));
             }
             if wc.wr_id & WR_DATA != 0 {
@@ -239,7 +245,7 @@ impl WrSender {
             while let Some((key, slot)) = s.free[j].pop(ring) {
                 s.remote_free[j].push_back((key, slot));
             }
-            if !s.ended
+            if !s.end_sent[j]
                 && let Some(n) = s.free[j].report()
             {
                 let to = s.free_report[j];
@@ -251,7 +257,7 @@ impl WrSender {
 
     /// WRITEs `len` bytes of `src` into the next buffer receiver `d` advertised and
     /// notifies it, waiting for an advertised buffer (and ValidArr room).
-    fn transmit(&self, d: usize, src: Src<'_>, wr_id: u64) -> Result<()> {
+    fn transmit(&self, d: usize, src: Src<'_>, wr_id: u64, end: bool) -> Result<()> {
         let mut backoff = Backoff::new(self.timeout);
         let words = self.ctrl.memory().words();
         loop {
@@ -265,6 +271,7 @@ impl WrSender {
                 if room && let Some((key, slot)) = s.remote_free[d].pop_front() {
                     let remote = ring::key_addr(s.mesh.peers[d], key);
                     let len = src.len() as u32;
+                    s.end_sent[d] |= end;
                     return match self.notify {
                         Notify::Seal => {
                             let seal = SEAL.to_le_bytes();
@@ -369,7 +376,7 @@ impl SendEndpoint for WrSender {
                 s.inflight.insert(id, (buffer, dests.len()));
                 drop(s);
                 for &d in dests {
-                    self.transmit(d, Src::Buf(local), WR_DATA | id)?;
+                    self.transmit(d, Src::Buf(local), WR_DATA | id, false)?;
                 }
             }
         }
@@ -388,7 +395,7 @@ impl SendEndpoint for WrSender {
         bytes[..8].copy_from_slice(&end[0].to_le_bytes());
         bytes[8..].copy_from_slice(&end[1].to_le_bytes());
         for d in 0..self.nodes {
-            self.transmit(d, Src::Inline(&bytes), WR_MISC)?;
+            self.transmit(d, Src::Inline(&bytes), WR_MISC, true)?;
         }
         lock(&self.st).ended = true;
         // Linger until every WRITE completed: errors are still this stream's.
@@ -641,7 +648,7 @@ impl RecvEndpoint for WrReceiver {
                 if let Some(r) = s.ready.pop_front() {
                     return Ok(Some(r));
                 }
-                if s.n_ended == self.nodes {
+                if s.n_ended == self.nodes && s.mesh.outstanding_total() == 0 {
                     return Ok(None);
                 }
                 self.check_failed(&s)?;

@@ -19,6 +19,12 @@ pub mod node;
 pub mod operator;
 pub mod pool;
 mod rd;
+#[cfg(not(shuffle_loom))]
+mod ring;
+/// The ring protocol, public only for the loom model (`tests/loom_ring.rs`).
+#[cfg(shuffle_loom)]
+#[doc(hidden)]
+pub mod ring;
 mod sr;
 pub mod testing;
 mod ud;

@@ -32,7 +32,8 @@ const SWEEP: [u32; 5] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
 #[derive(Args, Debug, Clone)]
 pub struct ShuffleArgs {
     /// Designs by their paper names (SESQ/SR, MESQ/SR, SEMQ/SR, MEMQ/SR, SEMQ/RD,
-    /// MEMQ/RD, SEMQ/WR, MEMQ/WR), comma-separated, or `all`.
+    /// MEMQ/RD, SEMQ/WR, MEMQ/WR), comma-separated, `all` (skipping designs not built
+    /// yet), or `none` (the baselines only).
     #[arg(long, value_delimiter = ',', default_value = "all")]
     pub design: Vec<String>,
     /// Fabric backend: sim runs the nodes as threads of this process; shm, tcp and
@@ -194,6 +195,9 @@ fn designs(names: &[String]) -> Result<(Vec<Design>, bool)> {
     if names.iter().any(|n| n.eq_ignore_ascii_case("all")) {
         return Ok((Design::ALL.to_vec(), false));
     }
+    if names.iter().any(|n| n.eq_ignore_ascii_case("none")) {
+        return Ok((Vec::new(), true));
+    }
     let mut out = Vec::new();
     for n in names {
         let d: Design = n.trim().parse()?;
@@ -202,7 +206,7 @@ fn designs(names: &[String]) -> Result<(Vec<Design>, bool)> {
         }
     }
     if out.is_empty() {
-        bail!("no design given: name some (e.g. --design MEMQ/WR) or pass --design all");
+        bail!("no design given: name some (e.g. --design MEMQ/WR), or pass all or none");
     }
     Ok((out, true))
 }
@@ -235,6 +239,9 @@ fn size_name(b: u32) -> String {
 
 pub fn run(args: &ShuffleArgs) -> Result<()> {
     let (designs, named) = designs(&args.design)?;
+    if designs.is_empty() && args.baselines.as_ref().is_some_and(|b| b.contains(&BaselineArg::None)) {
+        bail!("--design none and --baselines none leave nothing to run");
+    }
     let (want_tcp, want_mpi, mpi_explicit) = match &args.baselines {
         None => (true, true, false),
         Some(b) if b.contains(&BaselineArg::None) => {

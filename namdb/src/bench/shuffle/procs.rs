@@ -179,6 +179,9 @@ fn spawn(
         .arg(dir)
         .args(["--job", job])
         .env(TOKEN_ENV, token)
+        // The report shows a failing node's error, not a backtrace of it.
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -217,12 +220,15 @@ fn spawn(
     })
 }
 
-/// The last lines of what a node wrote to stderr.
+/// A node's error: what it printed from `Error:` on, else its last lines of stderr.
 fn tail(p: &NodeProc) -> String {
     let text = p.stderr.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let from = lines.len().saturating_sub(6);
-    lines[from..].join("\n")
+    let from = lines
+        .iter()
+        .rposition(|l| l.starts_with("Error: "))
+        .unwrap_or(lines.len().saturating_sub(6));
+    lines[from..].iter().take(12).copied().collect::<Vec<_>>().join("\n")
 }
 
 fn run_processes(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<NodeResult>> {
@@ -278,7 +284,7 @@ fn run_processes(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<No
 
     // Wait for every node; once one fails, the others get a grace period (they may
     // be blocked on it until their own timeouts), then are killed.
-    let mut failed: Option<(usize, String)> = None;
+    let mut failed: Option<(usize, ())> = None;
     let mut failed_at: Option<Instant> = None;
     let mut done = vec![false; nodes];
     let mut results: Vec<Option<NodeResult>> = (0..nodes).map(|_| None).collect();
@@ -299,7 +305,7 @@ fn run_processes(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<No
             if let Some(status) = p.child.try_wait()? {
                 done[p.rank] = true;
                 if !status.success() && failed.is_none() {
-                    failed = Some((p.rank, format!("node {} exited ({status}): {}", p.rank, tail(p))));
+                    failed = Some((p.rank, ()));
                     failed_at = Some(Instant::now());
                 }
             }
@@ -322,18 +328,23 @@ fn run_processes(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<No
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
     }
-    if let Some((first, why)) = failed {
+    if let Some((first, _)) = failed {
         // Let the stderr readers catch up so the messages are complete.
         std::thread::sleep(Duration::from_millis(50));
+        let first_tail = tail(&procs.0[first]);
+        let status = procs.0[first].child.try_wait().ok().flatten();
         let others: Vec<String> = procs
             .0
             .iter()
             .filter(|p| p.rank != first)
             .map(|p| (p.rank, tail(p)))
-            .filter(|(_, t)| !t.is_empty())
+            .filter(|(_, t)| !t.is_empty() && *t != first_tail)
             .map(|(r, t)| format!("node {r}: {t}"))
             .collect();
-        let mut msg = why;
+        let mut msg = format!(
+            "node {first} exited ({}): {first_tail}",
+            status.map_or_else(|| "killed".to_string(), |s| s.to_string())
+        );
         if !others.is_empty() {
             msg.push_str("\nother nodes:\n");
             msg.push_str(&others.join("\n"));

@@ -85,8 +85,18 @@ fn check_rows(rows: &[Value], nodes: u64, threads: u64, tuples: u64) {
 #[test]
 fn sim_design_runs_or_says_it_is_not_built_yet() {
     let (out, rows) = shuffle(&[
-        "--backend", "sim", "--design", "MEMQ/SR,MEMQ/WR", "--nodes", "3", "--threads", "2",
-        "--tuples", "20000", "--baselines", "none",
+        "--backend",
+        "sim",
+        "--design",
+        "MEMQ/SR,MEMQ/WR",
+        "--nodes",
+        "3",
+        "--threads",
+        "2",
+        "--tuples",
+        "20000",
+        "--baselines",
+        "none",
     ]);
     match rows {
         Some(rows) => {
@@ -106,8 +116,18 @@ fn sim_design_runs_or_says_it_is_not_built_yet() {
 #[test]
 fn shm_processes_run_every_built_design_and_the_tcp_baseline() {
     let (out, rows) = shuffle(&[
-        "--backend", "shm", "--design", "all", "--nodes", "3", "--threads", "2", "--tuples",
-        "20000", "--baselines", "tcp",
+        "--backend",
+        "shm",
+        "--design",
+        "all",
+        "--nodes",
+        "3",
+        "--threads",
+        "2",
+        "--tuples",
+        "20000",
+        "--baselines",
+        "tcp",
     ]);
     let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
     check_rows(&rows, 3, 2, 20000);
@@ -118,7 +138,10 @@ fn shm_processes_run_every_built_design_and_the_tcp_baseline() {
         assert_eq!(r["backend"], "shm", "{r}");
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("design") && stdout.contains("tcp"), "{stdout}");
+    assert!(
+        stdout.contains("design") && stdout.contains("tcp"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -130,7 +153,14 @@ fn mpi_baseline_runs_or_says_openmpi_is_missing() {
         .expect("scripts/mpi.sh runs")
         .success();
     let (out, rows) = shuffle(&[
-        "--design", "none", "--nodes", "2", "--tuples", "20000", "--baselines", "mpi",
+        "--design",
+        "none",
+        "--nodes",
+        "2",
+        "--tuples",
+        "20000",
+        "--baselines",
+        "mpi",
     ]);
     if installed {
         let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
@@ -149,13 +179,28 @@ fn sweep_draws_svgs() {
     let dir = tempfile::tempdir().unwrap();
     let svg: PathBuf = dir.path().join("svg");
     let (out, rows) = shuffle(&[
-        "--design", "none", "--baselines", "tcp", "--tuples", "20000", "--pattern",
-        "repartition", "--sweep-message-sizes", "--svg", svg.to_str().unwrap(),
+        "--design",
+        "none",
+        "--baselines",
+        "tcp",
+        "--tuples",
+        "20000",
+        "--pattern",
+        "repartition",
+        "--sweep-message-sizes",
+        "--svg",
+        svg.to_str().unwrap(),
     ]);
     let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
-    let sizes: Vec<u64> = rows.iter().map(|r| r["message_bytes"].as_u64().unwrap()).collect();
+    let sizes: Vec<u64> = rows
+        .iter()
+        .map(|r| r["message_bytes"].as_u64().unwrap())
+        .collect();
     assert_eq!(sizes, [4096, 16384, 65536, 262144, 1048576]);
-    for f in ["shuffle-repartition-message-size.svg", "shuffle-designs.svg"] {
+    for f in [
+        "shuffle-repartition-message-size.svg",
+        "shuffle-designs.svg",
+    ] {
         let s = std::fs::read_to_string(svg.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(s.starts_with("<svg") && s.contains("tcp"), "{f}");
     }
@@ -169,7 +214,10 @@ fn bad_arguments_are_refused_clearly() {
         (&["--tuples", "0"][..], "--tuples"),
         (&["--backend", "carrier-pigeon"][..], "possible values"),
         (&["--notify", "smoke"][..], "unknown notification"),
-        (&["--design", "none", "--baselines", "none"][..], "nothing to run"),
+        (
+            &["--design", "none", "--baselines", "none"][..],
+            "nothing to run",
+        ),
     ] {
         let mut argv = vec!["bench", "shuffle"];
         argv.extend_from_slice(args);

@@ -239,7 +239,12 @@ fn size_name(b: u32) -> String {
 
 pub fn run(args: &ShuffleArgs) -> Result<()> {
     let (designs, named) = designs(&args.design)?;
-    if designs.is_empty() && args.baselines.as_ref().is_some_and(|b| b.contains(&BaselineArg::None)) {
+    if designs.is_empty()
+        && args
+            .baselines
+            .as_ref()
+            .is_some_and(|b| b.contains(&BaselineArg::None))
+    {
         bail!("--design none and --baselines none leave nothing to run");
     }
     let (want_tcp, want_mpi, mpi_explicit) = match &args.baselines {
@@ -523,7 +528,15 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     writeln!(
         out,
         "{:<9} {:<11} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
-        "design", "pattern", "message", "GB/s", "min GB/s", "memcpy", "pinned", "setup ms", "seconds"
+        "design",
+        "pattern",
+        "message",
+        "GB/s",
+        "min GB/s",
+        "memcpy",
+        "pinned",
+        "setup ms",
+        "seconds"
     )?;
     for r in rows {
         writeln!(
@@ -601,7 +614,9 @@ fn draw(dir: &Path, args: &ShuffleArgs, rows: &[Row]) -> Result<Vec<PathBuf>> {
             points: names
                 .iter()
                 .enumerate()
-                .filter_map(|(i, n)| best(rows, pattern, |r| &r.design == n).map(|r| (i as f64, r.gb_per_sec)))
+                .filter_map(|(i, n)| {
+                    best(rows, pattern, |r| &r.design == n).map(|r| (i as f64, r.gb_per_sec))
+                })
                 .collect(),
         });
     }

@@ -86,6 +86,10 @@ pub fn run(
         out.status,
         stderr.trim()
     );
-    ensure!(!lines.is_empty(), "the MPI baseline printed no result:\n{}", stderr.trim());
+    ensure!(
+        !lines.is_empty(),
+        "the MPI baseline printed no result:\n{}",
+        stderr.trim()
+    );
     Ok(lines)
 }

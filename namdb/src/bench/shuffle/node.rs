@@ -198,7 +198,10 @@ pub fn run_node(
     let all_sent: Vec<Vec<(u64, u64, u64)>> = gather(
         &*exchange,
         "sent checksums",
-        &sent.iter().map(|c| (c.count, c.sum, c.xor)).collect::<Vec<_>>(),
+        &sent
+            .iter()
+            .map(|c| (c.count, c.sum, c.xor))
+            .collect::<Vec<_>>(),
     )?;
     let mut want = Checksum::default();
     for (src, per_dest) in all_sent.iter().enumerate() {
@@ -307,7 +310,10 @@ fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<O
                         odd |= words.len() % 2 != 0;
                     })?;
                     ensure!(!odd, "a received buffer held half a tuple");
-                    received.lock().unwrap_or_else(|e| e.into_inner()).merge(&mine);
+                    received
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .merge(&mine);
                     Ok(())
                 })
             })
@@ -452,7 +458,10 @@ fn run_tcp(job: &Job, x: &dyn Exchange, frag: &[[u64; 2]]) -> Result<Outcome> {
                             }
                         }
                     }
-                    received.lock().unwrap_or_else(|e| e.into_inner()).merge(&local);
+                    received
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .merge(&local);
                     if unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
                         // The last sender ends every stream: the peers read end of file.
                         for w in writers.iter().flatten() {
@@ -471,7 +480,10 @@ fn run_tcp(job: &Job, x: &dyn Exchange, frag: &[[u64; 2]]) -> Result<Outcome> {
                 let received = &received;
                 s.spawn(move || -> Result<()> {
                     let mine = poll_sockets(sockets, message)?;
-                    received.lock().unwrap_or_else(|e| e.into_inner()).merge(&mine);
+                    received
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .merge(&mine);
                     Ok(())
                 })
             })
@@ -498,8 +510,10 @@ fn broadcast(writers: &[Option<Mutex<TcpStream>>], buf: &[u8]) -> Result<()> {
 fn poll_sockets(sockets: Vec<TcpStream>, message: usize) -> Result<Checksum> {
     let mut sum = Checksum::default();
     // Per socket: bytes of a tuple split across reads.
-    let mut open: Vec<(TcpStream, Vec<u8>)> =
-        sockets.into_iter().map(|s| (s, Vec::with_capacity(16))).collect();
+    let mut open: Vec<(TcpStream, Vec<u8>)> = sockets
+        .into_iter()
+        .map(|s| (s, Vec::with_capacity(16)))
+        .collect();
     let mut buf = vec![0u8; message.max(4096) + 16];
     let mut idle = 0u32;
     let mut stalled = Instant::now();

@@ -55,11 +55,12 @@ pub fn line_svg(path: &Path, title: &str, x: XAxis<'_>, series: &[Series]) -> Re
         .x_label_area_size(45)
         .y_label_area_size(70);
     macro_rules! finish {
-        ($chart:expr, $desc:expr, $fmt:expr, $map:expr) => {{
+        ($chart:expr, $desc:expr, $labels:expr, $fmt:expr, $map:expr) => {{
             let mut chart = $chart;
             chart
                 .configure_mesh()
                 .x_desc($desc)
+                .x_labels($labels)
                 .y_desc("GB/s received per node")
                 .x_label_formatter($fmt)
                 .draw()
@@ -89,13 +90,29 @@ pub fn line_svg(path: &Path, title: &str, x: XAxis<'_>, series: &[Series]) -> Re
     }
     match x {
         XAxis::MessageBytes => {
-            let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
-            let lo = xs.clone().fold(f64::MAX, f64::min).min(4096.0);
-            let hi = xs.fold(0.0, f64::max).max(lo * 2.0);
+            // log2 of the size on a linear axis, so the ticks fall on powers of two.
+            let xs = series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.0.log2()));
+            let lo = xs.clone().fold(f64::MAX, f64::min).min(12.0).floor();
+            let hi = xs.fold(0.0, f64::max).max(lo + 1.0).ceil();
             let chart = builder
-                .build_cartesian_2d((lo / 1.3..hi * 1.3).log_scale(), 0f64..max_y)
+                .build_cartesian_2d(lo - 0.5..hi + 0.5, 0f64..max_y)
                 .map_err(|e| err(&e))?;
-            finish!(chart, "message size", &|v: &f64| size_label(*v), |&p| p);
+            let label = |v: &f64| {
+                if (v - v.round()).abs() < 1e-6 {
+                    size_label(v.round().exp2())
+                } else {
+                    String::new()
+                }
+            };
+            finish!(
+                chart,
+                "message size",
+                (hi - lo) as usize + 2,
+                &label,
+                |&(x, y): &(f64, f64)| (x.log2(), y)
+            );
         }
         XAxis::Categories(names) => {
             let n = names.len().max(1) as i32;
@@ -109,7 +126,12 @@ pub fn line_svg(path: &Path, title: &str, x: XAxis<'_>, series: &[Series]) -> Re
                     .cloned()
                     .unwrap_or_default()
             };
-            finish!(chart, "design", &label, |&(x, y): &(f64, f64)| (x as i32, y));
+            finish!(chart, "design", names.len() + 2, &label, |&(x, y): &(
+                f64,
+                f64
+            )| (
+                x as i32, y
+            ));
         }
     }
     root.present().map_err(|e| err(&e))?;
@@ -136,7 +158,7 @@ mod tests {
         let p = dir.path().join("sizes.svg");
         line_svg(&p, "t", XAxis::MessageBytes, &series).unwrap();
         let svg = std::fs::read_to_string(&p).unwrap();
-        assert!(svg.contains("MEMQ/WR") && svg.contains("64 KiB"), "{svg}");
+        assert!(svg.contains("MEMQ/WR") && svg.contains("64 KiB") && svg.contains("1 MiB"));
         assert_eq!(svg.matches("<circle").count(), 5);
         let names = vec!["SESQ/SR".to_string(), "tcp".to_string()];
         let p = dir.path().join("designs.svg");

@@ -228,7 +228,12 @@ fn tail(p: &NodeProc) -> String {
         .iter()
         .rposition(|l| l.starts_with("Error: "))
         .unwrap_or(lines.len().saturating_sub(6));
-    lines[from..].iter().take(12).copied().collect::<Vec<_>>().join("\n")
+    lines[from..]
+        .iter()
+        .take(12)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn run_processes(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<NodeResult>> {
@@ -262,7 +267,10 @@ fn run_processes(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<No
             Err(mpsc::RecvTimeoutError::Disconnected) => bail!("node 0 closed its stdout"),
         }
         if let Some(status) = procs.0[0].child.try_wait()? {
-            bail!("node 0 exited ({status}) before wiring: {}", tail(&procs.0[0]));
+            bail!(
+                "node 0 exited ({status}) before wiring: {}",
+                tail(&procs.0[0])
+            );
         }
         if Instant::now() > deadline {
             bail!("node 0 printed no exchange address within {JOIN_TIMEOUT:?}");

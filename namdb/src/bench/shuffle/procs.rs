@@ -160,16 +160,26 @@ impl Drop for Procs {
     }
 }
 
-fn spawn(
+/// What every node process of a run is started with.
+struct Launch<'a> {
     backend: BackendKind,
-    rank: usize,
     nodes: usize,
-    exchange: Option<SocketAddr>,
-    dir: &std::path::Path,
-    job: &str,
-    token: &str,
+    dir: &'a std::path::Path,
+    job: &'a str,
+    token: &'a str,
     lines: mpsc::Sender<(usize, String)>,
-) -> Result<NodeProc> {
+}
+
+fn spawn(l: &Launch<'_>, rank: usize, exchange: Option<SocketAddr>) -> Result<NodeProc> {
+    let Launch {
+        backend,
+        nodes,
+        dir,
+        job,
+        token,
+        ..
+    } = *l;
+    let lines = l.lines.clone();
     let exe = std::env::current_exe().context("finding this executable")?;
     let mut cmd = Command::new(exe);
     cmd.arg("shuffle-node")
@@ -244,17 +254,16 @@ fn run_processes(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<No
     let token = hex::encode(rand::random::<[u8; 32]>());
     let job_json = serde_json::to_string(job)?;
     let (tx, rx) = mpsc::channel();
-    let mut procs = Procs(Vec::with_capacity(nodes));
-    procs.0.push(spawn(
+    let launch = Launch {
         backend,
-        0,
         nodes,
-        None,
-        dir.path(),
-        &job_json,
-        &token,
-        tx.clone(),
-    )?);
+        dir: dir.path(),
+        job: &job_json,
+        token: &token,
+        lines: tx,
+    };
+    let mut procs = Procs(Vec::with_capacity(nodes));
+    procs.0.push(spawn(&launch, 0, None)?);
     let deadline = Instant::now() + JOIN_TIMEOUT;
     let addr: SocketAddr = loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
@@ -277,18 +286,9 @@ fn run_processes(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<No
         }
     };
     for rank in 1..nodes {
-        procs.0.push(spawn(
-            backend,
-            rank,
-            nodes,
-            Some(addr),
-            dir.path(),
-            &job_json,
-            &token,
-            tx.clone(),
-        )?);
+        procs.0.push(spawn(&launch, rank, Some(addr))?);
     }
-    drop(tx);
+    drop(launch);
 
     // Wait for every node; once one fails, the others get a grace period (they may
     // be blocked on it until their own timeouts), then are killed.

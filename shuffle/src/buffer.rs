@@ -245,7 +245,6 @@ impl SendBuf {
 
 /// A buffer of received data: what `get_data` returns and `release` takes back.
 #[derive(Debug)]
-#[allow(dead_code)]
 pub struct Received {
     pub state: State,
     /// The sending endpoint's id.
@@ -259,7 +258,6 @@ pub struct Received {
     pub(crate) token: u64,
 }
 
-#[allow(dead_code)] // used by the designs as they land
 impl Received {
     /// Wraps a delivered buffer whose header starts `header_at` bytes in.
     pub(crate) fn new(buf: Buffer, header_at: u32, header: &Header, token: u64) -> Received {

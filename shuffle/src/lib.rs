@@ -11,6 +11,7 @@
 //! processes over loopback TCP ([`TcpExchange`]).
 
 pub mod buffer;
+mod credit;
 pub mod endpoint;
 pub mod error;
 pub mod exchange;

@@ -237,6 +237,18 @@ fn size_name(b: u32) -> String {
     }
 }
 
+/// A byte count to one decimal in KiB, MiB or GiB.
+fn bytes_name(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.1} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1 << 20) as f64 {
+        format!("{:.1} MiB", b / (1 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
 pub fn run(args: &ShuffleArgs) -> Result<()> {
     let (designs, named) = designs(&args.design)?;
     if designs.is_empty()
@@ -484,7 +496,7 @@ pub fn ratio_lines(rows: &[Row]) -> Vec<String> {
             continue;
         };
         let mut line = format!(
-            "{pattern}: best design {} ({}) {:.3} GB/s = {:.0}% of memcpy ({:.2} GB/s)",
+            "{pattern}: best design {} ({}) {:.3} GB/s = {:.1}% of memcpy ({:.2} GB/s)",
             d.design,
             size_name(d.message_bytes),
             d.gb_per_sec,
@@ -551,7 +563,7 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
             if is_baseline(r) {
                 "-".to_string()
             } else {
-                size_name(r.pinned_bytes.min(u32::MAX as u64) as u32)
+                bytes_name(r.pinned_bytes)
             },
             r.setup_ms,
             r.seconds

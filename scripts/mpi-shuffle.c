@@ -7,12 +7,14 @@
  * barrier it measures memcpy (the fragment copied into another array, all ranks at
  * once), then shuffles, in rounds of one chunk of tuples per rank:
  *
- *   repartition: partition the chunk by a mod N into per-destination buffers,
+ *   repartition: partition the chunk (N messages' worth, so each destination gets
+ *                one message per round on average) into per-destination buffers
+ *                by floor(a*N / 2^64), as shuffle::testing::partition does,
  *                MPI_Alltoall the counts, MPI_Alltoallv the data;
  *   broadcast:   each rank in turn is the root and MPI_Bcasts its chunk.
  *
  * Receivers consume every tuple into the checksum of shuffle::testing::Checksum (count,
- * wrapping sum and xor of mix(a ^ mix(b))). Every rank also computes what every other
+ * wrapping sum and xor of a*K ^ b). Every rank also computes what every other
  * must receive from it; an MPI_Reduce of those per-destination checksums gives each
  * rank's expectation, and the run fails unless all ranks received exactly that.
  *
@@ -44,11 +46,16 @@ static uint64_t mix(uint64_t z) {
     return z ^ (z >> 31);
 }
 
+/* The same checksum and partition function as shuffle::testing. */
 static inline void add(checksum *c, uint64_t a, uint64_t b) {
-    uint64_t h = mix(a ^ mix(b));
+    uint64_t h = (a * 0x9e3779b97f4a7c15ULL) ^ b;
     c->count++;
     c->sum += h;
     c->xor_ ^= h;
+}
+
+static inline int partition(uint64_t a, int nodes) {
+    return (int)(((unsigned __int128)a * (unsigned __int128)nodes) >> 64);
 }
 
 static void die(const char *msg) {
@@ -167,18 +174,21 @@ int main(int argc, char **argv) {
     spread(tuples * 16 / memcpy_s / 1e9, rank, nodes, &memcpy_med, &memcpy_min);
     free(copy);
 
-    /* A chunk: the tuples of one message per destination. */
-    uint64_t chunk = message_bytes / 16;
-    if (chunk == 0) chunk = 1;
+    /* The tuples of one message. */
+    uint64_t message_tuples = message_bytes / 16;
+    if (message_tuples == 0) message_tuples = 1;
 
     for (int p = 0; p < 2; p++) {
         int rep = p == 0;
         if ((rep && !do_rep) || (!rep && !do_bc)) continue;
+        /* A round: a message per destination on average (repartition), or one message
+         * from the root (broadcast). */
+        uint64_t chunk = message_tuples * (rep ? (uint64_t)nodes : 1);
         checksum *per_dest = xmalloc(sizeof(checksum) * nodes);
         memset(per_dest, 0, sizeof(checksum) * nodes);
         for (uint64_t i = 0; i < tuples; i++) {
             uint64_t a = frag[2 * i], b = frag[2 * i + 1];
-            if (rep) add(&per_dest[a % nodes], a, b);
+            if (rep) add(&per_dest[partition(a, nodes)], a, b);
             else
                 for (int d = 0; d < nodes; d++)
                     if (d != rank) add(&per_dest[d], a, b);
@@ -208,7 +218,7 @@ int main(int argc, char **argv) {
                 }
                 for (uint64_t i = lo; i < hi; i++) {
                     uint64_t a = frag[2 * i];
-                    int d = (int)(a % nodes);
+                    int d = partition(a, nodes);
                     uint64_t *slot = out + sdispl[d] + scount[d];
                     slot[0] = a;
                     slot[1] = frag[2 * i + 1];

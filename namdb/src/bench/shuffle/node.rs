@@ -114,7 +114,7 @@ fn sent_checksums(frag: &[[u64; 2]], pattern: Pattern, nodes: usize, rank: usize
     match pattern {
         Pattern::Repartition => {
             for &[a, b] in frag {
-                out[(a % nodes as u64) as usize].add(a, b);
+                out[shuffle::testing::partition(a, nodes)].add(a, b);
             }
         }
         Pattern::Broadcast => {
@@ -275,7 +275,7 @@ fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<O
 
     node.all_gather("start", &())?;
     let start = Instant::now();
-    let nodes = node.nodes() as u64;
+    let nodes = node.nodes();
     let received = Mutex::new(Checksum::default());
     std::thread::scope(|s| {
         let senders: Vec<_> = (0..job.threads)
@@ -285,7 +285,7 @@ fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<O
                     let mut w = shuffle.writer(tid);
                     for t in slice(frag, tid, job.threads) {
                         let g = match job.pattern {
-                            Pattern::Repartition => (t[0] % nodes) as usize,
+                            Pattern::Repartition => shuffle::testing::partition(t[0], nodes),
                             Pattern::Broadcast => 0,
                         };
                         w.push(g, t)?;
@@ -428,7 +428,7 @@ fn run_tcp(job: &Job, x: &dyn Exchange, frag: &[[u64; 2]]) -> Result<Outcome> {
                             let mut out: Vec<Vec<u8>> =
                                 (0..nodes).map(|_| Vec::with_capacity(message)).collect();
                             for t in slice(frag, tid, job.threads) {
-                                let d = (t[0] % nodes as u64) as usize;
+                                let d = shuffle::testing::partition(t[0], nodes);
                                 if d == rank {
                                     local.add(t[0], t[1]);
                                     continue;

@@ -276,6 +276,39 @@ fn open_lane(
     }
 }
 
+/// Checks `put_data`'s destinations against the number of nodes.
+pub(crate) fn check_destinations(dests: &[usize], nodes: usize) -> Result<()> {
+    match dests.iter().find(|&&d| d >= nodes) {
+        Some(&bad) => Err(ShuffleError::Invalid(format!(
+            "destination rank {bad} of {nodes} nodes"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Retries `attempt` until it yields a value, backing off in between, and fails with a
+/// timeout naming `what` after `timeout` without one. `attempt` runs without any lock
+/// held across the wait.
+pub(crate) fn retry_until<T>(
+    timeout: Duration,
+    what: impl Fn() -> String,
+    mut attempt: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let mut backoff = Backoff::new(timeout);
+    loop {
+        if let Some(v) = attempt()? {
+            return Ok(v);
+        }
+        if !backoff.wait() {
+            return Err(ShuffleError::Timeout {
+                what: what(),
+                waited: backoff.waited(),
+                counts: None,
+            });
+        }
+    }
+}
+
 /// Waiting without burning a core the other processes need: spin briefly, then yield,
 /// then sleep a little, and give up at the deadline.
 pub(crate) struct Backoff {

@@ -21,7 +21,10 @@
 
 use crate::buffer::{Buffer, HEADER_BYTES, Header, Received, SendBuf, State};
 use crate::credit::{self, CONTROL_WR, POLL_BATCH, RecvBook, SendCredit};
-use crate::endpoint::{Backoff, EndpointConfig, Lane, Pair, RecvEndpoint, SendEndpoint};
+use crate::endpoint::{
+    Backoff, EndpointConfig, Lane, Pair, RecvEndpoint, SendEndpoint, check_destinations,
+    retry_until,
+};
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
 use crate::pool::{BufferPool, Circulation};
@@ -303,32 +306,23 @@ impl SendEndpoint for SrSender {
     }
 
     fn acquire(&self) -> Result<SendBuf> {
-        let mut backoff = Backoff::new(self.timeout);
-        loop {
-            {
+        retry_until(
+            self.timeout,
+            || format!("a free buffer at send endpoint {}", self.id),
+            || {
                 let mut st = lock(&self.state);
                 self.reap(&mut st)?;
-                if let Some(b) = st.circulation.take()? {
-                    return Ok(SendBuf::new(b, self.payload_capacity));
-                }
-            }
-            if !backoff.wait() {
-                return Err(ShuffleError::Timeout {
-                    what: format!("a free buffer at send endpoint {}", self.id),
-                    waited: backoff.waited(),
-                    counts: None,
-                });
-            }
-        }
+                Ok(st
+                    .circulation
+                    .take()?
+                    .map(|b| SendBuf::new(b, self.payload_capacity)))
+            },
+        )
     }
 
     fn put_data(&self, buf: SendBuf, dests: &[usize], state: State) -> Result<()> {
         let nodes = self.qps.len();
-        if let Some(&bad) = dests.iter().find(|&&d| d >= nodes) {
-            return Err(ShuffleError::Invalid(format!(
-                "destination rank {bad} of {nodes} nodes"
-            )));
-        }
+        check_destinations(dests, nodes)?;
         {
             let mut st = lock(&self.state);
             if st.depleted {

@@ -26,7 +26,10 @@
 
 use crate::buffer::{Buffer, HEADER_BYTES, Header, Received, SendBuf, State};
 use crate::credit::{self, CONTROL_WR, POLL_BATCH, RecvBook, SendCredit};
-use crate::endpoint::{Backoff, EndpointConfig, Lane, Pair, RecvEndpoint, SendEndpoint};
+use crate::endpoint::{
+    Backoff, EndpointConfig, Lane, Pair, RecvEndpoint, SendEndpoint, check_destinations,
+    retry_until,
+};
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
 use crate::pool::{BufferPool, Circulation};
@@ -310,32 +313,20 @@ impl SendEndpoint for UdSender {
     }
 
     fn acquire(&self) -> Result<SendBuf> {
-        let mut backoff = Backoff::new(self.timeout);
-        loop {
-            {
+        retry_until(
+            self.timeout,
+            || format!("a free buffer at send endpoint {}", self.id),
+            || {
                 let mut st = lock(&self.state);
                 self.reap(&mut st)?;
-                if let Some(b) = st.circulation.take()? {
-                    return Ok(SendBuf::new(b, UD_MTU));
-                }
-            }
-            if !backoff.wait() {
-                return Err(ShuffleError::Timeout {
-                    what: format!("a free buffer at send endpoint {}", self.id),
-                    waited: backoff.waited(),
-                    counts: None,
-                });
-            }
-        }
+                Ok(st.circulation.take()?.map(|b| SendBuf::new(b, UD_MTU)))
+            },
+        )
     }
 
     fn put_data(&self, buf: SendBuf, dests: &[usize], state: State) -> Result<()> {
         let nodes = self.receivers.len();
-        if let Some(&bad) = dests.iter().find(|&&d| d >= nodes) {
-            return Err(ShuffleError::Invalid(format!(
-                "destination rank {bad} of {nodes} nodes"
-            )));
-        }
+        check_destinations(dests, nodes)?;
         {
             let mut st = lock(&self.state);
             if st.depleted {

@@ -28,7 +28,10 @@
 //! none is waiting).
 
 use crate::buffer::{Buffer, HEADER_BYTES, Header, Received, SendBuf, State, TRAILER_BYTES};
-use crate::endpoint::{Backoff, EndpointConfig, Lane, Notify, Pair, RecvEndpoint, SendEndpoint};
+use crate::endpoint::{
+    Backoff, EndpointConfig, Lane, Notify, Pair, RecvEndpoint, SendEndpoint, check_destinations,
+    retry_until,
+};
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
 use crate::pool::{Buffering, Circulation};
@@ -319,32 +322,19 @@ impl SendEndpoint for WrSender {
     }
 
     fn acquire(&self) -> Result<SendBuf> {
-        let mut backoff = Backoff::new(self.timeout);
-        loop {
-            {
+        retry_until(
+            self.timeout,
+            || "a free send buffer (WRITEs have not completed)".into(),
+            || {
                 let mut s = lock(&self.st);
                 self.progress(&mut s)?;
-                if let Some(b) = s.circ.take()? {
-                    return Ok(SendBuf::new(b, u32::MAX));
-                }
-            }
-            if !backoff.wait() {
-                return Err(ShuffleError::Timeout {
-                    what: "a free send buffer (WRITEs have not completed)".into(),
-                    waited: backoff.waited(),
-                    counts: None,
-                });
-            }
-        }
+                Ok(s.circ.take()?.map(|b| SendBuf::new(b, u32::MAX)))
+            },
+        )
     }
 
     fn put_data(&self, buf: SendBuf, dests: &[usize], state: State) -> Result<()> {
-        if let Some(&d) = dests.iter().find(|&&d| d >= self.nodes) {
-            return Err(ShuffleError::Invalid(format!(
-                "destination {d} of {} nodes",
-                self.nodes
-            )));
-        }
+        check_destinations(dests, self.nodes)?;
         let payload_bytes = buf.payload_bytes();
         let buffer = buf.into_buffer();
         {

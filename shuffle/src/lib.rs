@@ -14,6 +14,7 @@ pub mod buffer;
 pub mod endpoint;
 pub mod error;
 pub mod exchange;
+pub mod flow;
 pub mod node;
 pub mod operator;
 pub mod pool;

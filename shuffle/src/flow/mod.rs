@@ -177,7 +177,7 @@ impl FlowSpec {
     }
 
     /// What every node must agree on.
-    fn digest(&self) -> String {
+    pub(crate) fn digest(&self) -> String {
         let kind = match &self.kind {
             FlowKind::Shuffle(r) => format!("shuffle by {r:?}"),
             FlowKind::Replicate => "replicate".into(),

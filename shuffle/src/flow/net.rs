@@ -46,6 +46,8 @@ pub(crate) struct Net {
     flows: RwLock<Vec<Arc<FlowShared>>>,
     failure: Mutex<Option<String>>,
     stop: AtomicBool,
+    /// When this node ended its streams.
+    shutdown_at: Mutex<Option<Instant>>,
 }
 
 impl Net {
@@ -117,8 +119,15 @@ impl Net {
                 }
                 Ok(None) => return,
                 // Idle: flows may be quiet for longer than the endpoint timeout. A
-                // stuck flow is reported by the flow's own timeout.
-                Err(ShuffleError::Timeout { counts: None, .. }) => Ok(()),
+                // stuck flow is reported by the flow's own timeout, a peer that does
+                // not shut down by the shutdown's.
+                Err(ShuffleError::Timeout { counts: None, .. }) => match *lock(&self.shutdown_at) {
+                    Some(at) if at.elapsed() > self.config.timeout => Err(format!(
+                        "shutting down: peers did not end their streams within {:?}",
+                        self.config.timeout
+                    )),
+                    _ => Ok(()),
+                },
                 Err(e) => Err(format!("receiving: {e}")),
             };
             if let Err(why) = result {
@@ -288,6 +297,7 @@ impl FlowNet {
             flows: RwLock::new(Vec::new()),
             failure: Mutex::new(None),
             stop: AtomicBool::new(false),
+            shutdown_at: Mutex::new(None),
         });
         let demuxers = opened
             .receivers
@@ -428,6 +438,7 @@ impl FlowNet {
     /// Ends this node's endpoint streams and waits until every node did the same.
     /// Call it once this node's sources are closed and its targets consumed.
     pub fn shutdown(mut self) -> FlowResult<()> {
+        *lock(&self.net.shutdown_at) = Some(Instant::now());
         let mut first = None;
         for ep in &self.net.senders {
             let r = ep
@@ -564,5 +575,17 @@ pub(crate) fn wait_for<T>(
             .wait_timeout(st, slice)
             .unwrap_or_else(|e| e.into_inner())
             .0;
+    }
+}
+
+impl std::fmt::Debug for Flow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Flow({:?} #{}: {})",
+            self.shared.spec.name,
+            self.shared.id,
+            self.shared.spec.digest()
+        )
     }
 }

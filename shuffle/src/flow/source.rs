@@ -256,3 +256,17 @@ impl Source {
         self.closed
     }
 }
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Source({:?} #{} of node {} thread {}{})",
+            self.flow.spec.name,
+            self.index,
+            self.flow.rank,
+            self.thread,
+            if self.closed { ", closed" } else { "" }
+        )
+    }
+}

@@ -177,3 +177,13 @@ impl Target {
         Ok(table.into_combined())
     }
 }
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Target({:?} #{} of node {} thread {})",
+            self.flow.spec.name, self.index, self.flow.rank, self.thread
+        )
+    }
+}

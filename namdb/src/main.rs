@@ -56,6 +56,9 @@ enum Command {
     /// them itself.
     #[command(subcommand, hide = true)]
     Twopc(twopc_cmd::TwoPcCommand),
+    /// One node process of `namdb bench shuffle`, which starts them itself.
+    #[command(hide = true)]
+    ShuffleNode(bench::shuffle::procs::NodeArgs),
     /// Check a recorded history (JSON Lines) for snapshot-isolation anomalies; exits
     /// non-zero when the history violates the model.
     Verify(verify_cmd::VerifyArgs),
@@ -86,6 +89,9 @@ fn main() -> Result<ExitCode> {
         Command::Tpcw(args) => tpcw_cmd::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Twopc(cmd) => twopc_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::ShuffleNode(args) => {
+            bench::shuffle::procs::node_main(&args).map(|()| ExitCode::SUCCESS)
+        }
         Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }
 }

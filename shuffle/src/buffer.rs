@@ -165,7 +165,17 @@ pub struct SendBuf {
     buf: Buffer,
     words: usize,
     capacity: usize,
+    /// The first payload word, cached because appending a tuple is the hot loop of every
+    /// shuffle and finding the region's words is a virtual call.
+    payload: std::ptr::NonNull<AtomicU64>,
 }
+
+// SAFETY: `payload` points into the memory of `buf`'s region, which `buf` keeps alive
+// (`Arc<Region>`) and which never moves (`Memory::words` is a stable array). The words
+// are atomics, so sharing or sending the pointer creates no data race.
+unsafe impl Send for SendBuf {}
+// SAFETY: as above; through `&SendBuf` the words are only read or stored atomically.
+unsafe impl Sync for SendBuf {}
 
 impl SendBuf {
     /// A send view over `buf` with room for `payload_capacity` bytes (at most what fits
@@ -173,10 +183,14 @@ impl SendBuf {
     pub fn new(buf: Buffer, payload_capacity: u32) -> SendBuf {
         let fits = buf.len().saturating_sub(HEADER_BYTES + TRAILER_BYTES);
         let capacity = (payload_capacity.min(fits) / 8) as usize;
+        let words = buf.words();
+        let first = words.as_ptr().wrapping_add(HEADER_WORDS.min(words.len()));
+        let payload = std::ptr::NonNull::new(first.cast_mut()).expect("slices are non-null");
         SendBuf {
             buf,
             words: 0,
             capacity,
+            payload,
         }
     }
     pub fn buffer(&self) -> &Buffer {
@@ -210,7 +224,9 @@ impl SendBuf {
     /// The payload area, for callers that fill it in bulk and then call
     /// [`SendBuf::set_len_words`].
     pub fn payload(&self) -> &[AtomicU64] {
-        &self.buf.words()[HEADER_WORDS..HEADER_WORDS + self.capacity]
+        // SAFETY: `capacity` words from `payload` lie inside the buffer (checked in
+        // `new` against its length), and the buffer's memory outlives `self`.
+        unsafe { std::slice::from_raw_parts(self.payload.as_ptr(), self.capacity) }
     }
     /// # Panics
     /// If `words` exceeds the capacity.
@@ -224,7 +240,7 @@ impl SendBuf {
         if self.words == self.capacity {
             return false;
         }
-        self.buf.words()[HEADER_WORDS + self.words].store(word, Ordering::Relaxed);
+        self.payload()[self.words].store(word, Ordering::Relaxed);
         self.words += 1;
         true
     }
@@ -234,8 +250,8 @@ impl SendBuf {
         if self.capacity - self.words < tuple.len() {
             return false;
         }
-        let at = HEADER_WORDS + self.words;
-        for (cell, &w) in self.buf.words()[at..at + tuple.len()].iter().zip(tuple) {
+        let at = self.words;
+        for (cell, &w) in self.payload()[at..at + tuple.len()].iter().zip(tuple) {
             cell.store(w, Ordering::Relaxed);
         }
         self.words += tuple.len();
@@ -245,7 +261,6 @@ impl SendBuf {
 
 /// A buffer of received data: what `get_data` returns and `release` takes back.
 #[derive(Debug)]
-#[allow(dead_code)]
 pub struct Received {
     pub state: State,
     /// The sending endpoint's id.
@@ -259,7 +274,6 @@ pub struct Received {
     pub(crate) token: u64,
 }
 
-#[allow(dead_code)] // used by the designs as they land
 impl Received {
     /// Wraps a delivered buffer whose header starts `header_at` bytes in.
     pub(crate) fn new(buf: Buffer, header_at: u32, header: &Header, token: u64) -> Received {

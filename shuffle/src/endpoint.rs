@@ -278,14 +278,12 @@ fn open_lane(
 
 /// Waiting without burning a core the other processes need: spin briefly, then yield,
 /// then sleep a little, and give up at the deadline.
-#[allow(dead_code)] // used by the designs as they land
 pub(crate) struct Backoff {
     spins: u32,
     started: Instant,
     timeout: Duration,
 }
 
-#[allow(dead_code)]
 impl Backoff {
     pub(crate) fn new(timeout: Duration) -> Backoff {
         Backoff {

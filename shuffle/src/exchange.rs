@@ -311,12 +311,18 @@ mod tests {
         for o in out {
             assert_eq!(o, vec![vec![0], vec![1], vec![2]]);
         }
-        let pair = LocalExchange::group(2, Duration::from_millis(200));
+        let pair = LocalExchange::group(2, Duration::from_secs(2));
         let err = std::thread::scope(|s| {
             let a = s.spawn(|| pair[0].all_gather("a", vec![]));
             let b = s.spawn(|| pair[1].all_gather("b", vec![]));
-            let _ = a.join().unwrap();
-            b.join().unwrap().unwrap_err()
+            // Whichever arrives second sees the other's tag; the first times out.
+            let (a, b) = (a.join().unwrap(), b.join().unwrap());
+            assert!(a.is_err() && b.is_err());
+            [a, b]
+                .into_iter()
+                .map(|r| r.unwrap_err())
+                .find(|e| e.to_string().contains(" exchanges "))
+                .expect("a mismatch was reported")
         });
         assert!(err.to_string().contains("exchanges"), "{err}");
     }

@@ -11,6 +11,7 @@
 //! processes over loopback TCP ([`TcpExchange`]).
 
 pub mod buffer;
+mod credit;
 pub mod endpoint;
 pub mod error;
 pub mod exchange;
@@ -19,6 +20,12 @@ pub mod node;
 pub mod operator;
 pub mod pool;
 mod rd;
+#[cfg(not(shuffle_loom))]
+mod ring;
+/// The ring protocol, public only for the loom model (`tests/loom_ring.rs`).
+#[cfg(shuffle_loom)]
+#[doc(hidden)]
+pub mod ring;
 mod sr;
 pub mod testing;
 mod ud;

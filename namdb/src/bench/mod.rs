@@ -1,6 +1,7 @@
 //! `namdb bench …`: benchmarks, one module per subject.
 
 mod fabric;
+pub mod shuffle;
 mod timestamp;
 mod txn;
 mod txn_grpc;
@@ -23,6 +24,10 @@ pub enum BenchCommand {
     /// RSI transactions on an embedded cluster (ycsb, bank or list-append): txn/s,
     /// aborts by reason, latency.
     Txn(self::txn::TxnArgs),
+    /// The shuffle microbenchmark (TODS 2019 §7.1): each node repartitions or
+    /// broadcasts its fragment of R(a, b) with one of the eight endpoint designs, next
+    /// to a TCP sockets and an OpenMPI baseline and memcpy, every run verified.
+    Shuffle(self::shuffle::ShuffleArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -31,5 +36,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Verify(args) => self::verify::run(&args),
         BenchCommand::Timestamp(args) => self::timestamp::run(&args),
         BenchCommand::Txn(args) => self::txn::run(&args),
+        BenchCommand::Shuffle(args) => self::shuffle::run(&args),
     }
 }

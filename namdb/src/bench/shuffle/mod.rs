@@ -1,0 +1,645 @@
+//! `namdb bench shuffle`: the microbenchmark of Liu, Yin and Blanas (TODS 2019, §7.1)
+//! for the eight endpoint designs of the `shuffle` crate, with a TCP sockets baseline
+//! and an OpenMPI baseline in the same run.
+//!
+//! Each node holds a fragment of R(a, b) (`--tuples` tuples of two 8-byte columns, a
+//! uniform, b unique), randomly permuted; it opens the endpoints (timed: `setup_ms`),
+//! waits at a barrier, scans its fragment with `--threads` sender threads and
+//! repartitions it on `a mod N` (or broadcasts it to every other node) while as many
+//! receiver threads consume every tuple into a checksum, which is checked exactly
+//! against what the other nodes sent (see [`node`]). Per run it reports the bytes
+//! received per node per second (the median over nodes, the minimum alongside), the
+//! memcpy bandwidth of the same fragment measured in the same run, the bytes pinned
+//! for buffers and the setup time. Where nodes live: see [`procs`].
+
+mod mpi;
+pub mod node;
+mod plot;
+pub mod procs;
+
+use crate::backend::BackendKind;
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use node::{Job, Method, NodeResult, Pattern};
+use serde::Serialize;
+use shuffle::{Design, Notify, Transport};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The message sizes of `--sweep-message-sizes`.
+const SWEEP: [u32; 5] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
+
+#[derive(Args, Debug, Clone)]
+pub struct ShuffleArgs {
+    /// Designs by their paper names (SESQ/SR, MESQ/SR, SEMQ/SR, MEMQ/SR, SEMQ/RD,
+    /// MEMQ/RD, SEMQ/WR, MEMQ/WR), comma-separated, `all` (skipping designs not built
+    /// yet), or `none` (the baselines only).
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    pub design: Vec<String>,
+    /// Fabric backend: sim runs the nodes as threads of this process; shm, tcp and
+    /// verbs as node processes.
+    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+    pub backend: BackendKind,
+    /// Nodes (N).
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub nodes: u32,
+    /// Sender threads per node, and as many receiver threads.
+    #[arg(long, value_name = "T", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub threads: u32,
+    /// Tuples in each node's fragment of R (16 bytes each).
+    #[arg(long, value_name = "X", default_value_t = 1_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
+    pub tuples: u64,
+    /// Transmission pattern.
+    #[arg(long, value_enum, default_value_t = PatternArg::Both)]
+    pub pattern: PatternArg,
+    /// Message (buffer) size of the RC designs and of the baselines, header included.
+    #[arg(long, value_name = "B", default_value_t = 64 << 10,
+          value_parser = clap::value_parser!(u32).range(64..=(16 << 20)))]
+    pub message_bytes: u32,
+    /// Run every RC design and baseline at 4 KiB, 16 KiB, 64 KiB, 256 KiB and 1 MiB.
+    #[arg(long)]
+    pub sweep_message_sizes: bool,
+    /// Buffers in circulation: adaptive (§6.2) or bdp (fixed, bandwidth-delay product).
+    #[arg(long, value_enum, default_value_t = BufferingArg::Adaptive)]
+    pub buffering: BufferingArg,
+    /// How a WR receiver learns of data: seal, mq or cq.
+    #[arg(long, default_value = "cq", value_parser = parse_notify)]
+    pub notify: Notify,
+    /// Baselines in the same run: tcp, mpi (comma-separated), or none. Default tcp,mpi;
+    /// without OpenMPI installed the MPI baseline is then skipped with a note, while an
+    /// explicit `--baselines mpi` fails.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub baselines: Option<Vec<BaselineArg>>,
+    /// Seed of the generated fragments.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Also write the runs to FILE as a JSON list.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw SVG plots into DIR (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub svg: Option<PathBuf>,
+}
+
+fn parse_notify(s: &str) -> Result<Notify, String> {
+    s.parse().map_err(|e: shuffle::ShuffleError| e.to_string())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PatternArg {
+    Repartition,
+    Broadcast,
+    Both,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BufferingArg {
+    Adaptive,
+    Bdp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BaselineArg {
+    Tcp,
+    Mpi,
+    None,
+}
+
+/// One run: a line of the table and an object of the JSON list.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// A design's paper name, or `tcp` / `mpi` for the baselines.
+    pub design: String,
+    /// The fabric backend; `loopback` for the TCP baseline, `vader` (OpenMPI's shared
+    /// memory transport) for MPI.
+    pub backend: String,
+    pub pattern: &'static str,
+    pub nodes: usize,
+    pub threads: usize,
+    pub message_bytes: u32,
+    pub tuples: u64,
+    /// Bytes received per node per second, 10^9 units: the median over nodes.
+    pub gb_per_sec: f64,
+    /// The slowest node's.
+    pub gb_per_sec_min: f64,
+    /// Each node copying its fragment into another array, all at once (median).
+    pub memcpy_gb_per_sec: f64,
+    /// Bytes registered for buffers, the most over nodes (0 for the baselines).
+    pub pinned_bytes: u64,
+    /// Opening the endpoints (connecting the sockets; MPI_Init), the slowest node.
+    pub setup_ms: f64,
+    /// The shuffle, the slowest node.
+    pub seconds: f64,
+    /// Bytes received, all nodes.
+    pub received_bytes: u64,
+    /// Every node received exactly what was sent to it (a run that fails this fails).
+    pub verified: bool,
+    pub buffering: &'static str,
+    pub notify: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResult]) -> Row {
+    let rates: Vec<f64> = results
+        .iter()
+        .map(|r| r.received_bytes as f64 / r.seconds.max(1e-9) / 1e9)
+        .collect();
+    Row {
+        design,
+        backend: match job.method {
+            Method::Tcp => "loopback".into(),
+            Method::Design(_) => args.backend.name().into(),
+        },
+        pattern: job.pattern.name(),
+        nodes: results.len(),
+        threads: job.threads,
+        message_bytes: job.message_bytes,
+        tuples: job.tuples,
+        gb_per_sec: median(rates.clone()),
+        gb_per_sec_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+        memcpy_gb_per_sec: median(results.iter().map(|r| r.memcpy_gb_per_sec).collect()),
+        pinned_bytes: results.iter().map(|r| r.pinned_bytes).max().unwrap_or(0),
+        setup_ms: results.iter().map(|r| r.setup_ms).fold(0.0, f64::max),
+        seconds: results.iter().map(|r| r.seconds).fold(0.0, f64::max),
+        received_bytes: results.iter().map(|r| r.received_bytes).sum(),
+        verified: true,
+        buffering: buffering_name(args.buffering),
+        notify: args.notify.to_string(),
+    }
+}
+
+fn buffering_name(b: BufferingArg) -> &'static str {
+    match b {
+        BufferingArg::Adaptive => "adaptive",
+        BufferingArg::Bdp => "bdp",
+    }
+}
+
+/// The designs asked for, and whether they were asked for by name (`all` skips the
+/// ones not built yet instead of failing).
+fn designs(names: &[String]) -> Result<(Vec<Design>, bool)> {
+    if names.iter().any(|n| n.eq_ignore_ascii_case("all")) {
+        return Ok((Design::ALL.to_vec(), false));
+    }
+    if names.iter().any(|n| n.eq_ignore_ascii_case("none")) {
+        return Ok((Vec::new(), true));
+    }
+    let mut out = Vec::new();
+    for n in names {
+        let d: Design = n.trim().parse()?;
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    if out.is_empty() {
+        bail!("no design given: name some (e.g. --design MEMQ/WR), or pass all or none");
+    }
+    Ok((out, true))
+}
+
+fn patterns(p: PatternArg) -> Vec<Pattern> {
+    match p {
+        PatternArg::Repartition => vec![Pattern::Repartition],
+        PatternArg::Broadcast => vec![Pattern::Broadcast],
+        PatternArg::Both => vec![Pattern::Repartition, Pattern::Broadcast],
+    }
+}
+
+fn sizes(args: &ShuffleArgs, rc: bool) -> Vec<u32> {
+    if args.sweep_message_sizes && rc {
+        SWEEP.to_vec()
+    } else {
+        vec![args.message_bytes]
+    }
+}
+
+fn size_name(b: u32) -> String {
+    if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
+        format!("{} MiB", b >> 20)
+    } else if b >= 1024 && b.is_multiple_of(1024) {
+        format!("{} KiB", b >> 10)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// A byte count to one decimal in KiB, MiB or GiB.
+fn bytes_name(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.1} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1 << 20) as f64 {
+        format!("{:.1} MiB", b / (1 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
+pub fn run(args: &ShuffleArgs) -> Result<()> {
+    let (designs, named) = designs(&args.design)?;
+    if designs.is_empty()
+        && args
+            .baselines
+            .as_ref()
+            .is_some_and(|b| b.contains(&BaselineArg::None))
+    {
+        bail!("--design none and --baselines none leave nothing to run");
+    }
+    let (want_tcp, want_mpi, mpi_explicit) = match &args.baselines {
+        None => (true, true, false),
+        Some(b) if b.contains(&BaselineArg::None) => {
+            if b.len() > 1 {
+                bail!("--baselines none cannot be combined with other baselines");
+            }
+            (false, false, false)
+        }
+        Some(b) => (
+            b.contains(&BaselineArg::Tcp),
+            b.contains(&BaselineArg::Mpi),
+            b.contains(&BaselineArg::Mpi),
+        ),
+    };
+    let mpi_ok = if want_mpi {
+        match mpi::available() {
+            Ok(()) => true,
+            Err(why) if mpi_explicit => bail!("the MPI baseline cannot run: {why}"),
+            Err(why) => {
+                eprintln!("note: skipping the MPI baseline: {why}");
+                false
+            }
+        }
+    } else {
+        false
+    };
+    if let Some(dir) = &args.svg {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the SVG directory {}", dir.display()))?;
+    }
+    let json_created = match &args.json {
+        Some(p) => {
+            let existed = p.exists();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p)
+                .with_context(|| format!("cannot open JSON output file {}", p.display()))?;
+            !existed
+        }
+        None => false,
+    };
+    let rows = match measure(args, &designs, named, want_tcp, mpi_ok) {
+        Ok(rows) => rows,
+        Err(e) => {
+            if let (Some(p), true) = (&args.json, json_created) {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e);
+        }
+    };
+    if let Some(p) = &args.json {
+        let text = serde_json::to_string_pretty(&rows)? + "\n";
+        std::fs::write(p, text)
+            .with_context(|| format!("cannot write JSON output file {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(dir) = &args.svg {
+        for f in draw(dir, args, &rows)? {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    print_report(&mut std::io::stdout().lock(), args, &rows)
+        .context("cannot print the report to stdout")?;
+    Ok(())
+}
+
+/// A planned run.
+enum Plan {
+    Node(Job),
+    Mpi { message_bytes: u32 },
+}
+
+fn measure(
+    args: &ShuffleArgs,
+    designs: &[Design],
+    named: bool,
+    tcp: bool,
+    mpi: bool,
+) -> Result<Vec<Row>> {
+    let nodes = args.nodes as usize;
+    let threads = args.threads as usize;
+    let job = |method: Method, pattern: Pattern, message_bytes: u32| Job {
+        method,
+        pattern,
+        threads,
+        tuples: args.tuples,
+        seed: args.seed,
+        message_bytes,
+        buffering: buffering_name(args.buffering).into(),
+        notify: args.notify.to_string(),
+    };
+    let mut plans = Vec::new();
+    for pattern in patterns(args.pattern) {
+        for d in designs {
+            for b in sizes(args, d.transport != Transport::SqSr) {
+                plans.push(Plan::Node(job(Method::Design(d.to_string()), pattern, b)));
+            }
+        }
+        if tcp {
+            for b in sizes(args, true) {
+                plans.push(Plan::Node(job(Method::Tcp, pattern, b)));
+            }
+        }
+    }
+    if mpi {
+        for b in sizes(args, true) {
+            plans.push(Plan::Mpi { message_bytes: b });
+        }
+    }
+    let total = plans.len();
+    let mut rows = Vec::new();
+    let mut not_built: Vec<String> = Vec::new();
+    for (i, plan) in plans.into_iter().enumerate() {
+        match plan {
+            Plan::Node(job) => {
+                let name = match &job.method {
+                    Method::Design(d) => d.clone(),
+                    Method::Tcp => "tcp".into(),
+                };
+                if not_built.contains(&name) {
+                    continue;
+                }
+                eprintln!(
+                    "[{:>2}/{total}] {name} {}, {} messages, {nodes} nodes × {threads} thread(s) \
+                     on {}…",
+                    i + 1,
+                    job.pattern.name(),
+                    size_name(job.message_bytes),
+                    if job.method == Method::Tcp {
+                        "loopback TCP"
+                    } else {
+                        args.backend.name()
+                    },
+                );
+                let results = match procs::run(args.backend, nodes, &job) {
+                    Ok(r) => r,
+                    Err(e) if !named && format!("{e:#}").contains("not built yet") => {
+                        eprintln!("        skipped: {name} is not built yet");
+                        not_built.push(name);
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(e.context(format!(
+                            "{name} {} with {} messages on {} failed",
+                            job.pattern.name(),
+                            size_name(job.message_bytes),
+                            args.backend.name()
+                        )));
+                    }
+                };
+                let row = summarize(args, &job, name, &results);
+                eprintln!(
+                    "        {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s, setup {:.1} ms",
+                    row.gb_per_sec, row.gb_per_sec_min, row.memcpy_gb_per_sec, row.setup_ms
+                );
+                rows.push(row);
+            }
+            Plan::Mpi { message_bytes } => {
+                let pattern = match args.pattern {
+                    PatternArg::Repartition => "repartition",
+                    PatternArg::Broadcast => "broadcast",
+                    PatternArg::Both => "both",
+                };
+                eprintln!(
+                    "[{:>2}/{total}] mpi {pattern}, {} messages, {nodes} ranks…",
+                    i + 1,
+                    size_name(message_bytes)
+                );
+                let lines = mpi::run(nodes, args.tuples, pattern, message_bytes, args.seed)?;
+                for l in lines {
+                    let pattern = match l.pattern.as_str() {
+                        "repartition" => Pattern::Repartition,
+                        "broadcast" => Pattern::Broadcast,
+                        other => bail!("MPI reported an unknown pattern {other:?}"),
+                    };
+                    eprintln!(
+                        "        {}: {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s",
+                        pattern.name(),
+                        l.gb_per_sec,
+                        l.gb_per_sec_min,
+                        l.memcpy_gb_per_sec
+                    );
+                    rows.push(Row {
+                        design: "mpi".into(),
+                        backend: "vader".into(),
+                        pattern: pattern.name(),
+                        nodes: l.nodes,
+                        threads: l.threads,
+                        message_bytes: l.message_bytes,
+                        tuples: args.tuples,
+                        gb_per_sec: l.gb_per_sec,
+                        gb_per_sec_min: l.gb_per_sec_min,
+                        memcpy_gb_per_sec: l.memcpy_gb_per_sec,
+                        pinned_bytes: 0,
+                        setup_ms: l.setup_ms,
+                        seconds: l.seconds,
+                        received_bytes: l.received_bytes,
+                        verified: l.verified,
+                        buffering: "-",
+                        notify: "-".into(),
+                    });
+                }
+            }
+        }
+    }
+    if !not_built.is_empty() && rows.iter().all(|r| r.design == "tcp" || r.design == "mpi") {
+        eprintln!(
+            "note: no design is built yet ({}); only the baselines ran",
+            not_built.join(", ")
+        );
+    }
+    Ok(rows)
+}
+
+fn is_baseline(r: &Row) -> bool {
+    r.design == "tcp" || r.design == "mpi"
+}
+
+fn best<'a>(rows: &'a [Row], pattern: &str, pick: impl Fn(&Row) -> bool) -> Option<&'a Row> {
+    rows.iter()
+        .filter(|r| r.pattern == pattern && pick(r))
+        .max_by(|a, b| a.gb_per_sec.total_cmp(&b.gb_per_sec))
+}
+
+/// The ratio lines: the best design against memcpy, MPI and TCP, per pattern.
+pub fn ratio_lines(rows: &[Row]) -> Vec<String> {
+    let mut out = Vec::new();
+    for pattern in ["repartition", "broadcast"] {
+        let Some(d) = best(rows, pattern, |r| !is_baseline(r)) else {
+            if rows.iter().any(|r| r.pattern == pattern) {
+                out.push(format!("{pattern}: no design ran"));
+            }
+            continue;
+        };
+        let mut line = format!(
+            "{pattern}: best design {} ({}) {:.3} GB/s = {:.1}% of memcpy ({:.2} GB/s)",
+            d.design,
+            size_name(d.message_bytes),
+            d.gb_per_sec,
+            100.0 * d.gb_per_sec / d.memcpy_gb_per_sec.max(1e-9),
+            d.memcpy_gb_per_sec
+        );
+        for base in ["mpi", "tcp"] {
+            match best(rows, pattern, |r| r.design == base) {
+                Some(b) => line.push_str(&format!(
+                    ", {:.2}× {} ({:.3} GB/s)",
+                    d.gb_per_sec / b.gb_per_sec.max(1e-9),
+                    base.to_uppercase(),
+                    b.gb_per_sec
+                )),
+                None => line.push_str(&format!(", {} not run", base.to_uppercase())),
+            }
+        }
+        out.push(line);
+    }
+    out
+}
+
+fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "namdb bench shuffle: backend {}, {} nodes × {} thread(s), {} tuples (16 B) per node, \
+         {} buffering, {} notification",
+        args.backend.name(),
+        args.nodes,
+        args.threads,
+        args.tuples,
+        buffering_name(args.buffering),
+        args.notify
+    )?;
+    writeln!(
+        out,
+        "GB/s: bytes received per node per second, median over nodes (min: the slowest node); \
+         memcpy: each node copying its fragment, in the same run; every run verified"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<9} {:<11} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
+        "design",
+        "pattern",
+        "message",
+        "GB/s",
+        "min GB/s",
+        "memcpy",
+        "pinned",
+        "setup ms",
+        "seconds"
+    )?;
+    for r in rows {
+        writeln!(
+            out,
+            "{:<9} {:<11} {:>8} {:>9.3} {:>9.3} {:>9.2} {:>10} {:>9.1} {:>8.3}",
+            r.design,
+            r.pattern,
+            size_name(r.message_bytes),
+            r.gb_per_sec,
+            r.gb_per_sec_min,
+            r.memcpy_gb_per_sec,
+            if is_baseline(r) {
+                "-".to_string()
+            } else {
+                bytes_name(r.pinned_bytes)
+            },
+            r.setup_ms,
+            r.seconds
+        )?;
+    }
+    writeln!(out)?;
+    for l in ratio_lines(rows) {
+        writeln!(out, "{l}")?;
+    }
+    Ok(())
+}
+
+/// The SVGs: per pattern, throughput against message size (one line per design and
+/// baseline; with `--sweep-message-sizes`) and the best throughput per design.
+fn draw(dir: &Path, args: &ShuffleArgs, rows: &[Row]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    for r in rows {
+        if !names.contains(&r.design) {
+            names.push(r.design.clone());
+        }
+    }
+    let title_tail = format!(
+        "{} nodes × {} thread(s), {}",
+        args.nodes,
+        args.threads,
+        args.backend.name()
+    );
+    let mut per_design = Vec::new();
+    for pattern in ["repartition", "broadcast"] {
+        let of: Vec<&Row> = rows.iter().filter(|r| r.pattern == pattern).collect();
+        if of.is_empty() {
+            continue;
+        }
+        if args.sweep_message_sizes {
+            let series: Vec<plot::Series> = names
+                .iter()
+                .map(|n| plot::Series {
+                    label: n.clone(),
+                    points: of
+                        .iter()
+                        .filter(|r| &r.design == n)
+                        .map(|r| (r.message_bytes as f64, r.gb_per_sec))
+                        .collect(),
+                })
+                .filter(|s| s.points.len() > 1)
+                .collect();
+            let path = dir.join(format!("shuffle-{pattern}-message-size.svg"));
+            plot::line_svg(
+                &path,
+                &format!("{pattern}: throughput vs message size ({title_tail})"),
+                plot::XAxis::MessageBytes,
+                &series,
+            )
+            .map_err(anyhow::Error::msg)?;
+            files.push(path);
+        }
+        per_design.push(plot::Series {
+            label: pattern.to_string(),
+            points: names
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| {
+                    best(rows, pattern, |r| &r.design == n).map(|r| (i as f64, r.gb_per_sec))
+                })
+                .collect(),
+        });
+    }
+    let path = dir.join("shuffle-designs.svg");
+    plot::line_svg(
+        &path,
+        &format!("throughput per design, best message size ({title_tail})"),
+        plot::XAxis::Categories(&names),
+        &per_design,
+    )
+    .map_err(anyhow::Error::msg)?;
+    files.push(path);
+    Ok(files)
+}

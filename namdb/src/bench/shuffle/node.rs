@@ -1,0 +1,619 @@
+//! One node's side of a shuffle benchmark run, the same whether the node is a thread
+//! (sim) or a process (shm, tcp, verbs): generate and permute the fragment, measure
+//! memcpy, set up (endpoints of a design, or the sockets of the TCP baseline), shuffle
+//! with T sender and T receiver threads, and check what arrived.
+//!
+//! Verification: before the run each node sums, per destination, the checksum
+//! (`shuffle::testing::Checksum`) of the tuples it will send there; after the run the
+//! nodes all-gather those, and each checks that what its receivers consumed equals the
+//! merge of what every source sent to it. Count, wrapping sum and xor of a mixed hash
+//! must all agree, so a lost, duplicated or corrupted tuple fails the run.
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use fabric::Device;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+use shuffle::testing::{Checksum, tuple};
+use shuffle::{Buffering, EndpointConfig, Exchange, Groups, Node, Notify, Shuffle, receive_all};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bytes a node pins for its buffer pools at most.
+const PIN_LIMIT: u64 = 1 << 30;
+
+/// How long a blocked endpoint call or socket may go without progress.
+pub const STALL_LIMIT: Duration = Duration::from_secs(20);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Pattern {
+    Repartition,
+    Broadcast,
+}
+
+impl Pattern {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::Repartition => "repartition",
+            Pattern::Broadcast => "broadcast",
+        }
+    }
+}
+
+/// What a run shuffles with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Method {
+    /// One of the eight designs, by its paper name (`MEMQ/WR`).
+    Design(String),
+    /// The sockets baseline: a loopback TCP connection per pair of nodes.
+    Tcp,
+}
+
+/// One run, as every node of it sees it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Job {
+    pub method: Method,
+    pub pattern: Pattern,
+    pub threads: usize,
+    /// Tuples in each node's fragment.
+    pub tuples: u64,
+    pub seed: u64,
+    pub message_bytes: u32,
+    /// `adaptive` or `bdp`.
+    pub buffering: String,
+    pub notify: String,
+}
+
+/// What one node measured.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeResult {
+    pub rank: usize,
+    /// Payload bytes this node's receivers consumed (its own partition included).
+    pub received_bytes: u64,
+    /// From the start barrier until this node's senders and receivers were done.
+    pub seconds: f64,
+    pub memcpy_gb_per_sec: f64,
+    pub setup_ms: f64,
+    pub pinned_bytes: u64,
+}
+
+/// The barrier of the exchange: an all-gather of nothing.
+fn barrier(x: &dyn Exchange, tag: &str) -> Result<()> {
+    x.all_gather(tag, Vec::new())?;
+    Ok(())
+}
+
+fn gather<T: Serialize + for<'a> Deserialize<'a>>(
+    x: &dyn Exchange,
+    tag: &str,
+    mine: &T,
+) -> Result<Vec<T>> {
+    let bytes = serde_json::to_vec(mine).expect("in-memory encoding");
+    x.all_gather(tag, bytes)?
+        .iter()
+        .enumerate()
+        .map(|(r, b)| serde_json::from_slice(b).with_context(|| format!("{tag} from rank {r}")))
+        .collect()
+}
+
+/// This node's fragment of R(a, b): `tuples` tuples, `a` uniform, `b` unique, in a
+/// random order.
+pub fn fragment(seed: u64, rank: usize, tuples: u64) -> Vec<[u64; 2]> {
+    let mut frag: Vec<[u64; 2]> = (0..tuples).map(|i| tuple(seed, rank, 0, i)).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (rank as u64 + 1) << 32);
+    frag.shuffle(&mut rng);
+    frag
+}
+
+/// Per destination rank, the checksum of what this node sends there.
+fn sent_checksums(frag: &[[u64; 2]], pattern: Pattern, nodes: usize, rank: usize) -> Vec<Checksum> {
+    let mut out = vec![Checksum::default(); nodes];
+    match pattern {
+        Pattern::Repartition => {
+            for &[a, b] in frag {
+                out[shuffle::testing::partition(a, nodes)].add(a, b);
+            }
+        }
+        Pattern::Broadcast => {
+            let mut one = Checksum::default();
+            for &[a, b] in frag {
+                one.add(a, b);
+            }
+            for (r, c) in out.iter_mut().enumerate() {
+                if r != rank {
+                    *c = one;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// GB/s of copying the fragment's bytes into another (already touched) array.
+fn memcpy_gb_per_sec(frag: &[[u64; 2]]) -> f64 {
+    let mut dst = vec![[0u64; 2]; frag.len()];
+    // The first copy faults the destination's pages in; the second is measured.
+    dst.copy_from_slice(frag);
+    let t0 = Instant::now();
+    dst.copy_from_slice(std::hint::black_box(frag));
+    std::hint::black_box(&mut dst);
+    let secs = t0.elapsed().as_secs_f64().max(1e-9);
+    (frag.len() * 16) as f64 / secs / 1e9
+}
+
+/// The part of the fragment sender thread `tid` of `threads` scans.
+fn slice(frag: &[[u64; 2]], tid: usize, threads: usize) -> &[[u64; 2]] {
+    let n = frag.len();
+    &frag[n * tid / threads..n * (tid + 1) / threads]
+}
+
+/// Parses `--buffering` for a message size.
+pub fn buffering(name: &str, message_bytes: u32) -> Result<Buffering> {
+    match name {
+        "adaptive" => Ok(Buffering::default()),
+        // The §6.1 baseline, for a 100 Gb/s port and a 4 µs round trip.
+        "bdp" => Ok(Buffering::bandwidth_delay(
+            12.5e9,
+            Duration::from_micros(4),
+            message_bytes,
+        )),
+        other => bail!("unknown buffering {other:?}: expected adaptive or bdp"),
+    }
+}
+
+/// Runs `job` as rank `exchange.rank()`. `device` is this node's fabric device (a
+/// design's run needs one; the TCP baseline does not).
+pub fn run_node(
+    job: &Job,
+    exchange: Arc<dyn Exchange>,
+    device: Option<Arc<dyn Device>>,
+) -> Result<NodeResult> {
+    let rank = exchange.rank();
+    let nodes = exchange.nodes();
+    ensure!(job.threads >= 1, "threads must be at least 1");
+    let frag = fragment(job.seed, rank, job.tuples);
+    let sent = sent_checksums(&frag, job.pattern, nodes, rank);
+
+    barrier(&*exchange, "memcpy")?;
+    let memcpy = memcpy_gb_per_sec(&frag);
+
+    let (outcome, pinned_bytes) = match &job.method {
+        Method::Design(name) => {
+            let device = device.context("a design needs a fabric device")?;
+            let node = Node::join(device, exchange.clone(), PIN_LIMIT)?;
+            let outcome = run_design(job, name, &node, &frag)?;
+            (outcome, node.pinned_bytes())
+        }
+        Method::Tcp => (run_tcp(job, &*exchange, &frag)?, 0),
+    };
+    let Outcome {
+        setup_ms,
+        seconds,
+        received,
+    } = outcome;
+
+    let all_sent: Vec<Vec<(u64, u64, u64)>> = gather(
+        &*exchange,
+        "sent checksums",
+        &sent
+            .iter()
+            .map(|c| (c.count, c.sum, c.xor))
+            .collect::<Vec<_>>(),
+    )?;
+    let mut want = Checksum::default();
+    for (src, per_dest) in all_sent.iter().enumerate() {
+        let &(count, sum, xor) = per_dest
+            .get(rank)
+            .ok_or_else(|| anyhow!("rank {src} sent {} checksums", per_dest.len()))?;
+        want.merge(&Checksum { count, sum, xor });
+    }
+    let method = match &job.method {
+        Method::Design(d) => d.as_str(),
+        Method::Tcp => "tcp",
+    };
+    ensure!(
+        received == want,
+        "VERIFICATION FAILED: {method} {}: node {rank} received {} tuples (sum {:#x}, xor \
+         {:#x}), but was sent {} (sum {:#x}, xor {:#x})",
+        job.pattern.name(),
+        received.count,
+        received.sum,
+        received.xor,
+        want.count,
+        want.sum,
+        want.xor
+    );
+    Ok(NodeResult {
+        rank,
+        received_bytes: received.count * 16,
+        seconds,
+        memcpy_gb_per_sec: memcpy,
+        setup_ms,
+        pinned_bytes,
+    })
+}
+
+struct Outcome {
+    setup_ms: f64,
+    seconds: f64,
+    received: Checksum,
+}
+
+/// Collects the first error of several threads.
+fn first_error<T>(results: impl IntoIterator<Item = std::thread::Result<Result<T>>>) -> Result<()> {
+    let mut first = None;
+    for r in results {
+        let r = r.unwrap_or_else(|_| Err(anyhow!("a shuffle thread panicked")));
+        if let Err(e) = r {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<Outcome> {
+    let design: shuffle::Design = name.parse()?;
+    let config = EndpointConfig {
+        threads: job.threads,
+        message_bytes: job.message_bytes,
+        buffering: buffering(&job.buffering, job.message_bytes)?,
+        notify: job.notify.parse::<Notify>()?,
+        timeout: STALL_LIMIT,
+        ..EndpointConfig::default()
+    };
+    let t0 = Instant::now();
+    let opened = shuffle::open(node, design, &config)?;
+    let groups = match job.pattern {
+        Pattern::Repartition => Groups::repartition(node.nodes()),
+        Pattern::Broadcast => Groups::broadcast(node.nodes(), node.rank()),
+    };
+    let shuffle = Shuffle::new(opened, groups, job.threads)?;
+    let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    node.all_gather("start", &())?;
+    let start = Instant::now();
+    let nodes = node.nodes();
+    let received = Mutex::new(Checksum::default());
+    std::thread::scope(|s| {
+        let senders: Vec<_> = (0..job.threads)
+            .map(|tid| {
+                let shuffle = &shuffle;
+                s.spawn(move || -> Result<()> {
+                    let mut w = shuffle.writer(tid);
+                    for t in slice(frag, tid, job.threads) {
+                        let g = match job.pattern {
+                            Pattern::Repartition => shuffle::testing::partition(t[0], nodes),
+                            Pattern::Broadcast => 0,
+                        };
+                        w.push(g, t)?;
+                    }
+                    w.finish()?;
+                    Ok(())
+                })
+            })
+            .collect();
+        let receivers: Vec<_> = (0..job.threads)
+            .map(|tid| {
+                let endpoint = shuffle.receiver(tid);
+                let received = &received;
+                s.spawn(move || -> Result<()> {
+                    let mut mine = Checksum::default();
+                    let mut odd = false;
+                    receive_all(&*endpoint, |data| {
+                        let words = data.payload();
+                        for t in words.chunks_exact(2) {
+                            mine.add(t[0].load(Ordering::Relaxed), t[1].load(Ordering::Relaxed));
+                        }
+                        odd |= words.len() % 2 != 0;
+                    })?;
+                    ensure!(!odd, "a received buffer held half a tuple");
+                    received
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .merge(&mine);
+                    Ok(())
+                })
+            })
+            .collect();
+        first_error(senders.into_iter().chain(receivers).map(|h| h.join()))
+    })?;
+    let seconds = start.elapsed().as_secs_f64();
+    node.all_gather("end", &())?;
+    Ok(Outcome {
+        setup_ms,
+        seconds,
+        received: received.into_inner().unwrap_or_else(|e| e.into_inner()),
+    })
+}
+
+/// Writes all of `bytes` to a socket that may be non-blocking (its reading side, a
+/// clone of the same file, is).
+fn write_fully(s: &mut TcpStream, mut bytes: &[u8]) -> Result<()> {
+    let mut stalled = Instant::now();
+    while !bytes.is_empty() {
+        match s.write(bytes) {
+            Ok(0) => bail!("a peer closed its connection"),
+            Ok(n) => {
+                bytes = &bytes[n..];
+                stalled = Instant::now();
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                ensure!(
+                    stalled.elapsed() < STALL_LIMIT,
+                    "a peer read nothing for {STALL_LIMIT:?}"
+                );
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("writing to a peer"),
+        }
+    }
+    Ok(())
+}
+
+fn tuple_bytes(t: &[u64; 2], out: &mut Vec<u8>) {
+    out.extend_from_slice(&t[0].to_le_bytes());
+    out.extend_from_slice(&t[1].to_le_bytes());
+}
+
+/// The sockets baseline: a loopback TCP connection per pair of nodes; sender threads
+/// partition into per-destination buffers of `message_bytes` and write each full one
+/// to its destination's socket; receiver threads poll their share of the sockets.
+/// A node's own partition goes straight to its checksum.
+fn run_tcp(job: &Job, x: &dyn Exchange, frag: &[[u64; 2]]) -> Result<Outcome> {
+    let rank = x.rank();
+    let nodes = x.nodes();
+    let t0 = Instant::now();
+    let listener = TcpListener::bind("127.0.0.1:0").context("tcp baseline: listen")?;
+    let ports: Vec<u16> = gather(x, "tcp ports", &listener.local_addr()?.port())?;
+    let mut peers: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
+    // Connect to every higher rank (its listener is bound already), accept the lower.
+    for (r, &port) in ports.iter().enumerate().skip(rank + 1) {
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .with_context(|| format!("tcp baseline: connect to rank {r}"))?;
+        s.write_all(&(rank as u32).to_le_bytes())?;
+        peers[r] = Some(s);
+    }
+    for _ in 0..rank {
+        let (mut s, _) = listener.accept().context("tcp baseline: accept")?;
+        let mut hello = [0; 4];
+        s.read_exact(&mut hello)?;
+        let r = u32::from_le_bytes(hello) as usize;
+        ensure!(
+            r < rank && peers[r].is_none(),
+            "tcp baseline: unexpected hello from rank {r}"
+        );
+        peers[r] = Some(s);
+    }
+    let mut writers: Vec<Option<Mutex<TcpStream>>> = Vec::with_capacity(nodes);
+    let mut readers: Vec<TcpStream> = Vec::new();
+    for p in peers.into_iter().flatten() {
+        let w = p.try_clone()?;
+        p.set_nonblocking(true)?;
+        readers.push(p);
+        writers.push(Some(Mutex::new(w)));
+    }
+    writers.insert(rank, None);
+    let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    barrier(x, "tcp start")?;
+    let start = Instant::now();
+    let message = (job.message_bytes as usize).max(16) / 16 * 16;
+    let unfinished = AtomicUsize::new(job.threads);
+    let received = Mutex::new(Checksum::default());
+    let receiver_threads = job.threads.min(readers.len());
+    let mut shares: Vec<Vec<TcpStream>> = (0..receiver_threads).map(|_| Vec::new()).collect();
+    for (i, r) in readers.into_iter().enumerate() {
+        shares[i % receiver_threads.max(1)].push(r);
+    }
+    std::thread::scope(|s| {
+        let writers = &writers;
+        let senders: Vec<_> = (0..job.threads)
+            .map(|tid| {
+                let (unfinished, received) = (&unfinished, &received);
+                s.spawn(move || -> Result<()> {
+                    let send = |dest: usize, buf: &mut Vec<u8>| -> Result<()> {
+                        if let Some(w) = &writers[dest] {
+                            write_fully(&mut w.lock().unwrap_or_else(|e| e.into_inner()), buf)?;
+                        }
+                        buf.clear();
+                        Ok(())
+                    };
+                    let mut local = Checksum::default();
+                    match job.pattern {
+                        Pattern::Repartition => {
+                            let mut out: Vec<Vec<u8>> =
+                                (0..nodes).map(|_| Vec::with_capacity(message)).collect();
+                            for t in slice(frag, tid, job.threads) {
+                                let d = shuffle::testing::partition(t[0], nodes);
+                                if d == rank {
+                                    local.add(t[0], t[1]);
+                                    continue;
+                                }
+                                tuple_bytes(t, &mut out[d]);
+                                if out[d].len() >= message {
+                                    send(d, &mut out[d])?;
+                                }
+                            }
+                            for (d, buf) in out.iter_mut().enumerate() {
+                                if !buf.is_empty() {
+                                    send(d, buf)?;
+                                }
+                            }
+                        }
+                        Pattern::Broadcast => {
+                            let mut buf = Vec::with_capacity(message);
+                            for t in slice(frag, tid, job.threads) {
+                                tuple_bytes(t, &mut buf);
+                                if buf.len() >= message {
+                                    broadcast(writers, &buf)?;
+                                    buf.clear();
+                                }
+                            }
+                            if !buf.is_empty() {
+                                broadcast(writers, &buf)?;
+                            }
+                        }
+                    }
+                    received
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .merge(&local);
+                    if unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        // The last sender ends every stream: the peers read end of file.
+                        for w in writers.iter().flatten() {
+                            w.lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .shutdown(Shutdown::Write)?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let receivers: Vec<_> = shares
+            .into_iter()
+            .map(|sockets| {
+                let received = &received;
+                s.spawn(move || -> Result<()> {
+                    let mine = poll_sockets(sockets, message)?;
+                    received
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .merge(&mine);
+                    Ok(())
+                })
+            })
+            .collect();
+        first_error(senders.into_iter().chain(receivers).map(|h| h.join()))
+    })?;
+    let seconds = start.elapsed().as_secs_f64();
+    barrier(x, "tcp end")?;
+    Ok(Outcome {
+        setup_ms,
+        seconds,
+        received: received.into_inner().unwrap_or_else(|e| e.into_inner()),
+    })
+}
+
+fn broadcast(writers: &[Option<Mutex<TcpStream>>], buf: &[u8]) -> Result<()> {
+    for w in writers.iter().flatten() {
+        write_fully(&mut w.lock().unwrap_or_else(|e| e.into_inner()), buf)?;
+    }
+    Ok(())
+}
+
+/// Reads every socket of `sockets` (non-blocking) to its end, consuming whole tuples.
+fn poll_sockets(sockets: Vec<TcpStream>, message: usize) -> Result<Checksum> {
+    let mut sum = Checksum::default();
+    // Per socket: bytes of a tuple split across reads.
+    let mut open: Vec<(TcpStream, Vec<u8>)> = sockets
+        .into_iter()
+        .map(|s| (s, Vec::with_capacity(16)))
+        .collect();
+    let mut buf = vec![0u8; message.max(4096) + 16];
+    let mut idle = 0u32;
+    let mut stalled = Instant::now();
+    while !open.is_empty() {
+        let mut progress = false;
+        let mut i = 0;
+        while i < open.len() {
+            let (sock, carry) = &mut open[i];
+            let n = carry.len();
+            buf[..n].copy_from_slice(carry);
+            match sock.read(&mut buf[n..]) {
+                Ok(0) => {
+                    ensure!(carry.is_empty(), "a peer's stream ended inside a tuple");
+                    open.swap_remove(i);
+                    progress = true;
+                    continue;
+                }
+                Ok(got) => {
+                    let total = n + got;
+                    let whole = total / 16 * 16;
+                    for t in buf[..whole].chunks_exact(16) {
+                        let a = u64::from_le_bytes(t[..8].try_into().expect("8 bytes"));
+                        let b = u64::from_le_bytes(t[8..].try_into().expect("8 bytes"));
+                        sum.add(a, b);
+                    }
+                    carry.clear();
+                    carry.extend_from_slice(&buf[whole..total]);
+                    progress = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e).context("reading from a peer"),
+            }
+            i += 1;
+        }
+        if progress {
+            idle = 0;
+            stalled = Instant::now();
+        } else {
+            idle += 1;
+            ensure!(
+                stalled.elapsed() < STALL_LIMIT,
+                "tcp baseline: nothing arrived for {STALL_LIMIT:?}"
+            );
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else if idle < 256 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+    Ok(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shuffle::LocalExchange;
+
+    #[test]
+    fn fragments_are_permutations_with_unique_b() {
+        let f = fragment(7, 3, 1000);
+        let mut bs: Vec<u64> = f.iter().map(|t| t[1]).collect();
+        assert_ne!(bs, (0..1000).map(|i| 3u64 << 48 | i).collect::<Vec<_>>());
+        bs.sort_unstable();
+        assert_eq!(bs, (0..1000).map(|i| 3u64 << 48 | i).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn tcp_baseline_delivers_exactly_what_was_sent() {
+        for pattern in [Pattern::Repartition, Pattern::Broadcast] {
+            let job = Job {
+                method: Method::Tcp,
+                pattern,
+                threads: 2,
+                tuples: 5000,
+                seed: 3,
+                message_bytes: 1000,
+                buffering: "adaptive".into(),
+                notify: "cq".into(),
+            };
+            let xs = LocalExchange::group(3, Duration::from_secs(20));
+            let results: Vec<_> = std::thread::scope(|s| {
+                let hs: Vec<_> = xs
+                    .into_iter()
+                    .map(|x| {
+                        let job = &job;
+                        s.spawn(move || run_node(job, Arc::new(x), None))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+            });
+            let total: u64 = results.iter().map(|r| r.received_bytes).sum();
+            let want = match pattern {
+                Pattern::Repartition => 3 * 5000 * 16,
+                Pattern::Broadcast => 3 * 2 * 5000 * 16,
+            };
+            assert_eq!(total, want, "{pattern:?}");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! `namdb bench shuffle` as a user runs it: the designs on the sim (threads) and on shm
+//! (node processes), the TCP and MPI baselines, the JSON and SVG outputs, and the
+//! errors bad arguments give. Small fragments, so the whole file stays short on two
+//! cores.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn namdb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("the namdb binary runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `namdb bench shuffle ARGS --json TMP`; returns the output and, if it
+/// succeeded, the rows.
+fn shuffle(args: &[&str]) -> (Output, Option<Vec<Value>>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("runs.json");
+    let mut argv = vec!["bench", "shuffle"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--json", path.to_str().expect("UTF-8 path")]);
+    let out = namdb(&argv);
+    let rows = out.status.success().then(|| {
+        let text = std::fs::read_to_string(&path).expect("JSON file written");
+        serde_json::from_str(&text).expect("JSON is a list")
+    });
+    (out, rows)
+}
+
+const FIELDS: [&str; 11] = [
+    "design",
+    "backend",
+    "pattern",
+    "nodes",
+    "threads",
+    "message_bytes",
+    "gb_per_sec",
+    "memcpy_gb_per_sec",
+    "pinned_bytes",
+    "setup_ms",
+    "seconds",
+];
+
+/// Every row has the fields, is verified, and moved what the pattern implies.
+fn check_rows(rows: &[Value], nodes: u64, threads: u64, tuples: u64) {
+    for r in rows {
+        for f in FIELDS {
+            assert!(r.get(f).is_some(), "row lacks `{f}`: {r}");
+        }
+        assert_eq!(r["nodes"], nodes, "{r}");
+        assert_eq!(r["verified"], true, "{r}");
+        assert!(r["gb_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["memcpy_gb_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["setup_ms"].as_f64().unwrap() >= 0.0, "{r}");
+        if r["design"] != "mpi" {
+            assert_eq!(r["threads"], threads, "{r}");
+        }
+        let per_node = tuples * 16;
+        let want = match r["pattern"].as_str().unwrap() {
+            "repartition" => nodes * per_node,
+            "broadcast" => nodes * (nodes - 1) * per_node,
+            p => panic!("pattern {p}"),
+        };
+        assert_eq!(r["received_bytes"], want, "{r}");
+        let design = r["design"].as_str().unwrap();
+        if design != "tcp" && design != "mpi" {
+            assert!(r["pinned_bytes"].as_u64().unwrap() > 0, "{r}");
+        }
+    }
+}
+
+#[test]
+fn sim_designs_run_and_are_verified() {
+    let (out, rows) = shuffle(&[
+        "--backend",
+        "sim",
+        "--design",
+        "MEMQ/SR,SESQ/SR",
+        "--nodes",
+        "3",
+        "--threads",
+        "2",
+        "--tuples",
+        "20000",
+        "--baselines",
+        "none",
+    ]);
+    let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
+    check_rows(&rows, 3, 2, 20000);
+    let designs: Vec<&str> = rows.iter().map(|r| r["design"].as_str().unwrap()).collect();
+    assert_eq!(
+        designs,
+        ["MEMQ/SR", "SESQ/SR", "MEMQ/SR", "SESQ/SR"],
+        "{rows:?}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("repartition: best design"), "{stdout}");
+    assert!(stdout.contains("broadcast: best design"), "{stdout}");
+}
+
+#[test]
+fn a_design_named_but_not_built_fails_clearly() {
+    // MEMQ/WR, until its design lands; then the run must simply pass.
+    let (out, rows) = shuffle(&[
+        "--backend",
+        "sim",
+        "--design",
+        "MEMQ/WR",
+        "--tuples",
+        "5000",
+        "--pattern",
+        "repartition",
+        "--baselines",
+        "none",
+    ]);
+    match rows {
+        Some(rows) => check_rows(&rows, 2, 1, 5000),
+        None => {
+            let t = text(&out);
+            assert!(t.contains("not built yet") && t.contains("MEMQ/WR"), "{t}");
+        }
+    }
+}
+
+#[test]
+fn shm_processes_run_every_built_design_and_the_tcp_baseline() {
+    let (out, rows) = shuffle(&[
+        "--backend",
+        "shm",
+        "--design",
+        "all",
+        "--nodes",
+        "3",
+        "--threads",
+        "2",
+        "--tuples",
+        "20000",
+        "--baselines",
+        "tcp",
+    ]);
+    let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
+    check_rows(&rows, 3, 2, 20000);
+    let tcp: Vec<&Value> = rows.iter().filter(|r| r["design"] == "tcp").collect();
+    assert_eq!(tcp.len(), 2, "{rows:?}");
+    assert!(tcp.iter().all(|r| r["backend"] == "loopback"));
+    for r in rows.iter().filter(|r| r["design"] != "tcp") {
+        assert_eq!(r["backend"], "shm", "{r}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("design") && stdout.contains("tcp"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn mpi_baseline_runs_or_says_openmpi_is_missing() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mpi.sh");
+    let installed = Command::new(&script)
+        .arg("check")
+        .status()
+        .expect("scripts/mpi.sh runs")
+        .success();
+    let (out, rows) = shuffle(&[
+        "--design",
+        "none",
+        "--nodes",
+        "2",
+        "--tuples",
+        "20000",
+        "--baselines",
+        "mpi",
+    ]);
+    if installed {
+        let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
+        check_rows(&rows, 2, 1, 20000);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert!(rows.iter().all(|r| r["design"] == "mpi"));
+    } else {
+        assert!(!out.status.success());
+        let t = text(&out);
+        assert!(t.contains("OpenMPI is not installed"), "{t}");
+    }
+}
+
+#[test]
+fn sweep_draws_svgs() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg: PathBuf = dir.path().join("svg");
+    let (out, rows) = shuffle(&[
+        "--design",
+        "none",
+        "--baselines",
+        "tcp",
+        "--tuples",
+        "20000",
+        "--pattern",
+        "repartition",
+        "--sweep-message-sizes",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
+    let sizes: Vec<u64> = rows
+        .iter()
+        .map(|r| r["message_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [4096, 16384, 65536, 262144, 1048576]);
+    for f in [
+        "shuffle-repartition-message-size.svg",
+        "shuffle-designs.svg",
+    ] {
+        let s = std::fs::read_to_string(svg.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(s.starts_with("<svg") && s.contains("tcp"), "{f}");
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_clearly() {
+    for (args, want) in [
+        (&["--design", "MEMQ/XX"][..], "unknown design"),
+        (&["--nodes", "0"][..], "--nodes"),
+        (&["--tuples", "0"][..], "--tuples"),
+        (&["--backend", "carrier-pigeon"][..], "possible values"),
+        (&["--notify", "smoke"][..], "unknown notification"),
+        (
+            &["--design", "none", "--baselines", "none"][..],
+            "nothing to run",
+        ),
+    ] {
+        let mut argv = vec!["bench", "shuffle"];
+        argv.extend_from_slice(args);
+        let out = namdb(&argv);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let t = text(&out);
+        assert!(t.contains(want), "{args:?}: {t}");
+    }
+}

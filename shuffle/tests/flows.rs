@@ -13,12 +13,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The designs the flows are tested over.
+/// The designs the flows are tested over: all eight.
 fn designs() -> Vec<Design> {
-    ["MEMQ/SR", "SESQ/SR"]
-        .iter()
-        .map(|d| d.parse().unwrap())
-        .collect()
+    Design::ALL.to_vec()
 }
 
 /// Runs `body` on every node of a `nodes`-node sim network whose endpoints (design

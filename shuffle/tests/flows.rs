@@ -348,11 +348,11 @@ fn latency_mode_delivers_each_push_while_the_source_is_open() {
             } else {
                 let mut tgt = flow.target(0).unwrap();
                 for i in 0..3u64 {
-                    let t = tgt.next().unwrap().expect("a tuple before the end");
+                    let t = tgt.next_tuple().unwrap().expect("a tuple before the end");
                     assert_eq!(t, [i, 100 + i]);
                     to_source.send(t[1]).unwrap();
                 }
-                assert!(tgt.next().unwrap().is_none());
+                assert!(tgt.next_tuple().unwrap().is_none());
             }
         });
     }
@@ -499,7 +499,7 @@ fn stages_share_endpoints_and_unconsumed_flows_do_not_block_others() {
                         let done_tx = done_tx.clone();
                         s.spawn(move || {
                             let mut seen = 0u64;
-                            while let Some(x) = tgt.next().unwrap() {
+                            while let Some(x) = tgt.next_tuple().unwrap() {
                                 next.push(x).unwrap();
                                 seen += 1;
                             }
@@ -686,7 +686,7 @@ fn misuse_is_reported_clearly() {
             e.source(th).unwrap().close().unwrap();
         }
         // A shuffle flow has no aggregates to combine; its tuples are consumed as is.
-        assert!(t.next().unwrap().is_none());
+        assert!(t.next_tuple().unwrap().is_none());
         let e2 = e.target(1).unwrap().combined().unwrap_err();
         assert!(matches!(e2, FlowError::WrongKind { .. }), "{e2}");
     });
@@ -719,8 +719,8 @@ fn a_target_whose_source_never_closes_times_out_naming_it() {
             );
         } else {
             let mut tgt = flow.target(0).unwrap();
-            assert_eq!(tgt.next().unwrap(), Some(&[1u64, 1][..]));
-            let e = tgt.next().unwrap_err();
+            assert_eq!(tgt.next_tuple().unwrap(), Some(&[1u64, 1][..]));
+            let e = tgt.next_tuple().unwrap_err();
             assert!(matches!(e, FlowError::Timeout { .. }), "{e}");
             assert!(e.to_string().contains("[(0, 0)]"), "{e}");
             let _ = net.declare(
@@ -730,4 +730,54 @@ fn a_target_whose_source_never_closes_times_out_naming_it() {
             );
         }
     });
+}
+
+#[test]
+fn bandwidth_mode_fills_whole_buffers_and_latency_mode_sends_each_push() {
+    let n = 500u64;
+    for design in designs() {
+        for mode in [Mode::Bandwidth, Mode::Latency] {
+            let spec = FlowSpec::shuffle("sizes", kv())
+                .sources([(0, 0)])
+                .targets([(1, 0)])
+                .mode(mode);
+            let got = run_nodes(design, 2, 1, FlowConfig::default(), |net| {
+                let flow = net.declare(spec.clone()).unwrap();
+                // Tuples of two words after the two words of flow header.
+                let per_buffer = (net.payload_words() - 2) / 2;
+                if net.rank() == 0 {
+                    let mut src = flow.source(0).unwrap();
+                    for i in 0..n {
+                        src.push(&[i, i]).unwrap();
+                    }
+                    src.close().unwrap();
+                    (per_buffer, Vec::new())
+                } else {
+                    let mut tgt = flow.target(0).unwrap();
+                    let mut sizes = Vec::new();
+                    let mut seen = Vec::new();
+                    while let Some(b) = tgt.next_batch().unwrap() {
+                        seen.extend(b.tuples().map(|t| t.to_vec()));
+                        sizes.push(b.len());
+                    }
+                    seen.sort();
+                    assert!(seen == (0..n).map(|i| vec![i, i]).collect::<Vec<_>>());
+                    (per_buffer, sizes)
+                }
+            });
+            let (per_buffer, sizes) = (got[1].0, &got[1].1);
+            assert!(per_buffer > 1 && (per_buffer as u64) < n);
+            match mode {
+                Mode::Bandwidth => {
+                    let (last, full) = sizes.split_last().unwrap();
+                    assert!(full.iter().all(|&s| s == per_buffer), "{design}: {sizes:?}");
+                    assert!(*last <= per_buffer && *last > 0);
+                    assert_eq!(sizes.len(), (n as usize).div_ceil(per_buffer));
+                }
+                Mode::Latency => {
+                    assert!(sizes.iter().all(|&s| s == 1), "{design}: {sizes:?}");
+                }
+            }
+        }
+    }
 }

@@ -107,8 +107,11 @@ pub enum Routing {
     Hash,
     /// A function of the tuple returning the index of a target in the flow's target
     /// list.
-    Function(Arc<dyn Fn(&[u64]) -> usize + Send + Sync>),
+    Function(RouteFn),
 }
+
+/// A routing function: a tuple to the index of its target in the flow's target list.
+pub type RouteFn = Arc<dyn Fn(&[u64]) -> usize + Send + Sync>;
 
 impl fmt::Debug for Routing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

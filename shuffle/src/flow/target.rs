@@ -125,7 +125,7 @@ impl Target {
     }
 
     /// The next tuple; `None` at the end of the flow.
-    pub fn next(&mut self) -> FlowResult<Option<&[u64]>> {
+    pub fn next_tuple(&mut self) -> FlowResult<Option<&[u64]>> {
         loop {
             if let Some(b) = &self.current
                 && self.at < b.words.len()
@@ -147,7 +147,7 @@ impl Target {
     /// Every remaining tuple, until the end of the flow.
     pub fn collect_all(&mut self) -> FlowResult<Vec<Vec<u64>>> {
         let mut out = Vec::new();
-        while let Some(t) = self.next()? {
+        while let Some(t) = self.next_tuple()? {
             out.push(t.to_vec());
         }
         Ok(out)

@@ -5,6 +5,7 @@ use fabric::Device;
 use fabric::sim::{SimConfig, SimNetwork};
 use shuffle::flow::{
     Aggregate, Column, FlowConfig, FlowError, FlowNet, FlowSpec, Mode, Schema, Value, all_threads,
+    pack_bytes, unpack_bytes,
 };
 use shuffle::testing::mix;
 use shuffle::{Design, EndpointConfig, LocalExchange, Node, open};
@@ -590,6 +591,20 @@ fn misuse_is_reported_clearly() {
             )
             .unwrap_err();
         assert!(e.to_string().contains("byte column"), "{e}");
+        net.declare(
+            FlowSpec::shuffle("once", kv())
+                .sources(places.clone())
+                .targets(places.clone()),
+        )
+        .unwrap();
+        let e = net
+            .declare(
+                FlowSpec::shuffle("once", kv())
+                    .sources(places.clone())
+                    .targets(places.clone()),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("already declared"), "{e}");
         // Nodes that disagree on a declaration are told so.
         let targets = if me == 0 { vec![(0, 0)] } else { vec![(1, 0)] };
         let e = net
@@ -779,5 +794,78 @@ fn bandwidth_mode_fills_whole_buffers_and_latency_mode_sends_each_push() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn combiner_flow_groups_by_a_multi_word_byte_key() {
+    let (nodes, threads, n) = (2, 2, 600u64);
+    let names = [
+        "ada",
+        "grace hopper",
+        "barbara liskov",
+        "edsger w. dijkstra",
+    ];
+    let schema = Schema::new(vec![Column::bytes("name", 20), Column::u64("v")], "name").unwrap();
+    let spec = FlowSpec::combiner(
+        "names",
+        schema,
+        vec![Aggregate::count(), Aggregate::sum("v")],
+    )
+    .sources(all_threads(nodes, threads))
+    .targets(all_threads(nodes, threads));
+    for design in [Design::ALL[0], Design::ALL[3]] {
+        let got = run_nodes(design, nodes, threads, FlowConfig::default(), |net| {
+            let flow = net.declare(spec.clone()).unwrap();
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    let mut src = flow.source(t).unwrap();
+                    s.spawn(move || {
+                        for i in 0..n {
+                            let mut tuple =
+                                pack_bytes(names[i as usize % 4].as_bytes(), 3).unwrap();
+                            tuple.push(i);
+                            src.push(&tuple).unwrap();
+                        }
+                        src.close().unwrap();
+                    });
+                }
+                let hs: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let tgt = flow.target(t).unwrap();
+                        s.spawn(move || tgt.combined().unwrap())
+                    })
+                    .collect();
+                hs.into_iter()
+                    .flat_map(|h| h.join().unwrap())
+                    .collect::<Vec<_>>()
+            })
+        });
+        let mut have: Vec<(String, Vec<Value>)> = got
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let bytes = unpack_bytes(&c.key);
+                let name = String::from_utf8(bytes)
+                    .unwrap()
+                    .trim_end_matches('\0')
+                    .to_string();
+                (name, c.values)
+            })
+            .collect();
+        have.sort_by(|a, b| a.0.cmp(&b.0));
+        let sources = (nodes * threads) as u64;
+        let mut want: Vec<(String, Vec<Value>)> = names
+            .iter()
+            .enumerate()
+            .map(|(j, name)| {
+                let vs: Vec<u64> = (0..n).filter(|i| *i as usize % 4 == j).collect();
+                let count = vs.len() as u64 * sources;
+                let sum = vs.iter().sum::<u64>() * sources;
+                (name.to_string(), vec![Value::U64(count), Value::U64(sum)])
+            })
+            .collect();
+        want.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(have, want, "{design}");
     }
 }

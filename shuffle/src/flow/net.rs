@@ -85,7 +85,7 @@ impl Net {
     }
 
     /// Files one received payload.
-    fn dispatch(&self, words: &[u64]) -> Result<(), String> {
+    fn dispatch(&self, words: Arc<[u64]>) -> Result<(), String> {
         let Some((kind, id)) = words.first().and_then(|&w| untag(w)) else {
             return Err(format!(
                 "a message without a flow tag ({} words)",
@@ -99,7 +99,7 @@ impl Net {
             .get(id as usize)
             .cloned()
             .ok_or_else(|| format!("a message for undeclared flow {id}"))?;
-        flow.dispatch(kind, &words[1..])
+        flow.dispatch(kind, &words)
             .map_err(|why| format!("flow {:?}: {why}", flow.spec.name))
     }
 
@@ -110,10 +110,15 @@ impl Net {
             }
             let result = match rx.get_data() {
                 Ok(Some(data)) => {
-                    let words = data.to_words();
+                    // The one copy out of the endpoint buffer.
+                    let words: Arc<[u64]> = data
+                        .payload()
+                        .iter()
+                        .map(|w| w.load(std::sync::atomic::Ordering::Relaxed))
+                        .collect();
                     match rx.release(data) {
                         Ok(()) if words.is_empty() => Ok(()),
-                        Ok(()) => self.dispatch(&words),
+                        Ok(()) => self.dispatch(words),
                         Err(e) => Err(format!("releasing a buffer: {e}")),
                     }
                 }
@@ -198,7 +203,9 @@ impl FlowShared {
         lock(&self.state)
     }
 
-    fn dispatch(&self, kind: u8, body: &[u64]) -> Result<(), String> {
+    /// Files `message` (tag word first) of kind `kind`.
+    fn dispatch(&self, kind: u8, message: &Arc<[u64]>) -> Result<(), String> {
+        let body = &message[1..];
         let sources = self.spec.sources.len();
         let targets = self.spec.targets.len();
         let (lo, hi) = match body.first() {
@@ -216,7 +223,7 @@ impl FlowShared {
                         tuples.len()
                     ));
                 }
-                let batch = Batch::new(source, self.wire_width, tuples.into());
+                let batch = Batch::new(source, self.wire_width, message.clone());
                 let me = self.node_rank();
                 let mut st = self.lock();
                 if hi == ALL_TARGETS {
@@ -385,6 +392,9 @@ impl FlowNet {
         let (s, t) = (spec.sources.len(), spec.targets.len());
         let digest = spec.digest();
         let mut flows = self.net.flows.write().unwrap_or_else(|e| e.into_inner());
+        if flows.iter().any(|f| f.spec.name == spec.name) {
+            return Err(bad("a flow of this name is already declared".into()));
+        }
         let id = flows.len() as u32;
         let shared = Arc::new(FlowShared {
             id,

@@ -1,7 +1,7 @@
 //! The receiving side of a flow: one thread's exit point.
 
 use super::combine::{Combined, Table};
-use super::net::{ACK, FlowShared, Net, tag, wait_for};
+use super::net::{ACK, DATA_HEADER_WORDS, FlowShared, Net, tag, wait_for};
 use super::{FlowError, FlowKind, FlowResult};
 use std::sync::Arc;
 
@@ -10,15 +10,17 @@ use std::sync::Arc;
 pub struct Batch {
     source: usize,
     width: usize,
-    words: Arc<[u64]>,
+    /// The whole message, flow header included (shared by the targets of a node for
+    /// a replicate flow).
+    message: Arc<[u64]>,
 }
 
 impl Batch {
-    pub(crate) fn new(source: usize, width: usize, words: Arc<[u64]>) -> Batch {
+    pub(crate) fn new(source: usize, width: usize, message: Arc<[u64]>) -> Batch {
         Batch {
             source,
             width,
-            words,
+            message,
         }
     }
     /// The index of the source that sent it, in the flow's source list.
@@ -27,16 +29,17 @@ impl Batch {
     }
     /// Tuples in the batch.
     pub fn len(&self) -> usize {
-        self.words.len() / self.width
+        self.words().len() / self.width
     }
     pub fn is_empty(&self) -> bool {
-        self.words.is_empty()
+        self.words().is_empty()
     }
+    /// The tuples' words.
     pub fn words(&self) -> &[u64] {
-        &self.words
+        &self.message[DATA_HEADER_WORDS..]
     }
     pub fn tuples(&self) -> std::slice::ChunksExact<'_, u64> {
-        self.words.chunks_exact(self.width)
+        self.words().chunks_exact(self.width)
     }
 }
 
@@ -128,7 +131,7 @@ impl Target {
     pub fn next_tuple(&mut self) -> FlowResult<Option<&[u64]>> {
         loop {
             if let Some(b) = &self.current
-                && self.at < b.words.len()
+                && self.at < b.words().len()
             {
                 break;
             }
@@ -139,7 +142,7 @@ impl Target {
             }
         }
         let b = self.current.as_ref().expect("checked above");
-        let tuple = &b.words[self.at..self.at + b.width];
+        let tuple = &b.words()[self.at..self.at + b.width];
         self.at += b.width;
         Ok(Some(tuple))
     }
@@ -165,7 +168,7 @@ impl Target {
         let key_words = self.flow.wire_width - self.flow.aggs.len();
         let mut table = Table::new(self.flow.aggs.clone(), key_words);
         if let Some(b) = self.current.take() {
-            for w in b.words[self.at..].chunks_exact(b.width) {
+            for w in b.words()[self.at..].chunks_exact(b.width) {
                 table.merge_wire(w);
             }
         }

@@ -6,8 +6,9 @@
 //! declares the same flows in the same order. A flow names its sources and targets as
 //! `(node, thread)` pairs and carries a [`Schema`]. Each source thread takes its
 //! [`Source`] and pushes tuples, then closes it; each target thread takes its
-//! [`Target`] and consumes until the end, which it sees once every source closed and
-//! all their data arrived.
+//! [`Target`] and consumes until the end ([`Target::next_tuple`] or
+//! [`Target::next_batch`] return `None`), which it sees once every source closed and
+//! all their data arrived. Flow names are unique per [`FlowNet`].
 //!
 //! - **Shuffle flow**: a tuple goes to one target, by the hash of its key
 //!   ([`Routing::Hash`]), a routing function ([`Routing::Function`]) or explicitly
@@ -32,9 +33,9 @@
 //!
 //! | kind | words after the tag |
 //! |---|---|
-//! | DATA | `source | target << 32` (`target` all-ones: every target on the node), tuples |
-//! | CLOSE | `source`, then per target of the flow the DATA messages sent to it |
-//! | ACK | `source | target << 32`, DATA messages of that source the target consumed |
+//! | DATA | source and target (32 bits each; target all-ones: every target on the node), tuples |
+//! | CLOSE | source, then per target of the flow the DATA messages sent to it |
+//! | ACK | source and target (32 bits each), DATA messages of that source the target consumed |
 //!
 //! One demultiplexing thread per receive endpoint drains it: it copies each payload
 //! out, releases the buffer at once, and files the data into per-flow, per-target

@@ -15,6 +15,7 @@ mod credit;
 pub mod endpoint;
 pub mod error;
 pub mod exchange;
+pub mod flow;
 pub mod node;
 pub mod operator;
 pub mod pool;

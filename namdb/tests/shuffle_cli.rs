@@ -112,26 +112,25 @@ fn sim_designs_run_and_are_verified() {
 }
 
 #[test]
-fn a_design_named_but_not_built_fails_clearly() {
-    // MEMQ/WR, until its design lands; then the run must simply pass.
-    let (out, rows) = shuffle(&[
-        "--backend",
-        "sim",
-        "--design",
-        "MEMQ/WR",
-        "--tuples",
-        "5000",
-        "--pattern",
-        "repartition",
-        "--baselines",
-        "none",
-    ]);
-    match rows {
-        Some(rows) => check_rows(&rows, 2, 1, 5000),
-        None => {
-            let t = text(&out);
-            assert!(t.contains("not built yet") && t.contains("MEMQ/WR"), "{t}");
-        }
+fn wr_designs_run_in_every_notification_mode() {
+    for notify in ["seal", "mq", "cq"] {
+        let (out, rows) = shuffle(&[
+            "--backend",
+            "sim",
+            "--design",
+            "SEMQ/WR,MEMQ/WR",
+            "--notify",
+            notify,
+            "--tuples",
+            "5000",
+            "--pattern",
+            "repartition",
+            "--baselines",
+            "none",
+        ]);
+        let rows = rows.unwrap_or_else(|| panic!("{notify}: {}", text(&out)));
+        assert_eq!(rows.len(), 2, "{notify}: {}", text(&out));
+        check_rows(&rows, 2, 1, 5000);
     }
 }
 

@@ -32,8 +32,8 @@ const SWEEP: [u32; 5] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
 #[derive(Args, Debug, Clone)]
 pub struct ShuffleArgs {
     /// Designs by their paper names (SESQ/SR, MESQ/SR, SEMQ/SR, MEMQ/SR, SEMQ/RD,
-    /// MEMQ/RD, SEMQ/WR, MEMQ/WR), comma-separated, `all` (skipping designs not built
-    /// yet), or `none` (the baselines only).
+    /// MEMQ/RD, SEMQ/WR, MEMQ/WR), comma-separated, `all`, or `none` (the baselines
+    /// only).
     #[arg(long, value_delimiter = ',', default_value = "all")]
     pub design: Vec<String>,
     /// Fabric backend: sim runs the nodes as threads of this process; shm, tcp and
@@ -189,14 +189,13 @@ fn buffering_name(b: BufferingArg) -> &'static str {
     }
 }
 
-/// The designs asked for, and whether they were asked for by name (`all` skips the
-/// ones not built yet instead of failing).
-fn designs(names: &[String]) -> Result<(Vec<Design>, bool)> {
+/// The designs asked for.
+fn designs(names: &[String]) -> Result<Vec<Design>> {
     if names.iter().any(|n| n.eq_ignore_ascii_case("all")) {
-        return Ok((Design::ALL.to_vec(), false));
+        return Ok(Design::ALL.to_vec());
     }
     if names.iter().any(|n| n.eq_ignore_ascii_case("none")) {
-        return Ok((Vec::new(), true));
+        return Ok(Vec::new());
     }
     let mut out = Vec::new();
     for n in names {
@@ -208,7 +207,7 @@ fn designs(names: &[String]) -> Result<(Vec<Design>, bool)> {
     if out.is_empty() {
         bail!("no design given: name some (e.g. --design MEMQ/WR), or pass all or none");
     }
-    Ok((out, true))
+    Ok(out)
 }
 
 fn patterns(p: PatternArg) -> Vec<Pattern> {
@@ -250,7 +249,7 @@ fn bytes_name(b: u64) -> String {
 }
 
 pub fn run(args: &ShuffleArgs) -> Result<()> {
-    let (designs, named) = designs(&args.design)?;
+    let designs = designs(&args.design)?;
     if designs.is_empty()
         && args
             .baselines
@@ -302,7 +301,7 @@ pub fn run(args: &ShuffleArgs) -> Result<()> {
         }
         None => false,
     };
-    let rows = match measure(args, &designs, named, want_tcp, mpi_ok) {
+    let rows = match measure(args, &designs, want_tcp, mpi_ok) {
         Ok(rows) => rows,
         Err(e) => {
             if let (Some(p), true) = (&args.json, json_created) {
@@ -333,13 +332,7 @@ enum Plan {
     Mpi { message_bytes: u32 },
 }
 
-fn measure(
-    args: &ShuffleArgs,
-    designs: &[Design],
-    named: bool,
-    tcp: bool,
-    mpi: bool,
-) -> Result<Vec<Row>> {
+fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Result<Vec<Row>> {
     let nodes = args.nodes as usize;
     let threads = args.threads as usize;
     let job = |method: Method, pattern: Pattern, message_bytes: u32| Job {
@@ -372,7 +365,6 @@ fn measure(
     }
     let total = plans.len();
     let mut rows = Vec::new();
-    let mut not_built: Vec<String> = Vec::new();
     for (i, plan) in plans.into_iter().enumerate() {
         match plan {
             Plan::Node(job) => {
@@ -380,9 +372,6 @@ fn measure(
                     Method::Design(d) => d.clone(),
                     Method::Tcp => "tcp".into(),
                 };
-                if not_built.contains(&name) {
-                    continue;
-                }
                 eprintln!(
                     "[{:>2}/{total}] {name} {}, {} messages, {nodes} nodes × {threads} thread(s) \
                      on {}…",
@@ -397,11 +386,6 @@ fn measure(
                 );
                 let results = match procs::run(args.backend, nodes, &job) {
                     Ok(r) => r,
-                    Err(e) if !named && format!("{e:#}").contains("not built yet") => {
-                        eprintln!("        skipped: {name} is not built yet");
-                        not_built.push(name);
-                        continue;
-                    }
                     Err(e) => {
                         return Err(e.context(format!(
                             "{name} {} with {} messages on {} failed",
@@ -465,12 +449,6 @@ fn measure(
                 }
             }
         }
-    }
-    if !not_built.is_empty() && rows.iter().all(|r| r.design == "tcp" || r.design == "mpi") {
-        eprintln!(
-            "note: no design is built yet ({}); only the baselines ran",
-            not_built.join(", ")
-        );
     }
     Ok(rows)
 }

@@ -6,9 +6,11 @@
 //! in-memory reference, [`txn_store`] adapts namdb's transactions). Checking starts by indexing the history ([`index`]); then a
 //! white-box checker ([`whitebox`]) replays the system's own timestamps and an
 //! Elle-style black-box checker ([`elle`]) infers dependencies from values alone.
-//! [`report`] runs both and gives the verdict.
+//! [`report`] runs both and gives the verdict. [`chaos`] is the fault-injection
+//! harness's plan, checks and report.
 
 pub mod anomaly;
+pub mod chaos;
 pub mod elle;
 pub mod history;
 pub mod index;

@@ -1,0 +1,418 @@
+//! The fault plan: a seeded list of timed actions against compute nodes.
+//!
+//! Faults come in episodes, one at a time across the whole cluster, so that at most one
+//! node is ever down and every death can be matched to the recoveries that follow it
+//! (a recovery starts only once the dead node's lease has run out, and the next episode
+//! begins after that). An episode always ends with its node running again and unarmed.
+//!
+//! - **kill**: `Kill` (SIGKILL at a random moment of the node's work), then `Restart`
+//!   after 2–3 lease timeouts, so that another node has fenced the slot and recovered
+//!   its locks by then.
+//! - **crash**: `Kill`, then `Crash`: the node is started again with one commit-step
+//!   crash point armed, so it dies in the middle of that step of some commit; after
+//!   `window` (counted once the node is ready) `Restart` starts it unarmed, killing it
+//!   first if the point never fired.
+//! - **pause**: `Pause` (SIGSTOP, then SIGCONT `for` later), always shorter than half the
+//!   lease timeout. A node paused past its lease would be a zombie: fenced and recovered
+//!   while a doorbell it had already rung may still land. The lease makes that the
+//!   operator's assumption (no stall longer than the lease), which the harness documents
+//!   rather than tests.
+//!
+//! Memory-server restarts are a later episode kind (`RestartMemoryServer`), once memory
+//! servers keep their contents across a restart; an [`Action`] variant and an episode
+//! generator next to these three are all it needs.
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// One thing the harness does to a compute node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// SIGKILL the node's process.
+    Kill { node: usize },
+    /// Start the (dead) node with crash point `point` armed at `probability`: each
+    /// commit that reaches the point aborts the process there with that probability.
+    /// The plan's next action on the node waits until it died or has been ready for
+    /// `window_ms`.
+    Crash {
+        node: usize,
+        point: String,
+        probability: f64,
+        window_ms: u64,
+    },
+    /// Start the node unarmed (killing it first if an armed point never fired).
+    Restart { node: usize },
+    /// SIGSTOP the node, then SIGCONT it `for_ms` later.
+    Pause { node: usize, for_ms: u64 },
+}
+
+impl Action {
+    pub fn node(&self) -> usize {
+        match *self {
+            Action::Kill { node }
+            | Action::Crash { node, .. }
+            | Action::Restart { node }
+            | Action::Pause { node, .. } => node,
+        }
+    }
+
+    /// The name the report counts the action under.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Kill { .. } => "kill",
+            Action::Crash { .. } => "crash",
+            Action::Restart { .. } => "restart",
+            Action::Pause { .. } => "pause",
+        }
+    }
+}
+
+/// An action and when it is due, counted from the moment every node is ready. The
+/// executor may run it later (never earlier): a `Crash` holds its node's next action
+/// back until the point fired or its window passed, and actions on a node wait until it
+/// is ready.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Planned {
+    pub at_ms: u64,
+    #[serde(flatten)]
+    pub action: Action,
+}
+
+/// What a plan is made for.
+#[derive(Clone, Debug)]
+pub struct PlanConfig {
+    pub duration: Duration,
+    pub nodes: usize,
+    pub lease_timeout: Duration,
+    /// The crash points to cover (`txn::crash::POINTS` without `all`).
+    pub points: Vec<String>,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FaultPlan {
+    pub seed: u64,
+    pub actions: Vec<Planned>,
+    /// Crash points no episode arms: the run is too short to hold them all.
+    pub uncovered_points: Vec<String>,
+    /// The shortest duration whose plan arms every point (and has a kill and a pause).
+    pub full_coverage_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Kill,
+    Pause,
+    Crash,
+}
+
+/// Episode timing, all derived from the lease timeout.
+struct Timing {
+    lease: Duration,
+}
+
+impl Timing {
+    /// Before the first fault: every node has committed for a while.
+    fn warmup(&self) -> Duration {
+        (self.lease * 4).max(Duration::from_secs(1))
+    }
+
+    /// Kill to restart: long enough that another node fences the dead slot (one lease)
+    /// and recovers it before the node comes back.
+    fn restart_delay(&self, rng: &mut StdRng) -> Duration {
+        self.lease.mul_f64(rng.random_range(2.0..3.0))
+    }
+
+    fn longest_restart_delay(&self) -> Duration {
+        self.lease * 3
+    }
+
+    /// How long an armed node gets, once ready, to reach its crash point.
+    fn crash_window(&self) -> Duration {
+        (self.lease * 4).max(Duration::from_secs(1))
+    }
+
+    /// Quiet time after an episode, so the next death comes after the last recovery.
+    fn settle(&self, rng: &mut StdRng) -> Duration {
+        self.lease.mul_f64(rng.random_range(1.0..2.0))
+    }
+
+    fn longest_settle(&self) -> Duration {
+        self.lease * 2
+    }
+
+    /// Shorter than half the lease: see the module doc.
+    fn pause(&self, rng: &mut StdRng) -> Duration {
+        self.lease
+            .mul_f64(rng.random_range(0.1..0.45))
+            .max(Duration::from_millis(1))
+    }
+
+    /// Time left at the end with no fault, so the last recovery happens in the run.
+    fn tail(&self) -> Duration {
+        self.lease * 2
+    }
+
+    /// The longest an episode of `kind` can take (its nominal time, settle included).
+    fn longest(&self, kind: Kind) -> Duration {
+        let episode = match kind {
+            Kind::Kill => self.longest_restart_delay(),
+            Kind::Pause => self.lease / 2,
+            Kind::Crash => self.longest_restart_delay() * 2 + self.crash_window(),
+        };
+        episode + self.longest_settle()
+    }
+}
+
+impl FaultPlan {
+    /// The plan for `config`; the same seed gives the same plan.
+    pub fn generate(config: &PlanConfig) -> Result<FaultPlan, String> {
+        if config.nodes == 0 {
+            return Err("a fault plan needs at least one compute node".into());
+        }
+        if config.lease_timeout < Duration::from_millis(10) {
+            return Err(format!(
+                "a lease timeout of {:?} is too short: pauses must stay under half of it",
+                config.lease_timeout
+            ));
+        }
+        let timing = Timing {
+            lease: config.lease_timeout,
+        };
+        let mut rng = StdRng::seed_from_u64(config.seed);
+        let mut points = config.points.clone();
+        points.shuffle(&mut rng);
+
+        // Every point once, a kill and a pause, in random order; then random episodes
+        // while time remains. A guaranteed episode that does not fit is dropped, so a
+        // short run still gets what fits.
+        let mut must: Vec<Kind> = vec![Kind::Crash; points.len()];
+        must.push(Kind::Kill);
+        must.push(Kind::Pause);
+        must.shuffle(&mut rng);
+        let full_coverage = timing.warmup()
+            + must.iter().map(|&k| timing.longest(k)).sum::<Duration>()
+            + timing.tail();
+
+        let end = config.duration.saturating_sub(timing.tail());
+        let mut t = timing.warmup();
+        let mut actions = Vec::new();
+        let mut next_point = 0;
+        let mut uncovered = Vec::new();
+        let mut must = must.into_iter();
+        loop {
+            let kind = match must.next() {
+                Some(kind) => kind,
+                None => match rng.random_range(0..10) {
+                    0..=3 => Kind::Kill,
+                    4..=6 => Kind::Crash,
+                    _ => Kind::Pause,
+                },
+            };
+            if t + timing.longest(kind) > end {
+                if kind == Kind::Crash && next_point < points.len() {
+                    uncovered.push(points[next_point].clone());
+                    next_point += 1;
+                    continue;
+                }
+                // Nothing longer fits either once the guaranteed episodes are spent.
+                if must.len() == 0 {
+                    break;
+                }
+                continue;
+            }
+            let node = rng.random_range(0..config.nodes);
+            let at = |t: Duration| t.as_millis() as u64;
+            match kind {
+                Kind::Kill => {
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::Kill { node },
+                    });
+                    t += timing.restart_delay(&mut rng);
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::Restart { node },
+                    });
+                }
+                Kind::Pause => {
+                    let pause = timing.pause(&mut rng);
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::Pause {
+                            node,
+                            for_ms: pause.as_millis().max(1) as u64,
+                        },
+                    });
+                    t += pause;
+                }
+                Kind::Crash => {
+                    let point = if next_point < points.len() {
+                        next_point += 1;
+                        points[next_point - 1].clone()
+                    } else if points.is_empty() {
+                        continue;
+                    } else {
+                        points[rng.random_range(0..points.len())].clone()
+                    };
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::Kill { node },
+                    });
+                    t += timing.restart_delay(&mut rng);
+                    let window = timing.crash_window();
+                    // Likely enough to fire within the window on any commit that
+                    // reaches the point, unlikely enough that which commit is random.
+                    let probability = (rng.random_range(0.25..0.75f64) * 100.0).round() / 100.0;
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::Crash {
+                            node,
+                            point,
+                            probability,
+                            window_ms: window.as_millis() as u64,
+                        },
+                    });
+                    t += window + timing.restart_delay(&mut rng);
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::Restart { node },
+                    });
+                }
+            }
+            t += timing.settle(&mut rng);
+        }
+        uncovered.extend(points[next_point..].iter().cloned());
+        Ok(FaultPlan {
+            seed: config.seed,
+            actions,
+            uncovered_points: uncovered,
+            full_coverage_ms: full_coverage.as_millis() as u64,
+        })
+    }
+
+    /// How many actions of each kind the plan holds.
+    pub fn count(&self, name: &str) -> usize {
+        self.actions
+            .iter()
+            .filter(|p| p.action.name() == name)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(seconds: u64, seed: u64) -> PlanConfig {
+        PlanConfig {
+            duration: Duration::from_secs(seconds),
+            nodes: 3,
+            lease_timeout: Duration::from_millis(250),
+            points: ["p1", "p2", "p3", "p4", "p5", "p6"]
+                .map(String::from)
+                .into(),
+            seed,
+        }
+    }
+
+    /// Replays a plan: which nodes are down, armed or paused over time.
+    fn replay(plan: &FaultPlan, config: &PlanConfig) {
+        let mut down = vec![false; config.nodes];
+        let mut last_at = 0;
+        for p in &plan.actions {
+            assert!(p.at_ms >= last_at, "in time order: {plan:?}");
+            last_at = p.at_ms;
+            assert!(p.at_ms <= config.duration.as_millis() as u64);
+            let node = p.action.node();
+            assert!(node < config.nodes);
+            match &p.action {
+                Action::Kill { .. } => {
+                    assert!(down.iter().all(|d| !d), "one episode at a time");
+                    down[node] = true;
+                }
+                Action::Crash { probability, .. } => {
+                    assert!(down[node], "a crash starts a dead node");
+                    assert!((0.0..=1.0).contains(probability));
+                }
+                Action::Restart { .. } => {
+                    assert!(down[node]);
+                    down[node] = false;
+                }
+                Action::Pause { for_ms, .. } => {
+                    assert!(down.iter().all(|d| !d));
+                    assert!(*for_ms < 125, "shorter than half the lease: {for_ms}");
+                }
+            }
+        }
+        assert!(down.iter().all(|d| !d), "every node runs at the end");
+    }
+
+    #[test]
+    fn a_long_enough_run_arms_every_point_and_kills_and_pauses() {
+        for seed in 0..50 {
+            let config = config(40, seed);
+            let plan = FaultPlan::generate(&config).expect("a plan");
+            replay(&plan, &config);
+            assert!(plan.uncovered_points.is_empty(), "{plan:?}");
+            let mut armed: Vec<&str> = plan
+                .actions
+                .iter()
+                .filter_map(|p| match &p.action {
+                    Action::Crash { point, .. } => Some(point.as_str()),
+                    _ => None,
+                })
+                .collect();
+            armed.sort_unstable();
+            armed.dedup();
+            assert_eq!(armed, ["p1", "p2", "p3", "p4", "p5", "p6"]);
+            assert!(plan.count("pause") >= 1 && plan.count("kill") > plan.count("crash"));
+            assert!(plan.full_coverage_ms <= 40_000, "{}", plan.full_coverage_ms);
+        }
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_plan_and_another_seed_another() {
+        let a = FaultPlan::generate(&config(30, 7)).unwrap();
+        assert_eq!(a, FaultPlan::generate(&config(30, 7)).unwrap());
+        assert_ne!(a, FaultPlan::generate(&config(30, 8)).unwrap());
+    }
+
+    #[test]
+    fn a_short_run_says_which_points_it_leaves_out() {
+        let config = config(6, 1);
+        let plan = FaultPlan::generate(&config).expect("a plan");
+        replay(&plan, &config);
+        assert!(!plan.uncovered_points.is_empty());
+        let armed = plan.count("crash");
+        assert_eq!(armed + plan.uncovered_points.len(), 6, "{plan:?}");
+        assert!(plan.full_coverage_ms > 6_000);
+        let tiny = FaultPlan::generate(&PlanConfig {
+            duration: Duration::from_millis(500),
+            ..config
+        })
+        .expect("a plan");
+        assert!(tiny.actions.is_empty());
+        assert_eq!(tiny.uncovered_points.len(), 6);
+    }
+
+    #[test]
+    fn bad_configurations_are_errors() {
+        let err = FaultPlan::generate(&PlanConfig {
+            nodes: 0,
+            ..config(10, 0)
+        })
+        .unwrap_err();
+        assert!(err.contains("at least one compute node"), "{err}");
+        let err = FaultPlan::generate(&PlanConfig {
+            lease_timeout: Duration::from_millis(2),
+            ..config(10, 0)
+        })
+        .unwrap_err();
+        assert!(err.contains("too short"), "{err}");
+    }
+}

@@ -1,0 +1,409 @@
+//! The report of a chaos run: what was done to the nodes, how fast the cluster
+//! recovered, how throughput dipped, and each check's verdict.
+
+use super::checks::CheckResult;
+use super::events::Recovery;
+use super::plan::FaultPlan;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// How a run was set up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChaosConfig {
+    pub duration_s: f64,
+    pub nodes: usize,
+    pub sessions_per_node: usize,
+    pub servers: usize,
+    pub backend: String,
+    pub seed: u64,
+    pub workloads: Vec<String>,
+    pub lease_ms: u64,
+}
+
+/// An action as the harness ran it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Executed {
+    /// When it ran, from the moment every node was first ready.
+    pub at_ms: u64,
+    /// When the plan had it due.
+    pub planned_ms: u64,
+    pub action: String,
+    pub node: usize,
+    /// What happened, e.g. `killed incarnation 4`, `crash point fired`.
+    pub outcome: String,
+}
+
+/// Actions that took effect.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionCounts {
+    /// SIGKILLs delivered to a live node (including armed nodes whose point never
+    /// fired).
+    pub kills: u64,
+    /// Nodes started with a crash point armed.
+    pub crashes_armed: u64,
+    /// Armed nodes that died at their point.
+    pub crashes_fired: u64,
+    pub restarts: u64,
+    pub pauses: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PointCounts {
+    pub armed: u64,
+    pub fired: u64,
+}
+
+/// A node incarnation that died: killed, or at its crash point.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Death {
+    pub node: usize,
+    pub incarnation: u64,
+    /// `kill` or `crash:POINT`.
+    pub cause: String,
+    pub at_ms: f64,
+    /// Recoveries that started after this death and before the next.
+    pub recoveries: u64,
+    /// From the death to the end of the last of those recoveries.
+    pub recovered_after_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecoverySummary {
+    pub count: u64,
+    pub rolled_forward: u64,
+    pub rolled_back: u64,
+    pub blocks_scanned: u64,
+    pub took_median_ms: Option<f64>,
+    pub took_max_ms: Option<f64>,
+    /// Over deaths that were recovered: death to the end of recovery.
+    pub death_to_recovered_median_ms: Option<f64>,
+    pub death_to_recovered_max_ms: Option<f64>,
+    /// Recoveries that started before any death of the run.
+    pub unattributed: u64,
+}
+
+/// Committed transactions per bucket, and the dip after each death.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Throughput {
+    pub bucket_ms: u64,
+    /// Transactions committed in each bucket, from the moment every node was ready.
+    pub committed: Vec<u64>,
+    pub median_per_bucket: f64,
+    pub dips: Vec<Dip>,
+    /// The lowest `ratio` of all dips.
+    pub worst_dip_ratio: Option<f64>,
+}
+
+/// The emptiest bucket in the second after a death, against the run's median bucket.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Dip {
+    pub at_ms: f64,
+    pub cause: String,
+    pub min_bucket: u64,
+    pub ratio: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistorySummary {
+    pub txns: u64,
+    pub committed: u64,
+    pub aborted: u64,
+    pub unknown: u64,
+    pub unknown_observed: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChaosReport {
+    pub config: ChaosConfig,
+    pub plan: FaultPlan,
+    pub executed: Vec<Executed>,
+    pub actions: ActionCounts,
+    pub crash_points: BTreeMap<String, PointCounts>,
+    pub deaths: Vec<Death>,
+    pub recoveries: RecoverySummary,
+    pub throughput: Throughput,
+    pub history: HistorySummary,
+    pub checks: Vec<CheckResult>,
+    /// Everything that makes the run fail: failed checks and harness problems (a node
+    /// that died unasked, or would not start or stop).
+    pub violations: Vec<String>,
+    /// What is worth knowing but fails nothing (e.g. points a short run left out).
+    pub notes: Vec<String>,
+    pub passed: bool,
+}
+
+/// Committed transactions per `bucket_ms` from `start_ns` to `end_ns`, given each
+/// one's commit time.
+pub fn timeline(
+    commits_ns: impl IntoIterator<Item = u64>,
+    start_ns: u64,
+    end_ns: u64,
+    bucket_ms: u64,
+) -> Vec<u64> {
+    let bucket_ns = bucket_ms.max(1) * 1_000_000;
+    let buckets = end_ns.saturating_sub(start_ns).div_ceil(bucket_ns) as usize;
+    let mut counts = vec![0; buckets];
+    for at in commits_ns {
+        if at < start_ns {
+            continue;
+        }
+        if let Some(c) = counts.get_mut(((at - start_ns) / bucket_ns) as usize) {
+            *c += 1;
+        }
+    }
+    counts
+}
+
+pub fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(if values.len().is_multiple_of(2) {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    })
+}
+
+impl Throughput {
+    /// The timeline and the dip after each death.
+    pub fn new(committed: Vec<u64>, bucket_ms: u64, deaths: &[Death]) -> Throughput {
+        let mut all: Vec<f64> = committed.iter().map(|&c| c as f64).collect();
+        let median_per_bucket = median(&mut all).unwrap_or(0.0);
+        let dips: Vec<Dip> = deaths
+            .iter()
+            .filter_map(|d| {
+                let first = (d.at_ms / bucket_ms as f64) as usize;
+                let last = first + (1000 / bucket_ms.max(1)) as usize;
+                let window = committed.get(first..last.min(committed.len()))?;
+                let min_bucket = *window.iter().min()?;
+                Some(Dip {
+                    at_ms: d.at_ms,
+                    cause: d.cause.clone(),
+                    min_bucket,
+                    ratio: if median_per_bucket > 0.0 {
+                        min_bucket as f64 / median_per_bucket
+                    } else {
+                        0.0
+                    },
+                })
+            })
+            .collect();
+        let worst_dip_ratio = dips.iter().map(|d| d.ratio).min_by(f64::total_cmp);
+        Throughput {
+            bucket_ms,
+            committed,
+            median_per_bucket,
+            dips,
+            worst_dip_ratio,
+        }
+    }
+}
+
+/// Matches recoveries to deaths and sums them up. Faults come one episode at a time, so
+/// a recovery belongs to the last death before it started; `start_ns` is the run's
+/// time zero (deaths are in ms from it).
+pub fn attribute(deaths: &mut [Death], recoveries: &[Recovery], start_ns: u64) -> RecoverySummary {
+    let mut summary = RecoverySummary {
+        count: recoveries.len() as u64,
+        ..RecoverySummary::default()
+    };
+    let ms = |ns: u64| (ns as f64 - start_ns as f64) / 1e6;
+    let mut took: Vec<f64> = Vec::new();
+    for r in recoveries {
+        summary.rolled_forward += r.rolled_forward;
+        summary.rolled_back += r.rolled_back;
+        summary.blocks_scanned += r.blocks_scanned;
+        took.push(r.took_us as f64 / 1000.0);
+        let finished = ms(r.finished_ns);
+        let started = finished - r.took_us as f64 / 1000.0;
+        let owner = deaths
+            .iter_mut()
+            .filter(|d| d.at_ms <= started)
+            .max_by(|a, b| a.at_ms.total_cmp(&b.at_ms));
+        match owner {
+            Some(d) => {
+                d.recoveries += 1;
+                let after = finished - d.at_ms;
+                d.recovered_after_ms = Some(d.recovered_after_ms.map_or(after, |a| a.max(after)));
+            }
+            None => summary.unattributed += 1,
+        }
+    }
+    summary.took_max_ms = took.iter().copied().max_by(f64::total_cmp);
+    summary.took_median_ms = median(&mut took);
+    let mut after: Vec<f64> = deaths.iter().filter_map(|d| d.recovered_after_ms).collect();
+    summary.death_to_recovered_max_ms = after.iter().copied().max_by(f64::total_cmp);
+    summary.death_to_recovered_median_ms = median(&mut after);
+    summary
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1} ms"))
+}
+
+impl fmt::Display for ChaosReport {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let c = &self.config;
+        writeln!(
+            f,
+            "chaos: {} compute nodes × {} sessions, {} {} memory servers, {:.0} s, lease {} ms, \
+             seed {}, workloads {}",
+            c.nodes,
+            c.sessions_per_node,
+            c.servers,
+            c.backend,
+            c.duration_s,
+            c.lease_ms,
+            c.seed,
+            c.workloads.join(",")
+        )?;
+        let a = &self.actions;
+        writeln!(
+            f,
+            "faults: {} kills, {} crashes armed ({} fired), {} pauses, {} restarts",
+            a.kills, a.crashes_armed, a.crashes_fired, a.pauses, a.restarts
+        )?;
+        for (point, n) in &self.crash_points {
+            writeln!(
+                f,
+                "  crash point {point:<20} armed {:>3}  fired {:>3}",
+                n.armed, n.fired
+            )?;
+        }
+        let r = &self.recoveries;
+        writeln!(
+            f,
+            "recoveries: {} ({} rolled forward, {} rolled back, {} blocks scanned); took median \
+             {}, max {}",
+            r.count,
+            r.rolled_forward,
+            r.rolled_back,
+            r.blocks_scanned,
+            ms(r.took_median_ms),
+            ms(r.took_max_ms)
+        )?;
+        writeln!(
+            f,
+            "  death to end of recovery: median {}, max {} over {} deaths",
+            ms(r.death_to_recovered_median_ms),
+            ms(r.death_to_recovered_max_ms),
+            self.deaths.len()
+        )?;
+        let t = &self.throughput;
+        let total: u64 = t.committed.iter().sum();
+        writeln!(
+            f,
+            "throughput: {total} commits, median {:.0} per {} ms ({:.0}/s); worst dip in the \
+             second after a death: {}",
+            t.median_per_bucket,
+            t.bucket_ms,
+            t.median_per_bucket * 1000.0 / t.bucket_ms.max(1) as f64,
+            t.worst_dip_ratio
+                .map_or("-".into(), |r| format!("{:.0}% of the median", r * 100.0))
+        )?;
+        let h = &self.history;
+        writeln!(
+            f,
+            "history: {} transactions: {} committed, {} aborted, {} unknown ({} observed to \
+             commit)",
+            h.txns, h.committed, h.aborted, h.unknown, h.unknown_observed
+        )?;
+        writeln!(f, "checks:")?;
+        for check in &self.checks {
+            let verdict = if check.passed { "PASS" } else { "FAIL" };
+            writeln!(f, "  {verdict}  {:<20} {}", check.name, check.summary)?;
+            for line in &check.details {
+                writeln!(f, "        {line}")?;
+            }
+        }
+        for note in &self.notes {
+            writeln!(f, "note: {note}")?;
+        }
+        if self.passed {
+            writeln!(f, "verdict: PASSED")
+        } else {
+            writeln!(
+                f,
+                "verdict: FAILED, {} violation(s):",
+                self.violations.len()
+            )?;
+            for v in &self.violations {
+                writeln!(f, "  - {v}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn death(at_ms: f64) -> Death {
+        Death {
+            node: 0,
+            incarnation: 1,
+            cause: "kill".into(),
+            at_ms,
+            recoveries: 0,
+            recovered_after_ms: None,
+        }
+    }
+
+    fn recovery(slot: u32, finished_ms: u64, took_ms: u64) -> Recovery {
+        Recovery {
+            slot,
+            holder_tag: 1,
+            rolled_forward: 1,
+            rolled_back: 2,
+            blocks_scanned: 3,
+            took_us: took_ms * 1000,
+            finished_ns: 1_000_000_000 + finished_ms * 1_000_000,
+        }
+    }
+
+    #[test]
+    fn recoveries_belong_to_the_last_death_before_they_started() {
+        let mut deaths = vec![death(1000.0), death(5000.0)];
+        let recoveries = [
+            recovery(1, 1300, 10),
+            recovery(2, 1320, 20),
+            recovery(3, 5290, 5),
+            // Started before either death.
+            recovery(4, 500, 5),
+        ];
+        let summary = attribute(&mut deaths, &recoveries, 1_000_000_000);
+        assert_eq!(summary.count, 4);
+        assert_eq!(summary.unattributed, 1);
+        assert_eq!((summary.rolled_forward, summary.rolled_back), (4, 8));
+        assert_eq!(deaths[0].recoveries, 2);
+        assert_eq!(deaths[0].recovered_after_ms, Some(320.0));
+        assert_eq!(deaths[1].recovered_after_ms, Some(290.0));
+        assert_eq!(summary.death_to_recovered_max_ms, Some(320.0));
+        assert_eq!(summary.death_to_recovered_median_ms, Some(305.0));
+        assert_eq!(summary.took_max_ms, Some(20.0));
+        assert_eq!(summary.took_median_ms, Some(7.5));
+    }
+
+    #[test]
+    fn the_dip_is_the_emptiest_bucket_of_the_second_after_a_death() {
+        let start = 5_000_000_000;
+        // 10 commits in each 100 ms bucket, none from 1.2 s to 1.4 s.
+        let commits = (0..30u64)
+            .flat_map(|b| (0..10).map(move |i| start + b * 100_000_000 + i))
+            .filter(|&ns| !(1_200_000_000..1_400_000_000).contains(&(ns - start)));
+        let counts = timeline(commits, start, start + 3_000_000_000, 100);
+        assert_eq!(counts.len(), 30);
+        assert_eq!(counts[12], 0);
+        let t = Throughput::new(counts, 100, &[death(1100.0), death(2500.0)]);
+        assert_eq!(t.median_per_bucket, 10.0);
+        assert_eq!(t.dips[0].min_bucket, 0);
+        assert_eq!(t.dips[0].ratio, 0.0);
+        assert_eq!(t.dips[1].min_bucket, 10);
+        assert_eq!(t.worst_dip_ratio, Some(0.0));
+    }
+}

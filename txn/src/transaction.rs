@@ -19,20 +19,26 @@
 //!   locked by CID, CAS the index slot from empty (losing the race is `DuplicateKey` for
 //!   [`AsyncTransaction::insert`], `Conflict` for a `put`). (4) Lock and validate every
 //!   updated record with one CAS each, one doorbell per memory server, expecting the
-//!   header read. (5) Install: per record a WRITE of the versions (new one at the head,
-//!   older ones shifted) and a CAS of the header from locked to `CID`, one doorbell per
-//!   server. (6) Mark CID committed, unsignaled, batched with the marks of the worker's
-//!   other coroutines. With `Options::wait_visible` (the default), commit then waits
-//!   until the oracle's prefix includes CID, so transactions that begin after it
-//!   returns see it.
+//!   header read. (5) The commit record ([`crate::commitlog`]): the CID and the write
+//!   set, one WRITE into the worker's slot's log ring on server 0; once it is complete
+//!   the transaction is committed, whatever happens to this node. (6) Install: per
+//!   record a WRITE of the versions (new one at the head, older ones shifted) and a CAS
+//!   of the header from locked to `CID`, one doorbell per server. (7) Mark CID
+//!   committed, unsignaled, batched with the marks of the worker's other coroutines.
+//!   With `Options::wait_visible` (the default), commit then waits until the oracle's
+//!   prefix includes CID, so transactions that begin after it returns see it.
+//! - **Under the lease.** Every step is posted only after checking that the worker
+//!   still holds its slot under a live lease (a clock read; a renewal when half the
+//!   lease has passed). A worker fenced meanwhile gives the commit up to recovery
+//!   ([`TxnError::Fenced`]: posts nothing more, releases nothing), which rolls it
+//!   forward if its record is complete and back otherwise ([`crate::recovery`]).
 //! - **Abort** (in commit, or [`AsyncTransaction::abort`]): every lock taken is released
 //!   with CAS to the header it replaced; a new block (published or not) becomes a
 //!   tombstone at CID 0 and is unlocked (a published one is reused by a later insert of
 //!   the key); the CID is still marked (aborted), or the prefix would stall.
 //!
-//! Not implemented yet: the crash-atomic commit record (DESIGN.md step 3) and recovery
-//! of a dead node's locks (a reader blocked by a lock for over a second gets
-//! `Conflict`).
+//! A reader blocked by a lock for over a second gets `Conflict`; a dead holder's locks
+//! are resolved by recovery once its slot is fenced.
 
 use crate::commitlog::{self, EntryKind, EntryRef};
 use crate::crash::{self, CrashPoint};

@@ -31,6 +31,8 @@ pub fn code_of(e: &TxnError) -> Code {
             IndexError::Fabric(_) => Code::Unavailable,
         },
         TxnError::Oracle(_) | TxnError::Fabric(_) => Code::Unavailable,
+        // The outcome is recovery's to decide: the client cannot know it.
+        TxnError::Fenced { .. } => Code::Unknown,
         TxnError::Catalog(c) => match c {
             CatalogError::TableExists(_) => Code::AlreadyExists,
             CatalogError::NotFound(_) => Code::NotFound,

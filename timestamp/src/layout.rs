@@ -267,7 +267,8 @@ impl Lease {
     }
 
     /// The tag the next holder (or fencer) writes.
-    pub(crate) fn next_tag(&self) -> u16 {
+    /// The tag of the next change of holder (a fence or a claim).
+    pub fn next_tag(&self) -> u16 {
         ((self.tag as u64 + 1) & TAG_MASK) as u16
     }
 }

@@ -159,6 +159,9 @@ pub struct TickReport {
     pub skipped_for_others: u64,
     /// A slot this tick fenced.
     pub fenced: Option<u32>,
+    /// The lease word the fence left on that slot (state fenced, the holder's tag
+    /// bumped once): whoever resolves the dead holder's work identifies it by this.
+    pub fenced_lease: Option<Lease>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1125,7 +1128,11 @@ impl SlotHandle {
 
     /// Makes sure the lease is good for deciding timestamps: renews first once half
     /// the timeout has passed since the last confirmed renewal was posted.
-    fn ensure_lease(&self) -> Result<()> {
+    ///
+    /// Call it right before posting work that is only safe under the lease (a
+    /// commit's locks, log record and installs): it costs a clock read while the lease
+    /// is fresh, and fails with [`OracleError::Fenced`] once another node fenced us.
+    pub fn ensure_lease(&self) -> Result<()> {
         let now = self.clock.now();
         let confirmed_at = self.st.borrow().confirmed_at;
         if now.saturating_sub(confirmed_at) < self.config.lease_timeout / 2 {
@@ -1276,7 +1283,12 @@ impl SlotHandle {
             let known_free = self.st.borrow().known_free(owner as u32);
             if (stuck || known_free) && (!active || owner != me) {
                 let (fenced, skipped) = self.unstall(owner as u32, gap, frontier, &obs, now)?;
-                report.fenced = report.fenced.or(fenced);
+                if report.fenced.is_none()
+                    && let Some((slot, lease)) = fenced
+                {
+                    report.fenced = Some(slot);
+                    report.fenced_lease = Some(lease);
+                }
                 report.skipped_for_others += skipped;
             }
             if !progressed {
@@ -1395,7 +1407,7 @@ impl SlotHandle {
         frontier: u64,
         obs: &Observation,
         now: Duration,
-    ) -> Result<(Option<u32>, u64)> {
+    ) -> Result<(Option<(u32, Lease)>, u64)> {
         let mut entry = [0u64; 2];
         self.link
             .read(self.layout.lease_offset(owner), &mut entry)?;
@@ -1451,7 +1463,7 @@ impl SlotHandle {
                 st.stats.fences += 1;
                 st.note_lease(owner, taken.encode());
                 drop(st);
-                fenced = Some(owner);
+                fenced = Some((owner, taken));
                 taken
             }
         };

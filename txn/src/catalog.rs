@@ -17,7 +17,10 @@
 //!                             `token`, 2 ready (bootstrapped by `token`), 3 invalid
 //!   64 + 64·a    bootstrap record of attempt a (a < 8), 8 words:
 //!                  magic "NAMDBCAT", version, servers N, token, oracle data region
-//!                  (on server 0), oracle offset, oracle V (bits), oracle S (slots)
+//!                  (on server 0), oracle offset, oracle V (bits),
+//!                  oracle S (slots) | commit log KiB per slot << 32
+//!                  (the commit log's S areas follow the oracle in its allocation,
+//!                  from the next 64-byte boundary; see `crate::commitlog`)
 //!   [576, 32 Ki) zero
 //!   64 Ki + 1 Ki·i   table entry i (table id i), 128 words:
 //!     0            claim     kind:2 | name hash:30 | token:32      (CAS only)
@@ -103,7 +106,7 @@ use timestamp::{Layout, OracleError};
 /// `"NAMDBCAT"` as a little-endian word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NAMDBCAT");
 /// Bumped whenever the encoding of any catalog word changes.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 /// The longest table name, in bytes.
 pub const MAX_NAME: usize = 64;
 /// The most partitions a table has.
@@ -227,6 +230,9 @@ pub struct CatalogOptions {
     pub oracle_bits: u64,
     /// S of the oracle (the most compute threads holding a slot at once), likewise.
     pub oracle_slots: u32,
+    /// Bytes of each slot's commit-log area (a multiple of 1 KiB, at least
+    /// [`crate::commitlog::MIN_AREA_BYTES`]), likewise.
+    pub log_bytes_per_slot: u64,
     /// How long a node waits for another node's bootstrap or table creation to make
     /// progress before it takes the work over (it must be far above how long those
     /// take: a few round trips).
@@ -238,6 +244,7 @@ impl Default for CatalogOptions {
         CatalogOptions {
             oracle_bits: timestamp::DEFAULT_BITS,
             oracle_slots: 64,
+            log_bytes_per_slot: crate::commitlog::DEFAULT_AREA_BYTES,
             wait: Duration::from_secs(10),
         }
     }
@@ -361,6 +368,7 @@ impl TableDef {
 pub struct Catalog {
     servers: Vec<ServerRegions>,
     oracle: OracleLocation,
+    log: crate::commitlog::LogLocation,
     token: u64,
     wait: Duration,
 }
@@ -720,7 +728,7 @@ fn parse_record(
     servers: &[ServerRegions],
     attempt: u64,
     token: u64,
-) -> Result<OracleLocation> {
+) -> Result<(OracleLocation, crate::commitlog::LogLocation)> {
     if rec[0] != MAGIC {
         return Err(CatalogError::NotACatalog(format!(
             "magic {:#018x} in the record of attempt {attempt}",
@@ -754,14 +762,18 @@ fn parse_record(
                 rec[4]
             ))
         })?;
-    let slots = u32::try_from(rec[7])
+    let slots = u32::try_from(rec[7] & u32::MAX as u64)
         .map_err(|_| CatalogError::Corrupt(format!("oracle slots {}", rec[7])))?;
+    let log_area = (rec[7] >> 32) << 10;
     let layout = Layout::new(rec[6], slots)
         .map_err(|e| CatalogError::Corrupt(format!("oracle shape: {e}")))?;
     let offset = rec[5];
+    let log = crate::commitlog::LogLocation::after_oracle(*data, offset, &layout, log_area)
+        .map_err(CatalogError::Corrupt)?;
     if !offset.is_multiple_of(ALIGN)
         || offset
             .checked_add(layout.region_bytes())
+            .and_then(|end| end.checked_add(log.bytes()))
             .is_none_or(|end| end > data.len)
     {
         return Err(CatalogError::Corrupt(format!(
@@ -769,13 +781,16 @@ fn parse_record(
             rec[4], data.len
         )));
     }
-    Ok(OracleLocation {
-        server: 0,
-        region: rec[4] as u32,
-        data: *data,
-        offset,
-        layout,
-    })
+    Ok((
+        OracleLocation {
+            server: 0,
+            region: rec[4] as u32,
+            data: *data,
+            offset,
+            layout,
+        },
+        log,
+    ))
 }
 
 impl Catalog {
@@ -831,11 +846,12 @@ impl Catalog {
                     // Read again, after having seen `ready`: the record is complete
                     // by then, whatever order the first READ's bytes arrived in.
                     let rec = read_words(&mut conns[0], record_at(&c0, attempt), RECORD_WORDS)?;
-                    let oracle = parse_record(&rec, &servers, attempt, t)?;
+                    let (oracle, log) = parse_record(&rec, &servers, attempt, t)?;
                     check_members(conns, &servers)?;
                     return Ok(Catalog {
                         servers,
                         oracle,
+                        log,
                         token,
                         wait: options.wait,
                     });
@@ -875,10 +891,11 @@ impl Catalog {
                 let State::Init { attempt, .. } = next else {
                     unreachable!("only initializing states are claimed")
                 };
-                let oracle = Self::bootstrap(conns, &servers, options, attempt, token)?;
+                let (oracle, log) = Self::bootstrap(conns, &servers, options, attempt, token)?;
                 return Ok(Catalog {
                     servers,
                     oracle,
+                    log,
                     token,
                     wait: options.wait,
                 });
@@ -893,10 +910,23 @@ impl Catalog {
         options: &CatalogOptions,
         attempt: u64,
         token: u64,
-    ) -> Result<OracleLocation> {
+    ) -> Result<(OracleLocation, crate::commitlog::LogLocation)> {
         claim_members(conns, servers)?;
         let layout = Layout::new(options.oracle_bits, options.oracle_slots)?;
-        let space = allocate(conns, servers, 0, layout.region_bytes())?;
+        let area = options.log_bytes_per_slot;
+        if area < crate::commitlog::MIN_AREA_BYTES
+            || !area.is_multiple_of(1024)
+            || area >> 10 > u32::MAX as u64
+        {
+            return Err(CatalogError::Invalid(format!(
+                "a commit-log area of {area} bytes per slot: it must be a multiple of 1 KiB and at least {}",
+                crate::commitlog::MIN_AREA_BYTES
+            )));
+        }
+        let log_bytes = area * options.oracle_slots as u64;
+        let oracle_bytes = round_up(layout.region_bytes())
+            .ok_or_else(|| CatalogError::Invalid("the oracle is too large".into()))?;
+        let space = allocate(conns, servers, 0, oracle_bytes + log_bytes)?;
         write_words(&mut conns[0], space.data.at(space.offset), &layout.image())?;
         let record = [
             MAGIC,
@@ -906,7 +936,7 @@ impl Catalog {
             space.region as u64,
             space.offset,
             layout.bits(),
-            layout.slots() as u64,
+            layout.slots() as u64 | (area >> 10) << 32,
         ];
         let c0 = servers[0].catalog;
         let init = encode_state(State::Init { attempt, token });
@@ -922,17 +952,28 @@ impl Catalog {
         if old != init {
             return Err(CatalogError::BootstrapLost { attempt });
         }
-        Ok(OracleLocation {
-            server: 0,
-            region: space.region,
-            data: space.data,
-            offset: space.offset,
-            layout,
-        })
+        let log =
+            crate::commitlog::LogLocation::after_oracle(space.data, space.offset, &layout, area)
+                .map_err(CatalogError::Invalid)?;
+        Ok((
+            OracleLocation {
+                server: 0,
+                region: space.region,
+                data: space.data,
+                offset: space.offset,
+                layout,
+            },
+            log,
+        ))
     }
 
     pub fn oracle(&self) -> OracleLocation {
         self.oracle
+    }
+
+    /// Where the slots' commit-log areas are.
+    pub fn commit_log(&self) -> crate::commitlog::LogLocation {
+        self.log
     }
 
     pub fn servers(&self) -> &[ServerRegions] {
@@ -1425,6 +1466,7 @@ mod tests {
         CatalogOptions {
             oracle_bits: 4096,
             oracle_slots: 8,
+            log_bytes_per_slot: crate::commitlog::MIN_AREA_BYTES,
             ..CatalogOptions::default()
         }
     }
@@ -1492,8 +1534,12 @@ mod tests {
         assert!(catalogs.iter().all(|k| k.oracle() == oracle));
         let layout = Layout::new(4096, 8).unwrap();
         assert_eq!(oracle.layout, layout);
-        // Exactly one oracle was allocated: the cursor moved once, by its size.
-        assert_eq!(c.cursor(0, 0), round_up(layout.region_bytes()).unwrap());
+        // Exactly one oracle (and commit log) was allocated: the cursor moved once, by
+        // their size.
+        assert_eq!(
+            c.cursor(0, 0),
+            round_up(layout.region_bytes()).unwrap() + 8 * crate::commitlog::MIN_AREA_BYTES
+        );
         assert_eq!(c.cursor(1, 0), 0);
         for (i, w) in layout.image().iter().enumerate() {
             let at = oracle.offset + i as u64 * 8;
@@ -1739,37 +1785,42 @@ mod tests {
 
     #[test]
     fn allocation_runs_out_cleanly() {
-        // Two data regions of 4 KiB on server 1; server 0 holds the oracle.
-        let c = Cluster::new(2, 2, 4096);
+        // Two data regions of 64 KiB on server 1; server 0 holds the oracle and the
+        // commit log.
+        let c = Cluster::new(2, 2, 64 << 10);
         let mut conns = c.node();
         let cat = c.open(&mut conns).unwrap();
         let mut got = Vec::new();
         loop {
-            match cat.allocate(&mut conns, 1, 1000) {
+            match cat.allocate(&mut conns, 1, 16_000) {
                 Ok(a) => got.push(a),
                 Err(CatalogError::ServerFull {
                     server: 1,
-                    bytes: 1024,
+                    bytes: 16_000,
                     regions: 2,
                 }) => break,
                 Err(e) => panic!("{e}"),
             }
         }
-        assert_eq!(got.len(), 8, "four of 1024 in each 4096-byte region");
+        assert_eq!(
+            got.len(),
+            8,
+            "four of 16 000 (rounded to 16 000) in each 64 KiB region"
+        );
         assert_disjoint(
             got.iter()
                 .map(|a| (a.server, a.region, a.offset, a.offset + a.bytes))
                 .collect(),
         );
         assert!(got.iter().all(|a| a.offset.is_multiple_of(ALIGN)));
-        assert_eq!((c.cursor(1, 0), c.cursor(1, 1)), (4096, 4096));
-        let c = Cluster::new(1, 1, 8192);
+        assert_eq!((c.cursor(1, 0), c.cursor(1, 1)), (64_000, 64_000));
+        let c = Cluster::new(1, 1, 64 << 10);
         let mut conns = c.node();
         let cat = c.open(&mut conns).unwrap();
         // A request that does not fit leaves the cursor alone, so a smaller one fits.
         let before = c.cursor(0, 0);
         assert!(matches!(
-            cat.allocate(&mut conns, 0, 8192),
+            cat.allocate(&mut conns, 0, 64 << 10),
             Err(CatalogError::ServerFull { .. })
         ));
         assert_eq!(c.cursor(0, 0), before);
@@ -1916,7 +1967,7 @@ mod tests {
         cat0.store_u64(rec + 8, VERSION + 1).unwrap();
         assert!(matches!(
             c.open(&mut conns),
-            Err(CatalogError::VersionMismatch { found: 2, .. })
+            Err(CatalogError::VersionMismatch { found: 3, .. })
         ));
         cat0.store_u64(rec + 8, VERSION).unwrap();
         cat0.store_u64(rec, 42).unwrap();

@@ -30,6 +30,13 @@ pub enum TxnError {
     Invalid(String),
     #[error("the transaction already ended")]
     Ended,
+    /// This worker's oracle slot was fenced (its lease lapsed) while the transaction
+    /// committed: the commit was left to recovery, which rolls it forward if its log
+    /// record is complete and back otherwise. Its outcome is unknown to the caller.
+    #[error(
+        "commit {cid} abandoned: this worker's lease lapsed and its slot was fenced; recovery decides its outcome"
+    )]
+    Fenced { cid: u64 },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error(transparent)]

@@ -26,14 +26,20 @@
 //! # Ok::<(), txn::TxnError>(())
 //! ```
 //!
-//! Not implemented yet: the crash-atomic commit record and recovery of a dead node's
-//! locks, garbage collection of old versions and leaked blocks.
+//! - [`commitlog`]: the crash-atomic commit record; [`recovery`]: resolving a dead
+//!   node's locks from it; [`crash`]: crash points at every commit step for the chaos
+//!   harness.
+//!
+//! Not implemented yet: garbage collection of old versions and leaked blocks.
 
 pub mod catalog;
+pub mod commitlog;
 pub mod conn;
+pub mod crash;
 mod error;
 pub mod index;
 pub mod layout;
+pub mod recovery;
 pub mod runtime;
 mod store;
 mod transaction;
@@ -41,6 +47,7 @@ mod worker;
 
 pub use catalog::{Placement, ServerRegions, TableSpec};
 pub use error::{Result, TxnError};
+pub use recovery::{LockedRecord, RecoveryReport};
 pub use store::{Database, DeviceFactory, MemoryServerLink, Options, Partition, Table};
 pub use transaction::{AsyncTransaction, Suspended, Transaction};
 pub use worker::{Client, ClientStats, Worker};

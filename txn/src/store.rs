@@ -111,6 +111,9 @@ pub struct Options {
     /// Bytes of each in-flight transaction's registered buffer (reads land there and
     /// commit requests are staged there): bounds a transaction's write set.
     pub scratch_bytes: u64,
+    /// Bytes of each oracle slot's commit-log area, if this node sets the catalog up:
+    /// bounds the log records of a worker's commits in flight at once.
+    pub log_bytes_per_slot: u64,
 }
 
 impl Default for Options {
@@ -125,6 +128,7 @@ impl Default for Options {
             oracle: OracleConfig::default(),
             wait_visible: true,
             scratch_bytes: 256 << 10,
+            log_bytes_per_slot: crate::commitlog::DEFAULT_AREA_BYTES,
         }
     }
 }
@@ -140,6 +144,7 @@ impl std::fmt::Debug for Options {
             .field("oracle", &self.oracle)
             .field("wait_visible", &self.wait_visible)
             .field("scratch_bytes", &self.scratch_bytes)
+            .field("log_bytes_per_slot", &self.log_bytes_per_slot)
             .finish()
     }
 }
@@ -155,6 +160,8 @@ pub(crate) struct Shared {
     _admin_device: Arc<dyn Device>,
     /// Tables seen so far, by id.
     tables: Mutex<Vec<Option<Arc<Table>>>>,
+    /// Recoveries this process ran.
+    pub(crate) recoveries: Mutex<Vec<crate::recovery::RecoveryReport>>,
     /// Embedded servers' regions, kept registered for as long as the database lives.
     _keep: Vec<Region>,
 }
@@ -266,11 +273,12 @@ impl Database {
         for (link, _) in &servers {
             let cq = admin_device.create_cq(ADMIN_SEND_QUEUE * 2)?;
             let qp = link.connect(&admin_device, &cq, ADMIN_SEND_QUEUE)?;
+            // Big enough for recovery's scans, which use these connections too.
             admin.push(Conn::new(
                 admin_device.as_ref(),
                 qp,
                 cq,
-                crate::catalog::MIN_SCRATCH,
+                crate::recovery::SCRATCH,
             )?);
         }
         let (links, regions): (Vec<_>, Vec<_>) = servers.into_iter().unzip();
@@ -280,6 +288,7 @@ impl Database {
             &CatalogOptions {
                 oracle_bits: timestamp::DEFAULT_BITS,
                 oracle_slots: options.slots,
+                log_bytes_per_slot: options.log_bytes_per_slot,
                 wait: options.catalog_wait,
             },
         )?;
@@ -292,6 +301,7 @@ impl Database {
                 admin: Mutex::new(admin),
                 _admin_device: admin_device,
                 tables: Mutex::new(Vec::new()),
+                recoveries: Mutex::new(Vec::new()),
                 _keep: keep,
             }),
         })
@@ -375,6 +385,11 @@ impl Database {
             self.shared.catalog.tables(&mut admin)?
         };
         Ok(defs.into_iter().map(|d| self.remember(d)).collect())
+    }
+
+    /// The connections catalog work and recovery share (one per server).
+    pub(crate) fn recovery_conns(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+        lock(&self.shared.admin)
     }
 
     /// A new compute-side device.

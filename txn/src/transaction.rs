@@ -19,21 +19,29 @@
 //!   locked by CID, CAS the index slot from empty (losing the race is `DuplicateKey` for
 //!   [`AsyncTransaction::insert`], `Conflict` for a `put`). (4) Lock and validate every
 //!   updated record with one CAS each, one doorbell per memory server, expecting the
-//!   header read. (5) Install: per record a WRITE of the versions (new one at the head,
-//!   older ones shifted) and a CAS of the header from locked to `CID`, one doorbell per
-//!   server. (6) Mark CID committed, unsignaled, batched with the marks of the worker's
-//!   other coroutines. With `Options::wait_visible` (the default), commit then waits
-//!   until the oracle's prefix includes CID, so transactions that begin after it
-//!   returns see it.
+//!   header read. (5) The commit record ([`crate::commitlog`]): the CID and the write
+//!   set, one WRITE into the worker's slot's log ring on server 0; once it is complete
+//!   the transaction is committed, whatever happens to this node. (6) Install: per
+//!   record a WRITE of the versions (new one at the head, older ones shifted) and a CAS
+//!   of the header from locked to `CID`, one doorbell per server. (7) Mark CID
+//!   committed, unsignaled, batched with the marks of the worker's other coroutines.
+//!   With `Options::wait_visible` (the default), commit then waits until the oracle's
+//!   prefix includes CID, so transactions that begin after it returns see it.
+//! - **Under the lease.** Every step is posted only after checking that the worker
+//!   still holds its slot under a live lease (a clock read; a renewal when half the
+//!   lease has passed). A worker fenced meanwhile gives the commit up to recovery
+//!   ([`TxnError::Fenced`]: posts nothing more, releases nothing), which rolls it
+//!   forward if its record is complete and back otherwise ([`crate::recovery`]).
 //! - **Abort** (in commit, or [`AsyncTransaction::abort`]): every lock taken is released
 //!   with CAS to the header it replaced; a new block (published or not) becomes a
 //!   tombstone at CID 0 and is unlocked (a published one is reused by a later insert of
 //!   the key); the CID is still marked (aborted), or the prefix would stall.
 //!
-//! Not implemented yet: the crash-atomic commit record (DESIGN.md step 3) and recovery
-//! of a dead node's locks (a reader blocked by a lock for over a second gets
-//! `Conflict`).
+//! A reader blocked by a lock for over a second gets `Conflict`; a dead holder's locks
+//! are resolved by recovery once its slot is fenced.
 
+use crate::commitlog::{self, EntryKind, EntryRef};
+use crate::crash::{self, CrashPoint};
 use crate::error::{Result, TxnError};
 use crate::index::{Lookup, RemoteIndex};
 use crate::layout::{
@@ -41,7 +49,7 @@ use crate::layout::{
 };
 use crate::runtime::{block_on, yield_now};
 use crate::store::Table;
-use crate::worker::Worker;
+use crate::worker::{Epoch, Worker};
 use fabric::{Region, SendWr};
 use smallvec::SmallVec;
 use std::collections::{BTreeMap, HashMap};
@@ -196,6 +204,13 @@ impl Area {
     }
 }
 
+/// Which commit a step belongs to: its CID and the slot holding it ran under.
+#[derive(Clone, Copy)]
+struct Step {
+    cid: u64,
+    epoch: Epoch,
+}
+
 /// Work requests for several memory servers, posted one doorbell per server and
 /// awaited together.
 struct Batches<'a> {
@@ -220,6 +235,20 @@ impl<'a> Batches<'a> {
         let Some(&first) = self.servers.first() else {
             return Ok(());
         };
+        self.post_all(worker, first).await
+    }
+
+    /// [`Batches::run`] for a commit step: posted only while the worker still holds
+    /// the commit's epoch under a live lease.
+    async fn run_step(&self, worker: &Worker, step: Step) -> Result<()> {
+        let Some(&first) = self.servers.first() else {
+            return Ok(());
+        };
+        worker.check_epoch(step.epoch, step.cid)?;
+        self.post_all(worker, first).await
+    }
+
+    async fn post_all(&self, worker: &Worker, first: usize) -> Result<()> {
         if self.servers.iter().all(|&s| s == first) {
             return Ok(worker.conn(first).run(&self.wrs).await?);
         }
@@ -673,21 +702,47 @@ impl<'w> AsyncTransaction<'w> {
                 });
             }
         }
-        let cid = worker.commit_timestamp()?;
+        let (cid, epoch) = worker.commit_timestamp()?;
+        let step = Step { cid, epoch };
         let mut held = Held::default();
         let parts = self
             .st
             .parts
             .take()
             .expect("a live transaction has its parts");
-        let result = run_commit(worker, &parts, cid, &mut held).await;
+        let result = run_commit(worker, &parts, step, &mut held).await;
+        if let Some(at) = held.log_at {
+            worker.log_finished(epoch, at);
+        }
         let outcome = match result {
             Ok(()) => {
+                crash::point(CrashPoint::AfterInstall);
                 worker.decide(cid, Outcome::Committed);
                 worker.count(|s| s.committed += 1);
                 Ok(Some(cid))
             }
+            Err(e @ TxnError::Fenced { .. }) => {
+                // The slot is fenced: its fencer decided the timestamp and recovery
+                // owns the locks, so nothing of ours may be posted any more.
+                worker.count(|s| s.abandoned += 1);
+                Err(e)
+            }
+            Err(e) if held.logged => {
+                // The log record is complete: the transaction is committed, and what
+                // it still locks is rolled forward by recovery, never released here.
+                worker.decide(cid, Outcome::Committed);
+                worker.count(|s| s.committed += 1);
+                Err(e)
+            }
             Err(e) => {
+                // Only a holder still under its lease may release: after a fence the
+                // locks are recovery's, and a late tombstone could clobber a block that
+                // recovery freed and a later insert reused.
+                if let Err(fenced) = worker.check_epoch(epoch, cid) {
+                    worker.count(|s| s.abandoned += 1);
+                    worker.return_parts(parts);
+                    return Err(fenced);
+                }
                 let released = release(worker, &parts, cid, &held).await;
                 worker.decide(cid, Outcome::Aborted);
                 worker.count(|s| {
@@ -963,14 +1018,21 @@ struct Held {
     /// New blocks this commit wrote locked (published in the index or not): (table,
     /// partition, addr).
     created: Vec<(Arc<Table>, usize, u64)>,
+    /// Where the commit's log record is in the worker's ring, once placed.
+    log_at: Option<u64>,
+    /// The log record is complete: the transaction is committed whatever happens next.
+    logged: bool,
 }
 
-async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> Result<()> {
+async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) -> Result<()> {
+    let cid = step.cid;
     let buffer = &st.buffer;
     let locked = Header::locked_by(cid).encode();
     let seen = |w: &Write| st.seen_of(w.table.id, w.key);
     // New records: allocate (one FETCH_ADD per record, one doorbell per server), write
     // the blocks locked (one doorbell per server), publish them in the index.
+    // What the log record says of the new blocks: (table, partition, key, addr).
+    let mut logged_inserts: SmallVec<[(u32, usize, u64, u64); 4]> = SmallVec::new();
     let inserts: Vec<&Write> = st
         .writes
         .iter()
@@ -990,7 +1052,7 @@ async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> R
             );
             counters.push((part, at));
         }
-        batches.run(worker).await?;
+        batches.run_step(worker, step).await?;
         let mut batches = Batches::new();
         let mut placed = Vec::with_capacity(inserts.len());
         for (w, &(part, at)) in inserts.iter().zip(&counters) {
@@ -1014,13 +1076,16 @@ async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> R
             );
             placed.push((part, addr));
         }
-        batches.run(worker).await?;
         for (w, &(part, addr)) in inserts.iter().zip(&placed) {
             held.created.push((w.table.clone(), part, addr));
+            logged_inserts.push((w.table.id, part, w.key, addr));
         }
+        batches.run_step(worker, step).await?;
+        crash::point(CrashPoint::AfterInsertBlocks);
         let index_at = area.take(0)?;
         for (w, &(part, addr)) in inserts.iter().zip(&placed) {
             let p = &w.table.partitions[part];
+            worker.check_epoch(step.epoch, cid)?;
             match p
                 .index
                 .insert(worker.conn(p.server), buffer, index_at, w.key, addr)
@@ -1044,6 +1109,7 @@ async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> R
                 Err(e) => return Err(e.into()),
             }
         }
+        crash::point(CrashPoint::AfterIndex);
     }
     // Lock and validate the updated records: one CAS each, one doorbell per server.
     let mut area = Area::new(buffer);
@@ -1075,7 +1141,7 @@ async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> R
                 ),
             );
         }
-        batches.run(worker).await?;
+        batches.run_step(worker, step).await?;
         let mut conflict = None;
         for (wi, w, _, _, block, res) in &updates {
             if buffer.load_u64(*res)? == block.0.encode() {
@@ -1092,8 +1158,58 @@ async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> R
             });
         }
     }
-    // Install: WRITE the versions and CAS-unlock, one doorbell per server.
+    crash::point(CrashPoint::AfterLock);
+    // The commit record, before any install: from here the transaction is committed.
+    let entries: Vec<EntryRef<'_>> = logged_inserts
+        .iter()
+        .map(|&(table, part, key, addr)| EntryRef {
+            table,
+            part,
+            kind: EntryKind::Insert,
+            key,
+            addr,
+            value: &[],
+        })
+        .chain(updates.iter().map(|(_, w, part, addr, _, _)| EntryRef {
+            table: w.table.id,
+            part: *part,
+            kind: if w.value.is_some() {
+                EntryKind::Update
+            } else {
+                EntryKind::Delete
+            },
+            key: w.key,
+            addr: *addr,
+            value: w.value.as_deref().unwrap_or(&[]),
+        }))
+        .collect();
+    let record = commitlog::encode(cid, &entries);
+    let (log_at, remote) = loop {
+        match worker.log_place(step.epoch, cid, record.len() as u64)? {
+            Some(placed) => break placed,
+            None => yield_now().await,
+        }
+    };
+    held.log_at = Some(log_at);
+    let staged = area.take(record.len() as u64)?;
+    buffer.write(staged, &record)?;
     let mut batches = Batches::new();
+    batches.push(
+        commitlog::SERVER,
+        SendWr::write(0, buffer.buf(staged, record.len() as u32), remote),
+    );
+    batches.run_step(worker, step).await?;
+    held.logged = true;
+    crash::point(CrashPoint::AfterLog);
+    // Install: WRITE the versions and CAS-unlock, one doorbell per server. With crash
+    // points armed, in two halves, so a crash can land between them.
+    let split = if crash::armed() {
+        (updates.len() + held.created.len()) / 2
+    } else {
+        usize::MAX
+    };
+    let mut halves = [Batches::new(), Batches::new()];
+    let mut installed = 0;
     let mut results: SmallVec<[_; 4]> = SmallVec::new();
     let unlock = |batches: &mut Batches<'_>, p: &crate::store::Partition, addr: u64, res: u64| {
         batches.push(
@@ -1115,6 +1231,8 @@ async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> R
         let at = area.take(bytes.len() as u64)?;
         buffer.write(at, &bytes)?;
         let res = area.take(8)?;
+        let batches = &mut halves[usize::from(installed >= split)];
+        installed += 1;
         batches.push(
             p.server,
             SendWr::write(
@@ -1123,16 +1241,20 @@ async fn run_commit(worker: &Worker, st: &Parts, cid: u64, held: &mut Held) -> R
                 p.data.at(addr + VERSIONS_OFFSET),
             ),
         );
-        unlock(&mut batches, p, *addr, res);
+        unlock(batches, p, *addr, res);
         results.push((*addr, res));
     }
     for (table, part, addr) in &held.created {
         let p = &table.partitions[*part];
         let res = area.take(8)?;
-        unlock(&mut batches, p, *addr, res);
+        let batches = &mut halves[usize::from(installed >= split)];
+        installed += 1;
+        unlock(batches, p, *addr, res);
         results.push((*addr, res));
     }
-    batches.run(worker).await?;
+    halves[0].run_step(worker, step).await?;
+    crash::point(CrashPoint::MidInstall);
+    halves[1].run_step(worker, step).await?;
     // From here the commit is visible to readers; it must be marked committed.
     held.locked.clear();
     held.created.clear();

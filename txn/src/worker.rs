@@ -21,7 +21,7 @@ use crate::index::IndexCache;
 use crate::runtime::{self, yield_now};
 use crate::store::Database;
 use crate::transaction::{AsyncTransaction, Parts, Suspended, Transaction};
-use fabric::{Access, Device};
+use fabric::{Access, Device, SendWr};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
@@ -49,6 +49,10 @@ pub struct ClientStats {
     pub conflicts: u64,
     pub duplicate_keys: u64,
     pub too_old: u64,
+    /// Dead holders' commits this worker resolved after fencing their slots.
+    pub recoveries: u64,
+    /// Commits given up to recovery because this worker's slot was fenced under them.
+    pub abandoned: u64,
     /// Times the oracle slot was fenced (idle past the lease timeout) and re-taken.
     pub rejoins: u64,
     /// Oracle reads for read timestamps (shared by the coroutines that needed them).
@@ -87,6 +91,22 @@ pub struct Worker {
     rids: RefCell<RidState>,
     /// Oracle reads in a row that did not reach what their reader waited for.
     idle_reads: Cell<u64>,
+    /// This worker's place in its slot's commit log.
+    log: RefCell<SlotLog>,
+}
+
+/// Which slot (and which holding of it) a worker's commits log under, and where.
+struct SlotLog {
+    epoch: Epoch,
+    ring: crate::commitlog::Ring,
+}
+
+/// One holding of an oracle slot: the slot and the lease tag of its claim. A commit
+/// posts its steps only while the worker's epoch is still the one it began under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Epoch {
+    pub(crate) slot: u32,
+    pub(crate) tag: u16,
 }
 
 impl Worker {
@@ -115,6 +135,12 @@ impl Worker {
             shared.options.oracle.clone(),
             SystemClock::shared(),
         )?;
+        let epoch = Epoch {
+            slot: slot.slot(),
+            tag: slot.held_lease().tag,
+        };
+        db.adopt_slot(epoch.slot, epoch.tag)?;
+        let ring = crate::commitlog::Ring::new(shared.catalog.commit_log().ring_bytes());
         Ok(Worker {
             db: db.clone(),
             device,
@@ -126,6 +152,7 @@ impl Worker {
             marks: RefCell::new(Vec::new()),
             rids: RefCell::new(RidState::default()),
             idle_reads: Cell::new(0),
+            log: RefCell::new(SlotLog { epoch, ring }),
         })
     }
 
@@ -192,28 +219,119 @@ impl Worker {
 
     /// Keeps the oracle slot moving (skips unused timestamps, renews the lease); a slot
     /// fenced meanwhile is re-taken.
+    ///
+    /// A tick that fences another node's slot resolves that holder's commits
+    /// ([`crate::recovery`]) before it returns.
     pub fn tick(&self) -> Result<()> {
         match self.slot.tick() {
-            Ok(_) => Ok(()),
-            Err(timestamp::OracleError::Fenced { .. }) => {
-                self.slot.rejoin()?;
-                self.count(|s| s.rejoins += 1);
+            Ok(report) => {
+                if let (Some(slot), Some(fenced)) = (report.fenced, report.fenced_lease) {
+                    self.resolve_fenced(slot, fenced)?;
+                }
                 Ok(())
             }
+            Err(timestamp::OracleError::Fenced { .. }) => self.rejoin(),
             Err(e) => Err(e.into()),
         }
     }
 
+    /// Resolves the work of the holder of `slot` that a fence just ended (the fence
+    /// bumped the holder's tag once, to `fenced.tag`).
+    fn resolve_fenced(&self, slot: u32, fenced: timestamp::Lease) -> Result<()> {
+        let log = self.db.shared.catalog.commit_log();
+        let word = {
+            let mut conns = self.db.recovery_conns();
+            let conn = &mut conns[crate::commitlog::SERVER];
+            let local = conn.scratch().buf(0, 8);
+            conn.run(&mut [SendWr::read(0, local, log.guard(slot))])?;
+            conn.scratch().load_u64(0)?
+        };
+        if let crate::commitlog::Guard::Active { tag } = crate::commitlog::Guard::decode(word)?
+            && (timestamp::Lease { tag, ..fenced }).next_tag() == fenced.tag
+            && self.db.resolve_holder(slot, tag)?.is_some()
+        {
+            self.count(|s| s.recoveries += 1);
+        }
+        Ok(())
+    }
+
+    /// Claims a slot again after ours was fenced, and takes its commit log over
+    /// (resolving its previous holder first if need be). Commits in flight under the
+    /// old slot fail their next step with [`TxnError::Fenced`].
+    fn rejoin(&self) -> Result<()> {
+        self.slot.rejoin()?;
+        self.count(|s| s.rejoins += 1);
+        let epoch = Epoch {
+            slot: self.slot.slot(),
+            tag: self.slot.held_lease().tag,
+        };
+        self.db.adopt_slot(epoch.slot, epoch.tag)?;
+        let ring = crate::commitlog::Ring::new(self.db.shared.catalog.commit_log().ring_bytes());
+        *self.log.borrow_mut() = SlotLog { epoch, ring };
+        Ok(())
+    }
+
     /// A commit timestamp of this worker's slot (no communication, except now and
-    /// then to renew the lease or raise the slot's reservation).
-    pub(crate) fn commit_timestamp(&self) -> Result<u64> {
-        match self.slot.acquire_commit_ts(1000) {
+    /// then to renew the lease or raise the slot's reservation), and the epoch the
+    /// commit runs under.
+    pub(crate) fn commit_timestamp(&self) -> Result<(u64, Epoch)> {
+        let cid = match self.slot.acquire_commit_ts(1000) {
             Err(timestamp::OracleError::Fenced { .. }) => {
-                self.slot.rejoin()?;
-                self.count(|s| s.rejoins += 1);
-                Ok(self.slot.acquire_commit_ts(1000)?)
+                self.rejoin()?;
+                self.slot.acquire_commit_ts(1000)?
             }
-            other => Ok(other?),
+            other => other?,
+        };
+        Ok((cid, self.log.borrow().epoch))
+    }
+
+    /// Fails with [`TxnError::Fenced`] unless this worker still holds `epoch` under a
+    /// live lease (renewing it if half its time has passed): every commit step checks
+    /// this right before it posts, so nothing is posted after a fence.
+    pub(crate) fn check_epoch(&self, epoch: Epoch, cid: u64) -> Result<()> {
+        match self.slot.ensure_lease() {
+            Ok(()) => {}
+            Err(timestamp::OracleError::Fenced { .. } | timestamp::OracleError::Released) => {
+                return Err(TxnError::Fenced { cid });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if self.log.borrow().epoch != epoch {
+            return Err(TxnError::Fenced { cid });
+        }
+        Ok(())
+    }
+
+    /// Room for a log record of `len` bytes in the ring of `epoch`: its position and
+    /// remote address, or `None` while older commits of this worker still need theirs.
+    pub(crate) fn log_place(
+        &self,
+        epoch: Epoch,
+        cid: u64,
+        len: u64,
+    ) -> Result<Option<(u64, fabric::RemoteAddr)>> {
+        let mut log = self.log.borrow_mut();
+        if log.epoch != epoch {
+            return Err(TxnError::Fenced { cid });
+        }
+        let Some(at) = log.ring.place(len)? else {
+            return Ok(None);
+        };
+        let ring = self.db.shared.catalog.commit_log().ring(epoch.slot);
+        Ok(Some((
+            at,
+            fabric::RemoteAddr {
+                offset: ring.offset + log.ring.offset(at),
+                ..ring
+            },
+        )))
+    }
+
+    /// The commit whose record is at `at` of `epoch`'s ring has finished with it.
+    pub(crate) fn log_finished(&self, epoch: Epoch, at: u64) {
+        let mut log = self.log.borrow_mut();
+        if log.epoch == epoch {
+            log.ring.finished(at);
         }
     }
 
@@ -353,6 +471,10 @@ impl Drop for Worker {
         // Every handed-out timestamp must be decided before the slot is freed for
         // others to skip.
         let _ = self.flush_marks();
+        let epoch = self.log.borrow().epoch;
+        if self.slot.is_active() {
+            let _ = self.db.leave_slot(epoch.slot, epoch.tag);
+        }
         let _ = self.slot.release();
     }
 }

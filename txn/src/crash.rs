@@ -1,0 +1,181 @@
+//! Crash points: the process dies (`abort`) in the middle of a commit step, so the
+//! chaos harness can show that every step is recoverable.
+//!
+//! Armed from a spec (`NAMDB_CRASH=after-lock:0.01,mid-install:0.002`, or `all:P`),
+//! each point fires with its probability every time a commit passes it. Unarmed, a
+//! point costs one relaxed load; our own few lines rather than the `fail` crate, whose
+//! evaluation takes a lock on every pass and this sits on every commit.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// The commit steps, in order; names as in a spec.
+pub const POINTS: &[&str] = &[
+    "after-insert-blocks",
+    "after-index",
+    "after-lock",
+    "after-log",
+    "mid-install",
+    "after-install",
+];
+
+/// A commit step at which a crash can be injected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// New blocks are written, locked, but not yet in the index.
+    AfterInsertBlocks = 0,
+    /// New blocks are in the index, updated records not yet locked.
+    AfterIndex = 1,
+    /// Every record is locked and validated; no log record yet.
+    AfterLock = 2,
+    /// The log record is complete (the transaction is committed); nothing installed.
+    AfterLog = 3,
+    /// Some installs are posted, not all.
+    MidInstall = 4,
+    /// Everything is installed and unlocked; the timestamp is not decided yet.
+    AfterInstall = 5,
+}
+
+static ARMED: AtomicBool = AtomicBool::new(false);
+/// Per point: the probability scaled to `u64::MAX` (0 = never).
+static THRESHOLDS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+static RNG: AtomicU64 = AtomicU64::new(0x853c_49e6_748f_ea9b);
+/// For in-process tests: the thread (an id of ours, not 0) whose next pass of the
+/// armed point panics instead of aborting the process.
+static PANIC_THREAD: AtomicU64 = AtomicU64::new(0);
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Arms the points of `spec` (`POINT:PROBABILITY,…`, POINT a name of [`POINTS`] or
+/// `all`, PROBABILITY in 0..=1). An empty spec arms nothing.
+pub fn arm(spec: &str) -> Result<(), String> {
+    let mut thresholds = [0u64; 6];
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, p) = part
+            .split_once(':')
+            .ok_or_else(|| format!("crash point `{part}`: expected POINT:PROBABILITY"))?;
+        let p: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("crash point `{part}`: `{p}` is not a probability"))?;
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!(
+                "crash point `{part}`: the probability must be in 0..=1"
+            ));
+        }
+        let threshold = (p * u64::MAX as f64) as u64;
+        match name.trim() {
+            "all" => thresholds = [threshold; 6],
+            n => {
+                let i = POINTS.iter().position(|&x| x == n).ok_or_else(|| {
+                    format!(
+                        "unknown crash point `{n}`; the points are {} and all",
+                        POINTS.join(", ")
+                    )
+                })?;
+                thresholds[i] = threshold;
+            }
+        }
+    }
+    for (cell, t) in THRESHOLDS.iter().zip(thresholds) {
+        cell.store(t, Ordering::Relaxed);
+    }
+    let seed = std::process::id() as u64
+        ^ std::time::UNIX_EPOCH
+            .elapsed()
+            .map_or(0, |d| d.as_nanos() as u64);
+    RNG.store(seed | 1, Ordering::Relaxed);
+    ARMED.store(thresholds.iter().any(|&t| t > 0), Ordering::Relaxed);
+    Ok(())
+}
+
+/// Arms the points of the environment variable `NAMDB_CRASH`, if set.
+pub fn arm_from_env() -> Result<(), String> {
+    match std::env::var("NAMDB_CRASH") {
+        Ok(spec) => arm(&spec).map_err(|e| format!("NAMDB_CRASH: {e}")),
+        Err(std::env::VarError::NotPresent) => Ok(()),
+        Err(e) => Err(format!("NAMDB_CRASH: {e}")),
+    }
+}
+
+/// Whether any point is armed (commits then split their installs in two, so a crash
+/// can land between the halves).
+#[inline]
+pub(crate) fn armed() -> bool {
+    ARMED.load(Ordering::Relaxed)
+}
+
+/// Dies here if `point` is armed and its draw says so.
+#[inline]
+pub(crate) fn point(point: CrashPoint) {
+    if ARMED.load(Ordering::Relaxed) {
+        maybe_die(point);
+    }
+}
+
+/// For in-process tests of recovery: the calling thread's next commit to pass `name`
+/// panics there (once), as if its node died at that step; other threads are not
+/// affected. Catch the panic and leak the worker, as a dead process would.
+pub fn panic_at_on_this_thread(name: &str) -> Result<(), String> {
+    let i = POINTS
+        .iter()
+        .position(|&x| x == name)
+        .ok_or_else(|| format!("unknown crash point `{name}`"))?;
+    for (j, cell) in THRESHOLDS.iter().enumerate() {
+        cell.store(if j == i { u64::MAX } else { 0 }, Ordering::Relaxed);
+    }
+    PANIC_THREAD.store(THREAD.with(|t| *t), Ordering::Relaxed);
+    ARMED.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+#[cold]
+fn maybe_die(point: CrashPoint) {
+    let panic_thread = PANIC_THREAD.load(Ordering::Relaxed);
+    if panic_thread != 0 {
+        if THREAD.with(|t| *t) == panic_thread
+            && THRESHOLDS[point as usize].load(Ordering::Relaxed) > 0
+        {
+            ARMED.store(false, Ordering::Relaxed);
+            PANIC_THREAD.store(0, Ordering::Relaxed);
+            panic!("crash point {} (test)", POINTS[point as usize]);
+        }
+        return;
+    }
+    let threshold = THRESHOLDS[point as usize].load(Ordering::Relaxed);
+    // xorshift; races between threads only make the draws less independent.
+    let mut x = RNG.load(Ordering::Relaxed);
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    RNG.store(x, Ordering::Relaxed);
+    if x < threshold {
+        eprintln!(
+            "namdb: crash point {} fired (NAMDB_CRASH); aborting the process",
+            POINTS[point as usize]
+        );
+        std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_bad_ones_are_clear_errors() {
+        assert!(arm("").is_ok());
+        assert!(!ARMED.load(Ordering::Relaxed));
+        assert!(arm("after-lock:0, mid-install:0").is_ok());
+        assert!(!ARMED.load(Ordering::Relaxed));
+        let e = arm("after-lok:0.5").unwrap_err();
+        assert!(e.contains("unknown crash point `after-lok`"), "{e}");
+        assert!(arm("after-lock").unwrap_err().contains("POINT:PROBABILITY"));
+        assert!(arm("after-lock:2").unwrap_err().contains("0..=1"));
+        assert!(arm("all:x").unwrap_err().contains("not a probability"));
+        // Never armed with a positive probability here: a test process must not die.
+        assert!(!ARMED.load(Ordering::Relaxed));
+    }
+}

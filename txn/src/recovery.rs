@@ -1,0 +1,411 @@
+//! Recovery of a dead compute node's commits (DESIGN.md, "Data layout": a locked header
+//! names its holder, so a dead node's locks can be found and resolved).
+//!
+//! A worker holds an oracle slot under a lease. When the lease lapses, another node's
+//! tick fences the slot (the `timestamp` crate) and this module resolves what the
+//! holder left: it reads the slot's commit-log ring, then scans every table for
+//! headers locked by a CID of that slot (CIDs of slot s are ≡ s mod S). A lock whose
+//! CID has a complete log record belongs to a committed transaction and is rolled
+//! forward (the logged value installed unless it already is, then unlocked at the
+//! CID); any other lock is released (an updated record gets its header back, a block
+//! the commit created becomes a tombstone at CID 0, as the abort path does). The
+//! fence already decided the slot's undecided timestamps, so the prefix moves on;
+//! readers wait for the locks meanwhile, as they would for a slow install.
+//!
+//! The log ring is read before the scan: the slot's next holder overwrites it only
+//! after recovery ended (the guard word, see [`crate::commitlog`]), and a lock found
+//! after that point cannot belong to the dead holder. Exactly one node resolves a
+//! holder (CAS of the guard to `recovering`); one that stalls (its own lease lapsed)
+//! is taken over after [`TAKEOVER`].
+//!
+//! The dead holder must not post anything after its lease lapsed: the commit path
+//! checks the lease (a clock read) before posting each step, the lease assumption the
+//! oracle makes too. A process stopped for longer than the lease between that check
+//! and its doorbell breaks it; memory-side fencing (the memory server moving the dead
+//! node's queue pairs to the error state) would close that window and is not built.
+
+use crate::commitlog::{self, EntryKind, Guard, LogRecord};
+use crate::conn::Conn;
+use crate::error::{Result, TxnError};
+use crate::layout::{self, Header, VERSIONS_OFFSET, Version};
+use crate::store::{Database, Table, lock};
+use fabric::{RemoteAddr, SendWr};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long a recovery may stall (its guard word unchanged) before another node takes
+/// it over.
+pub const TAKEOVER: Duration = Duration::from_secs(5);
+/// Bytes of the scratch region recovery reads through.
+pub(crate) const SCRATCH: u64 = 1 << 20;
+
+/// What one recovery did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub slot: u32,
+    /// The lease tag of the holder whose work was resolved.
+    pub holder_tag: u16,
+    /// Locks of committed transactions, installed and released.
+    pub rolled_forward: u64,
+    /// Locks of transactions that had not committed, released.
+    pub rolled_back: u64,
+    pub blocks_scanned: u64,
+    /// Complete records found in the slot's log ring.
+    pub log_records: u64,
+    pub took: Duration,
+    pub finished_at: SystemTime,
+}
+
+/// A record left locked (see [`Database::locked_records`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockedRecord {
+    pub table: String,
+    pub key: u64,
+    /// The CID of the lock's holder.
+    pub cid: u64,
+}
+
+/// A fresh nonzero id for the `by` field of a guard.
+pub(crate) fn nonce() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (h.finish() as u32) | 1
+}
+
+impl Database {
+    /// Every record of every table whose header is locked. Once all commits ended and
+    /// every dead node's work was resolved, there are none.
+    pub fn locked_records(&self) -> Result<Vec<LockedRecord>> {
+        let tables = self.tables()?;
+        let mut conns = self.recovery_conns();
+        let mut found = Vec::new();
+        for table in &tables {
+            for part in 0..table.partitions.len() {
+                scan_headers(&mut conns, table, part, &mut |_, word, raw| {
+                    let h = Header::decode(word);
+                    if h.locked {
+                        found.push(LockedRecord {
+                            table: table.name.clone(),
+                            key: u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes")),
+                            cid: h.cid,
+                        });
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(found)
+    }
+
+    /// The recoveries this process ran, oldest first.
+    pub fn recoveries(&self) -> Vec<RecoveryReport> {
+        lock(&self.shared.recoveries).clone()
+    }
+
+    /// Resolves the work of the holder of `slot` whose lease tag is `holder_tag`, if
+    /// its guard still says it is active: what a fencer does. Returns `None` when
+    /// another node resolves it or did already.
+    pub(crate) fn resolve_holder(
+        &self,
+        slot: u32,
+        holder_tag: u16,
+    ) -> Result<Option<RecoveryReport>> {
+        let by = nonce();
+        let active = Guard::Active { tag: holder_tag }.encode();
+        let recovering = Guard::Recovering {
+            tag: holder_tag,
+            by,
+        };
+        let log = self.shared.catalog.commit_log();
+        let tables = self.tables()?;
+        let mut conns = self.recovery_conns();
+        if cas(
+            &mut conns[commitlog::SERVER],
+            log.guard(slot),
+            active,
+            recovering.encode(),
+        )? != active
+        {
+            return Ok(None);
+        }
+        let report = recover(self, &tables, &mut conns, slot, holder_tag)?;
+        cas(
+            &mut conns[commitlog::SERVER],
+            log.guard(slot),
+            recovering.encode(),
+            Guard::Clean { tag: holder_tag }.encode(),
+        )?;
+        drop(conns);
+        lock(&self.shared.recoveries).push(report.clone());
+        Ok(Some(report))
+    }
+
+    /// Makes slot `slot`'s log ours (holder `tag`, just claimed): resolves a previous
+    /// holder that did not end cleanly (or waits for the node resolving it), then
+    /// marks the guard active for us.
+    pub(crate) fn adopt_slot(&self, slot: u32, tag: u16) -> Result<()> {
+        let log = self.shared.catalog.commit_log();
+        let guard = log.guard(slot);
+        let mut watching: Option<(u64, Instant)> = None;
+        loop {
+            let word = {
+                let mut conns = self.recovery_conns();
+                read_word(&mut conns[commitlog::SERVER], guard)?
+            };
+            match Guard::decode(word)? {
+                Guard::Active { tag: t } if t == tag => return Ok(()),
+                Guard::Clean { .. } => {
+                    let mut conns = self.recovery_conns();
+                    let mine = Guard::Active { tag }.encode();
+                    if cas(&mut conns[commitlog::SERVER], guard, word, mine)? == word {
+                        return Ok(());
+                    }
+                }
+                Guard::Active { tag: t } => {
+                    self.resolve_holder(slot, t)?;
+                }
+                Guard::Recovering { tag: t, .. } => match watching {
+                    Some((w, since)) if w == word && since.elapsed() >= TAKEOVER => {
+                        let by = nonce();
+                        let mine = Guard::Recovering { tag: t, by };
+                        let tables = self.tables()?;
+                        let mut conns = self.recovery_conns();
+                        if cas(&mut conns[commitlog::SERVER], guard, word, mine.encode())? == word {
+                            let report = recover(self, &tables, &mut conns, slot, t)?;
+                            cas(
+                                &mut conns[commitlog::SERVER],
+                                guard,
+                                mine.encode(),
+                                Guard::Clean { tag: t }.encode(),
+                            )?;
+                            drop(conns);
+                            lock(&self.shared.recoveries).push(report);
+                        }
+                    }
+                    Some((w, _)) if w == word => std::thread::sleep(Duration::from_millis(1)),
+                    _ => watching = Some((word, Instant::now())),
+                },
+            }
+        }
+    }
+
+    /// Marks slot `slot`'s log clean on a worker's orderly exit (no commit in flight).
+    pub(crate) fn leave_slot(&self, slot: u32, tag: u16) -> Result<()> {
+        let log = self.shared.catalog.commit_log();
+        let mut conns = self.recovery_conns();
+        cas(
+            &mut conns[commitlog::SERVER],
+            log.guard(slot),
+            Guard::Active { tag }.encode(),
+            Guard::Clean { tag }.encode(),
+        )?;
+        Ok(())
+    }
+}
+
+/// Resolves every lock held by a CID of `slot` (see the module doc).
+fn recover(
+    db: &Database,
+    tables: &[Arc<Table>],
+    conns: &mut [Conn],
+    slot: u32,
+    holder_tag: u16,
+) -> Result<RecoveryReport> {
+    let started = Instant::now();
+    let log = db.shared.catalog.commit_log();
+    let slots = db.shared.catalog.oracle().layout.slots() as u64;
+    let ring = read_bytes(
+        &mut conns[commitlog::SERVER],
+        log.ring(slot),
+        log.ring_bytes(),
+    )?;
+    let records = commitlog::parse_ring(&ring);
+    let mut report = RecoveryReport {
+        slot,
+        holder_tag,
+        rolled_forward: 0,
+        rolled_back: 0,
+        blocks_scanned: 0,
+        log_records: records.len() as u64,
+        took: Duration::ZERO,
+        finished_at: SystemTime::now(),
+    };
+    for table in tables {
+        for part in 0..table.partitions.len() {
+            let mut held = Vec::new();
+            report.blocks_scanned += scan_headers(conns, table, part, &mut |addr, word, raw| {
+                let h = Header::decode(word);
+                if h.locked && h.cid % slots == slot as u64 {
+                    held.push((addr, h.cid, raw.to_vec()));
+                }
+                Ok(())
+            })?;
+            for (addr, cid, raw) in held {
+                if resolve(conns, table, part, addr, cid, &raw, records.get(&cid))? {
+                    report.rolled_forward += 1;
+                } else {
+                    report.rolled_back += 1;
+                }
+            }
+        }
+    }
+    report.took = started.elapsed();
+    report.finished_at = SystemTime::now();
+    tracing_free_note(&report);
+    Ok(report)
+}
+
+/// A line on stderr per recovery that did something: operators want to know.
+fn tracing_free_note(r: &RecoveryReport) {
+    if r.rolled_forward + r.rolled_back > 0 {
+        eprintln!(
+            "namdb: recovered oracle slot {} (holder tag {}): {} locks rolled forward, {} released, {} blocks scanned in {:?}",
+            r.slot, r.holder_tag, r.rolled_forward, r.rolled_back, r.blocks_scanned, r.took
+        );
+    }
+}
+
+/// Resolves one lock held by `cid` on block `addr` (bytes `raw` as read, locked):
+/// rolled forward (`true`) if `record` commits it, else released.
+fn resolve(
+    conns: &mut [Conn],
+    table: &Arc<Table>,
+    part: usize,
+    addr: u64,
+    cid: u64,
+    raw: &[u8],
+    record: Option<&LogRecord>,
+) -> Result<bool> {
+    let p = &table.partitions[part];
+    let conn = &mut conns[p.server];
+    let shape = table.shape;
+    let block = layout::decode(raw, shape)?;
+    let newest = block.versions.first().map_or(0, |v| v.cid);
+    let locked = Header::locked_by(cid).encode();
+    let header_at = p.data.at(addr);
+    let versions_at = p.data.at(addr + VERSIONS_OFFSET);
+    let versions_len = (shape.block_bytes() - VERSIONS_OFFSET) as usize;
+    match record {
+        Some(record) => {
+            let entry = record.entry(table.id, part, addr).ok_or_else(|| {
+                TxnError::Invalid(format!(
+                    "block {addr} of table {} is locked by {cid}, whose log record does not write it",
+                    table.name
+                ))
+            })?;
+            // An update's install may have landed before the crash (the versions are
+            // written before the unlock); an insert's block holds its version already.
+            if entry.kind != EntryKind::Insert && newest != cid {
+                let value = (entry.kind == EntryKind::Update).then_some(entry.value.as_slice());
+                let mut bytes = vec![0u8; versions_len];
+                layout::write_installed(raw, cid, value, shape, &mut bytes)?;
+                write_bytes(conn, versions_at, &bytes)?;
+            }
+            cas(conn, header_at, locked, Header::unlocked(cid).encode())?;
+            Ok(true)
+        }
+        None if newest == cid => {
+            // Created by the commit (only an insert writes a version before the log
+            // record): a tombstone at CID 0, as an abort leaves it.
+            let bytes = layout::encode_versions(
+                &[Version {
+                    cid: 0,
+                    value: None,
+                }],
+                shape,
+            )?;
+            write_bytes(conn, versions_at, &bytes)?;
+            cas(conn, header_at, locked, Header::unlocked(0).encode())?;
+            Ok(false)
+        }
+        None => {
+            cas(conn, header_at, locked, Header::unlocked(newest).encode())?;
+            Ok(false)
+        }
+    }
+}
+
+/// Reads every allocated block of a partition in large READs and hands each block's
+/// address, header word and bytes to `each`. Returns the blocks read.
+fn scan_headers(
+    conns: &mut [Conn],
+    table: &Table,
+    part: usize,
+    each: &mut impl FnMut(u64, u64, &[u8]) -> Result<()>,
+) -> Result<u64> {
+    let p = &table.partitions[part];
+    let conn = &mut conns[p.server];
+    let allocated = read_word(conn, p.data.at(p.arena))?.min(p.capacity);
+    let block_bytes = table.shape.block_bytes();
+    let chunk = (SCRATCH / block_bytes).max(1);
+    let mut i = 0;
+    while i < allocated {
+        let n = chunk.min(allocated - i);
+        let first = table.block_offset(part, i);
+        let bytes = read_bytes(conn, p.data.at(first), n * block_bytes)?;
+        for b in 0..n {
+            let raw = &bytes[(b * block_bytes) as usize..((b + 1) * block_bytes) as usize];
+            let word = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes"));
+            each(first + b * block_bytes, word, raw)?;
+        }
+        i += n;
+    }
+    Ok(allocated)
+}
+
+// ---- verbs on a Conn ----
+
+fn read_word(conn: &mut Conn, at: RemoteAddr) -> Result<u64> {
+    let local = conn.scratch().buf(0, 8);
+    conn.run(&mut [SendWr::read(0, local, at)])?;
+    Ok(conn.scratch().load_u64(0)?)
+}
+
+fn read_bytes(conn: &mut Conn, at: RemoteAddr, len: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(len as usize);
+    let step = conn.scratch().len();
+    let mut done = 0;
+    while done < len {
+        let n = step.min(len - done);
+        let remote = RemoteAddr {
+            offset: at.offset + done,
+            ..at
+        };
+        let local = conn.scratch().buf(0, n as u32);
+        conn.run(&mut [SendWr::read(0, local, remote)])?;
+        out.extend_from_slice(&conn.scratch().to_vec(0, n as usize)?);
+        done += n;
+    }
+    Ok(out)
+}
+
+fn write_bytes(conn: &mut Conn, at: RemoteAddr, bytes: &[u8]) -> Result<()> {
+    conn.scratch().write(0, bytes)?;
+    let local = conn.scratch().buf(0, bytes.len() as u32);
+    conn.run(&mut [SendWr::write(0, local, at)])?;
+    Ok(())
+}
+
+fn cas(conn: &mut Conn, at: RemoteAddr, compare: u64, swap: u64) -> Result<u64> {
+    let local = conn.scratch().buf(0, 8);
+    conn.run(&mut [SendWr::cas(0, local, at, compare, swap)])?;
+    Ok(conn.scratch().load_u64(0)?)
+}
+
+/// The records of a ring, by CID (for tests and tools).
+pub fn read_log(db: &Database, slot: u32) -> Result<HashMap<u64, LogRecord>> {
+    let log = db.shared.catalog.commit_log();
+    let mut conns = db.recovery_conns();
+    let ring = read_bytes(
+        &mut conns[commitlog::SERVER],
+        log.ring(slot),
+        log.ring_bytes(),
+    )?;
+    Ok(commitlog::parse_ring(&ring))
+}

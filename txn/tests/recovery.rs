@@ -1,0 +1,177 @@
+//! Crash-atomic commits and recovery: a worker dies at each commit step (an
+//! in-process crash point that panics on its thread; the worker is then leaked, so it
+//! neither releases its locks nor its slot, as a dead process would not), another
+//! worker's tick fences the dead slot once its lease lapses and resolves its locks
+//! from the commit log (a fence needs a later timestamp decided, so the survivor
+//! keeps committing elsewhere meanwhile). A transaction is committed exactly when its log record was
+//! complete: from `after-log` on, the transfer and the insert are there; before it,
+//! neither is, and no lock remains either way.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use txn::index::IndexShape;
+use txn::{Database, Options, Table, TableSpec};
+
+fn val(n: i64) -> Vec<u8> {
+    n.to_le_bytes().to_vec()
+}
+
+fn num(v: Option<Vec<u8>>) -> i64 {
+    i64::from_le_bytes(v.expect("present")[..8].try_into().unwrap())
+}
+
+fn cluster() -> (Database, Arc<Table>) {
+    let db = Database::embedded(Options {
+        servers: 2,
+        server_bytes: 64 << 20,
+        oracle: timestamp::OracleConfig {
+            tick_interval: Duration::from_millis(2),
+            lease_timeout: Duration::from_millis(80),
+            ..timestamp::OracleConfig::default()
+        },
+        wait_visible: false,
+        ..Options::default()
+    })
+    .unwrap();
+    let t = db
+        .create_table(TableSpec {
+            name: "accounts".into(),
+            versions: 4,
+            value_cap: 16,
+            capacity: 256,
+            partitions: 0,
+            placement: txn::Placement::RoundRobin,
+            index: IndexShape {
+                buckets: 32,
+                slots: 8,
+            },
+        })
+        .unwrap();
+    let mut c = db.client().unwrap();
+    c.run(0, |x| {
+        for k in 0..8 {
+            x.insert(&t, k, val(100))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    (db, t)
+}
+
+/// Runs, on a thread of its own, a transfer of 10 from account 1 to account 2 (on
+/// different servers) that also inserts key 100, dying at `point`.
+fn die_at(db: &Database, t: &Arc<Table>, point: &'static str) {
+    let (db, t) = (db.clone(), t.clone());
+    std::thread::spawn(move || {
+        let mut client = db.client().unwrap();
+        txn::crash::panic_at_on_this_thread(point).unwrap();
+        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let mut x = client.begin().unwrap();
+            let a = num(x.get(&t, 1).unwrap());
+            let b = num(x.get(&t, 2).unwrap());
+            x.put(&t, 1, val(a - 10)).unwrap();
+            x.put(&t, 2, val(b + 10)).unwrap();
+            x.insert(&t, 100, val(7)).unwrap();
+            x.commit()
+        }));
+        assert!(died.is_err(), "the crash point {point} did not fire");
+        // A dead node releases nothing.
+        std::mem::forget(client);
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn a_crash_at_every_commit_step_is_recovered_atomically() {
+    for (i, point) in txn::crash::POINTS.iter().enumerate() {
+        let (db, t) = cluster();
+        die_at(&db, &t, point);
+        let committed = i >= 3; // after-log and later
+        let mut survivor = db.client().unwrap();
+        let start = Instant::now();
+        loop {
+            // A dead slot is fenced once it holds back a later decided timestamp: the
+            // survivor keeps committing elsewhere (record 5).
+            survivor.run(3, |x| x.put(&t, 5, val(1))).unwrap();
+            survivor.tick().unwrap();
+            let recovered = !db.recoveries().is_empty();
+            if recovered && db.locked_records().unwrap().is_empty() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{point}: not recovered after 10 s; locked: {:?}",
+                db.locked_records().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let report = &db.recoveries()[0];
+        // Locks the dead commit held at that step: the new block, then both records
+        // too; mid-install the first half (one of three) is installed already.
+        let expected_locks = match *point {
+            "after-insert-blocks" | "after-index" => 1,
+            "mid-install" => 2,
+            "after-install" => 0,
+            _ => 3,
+        };
+        assert_eq!(
+            report.rolled_forward + report.rolled_back,
+            expected_locks,
+            "{point}: {report:?}"
+        );
+        if *point != "after-install" {
+            assert_eq!(report.rolled_forward > 0, committed, "{point}: {report:?}");
+        }
+        // The prefix moves on past the dead slot, and the database is atomic.
+        let mut x = survivor.begin().unwrap();
+        let a = num(x.get(&t, 1).unwrap());
+        let b = num(x.get(&t, 2).unwrap());
+        let inserted = x.get(&t, 100).unwrap();
+        assert_eq!(a + b, 200, "{point}");
+        if committed {
+            assert_eq!((a, b), (90, 110), "{point}");
+            assert_eq!(inserted, Some(val(7)), "{point}");
+        } else {
+            assert_eq!((a, b), (100, 100), "{point}");
+            assert_eq!(inserted, None, "{point}");
+        }
+        drop(x);
+        // Both records are writable again, and key 100 can be inserted if it is not
+        // there.
+        survivor
+            .run(3, |x| {
+                let a = num(x.get(&t, 1)?);
+                x.put(&t, 1, val(a + 1))?;
+                if x.get(&t, 100)?.is_none() {
+                    x.insert(&t, 100, val(8))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(db.locked_records().unwrap().is_empty(), "{point}");
+    }
+}
+
+#[test]
+fn committed_records_are_in_the_log_and_clean_exits_leave_no_work() {
+    let (db, t) = cluster();
+    let mut c = db.client().unwrap();
+    c.run(0, |x| x.put(&t, 3, val(5))).unwrap();
+    let cid = c.last_cid();
+    let slot = (0..db.options().slots)
+        .find(|&s| txn::recovery::read_log(&db, s).unwrap().contains_key(&cid))
+        .expect("the commit's record is in its slot's log");
+    let record = &txn::recovery::read_log(&db, slot).unwrap()[&cid];
+    assert_eq!(record.entries.len(), 1);
+    assert_eq!(record.entries[0].key, 3);
+    assert_eq!(record.entries[0].value, val(5));
+    drop(c);
+    // A worker that ends cleanly leaves nothing to recover: a new one adopts its slot
+    // without running a recovery.
+    let c = db.client().unwrap();
+    drop(c);
+    assert!(db.recoveries().is_empty());
+    assert!(db.locked_records().unwrap().is_empty());
+}

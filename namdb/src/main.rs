@@ -3,6 +3,7 @@
 
 mod backend;
 mod bench;
+mod chaos_cmd;
 mod cluster_cmd;
 mod compute_node_cmd;
 mod kv_cmd;
@@ -35,6 +36,14 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The chaos harness: kill, crash and pause compute nodes while the bank and
+    /// list-append workloads run, then check snapshot isolation, the bank invariant,
+    /// that nothing acknowledged was lost and that no lock remains; exits non-zero on
+    /// any violation.
+    Chaos(chaos_cmd::ChaosArgs),
+    /// One compute node of `namdb chaos`, which starts them itself.
+    #[command(hide = true)]
+    ChaosNode(chaos_cmd::ChaosNodeArgs),
     /// Run a local cluster: memory servers and compute nodes on this host.
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
@@ -81,6 +90,8 @@ fn main() -> Result<ExitCode> {
         .init();
     match cli.command {
         Command::Bench(cmd) => bench::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Chaos(args) => chaos_cmd::run(&args),
+        Command::ChaosNode(args) => chaos_cmd::node_main(&args).map(|()| ExitCode::SUCCESS),
         Command::MemoryServer(args) => memory_server_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Cluster(cmd) => cluster_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Kv(args) => kv_cmd::run(args),

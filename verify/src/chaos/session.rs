@@ -40,7 +40,7 @@ impl Ids {
         })
     }
 
-    fn txn(&self) -> u64 {
+    pub fn txn(&self) -> u64 {
         (self.incarnation << 40) | self.next.fetch_add(1, Ordering::Relaxed)
     }
 
@@ -88,9 +88,12 @@ pub struct SessionSummary {
     pub unknown: u64,
 }
 
-/// Runs one session of `workload` on `store` until `stop` is set.
+/// Runs session number `session` (`handle`, opened on `store`) of `workload` until
+/// `stop` is set.
+#[allow(clippy::too_many_arguments)]
 pub fn run_session<S: TxnStore>(
     store: &S,
+    mut handle: S::Session,
     workload: &dyn Workload,
     ids: &Ids,
     session: u64,
@@ -99,7 +102,6 @@ pub fn run_session<S: TxnStore>(
     stop: &AtomicBool,
 ) -> io::Result<SessionSummary> {
     let clock = Clock::default();
-    let mut handle = store.open_session();
     let session = ids.session(session);
     let mut summary = SessionSummary::default();
     while !stop.load(Ordering::Relaxed) {
@@ -337,7 +339,8 @@ mod tests {
                     let (store, workload, ids, out, stop) = (&store, &workload, &ids, &out, &stop);
                     scope.spawn(move || {
                         let mut rng = StdRng::seed_from_u64(s);
-                        run_session(store, workload, ids, s, &mut rng, out, stop)
+                        let handle = store.open_session();
+                        run_session(store, handle, workload, ids, s, &mut rng, out, stop)
                     })
                 })
                 .collect();

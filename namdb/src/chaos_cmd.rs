@@ -1,0 +1,1234 @@
+//! `namdb chaos`: the chaos harness. Starts memory-server processes and compute-node
+//! processes (`namdb chaos-node`, hidden) running the bank and list-append workloads,
+//! carries out a seeded fault plan against the nodes (SIGKILL at random moments,
+//! restarts with a commit-step crash point armed, SIGSTOP pauses), then stops them,
+//! waits for recovery and checks what every node recorded (`verify::chaos`).
+//!
+//! Exit status: 0 when every check passed, 1 on any violation or harness error.
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use memory_server::ClusterToken;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use std::collections::{BTreeMap, HashSet};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+use verify::chaos::checks::{self, CheckResult, Lock};
+use verify::chaos::events::{EventWriter, NodeEvent, Recovery, merge, read_events};
+use verify::chaos::plan::{Action, FaultPlan, PlanConfig};
+use verify::chaos::report::{
+    self, ActionCounts, ChaosConfig, ChaosReport, Death, Executed, HistorySummary, PointCounts,
+    Throughput,
+};
+use verify::chaos::session::{Clock, Ids, SharedListAppend, run_session, run_txn, unix_ns};
+use verify::history::{Op, ReadValue, Status, Txn};
+use verify::index::HistoryIndex;
+use verify::store::TxnStore;
+use verify::txn_store::TxnKv;
+use verify::workload::{Action as Step, Bank, Script, Workload};
+
+const BANK_TABLE: &str = "chaos_bank";
+const LIST_TABLE: &str = "chaos_lists";
+/// Commits here after the run decide timestamps, which is what fences a slot left by a
+/// node that died at the very end (a dead slot is fenced once a later timestamp is
+/// decided). Not part of the checked history.
+const TICK_TABLE: &str = "chaos_ticks";
+const BUCKET_MS: u64 = 100;
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum ChaosWorkload {
+    /// Transfers between accounts and audits of all of them.
+    Bank,
+    /// Whole-list reads and appends of unique elements, shared by every node.
+    ListAppend,
+}
+
+impl ChaosWorkload {
+    fn name(self) -> &'static str {
+        match self {
+            ChaosWorkload::Bank => "bank",
+            ChaosWorkload::ListAppend => "list-append",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ChaosBackend {
+    Shm,
+    Tcp,
+}
+
+impl ChaosBackend {
+    fn name(self) -> &'static str {
+        match self {
+            ChaosBackend::Shm => "shm",
+            ChaosBackend::Tcp => "tcp",
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ChaosArgs {
+    /// Seconds of faults and workload, from the moment every node is ready.
+    #[arg(long, value_name = "S", default_value = "30", value_parser = parse_seconds)]
+    pub duration: f64,
+    /// Compute-node processes.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub nodes: u32,
+    /// Memory-server processes.
+    #[arg(long, value_name = "M", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub servers: u32,
+    /// Sessions (threads, each with its own oracle slot) per compute node.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub sessions: u32,
+    #[arg(long, value_enum, default_value_t = ChaosBackend::Shm)]
+    pub backend: ChaosBackend,
+    /// Seed of the fault plan and the workloads; random by default (printed).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Workloads the sessions run, shared out round-robin.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "bank,list-append"
+    )]
+    pub workload: Vec<ChaosWorkload>,
+    /// Oracle lease timeout: a dead node's slot is fenced and recovered after it.
+    #[arg(long, value_name = "MS", default_value_t = 250, value_parser = clap::value_parser!(u64).range(20..=60_000))]
+    pub lease_ms: u64,
+    /// Write the report as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Keep the run's files (logs, event files) here; by default a temporary directory,
+    /// kept only when the run fails.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// One compute node of a chaos run (started by `namdb chaos`).
+#[derive(Args, Debug)]
+pub struct ChaosNodeArgs {
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub memory_servers: Vec<String>,
+    #[arg(long)]
+    pub token_file: PathBuf,
+    #[arg(long)]
+    pub node: usize,
+    #[arg(long)]
+    pub incarnation: u64,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub sessions: u32,
+    #[arg(long, value_enum, value_delimiter = ',', required = true)]
+    pub workload: Vec<ChaosWorkload>,
+    #[arg(long)]
+    pub lease_ms: u64,
+    #[arg(long)]
+    pub events: PathBuf,
+    #[arg(long)]
+    pub seed: u64,
+    /// The list-append key to start at: keys below it are full.
+    #[arg(long, default_value_t = 0)]
+    pub list_key_start: u64,
+}
+
+fn parse_seconds(input: &str) -> Result<f64, String> {
+    let s: f64 = input
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{input}` is not a number of seconds"))?;
+    if !s.is_finite() || s <= 0.0 || s > 86_400.0 {
+        return Err(format!(
+            "`{input}`: the duration must be above 0 and at most 86400 s"
+        ));
+    }
+    Ok(s)
+}
+
+/// The bank every process of a run uses.
+fn bank() -> Bank {
+    Bank {
+        accounts: 8,
+        initial_balance: 1000,
+        max_transfer: 50,
+        ..Bank::default()
+    }
+}
+
+fn options(lease_ms: u64, slots: u32) -> txn::Options {
+    let mut options = txn::Options {
+        slots,
+        ..txn::Options::default()
+    };
+    options.oracle.lease_timeout = Duration::from_millis(lease_ms);
+    options
+}
+
+/// List keys a run may use: every append of a key means a 24-element list at most,
+/// and a fast 2-core machine commits a few thousand appending transactions a second.
+fn list_capacity(duration_s: f64) -> u64 {
+    ((duration_s * 2000.0) as u64).clamp(8192, 1 << 20)
+}
+
+fn table_bytes(spec: &txn::TableSpec, servers: u64) -> Result<u64> {
+    let block = txn::layout::BlockShape::new(spec.versions, spec.value_cap)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .block_bytes();
+    Ok(spec.capacity * block + spec.index.region_bytes() * servers)
+}
+
+// ----- the chaos node
+
+pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
+    txn::crash::arm_from_env().map_err(anyhow::Error::msg)?;
+    let token = ClusterToken::from_file(&args.token_file)?;
+    // Slots are set by the harness, which sets the catalog up.
+    let remote = compute_node::connect(&args.memory_servers, &token, options(args.lease_ms, 0))
+        .context("cannot open the database on the memory servers")?;
+    let db = remote.db.clone();
+    let out = EventWriter::create(&args.events)
+        .with_context(|| format!("cannot create {}", args.events.display()))?;
+    let ids = Ids::new(args.incarnation).map_err(anyhow::Error::msg)?;
+    let bank_workload = bank();
+    let lists = SharedListAppend::new(args.incarnation, args.list_key_start);
+    let bank_store = TxnKv::new(db.clone(), db.table(BANK_TABLE)?);
+    let list_store = TxnKv::new(db.clone(), db.table(LIST_TABLE)?);
+    let sessions: Vec<(&TxnKv, &dyn Workload, _)> = (0..args.sessions as usize)
+        .map(|s| {
+            let (store, workload): (&TxnKv, &dyn Workload) =
+                match args.workload[s % args.workload.len()] {
+                    ChaosWorkload::Bank => (&bank_store, &bank_workload),
+                    ChaosWorkload::ListAppend => (&list_store, &lists),
+                };
+            (store, workload, store.open_session())
+        })
+        .collect();
+    out.write(&NodeEvent::Ready {
+        node: args.node,
+        incarnation: args.incarnation,
+    })?;
+
+    // The harness closes our stdin to stop us; it also closes if the harness dies.
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopper = stop.clone();
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        stopper.store(true, Ordering::Relaxed);
+    });
+
+    let mut reported = HashSet::new();
+    let report_recoveries = |reported: &mut HashSet<(u32, u16)>| -> Result<()> {
+        for r in db.recoveries() {
+            if reported.insert((r.slot, r.holder_tag)) {
+                out.write(&NodeEvent::Recovery {
+                    recovery: recovery(&r),
+                })?;
+            }
+        }
+        Ok(())
+    };
+    let results = std::thread::scope(|scope| -> Result<Vec<_>> {
+        let handles: Vec<_> = sessions
+            .into_iter()
+            .enumerate()
+            .map(|(s, (store, workload, handle))| {
+                let (ids, out, stop) = (&ids, &out, &*stop);
+                let seed = args.seed ^ (args.incarnation << 20) ^ s as u64;
+                scope.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    run_session(store, handle, workload, ids, s as u64, &mut rng, out, stop)
+                })
+            })
+            .collect();
+        while !handles.iter().all(|h| h.is_finished()) {
+            report_recoveries(&mut reported)?;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(handles.into_iter().map(|h| h.join()).collect())
+    })?;
+    for result in results {
+        match result {
+            Ok(summary) => {
+                summary.context("cannot write an event")?;
+            }
+            Err(_) => bail!("a session panicked"),
+        }
+    }
+    report_recoveries(&mut reported)?;
+    Ok(())
+}
+
+fn recovery(r: &txn::RecoveryReport) -> Recovery {
+    Recovery {
+        slot: r.slot,
+        holder_tag: r.holder_tag,
+        rolled_forward: r.rolled_forward,
+        rolled_back: r.rolled_back,
+        blocks_scanned: r.blocks_scanned,
+        took_us: r.took.as_micros() as u64,
+        finished_ns: unix_ns(r.finished_at),
+    }
+}
+
+// ----- the harness
+
+pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
+    let mut workloads = args.workload.clone();
+    workloads.sort();
+    workloads.dedup();
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let (dir, temp) = match &args.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            (std::fs::canonicalize(dir)?, None)
+        }
+        None => {
+            let temp = tempfile::Builder::new()
+                .prefix("namdb-chaos-")
+                .tempdir()
+                .context("cannot create a temporary directory")?;
+            (temp.path().to_path_buf(), Some(temp))
+        }
+    };
+    let points: Vec<String> = txn::crash::POINTS.iter().map(|p| p.to_string()).collect();
+    let plan = FaultPlan::generate(&PlanConfig {
+        duration: Duration::from_secs_f64(args.duration),
+        nodes: args.nodes as usize,
+        lease_timeout: Duration::from_millis(args.lease_ms),
+        points,
+        seed,
+    })
+    .map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "chaos: seed {seed}; {} nodes × {} sessions, {} {} memory servers, {} s; plan: {} kills, \
+         {} armed crashes, {} pauses; files in {}",
+        args.nodes,
+        args.sessions,
+        args.servers,
+        args.backend.name(),
+        args.duration,
+        plan.count("kill"),
+        plan.count("crash"),
+        plan.count("pause"),
+        dir.display()
+    );
+    let config = ChaosConfig {
+        duration_s: args.duration,
+        nodes: args.nodes as usize,
+        sessions_per_node: args.sessions as usize,
+        servers: args.servers as usize,
+        backend: args.backend.name().into(),
+        seed,
+        workloads: workloads.iter().map(|w| w.name().to_string()).collect(),
+        lease_ms: args.lease_ms,
+    };
+    let mut harness = Harness::new(args, &workloads, &dir, seed)?;
+    let report = harness.run(&plan, config, &workloads);
+    drop(harness);
+    let report = report?;
+    print!("{report}");
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if report.passed {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        if let Some(temp) = temp {
+            let kept = temp.keep();
+            eprintln!("the run's files are kept in {}", kept.display());
+        }
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// A running compute-node process.
+struct NodeProc {
+    child: Child,
+    /// Dropped to stop the node.
+    stdin: Option<ChildStdin>,
+    incarnation: u64,
+    log: PathBuf,
+    armed: Option<String>,
+    /// How long, once ready, an armed node gets to reach its point.
+    window: Duration,
+    ready_at: Option<Instant>,
+    paused_until: Option<Instant>,
+    tail: Tail,
+}
+
+/// Reads an event file as it grows.
+struct Tail {
+    path: PathBuf,
+    offset: u64,
+    partial: Vec<u8>,
+}
+
+impl Tail {
+    fn new(path: PathBuf) -> Tail {
+        Tail {
+            path,
+            offset: 0,
+            partial: Vec::new(),
+        }
+    }
+
+    /// The events written since the last call. Malformed lines are skipped here; the
+    /// full read at the end reports them.
+    fn poll(&mut self) -> Vec<NodeEvent> {
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
+            return Vec::new();
+        };
+        if file.seek(SeekFrom::Start(self.offset)).is_err() {
+            return Vec::new();
+        }
+        let mut bytes = Vec::new();
+        let Ok(n) = file.read_to_end(&mut bytes) else {
+            return Vec::new();
+        };
+        self.offset += n as u64;
+        self.partial.extend_from_slice(&bytes);
+        let Some(end) = self.partial.iter().rposition(|&b| b == b'\n') else {
+            return Vec::new();
+        };
+        let rest = self.partial.split_off(end + 1);
+        let complete = std::mem::replace(&mut self.partial, rest);
+        complete
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .collect()
+    }
+}
+
+struct Harness<'a> {
+    args: &'a ChaosArgs,
+    workloads: &'a [ChaosWorkload],
+    dir: PathBuf,
+    exe: PathBuf,
+    token_file: PathBuf,
+    seed: u64,
+    servers: Vec<Child>,
+    addrs: Vec<String>,
+    nodes: Vec<Option<NodeProc>>,
+    next_incarnation: u64,
+    event_files: Vec<PathBuf>,
+    t0: Instant,
+    t0_ns: u64,
+    counts: ActionCounts,
+    points: BTreeMap<String, PointCounts>,
+    deaths: Vec<Death>,
+    executed: Vec<Executed>,
+    problems: Vec<String>,
+    notes: Vec<String>,
+    committed: u64,
+    max_list_key: u64,
+    recoveries_seen: HashSet<(u32, u16)>,
+}
+
+impl Drop for Harness<'_> {
+    fn drop(&mut self) {
+        for p in self.nodes.iter_mut().flatten() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+        for s in &mut self.servers {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+    }
+}
+
+impl<'a> Harness<'a> {
+    fn new(
+        args: &'a ChaosArgs,
+        workloads: &'a [ChaosWorkload],
+        dir: &Path,
+        seed: u64,
+    ) -> Result<Harness<'a>> {
+        let token_file = dir.join("token");
+        if token_file.exists() {
+            std::fs::remove_file(&token_file)?;
+        }
+        memory_server::generate_token_file(&token_file)?;
+        Ok(Harness {
+            args,
+            workloads,
+            dir: dir.to_path_buf(),
+            exe: std::env::current_exe().context("cannot find the namdb executable")?,
+            token_file,
+            seed,
+            servers: Vec::new(),
+            addrs: Vec::new(),
+            nodes: (0..args.nodes).map(|_| None).collect(),
+            next_incarnation: 1,
+            event_files: Vec::new(),
+            t0: Instant::now(),
+            t0_ns: unix_ns(SystemTime::now()),
+            counts: ActionCounts::default(),
+            points: txn::crash::POINTS
+                .iter()
+                .map(|p| (p.to_string(), PointCounts::default()))
+                .collect(),
+            deaths: Vec::new(),
+            executed: Vec::new(),
+            problems: Vec::new(),
+            notes: Vec::new(),
+            committed: 0,
+            max_list_key: 0,
+            recoveries_seen: HashSet::new(),
+        })
+    }
+
+    fn ms(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.t0).as_secs_f64() * 1000.0
+    }
+
+    fn run(
+        &mut self,
+        plan: &FaultPlan,
+        config: ChaosConfig,
+        workloads: &[ChaosWorkload],
+    ) -> Result<ChaosReport> {
+        let list_spec = TxnKv::table_spec(LIST_TABLE, list_capacity(self.args.duration));
+        let bank_spec = TxnKv::table_spec(BANK_TABLE, 64);
+        let tick_spec = txn::TableSpec::new(TICK_TABLE, 8, 16);
+        let servers = self.args.servers as u64;
+        let bytes = table_bytes(&list_spec, servers)?
+            + table_bytes(&bank_spec, servers)?
+            + table_bytes(&tick_spec, servers)?;
+        // Partitions spread evenly to within a few percent; the rest is the oracle's
+        // and the commit logs'.
+        let per_server =
+            (bytes / servers + bytes / servers / 8 + (64 << 20)).next_multiple_of(2 << 20);
+        for i in 0..self.args.servers {
+            self.start_memory_server(i, per_server)?;
+        }
+        let token = ClusterToken::from_file(&self.token_file)?;
+        // Every session of every incarnation alive at once, twice over (a restarted
+        // node may come back before its old slots are fenced), and the harness's own.
+        let slots = self.args.nodes * self.args.sessions * 2 + 4;
+        let remote = compute_node::connect(&self.addrs, &token, options(self.args.lease_ms, slots))
+            .context("cannot open the database on the memory servers")?;
+        let db = remote.db.clone();
+        let bank_store = TxnKv::new(db.clone(), db.create_table(bank_spec)?);
+        let list_store = TxnKv::new(db.clone(), db.create_table(list_spec)?);
+        let ticks = db.create_table(tick_spec)?;
+
+        let own_events = self.dir.join("harness.events.jsonl");
+        let out = EventWriter::create(&own_events)?;
+        let ids = Ids::new(0).map_err(anyhow::Error::msg)?;
+        let clock = Clock::default();
+        let bank = bank();
+        let with_bank = workloads.contains(&ChaosWorkload::Bank);
+        if with_bank {
+            let setup = bank.setup().context("the bank has a setup transaction")?;
+            let mut session = bank_store.open_session();
+            let txn = run_txn(&bank_store, &mut session, setup, ids.txn(), 0, &clock, &out)?;
+            if txn.status != Status::Committed {
+                bail!(
+                    "the bank's setup transaction did not commit: {:?}",
+                    txn.error
+                );
+            }
+        }
+
+        for n in 0..self.args.nodes as usize {
+            self.start_node(n, None)?;
+        }
+        let waiting = Instant::now();
+        while self.nodes.iter().flatten().any(|p| p.ready_at.is_none()) {
+            self.poll();
+            if self.nodes.iter().any(Option::is_none) {
+                bail!(
+                    "a compute node died while starting:\n{}",
+                    self.problems.join("\n")
+                );
+            }
+            if waiting.elapsed() > START_TIMEOUT {
+                bail!("the compute nodes were not ready after {START_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.t0 = Instant::now();
+        self.t0_ns = unix_ns(SystemTime::now());
+        eprintln!("all {} nodes ready; faults begin", self.args.nodes);
+
+        self.execute(plan);
+        let end_ns = unix_ns(SystemTime::now());
+        self.stop_nodes();
+
+        // Recovery: commits decide timestamps, so any slot left by a dead node is
+        // fenced and resolved; then no lock may remain.
+        let recovery_timeout =
+            Duration::from_millis(self.args.lease_ms * 20).max(Duration::from_secs(5));
+        let waiting = Instant::now();
+        let mut client = db.client()?;
+        let locks = loop {
+            let _ = client.run(3, |t| t.put(&ticks, 1, vec![1]));
+            let locks = db.locked_records()?;
+            if locks.is_empty() || waiting.elapsed() > recovery_timeout {
+                break locks;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let waited = waiting.elapsed();
+        drop(client);
+
+        // The final state, read after recovery, into the history.
+        let mut history_events = Vec::new();
+        for file in &self.event_files {
+            history_events.extend(read_events(file).map_err(anyhow::Error::msg)?);
+        }
+        let mut recoveries: Vec<Recovery> = Vec::new();
+        let mut seen = HashSet::new();
+        let own = db.recoveries();
+        let from_harness = own.iter().map(recovery);
+        let from_nodes = history_events.iter().filter_map(|e| match e {
+            NodeEvent::Recovery { recovery } => Some(recovery.clone()),
+            _ => None,
+        });
+        for r in from_nodes.chain(from_harness) {
+            if seen.insert((r.slot, r.holder_tag)) {
+                recoveries.push(r);
+            }
+        }
+        let appended_keys: std::collections::BTreeSet<String> = history_events
+            .iter()
+            .filter_map(|e| match e {
+                NodeEvent::Pending { txn } | NodeEvent::Done { txn } => Some(txn),
+                _ => None,
+            })
+            .flat_map(|t| &t.ops)
+            .filter_map(|op| match op {
+                Op::Append { key, .. } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut final_audit = None;
+        if with_bank {
+            let keys: Vec<String> = (0..bank.accounts).map(Bank::account).collect();
+            let txn = self.final_read(&bank_store, &keys, &ids, &clock, &out)?;
+            final_audit = txn.as_ref().map(|t| t.id);
+        }
+        let mut final_lists: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        let keys: Vec<String> = appended_keys.into_iter().collect();
+        for batch in keys.chunks(256) {
+            let Some(txn) = self.final_read(&list_store, batch, &ids, &clock, &out)? else {
+                continue;
+            };
+            for op in txn.ops {
+                if let Op::Read { key, value, .. } = op {
+                    let list = match value {
+                        ReadValue::List(list) => list,
+                        _ => Vec::new(),
+                    };
+                    final_lists.insert(key, list);
+                }
+            }
+        }
+        drop(out);
+        history_events.extend(read_events(&own_events).map_err(anyhow::Error::msg)?);
+        let txns = merge(history_events).map_err(anyhow::Error::msg)?;
+        std::fs::write(
+            self.dir.join("history.jsonl"),
+            txns.iter()
+                .map(|t| serde_json::to_string(t).map(|s| s + "\n"))
+                .collect::<Result<String, _>>()?,
+        )?;
+
+        eprintln!("checking {} transactions", txns.len());
+        let index = HistoryIndex::from_txns(txns.iter().cloned())
+            .map_err(|e| anyhow::anyhow!("the merged history is malformed: {e}"))?;
+        let mut results: Vec<CheckResult> = vec![checks::snapshot_isolation(&txns, &index)];
+        if with_bank {
+            results.push(checks::bank(&bank, &txns, &index, final_audit));
+        }
+        if workloads.contains(&ChaosWorkload::ListAppend) {
+            results.push(checks::acknowledged(&txns, &final_lists));
+        }
+        let locks: Vec<Lock> = locks
+            .into_iter()
+            .map(|l| Lock {
+                table: l.table,
+                key: l.key,
+                cid: l.cid,
+            })
+            .collect();
+        results.push(checks::no_locks(&locks, waited));
+        results.push(CheckResult::from_problems(
+            "harness",
+            "every node started, stopped and died when told to".into(),
+            self.problems.clone(),
+        ));
+
+        let mut deaths = std::mem::take(&mut self.deaths);
+        let recovery_summary = report::attribute(&mut deaths, &recoveries, self.t0_ns);
+        let commits = txns
+            .iter()
+            .filter(|t| t.status == Status::Committed && Ids::incarnation_of(t.id) != 0)
+            .filter_map(|t| t.end_ns);
+        let throughput = Throughput::new(
+            report::timeline(commits, self.t0_ns, end_ns, BUCKET_MS),
+            BUCKET_MS,
+            &deaths,
+        );
+        let stats = index.stats();
+        let history = HistorySummary {
+            txns: stats.txns,
+            committed: stats.committed,
+            aborted: stats.aborted,
+            unknown: stats.unknown,
+            unknown_observed: stats.unknown_observed,
+        };
+        let mut notes = std::mem::take(&mut self.notes);
+        if !plan.uncovered_points.is_empty() {
+            notes.push(format!(
+                "the run is too short to arm every crash point ({} left out; {:.0} s covers all)",
+                plan.uncovered_points.join(", "),
+                plan.full_coverage_ms as f64 / 1000.0
+            ));
+        }
+        let unfired: Vec<&str> = self
+            .points
+            .iter()
+            .filter(|(_, c)| c.armed > 0 && c.fired == 0)
+            .map(|(p, _)| p.as_str())
+            .collect();
+        if !unfired.is_empty() {
+            notes.push(format!(
+                "armed but never fired within its window: {}",
+                unfired.join(", ")
+            ));
+        }
+        let unrecovered = deaths.iter().filter(|d| d.recoveries == 0).count();
+        if unrecovered > 0 {
+            notes.push(format!("{unrecovered} deaths were followed by no recovery"));
+        }
+        let violations: Vec<String> = results
+            .iter()
+            .filter(|c| !c.passed)
+            .map(|c| format!("{}: {}", c.name, c.summary))
+            .collect();
+        Ok(ChaosReport {
+            config,
+            plan: plan.clone(),
+            executed: std::mem::take(&mut self.executed),
+            actions: self.counts,
+            crash_points: self.points.clone(),
+            deaths,
+            recoveries: recovery_summary,
+            throughput,
+            history,
+            checks: results,
+            passed: violations.is_empty(),
+            violations,
+            notes,
+        })
+    }
+
+    /// One committed read-only transaction reading `keys`, after recovery. `None` (and
+    /// a harness problem) if it cannot commit.
+    fn final_read(
+        &mut self,
+        store: &TxnKv,
+        keys: &[String],
+        ids: &Ids,
+        clock: &Clock,
+        out: &EventWriter,
+    ) -> Result<Option<Txn>> {
+        let mut session = store.open_session();
+        let mut last = None;
+        for _ in 0..5 {
+            let reads = keys.iter().map(|k| Step::Read(k.clone()));
+            let program = Box::new(Script::new(reads.chain([Step::Commit])));
+            let txn = run_txn(store, &mut session, program, ids.txn(), 0, clock, out)?;
+            if txn.status == Status::Committed {
+                return Ok(Some(txn));
+            }
+            last = txn.error;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.problems.push(format!(
+            "the final read of {} keys did not commit ({last:?})",
+            keys.len()
+        ));
+        Ok(None)
+    }
+
+    fn start_memory_server(&mut self, i: u32, bytes: u64) -> Result<()> {
+        let log = self.dir.join(format!("memory-server-{i}.log"));
+        let out = std::fs::File::create(&log)?;
+        let mut command = Command::new(&self.exe);
+        command
+            .args(["memory-server", "--listen", "127.0.0.1:0", "--backend"])
+            .arg(self.args.backend.name())
+            .arg("--size")
+            .arg(bytes.to_string())
+            .arg("--region-size")
+            .arg(bytes.to_string())
+            .arg("--token-file")
+            .arg(&self.token_file)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        if self.args.backend == ChaosBackend::Shm {
+            command
+                .arg("--socket")
+                .arg(self.dir.join(format!("memory-server-{i}.sock")));
+        }
+        let mut child = command.spawn().context("cannot start a memory server")?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(addr) = text.lines().find_map(|l| {
+                l.strip_prefix("memory server listening on ")
+                    .and_then(|rest| rest.split_whitespace().next())
+            }) {
+                self.addrs.push(addr.to_string());
+                self.servers.push(child);
+                return Ok(());
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "memory server {i} exited ({status}) before it was ready:\n{}",
+                    tail(&text)
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "memory server {i} was not ready after {START_TIMEOUT:?}:\n{}",
+                    tail(&text)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts compute node `n` as a new incarnation, with `armed` (point, probability,
+    /// window).
+    fn start_node(&mut self, n: usize, armed: Option<(&str, f64, Duration)>) -> Result<()> {
+        let incarnation = self.next_incarnation;
+        self.next_incarnation += 1;
+        let events = self.dir.join(format!("node{n}-{incarnation}.events.jsonl"));
+        let log = self.dir.join(format!("node{n}-{incarnation}.log"));
+        let out = std::fs::File::create(&log)?;
+        let workloads: Vec<&str> = self.workloads.iter().map(|w| w.name()).collect();
+        let mut command = Command::new(&self.exe);
+        command
+            .arg("chaos-node")
+            .arg("--memory-servers")
+            .arg(self.addrs.join(","))
+            .arg("--token-file")
+            .arg(&self.token_file)
+            .args(["--node", &n.to_string()])
+            .args(["--incarnation", &incarnation.to_string()])
+            .args(["--sessions", &self.args.sessions.to_string()])
+            .args(["--workload", &workloads.join(",")])
+            .args(["--lease-ms", &self.args.lease_ms.to_string()])
+            .arg("--events")
+            .arg(&events)
+            .args(["--seed", &self.seed.to_string()])
+            // Behind the newest key appended so far by one window, so a restarted node
+            // shares the keys the others are appending to.
+            .args([
+                "--list-key-start",
+                &self.max_list_key.saturating_sub(16).to_string(),
+            ])
+            .env_remove("NAMDB_CRASH")
+            .stdin(Stdio::piped())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        if let Some((point, p, _)) = armed {
+            command.env("NAMDB_CRASH", format!("{point}:{p}"));
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("cannot start compute node {n}"))?;
+        let stdin = child.stdin.take();
+        self.event_files.push(events.clone());
+        self.nodes[n] = Some(NodeProc {
+            child,
+            stdin,
+            incarnation,
+            log,
+            armed: armed.map(|(p, _, _)| p.to_string()),
+            window: armed.map_or(Duration::ZERO, |(_, _, w)| w),
+            ready_at: None,
+            paused_until: None,
+            tail: Tail::new(events),
+        });
+        Ok(())
+    }
+
+    /// Reads what the nodes wrote, resumes paused nodes whose time is up, and notices
+    /// nodes that died on their own.
+    fn poll(&mut self) {
+        for n in 0..self.nodes.len() {
+            let Some(mut p) = self.nodes[n].take() else {
+                continue;
+            };
+            self.absorb(&mut p);
+            if p.paused_until.is_some_and(|t| Instant::now() >= t) {
+                signal(&p.child, rustix::process::Signal::CONT);
+                p.paused_until = None;
+            }
+            match p.child.try_wait() {
+                Ok(None) => self.nodes[n] = Some(p),
+                Ok(Some(status)) => self.exited(n, p, status),
+                Err(e) => {
+                    self.problems
+                        .push(format!("cannot wait for compute node {n}: {e}"));
+                    self.nodes[n] = Some(p);
+                }
+            }
+        }
+    }
+
+    fn absorb(&mut self, p: &mut NodeProc) {
+        for event in p.tail.poll() {
+            match event {
+                NodeEvent::Ready { .. } => p.ready_at = Some(Instant::now()),
+                NodeEvent::Done { txn } | NodeEvent::Pending { txn } => {
+                    if txn.status == Status::Committed {
+                        self.committed += 1;
+                    }
+                    for op in &txn.ops {
+                        if let Op::Append { key, .. } = op
+                            && let Some(k) = SharedListAppend::key_number(key)
+                        {
+                            self.max_list_key = self.max_list_key.max(k);
+                        }
+                    }
+                }
+                NodeEvent::Recovery { recovery } => {
+                    self.recoveries_seen
+                        .insert((recovery.slot, recovery.holder_tag));
+                }
+            }
+        }
+    }
+
+    /// Node `n` exited without being killed by us: at its armed point, or a problem.
+    fn exited(&mut self, n: usize, mut p: NodeProc, status: ExitStatus) {
+        self.absorb(&mut p);
+        let at = self.ms(Instant::now());
+        let aborted = status.signal() == Some(rustix::process::Signal::ABORT.as_raw());
+        let cause = match &p.armed {
+            Some(point) if aborted => {
+                self.counts.crashes_fired += 1;
+                self.points.entry(point.clone()).or_default().fired += 1;
+                format!("crash:{point}")
+            }
+            _ => {
+                let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+                self.problems.push(format!(
+                    "compute node {n} (incarnation {}) exited unexpectedly ({status}); its log \
+                     {} ends:\n{}",
+                    p.incarnation,
+                    p.log.display(),
+                    tail(&log)
+                ));
+                "unexpected".into()
+            }
+        };
+        self.deaths.push(Death {
+            node: n,
+            incarnation: p.incarnation,
+            cause,
+            at_ms: at,
+            recoveries: 0,
+            recovered_after_ms: None,
+        });
+    }
+
+    /// SIGKILLs node `n` if it runs; returns the incarnation killed.
+    fn kill(&mut self, n: usize) -> Option<u64> {
+        let mut p = self.nodes[n].take()?;
+        let _ = p.child.kill();
+        let status = p.child.wait();
+        self.absorb(&mut p);
+        // It may have died on its own just before.
+        if let Ok(status) = status
+            && status.signal() != Some(rustix::process::Signal::KILL.as_raw())
+        {
+            self.exited(n, p, status);
+            return None;
+        }
+        self.counts.kills += 1;
+        self.deaths.push(Death {
+            node: n,
+            incarnation: p.incarnation,
+            cause: "kill".into(),
+            at_ms: self.ms(Instant::now()),
+            recoveries: 0,
+            recovered_after_ms: None,
+        });
+        Some(p.incarnation)
+    }
+
+    /// Why `action` cannot run yet, if it cannot.
+    fn blocked(&self, action: &Action) -> Option<String> {
+        let n = action.node();
+        let p = self.nodes[n].as_ref()?;
+        match action {
+            Action::Kill { .. } | Action::Pause { .. } if p.ready_at.is_none() => {
+                Some(format!("compute node {n} is not ready"))
+            }
+            Action::Restart { .. } => match (&p.armed, p.ready_at) {
+                (Some(_), None) => Some(format!("armed compute node {n} is not ready")),
+                (Some(point), Some(ready)) => (ready.elapsed() < p.window)
+                    .then(|| format!("compute node {n} may still crash at {point}")),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Carries out `plan`, then lets the nodes run to the end of the duration.
+    fn execute(&mut self, plan: &FaultPlan) {
+        let duration = Duration::from_secs_f64(self.args.duration);
+        let mut slip = Duration::ZERO;
+        let mut next = 0;
+        let mut blocked_since: Option<Instant> = None;
+        let mut last_progress = Instant::now();
+        let mut last_committed = 0;
+        loop {
+            self.poll();
+            let now = Instant::now();
+            if now.duration_since(last_progress) >= Duration::from_secs(1) {
+                let rate = (self.committed - last_committed) as f64
+                    / now.duration_since(last_progress).as_secs_f64();
+                last_committed = self.committed;
+                last_progress = now;
+                self.progress(rate);
+            }
+            let Some(planned) = plan.actions.get(next) else {
+                if now.duration_since(self.t0) >= duration + slip {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            let due = self.t0 + Duration::from_millis(planned.at_ms) + slip;
+            if now < due {
+                std::thread::sleep((due - now).min(Duration::from_millis(5)));
+                continue;
+            }
+            if let Some(reason) = self.blocked(&planned.action) {
+                let since = *blocked_since.get_or_insert(now);
+                if now.duration_since(since) < START_TIMEOUT {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+                self.problems.push(format!(
+                    "{} of compute node {} gave up waiting: {reason}",
+                    planned.action.name(),
+                    planned.action.node()
+                ));
+            }
+            blocked_since = None;
+            slip = slip.max(now.duration_since(self.t0 + Duration::from_millis(planned.at_ms)));
+            let outcome = match self.act(&planned.action) {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    self.problems.push(format!(
+                        "{} of compute node {}: {e:#}",
+                        planned.action.name(),
+                        planned.action.node()
+                    ));
+                    format!("failed: {e:#}")
+                }
+            };
+            self.executed.push(Executed {
+                at_ms: self.ms(now) as u64,
+                planned_ms: planned.at_ms,
+                action: planned.action.name().into(),
+                node: planned.action.node(),
+                outcome,
+            });
+            next += 1;
+        }
+    }
+
+    fn act(&mut self, action: &Action) -> Result<String> {
+        Ok(match action {
+            Action::Kill { node } => match self.kill(*node) {
+                Some(incarnation) => format!("killed incarnation {incarnation}"),
+                None => "not running".into(),
+            },
+            Action::Crash {
+                node,
+                point,
+                probability,
+                window_ms,
+            } => {
+                if self.nodes[*node].is_some() {
+                    self.kill(*node);
+                }
+                let window = Duration::from_millis(*window_ms);
+                self.start_node(*node, Some((point, *probability, window)))?;
+                self.counts.crashes_armed += 1;
+                self.points.entry(point.clone()).or_default().armed += 1;
+                format!("armed, window {window_ms} ms")
+            }
+            Action::Restart { node } => {
+                let mut outcome = String::new();
+                if self.nodes[*node]
+                    .as_ref()
+                    .is_some_and(|p| p.armed.is_some())
+                {
+                    let point = self.nodes[*node].as_ref().and_then(|p| p.armed.clone());
+                    if let Some(incarnation) = self.kill(*node) {
+                        outcome = format!(
+                            "{} did not fire: killed incarnation {incarnation}; ",
+                            point.unwrap_or_default()
+                        );
+                    }
+                } else if let Some(incarnation) = self.kill(*node) {
+                    outcome = format!("was running: killed incarnation {incarnation}; ");
+                }
+                self.start_node(*node, None)?;
+                self.counts.restarts += 1;
+                outcome + "started"
+            }
+            Action::Pause { node, for_ms } => match &mut self.nodes[*node] {
+                Some(p) => {
+                    signal(&p.child, rustix::process::Signal::STOP);
+                    p.paused_until = Some(Instant::now() + Duration::from_millis(*for_ms));
+                    self.counts.pauses += 1;
+                    format!("stopped for {for_ms} ms")
+                }
+                None => "not running".into(),
+            },
+        })
+    }
+
+    fn progress(&self, rate: f64) {
+        let up = self
+            .nodes
+            .iter()
+            .flatten()
+            .filter(|p| p.ready_at.is_some())
+            .count();
+        eprintln!(
+            "  {:>6.1} s  {:>9} committed ({:>6.0}/s)  nodes up {up}/{}  kills {}  crashes \
+             {}/{} fired  pauses {}  recoveries {}",
+            self.ms(Instant::now()) / 1000.0,
+            self.committed,
+            rate,
+            self.nodes.len(),
+            self.counts.kills,
+            self.counts.crashes_fired,
+            self.counts.crashes_armed,
+            self.counts.pauses,
+            self.recoveries_seen.len()
+        );
+    }
+
+    /// Stops every node cleanly (closing its stdin) and waits for it.
+    fn stop_nodes(&mut self) {
+        for p in self.nodes.iter_mut().flatten() {
+            if p.paused_until.take().is_some() {
+                signal(&p.child, rustix::process::Signal::CONT);
+            }
+            p.stdin = None;
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        for n in 0..self.nodes.len() {
+            let Some(mut p) = self.nodes[n].take() else {
+                continue;
+            };
+            let status = loop {
+                match p.child.try_wait() {
+                    Ok(Some(status)) => break Some(status),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    _ => break None,
+                }
+            };
+            self.absorb(&mut p);
+            match status {
+                Some(status) if status.success() => {}
+                Some(status) => {
+                    let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+                    self.problems.push(format!(
+                        "compute node {n} (incarnation {}) failed at the end ({status}); its log \
+                         {} ends:\n{}",
+                        p.incarnation,
+                        p.log.display(),
+                        tail(&log)
+                    ));
+                }
+                None => {
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                    self.problems.push(format!(
+                        "compute node {n} (incarnation {}) did not stop within {STOP_TIMEOUT:?}",
+                        p.incarnation
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Sends `signal` to a child that has not been waited for (so its pid is still ours,
+/// even if it has exited).
+fn signal(child: &Child, signal: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+/// The last lines of a log, for an error message.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(12)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_must_be_positive_and_finite() {
+        assert_eq!(parse_seconds("2.5"), Ok(2.5));
+        for bad in ["0", "-1", "nan", "inf", "1e9", "abc", ""] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_tail_returns_complete_lines_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.jsonl");
+        let mut tail = Tail::new(path.clone());
+        assert!(tail.poll().is_empty());
+        let ready = r#"{"event":"ready","node":1,"incarnation":2}"#;
+        std::fs::write(&path, format!("{ready}\n{}", &ready[..10])).unwrap();
+        assert_eq!(
+            tail.poll(),
+            [NodeEvent::Ready {
+                node: 1,
+                incarnation: 2
+            }]
+        );
+        std::fs::write(&path, format!("{ready}\n{ready}\n")).unwrap();
+        assert_eq!(tail.poll().len(), 1);
+        assert!(tail.poll().is_empty());
+    }
+}

@@ -1,0 +1,171 @@
+//! `namdb chaos`: a small run that kills, crashes (at every commit step) and pauses
+//! compute nodes and passes every check; and clear errors for bad arguments.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn namdb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(args)
+        .env_remove("NAMDB_CRASH")
+        .output()
+        .expect("namdb runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn a_small_run_kills_crashes_at_every_step_pauses_recovers_and_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    // 22 s is what the plan needs to arm all six crash points with a 250 ms lease.
+    let o = namdb(&[
+        "chaos",
+        "--duration",
+        "22",
+        "--nodes",
+        "2",
+        "--servers",
+        "1",
+        "--sessions",
+        "2",
+        "--seed",
+        "11",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("verdict: PASSED"), "{out}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["passed"], true, "{out}");
+    assert_eq!(report["violations"].as_array().unwrap().len(), 0);
+
+    let actions = &report["actions"];
+    assert!(actions["kills"].as_u64().unwrap() >= 1, "{actions}");
+    assert!(actions["pauses"].as_u64().unwrap() >= 1, "{actions}");
+    assert!(actions["restarts"].as_u64().unwrap() >= 1, "{actions}");
+    let points = report["crash_points"].as_object().unwrap();
+    assert_eq!(points.len(), 6, "{points:?}");
+    for (point, counts) in points {
+        assert!(
+            counts["fired"].as_u64().unwrap() >= 1,
+            "crash point {point} never fired: {counts}\n{out}"
+        );
+    }
+    assert!(
+        report["plan"]["uncovered_points"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    let recoveries = &report["recoveries"];
+    assert!(recoveries["count"].as_u64().unwrap() >= 1, "{recoveries}");
+    assert!(recoveries["death_to_recovered_max_ms"].as_f64().is_some());
+    let deaths = report["deaths"].as_array().unwrap();
+    assert!(deaths.iter().any(|d| d["cause"] == "kill"));
+    assert!(
+        deaths
+            .iter()
+            .any(|d| d["cause"].as_str().unwrap().starts_with("crash:"))
+    );
+    // After-log and later crashes are committed, so recovery rolls something forward.
+    assert!(
+        recoveries["rolled_forward"].as_u64().unwrap() >= 1,
+        "{recoveries}"
+    );
+
+    let names: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert_eq!(c["passed"], true, "{c}");
+            c["name"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "snapshot isolation",
+            "bank invariant",
+            "acknowledged writes",
+            "no lock remains",
+            "harness"
+        ]
+    );
+    let throughput = &report["throughput"];
+    assert!(throughput["median_per_bucket"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        throughput["dips"].as_array().unwrap().len(),
+        deaths.len(),
+        "{throughput}"
+    );
+    assert!(report["history"]["committed"].as_u64().unwrap() > 1000);
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let cases: [(&[&str], &str); 7] = [
+        (&["--duration", "0"], "must be above 0"),
+        (&["--duration", "soon"], "is not a number of seconds"),
+        (&["--nodes", "0"], "--nodes"),
+        (&["--servers", "9"], "--servers"),
+        (&["--workload", "bank,ledger"], "ledger"),
+        (&["--backend", "sim"], "sim"),
+        (&["--lease-ms", "5"], "--lease-ms"),
+    ];
+    for (args, expected) in cases {
+        let mut argv = vec!["chaos"];
+        argv.extend_from_slice(args);
+        let o = namdb(&argv);
+        let out = text(&o);
+        assert!(!o.status.success(), "{args:?}: {out}");
+        assert!(out.contains(expected), "{args:?}: {out}");
+        assert!(!out.contains("panicked"), "{args:?}: {out}");
+    }
+}
+
+#[test]
+fn a_bad_crash_spec_stops_a_chaos_node_before_it_connects() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("e.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "chaos-node",
+            "--memory-servers",
+            "127.0.0.1:1",
+            "--token-file",
+            "/nonexistent",
+            "--node",
+            "0",
+            "--incarnation",
+            "1",
+            "--sessions",
+            "1",
+            "--workload",
+            "bank",
+            "--lease-ms",
+            "250",
+            "--events",
+            events.to_str().unwrap(),
+            "--seed",
+            "1",
+        ])
+        .env("NAMDB_CRASH", "after-lunch:0.5")
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        out.contains("NAMDB_CRASH: unknown crash point `after-lunch`"),
+        "{out}"
+    );
+}

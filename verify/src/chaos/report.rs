@@ -93,6 +93,9 @@ pub struct Throughput {
     pub dips: Vec<Dip>,
     /// The lowest `ratio` of all dips.
     pub worst_dip_ratio: Option<f64>,
+    /// The median and the longest `stalled_ms` of all dips.
+    pub stall_median_ms: Option<f64>,
+    pub stall_max_ms: Option<f64>,
 }
 
 /// The emptiest bucket in the second after a death, against the run's median bucket.
@@ -102,6 +105,9 @@ pub struct Dip {
     pub cause: String,
     pub min_bucket: u64,
     pub ratio: f64,
+    /// Time, in the two seconds after the death, in buckets under a tenth of the
+    /// median: how long the cluster as a whole nearly stopped.
+    pub stalled_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,6 +186,11 @@ impl Throughput {
                 let last = first + (1000 / bucket_ms.max(1)) as usize;
                 let window = committed.get(first..last.min(committed.len()))?;
                 let min_bucket = *window.iter().min()?;
+                let stall_end = (first + (2000 / bucket_ms.max(1)) as usize).min(committed.len());
+                let stalled = committed[first..stall_end]
+                    .iter()
+                    .filter(|&&c| (c as f64) < median_per_bucket / 10.0)
+                    .count() as u64;
                 Some(Dip {
                     at_ms: d.at_ms,
                     cause: d.cause.clone(),
@@ -189,16 +200,21 @@ impl Throughput {
                     } else {
                         0.0
                     },
+                    stalled_ms: stalled * bucket_ms,
                 })
             })
             .collect();
         let worst_dip_ratio = dips.iter().map(|d| d.ratio).min_by(f64::total_cmp);
+        let mut stalls: Vec<f64> = dips.iter().map(|d| d.stalled_ms as f64).collect();
+        let stall_max_ms = stalls.iter().copied().max_by(f64::total_cmp);
         Throughput {
             bucket_ms,
             committed,
             median_per_bucket,
             dips,
             worst_dip_ratio,
+            stall_median_ms: median(&mut stalls),
+            stall_max_ms,
         }
     }
 }
@@ -305,6 +321,12 @@ impl fmt::Display for ChaosReport {
             t.worst_dip_ratio
                 .map_or("-".into(), |r| format!("{:.0}% of the median", r * 100.0))
         )?;
+        writeln!(
+            f,
+            "  after a death, under a tenth of the median for: median {}, max {}",
+            ms(t.stall_median_ms),
+            ms(t.stall_max_ms)
+        )?;
         let h = &self.history;
         writeln!(
             f,
@@ -405,5 +427,10 @@ mod tests {
         assert_eq!(t.dips[0].ratio, 0.0);
         assert_eq!(t.dips[1].min_bucket, 10);
         assert_eq!(t.worst_dip_ratio, Some(0.0));
+        assert_eq!((t.dips[0].stalled_ms, t.dips[1].stalled_ms), (200, 0));
+        assert_eq!(
+            (t.stall_median_ms, t.stall_max_ms),
+            (Some(100.0), Some(200.0))
+        );
     }
 }

@@ -6,6 +6,7 @@
 //!
 //! Exit status: 0 when every check passed, 1 on any violation or harness error.
 
+use crate::cluster_cmd::tail;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use memory_server::ClusterToken;
@@ -418,7 +419,7 @@ struct Harness<'a> {
     exe: PathBuf,
     token_file: PathBuf,
     seed: u64,
-    servers: Vec<Child>,
+    servers: Vec<crate::cluster_cmd::ProcessEntry>,
     addrs: Vec<String>,
     nodes: Vec<Option<NodeProc>>,
     next_incarnation: u64,
@@ -442,10 +443,7 @@ impl Drop for Harness<'_> {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
-        for s in &mut self.servers {
-            let _ = s.kill();
-            let _ = s.wait();
-        }
+        crate::cluster_cmd::stop_all(self.servers.iter(), &self.token_file);
     }
 }
 
@@ -767,54 +765,36 @@ impl<'a> Harness<'a> {
     }
 
     fn start_memory_server(&mut self, i: u32, bytes: u64) -> Result<()> {
-        let log = self.dir.join(format!("memory-server-{i}.log"));
-        let out = std::fs::File::create(&log)?;
-        let mut command = Command::new(&self.exe);
-        command
-            .args(["memory-server", "--listen", "127.0.0.1:0", "--backend"])
-            .arg(self.args.backend.name())
-            .arg("--size")
-            .arg(bytes.to_string())
-            .arg("--region-size")
-            .arg(bytes.to_string())
-            .arg("--token-file")
-            .arg(&self.token_file)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
+        let name = format!("memory-server-{i}");
+        let mut argv: Vec<String> = [
+            "memory-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            self.args.backend.name(),
+            "--size",
+            &bytes.to_string(),
+            "--region-size",
+            &bytes.to_string(),
+            "--token-file",
+            &self.token_file.display().to_string(),
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
         if self.args.backend == ChaosBackend::Shm {
-            command
-                .arg("--socket")
-                .arg(self.dir.join(format!("memory-server-{i}.sock")));
+            argv.push("--socket".into());
+            argv.push(self.dir.join(format!("{name}.sock")).display().to_string());
         }
-        let mut child = command.spawn().context("cannot start a memory server")?;
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(addr) = text.lines().find_map(|l| {
-                l.strip_prefix("memory server listening on ")
-                    .and_then(|rest| rest.split_whitespace().next())
-            }) {
-                self.addrs.push(addr.to_string());
-                self.servers.push(child);
-                return Ok(());
-            }
-            if let Some(status) = child.try_wait()? {
-                bail!(
-                    "memory server {i} exited ({status}) before it was ready:\n{}",
-                    tail(&text)
-                );
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "memory server {i} was not ready after {START_TIMEOUT:?}:\n{}",
-                    tail(&text)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let entry = crate::cluster_cmd::spawn(
+            &name,
+            "memory server",
+            &argv,
+            &self.dir.join(format!("{name}.log")),
+        )?;
+        self.addrs.push(entry.address.clone());
+        self.servers.push(entry);
+        Ok(())
     }
 
     /// Starts compute node `n` as a new incarnation, with `armed` (point, probability,
@@ -1192,12 +1172,6 @@ fn signal(child: &Child, signal: rustix::process::Signal) {
     if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
         let _ = rustix::process::kill_process(pid, signal);
     }
-}
-
-/// The last lines of a log, for an error message.
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(12)..].join("\n")
 }
 
 #[cfg(test)]

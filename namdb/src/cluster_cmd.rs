@@ -266,7 +266,7 @@ pub(crate) fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Resu
 }
 
 /// The last lines of a log, for an error message.
-fn tail(text: &str) -> String {
+pub(crate) fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
 }

@@ -491,9 +491,7 @@ fn read_words(conn: &mut Conn, at: RemoteAddr, words: usize) -> Result<Vec<u64>>
 
 /// CAS; returns the old value (the swap happened iff it equals `compare`).
 fn cas(conn: &mut Conn, at: RemoteAddr, compare: u64, swap: u64) -> Result<u64> {
-    let local = conn.scratch().buf(0, 8);
-    conn.run(&mut [SendWr::cas(0, local, at, compare, swap)])?;
-    Ok(conn.scratch().load_u64(0)?)
+    Ok(conn.cas(at, compare, swap)?)
 }
 
 fn to_bytes(words: &[u64]) -> Vec<u8> {
@@ -502,17 +500,7 @@ fn to_bytes(words: &[u64]) -> Vec<u8> {
 
 /// WRITEs `words` at `at`, through the scratch region, a scratch-full per doorbell.
 fn write_words(conn: &mut Conn, at: RemoteAddr, words: &[u64]) -> Result<()> {
-    let chunk = (conn.scratch().len() / 8) as usize;
-    for (k, part) in words.chunks(chunk).enumerate() {
-        conn.scratch().write(0, &to_bytes(part))?;
-        let local = conn.scratch().buf(0, part.len() as u32 * 8);
-        let remote = RemoteAddr {
-            offset: at.offset + (k * chunk) as u64 * 8,
-            ..at
-        };
-        conn.run(&mut [SendWr::write(0, local, remote)])?;
-    }
-    Ok(())
+    Ok(conn.write_bytes(at, &to_bytes(words))?)
 }
 
 /// WRITEs `words` at `at`, then CASes `word` — one doorbell, executed in that order —

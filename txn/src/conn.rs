@@ -7,7 +7,9 @@
 //! RC executes a queue pair's requests in order, so the last completion means the whole
 //! batch is done. A `Conn` belongs to one thread at a time.
 
-use fabric::{Access, Completion, CompletionQueue, Device, FabricError, QueuePair, Region, SendWr};
+use fabric::{
+    Access, Completion, CompletionQueue, Device, FabricError, QueuePair, Region, RemoteAddr, SendWr,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,6 +88,54 @@ impl Conn {
                 std::hint::spin_loop();
             }
         }
+    }
+
+    /// READs the word at `at`.
+    pub fn read_word(&mut self, at: RemoteAddr) -> Result<u64, FabricError> {
+        let local = self.scratch.buf(0, 8);
+        self.run(&mut [SendWr::read(0, local, at)])?;
+        self.scratch.load_u64(0)
+    }
+
+    /// READs `len` bytes from `at`, a scratch-full per doorbell.
+    pub fn read_bytes(&mut self, at: RemoteAddr, len: u64) -> Result<Vec<u8>, FabricError> {
+        let mut out = Vec::with_capacity(len as usize);
+        let step = self.scratch.len();
+        let mut done = 0;
+        while done < len {
+            let n = step.min(len - done);
+            let local = self.scratch.buf(0, n as u32);
+            let remote = RemoteAddr {
+                offset: at.offset + done,
+                ..at
+            };
+            self.run(&mut [SendWr::read(0, local, remote)])?;
+            out.extend_from_slice(&self.scratch.to_vec(0, n as usize)?);
+            done += n;
+        }
+        Ok(out)
+    }
+
+    /// WRITEs `bytes` at `at`, through the scratch region, a scratch-full per doorbell.
+    pub fn write_bytes(&mut self, at: RemoteAddr, bytes: &[u8]) -> Result<(), FabricError> {
+        let step = self.scratch.len() as usize;
+        for (k, part) in bytes.chunks(step).enumerate() {
+            self.scratch.write(0, part)?;
+            let local = self.scratch.buf(0, part.len() as u32);
+            let remote = RemoteAddr {
+                offset: at.offset + (k * step) as u64,
+                ..at
+            };
+            self.run(&mut [SendWr::write(0, local, remote)])?;
+        }
+        Ok(())
+    }
+
+    /// CAS; returns the old value (the swap happened iff it equals `compare`).
+    pub fn cas(&mut self, at: RemoteAddr, compare: u64, swap: u64) -> Result<u64, FabricError> {
+        let local = self.scratch.buf(0, 8);
+        self.run(&mut [SendWr::cas(0, local, at, compare, swap)])?;
+        self.scratch.load_u64(0)
     }
 
     /// After an error completion: collect the flushes of the rest of the batch, then

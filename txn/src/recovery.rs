@@ -29,7 +29,6 @@ use crate::conn::Conn;
 use crate::error::{Result, TxnError};
 use crate::layout::{self, Header, VERSIONS_OFFSET, Version};
 use crate::store::{Database, Table, lock};
-use fabric::{RemoteAddr, SendWr};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -125,18 +124,11 @@ impl Database {
         let log = self.shared.catalog.commit_log();
         let tables = self.tables()?;
         let mut conns = self.recovery_conns();
-        if cas(
-            &mut conns[commitlog::SERVER],
-            log.guard(slot),
-            active,
-            recovering.encode(),
-        )? != active
-        {
+        if conns[commitlog::SERVER].cas(log.guard(slot), active, recovering.encode())? != active {
             return Ok(None);
         }
         let report = recover(self, &tables, &mut conns, slot, holder_tag)?;
-        cas(
-            &mut conns[commitlog::SERVER],
+        conns[commitlog::SERVER].cas(
             log.guard(slot),
             recovering.encode(),
             Guard::Clean { tag: holder_tag }.encode(),
@@ -156,14 +148,14 @@ impl Database {
         loop {
             let word = {
                 let mut conns = self.recovery_conns();
-                read_word(&mut conns[commitlog::SERVER], guard)?
+                conns[commitlog::SERVER].read_word(guard)?
             };
             match Guard::decode(word)? {
                 Guard::Active { tag: t } if t == tag => return Ok(()),
                 Guard::Clean { .. } => {
                     let mut conns = self.recovery_conns();
                     let mine = Guard::Active { tag }.encode();
-                    if cas(&mut conns[commitlog::SERVER], guard, word, mine)? == word {
+                    if conns[commitlog::SERVER].cas(guard, word, mine)? == word {
                         return Ok(());
                     }
                 }
@@ -176,10 +168,9 @@ impl Database {
                         let mine = Guard::Recovering { tag: t, by };
                         let tables = self.tables()?;
                         let mut conns = self.recovery_conns();
-                        if cas(&mut conns[commitlog::SERVER], guard, word, mine.encode())? == word {
+                        if conns[commitlog::SERVER].cas(guard, word, mine.encode())? == word {
                             let report = recover(self, &tables, &mut conns, slot, t)?;
-                            cas(
-                                &mut conns[commitlog::SERVER],
+                            conns[commitlog::SERVER].cas(
                                 guard,
                                 mine.encode(),
                                 Guard::Clean { tag: t }.encode(),
@@ -199,8 +190,7 @@ impl Database {
     pub(crate) fn leave_slot(&self, slot: u32, tag: u16) -> Result<()> {
         let log = self.shared.catalog.commit_log();
         let mut conns = self.recovery_conns();
-        cas(
-            &mut conns[commitlog::SERVER],
+        conns[commitlog::SERVER].cas(
             log.guard(slot),
             Guard::Active { tag }.encode(),
             Guard::Clean { tag }.encode(),
@@ -218,14 +208,8 @@ fn recover(
     holder_tag: u16,
 ) -> Result<RecoveryReport> {
     let started = Instant::now();
-    let log = db.shared.catalog.commit_log();
     let slots = db.shared.catalog.oracle().layout.slots() as u64;
-    let ring = read_bytes(
-        &mut conns[commitlog::SERVER],
-        log.ring(slot),
-        log.ring_bytes(),
-    )?;
-    let records = commitlog::parse_ring(&ring);
+    let records = read_ring(db, conns, slot)?;
     let mut report = RecoveryReport {
         slot,
         holder_tag,
@@ -257,18 +241,18 @@ fn recover(
     }
     report.took = started.elapsed();
     report.finished_at = SystemTime::now();
-    tracing_free_note(&report);
-    Ok(report)
-}
-
-/// A line on stderr per recovery that did something: operators want to know.
-fn tracing_free_note(r: &RecoveryReport) {
-    if r.rolled_forward + r.rolled_back > 0 {
-        eprintln!(
-            "namdb: recovered oracle slot {} (holder tag {}): {} locks rolled forward, {} released, {} blocks scanned in {:?}",
-            r.slot, r.holder_tag, r.rolled_forward, r.rolled_back, r.blocks_scanned, r.took
+    if report.rolled_forward + report.rolled_back > 0 {
+        tracing::info!(
+            slot = report.slot,
+            holder_tag = report.holder_tag,
+            rolled_forward = report.rolled_forward,
+            rolled_back = report.rolled_back,
+            blocks_scanned = report.blocks_scanned,
+            took = ?report.took,
+            "recovered a dead holder's commits"
         );
     }
+    Ok(report)
 }
 
 /// Resolves one lock held by `cid` on block `addr` (bytes `raw` as read, locked):
@@ -305,9 +289,9 @@ fn resolve(
                 let value = (entry.kind == EntryKind::Update).then_some(entry.value.as_slice());
                 let mut bytes = vec![0u8; versions_len];
                 layout::write_installed(raw, cid, value, shape, &mut bytes)?;
-                write_bytes(conn, versions_at, &bytes)?;
+                conn.write_bytes(versions_at, &bytes)?;
             }
-            cas(conn, header_at, locked, Header::unlocked(cid).encode())?;
+            conn.cas(header_at, locked, Header::unlocked(cid).encode())?;
             Ok(true)
         }
         None if newest == cid => {
@@ -320,12 +304,12 @@ fn resolve(
                 }],
                 shape,
             )?;
-            write_bytes(conn, versions_at, &bytes)?;
-            cas(conn, header_at, locked, Header::unlocked(0).encode())?;
+            conn.write_bytes(versions_at, &bytes)?;
+            conn.cas(header_at, locked, Header::unlocked(0).encode())?;
             Ok(false)
         }
         None => {
-            cas(conn, header_at, locked, Header::unlocked(newest).encode())?;
+            conn.cas(header_at, locked, Header::unlocked(newest).encode())?;
             Ok(false)
         }
     }
@@ -341,14 +325,14 @@ fn scan_headers(
 ) -> Result<u64> {
     let p = &table.partitions[part];
     let conn = &mut conns[p.server];
-    let allocated = read_word(conn, p.data.at(p.arena))?.min(p.capacity);
+    let allocated = conn.read_word(p.data.at(p.arena))?.min(p.capacity);
     let block_bytes = table.shape.block_bytes();
     let chunk = (SCRATCH / block_bytes).max(1);
     let mut i = 0;
     while i < allocated {
         let n = chunk.min(allocated - i);
         let first = table.block_offset(part, i);
-        let bytes = read_bytes(conn, p.data.at(first), n * block_bytes)?;
+        let bytes = conn.read_bytes(p.data.at(first), n * block_bytes)?;
         for b in 0..n {
             let raw = &bytes[(b * block_bytes) as usize..((b + 1) * block_bytes) as usize];
             let word = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes"));
@@ -359,53 +343,14 @@ fn scan_headers(
     Ok(allocated)
 }
 
-// ---- verbs on a Conn ----
-
-fn read_word(conn: &mut Conn, at: RemoteAddr) -> Result<u64> {
-    let local = conn.scratch().buf(0, 8);
-    conn.run(&mut [SendWr::read(0, local, at)])?;
-    Ok(conn.scratch().load_u64(0)?)
-}
-
-fn read_bytes(conn: &mut Conn, at: RemoteAddr, len: u64) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(len as usize);
-    let step = conn.scratch().len();
-    let mut done = 0;
-    while done < len {
-        let n = step.min(len - done);
-        let remote = RemoteAddr {
-            offset: at.offset + done,
-            ..at
-        };
-        let local = conn.scratch().buf(0, n as u32);
-        conn.run(&mut [SendWr::read(0, local, remote)])?;
-        out.extend_from_slice(&conn.scratch().to_vec(0, n as usize)?);
-        done += n;
-    }
-    Ok(out)
-}
-
-fn write_bytes(conn: &mut Conn, at: RemoteAddr, bytes: &[u8]) -> Result<()> {
-    conn.scratch().write(0, bytes)?;
-    let local = conn.scratch().buf(0, bytes.len() as u32);
-    conn.run(&mut [SendWr::write(0, local, at)])?;
-    Ok(())
-}
-
-fn cas(conn: &mut Conn, at: RemoteAddr, compare: u64, swap: u64) -> Result<u64> {
-    let local = conn.scratch().buf(0, 8);
-    conn.run(&mut [SendWr::cas(0, local, at, compare, swap)])?;
-    Ok(conn.scratch().load_u64(0)?)
-}
-
 /// The records of a ring, by CID (for tests and tools).
 pub fn read_log(db: &Database, slot: u32) -> Result<HashMap<u64, LogRecord>> {
+    read_ring(db, &mut db.recovery_conns(), slot)
+}
+
+/// A slot's ring, read and parsed.
+fn read_ring(db: &Database, conns: &mut [Conn], slot: u32) -> Result<HashMap<u64, LogRecord>> {
     let log = db.shared.catalog.commit_log();
-    let mut conns = db.recovery_conns();
-    let ring = read_bytes(
-        &mut conns[commitlog::SERVER],
-        log.ring(slot),
-        log.ring_bytes(),
-    )?;
+    let ring = conns[commitlog::SERVER].read_bytes(log.ring(slot), log.ring_bytes())?;
     Ok(commitlog::parse_ring(&ring))
 }

@@ -21,7 +21,7 @@ use crate::index::IndexCache;
 use crate::runtime::{self, yield_now};
 use crate::store::Database;
 use crate::transaction::{AsyncTransaction, Parts, Suspended, Transaction};
-use fabric::{Access, Device, SendWr};
+use fabric::{Access, Device};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
@@ -239,13 +239,7 @@ impl Worker {
     /// bumped the holder's tag once, to `fenced.tag`).
     fn resolve_fenced(&self, slot: u32, fenced: timestamp::Lease) -> Result<()> {
         let log = self.db.shared.catalog.commit_log();
-        let word = {
-            let mut conns = self.db.recovery_conns();
-            let conn = &mut conns[crate::commitlog::SERVER];
-            let local = conn.scratch().buf(0, 8);
-            conn.run(&mut [SendWr::read(0, local, log.guard(slot))])?;
-            conn.scratch().load_u64(0)?
-        };
+        let word = self.db.recovery_conns()[crate::commitlog::SERVER].read_word(log.guard(slot))?;
         if let crate::commitlog::Guard::Active { tag } = crate::commitlog::Guard::decode(word)?
             && (timestamp::Lease { tag, ..fenced }).next_tag() == fenced.tag
             && self.db.resolve_holder(slot, tag)?.is_some()

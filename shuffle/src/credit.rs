@@ -168,6 +168,13 @@ impl RecvBook {
         }
     }
 
+    /// Whether everything `source` sends has arrived: its end of stream and every data
+    /// message it announced. True as soon as the last of them is taken in, where
+    /// [`RecvBook::finished`] waits for [`RecvBook::settle`] at the end of the batch.
+    pub(crate) fn complete(&self, source: usize) -> bool {
+        self.finished[source] || self.expected[source] == Some(self.data[source])
+    }
+
     /// Marks sources whose every announced message arrived as finished.
     pub(crate) fn settle(&mut self) {
         for s in 0..self.nodes() {

@@ -18,6 +18,13 @@
 //! stops posting and crediting for that source. Send/receive parity: every SEND
 //! consumed a credited receive; the receives a finished source never used are counted
 //! (`posted - arrived`) and their buffers reclaimed when the endpoint closes.
+//!
+//! Teardown: a Depleted put_data returns only once every SEND of the endpoint, the
+//! ends of stream included, has completed, i.e. been delivered into a receive. Only
+//! then may the sender close its queue pairs (and its node its device): the receiver's
+//! next credit WRITE to a closed queue pair fails, which puts the receiver's queue pair
+//! in error and flushes its receives, and a message not yet delivered by then would be
+//! lost. Once the end of stream is in, the receiver expects that flush and ignores it.
 
 use crate::buffer::{Buffer, HEADER_BYTES, Header, Received, SendBuf, State};
 use crate::credit::{self, CONTROL_WR, POLL_BATCH, RecvBook, SendCredit};
@@ -177,6 +184,7 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
             )?,
             credit: SendCredit::new(nodes, initial as u64),
             inflight: HashMap::new(),
+            ends_inflight: 0,
             next_wr: 0,
             depleted: false,
         }),
@@ -192,6 +200,8 @@ struct SendState {
     credit: SendCredit,
     /// Buffers being transmitted: wr_id → (buffer, SEND completions still to come).
     inflight: HashMap<u64, (Buffer, usize)>,
+    /// Ends of stream posted whose completion has not come yet.
+    ends_inflight: usize,
     next_wr: u64,
     depleted: bool,
 }
@@ -220,8 +230,9 @@ impl SrSender {
                 if wc.wr_id == CONTROL_WR {
                     // An end of stream: the receiver has it once it finished with us,
                     // and may be gone before our completion is (a tcp ack lost with
-                    // the closed connection). A receiver that did not get it reports
-                    // the missing end itself.
+                    // the closed connection), so any status will do. A receiver that
+                    // did not get it reports the missing end itself.
+                    st.ends_inflight = st.ends_inflight.saturating_sub(1);
                     continue;
                 }
                 credit::check(wc, "a SEND")?;
@@ -269,6 +280,7 @@ impl SrSender {
                             });
                             self.qps[dest]
                                 .post_send(&[SendWr::send(CONTROL_WR, Src::Inline(&bytes))])?;
+                            st.ends_inflight += 1;
                         }
                     }
                     return Ok(());
@@ -363,8 +375,34 @@ impl SendEndpoint for SrSender {
             for d in 0..nodes {
                 self.send_to(d, Outgoing::End)?;
             }
+            self.drain()?;
         }
         Ok(())
+    }
+}
+
+impl SrSender {
+    /// Waits until every SEND posted so far has completed: delivered (or failed, which
+    /// for data is an error). After that, closing the queue pairs loses nothing.
+    fn drain(&self) -> Result<()> {
+        retry_until(
+            self.timeout,
+            || {
+                let st = lock(&self.state);
+                format!(
+                    "the completions of the last SENDs at send endpoint {} ({} buffers, \
+                     {} ends of stream outstanding)",
+                    self.id,
+                    st.inflight.len(),
+                    st.ends_inflight
+                )
+            },
+            || {
+                let mut st = lock(&self.state);
+                self.reap(&mut st)?;
+                Ok((st.inflight.is_empty() && st.ends_inflight == 0).then_some(()))
+            },
+        )
     }
 }
 
@@ -442,12 +480,13 @@ impl SrReceiver {
         loop {
             let n = credit::poll(&self.cq, &mut wcs)?;
             for wc in &wcs[..n] {
-                // Once a source has finished, its sender may close its queue pair,
-                // which flushes our receives left for it and fails a credit WRITE
-                // still on the way: nothing is lost then.
+                // Once a source's stream has wholly arrived, its sender may close its
+                // queue pair, which fails a credit WRITE still on the way and flushes
+                // our receives left for it: nothing is lost then. Its end of stream may
+                // be in this very batch, before `settle` marks it finished.
                 if wc.opcode == WcOpcode::Write || wc.wr_id & CREDIT_WRITE != 0 {
                     let source = (wc.wr_id & !CREDIT_WRITE) as usize;
-                    if !st.book.finished.get(source).copied().unwrap_or(false) {
+                    if !(source < st.book.nodes() && st.book.complete(source)) {
                         credit::check(wc, "a credit WRITE")?;
                     }
                     continue;
@@ -456,7 +495,7 @@ impl SrReceiver {
                     credit::check(wc, "a RECV")?;
                     continue;
                 };
-                if !wc.status.is_ok() && st.book.finished[source] {
+                if !wc.status.is_ok() && st.book.complete(source) {
                     st.book.owned[source] -= 1;
                     self.pool.give(buf);
                     continue;

@@ -169,3 +169,80 @@ fn every_sr_design_runs_on_tcp() {
         }
     }
 }
+
+/// On tcp, a sender gone for good (queue pairs and device closed) right after its
+/// stream: the receiver's next credit WRITE to it fails and flushes the receives left
+/// for it, in the same poll as the sender's end of stream. Nothing was lost, so the
+/// receiver ends cleanly; and the sender was allowed to go only once its end of stream
+/// had been delivered (a Depleted put_data waits for its SENDs' completions).
+#[test]
+fn a_sender_closing_right_after_its_stream_loses_nothing() {
+    use shuffle::endpoint::{EndpointConfig, open};
+    use shuffle::{LocalExchange, Node, State};
+    use std::sync::mpsc::channel;
+
+    let design = Design::new(Endpoints::Single, Transport::MqSr);
+    let config = EndpointConfig {
+        message_bytes: 1024,
+        buffering: Buffering::Fixed { per_peer: 4 },
+        credit_every: 1,
+        timeout: Duration::from_secs(10),
+        ..EndpointConfig::default()
+    };
+    let device = |id| -> Arc<dyn Device> {
+        fabric::tcp::TcpDevice::bind_as("127.0.0.1:0", b"sr test", NodeId(id)).unwrap()
+    };
+    // Rank 1's device is closed with it: nothing else may hold it.
+    let (device_a, device_b) = (device(1), device(2));
+    let mut exchanges = LocalExchange::group(2, Duration::from_secs(30));
+    let (xb, xa) = (exchanges.pop().unwrap(), exchanges.pop().unwrap());
+    let (took_both, b_may_end) = channel::<()>();
+    let (b_gone, a_may_release) = channel::<()>();
+    let config = &config;
+    std::thread::scope(|s| {
+        let b = s.spawn(move || -> shuffle::Result<()> {
+            let node = Node::join(device_b.clone(), Arc::new(xb), 1 << 30)?;
+            let opened = open(&node, design, config)?;
+            let (tx, rx) = (&opened.senders[0], &opened.receivers[0]);
+            for word in [7u64, 8] {
+                let mut buf = tx.acquire()?;
+                assert!(buf.push(word));
+                tx.put_data(buf, &[0], State::MoreData)?;
+            }
+            b_may_end.recv().unwrap();
+            tx.put_data(tx.acquire()?, &[], State::Depleted)?;
+            while let Some(r) = rx.get_data()? {
+                rx.release(r)?;
+            }
+            drop(opened);
+            drop(node);
+            assert_eq!(
+                Arc::strong_count(&device_b),
+                1,
+                "rank 1's device is still held"
+            );
+            drop(device_b);
+            b_gone.send(()).unwrap();
+            Ok(())
+        });
+        let a = s.spawn(move || -> shuffle::Result<()> {
+            let node = Node::join(device_a, Arc::new(xa), 1 << 30)?;
+            let opened = open(&node, design, config)?;
+            let (tx, rx) = (&opened.senders[0], &opened.receivers[0]);
+            tx.put_data(tx.acquire()?, &[], State::Depleted)?;
+            let first = rx.get_data()?.expect("a message");
+            let second = rx.get_data()?.expect("a message");
+            took_both.send(()).unwrap();
+            a_may_release.recv().unwrap();
+            // Credit WRITEs to the departed sender: they fail, and flush our receives.
+            rx.release(first)?;
+            rx.release(second)?;
+            if let Some(r) = rx.get_data()? {
+                panic!("an unexpected message from rank {}", r.source);
+            }
+            Ok(())
+        });
+        b.join().unwrap().expect("rank 1");
+        a.join().unwrap().expect("rank 0");
+    });
+}

@@ -28,6 +28,7 @@ use crate::registry::{self, Registry};
 use crate::serve::{Connections, Server};
 use qp::{QpShared, TcpQp};
 use std::collections::HashMap;
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock, Weak};
@@ -107,18 +108,31 @@ impl TcpDevice {
         }
         let io =
             |what: &str, e: std::io::Error| FabricError::Backend(format!("{what} {addr}: {e}"));
-        let listener = TcpListener::bind(addr).map_err(|e| io("cannot listen on", e))?;
-        let bound = listener
-            .local_addr()
-            .map_err(|e| io("cannot read the address of", e))?;
-        // Peers dial the address this device advertises; a wildcard names no host.
-        if bound.ip().is_unspecified() {
-            return Err(FabricError::Backend(format!(
-                "cannot advertise the wildcard address {bound}: bind the soft-NIC to the \
-                 address peers reach this host at (e.g. 10.0.0.5:0, or 127.0.0.1:0 on one host)"
-            )));
-        }
-        let udp = UdpSocket::bind(bound).map_err(|e| io("cannot bind UDP on", e))?;
+        // UD uses the UDP port of the listener's number. With an ephemeral port the
+        // kernel picks a free TCP port whose UDP twin may be taken (by another process's
+        // ephemeral UDP socket): then another TCP port is tried.
+        let ephemeral = addr.rsplit_once(':').is_some_and(|(_, port)| port == "0");
+        let mut attempts = 0;
+        let (listener, bound, udp) = loop {
+            attempts += 1;
+            let listener = TcpListener::bind(addr).map_err(|e| io("cannot listen on", e))?;
+            let bound = listener
+                .local_addr()
+                .map_err(|e| io("cannot read the address of", e))?;
+            // Peers dial the address this device advertises; a wildcard names no host.
+            if bound.ip().is_unspecified() {
+                return Err(FabricError::Backend(format!(
+                    "cannot advertise the wildcard address {bound}: bind the soft-NIC to the \
+                     address peers reach this host at (e.g. 10.0.0.5:0, or 127.0.0.1:0 on one \
+                     host)"
+                )));
+            }
+            match UdpSocket::bind(bound) {
+                Ok(udp) => break (listener, bound, udp),
+                Err(e) if ephemeral && e.kind() == ErrorKind::AddrInUse && attempts < 32 => {}
+                Err(e) => return Err(io("cannot bind UDP on", e)),
+            }
+        };
         udp.set_read_timeout(Some(Duration::from_millis(50)))
             .map_err(|e| io("cannot configure UDP on", e))?;
         let node = Arc::new(TcpNode {

@@ -65,6 +65,11 @@ fn serve(node: &Arc<TcpNode>, mut stream: TcpStream) {
     };
     let mut body = Vec::new();
     let mut response = Vec::new();
+    // Whether the requester still reads responses. Once it has gone (its queue pair
+    // destroyed, perhaps with a reset because responses were left unread), the requests
+    // it had already sent are still executed, as a NIC executes every packet it
+    // received: only their responses have nowhere to go.
+    let mut answering = true;
     loop {
         let mut requests = Vec::new();
         match wire::read_frame(&mut stream, &mut body) {
@@ -97,7 +102,10 @@ fn serve(node: &Arc<TcpNode>, mut stream: TcpStream) {
             conn.execute(request, &mut response);
         }
         wire::finish_frame(&mut response, start, count);
-        if stream.write_all(&response).is_err() || conn.node.is_shut_down() {
+        if answering && stream.write_all(&response).is_err() {
+            answering = false;
+        }
+        if conn.node.is_shut_down() {
             return;
         }
     }

@@ -234,3 +234,47 @@ fn a_wildcard_address_is_refused_because_no_peer_could_dial_it() {
     let err = TcpDevice::bind("0.0.0.0:0", TOKEN).err().expect("refused");
     assert!(err.to_string().contains("wildcard"), "{err}");
 }
+
+/// SENDs that reached the responder's host are delivered even when the requester
+/// destroys its queue pair right after posting them, with a response it never read
+/// still in its socket (so the close is a reset): a NIC executes every request it
+/// received, whatever became of the requester since. The responder used to stop at
+/// the first response it could not write, losing the requests queued behind it.
+#[test]
+fn sends_received_before_the_requester_vanished_are_all_delivered() {
+    const K: u64 = 16;
+    let a = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let b = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let (acq, bcq) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let (aqp, bqp) = crate::connect_rc((a.as_ref(), &acq), (b.as_ref(), &bcq)).unwrap();
+    let into = b.register(8 * K, Access::ALL).unwrap();
+    for i in 0..K {
+        bqp.post_recv(&[crate::RecvWr {
+            wr_id: i,
+            buf: into.buf(8 * i, 8),
+        }])
+        .unwrap();
+    }
+    // One SEND delivered and answered, its response left unread in the requester's
+    // socket.
+    aqp.post_send(&[SendWr::send(0, crate::Src::Inline(&0u64.to_ne_bytes()))])
+        .unwrap();
+    let first = crate::conformance::wait(&bcq, 1);
+    assert_eq!(first[0].status, WcStatus::Success);
+    std::thread::sleep(Duration::from_millis(50));
+    // The rest, one frame each, and the queue pair destroyed at once.
+    for i in 1..K {
+        aqp.post_send(&[SendWr::send(i, crate::Src::Inline(&i.to_ne_bytes()))])
+            .unwrap();
+    }
+    drop(aqp);
+    let rest = crate::conformance::wait(&bcq, (K - 1) as usize);
+    for (i, wc) in (1..K).zip(&rest) {
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success), "{rest:?}");
+    }
+    let got = into.to_vec(0, 8 * K as usize).unwrap();
+    for i in 0..K {
+        let at = 8 * i as usize;
+        assert_eq!(got[at..at + 8], i.to_ne_bytes(), "message {i}");
+    }
+}

@@ -35,7 +35,10 @@ pub trait SendEndpoint: Send + Sync {
     /// [`State::Depleted`] this endpoint sends nothing more, and every receiver it is
     /// connected to learns that its stream from here has ended once all of it arrived.
     /// `dests` may be empty: with [`State::MoreData`] the buffer simply goes back to
-    /// the endpoint; with [`State::Depleted`] only the end of stream is sent.
+    /// the endpoint; with [`State::Depleted`] only the end of stream is sent. A
+    /// design may block in a `Depleted` call until what it sent has left (the SEND
+    /// designs wait for their completions), so tearing the endpoint down right after
+    /// it loses nothing.
     fn put_data(&self, buf: SendBuf, dests: &[usize], state: State) -> Result<()>;
 }
 

@@ -707,4 +707,55 @@ mod tests {
         assert_eq!((s.batches, s.entries), (1, 10));
         assert_eq!(list(dir.path()).unwrap(), [1, 2]);
     }
+
+    #[test]
+    fn a_failed_write_is_reported_and_nothing_more_is_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(create(dir.path(), 1).unwrap());
+        // Read-only: every write fails, as on a full or failing disk.
+        let file = File::open(path(dir.path(), 1)).unwrap();
+        let writer = Writer {
+            dir: dir.path().to_path_buf(),
+            file,
+            number: 1,
+            next_seq: 1,
+            batches_in_file: 0,
+            counters: Arc::new(Counters::default()),
+            failed: None,
+        };
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::spawn(move || writer.run(rx));
+        let send = |tx: &mpsc::Sender<Msg>| {
+            let (reply, wait) = oneshot::channel();
+            tx.send(Msg::Persist(Pending {
+                entries: entry(0, 0, b"x"),
+                count: 1,
+                bytes: 1,
+                reply,
+            }))
+            .unwrap();
+            wait.blocking_recv().unwrap().unwrap_err()
+        };
+        let first = send(&tx);
+        assert!(
+            first.contains("writing journal") && first.contains("journal-"),
+            "{first}"
+        );
+        let later = send(&tx);
+        assert!(
+            later.contains("failed earlier") && later.contains("restart"),
+            "{later}"
+        );
+        let (rot_tx, rot_rx) = mpsc::channel();
+        tx.send(Msg::Rotate(rot_tx)).unwrap();
+        assert!(
+            rot_rx
+                .recv()
+                .unwrap()
+                .unwrap_err()
+                .contains("failed earlier")
+        );
+        drop(tx);
+        thread.join().unwrap();
+    }
 }

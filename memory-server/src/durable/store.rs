@@ -88,28 +88,32 @@ impl Store {
     }
 
     /// Copies base file `index` into `region` (through its atomic word access); returns
-    /// the bytes that were not zero (zero runs are skipped: the region starts zeroed).
+    /// the bytes copied. Holes of the sparse file and all-zero pieces are skipped (the
+    /// region starts zeroed), so a restore costs what was ever written, not the
+    /// region's size.
     pub fn load(&self, index: usize, region: &Region) -> Result<u64, String> {
         let file = &self.files[index];
         let len = self.lens[index];
         let mut buf = vec![0u8; LOAD_CHUNK];
         let mut restored = 0;
-        let mut at = 0;
-        while at < len {
-            let n = (len - at).min(LOAD_CHUNK as u64) as usize;
-            file.read_exact_at(&mut buf[..n], at).map_err(|e| {
-                format!(
-                    "cannot read the base file of region `{}`: {e}",
-                    self.names[index]
-                )
-            })?;
-            if buf[..n].iter().any(|&b| b != 0) {
-                region
-                    .write(at, &buf[..n])
-                    .map_err(|e| format!("restoring region `{}`: {e}", self.names[index]))?;
-                restored += n as u64;
+        for (start, end) in data_extents(file, len) {
+            let mut at = start;
+            while at < end {
+                let n = (end - at).min(LOAD_CHUNK as u64) as usize;
+                file.read_exact_at(&mut buf[..n], at).map_err(|e| {
+                    format!(
+                        "cannot read the base file of region `{}`: {e}",
+                        self.names[index]
+                    )
+                })?;
+                if buf[..n].iter().any(|&b| b != 0) {
+                    region
+                        .write(at, &buf[..n])
+                        .map_err(|e| format!("restoring region `{}`: {e}", self.names[index]))?;
+                    restored += n as u64;
+                }
+                at += n as u64;
             }
-            at += n as u64;
         }
         Ok(restored)
     }
@@ -161,6 +165,32 @@ impl Store {
     }
 }
 
+/// The `[start, end)` ranges of `file` (of `len` bytes) that may hold data, found with
+/// `SEEK_DATA`/`SEEK_HOLE`; the whole file where the file system cannot say.
+fn data_extents(file: &File, len: u64) -> Vec<(u64, u64)> {
+    use rustix::fs::{SeekFrom, seek};
+    let mut extents = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let start = match seek(file, SeekFrom::Data(at)) {
+            Ok(start) => start,
+            // No data after `at`.
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(_) => return vec![(0, len)],
+        };
+        let end = match seek(file, SeekFrom::Hole(start)) {
+            Ok(end) => end.min(len),
+            Err(_) => return vec![(0, len)],
+        };
+        if end <= start {
+            return vec![(0, len)];
+        }
+        extents.push((start, end));
+        at = end;
+    }
+    extents
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,8 +219,17 @@ mod tests {
         let store = Store::open(dir.path(), &plan).unwrap();
         let dev = SimNetwork::new(SimConfig::default()).add_node();
         let region = dev.register(3 << 20, Access::ALL).unwrap();
-        // Only the one chunk with data is copied.
-        assert_eq!(store.load(1, &region).unwrap(), 1 << 20);
+        // Only what holds data is copied: at most the piece (or, without SEEK_DATA,
+        // the 1 MiB chunk) around the one write.
+        let copied = store.load(1, &region).unwrap();
+        assert!((5..=1 << 20).contains(&copied), "{copied}");
+        let extents = data_extents(&store.files[1], 3 << 20);
+        assert!(
+            extents
+                .iter()
+                .any(|&(s, e)| s <= (2 << 20) + 5 && e >= (2 << 20) + 10),
+            "{extents:?}"
+        );
         assert_eq!(region.to_vec((2 << 20) + 5, 5).unwrap(), b"hello");
         assert_eq!(region.load_u64(0).unwrap(), 0);
 

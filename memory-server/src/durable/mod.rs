@@ -67,7 +67,8 @@ pub struct RestoreReport {
     pub dir: PathBuf,
     /// Starts on this directory, this one included (1: it was new).
     pub boot: u64,
-    /// Non-zero bytes copied from the base files into region memory (in 1 MiB pieces).
+    /// Bytes copied from the base files into region memory: the 1 MiB pieces that hold
+    /// data (holes and all-zero pieces are skipped).
     pub base_bytes: u64,
     /// Journals replayed on top, and their batches, entries and entry bytes.
     pub journals: u64,

@@ -42,7 +42,7 @@ pub mod proto {
 
 pub use client::{Client, ClientError, PersistRange, RemoteEndpointInfo, ServerInfo};
 pub use durable::{DurabilityConfig, MAX_PERSIST_BYTES, PersistError, RestoreReport};
-pub use persister::{PersistStatus, Persister, Ticket};
+pub use persister::{MAX_PERSISTS_IN_FLIGHT, PersistStatus, Persister, Ticket};
 pub use regions::{
     CATALOG_BYTES, CATALOG_REGION, DEFAULT_REGION_SIZE, PlanError, RegionDirectory, RegionInfo,
     RegionPlan, parse_bytes,

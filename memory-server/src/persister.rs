@@ -12,6 +12,7 @@ use crate::proto::memory_server_client::MemoryServerClient;
 use crate::session::SESSION_METADATA;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use tokio::sync::Semaphore;
 use tonic::Request;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
@@ -98,7 +99,15 @@ pub struct Persister {
     runtime: tokio::runtime::Handle,
     rpc: MemoryServerClient<Channel>,
     header: AsciiMetadataValue,
+    /// Bounds the RPCs on the wire: thousands submitted at once otherwise overrun the
+    /// channel's request buffer and fail with a transport error. Submitted requests
+    /// beyond it wait (in submit order) on the runtime, not in `submit`.
+    in_flight: Arc<Semaphore>,
 }
+
+/// RPCs one persister has on the wire at once; more than enough for group commit,
+/// which only needs requests to arrive while an fsync runs.
+pub const MAX_PERSISTS_IN_FLIGHT: usize = 256;
 
 impl Persister {
     /// A persister on `client`'s session and runtime.
@@ -113,6 +122,7 @@ impl Persister {
             runtime,
             rpc,
             header,
+            in_flight: Arc::new(Semaphore::new(MAX_PERSISTS_IN_FLIGHT)),
         }
     }
 
@@ -124,8 +134,11 @@ impl Persister {
         let mut req = Request::new(persist_request(&ranges));
         req.metadata_mut()
             .insert(SESSION_METADATA, self.header.clone());
+        let in_flight = self.in_flight.clone();
         // If the runtime is gone the task is dropped unrun, and `finish` fails it.
         self.runtime.spawn(async move {
+            // Never closed, so the permit always comes.
+            let _permit = in_flight.acquire_owned().await;
             let result = rpc
                 .persist(req)
                 .await

@@ -429,11 +429,26 @@ fn a_persister_submits_from_a_plain_thread_and_polls_without_blocking() {
         "{why}"
     );
     assert!(matches!(persister.poll(&bad), PersistStatus::Failed(_)));
+    // A burst far beyond what is on the wire at once waits its turn instead of
+    // failing, and group commit answers many with one fsync.
+    let before = client.stats().unwrap();
+    let burst: Vec<_> = (0..10_000u64)
+        .map(|i| persister.submit(vec![PersistRange::new(data.rkey, 1024 + (i % 64) * 8, 8)]))
+        .collect();
+    for t in &burst {
+        persister.wait(t).unwrap();
+    }
+    let after = client.stats().unwrap();
+    assert_eq!(after.persist_requests - before.persist_requests, 10_000);
+    assert!(
+        after.journal_fsyncs - before.journal_fsyncs < 10_000,
+        "no group commit: {after:?}"
+    );
     // The refused one is not counted as a request.
     let stats = client.stats().unwrap();
     assert_eq!(
         (stats.persist_requests, stats.journaled_bytes),
-        (32, 32 * 8)
+        (10_032, 10_032 * 8)
     );
     // Inside a runtime, waiting is refused rather than blocking it.
     let refused = runtime.block_on(async { persister.wait(&tickets[0]) });

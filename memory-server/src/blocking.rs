@@ -5,7 +5,7 @@
 //! progress while the caller is busy on the data path and makes no control calls: a
 //! current-thread runtime only runs inside a call.
 
-use crate::client::{self, ClientError, RemoteEndpointInfo, ServerInfo};
+use crate::client::{self, ClientError, PersistRange, RemoteEndpointInfo, ServerInfo};
 use crate::regions::RegionDirectory;
 use crate::session::SessionId;
 use crate::stats::Stats;
@@ -118,6 +118,17 @@ impl Client {
     pub fn stats(&self) -> Result<Stats, ClientError> {
         let open = self.open();
         open.runtime.block_on(open.inner.stats())
+    }
+
+    /// See [`crate::Client::persist`].
+    pub fn persist(&self, ranges: &[PersistRange]) -> Result<u64, ClientError> {
+        self.block_on(self.inner().persist(ranges))?
+    }
+
+    /// The client's runtime, for work that must run on it without blocking the caller
+    /// (the [`crate::Persister`]).
+    pub(crate) fn runtime(&self) -> tokio::runtime::Handle {
+        self.open().runtime.handle().clone()
     }
 
     /// Ends the session (see [`crate::Client::close`]).

@@ -88,6 +88,61 @@ pub struct ServerInfo {
     pub backend: String,
     pub version: String,
     pub protocol: String,
+    /// Whether the server keeps a data directory (Persist works).
+    pub durable: bool,
+    /// Starts of the server on its data directory (1 on the first); 0 when not durable.
+    /// A higher boot than last seen means the server restarted in between.
+    pub boot: u64,
+}
+
+/// A byte range of a region for [`Client::persist`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PersistRange {
+    /// The region, as the directory lists it.
+    pub rkey: u32,
+    pub offset: u64,
+    pub len: u64,
+    /// The range starts with a guard word (8-byte aligned, `len >= 8`): a record header
+    /// whose bit 63 is a lock. The server copies the range only while the word is
+    /// unlocked and unchanged across the copy, waiting while it is locked or moving (up
+    /// to its guard wait).
+    pub guarded: bool,
+}
+
+impl PersistRange {
+    pub fn new(rkey: u32, offset: u64, len: u64) -> PersistRange {
+        PersistRange {
+            rkey,
+            offset,
+            len,
+            guarded: false,
+        }
+    }
+
+    /// A range that starts with a guard word.
+    pub fn guarded(rkey: u32, offset: u64, len: u64) -> PersistRange {
+        PersistRange {
+            guarded: true,
+            ..PersistRange::new(rkey, offset, len)
+        }
+    }
+}
+
+impl From<&PersistRange> for proto::PersistRange {
+    fn from(r: &PersistRange) -> proto::PersistRange {
+        proto::PersistRange {
+            rkey: r.rkey,
+            offset: r.offset,
+            len: r.len,
+            guarded: r.guarded,
+        }
+    }
+}
+
+pub(crate) fn persist_request(ranges: &[PersistRange]) -> proto::PersistRequest {
+    proto::PersistRequest {
+        ranges: ranges.iter().map(Into::into).collect(),
+    }
 }
 
 /// The server's side of a connected queue pair.
@@ -199,6 +254,8 @@ impl Client {
                 backend: hello.backend,
                 version: hello.version,
                 protocol: hello.protocol,
+                durable: hello.durable,
+                boot: hello.boot,
             },
             lease,
             keepalive,
@@ -367,7 +424,37 @@ impl Client {
             uptime: Duration::from_millis(s.uptime_ms),
             rpc_counts: s.rpc_counts.into_iter().collect(),
             auth_failures: s.auth_failures,
+            durable: self.server.durable,
+            boot: self.server.boot,
+            persist_requests: s.persist_requests,
+            persist_ranges: s.persist_ranges,
+            journaled_bytes: s.journaled_bytes,
+            journal_fsyncs: s.journal_fsyncs,
+            checkpoints: s.checkpoints,
+            last_checkpoint: Duration::from_micros(s.last_checkpoint_us),
         })
+    }
+
+    /// Makes the current contents of `ranges` durable on a server started with a data
+    /// directory: returns (the bytes journaled) once they are on its disk. After a
+    /// restart the server holds, for every byte, the value of the last completed
+    /// Persist that covered it. A Persist that failed or got no reply may or may not
+    /// have taken effect.
+    pub async fn persist(&self, ranges: &[PersistRange]) -> Result<u64, ClientError> {
+        Ok(self
+            .rpc
+            .clone()
+            .persist(self.request(persist_request(ranges)))
+            .await
+            .map_err(rpc_error("Persist"))?
+            .into_inner()
+            .journaled_bytes)
+    }
+
+    /// The stub and the session header, for RPCs sent from elsewhere (the
+    /// [`crate::Persister`]).
+    pub(crate) fn rpc_parts(&self) -> (MemoryServerClient<Channel>, AsciiMetadataValue) {
+        (self.rpc.clone(), self.header.clone())
     }
 
     /// Ends the session: the server destroys its side of every queue pair connected

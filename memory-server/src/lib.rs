@@ -13,11 +13,16 @@
 //! - [`RemoteDevice`] drives the server's own device over the remote-verbs service,
 //!   which a server offers only when [`ServerConfig::allow_remote_verbs`] is set: for
 //!   the conformance suite and diagnostics.
+//! - With [`ServerConfig::durability`] set, a server keeps its regions on disk: clients
+//!   make byte ranges durable with [`Client::persist`] (or, without blocking, a
+//!   [`Persister`]), and a restarted server restores them.
 //! - [`proto`] is the gRPC protocol, `namdb.memory_server.v1`.
 
 mod auth;
 pub mod blocking;
 mod client;
+mod durable;
+mod persister;
 pub mod regions;
 mod remote_device;
 mod server;
@@ -35,7 +40,9 @@ pub mod proto {
     tonic::include_proto!("namdb.memory_server.v1");
 }
 
-pub use client::{Client, ClientError, RemoteEndpointInfo, ServerInfo};
+pub use client::{Client, ClientError, PersistRange, RemoteEndpointInfo, ServerInfo};
+pub use durable::{DurabilityConfig, MAX_PERSIST_BYTES, PersistError, RestoreReport};
+pub use persister::{MAX_PERSISTS_IN_FLIGHT, PersistStatus, Persister, Ticket};
 pub use regions::{
     CATALOG_BYTES, CATALOG_REGION, DEFAULT_REGION_SIZE, PlanError, RegionDirectory, RegionInfo,
     RegionPlan, parse_bytes,

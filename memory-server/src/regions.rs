@@ -221,8 +221,9 @@ pub(crate) struct ServedRegion {
     pub info: RegionInfo,
     pub mapped_len: u64,
     pub huge_pages: bool,
-    /// Keeps the registration alive: dropping it deregisters the region.
-    pub _region: Region,
+    /// Keeps the registration alive (dropping it deregisters the region); durable
+    /// servers also read and restore the region's memory through it.
+    pub region: Region,
 }
 
 #[derive(Debug, Error)]
@@ -277,7 +278,7 @@ pub(crate) fn create(
             },
             mapped_len: alloc.mapped_len,
             huge_pages: alloc.huge_pages,
-            _region: region,
+            region,
         });
     }
     Ok(served)
@@ -379,7 +380,7 @@ mod tests {
             assert_eq!(r.access, Access::ALL);
             assert_eq!(r.remote.node, dev.node());
             assert!(s.mapped_len >= r.remote.len);
-            assert_eq!(s._region.to_vec(0, 64).unwrap(), vec![0; 64]);
+            assert_eq!(s.region.to_vec(0, 64).unwrap(), vec![0; 64]);
         }
         assert!(dir.get("data.2").is_none());
     }

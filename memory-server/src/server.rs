@@ -2,6 +2,7 @@
 //! plane, expire sessions, and stop cleanly.
 
 use crate::auth::Authenticator;
+use crate::durable::{DurabilityConfig, Durable, RestoreReport};
 use crate::proto::memory_server_server::MemoryServerServer;
 use crate::proto::remote_verbs_server::RemoteVerbsServer;
 use crate::regions::{self, AllocError, RegionDirectory, RegionPlan};
@@ -40,6 +41,9 @@ pub struct ServerConfig {
     pub allow_remote_verbs: bool,
     /// The most bytes one session may register through remote verbs.
     pub remote_verbs_bytes: u64,
+    /// Keep region contents on disk (Persist, restore on start); `None`, the default,
+    /// keeps nothing and refuses Persist.
+    pub durability: Option<DurabilityConfig>,
 }
 
 impl ServerConfig {
@@ -58,6 +62,7 @@ impl ServerConfig {
             max_qps_per_session: Self::DEFAULT_MAX_QPS_PER_SESSION,
             allow_remote_verbs: false,
             remote_verbs_bytes: Self::DEFAULT_REMOTE_VERBS_BYTES,
+            durability: None,
         }
     }
 }
@@ -87,6 +92,8 @@ pub enum ServerError {
     Signal(#[source] std::io::Error),
     #[error("session_lease must be at least 1 ms")]
     Lease,
+    #[error("{0}")]
+    Durability(String),
 }
 
 /// A running memory server. Dropping it stops the control plane and destroys its queue
@@ -112,12 +119,37 @@ impl MemoryServer {
         let backend = device.backend();
         // Allocation touches every page (fallocate) and registration may pin memory:
         // seconds for large servers, so it runs off the async workers.
-        let served = {
+        // A durable server restores the regions here, before anyone can learn where
+        // they are (the control plane is not listening yet).
+        let (served, durable) = {
             let (plan, device) = (config.plan.clone(), device.clone());
-            tokio::task::spawn_blocking(move || regions::create(&plan, &*device))
-                .await
-                .map_err(|e| ServerError::Task(format!("region allocation failed: {e}")))??
+            let durability = config.durability.clone();
+            tokio::task::spawn_blocking(move || -> Result<_, ServerError> {
+                let served = regions::create(&plan, &*device)?;
+                let durable = durability
+                    .map(|d| Durable::open(&d, &plan, &served).map(Arc::new))
+                    .transpose()
+                    .map_err(ServerError::Durability)?;
+                Ok((served, durable))
+            })
+            .await
+            .map_err(|e| ServerError::Task(format!("region allocation failed: {e}")))??
         };
+        if let Some(report) = durable.as_ref().map(|d| d.report()) {
+            tracing::info!(
+                dir = %report.dir.display(),
+                boot = report.boot,
+                base_bytes = report.base_bytes,
+                journals = report.journals,
+                journal_batches = report.batches,
+                journal_entries = report.entries,
+                journal_bytes = report.journal_bytes,
+                torn_bytes = report.torn_bytes,
+                elapsed_ms = report.elapsed.as_millis() as u64,
+                "{}",
+                if report.boot == 1 { "data directory created" } else { "data directory restored" }
+            );
+        }
         let cq = device.create_cq(64).map_err(|source| ServerError::Device {
             backend,
             what: "create a completion queue",
@@ -156,6 +188,7 @@ impl MemoryServer {
                 regions: verbs_service::MAX_REGIONS_PER_SESSION,
                 region_bytes: config.remote_verbs_bytes,
             },
+            durable,
         });
         // TCP keepalive lets the kernel notice a vanished peer host without the peer's
         // process doing anything, so even an idle connection does not linger forever.
@@ -217,6 +250,12 @@ impl MemoryServer {
 
     pub fn stats(&self) -> Stats {
         self.state.stats()
+    }
+
+    /// What a durable server restored from its data directory at start; `None` when
+    /// it keeps none.
+    pub fn durability(&self) -> Option<&RestoreReport> {
+        self.state.durable.as_ref().map(|d| d.report())
     }
 
     /// A function that takes [`MemoryServer::stats`] while the server runs (for a
@@ -288,6 +327,19 @@ impl MemoryServer {
             }
         }
         let (sessions, qps) = self.state.sessions.end_all();
+        if let Some(durable) = self.state.durable.clone() {
+            // The last checkpoint leaves the next start little to replay.
+            let closed = tokio::task::spawn_blocking(move || durable.close())
+                .await
+                .map_err(|e| ServerError::Task(e.to_string()))
+                .and_then(|r| r.map_err(ServerError::Durability));
+            if let Err(e) = closed {
+                tracing::warn!("the last checkpoint failed (the journal keeps everything): {e}");
+                if result.is_ok() {
+                    result = Err(e);
+                }
+            }
+        }
         tracing::info!(
             local_addr = %self.local_addr,
             sessions,
@@ -305,6 +357,9 @@ impl Drop for MemoryServer {
         }
         self.reaper.abort();
         self.state.sessions.end_all();
+        if let Some(durable) = &self.state.durable {
+            durable.abandon();
+        }
     }
 }
 

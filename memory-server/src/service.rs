@@ -3,13 +3,15 @@
 
 use crate::PROTOCOL;
 use crate::auth::{AuthError, Authenticator};
+use crate::durable::{Durable, PersistError, journal};
 use crate::proto::{self, memory_server_server::MemoryServer as ControlRpc};
 use crate::regions::{RegionDirectory, ServedRegion};
 use crate::session::{ObjectLimits, SESSION_METADATA, Session, SessionError, SessionId, Sessions};
 use crate::stats::{Counters, Rpc, Stats};
 use fabric::{CompletionQueue, Device, FabricError, NodeId, QpConfig, QpEndpoint, QueuePair};
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 
 /// Everything the control plane and the remote-verbs service serve from.
@@ -29,11 +31,17 @@ pub(crate) struct ServerState {
     pub allow_remote_verbs: bool,
     /// What a session may create through remote verbs.
     pub verbs_limits: ObjectLimits,
+    /// The data directory, for servers that keep one.
+    pub durable: Option<Arc<Durable>>,
 }
 
 impl ServerState {
     pub fn stats(&self) -> Stats {
         let (sessions, queue_pairs) = self.sessions.counts();
+        let durable = self.durable.as_ref().map(|d| (d.boot(), d.counters()));
+        let count = |f: fn(&journal::Counters) -> &AtomicU64| {
+            durable.map_or(0, |(_, c)| f(c).load(Ordering::Relaxed))
+        };
         Stats {
             bytes_allocated: self.regions.iter().map(|r| r.mapped_len).sum(),
             bytes_registered: self.regions.iter().map(|r| r.info.remote.len).sum(),
@@ -44,6 +52,14 @@ impl ServerState {
             uptime: self.started.elapsed(),
             rpc_counts: self.counters.rpc_counts(),
             auth_failures: self.counters.auth_failures(),
+            durable: durable.is_some(),
+            boot: durable.map_or(0, |(boot, _)| boot),
+            persist_requests: count(|c| &c.requests),
+            persist_ranges: count(|c| &c.ranges),
+            journaled_bytes: count(|c| &c.bytes),
+            journal_fsyncs: count(|c| &c.fsyncs),
+            checkpoints: count(|c| &c.checkpoints),
+            last_checkpoint: Duration::from_micros(count(|c| &c.last_checkpoint_us)),
         }
     }
 
@@ -111,6 +127,8 @@ impl ControlRpc for ControlService {
             backend: self.state.device.backend().to_string(),
             version: crate::VERSION.to_string(),
             protocol: PROTOCOL.to_string(),
+            durable: self.state.durable.is_some(),
+            boot: self.state.durable.as_ref().map_or(0, |d| d.boot()),
         }))
     }
 
@@ -285,6 +303,60 @@ impl ControlRpc for ControlService {
             uptime_ms: s.uptime.as_millis() as u64,
             rpc_counts: s.rpc_counts.into_iter().collect(),
             auth_failures: s.auth_failures,
+            persist_requests: s.persist_requests,
+            persist_ranges: s.persist_ranges,
+            journaled_bytes: s.journaled_bytes,
+            journal_fsyncs: s.journal_fsyncs,
+            checkpoints: s.checkpoints,
+            last_checkpoint_us: s.last_checkpoint.as_micros() as u64,
         }))
+    }
+
+    async fn persist(
+        &self,
+        req: Request<proto::PersistRequest>,
+    ) -> Result<Response<proto::PersistResponse>, Status> {
+        self.state.counters.rpc(Rpc::Persist);
+        self.state.session(&req)?;
+        if self.state.durable.is_none() {
+            return Err(Status::failed_precondition(
+                "this memory server is not durable: Persist needs a data directory; start the \
+                 server with --data-dir DIR",
+            ));
+        }
+        let ranges = req.into_inner().ranges;
+        let state = self.state.clone();
+        // The copy may wait for guard words (up to the guard wait) and copies up to
+        // 64 MiB: not on an async worker.
+        let queued = tokio::task::spawn_blocking(move || {
+            let durable = state.durable.as_ref().expect("checked above");
+            durable.persist(&state.regions, &ranges)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the persist task failed: {e}")))?
+        .map_err(|e| persist_status(&e))?;
+        let journaled_bytes = match queued {
+            None => 0,
+            Some(reply) => reply
+                .await
+                .map_err(|_| {
+                    Status::unavailable("the journal stopped before the write was durable")
+                })?
+                .map_err(Status::internal)?,
+        };
+        Ok(Response::new(proto::PersistResponse { journaled_bytes }))
+    }
+}
+
+fn persist_status(e: &PersistError) -> Status {
+    let message = e.to_string();
+    match e {
+        PersistError::UnknownRkey { .. }
+        | PersistError::BadGuard { .. }
+        | PersistError::TooLarge => Status::invalid_argument(message),
+        PersistError::OutOfRange { .. } => Status::out_of_range(message),
+        PersistError::GuardBusy { .. } => Status::aborted(message),
+        PersistError::Closed => Status::unavailable(message),
+        PersistError::Disk(_) => Status::internal(message),
     }
 }

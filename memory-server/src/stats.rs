@@ -15,6 +15,7 @@ pub(crate) enum Rpc {
     KeepAlive,
     EndSession,
     Stats,
+    Persist,
     DeviceInfo,
     AddPeer,
     RegisterRegion,
@@ -32,7 +33,7 @@ pub(crate) enum Rpc {
 }
 
 impl Rpc {
-    const ALL: [Rpc; 22] = [
+    const ALL: [Rpc; 23] = [
         Rpc::Hello,
         Rpc::Authenticate,
         Rpc::ListRegions,
@@ -41,6 +42,7 @@ impl Rpc {
         Rpc::KeepAlive,
         Rpc::EndSession,
         Rpc::Stats,
+        Rpc::Persist,
         Rpc::DeviceInfo,
         Rpc::AddPeer,
         Rpc::RegisterRegion,
@@ -68,6 +70,7 @@ impl Rpc {
             Rpc::KeepAlive => "KeepAlive",
             Rpc::EndSession => "EndSession",
             Rpc::Stats => "Stats",
+            Rpc::Persist => "Persist",
             Rpc::DeviceInfo => "DeviceInfo",
             Rpc::AddPeer => "AddPeer",
             Rpc::RegisterRegion => "RegisterRegion",
@@ -136,6 +139,19 @@ pub struct Stats {
     pub rpc_counts: BTreeMap<String, u64>,
     /// Refused Authenticate calls.
     pub auth_failures: u64,
+    /// Whether the server keeps a data directory (the rest is zero when not).
+    pub durable: bool,
+    /// Starts on the data directory, this one included.
+    pub boot: u64,
+    /// Persist requests accepted, the ranges they named, and the bytes journaled.
+    pub persist_requests: u64,
+    pub persist_ranges: u64,
+    pub journaled_bytes: u64,
+    /// Journal fdatasyncs (one per group commit).
+    pub journal_fsyncs: u64,
+    /// Checkpoints since start, and how long the last one took.
+    pub checkpoints: u64,
+    pub last_checkpoint: Duration,
 }
 
 impl Stats {

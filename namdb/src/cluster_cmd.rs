@@ -63,6 +63,10 @@ pub struct UpArgs {
     /// Largest value of the `kv` table, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 256)]
     pub value_cap: u32,
+    /// Make the memory servers durable: memory server i keeps its data in
+    /// DATA_DIR/memory-server-i (see `namdb memory-server --data-dir`).
+    #[arg(long, value_name = "DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
 }
 
 /// The backends a cluster of processes on one host can use.
@@ -298,12 +302,18 @@ fn up(args: &UpArgs) -> Result<()> {
         armed: true,
     };
     for i in 0..args.memory_servers {
-        let extra = [
-            "--backend",
-            args.backend.name(),
-            "--size",
-            &args.size.to_string(),
-        ];
+        let size = args.size.to_string();
+        let mut extra = vec!["--backend", args.backend.name(), "--size", &size];
+        // Absolute, so that the cluster's processes agree whatever their directory.
+        let data_dir = args
+            .data_dir
+            .as_ref()
+            .map(|d| std::path::absolute(memory_server_data_dir(d, i)))
+            .transpose()?
+            .map(|d| d.display().to_string());
+        if let Some(d) = &data_dir {
+            extra.extend(["--data-dir", d]);
+        }
         guard.start(&dir, "memory-server", i, &extra)?;
     }
     let addrs: Vec<String> = guard.started.iter().map(|e| e.address.clone()).collect();
@@ -351,6 +361,11 @@ fn up(args: &UpArgs) -> Result<()> {
         cluster_file.display()
     );
     Ok(())
+}
+
+/// Memory server `i`'s data directory under a cluster's `--data-dir`.
+pub(crate) fn memory_server_data_dir(data_dir: &Path, i: usize) -> PathBuf {
+    data_dir.join(format!("memory-server-{i}"))
 }
 
 /// SIGTERM to each of `entries` still ours, then waits; SIGKILL to those left after

@@ -8,10 +8,13 @@ use clap::{Args, ValueEnum};
 use fabric::shm::ShmDevice;
 use fabric::tcp::TcpDevice;
 use fabric::{Device, NodeId};
-use memory_server::{ClusterToken, MemoryServer, RegionPlan, ServerConfig, parse_bytes};
+use memory_server::{
+    ClusterToken, DurabilityConfig, MemoryServer, RegionPlan, ServerConfig, parse_bytes,
+};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct MemoryServerArgs {
@@ -61,6 +64,25 @@ pub struct MemoryServerArgs {
     /// free port, printed as `metrics listening on ADDR`.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Keep the regions durable in DIR (created if missing): clients' Persist requests
+    /// are journaled there, and a restart restores what they persisted. DIR must have
+    /// been made with the same --size and --region-size.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// With --data-dir: seconds between checkpoints (the journal applied to the base
+    /// files), e.g. 10 or 0.5.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs, requires = "data_dir")]
+    pub checkpoint_interval: Duration,
+}
+
+/// Parses a positive number of seconds (fractions allowed).
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(secs) if secs > 0.0 && secs.is_finite() && secs < 1e9 => {
+            Ok(Duration::from_secs_f64(secs))
+        }
+        _ => Err(format!("`{s}` is not a positive number of seconds")),
+    }
 }
 
 /// Backends a memory-server process could serve on. Each must reach other processes:
@@ -128,6 +150,10 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
     let device = device(&args, &token)?;
     let mut config = ServerConfig::new(args.listen, plan, token);
     config.allow_remote_verbs = args.allow_remote_verbs;
+    config.durability = args.data_dir.as_ref().map(|dir| DurabilityConfig {
+        checkpoint_interval: args.checkpoint_interval,
+        ..DurabilityConfig::new(dir)
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("namdb-memory-server")
@@ -149,9 +175,20 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
         // Installed before the line below: a script may send SIGTERM as soon as it
         // reads it, and must get the clean shutdown.
         let signal = memory_server::listen_for_signals()?;
+        let durable = match server.durability() {
+            Some(r) if r.boot == 1 => format!(", data dir {} new (boot 1)", r.dir.display()),
+            Some(r) => format!(
+                ", data dir {} restored (boot {}, {} bytes from base files, {} journal entries)",
+                r.dir.display(),
+                r.boot,
+                r.base_bytes,
+                r.entries
+            ),
+            None => String::new(),
+        };
         // The one line a script waits for (and, with port 0, learns the port from).
         println!(
-            "memory server listening on {} (node {}, {} regions, {} bytes, data path {})",
+            "memory server listening on {} (node {}, {} regions, {} bytes, data path {}{durable})",
             server.local_addr(),
             server.node().0,
             stats.regions,
@@ -196,6 +233,41 @@ mod tests {
         assert_eq!(args.backend, ServerBackend::Tcp);
         let args = parse(&["--size", "4096", "--region-size", "1k"]).unwrap();
         assert_eq!((args.size, args.region_size), (4096, 1024));
+    }
+
+    #[test]
+    fn data_dir_and_checkpoint_interval_parse() {
+        let args = parse(&["--size", "1M"]).unwrap();
+        assert_eq!(args.data_dir, None);
+        let args = parse(&["--size", "1M", "--data-dir", "/var/lib/namdb/ms0"]).unwrap();
+        assert_eq!(args.data_dir, Some(PathBuf::from("/var/lib/namdb/ms0")));
+        assert_eq!(args.checkpoint_interval, Duration::from_secs(10));
+        let args = parse(&[
+            "--size",
+            "1M",
+            "--data-dir",
+            "d",
+            "--checkpoint-interval",
+            "0.25",
+        ])
+        .unwrap();
+        assert_eq!(args.checkpoint_interval, Duration::from_millis(250));
+        let err = parse(&[
+            "--size",
+            "1M",
+            "--data-dir",
+            "d",
+            "--checkpoint-interval",
+            "0",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("positive number of seconds"), "{err}");
+        // An interval without a directory is a mistake worth naming.
+        let err = parse(&["--size", "1M", "--checkpoint-interval", "5"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--data-dir"), "{err}");
     }
 
     #[test]

@@ -120,6 +120,36 @@ pub fn memory_server_text(s: &memory_server::Stats) -> String {
             "Refused Authenticate calls.",
             s.auth_failures,
         ),
+        (
+            "namdb_memory_boot",
+            "gauge",
+            "Starts on the data directory (0: not durable).",
+            s.boot,
+        ),
+        (
+            "namdb_memory_persist_requests_total",
+            "counter",
+            "Persist requests accepted.",
+            s.persist_requests,
+        ),
+        (
+            "namdb_memory_journaled_bytes_total",
+            "counter",
+            "Bytes Persist wrote to the journal.",
+            s.journaled_bytes,
+        ),
+        (
+            "namdb_memory_journal_fsyncs_total",
+            "counter",
+            "Journal fdatasyncs (one per group commit).",
+            s.journal_fsyncs,
+        ),
+        (
+            "namdb_memory_checkpoints_total",
+            "counter",
+            "Checkpoints (journal applied to the base files).",
+            s.checkpoints,
+        ),
     ] {
         let _ = writeln!(
             out,

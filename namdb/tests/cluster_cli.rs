@@ -155,6 +155,8 @@ fn a_cluster_on_tcp_with_two_compute_nodes_comes_up_and_down() {
         "16MiB",
         "--table-capacity",
         "1024",
+        "--data-dir",
+        "data",
     ]);
     ok(c.cwd(), &["kv", "put", "1", "one"]);
     assert_eq!(ok(c.cwd(), &["kv", "get", "1"]), "one\n");
@@ -166,6 +168,14 @@ fn a_cluster_on_tcp_with_two_compute_nodes_comes_up_and_down() {
     assert_eq!(pids.len(), 3);
     ok(c.cwd(), &["cluster", "down"]);
     assert!(pids.iter().all(|&p| !alive(p)), "{pids:?}");
+    // --data-dir made the memory server durable in its own directory.
+    let log = std::fs::read_to_string(c.cwd().join("namdb-cluster/memory-server-0.log")).unwrap();
+    let data = c.cwd().join("data/memory-server-0");
+    assert!(
+        log.contains(&format!("data dir {} new (boot 1)", data.display())),
+        "{log}"
+    );
+    assert!(data.join("meta").exists());
 }
 
 #[test]

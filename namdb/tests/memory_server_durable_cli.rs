@@ -1,0 +1,218 @@
+//! `namdb memory-server --data-dir` as a process: what a client persisted survives
+//! `kill -9`, and what it did not persist does not come back.
+
+mod common;
+
+use common::ServerProcess;
+use fabric::conformance::exec;
+use fabric::tcp::TcpDevice;
+use fabric::{Access, CompletionQueue, Device, QueuePair, RemoteRegion, SendWr, Src, WcStatus};
+use memory_server::blocking::Client;
+use memory_server::{ClusterToken, PersistRange, Persister};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "0123456789abcdef0123456789abcdef\n";
+/// Words of data.0 the crash test cycles through.
+const SLOTS: u64 = 64;
+
+fn start(token_file: &Path, data_dir: &Path, extra: &[&str]) -> ServerProcess {
+    let mut args = vec!["--size", "1MiB", "--data-dir", data_dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ServerProcess::start("tcp", token_file, &args)
+}
+
+/// A session with a connected queue pair to data.0.
+struct Conn {
+    client: Client,
+    _dev: Arc<dyn Device>,
+    cq: Arc<dyn CompletionQueue>,
+    qp: Arc<dyn QueuePair>,
+    data: RemoteRegion,
+    local: fabric::Region,
+}
+
+impl Conn {
+    fn open(server: &ServerProcess, token: &ClusterToken) -> Conn {
+        let client = Client::connect(&server.control, token).unwrap();
+        let data = client.list_regions().unwrap().get("data.0").unwrap().remote;
+        let dev: Arc<dyn Device> = TcpDevice::bind("127.0.0.1:0", token.secret()).unwrap();
+        let cq = dev.create_cq(64).unwrap();
+        let (qp, _) = client.connect_qp(&*dev, &cq).unwrap();
+        let local = dev.register(4096, Access::ALL).unwrap();
+        Conn {
+            client,
+            _dev: dev,
+            cq,
+            qp,
+            data,
+            local,
+        }
+    }
+
+    fn write(&self, offset: u64, bytes: &[u8]) -> bool {
+        let wc = exec(
+            &self.qp,
+            &self.cq,
+            SendWr::write(1, Src::Inline(bytes), self.data.at(offset)),
+        );
+        wc.status == WcStatus::Success
+    }
+
+    fn read(&self, offset: u64, len: u32) -> Vec<u8> {
+        let wc = exec(
+            &self.qp,
+            &self.cq,
+            SendWr::read(2, self.local.buf(0, len), self.data.at(offset)),
+        );
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        self.local.to_vec(0, len as usize).unwrap()
+    }
+}
+
+fn kill_9(server: &mut ServerProcess) {
+    let status = Command::new("kill")
+        .args(["-KILL", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    server.child.wait().unwrap();
+}
+
+#[test]
+fn persisted_bytes_survive_kill_9_and_a_restart_says_what_it_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let token = ClusterToken::from_file(&token_file).unwrap();
+    let data_dir = dir.path().join("data");
+
+    let mut server = start(&token_file, &data_dir, &["--checkpoint-interval", "0.05"]);
+    assert!(server.line.contains("new (boot 1)"), "{}", server.line);
+    let conn = Conn::open(&server, &token);
+    assert_eq!(conn.client.server().boot, 1);
+    let rkey = conn.data.rkey;
+    assert!(conn.write(0, b"checkpointed"));
+    assert_eq!(
+        conn.client
+            .persist(&[PersistRange::new(rkey, 0, 12)])
+            .unwrap(),
+        12
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while conn.client.stats().unwrap().checkpoints == 0 {
+        assert!(Instant::now() < deadline, "no checkpoint within 10 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Through the Persister, still in the journal when the server dies (a checkpoint
+    // may or may not have taken them too).
+    let persister = Persister::new(&conn.client);
+    let tickets: Vec<_> = (0..8u64)
+        .map(|i| {
+            assert!(conn.write(4096 + i * 8, &(i + 100).to_le_bytes()));
+            persister.submit(vec![PersistRange::new(rkey, 4096 + i * 8, 8)])
+        })
+        .collect();
+    for t in &tickets {
+        persister.wait(t).unwrap();
+    }
+    assert!(conn.write(8192, b"never persisted"));
+    kill_9(&mut server);
+    drop(conn);
+
+    let server = start(&token_file, &data_dir, &[]);
+    assert!(server.line.contains("restored (boot 2"), "{}", server.line);
+    let conn = Conn::open(&server, &token);
+    assert_eq!(conn.client.server().boot, 2);
+    assert_eq!(conn.read(0, 12), b"checkpointed");
+    for i in 0..8u64 {
+        assert_eq!(conn.read(4096 + i * 8, 8), (i + 100).to_le_bytes());
+    }
+    assert_eq!(conn.read(8192, 15), vec![0; 15]);
+    drop(conn);
+    drop(server);
+
+    // The directory belongs to a 1 MiB server: another size is refused, and says so.
+    let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "memory-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            "tcp",
+        ])
+        .args(["--size", "2MiB", "--token-file"])
+        .arg(&token_file)
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("made for other regions") && err.contains("data.0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn kill_9_in_the_middle_of_persisting_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let token = ClusterToken::from_file(&token_file).unwrap();
+    let data_dir = dir.path().join("data");
+    let mut server = start(&token_file, &data_dir, &["--checkpoint-interval", "0.02"]);
+    let conn = Conn::open(&server, &token);
+    let rkey = conn.data.rkey;
+
+    // Value i goes to slot i % SLOTS, then is persisted; one at a time, so at most one
+    // value is in flight when the server dies.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut acked = [0u64; SLOTS as usize];
+            let mut i = 1u64;
+            while !stop.load(Ordering::Relaxed) {
+                let slot = i % SLOTS;
+                if !conn.write(slot * 8, &i.to_le_bytes())
+                    || conn
+                        .client
+                        .persist(&[PersistRange::new(rkey, slot * 8, 8)])
+                        .is_err()
+                {
+                    break;
+                }
+                acked[slot as usize] = i;
+                i += 1;
+            }
+            (acked, i)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(400));
+    kill_9(&mut server);
+    stop.store(true, Ordering::Relaxed);
+    let (acked, next) = writer.join().unwrap();
+    assert!(
+        next > SLOTS,
+        "too few Persists before the kill to mean much: {next}"
+    );
+
+    let server = start(&token_file, &data_dir, &[]);
+    let conn = Conn::open(&server, &token);
+    let words = conn.read(0, (SLOTS * 8) as u32);
+    for slot in 0..SLOTS as usize {
+        let got = u64::from_le_bytes(words[slot * 8..slot * 8 + 8].try_into().unwrap());
+        // The last acknowledged value, or the one in flight when the server died.
+        assert!(
+            got == acked[slot] || (next % SLOTS == slot as u64 && got == next),
+            "slot {slot}: restored {got}, last acknowledged {}, in flight {next}",
+            acked[slot]
+        );
+    }
+    drop(server);
+}

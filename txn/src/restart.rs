@@ -22,7 +22,9 @@
 //! with:
 //!
 //! ```text
-//! 8192        guard: 0 idle, else runner nonce << 32 | unix seconds (low 32 bits)
+//! 8192        guard: 0 idle, else runner nonce << 32 | server 0's boot (low 32 bits):
+//!             a guard of an earlier boot is stale (a persist of the catalog caught
+//!             it), and is freed at once
 //! 8200 + 8·s  boot of server s the cluster runs at (0: not recorded yet)
 //! ```
 //!
@@ -43,7 +45,7 @@ use crate::store::{Database, Table};
 use crate::transaction::{add_block, add_insert};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// How long a restart recovery may hold the guard unchanged before another node takes
 /// it over.
@@ -96,8 +98,12 @@ pub(crate) fn after_open(db: &Database, boots: &[u64]) -> Result<Option<RestartR
             persist_boots(db, area, boots.len())?;
             return Ok(None);
         }
+        if guard != 0 && guard & u32::MAX as u64 != boots[0] & u32::MAX as u64 {
+            db.recovery_conns()[0].cas(area, guard, 0)?;
+            continue;
+        }
         if guard == 0 {
-            let mine = (nonce() as u64) << 32 | unix_seconds();
+            let mine = (nonce() as u64) << 32 | (boots[0] & u32::MAX as u64);
             if db.recovery_conns()[0].cas(area, 0, mine)? != 0 {
                 continue;
             }
@@ -137,13 +143,6 @@ fn persist_boots(db: &Database, area: fabric::RemoteAddr, servers: usize) -> Res
         crate::durable::PersistRange::plain(area.offset_by(8), servers as u64 * 8),
     );
     db.shared.durability.persist_blocking(plan)
-}
-
-fn unix_seconds() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-        & u32::MAX as u64
 }
 
 /// The repair itself (see the module doc).

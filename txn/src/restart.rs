@@ -91,7 +91,7 @@ pub(crate) fn after_open(db: &Database, boots: &[u64]) -> Result<Option<RestartR
         let restarted: Vec<usize> = (0..boots.len())
             .filter(|&s| recorded[s] != 0 && recorded[s] != boots[s])
             .collect();
-        let fresh = recorded.iter().any(|&b| b == 0);
+        let fresh = recorded.contains(&0);
         if restarted.is_empty() && !fresh {
             // Whoever commits must have found the boots durable, or a later restart
             // could not tell what it has to repair.

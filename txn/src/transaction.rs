@@ -1026,6 +1026,9 @@ struct Held {
     logged: bool,
 }
 
+/// What the log record says of a new block: (table, partition, key, addr, value).
+type LoggedInsert<'a> = (u32, usize, u64, u64, &'a [u8]);
+
 async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) -> Result<()> {
     let cid = step.cid;
     let buffer = &st.buffer;
@@ -1034,7 +1037,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     // New records: allocate (one FETCH_ADD per record, one doorbell per server), write
     // the blocks locked (one doorbell per server), publish them in the index.
     // What the log record says of the new blocks: (table, partition, key, addr).
-    let mut logged_inserts: SmallVec<[(u32, usize, u64, u64, &[u8]); 4]> = SmallVec::new();
+    let mut logged_inserts: SmallVec<[LoggedInsert<'_>; 4]> = SmallVec::new();
     let durable = worker.database().is_durable();
     let inserts: Vec<&Write> = st
         .writes

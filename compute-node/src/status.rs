@@ -33,6 +33,9 @@ pub fn code_of(e: &TxnError) -> Code {
         TxnError::Oracle(_) | TxnError::Fabric(_) => Code::Unavailable,
         // The outcome is recovery's to decide: the client cannot know it.
         TxnError::Fenced { .. } => Code::Unknown,
+        // Committed, but whether it survives a restart of that server is unknown.
+        TxnError::Persist { .. } => Code::Unknown,
+        TxnError::Broken(_) => Code::Unavailable,
         TxnError::Catalog(c) => match c {
             CatalogError::TableExists(_) => Code::AlreadyExists,
             CatalogError::NotFound(_) => Code::NotFound,

@@ -182,6 +182,34 @@ impl Layout {
         words
     }
 
+    /// The words of an oracle whose timestamps below `start` (at least 1) are all
+    /// decided and the rest undecided, every slot free with its horizon at `start` or
+    /// just past it: a claimer's first timestamp is then above everything issued
+    /// before. A cluster whose oracle was lost (its memory server restarted) goes on
+    /// from one of these, `start` above every timestamp its data holds.
+    pub fn image_from(&self, start: u64) -> Vec<u64> {
+        let start = start.max(1);
+        let mut words = vec![0u64; (self.region_bytes() / 8) as usize];
+        words[..HEADER_WORDS].copy_from_slice(&self.header_words());
+        words[(OFF_PREFIX_HINT / 8) as usize] = start;
+        let free = Lease {
+            horizon: start.div_ceil(BLOCK),
+            ..Lease::FREE_AT_START
+        };
+        for slot in 0..self.slots {
+            words[(self.lease_offset(slot) / 8) as usize] = free.encode();
+        }
+        // Each position holds the timestamp of [start, start + V) that maps to it,
+        // undecided: in round r that reads as bit r & 1 (decided is (r + 1) & 1).
+        for t in start..start + self.bits {
+            let (word, bit) = crate::cells::position(self.bits, t);
+            if crate::cells::odd_round(self.bits, t) {
+                words[(self.word_offset(word) / 8) as usize] |= 1 << bit;
+            }
+        }
+        words
+    }
+
     /// Writes a fresh oracle ([`Layout::image`]) into `region` with CPU stores.
     ///
     /// Run this on the node that owns the region, before its remote key is handed to
@@ -278,6 +306,58 @@ mod tests {
     use super::*;
     use fabric::Device;
     use fabric::sim::{SimConfig, SimNetwork};
+
+    #[test]
+    fn an_oracle_from_a_start_goes_on_above_it() {
+        use crate::clock::SystemClock;
+        use crate::slot::OracleConfig;
+        use crate::testkit::SimOracle;
+        use crate::{Outcome, cells};
+        let layout = Layout::new(256, 4).unwrap();
+        // Starts in even and odd rounds, at and off word and block boundaries.
+        for start in [1, 63, 64, 255, 256, 257, 3 * 256 + 17, 1_000_003] {
+            let oracle = SimOracle::new(SimConfig::default(), layout).unwrap();
+            for (i, w) in layout.image_from(start).iter().enumerate() {
+                oracle.region.store_u64(i as u64 * 8, *w).unwrap();
+            }
+            assert_eq!(
+                oracle.true_prefix(start - 1).unwrap(),
+                start,
+                "start {start}"
+            );
+            for t in start..start + 256 {
+                assert!(!oracle.is_decided(t).unwrap(), "{t} of start {start}");
+            }
+            for t in start.saturating_sub(256).max(1)..start {
+                let (w, b) = cells::position(256, t);
+                // Positions below start hold t + V undecided, which is t decided.
+                let word = oracle.region.load_u64(layout.word_offset(w)).unwrap();
+                let decided = cells::decided_bits(word, cells::odd_round(256, t));
+                assert_ne!(decided & (1 << b), 0, "{t} of start {start}");
+            }
+            let slot = oracle
+                .client(OracleConfig::default(), SystemClock::shared())
+                .unwrap();
+            // Free slots' timestamps below their horizon may be skipped at once.
+            let rid = slot.read_timestamp().unwrap();
+            assert!(
+                rid >= start - 1 && rid < start.div_ceil(BLOCK) * BLOCK + 256,
+                "{rid}"
+            );
+            let cid = slot.acquire_commit_ts(10).unwrap();
+            assert!(cid >= start, "cid {cid} of start {start}");
+            assert_eq!(cid % 4, slot.slot() as u64);
+            slot.mark(cid, Outcome::Committed).unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while slot.read_timestamp().unwrap() < cid {
+                slot.tick().unwrap();
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "prefix stuck below {cid}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn layouts_are_validated() {

@@ -21,7 +21,10 @@
 //!                  oracle S (slots) | commit log KiB per slot << 32
 //!                  (the commit log's S areas follow the oracle in its allocation,
 //!                  from the next 64-byte boundary; see `crate::commitlog`)
-//!   [576, 32 Ki) zero
+//!   [576, 4 Ki)  zero (servers 1..: their membership words at 2048)
+//!   4 Ki         cluster identity (a bootstrap token, CAS from 0)
+//!   8 Ki …       restart recovery's guard and recorded boots (`crate::restart`)
+//!   [.., 32 Ki)  zero
 //!   64 Ki + 1 Ki·i   table entry i (table id i), 128 words:
 //!     0            claim     kind:2 | name hash:30 | token:32      (CAS only)
 //!                              kind 0 free, 1 claimed, 2 complete, 3 abandoned
@@ -106,7 +109,7 @@ use timestamp::{Layout, OracleError};
 /// `"NAMDBCAT"` as a little-endian word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NAMDBCAT");
 /// Bumped whenever the encoding of any catalog word changes.
-pub const VERSION: u64 = 2;
+pub const VERSION: u64 = 3;
 /// The longest table name, in bytes.
 pub const MAX_NAME: usize = 64;
 /// The most partitions a table has.
@@ -130,6 +133,11 @@ const RECORDS: u64 = 64;
 /// never bootstrapped into a second cluster, nor listed at another position.
 const MEMBER: u64 = 2048;
 const MEMBER_TAG: u64 = u64::from_le_bytes(*b"\0\0\0\0MEMB");
+/// In server 0's catalog region: the cluster's identity, fixed by CAS from zero by the
+/// first bootstrap attempt that claims members (a takeover keeps it). A random token
+/// rather than where server 0's catalog is, which changes when a durable server
+/// restarts.
+const CLUSTER_ID: u64 = 4096;
 const MEMBER_INDEX: u64 = (1 << 32) - 1;
 const RECORD_WORDS: usize = 8;
 const MAX_ATTEMPTS: u64 = 8;
@@ -648,21 +656,22 @@ fn check_clean(page: &[u64], attempt: Option<u64>) -> Result<()> {
     Ok(())
 }
 
-/// The membership words server `index` of the cluster whose catalog is `c0` carries.
-fn membership(c0: &RemoteRegion, index: usize) -> [u64; 2] {
-    [
-        MEMBER_TAG | index as u64,
-        ((c0.node.0 as u64) << 32) | c0.rkey as u64,
-    ]
+/// The membership words server `index` of the cluster `id` carries.
+fn membership(id: u64, index: usize) -> [u64; 2] {
+    [MEMBER_TAG | index as u64, id]
 }
 
 /// Marks servers 1.. as members of this cluster, by CAS from zero (a takeover of a
 /// stalled bootstrap finds its predecessor's identical marks). A server that belongs
 /// to another cluster, or to this one at another position, stops the bootstrap.
-fn claim_members(conns: &mut [Conn], servers: &[ServerRegions]) -> Result<()> {
-    let c0 = servers[0].catalog;
+fn claim_members(conns: &mut [Conn], servers: &[ServerRegions], token: u64) -> Result<()> {
+    let id_at = servers[0].catalog.at(CLUSTER_ID);
+    let id = match cas(&mut conns[0], id_at, 0, token)? {
+        0 => token,
+        earlier => earlier,
+    };
     for (index, srv) in servers.iter().enumerate().skip(1) {
-        let want = membership(&c0, index);
+        let want = membership(id, index);
         for (i, w) in want.iter().enumerate() {
             let at = srv.catalog.at(MEMBER + 8 * i as u64);
             let old = cas(&mut conns[index], at, 0, *w)?;
@@ -681,10 +690,10 @@ fn claim_members(conns: &mut [Conn], servers: &[ServerRegions]) -> Result<()> {
 
 /// Checks that servers 1.. are this cluster's, at the positions given.
 fn check_members(conns: &mut [Conn], servers: &[ServerRegions]) -> Result<()> {
-    let c0 = servers[0].catalog;
+    let id = read_words(&mut conns[0], servers[0].catalog.at(CLUSTER_ID), 1)?[0];
     for (index, srv) in servers.iter().enumerate().skip(1) {
         let got = read_words(&mut conns[index], srv.catalog.at(MEMBER), 2)?;
-        if got[..] != membership(&c0, index)[..] {
+        if got[..] != membership(id, index)[..] {
             return Err(CatalogError::Membership {
                 index,
                 what: if got[0] == 0 {
@@ -693,11 +702,7 @@ fn check_members(conns: &mut [Conn], servers: &[ServerRegions]) -> Result<()> {
                     format!(
                         "it is server {} of {} cluster",
                         got[0] & MEMBER_INDEX,
-                        if got[1] == membership(&c0, index)[1] {
-                            "this"
-                        } else {
-                            "another"
-                        }
+                        if got[1] == id { "this" } else { "another" }
                     )
                 },
             });
@@ -899,7 +904,7 @@ impl Catalog {
         attempt: u64,
         token: u64,
     ) -> Result<(OracleLocation, crate::commitlog::LogLocation)> {
-        claim_members(conns, servers)?;
+        claim_members(conns, servers, token)?;
         let layout = Layout::new(options.oracle_bits, options.oracle_slots)?;
         let area = options.log_bytes_per_slot;
         if area < crate::commitlog::MIN_AREA_BYTES
@@ -1955,7 +1960,7 @@ mod tests {
         cat0.store_u64(rec + 8, VERSION + 1).unwrap();
         assert!(matches!(
             c.open(&mut conns),
-            Err(CatalogError::VersionMismatch { found: 3, .. })
+            Err(CatalogError::VersionMismatch { found: 4, .. })
         ));
         cat0.store_u64(rec + 8, VERSION).unwrap();
         cat0.store_u64(rec, 42).unwrap();

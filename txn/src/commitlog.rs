@@ -157,7 +157,9 @@ pub struct LogEntry {
     pub key: u64,
     /// The block's offset in its partition's data region.
     pub addr: u64,
-    /// The new value (empty for deletes and inserts, whose block holds it already).
+    /// The new value: empty for deletes, and for inserts (whose block holds it
+    /// already) unless the memory servers are durable, when a restart may lose the
+    /// block and recovery writes it again from here.
     pub value: Vec<u8>,
 }
 

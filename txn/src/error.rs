@@ -37,6 +37,14 @@ pub enum TxnError {
         "commit {cid} abandoned: this worker's lease lapsed and its slot was fenced; recovery decides its outcome"
     )]
     Fenced { cid: u64 },
+    /// This worker stopped committing after one of its commits was left half
+    /// installed (see the message); a new worker can go on.
+    #[error("worker out of service: {0}")]
+    Broken(String),
+    /// A durable memory server did not make a range durable (it died, or its disk
+    /// failed): what the commit wrote may not survive a restart of that server.
+    #[error("memory server {server} did not persist: {why}")]
+    Persist { server: usize, why: String },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error(transparent)]

@@ -101,6 +101,15 @@ impl RemoteIndex {
         self.base + bucket * self.shape.bucket_bytes()
     }
 
+    /// Where `key`'s bucket is, and its bytes.
+    pub fn bucket_range(&self, key: u64) -> (fabric::RemoteAddr, u64) {
+        (
+            self.region
+                .at(self.bucket_offset(self.shape.bucket_of(key))),
+            self.shape.bucket_bytes(),
+        )
+    }
+
     /// The READ of `key`'s bucket into `buf` (at least `bucket_bytes` long).
     pub fn bucket_read<'a>(&self, key: u64, buf: LocalBuf) -> SendWr<'a> {
         let remote = self

@@ -220,6 +220,7 @@ fn recover(
         took: Duration::ZERO,
         finished_at: SystemTime::now(),
     };
+    let mut plan = crate::durable::PersistPlan::default();
     for table in tables {
         for part in 0..table.partitions.len() {
             let mut held = Vec::new();
@@ -236,9 +237,13 @@ fn recover(
                 } else {
                     report.rolled_back += 1;
                 }
+                // Durable before the guard says clean and the ring may be reused.
+                let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+                crate::transaction::add_insert(&mut plan, table, part, addr, key);
             }
         }
     }
+    db.shared.durability.persist_blocking(plan)?;
     report.took = started.elapsed();
     report.finished_at = SystemTime::now();
     if report.rolled_forward + report.rolled_back > 0 {
@@ -257,7 +262,7 @@ fn recover(
 
 /// Resolves one lock held by `cid` on block `addr` (bytes `raw` as read, locked):
 /// rolled forward (`true`) if `record` commits it, else released.
-fn resolve(
+pub(crate) fn resolve(
     conns: &mut [Conn],
     table: &Arc<Table>,
     part: usize,
@@ -317,7 +322,7 @@ fn resolve(
 
 /// Reads every allocated block of a partition in large READs and hands each block's
 /// address, header word and bytes to `each`. Returns the blocks read.
-fn scan_headers(
+pub(crate) fn scan_headers(
     conns: &mut [Conn],
     table: &Table,
     part: usize,
@@ -349,7 +354,11 @@ pub fn read_log(db: &Database, slot: u32) -> Result<HashMap<u64, LogRecord>> {
 }
 
 /// A slot's ring, read and parsed.
-fn read_ring(db: &Database, conns: &mut [Conn], slot: u32) -> Result<HashMap<u64, LogRecord>> {
+pub(crate) fn read_ring(
+    db: &Database,
+    conns: &mut [Conn],
+    slot: u32,
+) -> Result<HashMap<u64, LogRecord>> {
     let log = db.shared.catalog.commit_log();
     let ring = conns[commitlog::SERVER].read_bytes(log.ring(slot), log.ring_bytes())?;
     Ok(commitlog::parse_ring(&ring))

@@ -17,6 +17,7 @@ use crate::catalog::{
     CATALOG_BYTES, Catalog, CatalogError, CatalogOptions, ServerRegions, TableDef, TableSpec,
 };
 use crate::conn::Conn;
+use crate::durable::{Durability, Persistence};
 use crate::error::{Result, TxnError};
 use crate::index::RemoteIndex;
 use crate::layout::BlockShape;
@@ -37,6 +38,18 @@ pub trait MemoryServerLink: Send + Sync {
         cq: &Arc<dyn CompletionQueue>,
         send_queue: u32,
     ) -> Result<Arc<dyn QueuePair>>;
+
+    /// A durable server's persist service ([`crate::durable`]); `None` for a server
+    /// that keeps nothing across a restart.
+    fn persistence(&self) -> Option<Arc<dyn Persistence>> {
+        None
+    }
+
+    /// How many times a durable server has started on its stored state (1 on its
+    /// first start); 0 for a server that keeps nothing.
+    fn boot(&self) -> u64 {
+        0
+    }
 }
 
 /// One partition of a table: an arena and an index on one memory server.
@@ -155,6 +168,9 @@ pub(crate) struct Shared {
     pub(crate) servers: Vec<Arc<dyn MemoryServerLink>>,
     pub(crate) catalog: Catalog,
     pub(crate) options: Options,
+    pub(crate) durability: Durability,
+    /// What the restart recovery this node ran at open did, if it ran one.
+    pub(crate) restart: Mutex<Option<crate::restart::RestartReport>>,
     /// Connections for catalog work (one per server), on their own device.
     admin: Mutex<Vec<Conn>>,
     _admin_device: Arc<dyn Device>,
@@ -282,6 +298,8 @@ impl Database {
             )?);
         }
         let (links, regions): (Vec<_>, Vec<_>) = servers.into_iter().unzip();
+        let durability = Durability::new(links.iter().map(|l| l.persistence()).collect())?;
+        let boots: Vec<u64> = links.iter().map(|l| l.boot()).collect();
         let catalog = Catalog::open(
             &mut admin,
             regions,
@@ -292,19 +310,45 @@ impl Database {
                 wait: options.catalog_wait,
             },
         )?;
-        Ok(Database {
-            shared: Arc::new(Shared {
-                devices_for_workers: devices,
-                servers: links,
-                catalog,
-                options,
-                admin: Mutex::new(admin),
-                _admin_device: admin_device,
-                tables: Mutex::new(Vec::new()),
-                recoveries: Mutex::new(Vec::new()),
-                _keep: keep,
-            }),
-        })
+        let shared = Shared {
+            devices_for_workers: devices,
+            servers: links,
+            catalog,
+            options,
+            durability,
+            restart: Mutex::new(None),
+            admin: Mutex::new(admin),
+            _admin_device: admin_device,
+            tables: Mutex::new(Vec::new()),
+            recoveries: Mutex::new(Vec::new()),
+            _keep: keep,
+        };
+        let db = Database {
+            shared: Arc::new(shared),
+        };
+        if db.is_durable() {
+            // Nothing may use the oracle or the data before a restarted server's
+            // losses are repaired, so the repair runs before the database is handed
+            // out (or this node waits for the node running it).
+            let report = crate::restart::after_open(&db, &boots)?;
+            *lock(&db.shared.restart) = report;
+        }
+        Ok(db)
+    }
+
+    /// Whether the memory servers are durable ([`crate::durable`]).
+    pub fn is_durable(&self) -> bool {
+        self.shared.durability.is_durable()
+    }
+
+    /// What the restart recovery this node ran when it opened the database did.
+    pub fn restart_report(&self) -> Option<crate::restart::RestartReport> {
+        lock(&self.shared.restart).clone()
+    }
+
+    /// Makes the catalog regions durable after they changed.
+    pub(crate) fn persist_catalog(&self) -> Result<()> {
+        persist_catalog(&self.shared)
     }
 
     pub fn options(&self) -> &Options {
@@ -345,6 +389,7 @@ impl Database {
             let mut admin = lock(&self.shared.admin);
             self.shared.catalog.create_table(&mut admin, &spec)?
         };
+        self.persist_catalog()?;
         Ok(self.remember(def))
     }
 
@@ -432,4 +477,17 @@ impl Table {
                 .collect(),
         }
     }
+}
+
+/// Makes every server's catalog region durable (table definitions, allocation
+/// cursors): small, and changed only by bootstrap and table creation.
+pub(crate) fn persist_catalog(shared: &Shared) -> Result<()> {
+    let mut plan = crate::durable::PersistPlan::default();
+    for (s, regions) in shared.catalog.servers().iter().enumerate() {
+        plan.add(
+            s,
+            crate::durable::PersistRange::plain(regions.catalog.at(0), regions.catalog.len),
+        );
+    }
+    shared.durability.persist_blocking(plan)
 }

@@ -42,6 +42,7 @@
 
 use crate::commitlog::{self, EntryKind, EntryRef};
 use crate::crash::{self, CrashPoint};
+use crate::durable::{PersistPlan, PersistRange};
 use crate::error::{Result, TxnError};
 use crate::index::{Lookup, RemoteIndex};
 use crate::layout::{
@@ -730,6 +731,7 @@ impl<'w> AsyncTransaction<'w> {
             Err(e) if held.logged => {
                 // The log record is complete: the transaction is committed, and what
                 // it still locks is rolled forward by recovery, never released here.
+                worker.break_off(cid, &e);
                 worker.decide(cid, Outcome::Committed);
                 worker.count(|s| s.committed += 1);
                 Err(e)
@@ -1016,13 +1018,16 @@ struct Held {
     /// Updated records locked by this commit: indices into the write set.
     locked: SmallVec<[usize; 4]>,
     /// New blocks this commit wrote locked (published in the index or not): (table,
-    /// partition, addr).
-    created: Vec<(Arc<Table>, usize, u64)>,
+    /// partition, addr, key).
+    created: Vec<(Arc<Table>, usize, u64, u64)>,
     /// Where the commit's log record is in the worker's ring, once placed.
     log_at: Option<u64>,
     /// The log record is complete: the transaction is committed whatever happens next.
     logged: bool,
 }
+
+/// What the log record says of a new block: (table, partition, key, addr, value).
+type LoggedInsert<'a> = (u32, usize, u64, u64, &'a [u8]);
 
 async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) -> Result<()> {
     let cid = step.cid;
@@ -1032,7 +1037,8 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     // New records: allocate (one FETCH_ADD per record, one doorbell per server), write
     // the blocks locked (one doorbell per server), publish them in the index.
     // What the log record says of the new blocks: (table, partition, key, addr).
-    let mut logged_inserts: SmallVec<[(u32, usize, u64, u64); 4]> = SmallVec::new();
+    let mut logged_inserts: SmallVec<[LoggedInsert<'_>; 4]> = SmallVec::new();
+    let durable = worker.database().is_durable();
     let inserts: Vec<&Write> = st
         .writes
         .iter()
@@ -1077,8 +1083,14 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             placed.push((part, addr));
         }
         for (w, &(part, addr)) in inserts.iter().zip(&placed) {
-            held.created.push((w.table.clone(), part, addr));
-            logged_inserts.push((w.table.id, part, w.key, addr));
+            held.created.push((w.table.clone(), part, addr, w.key));
+            // A durable cluster logs the value: a restart may lose the block.
+            let value = if durable {
+                w.value.as_deref().unwrap_or(&[])
+            } else {
+                &[]
+            };
+            logged_inserts.push((w.table.id, part, w.key, addr, value));
         }
         batches.run_step(worker, step).await?;
         crash::point(CrashPoint::AfterInsertBlocks);
@@ -1162,13 +1174,13 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     // The commit record, before any install: from here the transaction is committed.
     let entries: Vec<EntryRef<'_>> = logged_inserts
         .iter()
-        .map(|&(table, part, key, addr)| EntryRef {
+        .map(|&(table, part, key, addr, value)| EntryRef {
             table,
             part,
             kind: EntryKind::Insert,
             key,
             addr,
-            value: &[],
+            value,
         })
         .chain(updates.iter().map(|(_, w, part, addr, _, _)| EntryRef {
             table: w.table.id,
@@ -1200,6 +1212,16 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     );
     batches.run_step(worker, step).await?;
     held.logged = true;
+    if durable {
+        // Durable before any install: whatever a restart keeps of the installs
+        // (on a server that did not restart) has its record behind it.
+        let mut plan = PersistPlan::default();
+        plan.add(
+            commitlog::SERVER,
+            PersistRange::plain(remote, record.len() as u64),
+        );
+        worker.database().shared.durability.persist(plan).await?;
+    }
     crash::point(CrashPoint::AfterLog);
     // Install: WRITE the versions and CAS-unlock, one doorbell per server. With crash
     // points armed, in two halves, so a crash can land between them.
@@ -1244,7 +1266,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         unlock(batches, p, *addr, res);
         results.push((*addr, res));
     }
-    for (table, part, addr) in &held.created {
+    for (table, part, addr, _) in &held.created {
         let p = &table.partitions[*part];
         let res = area.take(8)?;
         let batches = &mut halves[usize::from(installed >= split)];
@@ -1256,6 +1278,16 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     crash::point(CrashPoint::MidInstall);
     halves[1].run_step(worker, step).await?;
     // From here the commit is visible to readers; it must be marked committed.
+    let plan = durable.then(|| {
+        let mut plan = PersistPlan::default();
+        for (_, w, part, addr, _, _) in &updates {
+            add_block(&mut plan, w.table.as_ref(), *part, *addr);
+        }
+        for (table, part, addr, key) in &held.created {
+            add_insert(&mut plan, table, *part, *addr, *key);
+        }
+        plan
+    });
     held.locked.clear();
     held.created.clear();
     for (addr, res) in results {
@@ -1266,7 +1298,30 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             )));
         }
     }
+    if let Some(plan) = plan {
+        // Before the acknowledgement, and before the record's ring space is reused.
+        worker.database().shared.durability.persist(plan).await?;
+    }
     Ok(())
+}
+
+/// Adds a block (its header guards the copy) to a persist plan.
+pub(crate) fn add_block(plan: &mut PersistPlan, table: &Table, part: usize, addr: u64) {
+    let p = &table.partitions[part];
+    plan.add(
+        p.server,
+        PersistRange::block(p.data.at(addr), table.shape.block_bytes()),
+    );
+}
+
+/// Adds a block a commit created, with what makes it reachable: the arena counter
+/// that allocated it and the index bucket of its key.
+pub(crate) fn add_insert(plan: &mut PersistPlan, table: &Table, part: usize, addr: u64, key: u64) {
+    add_block(plan, table, part, addr);
+    let p = &table.partitions[part];
+    plan.add(p.server, PersistRange::plain(p.data.at(p.arena), 8));
+    let (bucket, len) = p.index.bucket_range(key);
+    plan.add(p.server, PersistRange::plain(bucket, len));
 }
 
 /// The abort path: releases every lock a failed commit holds, one doorbell per server.
@@ -1275,7 +1330,7 @@ async fn release(worker: &Worker, st: &Parts, cid: u64, held: &Held) -> Result<(
     let locked = Header::locked_by(cid).encode();
     let mut area = Area::new(buffer);
     let mut staged = Vec::new();
-    for (table, _, _) in &held.created {
+    for (table, _, _, _) in &held.created {
         let bytes = layout::encode_versions(
             &[Version {
                 cid: 0,
@@ -1289,7 +1344,7 @@ async fn release(worker: &Worker, st: &Parts, cid: u64, held: &Held) -> Result<(
     }
     let res = area.take(8)?;
     let mut batches = Batches::new();
-    for ((table, part, addr), (at, len)) in held.created.iter().zip(&staged) {
+    for ((table, part, addr, _), (at, len)) in held.created.iter().zip(&staged) {
         let p = &table.partitions[*part];
         batches.push(
             p.server,
@@ -1325,7 +1380,17 @@ async fn release(worker: &Worker, st: &Parts, cid: u64, held: &Held) -> Result<(
             );
         }
     }
-    batches.run(worker).await
+    batches.run(worker).await?;
+    if worker.database().is_durable() && !held.created.is_empty() {
+        // A durable cluster keeps the tombstones of created blocks, so that index
+        // entries and counters a restart keeps never point at lost blocks.
+        let mut plan = PersistPlan::default();
+        for (table, part, addr, key) in &held.created {
+            add_insert(&mut plan, table, *part, *addr, *key);
+        }
+        worker.database().shared.durability.persist(plan).await?;
+    }
+    Ok(())
 }
 
 /// A blocking transaction of a [`crate::Client`]: [`AsyncTransaction`] driven by

@@ -93,6 +93,9 @@ pub struct Worker {
     idle_reads: Cell<u64>,
     /// This worker's place in its slot's commit log.
     log: RefCell<SlotLog>,
+    /// Why this worker stopped committing: a committed transaction of its own is
+    /// left half installed, and only recovery (after its lease lapses) may finish it.
+    broken: RefCell<Option<String>>,
 }
 
 /// Which slot (and which holding of it) a worker's commits log under, and where.
@@ -153,6 +156,7 @@ impl Worker {
             rids: RefCell::new(RidState::default()),
             idle_reads: Cell::new(0),
             log: RefCell::new(SlotLog { epoch, ring }),
+            broken: RefCell::new(None),
         })
     }
 
@@ -269,6 +273,9 @@ impl Worker {
     /// then to renew the lease or raise the slot's reservation), and the epoch the
     /// commit runs under.
     pub(crate) fn commit_timestamp(&self) -> Result<(u64, Epoch)> {
+        if let Some(why) = self.broken.borrow().as_ref() {
+            return Err(TxnError::Broken(why.clone()));
+        }
         let cid = match self.slot.acquire_commit_ts(1000) {
             Err(timestamp::OracleError::Fenced { .. }) => {
                 self.rejoin()?;
@@ -277,6 +284,16 @@ impl Worker {
             other => other?,
         };
         Ok((cid, self.log.borrow().epoch))
+    }
+
+    /// Stops this worker committing: commit `cid` is logged but could not be
+    /// installed (or made durable) because of `error`, so its locks stay for the
+    /// recovery that follows this worker's lease.
+    pub(crate) fn break_off(&self, cid: u64, error: &TxnError) {
+        tracing::warn!(cid, %error, "a committed transaction is left to recovery; this worker stops committing");
+        *self.broken.borrow_mut() = Some(format!(
+            "commit {cid} is committed but was left half installed ({error}); recovery finishes it once this worker's lease lapses: open a new worker"
+        ));
     }
 
     /// Fails with [`TxnError::Fenced`] unless this worker still holds `epoch` under a
@@ -465,6 +482,11 @@ impl Drop for Worker {
         // Every handed-out timestamp must be decided before the slot is freed for
         // others to skip.
         let _ = self.flush_marks();
+        if self.broken.borrow().is_some() {
+            // Holding on until the lease lapses hands the half-installed commit to
+            // a fencer's recovery; a release would skip that.
+            return;
+        }
         let epoch = self.log.borrow().epoch;
         if self.slot.is_active() {
             let _ = self.db.leave_slot(epoch.slot, epoch.tag);

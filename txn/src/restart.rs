@@ -1,0 +1,355 @@
+//! Restart recovery: what a cluster of durable memory servers ([`crate::durable`])
+//! repairs after one of them restarted, before anyone uses the database again.
+//!
+//! A restarted server comes back with what was persisted: every acknowledged commit's
+//! installs, records and index entries, but possibly not those of commits in flight
+//! when it died, and (server 0) an oracle and log guards as old as the catalog. Every
+//! commit record stays in its ring until the commit's installs are durable, so the
+//! records in the rings cover everything a restart may have lost:
+//!
+//! 1. Every record's entries on a restarted server are rolled forward, in CID order,
+//!    unless the block already holds that CID or a later one: an update or delete is
+//!    installed over the kept block, an insert's block is written again from the
+//!    logged value, its index entry and arena counter are restored.
+//! 2. If server 0 restarted, the oracle was lost, so no commit that was in flight can
+//!    finish: every lock on every server is resolved from the records (rolled forward
+//!    if a record commits it, released otherwise), and the oracle starts afresh above
+//!    every CID the data and the log hold ([`timestamp::Layout::image_from`]), all
+//!    slots free and all log guards clean.
+//!
+//! Which servers restarted: each durable server counts its starts (its *boot*), and
+//! server 0's catalog region records the boot of each server the cluster last ran
+//! with:
+//!
+//! ```text
+//! 8192        guard: 0 idle, else runner nonce << 32 | server 0's boot (low 32 bits):
+//!             a guard of an earlier boot is stale (a persist of the catalog caught
+//!             it), and is freed at once
+//! 8200 + 8·s  boot of server s the cluster runs at (0: not recorded yet)
+//! ```
+//!
+//! A node that opens the database compares them with the servers' boots; on a
+//! difference, one node (CAS on the guard) repairs and records the new boots while
+//! the others wait; a runner silent for [`TAKEOVER`] is taken over. Nodes that were
+//! running when a server restarted lost their connections to it (and, for server 0,
+//! the oracle): they reopen the database, which waits for the repair.
+
+use crate::commitlog::{self, EntryKind, Guard, LogRecord};
+use crate::conn::Conn;
+use crate::durable::PersistPlan;
+use crate::error::{Result, TxnError};
+use crate::index::RemoteIndex;
+use crate::layout::{self, Block, Header, VERSIONS_OFFSET};
+use crate::recovery::{nonce, resolve, scan_headers};
+use crate::store::{Database, Table};
+use crate::transaction::{add_block, add_insert};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a restart recovery may hold the guard unchanged before another node takes
+/// it over.
+pub const TAKEOVER: Duration = Duration::from_secs(30);
+const AREA: u64 = 8192;
+const MAX_SERVERS: usize = ((32 << 10) - AREA as usize) / 8 - 1;
+
+/// What one restart recovery did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestartReport {
+    /// The servers whose restart it repaired.
+    pub restarted: Vec<usize>,
+    /// Complete records found in the log rings.
+    pub log_records: u64,
+    /// Blocks written again from a record (a restarted server had lost the install).
+    pub reinstalled: u64,
+    /// Locks of committed transactions, rolled forward.
+    pub locks_rolled_forward: u64,
+    /// Locks of transactions that had not committed, released.
+    pub locks_rolled_back: u64,
+    pub blocks_scanned: u64,
+    /// Where the new oracle starts, if server 0 restarted.
+    pub oracle_from: Option<u64>,
+    pub took: Duration,
+}
+
+/// Runs or waits for the restart recovery the servers' `boots` call for; returns the
+/// report if this node ran it.
+pub(crate) fn after_open(db: &Database, boots: &[u64]) -> Result<Option<RestartReport>> {
+    if boots.len() > MAX_SERVERS {
+        return Err(TxnError::Invalid(format!(
+            "a durable cluster has at most {MAX_SERVERS} memory servers"
+        )));
+    }
+    let area = db.shared.catalog.servers()[0].catalog.at(AREA);
+    let words = 1 + boots.len() as u64;
+    let mut watching: Option<(u64, Instant)> = None;
+    loop {
+        let bytes = db.recovery_conns()[0].read_bytes(area, words * 8)?;
+        let word = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8"));
+        let guard = word(0);
+        let recorded: Vec<u64> = (0..boots.len()).map(|s| word(1 + s)).collect();
+        let restarted: Vec<usize> = (0..boots.len())
+            .filter(|&s| recorded[s] != 0 && recorded[s] != boots[s])
+            .collect();
+        let fresh = recorded.contains(&0);
+        if restarted.is_empty() && !fresh {
+            // Whoever commits must have found the boots durable, or a later restart
+            // could not tell what it has to repair.
+            persist_boots(db, area, boots.len())?;
+            return Ok(None);
+        }
+        if guard != 0 && guard & u32::MAX as u64 != boots[0] & u32::MAX as u64 {
+            db.recovery_conns()[0].cas(area, guard, 0)?;
+            continue;
+        }
+        if guard == 0 {
+            let mine = (nonce() as u64) << 32 | (boots[0] & u32::MAX as u64);
+            if db.recovery_conns()[0].cas(area, 0, mine)? != 0 {
+                continue;
+            }
+            let report = if restarted.is_empty() {
+                None
+            } else {
+                Some(repair(db, &restarted)?)
+            };
+            // The catalog as it is (a bootstrap may have just written it), then the
+            // boots, then the guard free: the boots say the repair is done.
+            db.persist_catalog()?;
+            let mut now = Vec::with_capacity(boots.len() * 8);
+            for &b in boots {
+                now.extend_from_slice(&b.to_le_bytes());
+            }
+            db.recovery_conns()[0].write_bytes(area.offset_by(8), &now)?;
+            persist_boots(db, area, boots.len())?;
+            db.recovery_conns()[0].cas(area, mine, 0)?;
+            return Ok(report);
+        }
+        match watching {
+            Some((w, since)) if w == guard && since.elapsed() >= TAKEOVER => {
+                // The runner stalled: free the guard for whoever gets it next.
+                db.recovery_conns()[0].cas(area, guard, 0)?;
+                watching = None;
+            }
+            Some((w, _)) if w == guard => std::thread::sleep(Duration::from_millis(5)),
+            _ => watching = Some((guard, Instant::now())),
+        }
+    }
+}
+
+fn persist_boots(db: &Database, area: fabric::RemoteAddr, servers: usize) -> Result<()> {
+    let mut plan = PersistPlan::default();
+    plan.add(
+        0,
+        crate::durable::PersistRange::plain(area.offset_by(8), servers as u64 * 8),
+    );
+    db.shared.durability.persist_blocking(plan)
+}
+
+/// The repair itself (see the module doc).
+fn repair(db: &Database, restarted: &[usize]) -> Result<RestartReport> {
+    let started = Instant::now();
+    let tables: HashMap<u32, Arc<Table>> = db.tables()?.into_iter().map(|t| (t.id, t)).collect();
+    let log = db.shared.catalog.commit_log();
+    let oracle = db.shared.catalog.oracle();
+    let server0 = restarted.contains(&0);
+    let mut conns = db.recovery_conns();
+    let mut records: Vec<LogRecord> = Vec::new();
+    for slot in 0..log.slots {
+        records.extend(crate::recovery::read_ring(db, &mut conns, slot)?.into_values());
+    }
+    records.sort_by_key(|r| r.cid);
+    let mut report = RestartReport {
+        restarted: restarted.to_vec(),
+        log_records: records.len() as u64,
+        reinstalled: 0,
+        locks_rolled_forward: 0,
+        locks_rolled_back: 0,
+        blocks_scanned: 0,
+        oracle_from: None,
+        took: Duration::ZERO,
+    };
+    let mut plan = PersistPlan::default();
+    for record in &records {
+        for entry in &record.entries {
+            let table = tables.get(&entry.table).ok_or_else(|| {
+                TxnError::Invalid(format!(
+                    "commit {} writes table {}, which the catalog lacks",
+                    record.cid, entry.table
+                ))
+            })?;
+            let part = entry.part as usize;
+            let p = table.partitions.get(part).ok_or_else(|| {
+                TxnError::Invalid(format!(
+                    "commit {} writes partition {part} of table {}, which has {}",
+                    record.cid,
+                    table.name,
+                    table.partitions.len()
+                ))
+            })?;
+            if !restarted.contains(&p.server) {
+                continue;
+            }
+            if reinstall(&mut conns, table, part, record, entry, &mut plan)? {
+                report.reinstalled += 1;
+            }
+        }
+    }
+    let mut max_cid = records.last().map_or(0, |r| r.cid);
+    if server0 {
+        let by_cid: HashMap<u64, &LogRecord> = records.iter().map(|r| (r.cid, r)).collect();
+        for table in tables.values() {
+            for part in 0..table.partitions.len() {
+                let mut held = Vec::new();
+                report.blocks_scanned +=
+                    scan_headers(&mut conns, table, part, &mut |addr, word, raw| {
+                        let h = Header::decode(word);
+                        max_cid = max_cid.max(h.cid);
+                        if h.locked {
+                            held.push((addr, h.cid, raw.to_vec()));
+                        }
+                        Ok(())
+                    })?;
+                for (addr, cid, raw) in held {
+                    let record = by_cid.get(&cid).copied();
+                    if resolve(&mut conns, table, part, addr, cid, &raw, record)? {
+                        report.locks_rolled_forward += 1;
+                    } else {
+                        report.locks_rolled_back += 1;
+                    }
+                    let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+                    add_insert(&mut plan, table, part, addr, key);
+                }
+            }
+        }
+    }
+    db.shared
+        .durability
+        .persist_blocking(std::mem::take(&mut plan))?;
+    if server0 {
+        let start = max_cid + 1;
+        let image: Vec<u8> = oracle
+            .layout
+            .image_from(start)
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let server = oracle.server as usize;
+        conns[server].write_bytes(oracle.data.at(oracle.offset), &image)?;
+        plan.add(
+            server,
+            crate::durable::PersistRange::plain(oracle.data.at(oracle.offset), image.len() as u64),
+        );
+        let clean = Guard::Clean { tag: 0 }.encode().to_le_bytes();
+        for slot in 0..log.slots {
+            conns[commitlog::SERVER].write_bytes(log.guard(slot), &clean)?;
+            plan.add(
+                commitlog::SERVER,
+                crate::durable::PersistRange::plain(log.guard(slot), 8),
+            );
+        }
+        db.shared.durability.persist_blocking(plan)?;
+        report.oracle_from = Some(start);
+    }
+    drop(conns);
+    report.took = started.elapsed();
+    tracing::info!(
+        restarted = ?report.restarted,
+        log_records = report.log_records,
+        reinstalled = report.reinstalled,
+        locks_rolled_forward = report.locks_rolled_forward,
+        locks_rolled_back = report.locks_rolled_back,
+        oracle_from = ?report.oracle_from,
+        took = ?report.took,
+        "repaired the cluster after a memory-server restart"
+    );
+    Ok(report)
+}
+
+/// Rolls one logged write forward on a restarted server unless the block already
+/// holds its CID or a later one. Returns whether it wrote the block.
+fn reinstall(
+    conns: &mut [Conn],
+    table: &Arc<Table>,
+    part: usize,
+    record: &LogRecord,
+    entry: &commitlog::LogEntry,
+    plan: &mut PersistPlan,
+) -> Result<bool> {
+    let p = &table.partitions[part];
+    let shape = table.shape;
+    let cid = record.cid;
+    let conn = &mut conns[p.server];
+    let at = p.data.at(entry.addr);
+    if entry.kind == EntryKind::Insert {
+        // What makes the block reachable, whatever the block's state.
+        let i = (entry.addr - p.arena - 8) / shape.block_bytes();
+        let counter = conn.read_word(p.data.at(p.arena))?;
+        if counter <= i {
+            conn.cas(p.data.at(p.arena), counter, i + 1)?;
+        }
+        ensure_indexed(conn, &p.index, entry.key, entry.addr)?;
+        add_insert(plan, table, part, entry.addr, entry.key);
+    }
+    let raw = conn.read_bytes(at, shape.block_bytes())?;
+    let header = Header::decode(u64::from_le_bytes(raw[..8].try_into().expect("8 bytes")));
+    if header.locked || header.cid >= cid {
+        // A lock is resolved with every other (server 0 restarted) or belongs to a
+        // commit still running on a server that kept its memory.
+        return Ok(false);
+    }
+    match entry.kind {
+        EntryKind::Insert => {
+            let block = Block::inserted(
+                Header::unlocked(cid),
+                entry.key,
+                cid,
+                entry.value.clone(),
+                shape,
+            );
+            conn.write_bytes(at, &layout::encode(&block, shape)?)?;
+        }
+        EntryKind::Update | EntryKind::Delete => {
+            let value = (entry.kind == EntryKind::Update).then_some(entry.value.as_slice());
+            let mut bytes = vec![0u8; (shape.block_bytes() - VERSIONS_OFFSET) as usize];
+            layout::write_installed(&raw, cid, value, shape, &mut bytes)?;
+            conn.write_bytes(p.data.at(entry.addr + VERSIONS_OFFSET), &bytes)?;
+            conn.cas(at, header.encode(), Header::unlocked(cid).encode())?;
+        }
+    }
+    add_block(plan, table, part, entry.addr);
+    Ok(true)
+}
+
+/// Makes `key` map to `addr` in `index` (a restart may have lost the entry, or kept
+/// it half inserted).
+fn ensure_indexed(conn: &mut Conn, index: &RemoteIndex, key: u64, addr: u64) -> Result<()> {
+    let tag = key
+        .checked_add(1)
+        .ok_or_else(|| TxnError::Invalid(format!("key {key} is reserved")))?;
+    let (bucket, len) = index.bucket_range(key);
+    let bytes = conn.read_bytes(bucket, len)?;
+    for (i, slot) in bytes.chunks_exact(16).enumerate() {
+        let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
+        let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
+        let slot_at = bucket.offset_by(i as u64 * 16);
+        if key_word == tag {
+            if addr_word == 0 {
+                conn.write_bytes(slot_at.offset_by(8), &(addr + 1).to_le_bytes())?;
+            } else if addr_word != addr + 1 {
+                return Err(TxnError::Invalid(format!(
+                    "key {key} is indexed at block {}, its log record says {addr}",
+                    addr_word - 1
+                )));
+            }
+            return Ok(());
+        }
+        if key_word == 0 {
+            conn.cas(slot_at, 0, tag)?;
+            conn.write_bytes(slot_at.offset_by(8), &(addr + 1).to_le_bytes())?;
+            return Ok(());
+        }
+    }
+    Err(TxnError::Invalid(format!(
+        "the index bucket of key {key} is full: its entry cannot be restored"
+    )))
+}

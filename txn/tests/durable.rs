@@ -1,0 +1,407 @@
+//! Restart recovery on durable memory servers, in process: each server is a sim node
+//! whose persist service copies the ranges it is asked for into a shadow image (the
+//! contract of the memory server's `--data-dir`: what the last persist covering a
+//! byte saw, zero if none). A restart is a new sim node whose regions hold only the
+//! shadow: everything not persisted is lost. The processes-and-disk version of this
+//! runs in namdb's tests.
+
+use fabric::sim::{SimConfig, SimNetwork};
+use fabric::{Access, CompletionQueue, Device, QpConfig, QueuePair, Region};
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use txn::catalog::CATALOG_BYTES;
+use txn::index::IndexShape;
+use txn::{
+    Database, DeviceFactory, MemoryServerLink, Options, PersistRange, PersistStatus, Persistence,
+    ServerRegions, Table, TableSpec,
+};
+
+const DATA_BYTES: u64 = 16 << 20;
+
+/// What a durable server keeps: per region (catalog, data), the persisted bytes.
+#[derive(Default)]
+struct Disk {
+    images: Mutex<[Vec<u8>; 2]>,
+    boots: AtomicU64,
+}
+
+/// One start of a durable server: a sim node with its regions.
+struct Server {
+    device: Arc<dyn Device>,
+    regions: [Region; 2],
+    disk: Arc<Disk>,
+    boot: u64,
+    qps: Mutex<Vec<Arc<dyn QueuePair>>>,
+    pending: Mutex<HashMap<u64, Vec<PersistRange>>>,
+    next_ticket: AtomicU64,
+}
+
+impl Server {
+    /// Starts a server on `net` with what `disk` kept.
+    fn start(net: &SimNetwork, disk: &Arc<Disk>) -> Arc<Server> {
+        let device: Arc<dyn Device> = net.add_node();
+        let catalog = device.register(CATALOG_BYTES, Access::ALL).unwrap();
+        let data = device.register(DATA_BYTES, Access::ALL).unwrap();
+        {
+            let mut images = disk.images.lock().unwrap();
+            for (region, image) in [&catalog, &data].into_iter().zip(images.iter_mut()) {
+                image.resize(region.len() as usize, 0);
+                region.write(0, image).unwrap();
+            }
+        }
+        let boot = disk.boots.fetch_add(1, Ordering::SeqCst) + 1;
+        Arc::new(Server {
+            device,
+            regions: [catalog, data],
+            disk: disk.clone(),
+            boot,
+            qps: Mutex::new(Vec::new()),
+            pending: Mutex::new(HashMap::new()),
+            next_ticket: AtomicU64::new(1),
+        })
+    }
+
+    fn server_regions(&self) -> ServerRegions {
+        ServerRegions {
+            catalog: self.regions[0].remote(),
+            data: vec![self.regions[1].remote()],
+        }
+    }
+
+    /// Copies `ranges` to the disk if every guarded one reads unlocked; else nothing.
+    fn try_persist(&self, ranges: &[PersistRange]) -> bool {
+        let mut copies = Vec::new();
+        for r in ranges {
+            let which = self
+                .regions
+                .iter()
+                .position(|g| g.remote().rkey == r.addr.rkey)
+                .expect("a range of this server");
+            let bytes = self.regions[which]
+                .to_vec(r.addr.offset, r.len as usize)
+                .unwrap();
+            if r.guarded && bytes[7] & 0x80 != 0 {
+                return false;
+            }
+            copies.push((which, r.addr.offset as usize, bytes));
+        }
+        let mut images = self.disk.images.lock().unwrap();
+        for (which, at, bytes) in copies {
+            images[which][at..at + bytes.len()].copy_from_slice(&bytes);
+        }
+        true
+    }
+}
+
+impl Persistence for Server {
+    fn submit(&self, ranges: Vec<PersistRange>) -> u64 {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
+        if !self.try_persist(&ranges) {
+            self.pending.lock().unwrap().insert(ticket, ranges);
+        }
+        ticket
+    }
+
+    fn poll(&self, ticket: u64) -> PersistStatus {
+        let mut pending = self.pending.lock().unwrap();
+        match pending.get(&ticket) {
+            None => PersistStatus::Done,
+            Some(ranges) if self.try_persist(ranges) => {
+                pending.remove(&ticket);
+                PersistStatus::Done
+            }
+            Some(_) => PersistStatus::Pending,
+        }
+    }
+}
+
+struct Link(Arc<Server>);
+
+impl MemoryServerLink for Link {
+    fn connect(
+        &self,
+        local: &Arc<dyn Device>,
+        cq: &Arc<dyn CompletionQueue>,
+        send_queue: u32,
+    ) -> txn::Result<Arc<dyn QueuePair>> {
+        let server = &self.0;
+        let scq = server.device.create_cq(16)?;
+        let (sqp, qp) =
+            fabric::connect_rc_with((server.device.as_ref(), &scq), (local.as_ref(), cq), |c| {
+                QpConfig {
+                    max_send_wr: send_queue,
+                    ..c
+                }
+            })?;
+        server.qps.lock().unwrap().push(sqp);
+        Ok(qp)
+    }
+
+    fn persistence(&self) -> Option<Arc<dyn Persistence>> {
+        Some(self.0.clone())
+    }
+
+    fn boot(&self) -> u64 {
+        self.0.boot
+    }
+}
+
+struct Cluster {
+    net: SimNetwork,
+    disks: Vec<Arc<Disk>>,
+    servers: Vec<Arc<Server>>,
+}
+
+impl Cluster {
+    fn new(n: usize) -> Cluster {
+        let net = SimNetwork::new(SimConfig::default());
+        let disks: Vec<Arc<Disk>> = (0..n).map(|_| Arc::new(Disk::default())).collect();
+        let servers = disks.iter().map(|d| Server::start(&net, d)).collect();
+        Cluster {
+            net,
+            disks,
+            servers,
+        }
+    }
+
+    /// Restarts servers `which`: they come back with only what was persisted.
+    fn restart(&mut self, which: &[usize]) {
+        for &s in which {
+            self.servers[s] = Server::start(&self.net, &self.disks[s]);
+        }
+    }
+
+    fn open(&self) -> Database {
+        let net = self.net.clone();
+        let devices: DeviceFactory = Arc::new(move || Ok(net.add_node() as Arc<dyn Device>));
+        let links = self
+            .servers
+            .iter()
+            .map(|s| {
+                (
+                    Arc::new(Link(s.clone())) as Arc<dyn MemoryServerLink>,
+                    s.server_regions(),
+                )
+            })
+            .collect();
+        Database::open(
+            links,
+            devices,
+            Options {
+                servers: self.servers.len(),
+                oracle: timestamp::OracleConfig {
+                    tick_interval: Duration::from_millis(2),
+                    lease_timeout: Duration::from_millis(80),
+                    ..timestamp::OracleConfig::default()
+                },
+                wait_visible: false,
+                ..Options::default()
+            },
+        )
+        .unwrap()
+    }
+}
+
+fn val(n: i64) -> Vec<u8> {
+    n.to_le_bytes().to_vec()
+}
+
+fn num(v: Option<Vec<u8>>) -> i64 {
+    i64::from_le_bytes(v.expect("present")[..8].try_into().unwrap())
+}
+
+fn accounts(db: &Database) -> Arc<Table> {
+    db.create_table(TableSpec {
+        name: "accounts".into(),
+        versions: 4,
+        value_cap: 16,
+        capacity: 1024,
+        partitions: 0,
+        placement: txn::Placement::RoundRobin,
+        index: IndexShape {
+            buckets: 64,
+            slots: 8,
+        },
+    })
+    .unwrap()
+}
+
+#[test]
+fn acknowledged_commits_survive_restarts() {
+    let mut cluster = Cluster::new(2);
+    let (before, last_cid) = {
+        let db = cluster.open();
+        assert!(db.is_durable());
+        assert!(db.restart_report().is_none());
+        let t = accounts(&db);
+        let mut c = db.client().unwrap();
+        c.run(0, |x| {
+            for k in 0..16 {
+                x.insert(&t, k, val(100))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        for i in 0..200u64 {
+            let (from, to) = (i % 16, (i * 7 + 3) % 16);
+            if from == to {
+                continue;
+            }
+            c.run(5, |x| {
+                let a = num(x.get(&t, from)?);
+                let b = num(x.get(&t, to)?);
+                x.put(&t, from, val(a - 1))?;
+                x.put(&t, to, val(b + 1))?;
+                if i % 10 == 0 {
+                    x.insert(&t, 1000 + i, val(i as i64))?;
+                }
+                if i % 50 == 49 {
+                    x.delete(&t, 1000 + i - 49)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+        let mut x = c.begin().unwrap();
+        let before: Vec<Option<Vec<u8>>> = (0..16)
+            .chain(1000..1200)
+            .map(|k| x.get(&t, k).unwrap())
+            .collect();
+        drop(x);
+        (before, c.last_cid())
+    };
+    for restarted in [vec![1], vec![0], vec![0, 1]] {
+        cluster.restart(&restarted);
+        let db = cluster.open();
+        let report = db.restart_report().expect("a restart recovery ran");
+        assert_eq!(report.restarted, restarted);
+        if restarted.contains(&0) {
+            assert!(report.oracle_from.unwrap() > last_cid, "{report:?}");
+        }
+        let t = db.table("accounts").unwrap();
+        let mut c = db.client().unwrap();
+        let mut x = c.begin().unwrap();
+        let after: Vec<Option<Vec<u8>>> = (0..16)
+            .chain(1000..1200)
+            .map(|k| x.get(&t, k).unwrap())
+            .collect();
+        assert_eq!(after, before, "after restarting {restarted:?}");
+        drop(x);
+        // The cluster goes on: new commits, above every earlier CID.
+        c.run(3, |x| {
+            let a = num(x.get(&t, 0)?);
+            x.put(&t, 0, val(a))
+        })
+        .unwrap();
+        assert!(c.last_cid() > last_cid);
+        assert!(db.locked_records().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn a_crash_at_every_commit_step_then_a_restart_of_every_server_is_atomic() {
+    for (i, point) in txn::crash::POINTS.iter().enumerate() {
+        let mut cluster = Cluster::new(2);
+        {
+            let db = cluster.open();
+            let t = accounts(&db);
+            let mut c = db.client().unwrap();
+            c.run(0, |x| {
+                for k in 0..8 {
+                    x.insert(&t, k, val(100))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+            let (db2, t2) = (db.clone(), t.clone());
+            std::thread::spawn(move || {
+                let mut client = db2.client().unwrap();
+                txn::crash::panic_at_on_this_thread(point).unwrap();
+                let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    let mut x = client.begin().unwrap();
+                    let a = num(x.get(&t2, 1).unwrap());
+                    let b = num(x.get(&t2, 2).unwrap());
+                    x.put(&t2, 1, val(a - 10)).unwrap();
+                    x.put(&t2, 2, val(b + 10)).unwrap();
+                    x.insert(&t2, 100, val(7)).unwrap();
+                    x.commit()
+                }));
+                assert!(died.is_err(), "the crash point {point} did not fire");
+                std::mem::forget(client);
+            })
+            .join()
+            .unwrap();
+            // The whole cluster goes down with the dead commit in flight.
+            std::mem::forget(c);
+            std::mem::forget(db);
+        }
+        cluster.restart(&[0, 1]);
+        let db = cluster.open();
+        let report = db.restart_report().expect("a restart recovery ran");
+        let t = db.table("accounts").unwrap();
+        let mut c = db.client().unwrap();
+        let mut x = c.begin().unwrap();
+        let a = num(x.get(&t, 1).unwrap());
+        let b = num(x.get(&t, 2).unwrap());
+        let inserted = x.get(&t, 100).unwrap();
+        drop(x);
+        let committed = i >= 3; // after-log and later
+        if committed {
+            assert_eq!(
+                (a, b, inserted),
+                (90, 110, Some(val(7))),
+                "{point}: {report:?}"
+            );
+        } else {
+            assert_eq!((a, b, inserted), (100, 100, None), "{point}: {report:?}");
+        }
+        assert!(db.locked_records().unwrap().is_empty(), "{point}");
+        // Every record is writable, and key 100 insertable if absent.
+        c.run(3, |x| {
+            let a = num(x.get(&t, 1)?);
+            x.put(&t, 1, val(a + 1))?;
+            if x.get(&t, 100)?.is_none() {
+                x.insert(&t, 100, val(8))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn a_cluster_mixing_durable_and_volatile_servers_is_refused() {
+    let cluster = Cluster::new(1);
+    struct Volatile(Arc<Server>);
+    impl MemoryServerLink for Volatile {
+        fn connect(
+            &self,
+            local: &Arc<dyn Device>,
+            cq: &Arc<dyn CompletionQueue>,
+            send_queue: u32,
+        ) -> txn::Result<Arc<dyn QueuePair>> {
+            Link(self.0.clone()).connect(local, cq, send_queue)
+        }
+    }
+    let other = Server::start(&cluster.net, &Arc::new(Disk::default()));
+    let net = cluster.net.clone();
+    let devices: DeviceFactory = Arc::new(move || Ok(net.add_node() as Arc<dyn Device>));
+    let links: Vec<(Arc<dyn MemoryServerLink>, ServerRegions)> = vec![
+        (
+            Arc::new(Link(cluster.servers[0].clone())),
+            cluster.servers[0].server_regions(),
+        ),
+        (Arc::new(Volatile(other.clone())), other.server_regions()),
+    ];
+    let err = Database::open(links, devices, Options::default())
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string()
+            .contains("1 of 2 memory servers are durable"),
+        "{err}"
+    );
+}

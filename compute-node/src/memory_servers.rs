@@ -11,11 +11,15 @@ use fabric::shm::ShmDevice;
 use fabric::tcp::TcpDevice;
 use fabric::{CompletionQueue, Device, FabricError, QpConfig, QueuePair};
 use memory_server::blocking::Client;
-use memory_server::{ClientError, ClusterToken};
-use std::sync::Arc;
+use memory_server::{ClientError, ClusterToken, Persister, Ticket};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
-use txn::{Database, DeviceFactory, MemoryServerLink, Options, ServerRegions, TxnError};
+use txn::{
+    Database, DeviceFactory, MemoryServerLink, Options, PersistStatus, Persistence, ServerRegions,
+    TxnError,
+};
 
 #[derive(Debug, Error)]
 pub enum ConnectError {
@@ -55,6 +59,52 @@ pub enum ConnectError {
 pub struct RemoteServer {
     addr: String,
     control: Client,
+    /// For a durable server: its persist service, on this session.
+    persistence: Option<Arc<ServerPersistence>>,
+}
+
+/// txn's persist service on a durable memory server's [`Persister`]: txn's tickets
+/// are numbers, the persister's are handles, kept here until reported.
+struct ServerPersistence {
+    persister: Persister,
+    tickets: Mutex<HashMap<u64, Ticket>>,
+    next: AtomicU64,
+}
+
+impl Persistence for ServerPersistence {
+    fn submit(&self, ranges: Vec<txn::PersistRange>) -> u64 {
+        let ranges = ranges
+            .iter()
+            .map(|r| memory_server::PersistRange {
+                rkey: r.addr.rkey,
+                offset: r.addr.offset,
+                len: r.len,
+                guarded: r.guarded,
+            })
+            .collect();
+        let ticket = self.persister.submit(ranges);
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        lock(&self.tickets).insert(id, ticket);
+        id
+    }
+
+    fn poll(&self, ticket: u64) -> PersistStatus {
+        let mut tickets = lock(&self.tickets);
+        let Some(t) = tickets.get(&ticket) else {
+            return PersistStatus::Failed(format!("no persist {ticket} is pending"));
+        };
+        let status = match self.persister.poll(t) {
+            memory_server::PersistStatus::Pending => return PersistStatus::Pending,
+            memory_server::PersistStatus::Done => PersistStatus::Done,
+            memory_server::PersistStatus::Failed(why) => PersistStatus::Failed(why),
+        };
+        tickets.remove(&ticket);
+        status
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl RemoteServer {
@@ -81,6 +131,14 @@ impl MemoryServerLink for RemoteServer {
                 self.addr
             )))),
         }
+    }
+
+    fn persistence(&self) -> Option<Arc<dyn Persistence>> {
+        self.persistence.clone().map(|p| p as Arc<dyn Persistence>)
+    }
+
+    fn boot(&self) -> u64 {
+        self.control.server().boot
     }
 }
 
@@ -145,6 +203,13 @@ pub fn connect(
         servers.push((
             Arc::new(RemoteServer {
                 addr: addr.clone(),
+                persistence: control.server().durable.then(|| {
+                    Arc::new(ServerPersistence {
+                        persister: Persister::new(&control),
+                        tickets: Mutex::new(HashMap::new()),
+                        next: AtomicU64::new(1),
+                    })
+                }),
                 control,
             }),
             ServerRegions { catalog, data },

@@ -10,7 +10,6 @@ use common::ServerProcess;
 use compute_node::memory_servers::{RemoteCluster, connect};
 use memory_server::ClusterToken;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 use txn::index::IndexShape;
@@ -32,15 +31,6 @@ fn start(token_file: &Path, data_dir: &Path) -> ServerProcess {
             "0.2",
         ],
     )
-}
-
-fn kill_9(server: &mut ServerProcess) {
-    let status = Command::new("kill")
-        .args(["-KILL", &server.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    server.child.wait().unwrap();
 }
 
 fn open(servers: &[ServerProcess], token: &ClusterToken) -> RemoteCluster {
@@ -142,7 +132,7 @@ fn acknowledged_commits_survive_memory_server_restarts() {
 
     let mut round = 300;
     for victim in [1usize, 0] {
-        kill_9(&mut servers[victim]);
+        servers[victim].kill_9();
         servers[victim] = start(&token_file, &data[victim]);
         assert!(
             servers[victim].line.contains("restored (boot 2"),

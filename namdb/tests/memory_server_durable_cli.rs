@@ -73,15 +73,6 @@ impl Conn {
     }
 }
 
-fn kill_9(server: &mut ServerProcess) {
-    let status = Command::new("kill")
-        .args(["-KILL", &server.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    server.child.wait().unwrap();
-}
-
 #[test]
 fn persisted_bytes_survive_kill_9_and_a_restart_says_what_it_restored() {
     let dir = tempfile::tempdir().unwrap();
@@ -120,7 +111,7 @@ fn persisted_bytes_survive_kill_9_and_a_restart_says_what_it_restored() {
         persister.wait(t).unwrap();
     }
     assert!(conn.write(8192, b"never persisted"));
-    kill_9(&mut server);
+    server.kill_9();
     drop(conn);
 
     let server = start(&token_file, &data_dir, &[]);
@@ -194,7 +185,7 @@ fn kill_9_in_the_middle_of_persisting_loses_nothing_acknowledged() {
         })
     };
     std::thread::sleep(Duration::from_millis(400));
-    kill_9(&mut server);
+    server.kill_9();
     stop.store(true, Ordering::Relaxed);
     let (acked, next) = writer.join().unwrap();
     assert!(

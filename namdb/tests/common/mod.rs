@@ -27,6 +27,16 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
+    /// SIGKILL, and reap: the process gets no chance to clean up.
+    pub fn kill_9(&mut self) {
+        let status = Command::new("kill")
+            .args(["-KILL", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        self.child.wait().unwrap();
+    }
+
     /// Starts `namdb memory-server --listen 127.0.0.1:0 --backend BACKEND --token-file
     /// TOKEN_FILE` with `extra` arguments and waits until it is listening.
     pub fn start(backend: &str, token_file: &Path, extra: &[&str]) -> ServerProcess {

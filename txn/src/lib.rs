@@ -29,6 +29,9 @@
 //! - [`commitlog`]: the crash-atomic commit record; [`recovery`]: resolving a dead
 //!   node's locks from it; [`crash`]: crash points at every commit step for the chaos
 //!   harness.
+//! - [`durable`]: what commits persist on durable memory servers, and the restart
+//!   recovery `Database::open` runs after one of them restarted
+//!   ([`RestartReport`]).
 //!
 //! Not implemented yet: garbage collection of old versions and leaked blocks.
 

@@ -15,9 +15,10 @@
 //! 3. the commit's log ring space is reused only after that, so a record stays in its
 //!    ring until everything it wrote is durable.
 //!
-//! After a restart, the restart recovery `Database::open` runs rolls forward every record whose installs a
-//! restarted server may have lost, and starts the oracle above every timestamp the
-//! data holds if server 0 (the oracle's and the log's) restarted.
+//! After a restart, the restart recovery that `Database::open` runs rolls forward
+//! every record whose installs a restarted server may have lost, and starts the
+//! oracle above every timestamp the data holds if server 0 (the oracle's and the
+//! log's) restarted.
 
 use crate::error::{Result, TxnError};
 use crate::runtime::yield_now;

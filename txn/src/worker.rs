@@ -216,7 +216,13 @@ impl Worker {
     pub fn flush_marks(&self) -> Result<()> {
         let marks = std::mem::take(&mut *self.marks.borrow_mut());
         if !marks.is_empty() {
-            self.slot.mark_many(&marks)?;
+            match self.slot.mark_many(&marks) {
+                // The fence decided the slot's timestamps, these among them, and its
+                // recovery owns whatever our commits left: take a slot again (a
+                // thread starved of CPU past its lease gets here, under load).
+                Err(timestamp::OracleError::Fenced { .. }) => return self.rejoin(),
+                other => other?,
+            }
         }
         Ok(())
     }

@@ -84,6 +84,10 @@ pub struct TpcwArgs {
     /// Where `--sweep` draws its plot.
     #[arg(long, value_name = "FILE", default_value = "tpcw-sweep.svg")]
     pub svg: PathBuf,
+    /// Start RSI's memory servers with a data directory each (under `--dir`), so
+    /// every commit is persisted before it is acknowledged (shm and tcp only).
+    #[arg(long)]
+    pub durable: bool,
     /// Memory servers for RSI.
     #[arg(long, value_name = "M", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=16))]
@@ -137,6 +141,9 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         "--system needs at least one system"
     );
     let scale = Scale::new(args.items, args.ebs, args.item_bytes).map_err(anyhow::Error::msg)?;
+    if args.durable && args.backend == BackendKind::Sim {
+        bail!("--durable needs memory-server processes: use --backend shm or tcp");
+    }
     if args.backend == BackendKind::Verbs {
         bail!("tpcw runs RSI on sim, shm or tcp (verbs needs RDMA hardware: use `bench txn`)");
     }
@@ -346,6 +353,17 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
                 ]
                 .into_iter()
                 .map(String::from)
+                .chain(
+                    args.durable
+                        .then(|| {
+                            [
+                                "--data-dir".to_string(),
+                                dir.join(format!("{name}.data")).display().to_string(),
+                            ]
+                        })
+                        .into_iter()
+                        .flatten(),
+                )
                 .collect();
                 let entry = spawn(
                     &name,
@@ -362,7 +380,11 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
                 .collect();
             let remote = compute_node::connect(&addrs, &token, options)
                 .context("connecting to the memory servers")?;
-            let backend = remote.backend.clone();
+            let backend = if remote.db.is_durable() {
+                format!("{}+durable", remote.backend)
+            } else {
+                remote.backend.clone()
+            };
             let db = remote.db.clone();
             Rsi::new(db, backend, room, Box::new((remote, servers_up)))
         }
@@ -451,12 +473,12 @@ fn print_summary(args: &TpcwArgs, reports: &[RunReport]) {
         args.duration
     );
     println!(
-        "{:<9} {:<8} {:>7} {:>13} {:>8} {:>10} {:>10} {:>11}  checks",
+        "{:<9} {:<11} {:>7} {:>13} {:>8} {:>10} {:>10} {:>11}  checks",
         "system", "backend", "clients", "txn/s", "aborts", "p50 µs", "p99 µs", "committed"
     );
     for r in reports {
         println!(
-            "{:<9} {:<8} {:>7} {:>13.0} {:>7.2}% {:>10.1} {:>10.1} {:>11}  {}",
+            "{:<9} {:<11} {:>7} {:>13.0} {:>7.2}% {:>10.1} {:>10.1} {:>11}  {}",
             r.system,
             r.backend,
             r.clients,

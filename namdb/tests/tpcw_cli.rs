@@ -90,7 +90,7 @@ fn checkout_on_rsi_2pc_and_postgres_in_one_run() {
 }
 
 #[test]
-fn a_mix_on_shm_memory_server_processes() {
+fn a_mix_on_durable_shm_memory_server_processes() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
     let json_arg = json.display().to_string();
@@ -101,6 +101,8 @@ fn a_mix_on_shm_memory_server_processes() {
         &args(&[
             "--backend",
             "shm",
+            // Durable servers: the mix's inserts, deletes and updates all persist.
+            "--durable",
             "--mix",
             "ordering",
             "--clients",
@@ -114,7 +116,7 @@ fn a_mix_on_shm_memory_server_processes() {
     assert!(out.contains("per interaction"), "{out}");
     let json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let run = &runs(&json)[0];
-    assert_eq!(run["backend"], "shm");
+    assert_eq!(run["backend"], "shm+durable");
     assert_eq!(run["mix"], "ordering");
     assert_checked(run);
     let names: Vec<&str> = run["interactions"]
@@ -186,6 +188,10 @@ fn bad_arguments_are_clear_errors() {
         ),
         (vec!["tpcw", "--system", "oracle"], "invalid value 'oracle'"),
         (vec!["tpcw", "--clients", "0"], "--clients"),
+        (
+            vec!["tpcw", "--durable"],
+            "--durable needs memory-server processes",
+        ),
     ] {
         let o = namdb(dir.path(), &bad);
         assert!(!o.status.success(), "{bad:?} succeeded");

@@ -9,6 +9,7 @@
 use crate::cluster_cmd::tail;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
+use compute_node::RemoteCluster;
 use memory_server::ClusterToken;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -21,11 +22,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 use verify::chaos::checks::{self, CheckResult, Lock};
-use verify::chaos::events::{EventWriter, NodeEvent, Recovery, merge, read_events};
+use verify::chaos::events::{EventWriter, NodeEvent, Recovery, Repair, merge, read_events};
 use verify::chaos::plan::{Action, FaultPlan, PlanConfig};
 use verify::chaos::report::{
     self, ActionCounts, ChaosConfig, ChaosReport, Death, Executed, HistorySummary, PointCounts,
-    Throughput,
+    ServerRestart, Throughput,
 };
 use verify::chaos::session::{Clock, Ids, SharedListAppend, run_session, run_txn, unix_ns};
 use verify::history::{Op, ReadValue, Status, Txn};
@@ -43,6 +44,18 @@ const TICK_TABLE: &str = "chaos_ticks";
 const BUCKET_MS: u64 = 100;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// A chaos node's exit status when it lost a memory server (killed, or restarted
+/// under it): its connections to it are gone, so the harness starts it again once the
+/// server is back, and the new process reopens the database (EX_TEMPFAIL).
+const SERVER_LOST: i32 = 75;
+/// How often a chaos node looks whether its memory servers still listen.
+const PROBE_EVERY: Duration = Duration::from_millis(20);
+/// How often it checks their boot numbers (a server restarted between two probes).
+const BOOT_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Checkpoints of the durable memory servers: short enough that a run's server
+/// restarts come back from a checkpoint plus journal, not the journal alone; not
+/// shorter, as a checkpoint every second cut throughput by two thirds here.
+const CHECKPOINT_INTERVAL_S: &str = "5";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum ChaosWorkload {
@@ -109,10 +122,13 @@ pub struct ChaosArgs {
     /// Write the report as JSON here.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Keep the run's files (logs, event files) here; by default a temporary directory,
-    /// kept only when the run fails.
+    /// Keep the run's files (logs, event files, memory-server data) here; by default a
+    /// temporary directory, kept only when the run fails.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+    /// Never kill and restart memory servers (runs of 20 s or more do by default).
+    #[arg(long)]
+    pub no_server_restarts: bool,
 }
 
 /// One compute node of a chaos run (started by `namdb chaos`).
@@ -191,12 +207,17 @@ fn table_bytes(spec: &txn::TableSpec, servers: u64) -> Result<u64> {
 pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
     txn::crash::arm_from_env().map_err(anyhow::Error::msg)?;
     let token = ClusterToken::from_file(&args.token_file)?;
-    // Slots are set by the harness, which sets the catalog up.
-    let remote = compute_node::connect(&args.memory_servers, &token, options(args.lease_ms, 0))
-        .context("cannot open the database on the memory servers")?;
-    let db = remote.db.clone();
     let out = EventWriter::create(&args.events)
         .with_context(|| format!("cannot create {}", args.events.display()))?;
+    let remote = connect_node(args, &token)?;
+    if let Some(r) = remote.db.restart_report() {
+        eprintln!("repaired memory-server restarts: {r:?}");
+        out.write(&NodeEvent::Repair {
+            repair: repair(&r, SystemTime::now()),
+        })?;
+    }
+    watch_servers(&remote, &args.memory_servers, &token);
+    let db = remote.db.clone();
     let ids = Ids::new(args.incarnation).map_err(anyhow::Error::msg)?;
     let bank_workload = bank();
     let lists = SharedListAppend::new(args.incarnation, args.list_key_start);
@@ -268,6 +289,84 @@ pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
     Ok(())
 }
 
+/// Opens the database, trying again while a memory server is not (yet) back: the
+/// harness starts nodes once every server listens, but a server restarted on its data
+/// directory may still be restoring.
+fn connect_node(args: &ChaosNodeArgs, token: &ClusterToken) -> Result<RemoteCluster> {
+    // Slots are set by the harness, which sets the catalog up.
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match compute_node::connect(&args.memory_servers, token, options(args.lease_ms, 0)) {
+            Ok(remote) => return Ok(remote),
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("cannot open the database yet ({e}); trying again in {backoff:?}");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => {
+                return Err(e).context("cannot open the database on the memory servers");
+            }
+        }
+    }
+}
+
+/// Exits the process with [`SERVER_LOST`] once a memory server stops listening or
+/// comes back with another boot number. Its connections to that server are gone for
+/// good, so transactions cannot go on; what they did is in the event file (a commit
+/// cut short is `pending`, i.e. unknown), and a new process reopens the database.
+fn watch_servers(remote: &RemoteCluster, addrs: &[String], token: &ClusterToken) {
+    use txn::MemoryServerLink;
+    let boots: Vec<u64> = remote.servers.iter().map(|s| s.boot()).collect();
+    let addrs = addrs.to_vec();
+    let token = token.clone();
+    std::thread::spawn(move || {
+        let lost = |i: usize, why: String| -> ! {
+            eprintln!("lost memory server {i} ({}): {why}; exiting", addrs[i]);
+            std::process::exit(SERVER_LOST)
+        };
+        let mut last_boot_check = Instant::now();
+        loop {
+            std::thread::sleep(PROBE_EVERY);
+            // A bare connect is cheap enough to run often; a dead server refuses it.
+            for (i, addr) in addrs.iter().enumerate() {
+                let Ok(sa) = addr.parse::<std::net::SocketAddr>() else {
+                    continue;
+                };
+                if let Err(e) = std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(1)) {
+                    lost(i, format!("not listening: {e}"));
+                }
+            }
+            if last_boot_check.elapsed() >= BOOT_CHECK_EVERY {
+                last_boot_check = Instant::now();
+                for (i, addr) in addrs.iter().enumerate() {
+                    match memory_server::blocking::Client::connect(addr, &token) {
+                        Ok(c) if c.server().boot != boots[i] => {
+                            lost(i, format!("restarted (boot {})", c.server().boot))
+                        }
+                        Ok(_) => {}
+                        Err(e) => lost(i, format!("cannot connect: {e}")),
+                    }
+                }
+            }
+        }
+    });
+}
+
+fn repair(r: &txn::RestartReport, finished: SystemTime) -> Repair {
+    Repair {
+        restarted: r.restarted.clone(),
+        log_records: r.log_records,
+        reinstalled: r.reinstalled,
+        locks_rolled_forward: r.locks_rolled_forward,
+        locks_rolled_back: r.locks_rolled_back,
+        blocks_scanned: r.blocks_scanned,
+        oracle_from: r.oracle_from,
+        took_us: r.took.as_micros() as u64,
+        finished_ns: unix_ns(finished),
+    }
+}
+
 fn recovery(r: &txn::RecoveryReport) -> Recovery {
     Recovery {
         slot: r.slot,
@@ -305,6 +404,8 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let plan = FaultPlan::generate(&PlanConfig {
         duration: Duration::from_secs_f64(args.duration),
         nodes: args.nodes as usize,
+        servers: args.servers as usize,
+        server_restarts: !args.no_server_restarts,
         lease_timeout: Duration::from_millis(args.lease_ms),
         points,
         seed,
@@ -312,7 +413,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     .map_err(anyhow::Error::msg)?;
     eprintln!(
         "chaos: seed {seed}; {} nodes × {} sessions, {} {} memory servers, {} s; plan: {} kills, \
-         {} armed crashes, {} pauses; files in {}",
+         {} armed crashes, {} pauses, {} memory-server restarts; files in {}",
         args.nodes,
         args.sessions,
         args.servers,
@@ -321,6 +422,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         plan.count("kill"),
         plan.count("crash"),
         plan.count("pause"),
+        plan.count("server_restart"),
         dir.display()
     );
     let config = ChaosConfig {
@@ -365,6 +467,7 @@ struct NodeProc {
     window: Duration,
     ready_at: Option<Instant>,
     paused_until: Option<Instant>,
+    started: Instant,
     tail: Tail,
 }
 
@@ -420,7 +523,19 @@ struct Harness<'a> {
     token_file: PathBuf,
     seed: u64,
     servers: Vec<crate::cluster_cmd::ProcessEntry>,
+    /// Fixed control-plane ports, so a restarted server is where the nodes look.
+    ports: Vec<u16>,
     addrs: Vec<String>,
+    server_bytes: u64,
+    /// Each server's boot (1 at the start, one more per restart).
+    boots: Vec<u64>,
+    /// Servers killed and not started again yet.
+    servers_down: Vec<bool>,
+    last_server_kill: Option<Instant>,
+    /// Nodes that exited having lost a server, to start again once every server is up.
+    lost: Vec<bool>,
+    server_restarts: Vec<ServerRestart>,
+    repairs: Vec<Repair>,
     nodes: Vec<Option<NodeProc>>,
     next_incarnation: u64,
     event_files: Vec<PathBuf>,
@@ -467,7 +582,15 @@ impl<'a> Harness<'a> {
             token_file,
             seed,
             servers: Vec::new(),
+            ports: Vec::new(),
             addrs: Vec::new(),
+            server_bytes: 0,
+            boots: vec![0; args.servers as usize],
+            servers_down: vec![false; args.servers as usize],
+            last_server_kill: None,
+            lost: vec![false; args.nodes as usize],
+            server_restarts: Vec::new(),
+            repairs: Vec::new(),
             nodes: (0..args.nodes).map(|_| None).collect(),
             next_incarnation: 1,
             event_files: Vec::new(),
@@ -509,8 +632,12 @@ impl<'a> Harness<'a> {
         // and the commit logs'.
         let per_server =
             (bytes / servers + bytes / servers / 8 + (64 << 20)).next_multiple_of(2 << 20);
-        for i in 0..self.args.servers {
-            self.start_memory_server(i, per_server)?;
+        self.server_bytes = per_server;
+        for _ in 0..self.args.servers {
+            self.ports.push(free_port()?);
+        }
+        for i in 0..self.args.servers as usize {
+            self.start_memory_server(i)?;
         }
         let token = ClusterToken::from_file(&self.token_file)?;
         // Every session of every incarnation alive at once, twice over (a restarted
@@ -521,7 +648,7 @@ impl<'a> Harness<'a> {
         let db = remote.db.clone();
         let bank_store = TxnKv::new(db.clone(), db.create_table(bank_spec)?);
         let list_store = TxnKv::new(db.clone(), db.create_table(list_spec)?);
-        let ticks = db.create_table(tick_spec)?;
+        db.create_table(tick_spec)?;
 
         let own_events = self.dir.join("harness.events.jsonl");
         let out = EventWriter::create(&own_events)?;
@@ -540,6 +667,9 @@ impl<'a> Harness<'a> {
                 );
             }
         }
+        // The harness's connections would not survive a memory-server restart: it
+        // opens the database again after the run.
+        drop((bank_store, list_store, db, remote));
 
         for n in 0..self.args.nodes as usize {
             self.start_node(n, None)?;
@@ -565,6 +695,16 @@ impl<'a> Harness<'a> {
         self.execute(plan);
         let end_ns = unix_ns(SystemTime::now());
         self.stop_nodes();
+
+        let remote = compute_node::connect(&self.addrs, &token, options(self.args.lease_ms, 0))
+            .context("cannot open the database again after the run")?;
+        if let Some(r) = remote.db.restart_report() {
+            self.repairs.push(repair(&r, SystemTime::now()));
+        }
+        let db = remote.db.clone();
+        let bank_store = TxnKv::new(db.clone(), db.table(BANK_TABLE)?);
+        let list_store = TxnKv::new(db.clone(), db.table(LIST_TABLE)?);
+        let ticks = db.table(TICK_TABLE)?;
 
         // Recovery: commits decide timestamps, so any slot left by a dead node is
         // fenced and resolved; then no lock may remain.
@@ -596,6 +736,14 @@ impl<'a> Harness<'a> {
             NodeEvent::Recovery { recovery } => Some(recovery.clone()),
             _ => None,
         });
+        let mut repairs: Vec<Repair> = history_events
+            .iter()
+            .filter_map(|e| match e {
+                NodeEvent::Repair { repair } => Some(repair.clone()),
+                _ => None,
+            })
+            .collect();
+        repairs.append(&mut self.repairs);
         for r in from_nodes.chain(from_harness) {
             if seen.insert((r.slot, r.holder_tag)) {
                 recoveries.push(r);
@@ -670,6 +818,7 @@ impl<'a> Harness<'a> {
             self.problems.clone(),
         ));
 
+        let mut notes = std::mem::take(&mut self.notes);
         let mut deaths = std::mem::take(&mut self.deaths);
         let recovery_summary = report::attribute(&mut deaths, &recoveries, self.t0_ns);
         let commits = txns
@@ -681,6 +830,15 @@ impl<'a> Harness<'a> {
             BUCKET_MS,
             &deaths,
         );
+        let mut server_restarts = std::mem::take(&mut self.server_restarts);
+        let server_restart_summary =
+            report::attribute_repairs(&mut server_restarts, &repairs, self.t0_ns, &throughput);
+        if server_restart_summary.unrepaired > 0 {
+            notes.push(format!(
+                "{} memory-server restarts were followed by no repair",
+                server_restart_summary.unrepaired
+            ));
+        }
         let stats = index.stats();
         let history = HistorySummary {
             txns: stats.txns,
@@ -689,7 +847,6 @@ impl<'a> Harness<'a> {
             unknown: stats.unknown,
             unknown_observed: stats.unknown_observed,
         };
-        let mut notes = std::mem::take(&mut self.notes);
         if !plan.uncovered_points.is_empty() {
             notes.push(format!(
                 "the run is too short to arm every crash point ({} left out; {:.0} s covers all)",
@@ -726,6 +883,8 @@ impl<'a> Harness<'a> {
             crash_points: self.points.clone(),
             deaths,
             recoveries: recovery_summary,
+            server_restarts,
+            server_restart_summary,
             throughput,
             history,
             checks: results,
@@ -764,37 +923,80 @@ impl<'a> Harness<'a> {
         Ok(None)
     }
 
-    fn start_memory_server(&mut self, i: u32, bytes: u64) -> Result<()> {
+    /// Starts memory server `i` (again) on its data directory and fixed port.
+    fn start_memory_server(&mut self, i: usize) -> Result<()> {
         let name = format!("memory-server-{i}");
+        self.boots[i] += 1;
+        let boot = self.boots[i];
+        let bytes = self.server_bytes.to_string();
+        let data = self.dir.join(&name);
         let mut argv: Vec<String> = [
             "memory-server",
             "--listen",
-            "127.0.0.1:0",
+            &format!("127.0.0.1:{}", self.ports[i]),
             "--backend",
             self.args.backend.name(),
             "--size",
-            &bytes.to_string(),
+            &bytes,
             "--region-size",
-            &bytes.to_string(),
+            &bytes,
             "--token-file",
             &self.token_file.display().to_string(),
+            "--data-dir",
+            &data.display().to_string(),
+            "--checkpoint-interval",
+            CHECKPOINT_INTERVAL_S,
         ]
         .into_iter()
         .map(String::from)
         .collect();
+        // Each boot its own socket and log: nothing left by the killed process is
+        // reused but its data directory.
         if self.args.backend == ChaosBackend::Shm {
             argv.push("--socket".into());
-            argv.push(self.dir.join(format!("{name}.sock")).display().to_string());
+            argv.push(
+                self.dir
+                    .join(format!("{name}.{boot}.sock"))
+                    .display()
+                    .to_string(),
+            );
         }
-        let entry = crate::cluster_cmd::spawn(
-            &name,
-            "memory server",
-            &argv,
-            &self.dir.join(format!("{name}.log")),
-        )?;
-        self.addrs.push(entry.address.clone());
-        self.servers.push(entry);
+        let log = match boot {
+            1 => self.dir.join(format!("{name}.log")),
+            _ => self.dir.join(format!("{name}.{boot}.log")),
+        };
+        let entry = crate::cluster_cmd::spawn(&name, "memory server", &argv, &log)?;
+        match self.addrs.get(i) {
+            None => self.addrs.push(entry.address.clone()),
+            Some(addr) if *addr != entry.address => bail!(
+                "memory server {i} came back at {} instead of {addr}",
+                entry.address
+            ),
+            Some(_) => {}
+        }
+        match self.servers.get_mut(i) {
+            None => self.servers.push(entry),
+            Some(e) => *e = entry,
+        }
+        self.servers_down[i] = false;
         Ok(())
+    }
+
+    /// SIGKILLs memory server `i` and waits for it to be gone; returns when it was
+    /// signalled (tearing down its memory takes a while after that).
+    fn kill_memory_server(&mut self, i: usize) -> Result<Instant> {
+        let raw = self.servers[i].pid as i32;
+        let pid = rustix::process::Pid::from_raw(raw).context("a memory server has no pid")?;
+        let killed = Instant::now();
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL)
+            .with_context(|| format!("cannot kill memory server {i}"))?;
+        // Our child (never waited for since it started): reaping it also tells us its
+        // port and files are released.
+        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty())
+            .with_context(|| format!("cannot wait for memory server {i}"))?;
+        self.servers_down[i] = true;
+        self.last_server_kill = Some(killed);
+        Ok(killed)
     }
 
     /// Starts compute node `n` as a new incarnation, with `armed` (point, probability,
@@ -848,6 +1050,7 @@ impl<'a> Harness<'a> {
             window: armed.map_or(Duration::ZERO, |(_, _, w)| w),
             ready_at: None,
             paused_until: None,
+            started: Instant::now(),
             tail: Tail::new(events),
         });
         Ok(())
@@ -856,6 +1059,19 @@ impl<'a> Harness<'a> {
     /// Reads what the nodes wrote, resumes paused nodes whose time is up, and notices
     /// nodes that died on their own.
     fn poll(&mut self) {
+        if self.servers_down.iter().all(|d| !d) {
+            for n in 0..self.nodes.len() {
+                if self.lost[n] && self.nodes[n].is_none() {
+                    self.lost[n] = false;
+                    match self.start_node(n, None) {
+                        Ok(()) => self.counts.reconnects += 1,
+                        Err(e) => self
+                            .problems
+                            .push(format!("cannot start compute node {n} again: {e:#}")),
+                    }
+                }
+            }
+        }
         for n in 0..self.nodes.len() {
             let Some(mut p) = self.nodes[n].take() else {
                 continue;
@@ -897,6 +1113,7 @@ impl<'a> Harness<'a> {
                     self.recoveries_seen
                         .insert((recovery.slot, recovery.holder_tag));
                 }
+                NodeEvent::Repair { .. } => {}
             }
         }
     }
@@ -906,6 +1123,14 @@ impl<'a> Harness<'a> {
         self.absorb(&mut p);
         let at = self.ms(Instant::now());
         let aborted = status.signal() == Some(rustix::process::Signal::ABORT.as_raw());
+        // Lost a memory server the harness killed since the node started: expected,
+        // and not a death of its own (the server's death is the one counted).
+        if status.code() == Some(SERVER_LOST)
+            && self.last_server_kill.is_some_and(|k| k >= p.started)
+        {
+            self.lost[n] = true;
+            return;
+        }
         let cause = match &p.armed {
             Some(point) if aborted => {
                 self.counts.crashes_fired += 1;
@@ -962,6 +1187,20 @@ impl<'a> Harness<'a> {
     /// Why `action` cannot run yet, if it cannot.
     fn blocked(&self, action: &Action) -> Option<String> {
         let n = action.node();
+        match action {
+            // Only once every node runs (again) after the last episode, so that the
+            // kill hits running work.
+            Action::KillMemoryServer { .. } => {
+                return self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .find(|(_, p)| p.as_ref().is_none_or(|p| p.ready_at.is_none()))
+                    .map(|(n, _)| format!("compute node {n} is not ready"));
+            }
+            Action::RestartMemoryServer { .. } => return None,
+            _ => {}
+        }
         let p = self.nodes[n].as_ref()?;
         match action {
             Action::Kill { .. } | Action::Pause { .. } if p.ready_at.is_none() => {
@@ -1014,8 +1253,9 @@ impl<'a> Harness<'a> {
                     continue;
                 }
                 self.problems.push(format!(
-                    "{} of compute node {} gave up waiting: {reason}",
+                    "{} of {} {} gave up waiting: {reason}",
                     planned.action.name(),
+                    what(&planned.action),
                     planned.action.node()
                 ));
             }
@@ -1025,8 +1265,9 @@ impl<'a> Harness<'a> {
                 Ok(outcome) => outcome,
                 Err(e) => {
                     self.problems.push(format!(
-                        "{} of compute node {}: {e:#}",
+                        "{} of {} {}: {e:#}",
                         planned.action.name(),
+                        what(&planned.action),
                         planned.action.node()
                     ));
                     format!("failed: {e:#}")
@@ -1084,6 +1325,41 @@ impl<'a> Harness<'a> {
                 self.counts.restarts += 1;
                 outcome + "started"
             }
+            Action::KillMemoryServer { server } => {
+                let killed = self.kill_memory_server(*server)?;
+                self.counts.server_kills += 1;
+                let at_ms = self.ms(killed);
+                self.deaths.push(Death {
+                    node: *server,
+                    incarnation: self.boots[*server],
+                    cause: "server-kill".into(),
+                    at_ms,
+                    recoveries: 0,
+                    recovered_after_ms: None,
+                });
+                self.server_restarts.push(ServerRestart {
+                    server: *server,
+                    killed_at_ms: at_ms,
+                    restarted_at_ms: None,
+                    repairs: Vec::new(),
+                    commits_resumed_after_ms: None,
+                });
+                format!("killed memory server boot {}", self.boots[*server])
+            }
+            Action::RestartMemoryServer { server } => {
+                self.start_memory_server(*server)?;
+                self.counts.server_restarts += 1;
+                let at_ms = self.ms(Instant::now());
+                if let Some(r) = self
+                    .server_restarts
+                    .iter_mut()
+                    .rev()
+                    .find(|r| r.server == *server)
+                {
+                    r.restarted_at_ms = Some(at_ms);
+                }
+                format!("memory server boot {} listening", self.boots[*server])
+            }
             Action::Pause { node, for_ms } => match &mut self.nodes[*node] {
                 Some(p) => {
                     signal(&p.child, rustix::process::Signal::STOP);
@@ -1105,7 +1381,7 @@ impl<'a> Harness<'a> {
             .count();
         eprintln!(
             "  {:>6.1} s  {:>9} committed ({:>6.0}/s)  nodes up {up}/{}  kills {}  crashes \
-             {}/{} fired  pauses {}  recoveries {}",
+             {}/{} fired  pauses {}  server restarts {}  recoveries {}",
             self.ms(Instant::now()) / 1000.0,
             self.committed,
             rate,
@@ -1114,6 +1390,7 @@ impl<'a> Harness<'a> {
             self.counts.crashes_fired,
             self.counts.crashes_armed,
             self.counts.pauses,
+            self.counts.server_restarts,
             self.recoveries_seen.len()
         );
     }
@@ -1164,6 +1441,21 @@ impl<'a> Harness<'a> {
             }
         }
     }
+}
+
+fn what(action: &Action) -> &'static str {
+    if action.on_server() {
+        "memory server"
+    } else {
+        "compute node"
+    }
+}
+
+/// A port on 127.0.0.1 nothing listens on now. The memory server binds it with
+/// SO_REUSEADDR, so it gets it back after a kill.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// Sends `signal` to a child that has not been waited for (so its pid is still ours,

@@ -1,5 +1,6 @@
 //! `namdb chaos`: a small run that kills, crashes (at every commit step) and pauses
-//! compute nodes and passes every check; and clear errors for bad arguments.
+//! compute nodes, kills and restarts its (durable) memory server, and passes every
+//! check; and clear errors for bad arguments.
 
 use serde_json::Value;
 use std::process::{Command, Output};
@@ -21,14 +22,15 @@ fn text(o: &Output) -> String {
 }
 
 #[test]
-fn a_small_run_kills_crashes_at_every_step_pauses_recovers_and_passes() {
+fn a_small_run_kills_crashes_at_every_step_pauses_restarts_the_server_and_passes() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("chaos.json");
-    // 22 s is what the plan needs to arm all six crash points with a 250 ms lease.
+    // 25 s is what the plan needs to arm all six crash points and restart the memory
+    // server with a 250 ms lease.
     let o = namdb(&[
         "chaos",
         "--duration",
-        "22",
+        "25",
         "--nodes",
         "2",
         "--servers",
@@ -66,11 +68,35 @@ fn a_small_run_kills_crashes_at_every_step_pauses_recovers_and_passes() {
             .is_empty()
     );
 
+    // Memory server 0 (the oracle's) was killed and restarted on its data directory;
+    // every node lost it and came back, and the first to reopen repaired the restart.
+    assert!(actions["server_kills"].as_u64().unwrap() >= 1, "{actions}");
+    assert!(
+        actions["server_restarts"].as_u64().unwrap() >= 1,
+        "{actions}"
+    );
+    assert!(actions["reconnects"].as_u64().unwrap() >= 2, "{actions}");
+    let restarts = report["server_restarts"].as_array().unwrap();
+    assert!(!restarts.is_empty());
+    for r in restarts {
+        assert_eq!(r["server"], 0, "{r}");
+        let repair = &r["repairs"][0];
+        assert_eq!(repair["restarted"][0], 0, "{r}");
+        assert!(repair["oracle_from"].as_u64().is_some(), "{r}");
+        assert!(
+            r["commits_resumed_after_ms"].as_f64().is_some(),
+            "{r}\n{out}"
+        );
+    }
+    assert_eq!(report["server_restart_summary"]["unrepaired"], 0);
+    assert!(out.contains("memory-server restarts: "), "{out}");
+
     let recoveries = &report["recoveries"];
     assert!(recoveries["count"].as_u64().unwrap() >= 1, "{recoveries}");
     assert!(recoveries["death_to_recovered_max_ms"].as_f64().is_some());
     let deaths = report["deaths"].as_array().unwrap();
     assert!(deaths.iter().any(|d| d["cause"] == "kill"));
+    assert!(deaths.iter().any(|d| d["cause"] == "server-kill"));
     assert!(
         deaths
             .iter()

@@ -29,6 +29,27 @@ pub enum NodeEvent {
     Done { txn: Txn },
     /// A recovery this process ran.
     Recovery { recovery: Recovery },
+    /// Opening the database, this process repaired what memory-server restarts lost.
+    Repair { repair: Repair },
+}
+
+/// A repair of memory-server restarts (`txn::RestartReport`) by the process that
+/// opened the database first after them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Repair {
+    /// The servers whose restart it repaired.
+    pub restarted: Vec<usize>,
+    pub log_records: u64,
+    /// Blocks written again from a log record (the server had lost the install).
+    pub reinstalled: u64,
+    pub locks_rolled_forward: u64,
+    pub locks_rolled_back: u64,
+    pub blocks_scanned: u64,
+    /// Where the new oracle started, if server 0 restarted.
+    pub oracle_from: Option<u64>,
+    pub took_us: u64,
+    /// Unix time, in nanoseconds, when it finished.
+    pub finished_ns: u64,
 }
 
 /// A recovery of a dead node's oracle slot: its locks resolved from the commit log.
@@ -133,7 +154,7 @@ pub fn merge(events: impl IntoIterator<Item = NodeEvent>) -> Result<Vec<Txn>, St
                 }
                 txns.insert(txn.id, (txn, true));
             }
-            NodeEvent::Ready { .. } | NodeEvent::Recovery { .. } => {}
+            NodeEvent::Ready { .. } | NodeEvent::Recovery { .. } | NodeEvent::Repair { .. } => {}
         }
     }
     let mut txns: Vec<Txn> = txns.into_values().map(|(txn, _)| txn).collect();

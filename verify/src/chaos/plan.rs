@@ -18,9 +18,13 @@
 //!   operator's assumption (no stall longer than the lease), which the harness documents
 //!   rather than tests.
 //!
-//! Memory-server restarts are a later episode kind (`RestartMemoryServer`), once memory
-//! servers keep their contents across a restart; an [`Action`] variant and an episode
-//! generator next to these three are all it needs.
+//! - **server restart**: `KillMemoryServer` (SIGKILL of a durable memory server at a
+//!   random moment), then `RestartMemoryServer` on the same data directory and port
+//!   1–2 lease timeouts later. Every compute node loses its connections to that server;
+//!   the harness starts each again once the server is back, and the first to reopen the
+//!   database repairs what the restart lost. A run of [`SERVER_RESTARTS_FROM`] or more
+//!   restarts server 0 (the oracle's) at least once, and with two or more servers
+//!   another one too.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -28,7 +32,10 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// One thing the harness does to a compute node.
+/// Runs at least this long always restart memory servers (unless turned off).
+pub const SERVER_RESTARTS_FROM: Duration = Duration::from_secs(20);
+
+/// One thing the harness does to a compute node or a memory server.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
@@ -48,16 +55,30 @@ pub enum Action {
     Restart { node: usize },
     /// SIGSTOP the node, then SIGCONT it `for_ms` later.
     Pause { node: usize, for_ms: u64 },
+    /// SIGKILL memory server `server`.
+    KillMemoryServer { server: usize },
+    /// Start the (dead) memory server `server` again on its data directory.
+    RestartMemoryServer { server: usize },
 }
 
 impl Action {
+    /// The compute node acted on, or for a memory-server action the server's number.
     pub fn node(&self) -> usize {
         match *self {
             Action::Kill { node }
             | Action::Crash { node, .. }
             | Action::Restart { node }
             | Action::Pause { node, .. } => node,
+            Action::KillMemoryServer { server } | Action::RestartMemoryServer { server } => server,
         }
+    }
+
+    /// Whether it acts on a memory server rather than a compute node.
+    pub fn on_server(&self) -> bool {
+        matches!(
+            self,
+            Action::KillMemoryServer { .. } | Action::RestartMemoryServer { .. }
+        )
     }
 
     /// The name the report counts the action under.
@@ -67,6 +88,8 @@ impl Action {
             Action::Crash { .. } => "crash",
             Action::Restart { .. } => "restart",
             Action::Pause { .. } => "pause",
+            Action::KillMemoryServer { .. } => "server_kill",
+            Action::RestartMemoryServer { .. } => "server_restart",
         }
     }
 }
@@ -87,6 +110,10 @@ pub struct Planned {
 pub struct PlanConfig {
     pub duration: Duration,
     pub nodes: usize,
+    /// Memory servers (for server restarts).
+    pub servers: usize,
+    /// Whether the plan restarts memory servers.
+    pub server_restarts: bool,
     pub lease_timeout: Duration,
     /// The crash points to cover (`txn::crash::POINTS` without `all`).
     pub points: Vec<String>,
@@ -108,6 +135,8 @@ enum Kind {
     Kill,
     Pause,
     Crash,
+    /// A restart of this memory server.
+    Server(usize),
 }
 
 /// Episode timing, all derived from the lease timeout.
@@ -129,6 +158,18 @@ impl Timing {
 
     fn longest_restart_delay(&self) -> Duration {
         self.lease * 3
+    }
+
+    /// Server kill to restart: the nodes see their connections fail meanwhile.
+    fn server_down(&self, rng: &mut StdRng) -> Duration {
+        self.lease.mul_f64(rng.random_range(1.0..2.0))
+    }
+
+    /// After a server restart, before the settle: every node reconnects (a new
+    /// process opening the database, the first repairing the restart) and the slots
+    /// the old processes left are fenced (a lease) and recovered.
+    fn server_rejoin(&self) -> Duration {
+        self.lease * 2 + Duration::from_millis(1500)
     }
 
     /// How long an armed node gets, once ready, to reach its crash point.
@@ -163,6 +204,7 @@ impl Timing {
             Kind::Kill => self.longest_restart_delay(),
             Kind::Pause => self.lease / 2,
             Kind::Crash => self.longest_restart_delay() * 2 + self.crash_window(),
+            Kind::Server(_) => self.lease * 2 + self.server_rejoin(),
         };
         episode + self.longest_settle()
     }
@@ -193,7 +235,21 @@ impl FaultPlan {
         let mut must: Vec<Kind> = vec![Kind::Crash; points.len()];
         must.push(Kind::Kill);
         must.push(Kind::Pause);
+        let restarts_servers = config.server_restarts && config.servers > 0;
+        if restarts_servers && config.duration >= SERVER_RESTARTS_FROM {
+            must.push(Kind::Server(0));
+            if config.servers > 1 {
+                must.push(Kind::Server(rng.random_range(1..config.servers)));
+            }
+        }
         must.shuffle(&mut rng);
+        // Guaranteed server restarts keep their time: other episodes that would eat
+        // into it are dropped instead.
+        let mut reserved: Duration = must
+            .iter()
+            .filter(|k| matches!(k, Kind::Server(_)))
+            .map(|&k| timing.longest(k))
+            .sum();
         let full_coverage = timing.warmup()
             + must.iter().map(|&k| timing.longest(k)).sum::<Duration>()
             + timing.tail();
@@ -208,12 +264,21 @@ impl FaultPlan {
             let kind = match must.next() {
                 Some(kind) => kind,
                 None => match rng.random_range(0..10) {
-                    0..=3 => Kind::Kill,
-                    4..=6 => Kind::Crash,
+                    0..=2 => Kind::Kill,
+                    3..=5 => Kind::Crash,
+                    6 if restarts_servers => Kind::Server(rng.random_range(0..config.servers)),
+                    6 => Kind::Kill,
                     _ => Kind::Pause,
                 },
             };
-            if t + timing.longest(kind) > end {
+            let kept = match kind {
+                Kind::Server(_) => Duration::ZERO,
+                _ => reserved,
+            };
+            if t + timing.longest(kind) + kept > end {
+                if let Kind::Server(_) = kind {
+                    reserved = reserved.saturating_sub(timing.longest(kind));
+                }
                 if kind == Kind::Crash && next_point < points.len() {
                     uncovered.push(points[next_point].clone());
                     next_point += 1;
@@ -228,6 +293,21 @@ impl FaultPlan {
             let node = rng.random_range(0..config.nodes);
             let at = |t: Duration| t.as_millis() as u64;
             match kind {
+                Kind::Server(server) => {
+                    // Random restarts come once the guaranteed ones are placed, when
+                    // nothing is reserved any more.
+                    reserved = reserved.saturating_sub(timing.longest(kind));
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::KillMemoryServer { server },
+                    });
+                    t += timing.server_down(&mut rng);
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::RestartMemoryServer { server },
+                    });
+                    t += timing.server_rejoin();
+                }
                 Kind::Kill => {
                     actions.push(Planned {
                         at_ms: at(t),
@@ -312,6 +392,8 @@ mod tests {
         PlanConfig {
             duration: Duration::from_secs(seconds),
             nodes: 3,
+            servers: 2,
+            server_restarts: true,
             lease_timeout: Duration::from_millis(250),
             points: ["p1", "p2", "p3", "p4", "p5", "p6"]
                 .map(String::from)
@@ -320,17 +402,32 @@ mod tests {
         }
     }
 
-    /// Replays a plan: which nodes are down, armed or paused over time.
+    /// Replays a plan: which nodes and servers are down, armed or paused over time.
     fn replay(plan: &FaultPlan, config: &PlanConfig) {
         let mut down = vec![false; config.nodes];
+        let mut server_down = vec![false; config.servers];
         let mut last_at = 0;
         for p in &plan.actions {
             assert!(p.at_ms >= last_at, "in time order: {plan:?}");
             last_at = p.at_ms;
             assert!(p.at_ms <= config.duration.as_millis() as u64);
             let node = p.action.node();
-            assert!(node < config.nodes);
+            if p.action.on_server() {
+                assert!(node < config.servers);
+            } else {
+                assert!(node < config.nodes);
+                assert!(server_down.iter().all(|d| !d), "one episode at a time");
+            }
             match &p.action {
+                Action::KillMemoryServer { .. } => {
+                    assert!(down.iter().all(|d| !d), "one episode at a time");
+                    assert!(server_down.iter().all(|d| !d), "one episode at a time");
+                    server_down[node] = true;
+                }
+                Action::RestartMemoryServer { .. } => {
+                    assert!(server_down[node]);
+                    server_down[node] = false;
+                }
                 Action::Kill { .. } => {
                     assert!(down.iter().all(|d| !d), "one episode at a time");
                     down[node] = true;
@@ -350,6 +447,61 @@ mod tests {
             }
         }
         assert!(down.iter().all(|d| !d), "every node runs at the end");
+        assert!(
+            server_down.iter().all(|d| !d),
+            "every server runs at the end"
+        );
+    }
+
+    fn server_restarts(plan: &FaultPlan) -> Vec<usize> {
+        plan.actions
+            .iter()
+            .filter_map(|p| match p.action {
+                Action::RestartMemoryServer { server } => Some(server),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_run_of_20_s_restarts_server_0_and_another_one_at_a_time() {
+        for seed in 0..50 {
+            for servers in [1, 2, 3] {
+                let config = PlanConfig {
+                    servers,
+                    ..config(20, seed)
+                };
+                let plan = FaultPlan::generate(&config).expect("a plan");
+                replay(&plan, &config);
+                let restarted = server_restarts(&plan);
+                assert_eq!(plan.count("server_kill"), restarted.len());
+                assert!(restarted.contains(&0), "{plan:?}");
+                if servers > 1 {
+                    assert!(restarted.iter().any(|&s| s > 0), "{plan:?}");
+                }
+            }
+            // Longer runs add random ones, still one episode at a time.
+            let config = config(120, seed);
+            let plan = FaultPlan::generate(&config).expect("a plan");
+            replay(&plan, &config);
+            assert!(plan.uncovered_points.is_empty(), "{plan:?}");
+        }
+    }
+
+    #[test]
+    fn server_restarts_can_be_turned_off_and_short_runs_need_none() {
+        for seed in 0..20 {
+            let off = FaultPlan::generate(&PlanConfig {
+                server_restarts: false,
+                ..config(60, seed)
+            })
+            .unwrap();
+            assert!(server_restarts(&off).is_empty(), "{off:?}");
+            assert_eq!(off.count("server_kill"), 0);
+            let short = config(12, seed);
+            let plan = FaultPlan::generate(&short).unwrap();
+            replay(&plan, &short);
+        }
     }
 
     #[test]

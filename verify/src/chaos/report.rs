@@ -2,7 +2,7 @@
 //! recovered, how throughput dipped, and each check's verdict.
 
 use super::checks::CheckResult;
-use super::events::Recovery;
+use super::events::{Recovery, Repair};
 use super::plan::FaultPlan;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -46,6 +46,16 @@ pub struct ActionCounts {
     pub crashes_fired: u64,
     pub restarts: u64,
     pub pauses: u64,
+    /// SIGKILLs of memory servers.
+    #[serde(default)]
+    pub server_kills: u64,
+    /// Memory servers started again on their data directory.
+    #[serde(default)]
+    pub server_restarts: u64,
+    /// Compute nodes that lost a memory server and were started again once it was
+    /// back.
+    #[serde(default)]
+    pub reconnects: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,12 +64,13 @@ pub struct PointCounts {
     pub fired: u64,
 }
 
-/// A node incarnation that died: killed, or at its crash point.
+/// A node incarnation that died: killed, or at its crash point; or a memory server
+/// killed (cause `server-kill`, `node` the server's number, `incarnation` its boot).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Death {
     pub node: usize,
     pub incarnation: u64,
-    /// `kill` or `crash:POINT`.
+    /// `kill`, `crash:POINT` or `server-kill`.
     pub cause: String,
     pub at_ms: f64,
     /// Recoveries that started after this death and before the next.
@@ -110,6 +121,86 @@ pub struct Dip {
     pub stalled_ms: u64,
 }
 
+/// A memory server killed and started again, and what it took the cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServerRestart {
+    pub server: usize,
+    pub killed_at_ms: f64,
+    /// When it was started again (and listening).
+    pub restarted_at_ms: Option<f64>,
+    /// The repairs that followed (normally one, by the first node to reopen).
+    pub repairs: Vec<Repair>,
+    /// From the kill to the end of the first bucket, from the one the restart falls in
+    /// on, with at least half the median commits: by when commits flow again.
+    pub commits_resumed_after_ms: Option<f64>,
+}
+
+/// Sums over the server restarts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerRestartSummary {
+    pub count: u64,
+    pub repairs: u64,
+    pub reinstalled: u64,
+    pub locks_rolled_forward: u64,
+    pub locks_rolled_back: u64,
+    pub repair_took_max_ms: Option<f64>,
+    pub commits_resumed_median_ms: Option<f64>,
+    pub commits_resumed_max_ms: Option<f64>,
+    /// Restarts no repair followed.
+    pub unrepaired: u64,
+}
+
+/// Attaches each repair to the last restart, of a server it repaired, killed before it
+/// finished, and measures when commits flowed again after each (from `throughput`).
+pub fn attribute_repairs(
+    restarts: &mut [ServerRestart],
+    repairs: &[Repair],
+    start_ns: u64,
+    throughput: &Throughput,
+) -> ServerRestartSummary {
+    let ms = |ns: u64| (ns as f64 - start_ns as f64) / 1e6;
+    for r in repairs {
+        let finished = ms(r.finished_ns);
+        let owner = restarts
+            .iter_mut()
+            .filter(|s| s.killed_at_ms <= finished && r.restarted.contains(&s.server))
+            .max_by(|a, b| a.killed_at_ms.total_cmp(&b.killed_at_ms));
+        if let Some(s) = owner {
+            s.repairs.push(r.clone());
+        }
+    }
+    let bucket = throughput.bucket_ms.max(1) as f64;
+    let healthy = throughput.median_per_bucket / 2.0;
+    let mut resumed = Vec::new();
+    for s in restarts.iter_mut() {
+        let from = s.restarted_at_ms.unwrap_or(s.killed_at_ms);
+        let first = (from / bucket).floor().max(0.0) as usize;
+        s.commits_resumed_after_ms = throughput
+            .committed
+            .iter()
+            .enumerate()
+            .skip(first)
+            .find(|&(_, &c)| c > 0 && c as f64 >= healthy)
+            .map(|(b, _)| (b + 1) as f64 * bucket - s.killed_at_ms);
+        resumed.extend(s.commits_resumed_after_ms);
+    }
+    let all: Vec<&Repair> = restarts.iter().flat_map(|s| &s.repairs).collect();
+    ServerRestartSummary {
+        count: restarts.len() as u64,
+        repairs: all.len() as u64,
+        reinstalled: all.iter().map(|r| r.reinstalled).sum(),
+        locks_rolled_forward: all.iter().map(|r| r.locks_rolled_forward).sum(),
+        locks_rolled_back: all.iter().map(|r| r.locks_rolled_back).sum(),
+        repair_took_max_ms: all
+            .iter()
+            .map(|r| r.took_us as f64 / 1000.0)
+            .max_by(f64::total_cmp),
+        commits_resumed_max_ms: resumed.iter().copied().max_by(f64::total_cmp),
+        commits_resumed_median_ms: median(&mut resumed),
+        unrepaired: restarts.iter().filter(|s| s.repairs.is_empty()).count() as u64,
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistorySummary {
     pub txns: u64,
@@ -128,6 +219,10 @@ pub struct ChaosReport {
     pub crash_points: BTreeMap<String, PointCounts>,
     pub deaths: Vec<Death>,
     pub recoveries: RecoverySummary,
+    #[serde(default)]
+    pub server_restarts: Vec<ServerRestart>,
+    #[serde(default)]
+    pub server_restart_summary: ServerRestartSummary,
     pub throughput: Throughput,
     pub history: HistorySummary,
     pub checks: Vec<CheckResult>,
@@ -280,8 +375,16 @@ impl fmt::Display for ChaosReport {
         let a = &self.actions;
         writeln!(
             f,
-            "faults: {} kills, {} crashes armed ({} fired), {} pauses, {} restarts",
-            a.kills, a.crashes_armed, a.crashes_fired, a.pauses, a.restarts
+            "faults: {} kills, {} crashes armed ({} fired), {} pauses, {} restarts; {} memory-server \
+             kills, {} memory-server restarts ({} node reconnects)",
+            a.kills,
+            a.crashes_armed,
+            a.crashes_fired,
+            a.pauses,
+            a.restarts,
+            a.server_kills,
+            a.server_restarts,
+            a.reconnects
         )?;
         for (point, n) in &self.crash_points {
             writeln!(
@@ -309,6 +412,44 @@ impl fmt::Display for ChaosReport {
             ms(r.death_to_recovered_max_ms),
             self.deaths.len()
         )?;
+        let s = &self.server_restart_summary;
+        writeln!(
+            f,
+            "memory-server restarts: {} ({} repairs: {} blocks reinstalled, {} locks rolled \
+             forward, {} rolled back; longest took {}); kill to commits flowing again: median \
+             {}, max {}",
+            s.count,
+            s.repairs,
+            s.reinstalled,
+            s.locks_rolled_forward,
+            s.locks_rolled_back,
+            ms(s.repair_took_max_ms),
+            ms(s.commits_resumed_median_ms),
+            ms(s.commits_resumed_max_ms)
+        )?;
+        for r in &self.server_restarts {
+            let repair = r.repairs.first().map_or("no repair".into(), |p| {
+                format!(
+                    "repair of {:?}: {} log records, {} reinstalled, {} locks rolled forward, {} \
+                     back, oracle from {}, took {:.1} ms",
+                    p.restarted,
+                    p.log_records,
+                    p.reinstalled,
+                    p.locks_rolled_forward,
+                    p.locks_rolled_back,
+                    p.oracle_from.map_or("-".into(), |c| c.to_string()),
+                    p.took_us as f64 / 1000.0
+                )
+            });
+            writeln!(
+                f,
+                "  server {} killed at {:.1} s, back after {}; commits again after {}; {repair}",
+                r.server,
+                r.killed_at_ms / 1000.0,
+                ms(r.restarted_at_ms.map(|b| b - r.killed_at_ms)),
+                ms(r.commits_resumed_after_ms)
+            )?;
+        }
         let t = &self.throughput;
         let total: u64 = t.committed.iter().sum();
         writeln!(
@@ -432,5 +573,56 @@ mod tests {
             (t.stall_median_ms, t.stall_max_ms),
             (Some(100.0), Some(200.0))
         );
+    }
+
+    fn repair(restarted: Vec<usize>, finished_ms: u64) -> Repair {
+        Repair {
+            restarted,
+            log_records: 10,
+            reinstalled: 2,
+            locks_rolled_forward: 1,
+            locks_rolled_back: 1,
+            blocks_scanned: 100,
+            oracle_from: None,
+            took_us: 3000,
+            finished_ns: 1_000_000_000 + finished_ms * 1_000_000,
+        }
+    }
+
+    #[test]
+    fn repairs_belong_to_the_restart_they_repaired_and_commits_resume_after_it() {
+        let restart = |server, killed_at_ms: f64| ServerRestart {
+            server,
+            killed_at_ms,
+            restarted_at_ms: Some(killed_at_ms + 300.0),
+            repairs: Vec::new(),
+            commits_resumed_after_ms: None,
+        };
+        let mut restarts = vec![restart(0, 1000.0), restart(1, 2000.0)];
+        // 10 commits per 100 ms bucket but none from 1.0 s to 1.6 s, and a trickle
+        // (under half the median) from 2.0 s to 2.5 s.
+        let mut committed = vec![10u64; 30];
+        committed[10..16].fill(0);
+        committed[20..25].fill(2);
+        let throughput = Throughput::new(committed, 100, &[]);
+        let summary = attribute_repairs(
+            &mut restarts,
+            &[
+                repair(vec![0], 1400),
+                repair(vec![1], 2350),
+                repair(vec![1], 900),
+            ],
+            1_000_000_000,
+            &throughput,
+        );
+        assert_eq!(restarts[0].repairs.len(), 1);
+        assert_eq!(restarts[1].repairs.len(), 1);
+        assert_eq!(restarts[0].commits_resumed_after_ms, Some(700.0));
+        assert_eq!(restarts[1].commits_resumed_after_ms, Some(600.0));
+        assert_eq!(summary.count, 2);
+        assert_eq!((summary.repairs, summary.unrepaired), (2, 0));
+        assert_eq!(summary.reinstalled, 4);
+        assert_eq!(summary.repair_took_max_ms, Some(3.0));
+        assert_eq!(summary.commits_resumed_max_ms, Some(700.0));
     }
 }

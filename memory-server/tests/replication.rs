@@ -290,3 +290,101 @@ async fn a_standalone_server_is_no_backup() {
     assert_eq!(code, Some(Code::FailedPrecondition), "{msg}");
     assert!(msg.contains("not a backup"), "{msg}");
 }
+
+async fn start_durable(
+    dir: &std::path::Path,
+    replication: Replication,
+) -> Result<(MemoryServer, SimNetwork), ServerError> {
+    let net = SimNetwork::new(SimConfig::default());
+    let device: Arc<dyn Device> = net.add_node();
+    let plan = RegionPlan::new(64 << 10, REGION_BYTES).unwrap();
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), plan, token());
+    config.replication = replication;
+    config.durability = Some(memory_server::DurabilityConfig::new(dir));
+    let server = MemoryServer::start(config, device).await?;
+    Ok((server, net))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state() {
+    let dirs = tempfile::tempdir().unwrap();
+    let (backup, bnet) = start_durable(&dirs.path().join("b"), Replication::Backup)
+        .await
+        .unwrap();
+    let at_backup = || Replication::Primary {
+        backup_at: backup.local_addr().to_string(),
+    };
+    let (old, onet) = start_durable(&dirs.path().join("p1"), at_backup())
+        .await
+        .unwrap();
+    let node = Node::connect(&old, &onet).await;
+    let (rkey, at) = node.data(0).await;
+    node.write(at, 100, b"old primary");
+    node.client
+        .persist(&[PersistRange::new(rkey, 100, 11)])
+        .await
+        .unwrap();
+
+    // The backup holds state now: a primary without a data directory (empty memory)
+    // must not overwrite it.
+    let err = start(64 << 10, at_backup())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("holds state from an earlier primary"), "{err}");
+
+    // A durable primary (here a fresh directory, restored as all zero) attaches: the
+    // transfer sends every piece, zeros included.
+    let (new, nnet) = start_durable(&dirs.path().join("p2"), at_backup())
+        .await
+        .unwrap();
+    let fresh = Node::connect(&new, &nnet).await;
+    let (rkey2, at2) = fresh.data(0).await;
+    fresh.write(at2, 0, b"new");
+    fresh
+        .client
+        .persist(&[PersistRange::new(rkey2, 0, 3)])
+        .await
+        .unwrap();
+    // The old primary's stream is superseded: nothing more is acknowledged there.
+    let (code, msg) = code_and_message(
+        &node
+            .client
+            .persist(&[PersistRange::new(rkey, 100, 11)])
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(code, Some(Code::Unavailable), "{msg}");
+    assert!(msg.contains("superseded"), "{msg}");
+
+    let client = Client::connect(&backup.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    // Own boot 1, the primary's 1: promoted to 2, and recorded in the data directory.
+    assert_eq!(client.promote().await.unwrap(), 2);
+    let promoted = Node::connect(&backup, &bnet).await;
+    let (brkey, bat) = promoted.data(0).await;
+    assert_eq!(promoted.read(bat, 0, 3), b"new");
+    assert_eq!(promoted.read(bat, 100, 11), [0; 11]);
+    // A promoted durable server persists to its own journal.
+    promoted.write(bat, 200, b"after");
+    promoted
+        .client
+        .persist(&[PersistRange::new(brkey, 200, 5)])
+        .await
+        .unwrap();
+    drop((promoted, client));
+    backup.shutdown().await.unwrap();
+    // Restarted (as a standalone durable server) on its directory: the replicated
+    // state, the promotion's boot and its own Persist are all there.
+    let (again, anet) = start_durable(&dirs.path().join("b"), Replication::Standalone)
+        .await
+        .unwrap();
+    assert_eq!(again.boot(), 3);
+    let reader = Node::connect(&again, &anet).await;
+    let (_, rat) = reader.data(0).await;
+    assert_eq!(reader.read(rat, 0, 3), b"new");
+    assert_eq!(reader.read(rat, 200, 5), b"after");
+}

@@ -152,21 +152,82 @@ pub struct RemoteCluster {
     _sockets: tempfile::TempDir,
 }
 
+/// A session with one logical memory server given as `PRIMARY` or `PRIMARY|BACKUP`
+/// (control-plane addresses): the primary if it answers, else the backup, promoted
+/// (which fences the primary: it can acknowledge no Persist any more). A primary that
+/// answers is not used when its backup says it was promoted already (by another
+/// compute node): that primary is fenced.
+fn connect_server(spec: &str, token: &ClusterToken) -> Result<(String, Client), ConnectError> {
+    let (primary, backup) = match spec.split_once('|') {
+        Some((p, b)) => (p.trim(), Some(b.trim())),
+        None => (spec.trim(), None),
+    };
+    fn control(addr: &str) -> impl FnOnce(ClientError) -> ConnectError + '_ {
+        move |source| ConnectError::Control {
+            addr: addr.to_string(),
+            source,
+        }
+    }
+    let Some(backup) = backup else {
+        return Ok((
+            primary.to_string(),
+            Client::connect(primary, token).map_err(control(primary))?,
+        ));
+    };
+    match Client::connect(primary, token) {
+        Ok(client) => {
+            if let Ok(b) = Client::connect(backup, token)
+                && b.server().role == memory_server::Role::Promoted
+            {
+                tracing::warn!(
+                    primary,
+                    backup,
+                    "the backup was promoted already; using it instead of the fenced primary"
+                );
+                return Ok((backup.to_string(), b));
+            }
+            Ok((primary.to_string(), client))
+        }
+        Err(e) => {
+            tracing::warn!(
+                primary,
+                backup,
+                "the primary memory server cannot be reached ({e}); promoting its backup"
+            );
+            let b = Client::connect(backup, token).map_err(control(backup))?;
+            b.promote().map_err(control(backup))?;
+            drop(b);
+            // A new session, for the Hello that reports the promoted server (its boot).
+            let b = Client::connect(backup, token).map_err(control(backup))?;
+            Ok((backup.to_string(), b))
+        }
+    }
+}
+
 /// Opens the database on the memory servers at `addrs` (their control-plane
-/// addresses), server 0 first: every compute node must list them in the same order.
+/// addresses, each `PRIMARY` or `PRIMARY|BACKUP`), server 0 first: every compute node
+/// must list them in the same order. A server whose primary cannot be reached is
+/// served by its backup, which this promotes; txn's restart recovery then repairs
+/// what the failover lost (the backup reports a new boot).
 pub fn connect(
     addrs: &[String],
     token: &ClusterToken,
     options: Options,
 ) -> Result<RemoteCluster, ConnectError> {
-    let first = addrs.first().ok_or(ConnectError::NoServers)?;
+    // Server 0's primary: where the tcp backend's local address is chosen towards.
+    let first = &addrs
+        .first()
+        .ok_or(ConnectError::NoServers)?
+        .split('|')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     let mut servers = Vec::with_capacity(addrs.len());
     let mut backend: Option<String> = None;
-    for addr in addrs {
-        let control = Client::connect(addr, token).map_err(|source| ConnectError::Control {
-            addr: addr.clone(),
-            source,
-        })?;
+    for spec in addrs {
+        let (addr, control) = connect_server(spec, token)?;
+        let addr = &addr;
         let served = control.server().backend.clone();
         match &backend {
             None => backend = Some(served),

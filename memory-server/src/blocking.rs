@@ -125,6 +125,11 @@ impl Client {
         self.block_on(self.inner().persist(ranges))?
     }
 
+    /// See [`crate::Client::promote`].
+    pub fn promote(&self) -> Result<u64, ClientError> {
+        self.block_on(self.inner().promote())?
+    }
+
     /// The client's runtime, for work that must run on it without blocking the caller
     /// (the [`crate::Persister`]).
     pub(crate) fn runtime(&self) -> tokio::runtime::Handle {

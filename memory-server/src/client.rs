@@ -88,11 +88,15 @@ pub struct ServerInfo {
     pub backend: String,
     pub version: String,
     pub protocol: String,
-    /// Whether the server keeps a data directory (Persist works).
+    /// Whether Persist works and what it covers survives the loss of the server's
+    /// process: it keeps a data directory or replicates to a backup.
     pub durable: bool,
-    /// Starts of the server on its data directory (1 on the first); 0 when not durable.
-    /// A higher boot than last seen means the server restarted in between.
+    /// Changes whenever the server's state is not the one last seen: starts on its data
+    /// directory (1 on the first), 1 for a replicated primary without one, a promoted
+    /// backup's own; 0 when not durable.
     pub boot: u64,
+    /// What the server is in replication.
+    pub role: crate::Role,
 }
 
 /// A byte range of a region for [`Client::persist`].
@@ -256,6 +260,7 @@ impl Client {
                 protocol: hello.protocol,
                 durable: hello.durable,
                 boot: hello.boot,
+                role: crate::Role::from_proto(hello.role),
             },
             lease,
             keepalive,
@@ -449,6 +454,20 @@ impl Client {
             .map_err(rpc_error("Persist"))?
             .into_inner()
             .journaled_bytes)
+    }
+
+    /// Promotes a backup server: it fences its primary and serves compute nodes from
+    /// now on. Returns its new boot. Idempotent. (This client's [`Client::server`]
+    /// still shows the Hello from before; connect again for the new one.)
+    pub async fn promote(&self) -> Result<u64, ClientError> {
+        Ok(self
+            .rpc
+            .clone()
+            .promote(self.request(proto::PromoteRequest {}))
+            .await
+            .map_err(rpc_error("Promote"))?
+            .into_inner()
+            .boot)
     }
 
     /// The stub and the session header, for RPCs sent from elsewhere (the

@@ -16,6 +16,9 @@
 //! - With [`ServerConfig::durability`] set, a server keeps its regions on disk: clients
 //!   make byte ranges durable with [`Client::persist`] (or, without blocking, a
 //!   [`Persister`]), and a restarted server restores them.
+//! - With [`ServerConfig::replication`], a primary replicates every Persist to a
+//!   backup server before acknowledging it, and a backup takes over once promoted
+//!   ([`Client::promote`]).
 //! - [`proto`] is the gRPC protocol, `namdb.memory_server.v1`.
 
 mod auth;
@@ -25,6 +28,7 @@ mod durable;
 mod persister;
 pub mod regions;
 mod remote_device;
+mod replica;
 mod server;
 mod service;
 mod session;
@@ -48,6 +52,7 @@ pub use regions::{
     RegionPlan, parse_bytes,
 };
 pub use remote_device::RemoteDevice;
+pub use replica::{Replication, Role};
 pub use server::{MemoryServer, ServerConfig, ServerError, listen_for_signals, wait_for_signal};
 pub use session::{SESSION_METADATA, SessionId};
 pub use stats::Stats;

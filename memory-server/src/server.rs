@@ -2,10 +2,11 @@
 //! plane, expire sessions, and stop cleanly.
 
 use crate::auth::Authenticator;
-use crate::durable::{DurabilityConfig, Durable, RestoreReport};
+use crate::durable::{Copier, DurabilityConfig, Durable, RestoreReport};
 use crate::proto::memory_server_server::MemoryServerServer;
 use crate::proto::remote_verbs_server::RemoteVerbsServer;
 use crate::regions::{self, AllocError, RegionDirectory, RegionPlan};
+use crate::replica::{Backup, MAX_APPLY_BYTES, Replication, Replicator, Role};
 use crate::service::{ControlService, ServerState};
 use crate::session::{ObjectLimits, Sessions};
 use crate::stats::{Counters, Stats};
@@ -44,6 +45,8 @@ pub struct ServerConfig {
     /// Keep region contents on disk (Persist, restore on start); `None`, the default,
     /// keeps nothing and refuses Persist.
     pub durability: Option<DurabilityConfig>,
+    /// Whether the server is a replicated primary, a backup, or neither (the default).
+    pub replication: Replication,
 }
 
 impl ServerConfig {
@@ -63,6 +66,7 @@ impl ServerConfig {
             allow_remote_verbs: false,
             remote_verbs_bytes: Self::DEFAULT_REMOTE_VERBS_BYTES,
             durability: None,
+            replication: Replication::Standalone,
         }
     }
 }
@@ -94,6 +98,8 @@ pub enum ServerError {
     Lease,
     #[error("{0}")]
     Durability(String),
+    #[error("{0}")]
+    Replication(String),
 }
 
 /// A running memory server. Dropping it stops the control plane and destroys its queue
@@ -150,6 +156,31 @@ impl MemoryServer {
                 if report.boot == 1 { "data directory created" } else { "data directory restored" }
             );
         }
+        // A primary hands its backup the whole state before it listens: nobody can
+        // write the regions during the transfer.
+        let replica = match &config.replication {
+            Replication::Primary { backup_at } => {
+                let boot = durable.as_ref().map_or(1, |d| d.boot());
+                Some(
+                    Replicator::start(backup_at, &config.token, &served, boot, durable.is_some())
+                        .await
+                        .map_err(ServerError::Replication)?,
+                )
+            }
+            _ => None,
+        };
+        let backup = (config.replication == Replication::Backup).then(|| {
+            Backup::new(
+                durable
+                    .as_ref()
+                    .is_none_or(|d| d.report().base_bytes == 0 && d.report().entries == 0),
+            )
+        });
+        let guard_wait = config
+            .durability
+            .as_ref()
+            .map_or(DurabilityConfig::DEFAULT_GUARD_WAIT, |d| d.guard_wait);
+        let copier = Copier::new(&served, guard_wait);
         let cq = device.create_cq(64).map_err(|source| ServerError::Device {
             backend,
             what: "create a completion queue",
@@ -189,6 +220,9 @@ impl MemoryServer {
                 region_bytes: config.remote_verbs_bytes,
             },
             durable,
+            replica,
+            backup,
+            copier,
         });
         // TCP keepalive lets the kernel notice a vanished peer host without the peer's
         // process doing anything, so even an idle connection does not linger forever.
@@ -196,7 +230,9 @@ impl MemoryServer {
             .with_nodelay(Some(true))
             .with_keepalive(Some(Duration::from_secs(60)));
         let (tx, rx) = oneshot::channel::<()>();
-        let service = MemoryServerServer::new(ControlService::new(state.clone()));
+        // A backup receives whole batches of Persists in one ReplicaApply.
+        let service = MemoryServerServer::new(ControlService::new(state.clone()))
+            .max_decoding_message_size(MAX_APPLY_BYTES);
         // Always served, so that a client asking for it while it is off learns why.
         let verbs = RemoteVerbsServer::new(VerbsService::new(state.clone()));
         let serve = tokio::spawn(
@@ -256,6 +292,16 @@ impl MemoryServer {
     /// it keeps none.
     pub fn durability(&self) -> Option<&RestoreReport> {
         self.state.durable.as_ref().map(|d| d.report())
+    }
+
+    /// What the server is in replication now.
+    pub fn role(&self) -> Role {
+        self.state.role()
+    }
+
+    /// Hello's boot now (see the protocol's `HelloResponse.boot`).
+    pub fn boot(&self) -> u64 {
+        self.state.boot()
     }
 
     /// A function that takes [`MemoryServer::stats`] while the server runs (for a

@@ -3,9 +3,10 @@
 
 use crate::PROTOCOL;
 use crate::auth::{AuthError, Authenticator};
-use crate::durable::{Durable, PersistError, journal};
+use crate::durable::{Copier, Durable, PersistError, journal};
 use crate::proto::{self, memory_server_server::MemoryServer as ControlRpc};
 use crate::regions::{RegionDirectory, ServedRegion};
+use crate::replica::{Backup, Replicator, Role};
 use crate::session::{ObjectLimits, SESSION_METADATA, Session, SessionError, SessionId, Sessions};
 use crate::stats::{Counters, Rpc, Stats};
 use fabric::{CompletionQueue, Device, FabricError, NodeId, QpConfig, QpEndpoint, QueuePair};
@@ -33,9 +34,42 @@ pub(crate) struct ServerState {
     pub verbs_limits: ObjectLimits,
     /// The data directory, for servers that keep one.
     pub durable: Option<Arc<Durable>>,
+    /// A replicated primary's stream to its backup.
+    pub replica: Option<Replicator>,
+    /// A backup's side of the stream (and whether it was promoted).
+    pub backup: Option<Backup>,
+    /// Persist's validation and copy for a replicated primary without a data directory.
+    pub copier: Copier,
 }
 
 impl ServerState {
+    pub fn role(&self) -> Role {
+        match (&self.replica, &self.backup) {
+            (Some(_), _) => Role::Primary,
+            (None, Some(b)) if b.promoted().is_some() => Role::Promoted,
+            (None, Some(_)) => Role::Backup,
+            (None, None) => Role::Standalone,
+        }
+    }
+
+    /// Whether Persist works and what it covers survives the loss of this process (a
+    /// promoted backup without a data directory is the exception: it is the last copy).
+    pub fn durable(&self) -> bool {
+        self.durable.is_some() || self.replica.is_some() || self.role() == Role::Promoted
+    }
+
+    /// Hello's boot: see `HelloResponse.boot` in the protocol.
+    pub fn boot(&self) -> u64 {
+        if let Some(boot) = self.backup.as_ref().and_then(|b| b.promoted()) {
+            return boot;
+        }
+        match (&self.durable, &self.replica) {
+            (Some(d), _) => d.boot(),
+            (None, Some(_)) => 1,
+            (None, None) => 0,
+        }
+    }
+
     pub fn stats(&self) -> Stats {
         let (sessions, queue_pairs) = self.sessions.counts();
         let durable = self.durable.as_ref().map(|d| (d.boot(), d.counters()));
@@ -52,8 +86,8 @@ impl ServerState {
             uptime: self.started.elapsed(),
             rpc_counts: self.counters.rpc_counts(),
             auth_failures: self.counters.auth_failures(),
-            durable: durable.is_some(),
-            boot: durable.map_or(0, |(boot, _)| boot),
+            durable: self.durable(),
+            boot: self.boot(),
             persist_requests: count(|c| &c.requests),
             persist_ranges: count(|c| &c.ranges),
             journaled_bytes: count(|c| &c.bytes),
@@ -127,8 +161,9 @@ impl ControlRpc for ControlService {
             backend: self.state.device.backend().to_string(),
             version: crate::VERSION.to_string(),
             protocol: PROTOCOL.to_string(),
-            durable: self.state.durable.is_some(),
-            boot: self.state.durable.as_ref().map_or(0, |d| d.boot()),
+            durable: self.state.durable(),
+            boot: self.state.boot(),
+            role: self.state.role().to_proto() as i32,
         }))
     }
 
@@ -188,6 +223,9 @@ impl ControlRpc for ControlService {
     ) -> Result<Response<proto::ConnectQueuePairResponse>, Status> {
         self.state.counters.rpc(Rpc::Connect);
         let session = self.state.session(&req)?;
+        if let Some(b) = &self.state.backup {
+            b.check_serving()?;
+        }
         let body = req.into_inner();
         match proto::QpKind::try_from(body.kind) {
             Ok(proto::QpKind::Rc) => {}
@@ -318,25 +356,53 @@ impl ControlRpc for ControlService {
     ) -> Result<Response<proto::PersistResponse>, Status> {
         self.state.counters.rpc(Rpc::Persist);
         self.state.session(&req)?;
-        if self.state.durable.is_none() {
-            return Err(Status::failed_precondition(
-                "this memory server is not durable: Persist needs a data directory; start the \
-                 server with --data-dir DIR",
-            ));
+        if let Some(b) = &self.state.backup {
+            b.check_serving()?;
         }
         let ranges = req.into_inner().ranges;
+        if self.state.durable.is_none() && self.state.replica.is_none() {
+            if self.state.role() == Role::Promoted {
+                // A promoted backup without a data directory: its memory is the only
+                // copy, and Persist has nothing more to make it survive.
+                return Ok(Response::new(proto::PersistResponse { journaled_bytes: 0 }));
+            }
+            return Err(Status::failed_precondition(
+                "this memory server is not durable: Persist needs a data directory or a \
+                 backup; start the server with --data-dir DIR or --backup-at ADDR",
+            ));
+        }
+        let total: u64 = ranges.iter().map(|r| r.len).sum();
         let state = self.state.clone();
         // The copy may wait for guard words (up to the guard wait) and copies up to
         // 64 MiB: not on an async worker.
-        let queued = tokio::task::spawn_blocking(move || {
-            let durable = state.durable.as_ref().expect("checked above");
-            durable.persist(&state.regions, &ranges)
+        let queued = tokio::task::spawn_blocking(move || match &state.durable {
+            Some(durable) => durable.persist(&state.regions, &ranges, state.replica.as_ref()),
+            None => {
+                let replica = state.replica.as_ref().expect("checked above");
+                state.copier.copy(
+                    &state.regions,
+                    &ranges,
+                    &replica.order,
+                    None,
+                    |_, entries, count, _| Ok((None, Some(replica.ship(entries, count)?))),
+                )
+            }
         })
         .await
         .map_err(|e| Status::internal(format!("the persist task failed: {e}")))?
         .map_err(|e| persist_status(&e))?;
-        let journaled_bytes = match queued {
-            None => 0,
+        let Some((journal, shipped)) = queued else {
+            return Ok(Response::new(proto::PersistResponse { journaled_bytes: 0 }));
+        };
+        // Both copies before the acknowledgement: never one alone.
+        if let Some(shipped) = shipped {
+            shipped
+                .await
+                .map_err(|_| Status::unavailable("the replication stream stopped"))?
+                .map_err(Status::unavailable)?;
+        }
+        let journaled_bytes = match journal {
+            None => total,
             Some(reply) => reply
                 .await
                 .map_err(|_| {
@@ -345,6 +411,68 @@ impl ControlRpc for ControlService {
                 .map_err(Status::internal)?,
         };
         Ok(Response::new(proto::PersistResponse { journaled_bytes }))
+    }
+
+    async fn replica_attach(
+        &self,
+        req: Request<proto::ReplicaAttachRequest>,
+    ) -> Result<Response<proto::ReplicaAttachResponse>, Status> {
+        let session = self.state.session(&req)?;
+        let backup = self.backup()?;
+        let clean = backup.attach(session.id, &self.state.regions, req.get_ref())?;
+        tracing::info!(peer = ?session.peer, primary_boot = req.get_ref().primary_boot, "primary attached");
+        Ok(Response::new(proto::ReplicaAttachResponse { clean }))
+    }
+
+    async fn replica_apply(
+        &self,
+        req: Request<proto::ReplicaApplyRequest>,
+    ) -> Result<Response<proto::ReplicaApplyResponse>, Status> {
+        let session = self.state.session(&req)?;
+        self.backup()?;
+        let state = self.state.clone();
+        let body = req.into_inner();
+        // Writes up to a batch's worth of region memory: not on an async worker.
+        let journaled = tokio::task::spawn_blocking(move || {
+            let backup = state.backup.as_ref().expect("checked above");
+            backup.apply(session.id, body, &state.regions, state.durable.as_deref())
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the apply task failed: {e}")))??;
+        if let Some(reply) = journaled {
+            reply
+                .await
+                .map_err(|_| Status::unavailable("the backup's journal stopped"))?
+                .map_err(Status::internal)?;
+        }
+        Ok(Response::new(proto::ReplicaApplyResponse {}))
+    }
+
+    async fn promote(
+        &self,
+        req: Request<proto::PromoteRequest>,
+    ) -> Result<Response<proto::PromoteResponse>, Status> {
+        self.state.session(&req)?;
+        self.backup()?;
+        let state = self.state.clone();
+        // Records the boot on disk (a durable backup).
+        let boot = tokio::task::spawn_blocking(move || {
+            let backup = state.backup.as_ref().expect("checked above");
+            backup.promote(state.durable.as_deref())
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the promote task failed: {e}")))??;
+        Ok(Response::new(proto::PromoteResponse { boot }))
+    }
+}
+
+impl ControlService {
+    fn backup(&self) -> Result<&Backup, Status> {
+        self.state.backup.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "this memory server is not a backup (start it with --backup to replicate to it)",
+            )
+        })
     }
 }
 

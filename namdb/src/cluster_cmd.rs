@@ -67,6 +67,13 @@ pub struct UpArgs {
     /// DATA_DIR/memory-server-i (see `namdb memory-server --data-dir`).
     #[arg(long, value_name = "DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Copies of each memory server: 2 starts a backup per memory server
+    /// (`memory-server-i-backup`, `--backup`; with --data-dir in
+    /// DATA_DIR/memory-server-i-backup) and the primary with `--backup-at` it, and gives
+    /// compute nodes `PRIMARY|BACKUP` addresses, so a compute node that cannot reach a
+    /// primary promotes its backup.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub replicas: u8,
 }
 
 /// The backends a cluster of processes on one host can use.
@@ -108,6 +115,9 @@ pub struct ClusterFile {
     pub backend: LocalBackend,
     pub memory_servers: Vec<ProcessEntry>,
     pub compute_nodes: Vec<ProcessEntry>,
+    /// With `up --replicas 2`: memory server i's backup, at position i.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_server_backups: Vec<ProcessEntry>,
 }
 
 impl ClusterFile {
@@ -124,9 +134,13 @@ impl ClusterFile {
             .with_context(|| format!("cannot write the cluster file {}", path.display()))
     }
 
-    /// Every process, compute nodes first (the order to stop them in).
+    /// Every process, compute nodes first, primaries before their backups (the order to
+    /// stop them in).
     fn processes(&self) -> impl Iterator<Item = &ProcessEntry> {
-        self.compute_nodes.iter().chain(&self.memory_servers)
+        self.compute_nodes
+            .iter()
+            .chain(&self.memory_servers)
+            .chain(&self.memory_server_backups)
     }
 
     pub fn token(&self) -> Result<ClusterToken> {
@@ -181,14 +195,18 @@ impl StartedGuard {
     /// Starts process `i` of `namdb COMMAND` (`memory-server` or `compute-node`) with
     /// the arguments every process takes and `extra`, and waits until it is ready.
     fn start(&mut self, dir: &Path, command: &str, i: usize, extra: &[&str]) -> Result<()> {
-        let name = format!("{command}-{i}");
+        self.start_named(dir, command, &format!("{command}-{i}"), extra)
+    }
+
+    /// As [`StartedGuard::start`], for a process named `name`.
+    fn start_named(&mut self, dir: &Path, command: &str, name: &str, extra: &[&str]) -> Result<()> {
         let token = self.token_file.display().to_string();
         let mut argv = vec![command, "--listen", "127.0.0.1:0", "--token-file", &token];
         argv.extend_from_slice(&["--metrics-listen", "127.0.0.1:0"]);
         argv.extend_from_slice(extra);
         let argv: Vec<String> = argv.into_iter().map(String::from).collect();
         let what = command.replace('-', " ");
-        let entry = spawn(&name, &what, &argv, &dir.join(format!("{name}.log")))?;
+        let entry = spawn(name, &what, &argv, &dir.join(format!("{name}.log")))?;
         self.started.push(entry);
         Ok(())
     }
@@ -301,22 +319,65 @@ fn up(args: &UpArgs) -> Result<()> {
         token_file: token_file.clone(),
         armed: true,
     };
+    let mut backups = Vec::new();
     for i in 0..args.memory_servers {
         let size = args.size.to_string();
-        let mut extra = vec!["--backend", args.backend.name(), "--size", &size];
+        let base = vec!["--backend", args.backend.name(), "--size", &size];
         // Absolute, so that the cluster's processes agree whatever their directory.
-        let data_dir = args
-            .data_dir
-            .as_ref()
-            .map(|d| std::path::absolute(memory_server_data_dir(d, i)))
-            .transpose()?
-            .map(|d| d.display().to_string());
-        if let Some(d) = &data_dir {
+        let data_dir = |suffix: &str| -> Result<Option<String>> {
+            Ok(args
+                .data_dir
+                .as_ref()
+                .map(|d| {
+                    let mut dir = memory_server_data_dir(d, i).into_os_string();
+                    dir.push(suffix);
+                    std::path::absolute(PathBuf::from(dir))
+                })
+                .transpose()?
+                .map(|d| d.display().to_string()))
+        };
+        // The backup first: the primary attaches to it when it starts.
+        let backup_addr = if args.replicas >= 2 {
+            let mut extra = base.clone();
+            extra.push("--backup");
+            let d = data_dir("-backup")?;
+            if let Some(d) = &d {
+                extra.extend(["--data-dir", d]);
+            }
+            guard.start_named(
+                &dir,
+                "memory-server",
+                &format!("memory-server-{i}-backup"),
+                &extra,
+            )?;
+            // Left among the started, so that a failure later stops it too.
+            let entry = guard.started.last().expect("just started").clone();
+            let addr = entry.address.clone();
+            backups.push(entry);
+            Some(addr)
+        } else {
+            None
+        };
+        let mut extra = base.clone();
+        let d = data_dir("")?;
+        if let Some(d) = &d {
             extra.extend(["--data-dir", d]);
+        }
+        if let Some(b) = &backup_addr {
+            extra.extend(["--backup-at", b]);
         }
         guard.start(&dir, "memory-server", i, &extra)?;
     }
-    let addrs: Vec<String> = guard.started.iter().map(|e| e.address.clone()).collect();
+    let addrs: Vec<String> = guard
+        .started
+        .iter()
+        .filter(|e| !e.name.ends_with("-backup"))
+        .enumerate()
+        .map(|(i, e)| match backups.get(i) {
+            Some(b) => format!("{}|{}", e.address, b.address),
+            None => e.address.clone(),
+        })
+        .collect();
     // One at a time: the first opens the database on the memory servers.
     for i in 0..args.compute_nodes {
         guard.start(
@@ -329,6 +390,7 @@ fn up(args: &UpArgs) -> Result<()> {
     let (memory, compute): (Vec<_>, Vec<_>) = guard
         .started
         .iter()
+        .filter(|e| !e.name.ends_with("-backup"))
         .cloned()
         .partition(|e| e.name.starts_with("memory-server"));
     let file = ClusterFile {
@@ -336,6 +398,7 @@ fn up(args: &UpArgs) -> Result<()> {
         backend: args.backend,
         memory_servers: memory,
         compute_nodes: compute,
+        memory_server_backups: backups,
     };
     let runtime = crate::kv_cmd::runtime()?;
     runtime.block_on(async {
@@ -352,7 +415,12 @@ fn up(args: &UpArgs) -> Result<()> {
     })?;
     file.write(&cluster_file)?;
     guard.armed = false;
-    for p in file.memory_servers.iter().chain(&file.compute_nodes) {
+    for p in file
+        .memory_servers
+        .iter()
+        .chain(&file.memory_server_backups)
+        .chain(&file.compute_nodes)
+    {
         println!("{} pid {} listening on {}", p.name, p.pid, p.address);
     }
     println!(
@@ -422,7 +490,12 @@ fn status(dir: &Path) -> Result<()> {
     let Some((_, file)) = existing(dir, "no cluster")? else {
         return Ok(());
     };
-    for p in file.memory_servers.iter().chain(&file.compute_nodes) {
+    for p in file
+        .memory_servers
+        .iter()
+        .chain(&file.memory_server_backups)
+        .chain(&file.compute_nodes)
+    {
         let state = if ours(p.pid, &file.token_file) {
             "alive"
         } else {
@@ -472,8 +545,9 @@ mod tests {
             compute_nodes: vec![ProcessEntry {
                 name: "compute-node-0".into(),
                 metrics: None,
-                ..entry
+                ..entry.clone()
             }],
+            memory_server_backups: Vec::new(),
         };
         let path = dir.path().join(CLUSTER_FILE);
         file.write(&path).unwrap();

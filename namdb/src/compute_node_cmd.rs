@@ -14,7 +14,9 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct ComputeNodeArgs {
     /// Control-plane addresses of the memory servers (host:port,…), in the cluster's
-    /// order: every compute node must list them the same way.
+    /// order: every compute node must list them the same way. A replicated server is
+    /// `PRIMARY|BACKUP`: if its primary cannot be reached, its backup is promoted and
+    /// used.
     #[arg(long, value_name = "ADDR,…", value_delimiter = ',', required = true)]
     pub memory_servers: Vec<String>,
     /// Address of the gRPC API, host:port (port 0 picks a free port).
@@ -48,7 +50,8 @@ pub struct ComputeNodeArgs {
 /// `verbs` feature or an RDMA device, the first device fails with a message saying
 /// which.
 fn options(args: &ComputeNodeArgs, token: &ClusterToken) -> Result<txn::Options> {
-    let first = &args.memory_servers[0];
+    // Server 0's primary (a replicated server is `PRIMARY|BACKUP`).
+    let first = args.memory_servers[0].split('|').next().unwrap_or_default();
     // A queue pair's resync endpoint must be reachable from the servers.
     let ip = compute_node::memory_servers::local_ip_towards(first)?;
     let verbs = VerbsOptions {

@@ -9,7 +9,8 @@ use fabric::shm::ShmDevice;
 use fabric::tcp::TcpDevice;
 use fabric::{Device, NodeId};
 use memory_server::{
-    ClusterToken, DurabilityConfig, MemoryServer, RegionPlan, ServerConfig, parse_bytes,
+    ClusterToken, DurabilityConfig, MemoryServer, RegionPlan, Replication, ServerConfig,
+    parse_bytes,
 };
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -73,6 +74,18 @@ pub struct MemoryServerArgs {
     /// files), e.g. 10 or 0.5.
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs, requires = "data_dir")]
     pub checkpoint_interval: Duration,
+    /// Serve as a backup: apply the replication stream of the primary that attaches
+    /// (started with --backup-at this server's --listen address), refuse compute nodes
+    /// until promoted (a compute node promotes it when the primary is unreachable).
+    /// Same --size and --region-size as the primary.
+    #[arg(long, conflicts_with = "backup_at")]
+    pub backup: bool,
+    /// Replicate to the backup at ADDR (its control-plane host:port): attach and copy
+    /// the regions to it before serving, then acknowledge a Persist only once the
+    /// backup has it too. Persist then works without --data-dir (it means "on the
+    /// backup").
+    #[arg(long, value_name = "ADDR")]
+    pub backup_at: Option<String>,
 }
 
 /// Parses a positive number of seconds (fractions allowed).
@@ -154,6 +167,13 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
         checkpoint_interval: args.checkpoint_interval,
         ..DurabilityConfig::new(dir)
     });
+    config.replication = match (&args.backup_at, args.backup) {
+        (Some(addr), _) => Replication::Primary {
+            backup_at: addr.clone(),
+        },
+        (None, true) => Replication::Backup,
+        (None, false) => Replication::Standalone,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("namdb-memory-server")
@@ -185,6 +205,11 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
                 r.entries
             ),
             None => String::new(),
+        };
+        let durable = match (&args.backup_at, args.backup) {
+            (Some(addr), _) => format!("{durable}, primary of backup {addr}"),
+            (None, true) => format!("{durable}, backup"),
+            (None, false) => durable,
         };
         // The one line a script waits for (and, with port 0, learns the port from).
         println!(
@@ -268,6 +293,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--data-dir"), "{err}");
+    }
+
+    #[test]
+    fn replication_flags_parse_and_exclude_each_other() {
+        let args = parse(&["--size", "1M"]).unwrap();
+        assert!(!args.backup && args.backup_at.is_none());
+        assert!(parse(&["--size", "1M", "--backup"]).unwrap().backup);
+        let args = parse(&["--size", "1M", "--backup-at", "10.0.0.2:7701"]).unwrap();
+        assert_eq!(args.backup_at.as_deref(), Some("10.0.0.2:7701"));
+        let err = parse(&["--size", "1M", "--backup", "--backup-at", "h:1"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--backup"), "{err}");
     }
 
     #[test]

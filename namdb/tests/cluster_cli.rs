@@ -348,3 +348,44 @@ fn bench_txn_runs_through_the_compute_nodes_of_a_cluster() {
     let commits = sample(&scrape(&metrics), "namdb_commits_total").unwrap();
     assert!(commits >= v["committed"].as_f64().unwrap(), "{commits}");
 }
+
+#[test]
+fn a_replicated_cluster_starts_a_backup_per_memory_server_and_stops_it() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "2",
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--replicas",
+        "2",
+    ]);
+    let cwd = c.cwd();
+    let json = c.json();
+    let primaries = json["memory_servers"].as_array().unwrap().clone();
+    let backups = json["memory_server_backups"].as_array().unwrap().clone();
+    assert_eq!((primaries.len(), backups.len()), (2, 2));
+    for (i, (p, b)) in primaries.iter().zip(&backups).enumerate() {
+        assert_eq!(b["name"], format!("memory-server-{i}-backup"));
+        let log =
+            |e: &serde_json::Value| std::fs::read_to_string(e["log"].as_str().unwrap()).unwrap();
+        assert!(log(b).contains(", backup"), "{}", log(b));
+        let attached = format!("primary of backup {}", b["address"].as_str().unwrap());
+        assert!(log(p).contains(&attached), "{}", log(p));
+    }
+    // The compute node runs on replicated servers: its Persists reach both copies.
+    ok(cwd, &["kv", "put", "7", "replicated"]);
+    assert_eq!(ok(cwd, &["kv", "get", "7"]), "replicated\n");
+    let status = ok(cwd, &["cluster", "status"]);
+    assert!(status.contains("memory-server-1-backup pid"), "{status}");
+    let pids: Vec<u32> = backups
+        .iter()
+        .map(|b| b["pid"].as_u64().unwrap() as u32)
+        .collect();
+    assert!(pids.iter().all(|&p| alive(p)), "{pids:?}");
+    ok(cwd, &["cluster", "down"]);
+    for pid in pids {
+        assert!(!alive(pid), "backup {pid} outlived `cluster down`");
+    }
+}

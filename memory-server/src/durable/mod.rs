@@ -19,12 +19,13 @@ mod store;
 
 use crate::proto;
 use crate::regions::{RegionPlan, ServedRegion};
+use crate::replica::Replicator;
 use journal::{Msg, Pending, Tail, Writer};
 use meta::Meta;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -125,10 +126,10 @@ pub enum PersistError {
 /// run on their own threads (disk IO never blocks the async workers).
 pub(crate) struct Durable {
     shared: Arc<Shared>,
-    guard_wait: Duration,
-    /// rkey to region index (plan order, as in the journal).
-    rkeys: HashMap<u32, usize>,
+    copier: Copier,
     report: RestoreReport,
+    /// The boot in force: the report's, or a promoted backup's later one.
+    boot: AtomicU64,
     checkpointer: Mutex<Option<(mpsc::Sender<()>, JoinHandle<()>)>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -321,15 +322,10 @@ impl Durable {
                 .spawn(move || run_checkpoints(&shared, interval, &stopped))
                 .map_err(|e| format!("cannot start the checkpoint thread: {e}"))?
         };
-        let rkeys = regions
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.info.remote.rkey, i))
-            .collect();
         Ok(Durable {
             shared,
-            guard_wait: config.guard_wait,
-            rkeys,
+            copier: Copier::new(regions, config.guard_wait),
+            boot: AtomicU64::new(report.boot),
             report,
             checkpointer: Mutex::new(Some((stop, checkpointer))),
             writer: Mutex::new(Some(writer)),
@@ -341,7 +337,7 @@ impl Durable {
     }
 
     pub fn boot(&self) -> u64 {
-        self.report.boot
+        self.boot.load(Ordering::SeqCst)
     }
 
     pub fn counters(&self) -> &journal::Counters {
@@ -349,104 +345,81 @@ impl Durable {
     }
 
     /// Validates `ranges`, copies them out of `regions` (waiting on guard words) and
-    /// queues them for the journal; the receiver answers once they are on disk. `None`
-    /// when the ranges hold no bytes. Blocks (guard waits): call off the async workers.
+    /// queues them for the journal, and for `replica` (a replicated primary's backup)
+    /// in the same critical section, so both see the copies in one order. The first
+    /// receiver answers once they are on disk, the second once the backup has them.
+    /// `None` when the ranges hold no bytes. Blocks (guard waits): call off the async
+    /// workers.
     pub fn persist(
         &self,
         regions: &[ServedRegion],
         ranges: &[proto::PersistRange],
-    ) -> Result<Option<oneshot::Receiver<Result<u64, String>>>, PersistError> {
-        let mut total: u64 = 0;
-        let mut resolved = Vec::with_capacity(ranges.len());
-        for (index, r) in ranges.iter().enumerate() {
-            let &i = self.rkeys.get(&r.rkey).ok_or(PersistError::UnknownRkey {
-                index,
-                rkey: r.rkey,
-            })?;
-            let region_len = regions[i].info.remote.len;
-            if r.offset
-                .checked_add(r.len)
-                .is_none_or(|end| end > region_len)
-            {
-                return Err(PersistError::OutOfRange {
-                    index,
-                    region: regions[i].info.name.clone(),
-                    offset: r.offset,
-                    len: r.len,
-                    region_len,
-                });
-            }
-            if r.guarded && (!r.offset.is_multiple_of(8) || r.len < 8) {
-                return Err(PersistError::BadGuard {
-                    index,
-                    offset: r.offset,
-                    len: r.len,
-                });
-            }
-            total = total.saturating_add(r.len);
-            if total > MAX_PERSIST_BYTES {
-                return Err(PersistError::TooLarge);
-            }
-            resolved.push((i, r));
-        }
-        let counters = &self.shared.counters;
-        counters.requests.fetch_add(1, Ordering::Relaxed);
-        counters
-            .ranges
-            .fetch_add(ranges.len() as u64, Ordering::Relaxed);
-        if total == 0 {
-            return Ok(None);
-        }
-        let started = Instant::now();
-        let mut entries =
-            Vec::with_capacity(total as usize + resolved.len() * journal::ENTRY_HEADER_LEN);
-        let mut backoff = Duration::from_micros(20);
-        loop {
-            {
-                let queue = self
-                    .shared
-                    .journal
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
+        replica: Option<&Replicator>,
+    ) -> Result<Option<PersistWaits>, PersistError> {
+        self.copier.copy(
+            regions,
+            ranges,
+            &self.shared.journal,
+            Some(&self.shared.counters),
+            |queue, entries, count, total| {
                 let tx = queue.as_ref().ok_or(PersistError::Closed)?;
-                entries.clear();
-                match copy(regions, &resolved, &mut entries) {
-                    Ok(count) => {
-                        let (reply, wait) = oneshot::channel();
-                        tx.send(Msg::Persist(Pending {
-                            entries,
-                            count,
-                            bytes: total,
-                            reply,
-                        }))
-                        .map_err(|_| PersistError::Closed)?;
-                        return Ok(Some(wait));
-                    }
-                    Err(CopyFail::Fabric(e)) => return Err(PersistError::Disk(e)),
-                    Err(CopyFail::Busy {
-                        rkey,
-                        offset,
-                        state,
-                        value,
-                    }) => {
-                        let waited = started.elapsed();
-                        if waited >= self.guard_wait {
-                            return Err(PersistError::GuardBusy {
-                                rkey,
-                                offset,
-                                state,
-                                value,
-                                waited,
-                            });
-                        }
-                    }
-                }
-            }
-            // A lock is held for one commit's install (microseconds), so a short sleep
-            // usually suffices; the cap keeps a long wait from spinning.
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_millis(1));
-        }
+                // Shipped before journaled: both are queued under the lock, so the
+                // order between them does not matter, only that each keeps the copies'.
+                let shipped = replica
+                    .map(|r| r.ship(entries.clone(), count))
+                    .transpose()?;
+                let (reply, wait) = oneshot::channel();
+                tx.send(Msg::Persist(Pending {
+                    entries,
+                    count,
+                    bytes: total,
+                    reply,
+                }))
+                .map_err(|_| PersistError::Closed)?;
+                Ok((Some(wait), shipped))
+            },
+        )
+    }
+
+    /// Queues entries a backup received from its primary for the journal (the
+    /// caller orders them: one stream, applied one batch at a time).
+    pub fn journal_entries(
+        &self,
+        entries: Vec<u8>,
+        count: u32,
+        bytes: u64,
+    ) -> Result<oneshot::Receiver<Result<u64, String>>, PersistError> {
+        let queue = self
+            .shared
+            .journal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let tx = queue.as_ref().ok_or(PersistError::Closed)?;
+        let (reply, wait) = oneshot::channel();
+        tx.send(Msg::Persist(Pending {
+            entries,
+            count,
+            bytes,
+            reply,
+        }))
+        .map_err(|_| PersistError::Closed)?;
+        Ok(wait)
+    }
+
+    /// Records a new boot (a promoted backup's) in the metadata file, durably.
+    pub fn set_boot(&self, boot: u64) -> Result<(), String> {
+        let mut state = self
+            .shared
+            .checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut meta = state.meta.clone();
+        meta.boot = boot;
+        meta.write(&self.shared.dir)
+            .map_err(|e| format!("{}: {e}", self.shared.dir.display()))?;
+        state.meta = meta;
+        self.boot.store(boot, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Applies the journal to the base files now (what the checkpointer does every
@@ -502,6 +475,121 @@ impl Durable {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+    }
+}
+
+/// What a Persist waits for: the journal (durable servers) and the backup (replicated
+/// primaries).
+pub(crate) type PersistWaits = (
+    Option<oneshot::Receiver<Result<u64, String>>>,
+    Option<oneshot::Receiver<Result<(), String>>>,
+);
+
+/// Validates Persist requests and copies their ranges out of region memory, for a
+/// durable server and for a replicated primary without a data directory alike.
+pub(crate) struct Copier {
+    /// rkey to region index (plan order, as in the journal).
+    rkeys: HashMap<u32, usize>,
+    guard_wait: Duration,
+}
+
+impl Copier {
+    pub fn new(regions: &[ServedRegion], guard_wait: Duration) -> Copier {
+        let rkeys = regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.info.remote.rkey, i))
+            .collect();
+        Copier { rkeys, guard_wait }
+    }
+
+    /// Validates `ranges`, then copies them (waiting on guard words) while holding
+    /// `order` and hands the entries to `send` under the same lock: whoever receives
+    /// them receives them in the copies' order. `None` when the ranges hold no bytes.
+    pub fn copy<L, T>(
+        &self,
+        regions: &[ServedRegion],
+        ranges: &[proto::PersistRange],
+        order: &Mutex<L>,
+        counters: Option<&journal::Counters>,
+        mut send: impl FnMut(&L, Vec<u8>, u32, u64) -> Result<T, PersistError>,
+    ) -> Result<Option<T>, PersistError> {
+        let mut total: u64 = 0;
+        let mut resolved = Vec::with_capacity(ranges.len());
+        for (index, r) in ranges.iter().enumerate() {
+            let &i = self.rkeys.get(&r.rkey).ok_or(PersistError::UnknownRkey {
+                index,
+                rkey: r.rkey,
+            })?;
+            let region_len = regions[i].info.remote.len;
+            if r.offset
+                .checked_add(r.len)
+                .is_none_or(|end| end > region_len)
+            {
+                return Err(PersistError::OutOfRange {
+                    index,
+                    region: regions[i].info.name.clone(),
+                    offset: r.offset,
+                    len: r.len,
+                    region_len,
+                });
+            }
+            if r.guarded && (!r.offset.is_multiple_of(8) || r.len < 8) {
+                return Err(PersistError::BadGuard {
+                    index,
+                    offset: r.offset,
+                    len: r.len,
+                });
+            }
+            total = total.saturating_add(r.len);
+            if total > MAX_PERSIST_BYTES {
+                return Err(PersistError::TooLarge);
+            }
+            resolved.push((i, r));
+        }
+        if let Some(counters) = counters {
+            counters.requests.fetch_add(1, Ordering::Relaxed);
+            counters
+                .ranges
+                .fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        }
+        if total == 0 {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let mut backoff = Duration::from_micros(20);
+        loop {
+            {
+                let queue = order.lock().unwrap_or_else(|p| p.into_inner());
+                let mut entries =
+                    Vec::with_capacity(total as usize + resolved.len() * journal::ENTRY_HEADER_LEN);
+                match copy(regions, &resolved, &mut entries) {
+                    Ok(count) => return send(&queue, entries, count, total).map(Some),
+                    Err(CopyFail::Fabric(e)) => return Err(PersistError::Disk(e)),
+                    Err(CopyFail::Busy {
+                        rkey,
+                        offset,
+                        state,
+                        value,
+                    }) => {
+                        let waited = started.elapsed();
+                        if waited >= self.guard_wait {
+                            return Err(PersistError::GuardBusy {
+                                rkey,
+                                offset,
+                                state,
+                                value,
+                                waited,
+                            });
+                        }
+                    }
+                }
+            }
+            // A lock is held for one commit's install (microseconds), so a short sleep
+            // usually suffices; the cap keeps a long wait from spinning.
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(1));
+        }
     }
 }
 
@@ -686,8 +774,8 @@ mod tests {
     }
 
     fn persist(d: &Durable, regions: &[ServedRegion], ranges: &[proto::PersistRange]) -> u64 {
-        let wait = d.persist(regions, ranges).unwrap().unwrap();
-        wait.blocking_recv().unwrap().unwrap()
+        let (wait, _) = d.persist(regions, ranges, None).unwrap().unwrap();
+        wait.unwrap().blocking_recv().unwrap().unwrap()
     }
 
     const LONG: Duration = Duration::from_secs(3600);

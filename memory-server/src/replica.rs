@@ -1,0 +1,514 @@
+//! Replication: every memory server may have a backup, a second server with the same
+//! region plan that holds what the primary's Persists covered. See DEVELOPERS.md
+//! ("Replication").
+//!
+//! The primary side ([`Replicator`]) attaches to the backup before the primary serves
+//! anyone, sends its whole region state, then ships the entries of every Persist, in
+//! the order the copies were made, as numbered batches on one stream; a Persist is
+//! acknowledged only once the backup has applied (and, if it keeps a data directory,
+//! journaled) its batch. The backup side ([`Backup`]) applies the stream into its region
+//! memory and refuses compute nodes until it is promoted; promotion fences the primary
+//! (whose stream is refused from then on, so it cannot acknowledge anything more).
+
+use crate::client::Client;
+use crate::durable::{Durable, PersistError, journal};
+use crate::proto::{self, memory_server_client::MemoryServerClient};
+use crate::regions::ServedRegion;
+use crate::session::{SESSION_METADATA, SessionId};
+use crate::token::ClusterToken;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+/// How a server takes part in replication ([`crate::ServerConfig::replication`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Replication {
+    /// Not replicated.
+    #[default]
+    Standalone,
+    /// A primary: attaches to the backup at this control-plane address (`host:port`)
+    /// at start, and acknowledges a Persist only once the backup has it.
+    Primary { backup_at: String },
+    /// A backup: applies a primary's stream and serves compute nodes once promoted.
+    Backup,
+}
+
+/// What a server is in replication, as Hello reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Standalone,
+    Primary,
+    Backup,
+    Promoted,
+}
+
+impl Role {
+    pub(crate) fn to_proto(self) -> proto::Role {
+        match self {
+            Role::Standalone => proto::Role::Standalone,
+            Role::Primary => proto::Role::Primary,
+            Role::Backup => proto::Role::Backup,
+            Role::Promoted => proto::Role::Promoted,
+        }
+    }
+
+    pub(crate) fn from_proto(v: i32) -> Role {
+        match proto::Role::try_from(v) {
+            Ok(proto::Role::Primary) => Role::Primary,
+            Ok(proto::Role::Backup) => Role::Backup,
+            Ok(proto::Role::Promoted) => Role::Promoted,
+            _ => Role::Standalone,
+        }
+    }
+}
+
+/// Entry bytes gathered into one ReplicaApply while the previous one is on the wire:
+/// group commit for the stream. A single Persist larger than this goes whole, so that
+/// a backup never holds half of one.
+const SHIP_TARGET: usize = 4 << 20;
+/// Region bytes per entry of the state transfer.
+const TRANSFER_PIECE: u64 = 1 << 20;
+/// How long the primary waits for the backup to apply one batch before it gives up on
+/// it (and on every later Persist).
+const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most bytes one ReplicaApply may carry: a batch of small Persists plus one whole
+/// Persist of up to 64 MiB with its entry headers.
+pub(crate) const MAX_APPLY_BYTES: usize = 128 << 20;
+
+struct Shipment {
+    entries: Vec<u8>,
+    count: u32,
+    reply: oneshot::Sender<Result<(), String>>,
+}
+
+/// A primary's stream to its backup.
+pub(crate) struct Replicator {
+    tx: mpsc::UnboundedSender<Shipment>,
+    /// Orders the copies of a primary without a data directory (a durable primary
+    /// orders them under its journal's lock).
+    pub order: Mutex<()>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Replicator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn unavailable(addr: &str, what: impl std::fmt::Display) -> String {
+    format!("backup at {addr} {what}")
+}
+
+impl Replicator {
+    /// Attaches to the backup at `addr` and copies every region to it; returns once
+    /// the backup holds what `regions` hold. Call before anyone can write the regions.
+    pub async fn start(
+        addr: &str,
+        token: &ClusterToken,
+        regions: &[ServedRegion],
+        primary_boot: u64,
+        durable: bool,
+    ) -> Result<Replicator, String> {
+        let client = Client::connect(addr, token)
+            .await
+            .map_err(|e| unavailable(addr, format_args!("cannot be reached: {e}")))?;
+        let (mut rpc, header) = client.rpc_parts();
+        let attach = proto::ReplicaAttachRequest {
+            regions: regions
+                .iter()
+                .map(|r| proto::Region {
+                    name: r.info.name.clone(),
+                    len: r.info.remote.len,
+                    ..Default::default()
+                })
+                .collect(),
+            primary_boot,
+        };
+        let clean = rpc
+            .replica_attach(with_session(attach, &header))
+            .await
+            .map_err(|s| unavailable(addr, format_args!("refused to attach: {}", s.message())))?
+            .into_inner()
+            .clean;
+        if !clean && !durable {
+            return Err(format!(
+                "the backup at {addr} holds state from an earlier primary, and this primary has \
+                 no data directory (its memory is empty): attaching would overwrite the only \
+                 copy. Promote the backup instead (a compute node does when this primary is \
+                 down), or give this primary a fresh backup"
+            ));
+        }
+        // A restored durable primary sends what it restored; a clean backup needs no
+        // zeros (nothing but this transfer and the stream ever writes its memory).
+        let mut seq = 0;
+        let mut buf = Vec::new();
+        let mut count = 0;
+        let mut piece = vec![0u8; TRANSFER_PIECE as usize];
+        let mut sent = 0u64;
+        for (i, r) in regions.iter().enumerate() {
+            let len = r.info.remote.len;
+            let mut offset = 0;
+            while offset < len {
+                let n = TRANSFER_PIECE.min(len - offset) as usize;
+                r.region
+                    .read(offset, &mut piece[..n])
+                    .map_err(|e| format!("reading region `{}`: {e}", r.info.name))?;
+                if !(clean && piece[..n].iter().all(|&b| b == 0)) {
+                    journal::push_entry_header(&mut buf, i as u32, offset, n as u32);
+                    buf.extend_from_slice(&piece[..n]);
+                    count += 1;
+                    sent += n as u64;
+                }
+                if buf.len() >= SHIP_TARGET {
+                    seq += 1;
+                    apply(
+                        &mut rpc,
+                        &header,
+                        addr,
+                        seq,
+                        std::mem::take(&mut buf),
+                        count,
+                    )
+                    .await?;
+                    count = 0;
+                }
+                offset += n as u64;
+            }
+        }
+        if count > 0 {
+            seq += 1;
+            apply(&mut rpc, &header, addr, seq, buf, count).await?;
+        }
+        tracing::info!(
+            backup = addr,
+            bytes = sent,
+            "backup attached: state transferred"
+        );
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(ship(client, addr.to_string(), seq, rx));
+        Ok(Replicator {
+            tx,
+            order: Mutex::new(()),
+            task,
+        })
+    }
+
+    /// Queues one Persist's entries for the backup; the receiver answers once the
+    /// backup has them. Called in the copies' order (under the ordering lock).
+    pub fn ship(
+        &self,
+        entries: Vec<u8>,
+        count: u32,
+    ) -> Result<oneshot::Receiver<Result<(), String>>, PersistError> {
+        let (reply, wait) = oneshot::channel();
+        self.tx
+            .send(Shipment {
+                entries,
+                count,
+                reply,
+            })
+            .map_err(|_| PersistError::Closed)?;
+        Ok(wait)
+    }
+}
+
+fn with_session<T>(message: T, header: &AsciiMetadataValue) -> Request<T> {
+    let mut req = Request::new(message);
+    req.metadata_mut().insert(SESSION_METADATA, header.clone());
+    req
+}
+
+async fn apply(
+    rpc: &mut MemoryServerClient<Channel>,
+    header: &AsciiMetadataValue,
+    addr: &str,
+    seq: u64,
+    entries: Vec<u8>,
+    count: u32,
+) -> Result<(), String> {
+    let req = with_session(
+        proto::ReplicaApplyRequest {
+            seq,
+            count,
+            entries,
+        },
+        header,
+    );
+    match tokio::time::timeout(APPLY_TIMEOUT, rpc.replica_apply(req)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(s)) => Err(unavailable(
+            addr,
+            format_args!(
+                "failed the replication stream: {} ({:?})",
+                s.message(),
+                s.code()
+            ),
+        )),
+        Err(_) => Err(unavailable(
+            addr,
+            format_args!("did not apply a batch within {APPLY_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// The stream: one ReplicaApply at a time, in queue order, each carrying every
+/// Persist queued meanwhile. After a failure nothing more is acknowledged: the backup
+/// may or may not hold the failed batch, so the stream cannot go on (a restart of the
+/// primary attaches afresh).
+async fn ship(
+    client: Client,
+    addr: String,
+    mut seq: u64,
+    mut rx: mpsc::UnboundedReceiver<Shipment>,
+) {
+    let (mut rpc, header) = client.rpc_parts();
+    let mut failed: Option<String> = None;
+    while let Some(first) = rx.recv().await {
+        let mut size = first.entries.len();
+        let mut batch = vec![first];
+        while size < SHIP_TARGET {
+            match rx.try_recv() {
+                Ok(s) => {
+                    size += s.entries.len();
+                    batch.push(s);
+                }
+                Err(_) => break,
+            }
+        }
+        if failed.is_none() {
+            let mut entries = Vec::with_capacity(size);
+            let mut count = 0;
+            for s in &batch {
+                entries.extend_from_slice(&s.entries);
+                count += s.count;
+            }
+            seq += 1;
+            if let Err(why) = apply(&mut rpc, &header, &addr, seq, entries, count).await {
+                let why = format!(
+                    "{why}; no Persist is acknowledged until this primary restarts with a \
+                     working backup"
+                );
+                tracing::error!("{why}");
+                failed = Some(why);
+            }
+        }
+        let result = failed.clone().map_or(Ok(()), Err);
+        for s in batch {
+            let _ = s.reply.send(result.clone());
+        }
+    }
+    drop(client);
+}
+
+/// A backup's side of the stream.
+pub(crate) struct Backup {
+    inner: Mutex<BackupInner>,
+}
+
+struct BackupInner {
+    /// The boot it reports since it was promoted.
+    promoted: Option<u64>,
+    /// The session of the attached primary: the newest attach wins, so a restarted
+    /// primary takes over from its dead predecessor.
+    stream: Option<SessionId>,
+    next_seq: u64,
+    primary_boot: u64,
+    /// Region memory is all zero.
+    clean: bool,
+}
+
+const NOT_PROMOTED: &str = "this memory server is a backup; promote it first";
+
+impl Backup {
+    pub fn new(clean: bool) -> Backup {
+        Backup {
+            inner: Mutex::new(BackupInner {
+                promoted: None,
+                stream: None,
+                next_seq: 1,
+                primary_boot: 0,
+                clean,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BackupInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its boot once promoted, `None` while still a backup.
+    pub fn promoted(&self) -> Option<u64> {
+        self.lock().promoted
+    }
+
+    /// Refuses compute nodes' queue pairs and Persists until promoted.
+    pub fn check_serving(&self) -> Result<(), Status> {
+        match self.promoted() {
+            Some(_) => Ok(()),
+            None => Err(Status::failed_precondition(NOT_PROMOTED)),
+        }
+    }
+
+    pub fn attach(
+        &self,
+        session: SessionId,
+        ours: &[ServedRegion],
+        req: &proto::ReplicaAttachRequest,
+    ) -> Result<bool, Status> {
+        let theirs: Vec<(&str, u64)> = req
+            .regions
+            .iter()
+            .map(|r| (r.name.as_str(), r.len))
+            .collect();
+        let mine: Vec<(&str, u64)> = ours
+            .iter()
+            .map(|r| (r.info.name.as_str(), r.info.remote.len))
+            .collect();
+        if theirs != mine {
+            let first = theirs
+                .iter()
+                .zip(&mine)
+                .find(|(a, b)| a != b)
+                .map(|(a, b)| {
+                    format!(
+                        "the primary's `{}` ({} bytes) against this backup's `{}` ({} bytes)",
+                        a.0, a.1, b.0, b.1
+                    )
+                })
+                .unwrap_or_else(|| {
+                    format!(
+                        "the primary has {} regions, this backup {}",
+                        theirs.len(),
+                        mine.len()
+                    )
+                });
+            return Err(Status::failed_precondition(format!(
+                "region plans differ ({first}): start the backup with the primary's --size and --region-size"
+            )));
+        }
+        let mut inner = self.lock();
+        if inner.promoted.is_some() {
+            return Err(Status::failed_precondition(
+                "this backup has been promoted: it takes no primary's stream any more",
+            ));
+        }
+        inner.stream = Some(session);
+        inner.next_seq = 1;
+        inner.primary_boot = req.primary_boot;
+        Ok(inner.clean)
+    }
+
+    /// Applies one batch into region memory and queues it for the journal (if any);
+    /// the receiver answers once it is on disk. Blocks on the region copy.
+    pub fn apply(
+        &self,
+        session: SessionId,
+        req: proto::ReplicaApplyRequest,
+        regions: &[ServedRegion],
+        durable: Option<&Durable>,
+    ) -> Result<Option<oneshot::Receiver<Result<u64, String>>>, Status> {
+        // Held across the apply, so that a promotion sees each batch whole or not at
+        // all, and batches apply in sequence.
+        let mut inner = self.lock();
+        if inner.promoted.is_some() {
+            return Err(Status::failed_precondition(
+                "this backup has been promoted: the primary is fenced",
+            ));
+        }
+        if inner.stream != Some(session) {
+            return Err(Status::failed_precondition(
+                "another primary attached to this backup since; this stream is superseded",
+            ));
+        }
+        if req.seq != inner.next_seq {
+            return Err(Status::failed_precondition(format!(
+                "replication batch {} out of order (expected {})",
+                req.seq, inner.next_seq
+            )));
+        }
+        // Validated whole before anything is written.
+        let mut pieces = Vec::with_capacity(req.count as usize);
+        let mut rest = &req.entries[..];
+        let mut bytes = 0u64;
+        while !rest.is_empty() {
+            let bad = |why: &str| {
+                Status::invalid_argument(format!("replication batch {}: {why}", req.seq))
+            };
+            if rest.len() < journal::ENTRY_HEADER_LEN {
+                return Err(bad("a short entry header"));
+            }
+            let region = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+            let offset = u64::from_le_bytes(rest[4..12].try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(rest[12..16].try_into().expect("4 bytes")) as usize;
+            rest = &rest[journal::ENTRY_HEADER_LEN..];
+            if rest.len() < len {
+                return Err(bad("an entry longer than the batch"));
+            }
+            let r = regions
+                .get(region)
+                .ok_or_else(|| bad("an entry names no region"))?;
+            if offset
+                .checked_add(len as u64)
+                .is_none_or(|end| end > r.info.remote.len)
+            {
+                return Err(bad("an entry past its region's end"));
+            }
+            pieces.push((r, offset, &rest[..len]));
+            bytes += len as u64;
+            rest = &rest[len..];
+        }
+        if pieces.len() != req.count as usize {
+            return Err(Status::invalid_argument(format!(
+                "replication batch {} holds {} entries, not {}",
+                req.seq,
+                pieces.len(),
+                req.count
+            )));
+        }
+        for (r, offset, data) in pieces {
+            r.region
+                .write(offset, data)
+                .map_err(|e| Status::internal(format!("writing region `{}`: {e}", r.info.name)))?;
+        }
+        let wait = durable
+            .map(|d| d.journal_entries(req.entries, req.count, bytes))
+            .transpose()
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        inner.next_seq += 1;
+        inner.clean = false;
+        Ok(wait)
+    }
+
+    /// Promotes the backup (idempotent): the boot becomes one more than the larger of
+    /// its own and its last primary's, so that it differs from every boot a client saw
+    /// from either; recorded in the data directory if there is one. Blocks on disk IO.
+    pub fn promote(&self, durable: Option<&Durable>) -> Result<u64, Status> {
+        let mut inner = self.lock();
+        if let Some(boot) = inner.promoted {
+            return Ok(boot);
+        }
+        let own = durable.map_or(0, |d| d.boot());
+        let boot = own.max(inner.primary_boot) + 1;
+        if let Some(d) = durable {
+            d.set_boot(boot)
+                .map_err(|e| Status::internal(format!("cannot record the new boot: {e}")))?;
+        }
+        inner.promoted = Some(boot);
+        inner.stream = None;
+        if durable.is_none() {
+            tracing::warn!(
+                boot,
+                "promoted without a data directory: Persist is acknowledged from now on \
+                 with this process's memory as the only copy"
+            );
+        } else {
+            tracing::info!(boot, "promoted: serving compute nodes");
+        }
+        Ok(boot)
+    }
+}

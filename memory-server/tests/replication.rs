@@ -1,0 +1,390 @@
+//! Replicated memory servers in-process: a primary (`Replication::Primary`) streams
+//! every Persist to its backup; the backup refuses compute nodes until promoted, then
+//! holds exactly what was persisted, and its promotion fences the primary.
+
+use fabric::conformance::exec;
+use fabric::sim::{SimConfig, SimNetwork};
+use fabric::{
+    Access, CompletionQueue, Device, QueuePair, Region, RemoteAddr, SendWr, Src, WcStatus,
+};
+use memory_server::{
+    Client, ClientError, ClusterToken, MemoryServer, PersistRange, PersistStatus, Persister,
+    RegionPlan, Replication, Role, ServerConfig, ServerError,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::Code;
+
+const REGION_BYTES: u64 = 32 << 10;
+
+fn token() -> ClusterToken {
+    ClusterToken::new("replication-test-cluster-token").unwrap()
+}
+
+async fn start(
+    data_bytes: u64,
+    replication: Replication,
+) -> Result<(MemoryServer, SimNetwork), ServerError> {
+    let net = SimNetwork::new(SimConfig::default());
+    let device: Arc<dyn Device> = net.add_node();
+    let plan = RegionPlan::new(data_bytes, REGION_BYTES).unwrap();
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), plan, token());
+    config.replication = replication;
+    let server = MemoryServer::start(config, device).await?;
+    Ok((server, net))
+}
+
+/// A backup and its primary (64 KiB of data each, no data directories).
+async fn pair() -> (MemoryServer, SimNetwork, MemoryServer, SimNetwork) {
+    let (backup, bnet) = start(64 << 10, Replication::Backup).await.unwrap();
+    let (primary, pnet) = start(
+        64 << 10,
+        Replication::Primary {
+            backup_at: backup.local_addr().to_string(),
+        },
+    )
+    .await
+    .unwrap();
+    (primary, pnet, backup, bnet)
+}
+
+struct Node {
+    client: Client,
+    _dev: Arc<dyn Device>,
+    cq: Arc<dyn CompletionQueue>,
+    qp: Arc<dyn QueuePair>,
+    local: Region,
+}
+
+impl Node {
+    async fn connect(server: &MemoryServer, net: &SimNetwork) -> Node {
+        let dev: Arc<dyn Device> = net.add_node();
+        let cq = dev.create_cq(64).unwrap();
+        let client = Client::connect(&server.local_addr().to_string(), &token())
+            .await
+            .unwrap();
+        let (qp, _) = client.connect_qp(&*dev, &cq).await.unwrap();
+        let local = dev.register(4096, Access::ALL).unwrap();
+        Node {
+            client,
+            _dev: dev,
+            cq,
+            qp,
+            local,
+        }
+    }
+
+    async fn data(&self, n: usize) -> (u32, RemoteAddr) {
+        let dir = self.client.list_regions().await.unwrap();
+        let r = dir.get(&format!("data.{n}")).unwrap().remote;
+        (r.rkey, r.at(0))
+    }
+
+    fn write(&self, at: RemoteAddr, offset: u64, bytes: &[u8]) {
+        let wc = exec(
+            &self.qp,
+            &self.cq,
+            SendWr::write(1, Src::Inline(bytes), at.offset_by(offset)),
+        );
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    }
+
+    fn read(&self, at: RemoteAddr, offset: u64, len: u32) -> Vec<u8> {
+        let wc = exec(
+            &self.qp,
+            &self.cq,
+            SendWr::read(2, self.local.buf(0, len), at.offset_by(offset)),
+        );
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        self.local.to_vec(0, len as usize).unwrap()
+    }
+}
+
+fn code_and_message(e: &ClientError) -> (Option<Code>, String) {
+    (e.code(), e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() {
+    let (primary, pnet, backup, bnet) = pair().await;
+    assert_eq!((primary.role(), primary.boot()), (Role::Primary, 1));
+    assert_eq!(backup.role(), Role::Backup);
+
+    let node = Node::connect(&primary, &pnet).await;
+    let info = node.client.server().clone();
+    assert!(
+        info.durable,
+        "a replicated primary's Persist survives its loss"
+    );
+    assert_eq!((info.boot, info.role), (1, Role::Primary));
+    let (rkey, at) = node.data(1).await;
+    node.write(at, 64, b"persisted, twice");
+    node.client
+        .persist(&[PersistRange::new(rkey, 64, 16)])
+        .await
+        .unwrap();
+    node.write(at, 64, b"PERSISTED");
+    node.client
+        .persist(&[PersistRange::new(rkey, 64, 4)])
+        .await
+        .unwrap();
+    // Written but never persisted: must not reach the backup.
+    node.write(at, 256, b"unpersisted");
+    // Many at once: group commit on the stream, order kept per range.
+    let persister = Persister::with_runtime(&node.client, tokio::runtime::Handle::current());
+    let tickets: Vec<_> = (0..64u64)
+        .map(|i| {
+            node.write(at, 1024 + 8 * i, &i.to_le_bytes());
+            persister.submit(vec![PersistRange::new(rkey, 1024 + 8 * i, 8)])
+        })
+        .collect();
+    for t in &tickets {
+        loop {
+            match persister.poll(t) {
+                PersistStatus::Pending => tokio::time::sleep(Duration::from_millis(1)).await,
+                PersistStatus::Done => break,
+                PersistStatus::Failed(why) => panic!("{why}"),
+            }
+        }
+    }
+
+    // Before promotion the backup serves no compute node.
+    let client = Client::connect(&backup.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    assert_eq!(client.server().role, Role::Backup);
+    let dev: Arc<dyn Device> = bnet.add_node();
+    let cq = dev.create_cq(4).unwrap();
+    let (code, msg) = code_and_message(&client.connect_qp(&*dev, &cq).await.err().unwrap());
+    assert_eq!(code, Some(Code::FailedPrecondition), "{msg}");
+    assert!(msg.contains("backup; promote it first"), "{msg}");
+    let (code, msg) = code_and_message(
+        &client
+            .persist(&[PersistRange::new(rkey, 0, 8)])
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(code, Some(Code::FailedPrecondition), "{msg}");
+    assert!(msg.contains("promote it first"), "{msg}");
+
+    // Promotion: boot above the primary's, idempotent.
+    assert_eq!(client.promote().await.unwrap(), 2);
+    assert_eq!(client.promote().await.unwrap(), 2);
+    assert_eq!((backup.role(), backup.boot()), (Role::Promoted, 2));
+    let promoted = Node::connect(&backup, &bnet).await;
+    assert_eq!(promoted.client.server().role, Role::Promoted);
+    assert!(promoted.client.server().durable);
+    let (_, bat) = promoted.data(1).await;
+    assert_eq!(promoted.read(bat, 64, 16), b"PERSisted, twice");
+    assert_eq!(promoted.read(bat, 256, 11), [0; 11]);
+    for i in 0..64u64 {
+        assert_eq!(promoted.read(bat, 1024 + 8 * i, 8), i.to_le_bytes());
+    }
+
+    // The old primary can acknowledge nothing any more.
+    node.write(at, 64, b"late");
+    let (code, msg) = code_and_message(
+        &node
+            .client
+            .persist(&[PersistRange::new(rkey, 64, 4)])
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(code, Some(Code::Unavailable), "{msg}");
+    assert!(
+        msg.contains(&format!("backup at {}", backup.local_addr())) && msg.contains("promoted"),
+        "{msg}"
+    );
+    assert_eq!(promoted.read(bat, 64, 4), b"PERS");
+    // Nor can it attach again.
+    let err = start(
+        64 << 10,
+        Replication::Primary {
+            backup_at: backup.local_addr().to_string(),
+        },
+    )
+    .await
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("promoted"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_refuses_a_backup_of_another_plan() {
+    let (backup, _bnet) = start(64 << 10, Replication::Backup).await.unwrap();
+    let err = start(
+        96 << 10,
+        Replication::Primary {
+            backup_at: backup.local_addr().to_string(),
+        },
+    )
+    .await
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("region plans differ") && err.contains("--size"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_backup_fails_persists_with_a_clear_error() {
+    let (primary, pnet, backup, _bnet) = pair().await;
+    let addr = backup.local_addr();
+    let node = Node::connect(&primary, &pnet).await;
+    let (rkey, _) = node.data(0).await;
+    node.client
+        .persist(&[PersistRange::new(rkey, 0, 8)])
+        .await
+        .unwrap();
+    backup.shutdown().await.unwrap();
+    let (code, msg) = code_and_message(
+        &node
+            .client
+            .persist(&[PersistRange::new(rkey, 0, 8)])
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(code, Some(Code::Unavailable), "{msg}");
+    assert!(msg.contains(&format!("backup at {addr}")), "{msg}");
+    // And it stays failed: the backup may or may not hold the failed batch.
+    let (code, _) = code_and_message(
+        &node
+            .client
+            .persist(&[PersistRange::new(rkey, 8, 8)])
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(code, Some(Code::Unavailable));
+    // A primary whose backup cannot be reached does not start at all.
+    let err = start(
+        64 << 10,
+        Replication::Primary {
+            backup_at: addr.to_string(),
+        },
+    )
+    .await
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains(&format!("backup at {addr}")), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_server_is_no_backup() {
+    let (standalone, _net) = start(64 << 10, Replication::Standalone).await.unwrap();
+    let client = Client::connect(&standalone.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    assert_eq!(
+        (client.server().role, client.server().durable),
+        (Role::Standalone, false)
+    );
+    let (code, msg) = code_and_message(&client.promote().await.err().unwrap());
+    assert_eq!(code, Some(Code::FailedPrecondition), "{msg}");
+    assert!(msg.contains("not a backup"), "{msg}");
+}
+
+async fn start_durable(
+    dir: &std::path::Path,
+    replication: Replication,
+) -> Result<(MemoryServer, SimNetwork), ServerError> {
+    let net = SimNetwork::new(SimConfig::default());
+    let device: Arc<dyn Device> = net.add_node();
+    let plan = RegionPlan::new(64 << 10, REGION_BYTES).unwrap();
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), plan, token());
+    config.replication = replication;
+    config.durability = Some(memory_server::DurabilityConfig::new(dir));
+    let server = MemoryServer::start(config, device).await?;
+    Ok((server, net))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state() {
+    let dirs = tempfile::tempdir().unwrap();
+    let (backup, bnet) = start_durable(&dirs.path().join("b"), Replication::Backup)
+        .await
+        .unwrap();
+    let at_backup = || Replication::Primary {
+        backup_at: backup.local_addr().to_string(),
+    };
+    let (old, onet) = start_durable(&dirs.path().join("p1"), at_backup())
+        .await
+        .unwrap();
+    let node = Node::connect(&old, &onet).await;
+    let (rkey, at) = node.data(0).await;
+    node.write(at, 100, b"old primary");
+    node.client
+        .persist(&[PersistRange::new(rkey, 100, 11)])
+        .await
+        .unwrap();
+
+    // The backup holds state now: a primary without a data directory (empty memory)
+    // must not overwrite it.
+    let err = start(64 << 10, at_backup())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("holds state from an earlier primary"), "{err}");
+
+    // A durable primary (here a fresh directory, restored as all zero) attaches: the
+    // transfer sends every piece, zeros included.
+    let (new, nnet) = start_durable(&dirs.path().join("p2"), at_backup())
+        .await
+        .unwrap();
+    let fresh = Node::connect(&new, &nnet).await;
+    let (rkey2, at2) = fresh.data(0).await;
+    fresh.write(at2, 0, b"new");
+    fresh
+        .client
+        .persist(&[PersistRange::new(rkey2, 0, 3)])
+        .await
+        .unwrap();
+    // The old primary's stream is superseded: nothing more is acknowledged there.
+    let (code, msg) = code_and_message(
+        &node
+            .client
+            .persist(&[PersistRange::new(rkey, 100, 11)])
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(code, Some(Code::Unavailable), "{msg}");
+    assert!(msg.contains("superseded"), "{msg}");
+
+    let client = Client::connect(&backup.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    // Own boot 1, the primary's 1: promoted to 2, and recorded in the data directory.
+    assert_eq!(client.promote().await.unwrap(), 2);
+    let promoted = Node::connect(&backup, &bnet).await;
+    let (brkey, bat) = promoted.data(0).await;
+    assert_eq!(promoted.read(bat, 0, 3), b"new");
+    assert_eq!(promoted.read(bat, 100, 11), [0; 11]);
+    // A promoted durable server persists to its own journal.
+    promoted.write(bat, 200, b"after");
+    promoted
+        .client
+        .persist(&[PersistRange::new(brkey, 200, 5)])
+        .await
+        .unwrap();
+    drop((promoted, client));
+    backup.shutdown().await.unwrap();
+    // Restarted (as a standalone durable server) on its directory: the replicated
+    // state, the promotion's boot and its own Persist are all there.
+    let (again, anet) = start_durable(&dirs.path().join("b"), Replication::Standalone)
+        .await
+        .unwrap();
+    assert_eq!(again.boot(), 3);
+    let reader = Node::connect(&again, &anet).await;
+    let (_, rat) = reader.data(0).await;
+    assert_eq!(reader.read(rat, 0, 3), b"new");
+    assert_eq!(reader.read(rat, 200, 5), b"after");
+}

@@ -1,7 +1,8 @@
 //! `namdb chaos`: the chaos harness. Starts memory-server processes and compute-node
 //! processes (`namdb chaos-node`, hidden) running the bank and list-append workloads,
 //! carries out a seeded fault plan against the nodes (SIGKILL at random moments,
-//! restarts with a commit-step crash point armed, SIGSTOP pauses), then stops them,
+//! restarts with a commit-step crash point armed, SIGSTOP pauses) and the memory
+//! servers (kill and restart, or with `--replicas 2` failover to a backup), then stops them,
 //! waits for recovery and checks what every node recorded (`verify::chaos`).
 //!
 //! Exit status: 0 when every check passed, 1 on any violation or harness error.
@@ -129,12 +130,18 @@ pub struct ChaosArgs {
     /// Never kill and restart memory servers (runs of 20 s or more do by default).
     #[arg(long)]
     pub no_server_restarts: bool,
+    /// Copies of each memory server: 2 gives each a backup process (`--backup`) that
+    /// its primary streams to; memory-server episodes then kill a primary for good
+    /// (failover) instead of restarting it.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub replicas: u8,
 }
 
 /// One compute node of a chaos run (started by `namdb chaos`).
 #[derive(Args, Debug)]
 pub struct ChaosNodeArgs {
     #[arg(long, value_delimiter = ',', required = true)]
+    /// Each `PRIMARY` or `PRIMARY|BACKUP`.
     pub memory_servers: Vec<String>,
     #[arg(long)]
     pub token_file: PathBuf,
@@ -216,7 +223,7 @@ pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
             repair: repair(&r, SystemTime::now()),
         })?;
     }
-    watch_servers(&remote, &args.memory_servers, &token);
+    watch_servers(&remote, &token);
     let db = remote.db.clone();
     let ids = Ids::new(args.incarnation).map_err(anyhow::Error::msg)?;
     let bank_workload = bank();
@@ -315,10 +322,17 @@ fn connect_node(args: &ChaosNodeArgs, token: &ClusterToken) -> Result<RemoteClus
 /// comes back with another boot number. Its connections to that server are gone for
 /// good, so transactions cannot go on; what they did is in the event file (a commit
 /// cut short is `pending`, i.e. unknown), and a new process reopens the database.
-fn watch_servers(remote: &RemoteCluster, addrs: &[String], token: &ClusterToken) {
+/// Watched is the process this node uses (a replicated server's primary, or its
+/// backup once promoted): a dead primary is a lost server like any other, and the new
+/// process fails over to the backup when it connects.
+fn watch_servers(remote: &RemoteCluster, token: &ClusterToken) {
     use txn::MemoryServerLink;
     let boots: Vec<u64> = remote.servers.iter().map(|s| s.boot()).collect();
-    let addrs = addrs.to_vec();
+    let addrs: Vec<String> = remote
+        .servers
+        .iter()
+        .map(|s| s.addr().to_string())
+        .collect();
     let token = token.clone();
     std::thread::spawn(move || {
         let lost = |i: usize, why: String| -> ! {
@@ -406,6 +420,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         nodes: args.nodes as usize,
         servers: args.servers as usize,
         server_restarts: !args.no_server_restarts,
+        failover: args.replicas >= 2,
         lease_timeout: Duration::from_millis(args.lease_ms),
         points,
         seed,
@@ -413,16 +428,20 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     .map_err(anyhow::Error::msg)?;
     eprintln!(
         "chaos: seed {seed}; {} nodes × {} sessions, {} {} memory servers, {} s; plan: {} kills, \
-         {} armed crashes, {} pauses, {} memory-server restarts; files in {}",
+         {} armed crashes, {} pauses, {} memory-server restarts, {} failovers; files in {}",
         args.nodes,
         args.sessions,
-        args.servers,
+        match args.replicas {
+            1 => args.servers.to_string(),
+            r => format!("{} (×{r} replicas)", args.servers),
+        },
         args.backend.name(),
         args.duration,
         plan.count("kill"),
         plan.count("crash"),
         plan.count("pause"),
         plan.count("server_restart"),
+        plan.count("server_failover"),
         dir.display()
     );
     let config = ChaosConfig {
@@ -523,9 +542,15 @@ struct Harness<'a> {
     token_file: PathBuf,
     seed: u64,
     servers: Vec<crate::cluster_cmd::ProcessEntry>,
-    /// Fixed control-plane ports, so a restarted server is where the nodes look.
+    /// With `--replicas 2`: each server's backup process.
+    backups: Vec<crate::cluster_cmd::ProcessEntry>,
+    /// Fixed control-plane ports, so a restarted server is where the nodes look: the
+    /// primaries', then the backups'.
     ports: Vec<u16>,
+    /// The primaries' addresses.
     addrs: Vec<String>,
+    /// Servers whose primary was killed for good (their backup serves).
+    failed_over: Vec<bool>,
     server_bytes: u64,
     /// Each server's boot (1 at the start, one more per restart).
     boots: Vec<u64>,
@@ -558,7 +583,7 @@ impl Drop for Harness<'_> {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
-        crate::cluster_cmd::stop_all(self.servers.iter(), &self.token_file);
+        crate::cluster_cmd::stop_all(self.servers.iter().chain(&self.backups), &self.token_file);
     }
 }
 
@@ -582,8 +607,10 @@ impl<'a> Harness<'a> {
             token_file,
             seed,
             servers: Vec::new(),
+            backups: Vec::new(),
             ports: Vec::new(),
             addrs: Vec::new(),
+            failed_over: vec![false; args.servers as usize],
             server_bytes: 0,
             boots: vec![0; args.servers as usize],
             servers_down: vec![false; args.servers as usize],
@@ -611,6 +638,20 @@ impl<'a> Harness<'a> {
         })
     }
 
+    /// The servers as compute nodes are given them: `PRIMARY|BACKUP` when replicated.
+    /// A failed-over server keeps its dead primary first: connecting to it is refused
+    /// at once, and connect then uses the (promoted) backup.
+    fn server_specs(&self) -> Vec<String> {
+        self.addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| match self.backups.get(i) {
+                Some(b) => format!("{a}|{}", b.address),
+                None => a.clone(),
+            })
+            .collect()
+    }
+
     fn ms(&self, at: Instant) -> f64 {
         at.saturating_duration_since(self.t0).as_secs_f64() * 1000.0
     }
@@ -633,7 +674,8 @@ impl<'a> Harness<'a> {
         let per_server =
             (bytes / servers + bytes / servers / 8 + (64 << 20)).next_multiple_of(2 << 20);
         self.server_bytes = per_server;
-        for _ in 0..self.args.servers {
+        // Primaries', then (with replicas) backups', all picked before any binds.
+        for _ in 0..self.args.servers * self.args.replicas as u32 {
             self.ports.push(free_port()?);
         }
         for i in 0..self.args.servers as usize {
@@ -643,8 +685,12 @@ impl<'a> Harness<'a> {
         // Every session of every incarnation alive at once, twice over (a restarted
         // node may come back before its old slots are fenced), and the harness's own.
         let slots = self.args.nodes * self.args.sessions * 2 + 4;
-        let remote = compute_node::connect(&self.addrs, &token, options(self.args.lease_ms, slots))
-            .context("cannot open the database on the memory servers")?;
+        let remote = compute_node::connect(
+            &self.server_specs(),
+            &token,
+            options(self.args.lease_ms, slots),
+        )
+        .context("cannot open the database on the memory servers")?;
         let db = remote.db.clone();
         let bank_store = TxnKv::new(db.clone(), db.create_table(bank_spec)?);
         let list_store = TxnKv::new(db.clone(), db.create_table(list_spec)?);
@@ -696,8 +742,9 @@ impl<'a> Harness<'a> {
         let end_ns = unix_ns(SystemTime::now());
         self.stop_nodes();
 
-        let remote = compute_node::connect(&self.addrs, &token, options(self.args.lease_ms, 0))
-            .context("cannot open the database again after the run")?;
+        let remote =
+            compute_node::connect(&self.server_specs(), &token, options(self.args.lease_ms, 0))
+                .context("cannot open the database again after the run")?;
         if let Some(r) = remote.db.restart_report() {
             self.repairs.push(repair(&r, SystemTime::now()));
         }
@@ -923,9 +970,52 @@ impl<'a> Harness<'a> {
         Ok(None)
     }
 
-    /// Starts memory server `i` (again) on its data directory and fixed port.
+    /// Starts memory server `i`'s backup (`--backup`, on its own data directory and
+    /// fixed port): before the primary, which attaches to it when it starts.
+    fn start_backup(&mut self, i: usize, port: u16) -> Result<()> {
+        let name = format!("memory-server-{i}-backup");
+        let bytes = self.server_bytes.to_string();
+        let data = self.dir.join(&name);
+        let mut argv: Vec<String> = [
+            "memory-server",
+            "--backup",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--backend",
+            self.args.backend.name(),
+            "--size",
+            &bytes,
+            "--region-size",
+            &bytes,
+            "--token-file",
+            &self.token_file.display().to_string(),
+            "--data-dir",
+            &data.display().to_string(),
+            "--checkpoint-interval",
+            CHECKPOINT_INTERVAL_S,
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        // Once promoted it serves queue pairs: on a socket of its own.
+        if self.args.backend == ChaosBackend::Shm {
+            argv.push("--socket".into());
+            argv.push(self.dir.join(format!("{name}.sock")).display().to_string());
+        }
+        let log = self.dir.join(format!("{name}.log"));
+        let entry = crate::cluster_cmd::spawn(&name, "memory server", &argv, &log)?;
+        self.backups.push(entry);
+        Ok(())
+    }
+
+    /// Starts memory server `i` (again) on its data directory and fixed port; the
+    /// first time, with `--replicas 2`, its backup before it.
     fn start_memory_server(&mut self, i: usize) -> Result<()> {
         let name = format!("memory-server-{i}");
+        if self.args.replicas >= 2 && self.backups.len() == i {
+            let port = self.ports[self.args.servers as usize + i];
+            self.start_backup(i, port)?;
+        }
         self.boots[i] += 1;
         let boot = self.boots[i];
         let bytes = self.server_bytes.to_string();
@@ -950,6 +1040,10 @@ impl<'a> Harness<'a> {
         .into_iter()
         .map(String::from)
         .collect();
+        if let Some(b) = self.backups.get(i) {
+            argv.push("--backup-at".into());
+            argv.push(b.address.clone());
+        }
         // Each boot its own socket and log: nothing left by the killed process is
         // reused but its data directory.
         if self.args.backend == ChaosBackend::Shm {
@@ -1012,7 +1106,7 @@ impl<'a> Harness<'a> {
         command
             .arg("chaos-node")
             .arg("--memory-servers")
-            .arg(self.addrs.join(","))
+            .arg(self.server_specs().join(","))
             .arg("--token-file")
             .arg(&self.token_file)
             .args(["--node", &n.to_string()])
@@ -1190,7 +1284,7 @@ impl<'a> Harness<'a> {
         match action {
             // Only once every node runs (again) after the last episode, so that the
             // kill hits running work.
-            Action::KillMemoryServer { .. } => {
+            Action::KillMemoryServer { .. } | Action::FailoverMemoryServer { .. } => {
                 return self
                     .nodes
                     .iter()
@@ -1339,6 +1433,7 @@ impl<'a> Harness<'a> {
                 });
                 self.server_restarts.push(ServerRestart {
                     server: *server,
+                    failover: false,
                     killed_at_ms: at_ms,
                     restarted_at_ms: None,
                     repairs: Vec::new(),
@@ -1346,7 +1441,40 @@ impl<'a> Harness<'a> {
                 });
                 format!("killed memory server boot {}", self.boots[*server])
             }
+            Action::FailoverMemoryServer { server } => {
+                if self.backups.get(*server).is_none() {
+                    bail!("memory server {server} has no backup to fail over to");
+                }
+                let boot = self.boots[*server];
+                let killed = self.kill_memory_server(*server)?;
+                // Nothing to wait for: the backup is up, and the nodes that lost the
+                // primary are started again at once (the first promotes the backup).
+                self.servers_down[*server] = false;
+                self.failed_over[*server] = true;
+                self.counts.server_failovers += 1;
+                let at_ms = self.ms(killed);
+                self.deaths.push(Death {
+                    node: *server,
+                    incarnation: boot,
+                    cause: "server-failover".into(),
+                    at_ms,
+                    recoveries: 0,
+                    recovered_after_ms: None,
+                });
+                self.server_restarts.push(ServerRestart {
+                    server: *server,
+                    failover: true,
+                    killed_at_ms: at_ms,
+                    restarted_at_ms: None,
+                    repairs: Vec::new(),
+                    commits_resumed_after_ms: None,
+                });
+                format!("killed primary boot {boot} for good; its backup takes over")
+            }
             Action::RestartMemoryServer { server } => {
+                if self.failed_over[*server] {
+                    bail!("memory server {server} failed over: its primary stays down");
+                }
                 self.start_memory_server(*server)?;
                 self.counts.server_restarts += 1;
                 let at_ms = self.ms(Instant::now());
@@ -1381,7 +1509,7 @@ impl<'a> Harness<'a> {
             .count();
         eprintln!(
             "  {:>6.1} s  {:>9} committed ({:>6.0}/s)  nodes up {up}/{}  kills {}  crashes \
-             {}/{} fired  pauses {}  server restarts {}  recoveries {}",
+             {}/{} fired  pauses {}  server restarts {}  failovers {}  recoveries {}",
             self.ms(Instant::now()) / 1000.0,
             self.committed,
             rate,
@@ -1391,6 +1519,7 @@ impl<'a> Harness<'a> {
             self.counts.crashes_armed,
             self.counts.pauses,
             self.counts.server_restarts,
+            self.counts.server_failovers,
             self.recoveries_seen.len()
         );
     }

@@ -1,6 +1,9 @@
 //! `namdb chaos`: a small run that kills, crashes (at every commit step) and pauses
-//! compute nodes, kills and restarts its (durable) memory server, and passes every
-//! check; and clear errors for bad arguments.
+//! compute nodes, fails its replicated (durable) memory server over to the backup, and
+//! passes every check; and clear errors for bad arguments. The run uses
+//! `--replicas 2` rather than adding a second run of its length: the memory-server
+//! restart episode's recovery path (kill, restart on the data directory, nodes reopen
+//! and repair) is covered by the process tests in `durable_cluster.rs`.
 
 use serde_json::Value;
 use std::process::{Command, Output};
@@ -22,11 +25,11 @@ fn text(o: &Output) -> String {
 }
 
 #[test]
-fn a_small_run_kills_crashes_at_every_step_pauses_restarts_the_server_and_passes() {
+fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_passes() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("chaos.json");
-    // 25 s is what the plan needs to arm all six crash points and restart the memory
-    // server with a 250 ms lease.
+    // 25 s is what the plan needs to arm all six crash points and fail the memory
+    // server over with a 250 ms lease.
     let o = namdb(&[
         "chaos",
         "--duration",
@@ -39,6 +42,8 @@ fn a_small_run_kills_crashes_at_every_step_pauses_restarts_the_server_and_passes
         "2",
         "--seed",
         "11",
+        "--replicas",
+        "2",
         "--json",
         json.to_str().unwrap(),
     ]);
@@ -68,18 +73,19 @@ fn a_small_run_kills_crashes_at_every_step_pauses_restarts_the_server_and_passes
             .is_empty()
     );
 
-    // Memory server 0 (the oracle's) was killed and restarted on its data directory;
-    // every node lost it and came back, and the first to reopen repaired the restart.
-    assert!(actions["server_kills"].as_u64().unwrap() >= 1, "{actions}");
-    assert!(
-        actions["server_restarts"].as_u64().unwrap() >= 1,
-        "{actions}"
-    );
+    // Memory server 0's primary (the oracle's) was killed for good; every node lost it
+    // and came back on the backup, and the first to reopen promoted it and repaired
+    // what the failover lost (the promoted backup's boot is new). Never restarted.
+    assert_eq!(actions["server_failovers"], 1, "{actions}");
+    assert_eq!(actions["server_kills"], 0, "{actions}");
+    assert_eq!(actions["server_restarts"], 0, "{actions}");
     assert!(actions["reconnects"].as_u64().unwrap() >= 2, "{actions}");
     let restarts = report["server_restarts"].as_array().unwrap();
-    assert!(!restarts.is_empty());
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
     for r in restarts {
         assert_eq!(r["server"], 0, "{r}");
+        assert_eq!(r["failover"], true, "{r}");
+        assert!(r["restarted_at_ms"].is_null(), "{r}");
         let repair = &r["repairs"][0];
         assert_eq!(repair["restarted"][0], 0, "{r}");
         assert!(repair["oracle_from"].as_u64().is_some(), "{r}");
@@ -89,14 +95,19 @@ fn a_small_run_kills_crashes_at_every_step_pauses_restarts_the_server_and_passes
         );
     }
     assert_eq!(report["server_restart_summary"]["unrepaired"], 0);
-    assert!(out.contains("memory-server restarts: "), "{out}");
+    assert_eq!(report["server_restart_summary"]["failovers"], 1);
+    assert!(
+        out.contains("memory-server restarts: 0, failovers: 1 "),
+        "{out}"
+    );
+    assert!(out.contains("server 0 failed over at "), "{out}");
 
     let recoveries = &report["recoveries"];
     assert!(recoveries["count"].as_u64().unwrap() >= 1, "{recoveries}");
     assert!(recoveries["death_to_recovered_max_ms"].as_f64().is_some());
     let deaths = report["deaths"].as_array().unwrap();
     assert!(deaths.iter().any(|d| d["cause"] == "kill"));
-    assert!(deaths.iter().any(|d| d["cause"] == "server-kill"));
+    assert!(deaths.iter().any(|d| d["cause"] == "server-failover"));
     assert!(
         deaths
             .iter()
@@ -139,7 +150,7 @@ fn a_small_run_kills_crashes_at_every_step_pauses_restarts_the_server_and_passes
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--duration", "0"], "must be above 0"),
         (&["--duration", "soon"], "is not a number of seconds"),
         (&["--nodes", "0"], "--nodes"),
@@ -147,6 +158,7 @@ fn bad_arguments_are_clear_errors() {
         (&["--workload", "bank,ledger"], "ledger"),
         (&["--backend", "sim"], "sim"),
         (&["--lease-ms", "5"], "--lease-ms"),
+        (&["--replicas", "3"], "--replicas"),
     ];
     for (args, expected) in cases {
         let mut argv = vec!["chaos"];

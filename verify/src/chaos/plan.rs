@@ -25,6 +25,11 @@
 //!   database repairs what the restart lost. A run of [`SERVER_RESTARTS_FROM`] or more
 //!   restarts server 0 (the oracle's) at least once, and with two or more servers
 //!   another one too.
+//! - **server failover** (replicated servers, [`PlanConfig::failover`]): instead of a
+//!   restart, `FailoverMemoryServer` SIGKILLs the primary of a server and leaves it
+//!   dead; the nodes lose it and, started again, connect to its backup (promoting it).
+//!   Nothing re-replicates a promoted backup, so a server fails over at most once and
+//!   has no server episode after that: its one copy must stay up.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -59,6 +64,9 @@ pub enum Action {
     KillMemoryServer { server: usize },
     /// Start the (dead) memory server `server` again on its data directory.
     RestartMemoryServer { server: usize },
+    /// SIGKILL the primary of replicated memory server `server` for good: its backup
+    /// serves from then on.
+    FailoverMemoryServer { server: usize },
 }
 
 impl Action {
@@ -69,7 +77,9 @@ impl Action {
             | Action::Crash { node, .. }
             | Action::Restart { node }
             | Action::Pause { node, .. } => node,
-            Action::KillMemoryServer { server } | Action::RestartMemoryServer { server } => server,
+            Action::KillMemoryServer { server }
+            | Action::RestartMemoryServer { server }
+            | Action::FailoverMemoryServer { server } => server,
         }
     }
 
@@ -77,7 +87,9 @@ impl Action {
     pub fn on_server(&self) -> bool {
         matches!(
             self,
-            Action::KillMemoryServer { .. } | Action::RestartMemoryServer { .. }
+            Action::KillMemoryServer { .. }
+                | Action::RestartMemoryServer { .. }
+                | Action::FailoverMemoryServer { .. }
         )
     }
 
@@ -90,6 +102,7 @@ impl Action {
             Action::Pause { .. } => "pause",
             Action::KillMemoryServer { .. } => "server_kill",
             Action::RestartMemoryServer { .. } => "server_restart",
+            Action::FailoverMemoryServer { .. } => "server_failover",
         }
     }
 }
@@ -114,6 +127,9 @@ pub struct PlanConfig {
     pub servers: usize,
     /// Whether the plan restarts memory servers.
     pub server_restarts: bool,
+    /// Whether every memory server has a backup: server episodes are then failovers
+    /// (at most one per server) instead of restarts.
+    pub failover: bool,
     pub lease_timeout: Duration,
     /// The crash points to cover (`txn::crash::POINTS` without `all`).
     pub points: Vec<String>,
@@ -135,7 +151,7 @@ enum Kind {
     Kill,
     Pause,
     Crash,
-    /// A restart of this memory server.
+    /// A restart of this memory server, or its failover.
     Server(usize),
 }
 
@@ -260,13 +276,22 @@ impl FaultPlan {
         let mut next_point = 0;
         let mut uncovered = Vec::new();
         let mut must = must.into_iter();
+        let mut failed_over = vec![false; config.servers];
         loop {
             let kind = match must.next() {
                 Some(kind) => kind,
                 None => match rng.random_range(0..10) {
                     0..=2 => Kind::Kill,
                     3..=5 => Kind::Crash,
-                    6 if restarts_servers => Kind::Server(rng.random_range(0..config.servers)),
+                    6 if restarts_servers => {
+                        let server = rng.random_range(0..config.servers);
+                        // A failed-over server has one copy left: no episode kills it.
+                        if failed_over[server] {
+                            Kind::Kill
+                        } else {
+                            Kind::Server(server)
+                        }
+                    }
                     6 => Kind::Kill,
                     _ => Kind::Pause,
                 },
@@ -297,6 +322,17 @@ impl FaultPlan {
                     // Random restarts come once the guaranteed ones are placed, when
                     // nothing is reserved any more.
                     reserved = reserved.saturating_sub(timing.longest(kind));
+                    if config.failover {
+                        failed_over[server] = true;
+                        actions.push(Planned {
+                            at_ms: at(t),
+                            action: Action::FailoverMemoryServer { server },
+                        });
+                        // No down time: the backup is there as soon as nodes reconnect.
+                        t += timing.server_rejoin();
+                        t += timing.settle(&mut rng);
+                        continue;
+                    }
                     actions.push(Planned {
                         at_ms: at(t),
                         action: Action::KillMemoryServer { server },
@@ -394,6 +430,7 @@ mod tests {
             nodes: 3,
             servers: 2,
             server_restarts: true,
+            failover: false,
             lease_timeout: Duration::from_millis(250),
             points: ["p1", "p2", "p3", "p4", "p5", "p6"]
                 .map(String::from)
@@ -406,6 +443,7 @@ mod tests {
     fn replay(plan: &FaultPlan, config: &PlanConfig) {
         let mut down = vec![false; config.nodes];
         let mut server_down = vec![false; config.servers];
+        let mut failed_over = vec![false; config.servers];
         let mut last_at = 0;
         for p in &plan.actions {
             assert!(p.at_ms >= last_at, "in time order: {plan:?}");
@@ -418,8 +456,18 @@ mod tests {
                 assert!(node < config.nodes);
                 assert!(server_down.iter().all(|d| !d), "one episode at a time");
             }
+            if p.action.on_server() {
+                assert!(!failed_over[node], "nothing acts on a failed-over server");
+            }
             match &p.action {
+                Action::FailoverMemoryServer { .. } => {
+                    assert!(config.failover, "failovers only with backups");
+                    assert!(down.iter().all(|d| !d), "one episode at a time");
+                    assert!(server_down.iter().all(|d| !d), "one episode at a time");
+                    failed_over[node] = true;
+                }
                 Action::KillMemoryServer { .. } => {
+                    assert!(!config.failover, "replicated servers fail over instead");
                     assert!(down.iter().all(|d| !d), "one episode at a time");
                     assert!(server_down.iter().all(|d| !d), "one episode at a time");
                     server_down[node] = true;
@@ -485,6 +533,56 @@ mod tests {
             let plan = FaultPlan::generate(&config).expect("a plan");
             replay(&plan, &config);
             assert!(plan.uncovered_points.is_empty(), "{plan:?}");
+        }
+    }
+
+    fn failovers(plan: &FaultPlan) -> Vec<usize> {
+        plan.actions
+            .iter()
+            .filter_map(|p| match p.action {
+                Action::FailoverMemoryServer { server } => Some(server),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn replicated_servers_fail_over_once_each_with_server_0_first_guaranteed() {
+        for seed in 0..50 {
+            for (seconds, servers) in [(20, 1), (20, 2), (20, 3), (120, 2), (300, 3)] {
+                let config = PlanConfig {
+                    servers,
+                    failover: true,
+                    ..config(seconds, seed)
+                };
+                let plan = FaultPlan::generate(&config).expect("a plan");
+                // Also: one episode at a time, nothing after a server's failover.
+                replay(&plan, &config);
+                assert!(server_restarts(&plan).is_empty(), "{plan:?}");
+                assert_eq!(plan.count("server_kill"), 0, "{plan:?}");
+                let mut failed = failovers(&plan);
+                assert!(failed.contains(&0), "{plan:?}");
+                if servers > 1 {
+                    assert!(failed.iter().any(|&s| s > 0), "{plan:?}");
+                }
+                let all = failed.len();
+                failed.sort_unstable();
+                failed.dedup();
+                assert_eq!(
+                    failed.len(),
+                    all,
+                    "at most one failover per server: {plan:?}"
+                );
+                if seconds >= 120 {
+                    // Long runs still get compute-node faults after the failovers.
+                    let last = plan
+                        .actions
+                        .iter()
+                        .rposition(|p| p.action.name() == "server_failover")
+                        .unwrap();
+                    assert!(last + 1 < plan.actions.len(), "{plan:?}");
+                }
+            }
         }
     }
 

@@ -52,6 +52,10 @@ pub struct ActionCounts {
     /// Memory servers started again on their data directory.
     #[serde(default)]
     pub server_restarts: u64,
+    /// Primaries of replicated memory servers SIGKILLed for good (their backups took
+    /// over).
+    #[serde(default)]
+    pub server_failovers: u64,
     /// Compute nodes that lost a memory server and were started again once it was
     /// back.
     #[serde(default)]
@@ -121,24 +125,33 @@ pub struct Dip {
     pub stalled_ms: u64,
 }
 
-/// A memory server killed and started again, and what it took the cluster.
+/// A memory server killed and started again (or, `failover`, its primary killed and its
+/// backup promoted), and what it took the cluster.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServerRestart {
     pub server: usize,
+    /// The primary was killed for good: the nodes reconnected to the backup, which the
+    /// first of them promoted (`restarted_at_ms` stays empty).
+    #[serde(default)]
+    pub failover: bool,
     pub killed_at_ms: f64,
     /// When it was started again (and listening).
     pub restarted_at_ms: Option<f64>,
     /// The repairs that followed (normally one, by the first node to reopen).
     pub repairs: Vec<Repair>,
-    /// From the kill to the end of the first bucket, from the one the restart falls in
-    /// on, with at least half the median commits: by when commits flow again.
+    /// From the kill to the end of the first bucket, from the one the restart (for a
+    /// failover: the first repair) falls in on, with at least half the median commits:
+    /// by when commits flow again.
     pub commits_resumed_after_ms: Option<f64>,
 }
 
 /// Sums over the server restarts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServerRestartSummary {
+    /// Restarts and failovers.
     pub count: u64,
+    #[serde(default)]
+    pub failovers: u64,
     pub repairs: u64,
     pub reinstalled: u64,
     pub locks_rolled_forward: u64,
@@ -152,6 +165,7 @@ pub struct ServerRestartSummary {
 
 /// Attaches each repair to the last restart, of a server it repaired, killed before it
 /// finished, and measures when commits flowed again after each (from `throughput`).
+/// The count starts at the restart, or for a failover at its first repair.
 pub fn attribute_repairs(
     restarts: &mut [ServerRestart],
     repairs: &[Repair],
@@ -173,7 +187,13 @@ pub fn attribute_repairs(
     let healthy = throughput.median_per_bucket / 2.0;
     let mut resumed = Vec::new();
     for s in restarts.iter_mut() {
-        let from = s.restarted_at_ms.unwrap_or(s.killed_at_ms);
+        // A failover has no restart: commits cannot flow before the reconnecting node
+        // repaired (the kill's own bucket still holds commits from before it).
+        let repaired = s.repairs.first().map(|r| ms(r.finished_ns));
+        let from = s
+            .restarted_at_ms
+            .or(repaired)
+            .unwrap_or(s.killed_at_ms + bucket);
         let first = (from / bucket).floor().max(0.0) as usize;
         s.commits_resumed_after_ms = throughput
             .committed
@@ -187,6 +207,7 @@ pub fn attribute_repairs(
     let all: Vec<&Repair> = restarts.iter().flat_map(|s| &s.repairs).collect();
     ServerRestartSummary {
         count: restarts.len() as u64,
+        failovers: restarts.iter().filter(|s| s.failover).count() as u64,
         repairs: all.len() as u64,
         reinstalled: all.iter().map(|r| r.reinstalled).sum(),
         locks_rolled_forward: all.iter().map(|r| r.locks_rolled_forward).sum(),
@@ -376,7 +397,7 @@ impl fmt::Display for ChaosReport {
         writeln!(
             f,
             "faults: {} kills, {} crashes armed ({} fired), {} pauses, {} restarts; {} memory-server \
-             kills, {} memory-server restarts ({} node reconnects)",
+             kills, {} memory-server restarts, {} failovers ({} node reconnects)",
             a.kills,
             a.crashes_armed,
             a.crashes_fired,
@@ -384,6 +405,7 @@ impl fmt::Display for ChaosReport {
             a.restarts,
             a.server_kills,
             a.server_restarts,
+            a.server_failovers,
             a.reconnects
         )?;
         for (point, n) in &self.crash_points {
@@ -415,10 +437,11 @@ impl fmt::Display for ChaosReport {
         let s = &self.server_restart_summary;
         writeln!(
             f,
-            "memory-server restarts: {} ({} repairs: {} blocks reinstalled, {} locks rolled \
-             forward, {} rolled back; longest took {}); kill to commits flowing again: median \
-             {}, max {}",
-            s.count,
+            "memory-server restarts: {}, failovers: {} ({} repairs: {} blocks reinstalled, {} \
+             locks rolled forward, {} rolled back; longest took {}); kill to commits flowing \
+             again: median {}, max {}",
+            s.count - s.failovers,
+            s.failovers,
             s.repairs,
             s.reinstalled,
             s.locks_rolled_forward,
@@ -441,6 +464,17 @@ impl fmt::Display for ChaosReport {
                     p.took_us as f64 / 1000.0
                 )
             });
+            if r.failover {
+                writeln!(
+                    f,
+                    "  server {} failed over at {:.1} s (primary killed, backup promoted); \
+                     commits again after {}; {repair}",
+                    r.server,
+                    r.killed_at_ms / 1000.0,
+                    ms(r.commits_resumed_after_ms)
+                )?;
+                continue;
+            }
             writeln!(
                 f,
                 "  server {} killed at {:.1} s, back after {}; commits again after {}; {repair}",
@@ -593,12 +627,21 @@ mod tests {
     fn repairs_belong_to_the_restart_they_repaired_and_commits_resume_after_it() {
         let restart = |server, killed_at_ms: f64| ServerRestart {
             server,
+            failover: false,
             killed_at_ms,
             restarted_at_ms: Some(killed_at_ms + 300.0),
             repairs: Vec::new(),
             commits_resumed_after_ms: None,
         };
-        let mut restarts = vec![restart(0, 1000.0), restart(1, 2000.0)];
+        // Server 1's is a failover: no restart, commits counted from the kill.
+        let mut restarts = vec![
+            restart(0, 1000.0),
+            ServerRestart {
+                failover: true,
+                restarted_at_ms: None,
+                ..restart(1, 2000.0)
+            },
+        ];
         // 10 commits per 100 ms bucket but none from 1.0 s to 1.6 s, and a trickle
         // (under half the median) from 2.0 s to 2.5 s.
         let mut committed = vec![10u64; 30];
@@ -619,7 +662,7 @@ mod tests {
         assert_eq!(restarts[1].repairs.len(), 1);
         assert_eq!(restarts[0].commits_resumed_after_ms, Some(700.0));
         assert_eq!(restarts[1].commits_resumed_after_ms, Some(600.0));
-        assert_eq!(summary.count, 2);
+        assert_eq!((summary.count, summary.failovers), (2, 1));
         assert_eq!((summary.repairs, summary.unrepaired), (2, 0));
         assert_eq!(summary.reinstalled, 4);
         assert_eq!(summary.repair_took_max_ms, Some(3.0));

@@ -25,6 +25,10 @@ use crate::runtime::yield_now;
 use fabric::RemoteAddr;
 use std::sync::Arc;
 
+/// Fruitless checks of a pending persist after which its thread sleeps.
+const IDLE_TURNS_BEFORE_SLEEP: u32 = 4;
+const IDLE_SLEEP: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// A byte range of a memory server's region to make durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PersistRange {
@@ -153,10 +157,18 @@ impl Durability {
     /// Persists `plan`, yielding to other coroutines while the servers write.
     pub(crate) async fn persist(&self, plan: PersistPlan) -> Result<()> {
         let mut tickets = self.start(plan);
+        let mut idle = 0u32;
         loop {
             self.check(&mut tickets)?;
             if tickets.is_empty() {
                 return Ok(());
+            }
+            // A persist waits for a disk: spinning would take the CPU from the
+            // server's journal thread on a small host, so every few turns the thread
+            // sleeps (its other coroutines are most likely waiting for disks too).
+            idle += 1;
+            if idle.is_multiple_of(IDLE_TURNS_BEFORE_SLEEP) {
+                std::thread::sleep(IDLE_SLEEP);
             }
             yield_now().await;
         }

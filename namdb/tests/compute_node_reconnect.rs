@@ -81,7 +81,10 @@ async fn until_served(c: &Client, since: Instant) -> Duration {
             read_all(c, 1).await
         };
         match tokio::time::timeout(ATTEMPT, attempt).await {
-            Ok(Ok(_)) => return since.elapsed(),
+            Ok(Ok(_)) => {
+                eprintln!("failures while the node reconnected: {seen:?}");
+                return since.elapsed();
+            }
             Ok(Err(s)) => {
                 assert!(
                     matches!(

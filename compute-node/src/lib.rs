@@ -8,6 +8,8 @@
 //!   ones).
 //! - [`service`] and [`server`]: the gRPC API ([`proto`], `namdb.compute.v1`), with
 //!   [`auth`] on every call and [`status`] mapping transaction errors to status codes.
+//! - [`reconnect`]: the database and pool the API serves from, replaced when a memory
+//!   server restarts or fails over.
 //! - [`client`]: a Rust client of the API.
 //!
 //! See DEVELOPERS.md ("compute node") for the decisions behind them.
@@ -17,6 +19,7 @@ pub mod client;
 pub mod memory_servers;
 pub mod metrics;
 pub mod pool;
+pub mod reconnect;
 pub mod server;
 pub mod service;
 pub mod status;
@@ -28,4 +31,5 @@ pub mod proto {
 
 pub use memory_servers::{ConnectError, RemoteCluster, RemoteServer, connect};
 pub use pool::Pool;
+pub use reconnect::Node;
 pub use server::{ServeError, Server};

@@ -111,6 +111,12 @@ impl RemoteServer {
     pub fn addr(&self) -> &str {
         &self.addr
     }
+
+    /// Renews the control session now: fails once the server is gone or restarted (it
+    /// forgot the session).
+    pub fn keep_alive(&self) -> Result<(), ClientError> {
+        self.control.keep_alive()
+    }
 }
 
 impl MemoryServerLink for RemoteServer {

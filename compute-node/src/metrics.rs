@@ -60,8 +60,9 @@ impl Metrics {
             .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// The Prometheus text exposition (format 0.0.4) of these counters and `stats`.
-    pub fn render(&self, stats: &WorkerStats) -> String {
+    /// The Prometheus text exposition (format 0.0.4) of these counters, `stats` and the
+    /// reconnections of `reconnects` (count, and how long the last took).
+    pub fn render(&self, stats: &WorkerStats, reconnects: (u64, Duration)) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(
@@ -80,6 +81,18 @@ impl Metrics {
             "namdb_commits_total",
             "Transactions committed.",
             stats.txn.committed,
+        );
+        counter(
+            &mut out,
+            "namdb_reconnects_total",
+            "Reconnections to the memory servers after one went away.",
+            reconnects.0,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP namdb_last_reconnect_seconds How long the last reconnection took.\n\
+             # TYPE namdb_last_reconnect_seconds gauge\nnamdb_last_reconnect_seconds {}",
+            reconnects.1.as_secs_f64()
         );
         let _ = writeln!(
             out,
@@ -161,9 +174,11 @@ mod tests {
         stats.txn.committed = 3;
         stats.txn.aborted = 2;
         stats.txn.conflicts = 1;
-        let text = m.render(&stats);
+        let text = m.render(&stats, (1, Duration::from_millis(1500)));
         for line in [
             "namdb_commits_total 3",
+            "namdb_reconnects_total 1",
+            "namdb_last_reconnect_seconds 1.5",
             "namdb_rpcs_total{method=\"Commit\"} 2",
             "namdb_rpcs_total{method=\"Get\"} 0",
             "namdb_aborts_total{reason=\"conflict\"} 1",

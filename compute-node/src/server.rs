@@ -3,8 +3,8 @@
 
 use crate::auth::Authenticate;
 use crate::metrics::Metrics;
-use crate::pool::Pool;
 use crate::proto::compute_server::ComputeServer;
+use crate::reconnect::Node;
 use crate::service::ComputeService;
 use memory_server::ClusterToken;
 use std::net::SocketAddr;
@@ -14,7 +14,6 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
-use txn::Database;
 
 /// How long shutdown waits for in-flight RPCs before closing connections anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -44,14 +43,12 @@ pub struct Server {
 }
 
 impl Server {
-    /// Serves the API for `db` (whose memory servers use `backend`) on `listen`, running
-    /// transactions on `pool`; callers must hold `token`. Must run in a tokio runtime.
+    /// Serves the API on `listen`, running transactions on `node`'s database and pool
+    /// of the moment; callers must hold `token`. Must run in a tokio runtime.
     pub async fn start(
         listen: SocketAddr,
         token: ClusterToken,
-        db: Database,
-        backend: String,
-        pool: Arc<Pool>,
+        node: Arc<Node>,
     ) -> Result<Server, ServeError> {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -70,7 +67,7 @@ impl Server {
             .with_keepalive(Some(Duration::from_secs(60)));
         let metrics = Arc::new(Metrics::default());
         let service = ComputeServer::with_interceptor(
-            ComputeService::new(pool, db, backend, metrics.clone()),
+            ComputeService::new(node, metrics.clone()),
             Authenticate::new(token),
         );
         let (tx, rx) = oneshot::channel::<()>();

@@ -3,8 +3,9 @@
 //! catalog operations wait on the fabric.
 
 use crate::metrics::Metrics;
-use crate::pool::{Begun, Op, Pool, Reply};
+use crate::pool::{Begun, Op, Reply};
 use crate::proto::{self, compute_server::Compute};
+use crate::reconnect::Node;
 use crate::status::{Fate, status_of};
 use futures::stream::BoxStream;
 use std::sync::Arc;
@@ -21,24 +22,17 @@ const SCAN_BATCH: usize = 256;
 pub const PROTOCOL: &str = "namdb.compute.v1";
 
 pub struct ComputeService {
-    pool: Arc<Pool>,
-    db: Database,
-    backend: String,
+    /// The database and pool of the moment: replaced when a memory server went away
+    /// (a transaction handle of the old pool is then unknown to the new one).
+    node: Arc<Node>,
     started: Instant,
     metrics: Arc<Metrics>,
 }
 
 impl ComputeService {
-    pub fn new(
-        pool: Arc<Pool>,
-        db: Database,
-        backend: String,
-        metrics: Arc<Metrics>,
-    ) -> ComputeService {
+    pub fn new(node: Arc<Node>, metrics: Arc<Metrics>) -> ComputeService {
         ComputeService {
-            pool,
-            db,
-            backend,
+            node,
             started: Instant::now(),
             metrics,
         }
@@ -47,10 +41,17 @@ impl ComputeService {
     /// Sends `op` (made with its reply channel) for transaction `handle` and waits for
     /// the answer.
     async fn txn<T>(&self, handle: u64, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, Status> {
+        let live = self.node.live()?;
         let (reply, rx) = oneshot::channel();
-        self.pool.txn(handle, make(reply));
-        rx.await
-            .map_err(|_| Status::unavailable("the worker stopped before answering"))?
+        live.pool.txn(handle, make(reply));
+        let result = rx
+            .await
+            .map_err(|_| Status::unavailable("the worker stopped before answering"))
+            .and_then(|r| r);
+        if let Err(status) = &result {
+            self.node.note(status);
+        }
+        result
     }
 
     /// Buffers a Put or an Insert.
@@ -75,8 +76,8 @@ impl ComputeService {
         &self,
         f: impl FnOnce(&Database) -> txn::Result<T> + Send + 'static,
     ) -> Result<T, Status> {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
+        let live = self.node.live()?;
+        tokio::task::spawn_blocking(move || f(&live.cluster.db))
             .await
             .map_err(|e| Status::internal(format!("the catalog operation failed: {e}")))?
             .map_err(|e| status_of(&e, Fate::None))
@@ -108,17 +109,23 @@ impl Compute for ComputeService {
         req: Request<proto::BeginRequest>,
     ) -> Result<Response<proto::BeginResponse>, Status> {
         self.metrics.rpc("Begin");
-        let rx = self.pool.begin(req.into_inner().after)?;
+        let live = self.node.live()?;
+        let rx = live.pool.begin(req.into_inner().after)?;
+        let begun = rx
+            .await
+            .map_err(|_| Status::unavailable("the worker stopped before answering"))
+            .and_then(|r| r);
+        if let Err(status) = &begun {
+            self.node.note(status);
+        }
         let Begun {
             handle,
             read_timestamp,
-        } = rx
-            .await
-            .map_err(|_| Status::unavailable("the worker stopped before answering"))??;
+        } = begun?;
         Ok(Response::new(proto::BeginResponse {
             txn: handle,
             read_timestamp,
-            idle_timeout_ms: self.pool.idle_timeout().as_millis() as u64,
+            idle_timeout_ms: self.node.idle_timeout().as_millis() as u64,
         }))
     }
 
@@ -281,10 +288,14 @@ impl Compute for ComputeService {
         _req: Request<proto::StatsRequest>,
     ) -> Result<Response<proto::StatsResponse>, Status> {
         self.metrics.rpc("Stats");
-        let s = self.pool.stats().await?;
+        // While reconnecting there are no workers to ask; the counters then read 0.
+        let s = match self.node.live() {
+            Ok(live) => live.pool.stats().await?,
+            Err(_) => Default::default(),
+        };
         Ok(Response::new(proto::StatsResponse {
-            workers: self.pool.workers() as u32,
-            memory_servers: self.db.servers() as u32,
+            workers: self.node.workers() as u32,
+            memory_servers: self.node.servers() as u32,
             uptime_ms: self.started.elapsed().as_millis() as u64,
             open_transactions: s.open,
             begun: s.begun,
@@ -294,6 +305,8 @@ impl Compute for ComputeService {
             duplicate_keys: s.txn.duplicate_keys,
             too_old: s.txn.too_old,
             expired: s.expired,
+            reconnects: self.node.reconnects(),
+            last_reconnect_ms: self.node.last_reconnect().as_millis() as u64,
         }))
     }
 
@@ -303,17 +316,20 @@ impl Compute for ComputeService {
     ) -> Result<Response<proto::HealthResponse>, Status> {
         self.metrics.rpc("Health");
         // Serving when every worker answers.
-        let status = match self.pool.stats().await {
-            Ok(_) => proto::health_response::Status::Serving,
+        let status = match self.node.live() {
+            Ok(live) => match live.pool.stats().await {
+                Ok(_) => proto::health_response::Status::Serving,
+                Err(_) => proto::health_response::Status::NotServing,
+            },
             Err(_) => proto::health_response::Status::NotServing,
         };
         Ok(Response::new(proto::HealthResponse {
             status: status as i32,
             protocol: PROTOCOL.into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            backend: self.backend.clone(),
-            workers: self.pool.workers() as u32,
-            memory_servers: self.db.servers() as u32,
+            backend: self.node.backend().to_string(),
+            workers: self.node.workers() as u32,
+            memory_servers: self.node.servers() as u32,
         }))
     }
 }

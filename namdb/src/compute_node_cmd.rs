@@ -4,7 +4,8 @@
 use crate::backend::VerbsOptions;
 use anyhow::{Context, Result};
 use clap::Args;
-use compute_node::{Pool, Server};
+use compute_node::reconnect::Config;
+use compute_node::{Node, Server};
 use memory_server::ClusterToken;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -98,13 +99,16 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     // Connecting and starting workers use the memory servers' blocking client, so both
-    // happen before the tokio runtime exists.
-    let cluster = compute_node::connect(&args.memory_servers, &token, options(&args, &token)?)
-        .context("cannot open the database on the memory servers")?;
-    let pool = Arc::new(
-        Pool::start(&cluster.db, workers, args.txn_timeout)
-            .context("cannot start the worker pool")?,
-    );
+    // happen before the tokio runtime exists (and reconnections on the node's monitor
+    // thread, outside it).
+    let node = Node::start(Config {
+        addrs: args.memory_servers.clone(),
+        token: token.clone(),
+        options: options(&args, &token)?,
+        workers,
+        idle_timeout: args.txn_timeout,
+    })
+    .context("cannot open the database on the memory servers")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("namdb-compute-node")
@@ -112,21 +116,19 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
         .build()
         .context("cannot start the tokio runtime")?;
     let served = runtime.block_on(async {
-        let server = Server::start(
-            args.listen,
-            token,
-            cluster.db.clone(),
-            cluster.backend.clone(),
-            pool.clone(),
-        )
-        .await?;
+        let server = Server::start(args.listen, token, node.clone()).await?;
         if let Some(listen) = args.metrics_listen {
-            let (metrics, pool) = (server.metrics(), pool.clone());
+            let (metrics, node) = (server.metrics(), node.clone());
             let render: crate::metrics::Render = Arc::new(move || {
-                let (metrics, pool) = (metrics.clone(), pool.clone());
+                let (metrics, node) = (metrics.clone(), node.clone());
                 Box::pin(async move {
-                    match pool.stats().await {
-                        Ok(stats) => metrics.render(&stats),
+                    let reconnects = (node.reconnects(), node.last_reconnect());
+                    let stats = match node.live() {
+                        Ok(live) => live.pool.stats().await,
+                        Err(e) => Err(e),
+                    };
+                    match stats {
+                        Ok(stats) => metrics.render(&stats, reconnects),
                         Err(e) => format!("# the workers did not answer: {}\n", e.message()),
                     }
                 })
@@ -141,18 +143,17 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
             "compute node listening on {} ({} workers, {} memory servers, backend {})",
             server.local_addr(),
             workers,
-            cluster.db.servers(),
-            cluster.backend
+            node.servers(),
+            node.backend()
         );
         server.run_until(signal).await?;
         anyhow::Ok(())
     });
-    // The service is gone with the runtime; the last reference stops the workers
+    // The service is gone with the runtime; then the monitor stops and so do the workers
     // (running requests finish, open transactions are aborted) before the memory
     // servers' sessions close.
     drop(runtime);
-    drop(pool);
-    drop(cluster);
+    node.stop();
     served?;
     tracing::info!("compute node stopped");
     Ok(())

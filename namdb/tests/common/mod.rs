@@ -55,6 +55,29 @@ impl ServerProcess {
         ServerProcess::spawn(&args, "memory server")
     }
 
+    /// Like [`ServerProcess::start`], listening on `listen` (e.g. to restart a server
+    /// on the address its clients know).
+    pub fn start_at(
+        listen: &str,
+        backend: &str,
+        token_file: &Path,
+        extra: &[&str],
+    ) -> ServerProcess {
+        let mut args: Vec<OsString> = [
+            "memory-server",
+            "--listen",
+            listen,
+            "--backend",
+            backend,
+            "--token-file",
+        ]
+        .map(OsString::from)
+        .into();
+        args.push(token_file.into());
+        args.extend(extra.iter().map(OsString::from));
+        ServerProcess::spawn(&args, "memory server")
+    }
+
     /// Starts `namdb compute-node --listen 127.0.0.1:0 --memory-servers ADDRS
     /// --token-file TOKEN_FILE` with `extra` arguments and waits until it is listening.
     pub fn compute_node(

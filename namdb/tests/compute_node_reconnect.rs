@@ -1,0 +1,196 @@
+//! A `namdb compute-node` process reconnects by itself when a memory server goes away:
+//! durable shm memory-server processes, one of them killed with SIGKILL (failing over
+//! to its backup, or restarted on its data directory and address), while this test
+//! talks to the node through its gRPC API only. Every acknowledged write must be
+//! there after the node reconnected, new writes must work, and the node's stats count
+//! one reconnection.
+
+mod common;
+
+use common::ServerProcess;
+use compute_node::client::Client;
+use memory_server::ClusterToken;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tonic::{Code, Status};
+
+const TOKEN: &str = "namdb compute node reconnect test token";
+const TABLE: &str = "kv";
+const KEYS: u64 = 40;
+/// How long the node may take to serve again after the kill.
+const RECOVERY: Duration = Duration::from_secs(20);
+/// The deadline of one attempt: a request on a dead connection must not hang.
+const ATTEMPT: Duration = Duration::from_secs(3);
+
+fn durable(token_file: &Path, data_dir: &Path, extra: &[&str]) -> ServerProcess {
+    let mut args = vec![
+        "--size",
+        "32MiB",
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--checkpoint-interval",
+        "0.2",
+    ];
+    args.extend_from_slice(extra);
+    ServerProcess::start("shm", token_file, &args)
+}
+
+fn token_file(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("token");
+    std::fs::write(&path, TOKEN).unwrap();
+    path
+}
+
+/// Puts `key = value` in a transaction of its own and commits it.
+async fn put(c: &Client, key: u64, value: u64) -> Result<(), Status> {
+    let t = c.begin().await?;
+    c.put(t, TABLE, key, value.to_le_bytes().to_vec()).await?;
+    c.commit(t).await?;
+    Ok(())
+}
+
+/// Every key of `0..keys` as one snapshot sees it.
+async fn read_all(c: &Client, keys: u64) -> Result<Vec<Option<u64>>, Status> {
+    let t = c.begin().await?;
+    let mut out = Vec::new();
+    for k in 0..keys {
+        let v = c.get(t, TABLE, k).await?;
+        out.push(v.map(|v| u64::from_le_bytes(v[..8].try_into().unwrap())));
+    }
+    c.commit(t).await?;
+    Ok(out)
+}
+
+/// Writes keys `0..KEYS` (value `round * 1000 + key`), through the node.
+async fn write_round(c: &Client, round: u64) {
+    for k in 0..KEYS {
+        put(c, k, round * 1000 + k)
+            .await
+            .unwrap_or_else(|s| panic!("put {k}: {s:?}"));
+    }
+}
+
+/// Retries a write and a read through `c` until both work; returns how long it took.
+/// Every failure meanwhile must be a clean status (the node says it is reconnecting,
+/// or the old connection's transport error), never a hang past [`ATTEMPT`].
+async fn until_served(c: &Client, since: Instant) -> Duration {
+    let mut seen = Vec::new();
+    loop {
+        let attempt = async {
+            put(c, KEYS + 1, 7).await?;
+            read_all(c, 1).await
+        };
+        match tokio::time::timeout(ATTEMPT, attempt).await {
+            Ok(Ok(_)) => {
+                eprintln!("failures while the node reconnected: {seen:?}");
+                return since.elapsed();
+            }
+            Ok(Err(s)) => {
+                assert!(
+                    matches!(
+                        s.code(),
+                        Code::Unavailable | Code::Unknown | Code::NotFound | Code::Aborted
+                    ),
+                    "{s:?}"
+                );
+                if seen.len() < 5 {
+                    seen.push(s.message().to_string());
+                }
+            }
+            Err(_) => panic!("a request hung past {ATTEMPT:?} (so far: {seen:?})"),
+        }
+        assert!(
+            since.elapsed() < RECOVERY,
+            "the node did not serve again within {RECOVERY:?}; it said {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Puts keys through the node, kills a memory server with `kill`, waits until the node
+/// serves again, and checks the data and the reconnect counter.
+async fn survive(compute: &mut ServerProcess, kill: impl FnOnce()) {
+    let token = ClusterToken::new(TOKEN).unwrap();
+    let c = Client::connect(&compute.control, &token).await.unwrap();
+    c.create_table(TABLE, 16, 1024).await.unwrap();
+    write_round(&c, 1).await;
+    write_round(&c, 2).await;
+    let before = c.stats().await.unwrap();
+    assert_eq!(before.reconnects, 0, "{before:?}");
+
+    let killed = Instant::now();
+    kill();
+    let took = until_served(&c, killed).await;
+    eprintln!("the compute node served again {took:?} after the kill");
+
+    let want: Vec<Option<u64>> = (0..KEYS).map(|k| Some(2000 + k)).collect();
+    assert_eq!(
+        read_all(&c, KEYS).await.unwrap(),
+        want,
+        "acknowledged writes"
+    );
+    write_round(&c, 3).await;
+    let want: Vec<Option<u64>> = (0..KEYS).map(|k| Some(3000 + k)).collect();
+    assert_eq!(read_all(&c, KEYS).await.unwrap(), want, "new writes");
+    let stats = c.stats().await.unwrap();
+    assert_eq!(stats.reconnects, 1, "{stats:?}\n{}", compute.stderr());
+    assert!(stats.last_reconnect_ms > 0, "{stats:?}");
+    assert!(
+        stats.last_reconnect_ms < took.as_millis() as u64 + 1000,
+        "{stats:?} vs {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compute_node_fails_over_to_a_backup_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = token_file(dir.path());
+    let s0 = durable(&token_file, &dir.path().join("ms0"), &[]);
+    // The backup first: the primary attaches to it when it starts.
+    let backup = durable(&token_file, &dir.path().join("ms1-b"), &["--backup"]);
+    let mut primary = durable(
+        &token_file,
+        &dir.path().join("ms1-p"),
+        &["--backup-at", &backup.control],
+    );
+    let addrs = vec![
+        s0.control.clone(),
+        format!("{}|{}", primary.control, backup.control),
+    ];
+    let mut compute = ServerProcess::compute_node(&addrs, &token_file, &["--workers", "2"]);
+    survive(&mut compute, || primary.kill_9()).await;
+    let log = compute.stderr();
+    assert!(log.contains("reconnecting"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compute_node_reconnects_to_a_restarted_server_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = token_file(dir.path());
+    let s0 = durable(&token_file, &dir.path().join("ms0"), &[]);
+    let mut s1 = durable(&token_file, &dir.path().join("ms1"), &[]);
+    let addrs = vec![s0.control.clone(), s1.control.clone()];
+    let mut compute = ServerProcess::compute_node(&addrs, &token_file, &["--workers", "2"]);
+    let s1_dir = dir.path().join("ms1");
+    let s1_addr = s1.control.clone();
+    let mut restarted = None;
+    survive(&mut compute, || {
+        s1.kill_9();
+        // The same address: the node knows no other.
+        restarted = Some(ServerProcess::start_at(
+            &s1_addr,
+            "shm",
+            &token_file,
+            &[
+                "--size",
+                "32MiB",
+                "--data-dir",
+                s1_dir.to_str().unwrap(),
+                "--checkpoint-interval",
+                "0.2",
+            ],
+        ));
+    })
+    .await;
+    assert!(restarted.is_some());
+}

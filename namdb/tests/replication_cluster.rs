@@ -7,16 +7,12 @@
 mod common;
 
 use common::ServerProcess;
-use compute_node::memory_servers::{RemoteCluster, connect};
+use common::bank::{KEYS, OPENING, create, open, state, total, work};
 use memory_server::ClusterToken;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use txn::index::IndexShape;
-use txn::{Options, Table, TableSpec};
 
 const TOKEN: &str = "namdb replication cluster test token";
-const KEYS: u64 = 24;
 
 /// A primary and its backup: the backup first, since the primary attaches at start.
 struct Pair {
@@ -55,65 +51,11 @@ fn pair(token_file: &Path, dir: Option<&Path>, i: usize) -> Pair {
     Pair { primary, backup }
 }
 
-fn open(pairs: &[Pair], token: &ClusterToken) -> RemoteCluster {
-    let addrs: Vec<String> = pairs
+fn addrs(pairs: &[Pair]) -> Vec<String> {
+    pairs
         .iter()
         .map(|p| format!("{}|{}", p.primary.control, p.backup.control))
-        .collect();
-    connect(
-        &addrs,
-        token,
-        Options {
-            wait_visible: false,
-            ..Options::default()
-        },
-    )
-    .unwrap()
-}
-
-fn val(n: i64) -> Vec<u8> {
-    n.to_le_bytes().to_vec()
-}
-
-fn num(v: Option<Vec<u8>>) -> i64 {
-    i64::from_le_bytes(v.expect("present")[..8].try_into().unwrap())
-}
-
-/// Every key's value as a snapshot sees it.
-fn state(cluster: &RemoteCluster, t: &Arc<Table>) -> Vec<Option<Vec<u8>>> {
-    let mut c = cluster.db.client().unwrap();
-    let mut x = c.begin().unwrap();
-    (0..KEYS)
-        .chain(1000..1100)
-        .map(|k| x.get(t, k).unwrap())
         .collect()
-}
-
-/// Transfers between accounts, with an insert now and then: `rounds` commits.
-fn work(cluster: &RemoteCluster, t: &Arc<Table>, from_round: u64, rounds: u64) -> u64 {
-    let mut c = cluster.db.client().unwrap();
-    for i in from_round..from_round + rounds {
-        let (a, b) = (i % KEYS, (i * 5 + 1) % KEYS);
-        if a == b {
-            continue;
-        }
-        c.run(10, |x| {
-            let va = num(x.get(t, a)?);
-            let vb = num(x.get(t, b)?);
-            x.put(t, a, val(va - 3))?;
-            x.put(t, b, val(vb + 3))?;
-            if i % 7 == 0 {
-                x.insert(t, 1000 + i % 100, val(i as i64))
-                    .or_else(|e| match e {
-                        txn::TxnError::DuplicateKey { .. } => Ok(()),
-                        e => Err(e),
-                    })?;
-            }
-            Ok(())
-        })
-        .unwrap();
-    }
-    c.last_cid()
 }
 
 fn failover(data_dirs: bool) {
@@ -124,32 +66,9 @@ fn failover(data_dirs: bool) {
     let data = data_dirs.then(|| dir.path());
     let mut pairs: Vec<Pair> = (0..2).map(|i| pair(&token_file, data, i)).collect();
 
-    let cluster = open(&pairs, &token);
+    let cluster = open(&addrs(&pairs), &token);
     assert!(cluster.db.is_durable(), "replicated servers persist");
-    let t = cluster
-        .db
-        .create_table(TableSpec {
-            name: "accounts".into(),
-            versions: 4,
-            value_cap: 16,
-            capacity: 4096,
-            partitions: 0,
-            placement: txn::Placement::RoundRobin,
-            index: IndexShape {
-                buckets: 256,
-                slots: 8,
-            },
-        })
-        .unwrap();
-    let mut c = cluster.db.client().unwrap();
-    c.run(0, |x| {
-        for k in 0..KEYS {
-            x.insert(&t, k, val(1000))?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    drop(c);
+    let t = create(&cluster);
     let mut last_cid = work(&cluster, &t, 0, 300);
     let mut expected = state(&cluster, &t);
     drop(cluster);
@@ -158,7 +77,7 @@ fn failover(data_dirs: bool) {
     for victim in [1usize, 0] {
         let killed = Instant::now();
         pairs[victim].primary.kill_9();
-        let cluster = open(&pairs, &token);
+        let cluster = open(&addrs(&pairs), &token);
         let report = cluster
             .db
             .restart_report()
@@ -189,8 +108,7 @@ fn failover(data_dirs: bool) {
             diff.len() <= 2,
             "after failing over server {victim}: {diff:?}"
         );
-        let total: i64 = now[..KEYS as usize].iter().map(|v| num(v.clone())).sum();
-        assert_eq!(total, 1000 * KEYS as i64);
+        assert_eq!(total(&now), OPENING * KEYS as i64);
         assert_eq!(now[KEYS as usize..], expected[KEYS as usize..]);
         let cid = work(&cluster, &t, round + 1, 100);
         last_cid = cid;

@@ -3,6 +3,8 @@
 // Each test crate compiles this module and uses a part of it.
 #![allow(dead_code)]
 
+pub mod bank;
+
 use fabric::Device;
 use memory_server::{ClusterToken, RemoteDevice};
 use std::ffi::OsString;

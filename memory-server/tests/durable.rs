@@ -2,11 +2,12 @@
 //! device, made durable with Persist, and read back through the fabric from a new
 //! server started on the same data directory.
 
+mod common;
+
+use common::Node;
 use fabric::conformance::exec;
 use fabric::sim::{SimConfig, SimNetwork};
-use fabric::{
-    Access, CompletionQueue, Device, QueuePair, Region, RemoteAddr, SendWr, Src, WcStatus,
-};
+use fabric::{Access, Device, SendWr, Src, WcStatus};
 use memory_server::proto::memory_server_client::MemoryServerClient;
 use memory_server::{
     Client, ClusterToken, DurabilityConfig, MemoryServer, PersistRange, PersistStatus, Persister,
@@ -52,82 +53,12 @@ async fn start_plan(
     Ok((server, net))
 }
 
-/// A compute node: a session, a connected queue pair and scratch memory.
-struct Node {
-    client: Client,
-    _dev: Arc<dyn Device>,
-    cq: Arc<dyn CompletionQueue>,
-    qp: Arc<dyn QueuePair>,
-    local: Region,
-}
-
-impl Node {
-    async fn connect(server: &MemoryServer, net: &SimNetwork) -> Node {
-        let dev: Arc<dyn Device> = net.add_node();
-        let cq = dev.create_cq(64).unwrap();
-        let client = Client::connect(&server.local_addr().to_string(), &token())
-            .await
-            .unwrap();
-        let (qp, _) = client.connect_qp(&*dev, &cq).await.unwrap();
-        let local = dev.register(4096, Access::ALL).unwrap();
-        Node {
-            client,
-            _dev: dev,
-            cq,
-            qp,
-            local,
-        }
-    }
-
-    async fn data(&self, n: usize) -> (u32, RemoteAddr) {
-        let dir = self.client.list_regions().await.unwrap();
-        let r = dir.get(&format!("data.{n}")).unwrap().remote;
-        (r.rkey, r.at(0))
-    }
-
-    fn write(&self, at: RemoteAddr, offset: u64, bytes: &[u8]) {
-        let wc = exec(
-            &self.qp,
-            &self.cq,
-            SendWr::write(1, Src::Inline(bytes), at.offset_by(offset)),
-        );
-        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-    }
-
-    fn read(&self, at: RemoteAddr, offset: u64, len: u32) -> Vec<u8> {
-        let wc = exec(
-            &self.qp,
-            &self.cq,
-            SendWr::read(2, self.local.buf(0, len), at.offset_by(offset)),
-        );
-        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-        self.local.to_vec(0, len as usize).unwrap()
-    }
-
-    /// CAS on the word at `offset`; returns the value found.
-    fn cas(&self, at: RemoteAddr, offset: u64, expect: u64, swap: u64) -> u64 {
-        let wc = exec(
-            &self.qp,
-            &self.cq,
-            SendWr::cas(
-                3,
-                self.local.buf(1024, 8),
-                at.offset_by(offset),
-                expect,
-                swap,
-            ),
-        );
-        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-        self.local.load_u64(1024).unwrap()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persisted_bytes_survive_a_restart_and_unpersisted_ones_do_not() {
     let dir = tempfile::tempdir().unwrap();
     let (server, net) = start(Some(dir.path()), |_| {}).await.unwrap();
     assert_eq!(server.durability().unwrap().boot, 1);
-    let node = Node::connect(&server, &net).await;
+    let node = Node::connect(&server, &net, &token()).await;
     assert!(node.client.server().durable);
     assert_eq!(node.client.server().boot, 1);
     let (rkey0, d0) = node.data(0).await;
@@ -162,7 +93,7 @@ async fn persisted_bytes_survive_a_restart_and_unpersisted_ones_do_not() {
     let report = server.durability().unwrap().clone();
     assert_eq!(report.boot, 2);
     assert!(report.base_bytes > 0, "{report:?}");
-    let node = Node::connect(&server, &net).await;
+    let node = Node::connect(&server, &net, &token()).await;
     assert_eq!(node.client.server().boot, 2);
     let (_, d0) = node.data(0).await;
     let (_, d1) = node.data(1).await;
@@ -178,7 +109,7 @@ async fn background_checkpoints_keep_what_was_persisted_before_and_after() {
     let dir = tempfile::tempdir().unwrap();
     let tune = |d: &mut DurabilityConfig| d.checkpoint_interval = Duration::from_millis(20);
     let (server, net) = start(Some(dir.path()), tune).await.unwrap();
-    let node = Node::connect(&server, &net).await;
+    let node = Node::connect(&server, &net, &token()).await;
     let (rkey, d0) = node.data(0).await;
     node.write(d0, 0, b"before the checkpoint");
     node.client
@@ -208,7 +139,7 @@ async fn background_checkpoints_keep_what_was_persisted_before_and_after() {
     let report = server.durability().unwrap();
     assert_eq!(report.boot, 2);
     assert_eq!(report.batches, 0, "everything was checkpointed: {report:?}");
-    let node = Node::connect(&server, &net).await;
+    let node = Node::connect(&server, &net, &token()).await;
     let (_, d0) = node.data(0).await;
     assert_eq!(node.read(d0, 0, 21), b"before AFTERheckpoint");
     drop(node);
@@ -220,7 +151,7 @@ async fn guarded_ranges_wait_for_the_lock_and_persist_what_the_holder_installed(
     let dir = tempfile::tempdir().unwrap();
     let tune = |d: &mut DurabilityConfig| d.guard_wait = Duration::from_millis(300);
     let (server, net) = start(Some(dir.path()), tune).await.unwrap();
-    let node = Node::connect(&server, &net).await;
+    let node = Node::connect(&server, &net, &token()).await;
     let (rkey, d0) = node.data(0).await;
     // A record at 256: header word (lock:1 | CID:63), then its body.
     node.cas(d0, 256, 0, 5);
@@ -261,7 +192,7 @@ async fn guarded_ranges_wait_for_the_lock_and_persist_what_the_holder_installed(
     server.shutdown().await.unwrap();
 
     let (server, net) = start(Some(dir.path()), tune).await.unwrap();
-    let node = Node::connect(&server, &net).await;
+    let node = Node::connect(&server, &net, &token()).await;
     let (_, d0) = node.data(0).await;
     assert_eq!(node.read(d0, 256, 8), 6u64.to_le_bytes());
     assert_eq!(node.read(d0, 264, 9), b"version 6");
@@ -273,7 +204,7 @@ async fn guarded_ranges_wait_for_the_lock_and_persist_what_the_holder_installed(
 async fn bad_requests_are_refused_with_clear_codes() {
     let dir = tempfile::tempdir().unwrap();
     let (server, net) = start(Some(dir.path()), |_| {}).await.unwrap();
-    let node = Node::connect(&server, &net).await;
+    let node = Node::connect(&server, &net, &token()).await;
     let (rkey, _) = node.data(0).await;
     let (last, _) = node.data(1).await;
     let cases: Vec<(PersistRange, Code, &str)> = vec![
@@ -337,7 +268,7 @@ async fn bad_requests_are_refused_with_clear_codes() {
 
     // A server without a data directory says how to get one.
     let (server, net) = start(None, |_| {}).await.unwrap();
-    let node = Node::connect(&server, &net).await;
+    let node = Node::connect(&server, &net, &token()).await;
     assert!(!node.client.server().durable);
     assert_eq!(node.client.server().boot, 0);
     let (rkey, _) = node.data(0).await;

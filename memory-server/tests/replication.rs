@@ -2,11 +2,11 @@
 //! every Persist to its backup; the backup refuses compute nodes until promoted, then
 //! holds exactly what was persisted, and its promotion fences the primary.
 
-use fabric::conformance::exec;
+mod common;
+
+use common::Node;
+use fabric::Device;
 use fabric::sim::{SimConfig, SimNetwork};
-use fabric::{
-    Access, CompletionQueue, Device, QueuePair, Region, RemoteAddr, SendWr, Src, WcStatus,
-};
 use memory_server::{
     Client, ClientError, ClusterToken, MemoryServer, PersistRange, PersistStatus, Persister,
     RegionPlan, Replication, Role, ServerConfig, ServerError,
@@ -48,58 +48,6 @@ async fn pair() -> (MemoryServer, SimNetwork, MemoryServer, SimNetwork) {
     (primary, pnet, backup, bnet)
 }
 
-struct Node {
-    client: Client,
-    _dev: Arc<dyn Device>,
-    cq: Arc<dyn CompletionQueue>,
-    qp: Arc<dyn QueuePair>,
-    local: Region,
-}
-
-impl Node {
-    async fn connect(server: &MemoryServer, net: &SimNetwork) -> Node {
-        let dev: Arc<dyn Device> = net.add_node();
-        let cq = dev.create_cq(64).unwrap();
-        let client = Client::connect(&server.local_addr().to_string(), &token())
-            .await
-            .unwrap();
-        let (qp, _) = client.connect_qp(&*dev, &cq).await.unwrap();
-        let local = dev.register(4096, Access::ALL).unwrap();
-        Node {
-            client,
-            _dev: dev,
-            cq,
-            qp,
-            local,
-        }
-    }
-
-    async fn data(&self, n: usize) -> (u32, RemoteAddr) {
-        let dir = self.client.list_regions().await.unwrap();
-        let r = dir.get(&format!("data.{n}")).unwrap().remote;
-        (r.rkey, r.at(0))
-    }
-
-    fn write(&self, at: RemoteAddr, offset: u64, bytes: &[u8]) {
-        let wc = exec(
-            &self.qp,
-            &self.cq,
-            SendWr::write(1, Src::Inline(bytes), at.offset_by(offset)),
-        );
-        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-    }
-
-    fn read(&self, at: RemoteAddr, offset: u64, len: u32) -> Vec<u8> {
-        let wc = exec(
-            &self.qp,
-            &self.cq,
-            SendWr::read(2, self.local.buf(0, len), at.offset_by(offset)),
-        );
-        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-        self.local.to_vec(0, len as usize).unwrap()
-    }
-}
-
 fn code_and_message(e: &ClientError) -> (Option<Code>, String) {
     (e.code(), e.to_string())
 }
@@ -110,7 +58,7 @@ async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() 
     assert_eq!((primary.role(), primary.boot()), (Role::Primary, 1));
     assert_eq!(backup.role(), Role::Backup);
 
-    let node = Node::connect(&primary, &pnet).await;
+    let node = Node::connect(&primary, &pnet, &token()).await;
     let info = node.client.server().clone();
     assert!(
         info.durable,
@@ -172,7 +120,7 @@ async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() 
     assert_eq!(client.promote().await.unwrap(), 2);
     assert_eq!(client.promote().await.unwrap(), 2);
     assert_eq!((backup.role(), backup.boot()), (Role::Promoted, 2));
-    let promoted = Node::connect(&backup, &bnet).await;
+    let promoted = Node::connect(&backup, &bnet, &token()).await;
     assert_eq!(promoted.client.server().role, Role::Promoted);
     assert!(promoted.client.server().durable);
     let (_, bat) = promoted.data(1).await;
@@ -235,7 +183,7 @@ async fn a_primary_refuses_a_backup_of_another_plan() {
 async fn a_dead_backup_fails_persists_with_a_clear_error() {
     let (primary, pnet, backup, _bnet) = pair().await;
     let addr = backup.local_addr();
-    let node = Node::connect(&primary, &pnet).await;
+    let node = Node::connect(&primary, &pnet, &token()).await;
     let (rkey, _) = node.data(0).await;
     node.client
         .persist(&[PersistRange::new(rkey, 0, 8)])
@@ -317,7 +265,7 @@ async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state()
     let (old, onet) = start_durable(&dirs.path().join("p1"), at_backup())
         .await
         .unwrap();
-    let node = Node::connect(&old, &onet).await;
+    let node = Node::connect(&old, &onet, &token()).await;
     let (rkey, at) = node.data(0).await;
     node.write(at, 100, b"old primary");
     node.client
@@ -339,7 +287,7 @@ async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state()
     let (new, nnet) = start_durable(&dirs.path().join("p2"), at_backup())
         .await
         .unwrap();
-    let fresh = Node::connect(&new, &nnet).await;
+    let fresh = Node::connect(&new, &nnet, &token()).await;
     let (rkey2, at2) = fresh.data(0).await;
     fresh.write(at2, 0, b"new");
     fresh
@@ -364,7 +312,7 @@ async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state()
         .unwrap();
     // Own boot 1, the primary's 1: promoted to 2, and recorded in the data directory.
     assert_eq!(client.promote().await.unwrap(), 2);
-    let promoted = Node::connect(&backup, &bnet).await;
+    let promoted = Node::connect(&backup, &bnet, &token()).await;
     let (brkey, bat) = promoted.data(0).await;
     assert_eq!(promoted.read(bat, 0, 3), b"new");
     assert_eq!(promoted.read(bat, 100, 11), [0; 11]);
@@ -383,7 +331,7 @@ async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state()
         .await
         .unwrap();
     assert_eq!(again.boot(), 3);
-    let reader = Node::connect(&again, &anet).await;
+    let reader = Node::connect(&again, &anet, &token()).await;
     let (_, rat) = reader.data(0).await;
     assert_eq!(reader.read(rat, 0, 3), b"new");
     assert_eq!(reader.read(rat, 200, 5), b"after");

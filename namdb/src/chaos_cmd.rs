@@ -972,13 +972,12 @@ impl<'a> Harness<'a> {
 
     /// Starts memory server `i`'s backup (`--backup`, on its own data directory and
     /// fixed port): before the primary, which attaches to it when it starts.
-    fn start_backup(&mut self, i: usize, port: u16) -> Result<()> {
-        let name = format!("memory-server-{i}-backup");
+    /// `namdb memory-server` arguments for server `name`, durable in the run's
+    /// directory, listening on `port`.
+    fn server_argv(&self, name: &str, port: u16) -> Vec<String> {
         let bytes = self.server_bytes.to_string();
-        let data = self.dir.join(&name);
-        let mut argv: Vec<String> = [
+        [
             "memory-server",
-            "--backup",
             "--listen",
             &format!("127.0.0.1:{port}"),
             "--backend",
@@ -990,13 +989,19 @@ impl<'a> Harness<'a> {
             "--token-file",
             &self.token_file.display().to_string(),
             "--data-dir",
-            &data.display().to_string(),
+            &self.dir.join(name).display().to_string(),
             "--checkpoint-interval",
             CHECKPOINT_INTERVAL_S,
         ]
         .into_iter()
         .map(String::from)
-        .collect();
+        .collect()
+    }
+
+    fn start_backup(&mut self, i: usize, port: u16) -> Result<()> {
+        let name = format!("memory-server-{i}-backup");
+        let mut argv = self.server_argv(&name, port);
+        argv.insert(1, "--backup".into());
         // Once promoted it serves queue pairs: on a socket of its own.
         if self.args.backend == ChaosBackend::Shm {
             argv.push("--socket".into());
@@ -1018,28 +1023,7 @@ impl<'a> Harness<'a> {
         }
         self.boots[i] += 1;
         let boot = self.boots[i];
-        let bytes = self.server_bytes.to_string();
-        let data = self.dir.join(&name);
-        let mut argv: Vec<String> = [
-            "memory-server",
-            "--listen",
-            &format!("127.0.0.1:{}", self.ports[i]),
-            "--backend",
-            self.args.backend.name(),
-            "--size",
-            &bytes,
-            "--region-size",
-            &bytes,
-            "--token-file",
-            &self.token_file.display().to_string(),
-            "--data-dir",
-            &data.display().to_string(),
-            "--checkpoint-interval",
-            CHECKPOINT_INTERVAL_S,
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect();
+        let mut argv = self.server_argv(&name, self.ports[i]);
         if let Some(b) = self.backups.get(i) {
             argv.push("--backup-at".into());
             argv.push(b.address.clone());

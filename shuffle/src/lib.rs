@@ -18,6 +18,7 @@ pub mod exchange;
 pub mod flow;
 pub mod node;
 pub mod operator;
+pub mod ops;
 pub mod pool;
 mod rd;
 #[cfg(not(shuffle_loom))]

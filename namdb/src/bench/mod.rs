@@ -1,5 +1,6 @@
 //! `namdb bench …`: benchmarks, one module per subject.
 
+pub mod duckdb;
 mod fabric;
 pub mod shuffle;
 mod timestamp;

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The DuckDB peer of the analytics benchmarks (`namdb bench join`, `namdb bench
+# aggregate`): DuckDB from PyPI in a virtual environment, running scripts/duckdb_peer.py.
+#
+# Usage: scripts/duckdb.sh install      make the venv ($NAMDB_DUCKDB_VENV, default
+#                                       target/duckdb-venv) and pip-install duckdb and
+#                                       numpy into it, unless it has them already
+#        scripts/duckdb.sh check        exit 0 if the venv can import duckdb, else 3
+#        scripts/duckdb.sh run ARGS…    install if needed, then run duckdb_peer.py ARGS…
+#                                       (see `scripts/duckdb.sh run --help`)
+set -euo pipefail
+
+say() { printf '[duckdb] %s\n' "$*" >&2; }
+die() { say "FAILED: $*"; exit 1; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+venv=${NAMDB_DUCKDB_VENV:-$repo/target/duckdb-venv}
+
+have_duckdb() { [[ -x $venv/bin/python ]] && "$venv/bin/python" -c 'import duckdb, numpy' 2>/dev/null; }
+
+install() {
+    have_duckdb && return 0
+    command -v python3 >/dev/null || die "python3 is not installed"
+    say "installing duckdb and numpy from PyPI into $venv"
+    python3 -m venv "$venv" || die "python3 -m venv $venv (Debian: apt-get install python3-venv)"
+    "$venv/bin/pip" install -q --disable-pip-version-check duckdb numpy >&2 ||
+        die "pip install duckdb numpy"
+    have_duckdb || die "installed duckdb but cannot import it"
+}
+
+case ${1:-} in
+    install) install ;;
+    check) have_duckdb || exit 3 ;;
+    run) shift; install; exec "$venv/bin/python" "$repo/scripts/duckdb_peer.py" "$@" ;;
+    *) usage ;;
+esac

@@ -1,0 +1,1 @@
+//! Distributed aggregation over the shuffle.

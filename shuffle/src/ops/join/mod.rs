@@ -1,0 +1,1 @@
+//! Distributed joins over the shuffle.

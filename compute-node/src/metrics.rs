@@ -121,6 +121,14 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
+            "# HELP namdb_worker_replacements_total Workers replaced after a commit they \
+             could not finish (left to recovery).\n\
+             # TYPE namdb_worker_replacements_total counter\n\
+             namdb_worker_replacements_total {}",
+            stats.replaced_workers
+        );
+        let _ = writeln!(
+            out,
             "# HELP namdb_rpcs_total API calls, by method.\n# TYPE namdb_rpcs_total counter"
         );
         for (method, n) in METHODS.iter().zip(&self.rpcs) {

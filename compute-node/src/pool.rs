@@ -111,6 +111,8 @@ pub struct WorkerStats {
     /// Aborted before commit: by Abort, or by a failed request.
     pub aborted_open: u64,
     pub expired: u64,
+    /// Workers replaced after they broke ([`TxnError::Broken`]).
+    pub replaced_workers: u64,
     pub txn: txn::ClientStats,
 }
 
@@ -120,6 +122,7 @@ impl WorkerStats {
         self.begun += o.begun;
         self.aborted_open += o.aborted_open;
         self.expired += o.expired;
+        self.replaced_workers += o.replaced_workers;
         let (a, b) = (&mut self.txn, &o.txn);
         a.committed += b.committed;
         a.aborted += b.aborted;
@@ -129,6 +132,8 @@ impl WorkerStats {
         a.torn_retries += b.torn_retries;
         a.locked_retries += b.locked_retries;
         a.rejoins += b.rejoins;
+        a.recoveries += b.recoveries;
+        a.abandoned += b.abandoned;
         a.oracle_reads += b.oracle_reads;
     }
 }
@@ -185,7 +190,7 @@ impl Pool {
                             return;
                         }
                     };
-                    run(&Local::new(worker, index, idle_timeout), rx);
+                    serve_until_stopped(&db, worker, index, idle_timeout, &rx);
                 })
                 .map_err(|e| TxnError::Invalid(format!("cannot start a worker thread: {e}")))?;
             pool.senders.push(tx);
@@ -300,13 +305,90 @@ struct Local {
     /// When [`Local::expire`] looks at the table next: a scan of every open
     /// transaction per executor round would cost more than the rounds themselves.
     next_expiry: Cell<Instant>,
+    /// The counters of the broken workers this thread replaced.
+    carried: Cell<WorkerStats>,
 }
 
 type Coroutine<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
 
-/// The executor loop of one worker thread; returns when the pool drops its sender and
-/// the running requests are done.
-fn run(local: &Local, rx: mpsc::Receiver<Job>) {
+/// Why [`run`] returned.
+enum Exit {
+    /// The pool dropped its sender and the running requests are done.
+    Stopped,
+    /// The worker broke ([`TxnError::Broken`]) and nothing runs on it any more.
+    Broken,
+}
+
+/// Runs one worker thread: serves jobs with `worker` until the pool stops, replacing
+/// the worker whenever it breaks. A broken worker's open transactions are aborted
+/// (their handles become unknown) and it is dropped, which leaves its slot's lease to
+/// lapse so that a fencer's recovery finishes the commit it could not; the thread's
+/// counters carry over to the new worker.
+fn serve_until_stopped(
+    db: &Database,
+    mut worker: Worker,
+    index: usize,
+    idle_timeout: Duration,
+    rx: &mpsc::Receiver<Job>,
+) {
+    let mut carried = WorkerStats::default();
+    loop {
+        let local = Local::new(worker, index, idle_timeout);
+        local.carried.set(carried);
+        match run(&local, rx) {
+            Exit::Stopped => return,
+            Exit::Broken => {
+                local.abort_all();
+                carried = local.stats();
+                carried.open = 0;
+                carried.replaced_workers += 1;
+                drop(local);
+                tracing::warn!(worker = index, "worker broke; replacing it");
+                match replacement(db, index, idle_timeout, &carried, rx) {
+                    Some(w) => worker = w,
+                    None => return,
+                }
+            }
+        }
+    }
+}
+
+/// A new worker for thread `index`, retrying while the memory servers refuse one;
+/// jobs that arrive meanwhile fail (UNAVAILABLE, or the unknown transaction their
+/// handle now is). `None` once the pool stops.
+fn replacement(
+    db: &Database,
+    index: usize,
+    idle_timeout: Duration,
+    carried: &WorkerStats,
+    rx: &mpsc::Receiver<Job>,
+) -> Option<Worker> {
+    loop {
+        match db.worker() {
+            Ok(w) => return Some(w),
+            Err(e) => {
+                tracing::warn!(worker = index, "cannot replace a broken worker yet: {e}");
+                let until = Instant::now() + Duration::from_millis(200);
+                while let Some(left) = until.checked_duration_since(Instant::now()) {
+                    match rx.recv_timeout(left) {
+                        Ok(Job::Stats { reply }) => drop(reply.send(*carried)),
+                        Ok(Job::Begin { reply, .. }) => drop(reply.send(Err(Status::unavailable(
+                            format!("worker {index} is being replaced: {e}"),
+                        )))),
+                        Ok(Job::Txn { handle, op }) => {
+                            op.fail(status::unknown_transaction(handle, idle_timeout))
+                        }
+                        Err(mpsc::RecvTimeoutError::Timeout) => break,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The executor loop of one worker thread.
+fn run(local: &Local, rx: &mpsc::Receiver<Job>) -> Exit {
     let mut cx = Context::from_waker(Waker::noop());
     let mut live: Vec<Coroutine<'_>> = Vec::new();
     let mut connected = true;
@@ -334,8 +416,12 @@ fn run(local: &Local, rx: mpsc::Receiver<Job>) {
             tracing::debug!(worker = local.index, "oracle tick: {e}");
         }
         local.expire();
+        if connected && live.is_empty() && local.worker.is_broken() {
+            return Exit::Broken;
+        }
     }
     local.abort_all();
+    Exit::Stopped
 }
 
 impl Local {
@@ -352,6 +438,7 @@ impl Local {
             aborted_open: Cell::new(0),
             expired: Cell::new(0),
             next_expiry: Cell::new(Instant::now()),
+            carried: Cell::new(WorkerStats::default()),
         }
     }
 
@@ -366,13 +453,7 @@ impl Local {
             }
             Job::Txn { handle, op } => self.serve_op(handle, op).await,
             Job::Stats { reply } => {
-                let _ = reply.send(WorkerStats {
-                    open: self.open.borrow().len() as u64,
-                    begun: self.begun.get(),
-                    aborted_open: self.aborted_open.get(),
-                    expired: self.expired.get(),
-                    txn: self.worker.stats(),
-                });
+                let _ = reply.send(self.stats());
             }
         }
     }
@@ -565,6 +646,20 @@ impl Local {
         }
     }
 
+    /// This thread's counters: this worker's, plus those of the workers it replaced.
+    fn stats(&self) -> WorkerStats {
+        let mut stats = self.carried.get();
+        stats.add(&WorkerStats {
+            open: self.open.borrow().len() as u64,
+            begun: self.begun.get(),
+            aborted_open: self.aborted_open.get(),
+            expired: self.expired.get(),
+            replaced_workers: 0,
+            txn: self.worker.stats(),
+        });
+        stats
+    }
+
     fn abort_all(&self) {
         for (_, o) in self.open.borrow_mut().drain() {
             if let Some(state) = o.state {
@@ -656,6 +751,57 @@ mod tests {
         assert_eq!(get(&pool, b.handle, 1).unwrap(), Some(b"one".to_vec()));
         let stats = futures::executor::block_on(pool.stats()).unwrap();
         assert_eq!((stats.begun, stats.open, stats.txn.committed), (2, 1, 1));
+        pool.shutdown();
+    }
+
+    #[test]
+    fn a_broken_worker_is_replaced_and_its_commit_recovered() {
+        let db = Database::embedded(txn::Options {
+            oracle: timestamp::OracleConfig {
+                tick_interval: Duration::from_millis(2),
+                lease_timeout: Duration::from_millis(80),
+                ..timestamp::OracleConfig::default()
+            },
+            ..txn::Options::default()
+        })
+        .unwrap();
+        db.create_table(txn::TableSpec::new("t", 16, 1024)).unwrap();
+        let pool = Pool::start(&db, 1, Duration::from_secs(30)).unwrap();
+        let a = wait(pool.begin(0).unwrap()).unwrap();
+        put(&pool, a.handle, 1, b"one").unwrap();
+        db.fail_next_commit_after_log();
+        op(&pool, a.handle, |reply| Op::Commit { reply }).expect_err("the injected failure");
+
+        // The broken worker is dropped and replaced; the replacement's commits stall
+        // on the old slot's timestamps until its lease lapses and it fences the slot,
+        // which recovers the logged commit.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut key = 100;
+        loop {
+            let stats = futures::executor::block_on(pool.stats()).unwrap();
+            if stats.replaced_workers == 1 && db.locked_records().unwrap().is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no replacement, or the commit was never recovered: {stats:?}"
+            );
+            if let Ok(b) = wait(pool.begin(0).unwrap()) {
+                key += 1;
+                if put(&pool, b.handle, key, b"x").is_ok() {
+                    let _ = op(&pool, b.handle, |reply| Op::Commit { reply });
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let c = wait(pool.begin(0).unwrap()).unwrap();
+        assert_eq!(get(&pool, c.handle, 1).unwrap(), Some(b"one".to_vec()));
+        let stats = futures::executor::block_on(pool.stats()).unwrap();
+        assert_eq!(stats.replaced_workers, 1);
+        assert!(
+            stats.begun > 2,
+            "the broken worker's counters carry over: {stats:?}"
+        );
         pool.shutdown();
     }
 

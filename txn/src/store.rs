@@ -169,6 +169,8 @@ pub(crate) struct Shared {
     pub(crate) catalog: Catalog,
     pub(crate) options: Options,
     pub(crate) durability: Durability,
+    /// Fault injection: the next commit to complete its log record fails right after.
+    pub(crate) fail_after_log: std::sync::atomic::AtomicBool,
     /// What the restart recovery this node ran at open did, if it ran one.
     pub(crate) restart: Mutex<Option<crate::restart::RestartReport>>,
     /// Connections for catalog work (one per server), on their own device.
@@ -316,6 +318,7 @@ impl Database {
             catalog,
             options,
             durability,
+            fail_after_log: Default::default(),
             restart: Mutex::new(None),
             admin: Mutex::new(admin),
             _admin_device: admin_device,
@@ -339,6 +342,17 @@ impl Database {
     /// Whether the memory servers are durable ([`crate::durable`]).
     pub fn is_durable(&self) -> bool {
         self.shared.durability.is_durable()
+    }
+
+    /// Fault injection for tests of what runs workers: the next commit (of any worker
+    /// of this database handle) fails right after its log record is complete, as if a
+    /// memory server failed then. It is committed, its locks stay, and its worker
+    /// breaks ([`crate::TxnError::Broken`]) until recovery finishes the commit.
+    #[doc(hidden)]
+    pub fn fail_next_commit_after_log(&self) {
+        self.shared
+            .fail_after_log
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// What the restart recovery this node ran when it opened the database did.

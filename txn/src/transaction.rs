@@ -1223,6 +1223,15 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         worker.database().shared.durability.persist(plan).await?;
     }
     crash::point(CrashPoint::AfterLog);
+    let fault = &worker.database().shared.fail_after_log;
+    // A load first: the swap alone would be a contended write on every commit.
+    if fault.load(std::sync::atomic::Ordering::Relaxed)
+        && fault.swap(false, std::sync::atomic::Ordering::Relaxed)
+    {
+        return Err(TxnError::Invalid(format!(
+            "commit {cid}: a failure injected after its log record"
+        )));
+    }
     // Install: WRITE the versions and CAS-unlock, one doorbell per server. With crash
     // points armed, in two halves, so a crash can land between them.
     let split = if crash::armed() {

@@ -232,7 +232,13 @@ impl Worker {
     ///
     /// A tick that fences another node's slot resolves that holder's commits
     /// ([`crate::recovery`]) before it returns.
+    ///
+    /// A broken worker ([`TxnError::Broken`]) does not tick: its lease must lapse, so
+    /// that a fencer's recovery finishes the commit it left half installed.
     pub fn tick(&self) -> Result<()> {
+        if self.is_broken() {
+            return Ok(());
+        }
         match self.slot.tick() {
             Ok(report) => {
                 if let (Some(slot), Some(fenced)) = (report.fenced, report.fenced_lease) {
@@ -279,9 +285,7 @@ impl Worker {
     /// then to renew the lease or raise the slot's reservation), and the epoch the
     /// commit runs under.
     pub(crate) fn commit_timestamp(&self) -> Result<(u64, Epoch)> {
-        if let Some(why) = self.broken.borrow().as_ref() {
-            return Err(TxnError::Broken(why.clone()));
-        }
+        self.check_broken()?;
         let cid = match self.slot.acquire_commit_ts(1000) {
             Err(timestamp::OracleError::Fenced { .. }) => {
                 self.rejoin()?;
@@ -290,6 +294,19 @@ impl Worker {
             other => other?,
         };
         Ok((cid, self.log.borrow().epoch))
+    }
+
+    /// Whether this worker stopped committing after a commit it could not finish
+    /// ([`TxnError::Broken`]); such a worker should be dropped and replaced.
+    pub fn is_broken(&self) -> bool {
+        self.broken.borrow().is_some()
+    }
+
+    fn check_broken(&self) -> Result<()> {
+        match self.broken.borrow().as_ref() {
+            Some(why) => Err(TxnError::Broken(why.clone())),
+            None => Ok(()),
+        }
     }
 
     /// Stops this worker committing: commit `cid` is logged but could not be
@@ -430,6 +447,7 @@ impl Worker {
     /// this call and timestamp `after` (a session's last commit, so it sees its own
     /// writes).
     pub async fn begin(&self, after: u64) -> Result<AsyncTransaction<'_>> {
+        self.check_broken()?;
         let started = self.rids.borrow().started;
         // Let the other coroutines that begin in this round join one oracle read.
         yield_now().await;
@@ -488,7 +506,7 @@ impl Drop for Worker {
         // Every handed-out timestamp must be decided before the slot is freed for
         // others to skip.
         let _ = self.flush_marks();
-        if self.broken.borrow().is_some() {
+        if self.is_broken() {
             // Holding on until the lease lapses hands the half-installed commit to
             // a fencer's recovery; a release would skip that.
             return;

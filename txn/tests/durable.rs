@@ -9,7 +9,7 @@ use fabric::sim::{SimConfig, SimNetwork};
 use fabric::{Access, CompletionQueue, Device, QpConfig, QueuePair, Region};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use txn::catalog::CATALOG_BYTES;
@@ -26,6 +26,8 @@ const DATA_BYTES: u64 = 16 << 20;
 struct Disk {
     images: Mutex<[Vec<u8>; 2]>,
     boots: AtomicU64,
+    /// A failing disk: every persist fails.
+    failing: AtomicBool,
 }
 
 /// One start of a durable server: a sim node with its regions.
@@ -36,6 +38,7 @@ struct Server {
     boot: u64,
     qps: Mutex<Vec<Arc<dyn QueuePair>>>,
     pending: Mutex<HashMap<u64, Vec<PersistRange>>>,
+    failed: Mutex<Vec<u64>>,
     next_ticket: AtomicU64,
 }
 
@@ -60,6 +63,7 @@ impl Server {
             boot,
             qps: Mutex::new(Vec::new()),
             pending: Mutex::new(HashMap::new()),
+            failed: Mutex::new(Vec::new()),
             next_ticket: AtomicU64::new(1),
         })
     }
@@ -99,13 +103,18 @@ impl Server {
 impl Persistence for Server {
     fn submit(&self, ranges: Vec<PersistRange>) -> u64 {
         let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
-        if !self.try_persist(&ranges) {
+        if self.disk.failing.load(Ordering::SeqCst) {
+            self.failed.lock().unwrap().push(ticket);
+        } else if !self.try_persist(&ranges) {
             self.pending.lock().unwrap().insert(ticket, ranges);
         }
         ticket
     }
 
     fn poll(&self, ticket: u64) -> PersistStatus {
+        if self.failed.lock().unwrap().contains(&ticket) {
+            return PersistStatus::Failed("the disk failed".into());
+        }
         let mut pending = self.pending.lock().unwrap();
         match pending.get(&ticket) {
             None => PersistStatus::Done,
@@ -370,6 +379,86 @@ fn a_crash_at_every_commit_step_then_a_restart_of_every_server_is_atomic() {
         })
         .unwrap();
     }
+}
+
+/// A commit whose log record cannot be made durable is committed (the record is
+/// complete in memory) but holds its locks: its worker stops, lets its lease lapse,
+/// and another worker's fence finishes the commit.
+#[test]
+fn a_worker_whose_commit_cannot_persist_stops_and_recovery_finishes_the_commit() {
+    let cluster = Cluster::new(2);
+    let db = cluster.open();
+    let t = accounts(&db);
+    let mut other = db.client().unwrap();
+    other
+        .run(0, |x| {
+            x.insert(&t, 1, val(100))?;
+            x.insert(&t, 2, val(100))
+        })
+        .unwrap();
+    // The broken worker lives on its own thread and ticks all along, as a compute
+    // node's worker loop does: those ticks must neither renew its lease nor skip its
+    // timestamps, or its locks would stay forever.
+    let (broke_tx, broke_rx) = std::sync::mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticker = {
+        let (db, t, disks, stop) = (db.clone(), t.clone(), cluster.disks.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut broken = db.client().unwrap();
+            for disk in &disks {
+                disk.failing.store(true, Ordering::SeqCst);
+            }
+            let mut x = broken.begin().unwrap();
+            x.put(&t, 1, val(90)).unwrap();
+            x.put(&t, 2, val(110)).unwrap();
+            let err = x.commit().unwrap_err();
+            assert!(
+                matches!(err, txn::TxnError::Persist { .. }),
+                "the commit fails on the persist: {err}"
+            );
+            for disk in &disks {
+                disk.failing.store(false, Ordering::SeqCst);
+            }
+            assert!(matches!(broken.begin(), Err(txn::TxnError::Broken(_))));
+            broke_tx.send(()).unwrap();
+            while !stop.load(Ordering::SeqCst) {
+                broken.tick().unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    broke_rx.recv().unwrap();
+    assert!(!db.locked_records().unwrap().is_empty(), "the locks stay");
+    // The other worker commits, so the broken slot's unused timestamps stall the
+    // prefix and its lease is checked.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut key = 1000;
+    while !db.locked_records().unwrap().is_empty() {
+        // 400 rounds of at least 2 ms each outlast the 80 ms lease many times over.
+        assert!(
+            std::time::Instant::now() < deadline && key < 1400,
+            "the broken worker's commit was never recovered"
+        );
+        key += 1;
+        other.run(3, |x| x.insert(&t, key, val(1))).unwrap();
+        other.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, Ordering::SeqCst);
+    ticker.join().unwrap();
+    assert_eq!(other.stats().recoveries, 1);
+    let mut x = other.begin().unwrap();
+    assert_eq!(
+        (num(x.get(&t, 1).unwrap()), num(x.get(&t, 2).unwrap())),
+        (90, 110)
+    );
+    drop(x);
+    other
+        .run(3, |x| {
+            let a = num(x.get(&t, 1)?);
+            x.put(&t, 1, val(a + 1))
+        })
+        .unwrap();
 }
 
 #[test]

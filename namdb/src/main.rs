@@ -68,6 +68,9 @@ enum Command {
     /// One node process of `namdb bench shuffle`, which starts them itself.
     #[command(hide = true)]
     ShuffleNode(bench::shuffle::procs::NodeArgs),
+    /// One node process of `namdb bench join`, which starts them itself.
+    #[command(hide = true)]
+    JoinNode(bench::nodes::NodeArgs),
     /// Check a recorded history (JSON Lines) for snapshot-isolation anomalies; exits
     /// non-zero when the history violates the model.
     Verify(verify_cmd::VerifyArgs),
@@ -103,6 +106,7 @@ fn main() -> Result<ExitCode> {
         Command::ShuffleNode(args) => {
             bench::shuffle::procs::node_main(&args).map(|()| ExitCode::SUCCESS)
         }
+        Command::JoinNode(args) => bench::join::node_main(&args).map(|()| ExitCode::SUCCESS),
         Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }
 }

@@ -2,6 +2,9 @@
 
 pub mod duckdb;
 mod fabric;
+pub mod join;
+pub mod nodes;
+pub mod plot;
 pub mod shuffle;
 mod timestamp;
 mod txn;
@@ -29,6 +32,10 @@ pub enum BenchCommand {
     /// broadcasts its fragment of R(a, b) with one of the eight endpoint designs, next
     /// to a TCP sockets and an OpenMPI baseline and memcpy, every run verified.
     Shuffle(self::shuffle::ShuffleArgs),
+    /// Distributed joins (VLDB 2016 §5): GHJ, GHJ with a Bloom filter, RDMA GHJ and the
+    /// RDMA radix join against the Bloom filter's selectivity, with the paper's cost
+    /// model and DuckDB on the same data.
+    Join(self::join::JoinArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -38,5 +45,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Timestamp(args) => self::timestamp::run(&args),
         BenchCommand::Txn(args) => self::txn::run(&args),
         BenchCommand::Shuffle(args) => self::shuffle::run(&args),
+        BenchCommand::Join(args) => self::join::run(&args),
     }
 }

@@ -1,367 +1,44 @@
-//! Where the nodes of a run live: threads of this process on one sim network, or node
-//! processes (`namdb shuffle-node`, hidden) spawned from this executable, one per rank,
-//! each binding its own device with node id = rank.
-//!
-//! Wiring: rank 0 binds the exchange's listener on 127.0.0.1, port 0, and prints
-//! `exchange ADDR` on stdout; this process then starts ranks 1..N with `--exchange
-//! ADDR`, and every node joins a `shuffle::TcpExchange`. The cluster token (shm, tcp,
-//! verbs) travels in the environment (`NAMDB_SHUFFLE_TOKEN`), never on a command line.
-//! Each node prints `result JSON` (a [`NodeResult`]) on stdout when done; errors go to
-//! its stderr, which this process shows when a node fails.
+//! Where the nodes of a shuffle run live: threads of this process on one sim network,
+//! or node processes (`namdb shuffle-node`, hidden) spawned from this executable, one
+//! per rank (see [`crate::bench::nodes`], which holds the machinery the multi-node
+//! benchmarks share). Each node prints a [`NodeResult`].
 
 use super::node::{Job, Method, NodeResult, STALL_LIMIT, run_node};
-use crate::backend::{BackendKind, VerbsOptions, verbs_device};
-use anyhow::{Context, Result, anyhow, bail};
-use clap::Args;
-use fabric::shm::ShmDevice;
-use fabric::sim::{SimConfig, SimNetwork};
-use fabric::tcp::TcpDevice;
-use fabric::{Device, NodeId};
-use shuffle::{Exchange, LocalExchange, TcpExchange};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-const TOKEN_ENV: &str = "NAMDB_SHUFFLE_TOKEN";
-
-/// How long the nodes may take to find each other.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+use crate::backend::BackendKind;
+use crate::bench::nodes;
+use anyhow::{Context, Result};
+use std::time::Duration;
 
 /// `namdb shuffle-node`: one node process of `namdb bench shuffle`.
-#[derive(Args, Debug)]
-pub struct NodeArgs {
-    #[arg(long, value_enum)]
-    pub backend: BackendKind,
-    #[arg(long)]
-    pub rank: usize,
-    #[arg(long)]
-    pub nodes: usize,
-    /// Rank 0's exchange address; rank 0 itself listens and prints it.
-    #[arg(long)]
-    pub exchange: Option<SocketAddr>,
-    /// Directory of the shm sockets.
-    #[arg(long)]
-    pub socket_dir: Option<PathBuf>,
-    /// The run, as JSON.
-    #[arg(long)]
-    pub job: String,
-}
+pub use crate::bench::nodes::NodeArgs;
 
 /// The hidden `namdb shuffle-node` subcommand.
 pub fn node_main(args: &NodeArgs) -> Result<()> {
     let job: Job = serde_json::from_str(&args.job).context("--job")?;
-    let exchange: Arc<dyn Exchange> = if args.rank == 0 {
-        let listener = TcpListener::bind("127.0.0.1:0").context("binding the exchange")?;
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "exchange {}", listener.local_addr()?)?;
-        out.flush()?;
-        Arc::new(TcpExchange::accept(listener, args.nodes, JOIN_TIMEOUT)?)
-    } else {
-        let addr = args.exchange.context("ranks above 0 need --exchange")?;
-        Arc::new(TcpExchange::join(
-            args.rank,
-            args.nodes,
-            addr,
-            JOIN_TIMEOUT,
-        )?)
-    };
+    let exchange = nodes::connect(args)?;
     let device = match job.method {
         Method::Tcp => None,
-        Method::Design(_) => Some(bind_device(args)?),
+        Method::Design(_) => Some(nodes::bind_device(args)?),
     };
-    let result = run_node(&job, exchange, device)?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "result {}", serde_json::to_string(&result)?)?;
-    out.flush()?;
-    Ok(())
-}
-
-fn bind_device(args: &NodeArgs) -> Result<Arc<dyn Device>> {
-    let token = std::env::var(TOKEN_ENV)
-        .ok()
-        .and_then(|t| hex::decode(t).ok())
-        .with_context(|| format!("{TOKEN_ENV} holds no hex token"))?;
-    let id = NodeId(args.rank as u32);
-    Ok(match args.backend {
-        BackendKind::Sim => bail!("the sim backend runs its nodes as threads, not processes"),
-        BackendKind::Shm => {
-            let dir = args.socket_dir.as_ref().context("shm needs --socket-dir")?;
-            ShmDevice::bind_as(dir.join(format!("node{}.sock", args.rank)), &token, id)?
-        }
-        BackendKind::Tcp => TcpDevice::bind_as("127.0.0.1:0", &token, id)?,
-        BackendKind::Verbs => verbs_device(
-            &VerbsOptions::default(),
-            id,
-            SocketAddr::from(([127, 0, 0, 1], 0)),
-            &token,
-        )?,
-    })
+    nodes::print_result(&run_node(&job, exchange, device)?)
 }
 
 /// Runs `job` on `nodes` nodes of `backend` and returns what each measured, by rank.
 pub fn run(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<NodeResult>> {
     match backend {
-        BackendKind::Sim => run_threads(nodes, job),
-        _ => run_processes(backend, nodes, job),
+        BackendKind::Sim => nodes::run_threads(nodes, |exchange, device| {
+            let device = match job.method {
+                Method::Design(_) => Some(device),
+                Method::Tcp => None,
+            };
+            run_node(job, exchange, device)
+        }),
+        _ => nodes::run_processes(
+            "shuffle-node",
+            backend,
+            nodes,
+            &serde_json::to_string(job)?,
+            STALL_LIMIT + Duration::from_secs(5),
+        ),
     }
-}
-
-/// Nodes as threads of this process, on one sim network.
-fn run_threads(nodes: usize, job: &Job) -> Result<Vec<NodeResult>> {
-    let net = SimNetwork::new(SimConfig::default());
-    let exchanges = LocalExchange::group(nodes, JOIN_TIMEOUT);
-    let results: Vec<Result<NodeResult>> = std::thread::scope(|s| {
-        let hs: Vec<_> = exchanges
-            .into_iter()
-            .map(|x| {
-                let device = match job.method {
-                    Method::Design(_) => Some(net.add_node() as Arc<dyn Device>),
-                    Method::Tcp => None,
-                };
-                s.spawn(move || run_node(job, Arc::new(x), device))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow!("a node thread panicked")))
-            })
-            .collect()
-    });
-    results
-        .into_iter()
-        .enumerate()
-        .map(|(r, res)| res.with_context(|| format!("node {r}")))
-        .collect()
-}
-
-/// A started node process and what it printed.
-struct NodeProc {
-    rank: usize,
-    child: Child,
-    stderr: Arc<Mutex<String>>,
-}
-
-/// Kills the node processes still running when a run is abandoned.
-struct Procs(Vec<NodeProc>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for p in &mut self.0 {
-            if matches!(p.child.try_wait(), Ok(None)) {
-                let _ = p.child.kill();
-                let _ = p.child.wait();
-            }
-        }
-    }
-}
-
-/// What every node process of a run is started with.
-struct Launch<'a> {
-    backend: BackendKind,
-    nodes: usize,
-    dir: &'a std::path::Path,
-    job: &'a str,
-    token: &'a str,
-    lines: mpsc::Sender<(usize, String)>,
-}
-
-fn spawn(l: &Launch<'_>, rank: usize, exchange: Option<SocketAddr>) -> Result<NodeProc> {
-    let Launch {
-        backend,
-        nodes,
-        dir,
-        job,
-        token,
-        ..
-    } = *l;
-    let lines = l.lines.clone();
-    let exe = std::env::current_exe().context("finding this executable")?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("shuffle-node")
-        .args(["--backend", backend.name()])
-        .args(["--rank", &rank.to_string(), "--nodes", &nodes.to_string()])
-        .arg("--socket-dir")
-        .arg(dir)
-        .args(["--job", job])
-        .env(TOKEN_ENV, token)
-        // The report shows a failing node's error, not a backtrace of it.
-        .env("RUST_BACKTRACE", "0")
-        .env("RUST_LIB_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(addr) = exchange {
-        cmd.args(["--exchange", &addr.to_string()]);
-    }
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting node process {rank}"))?;
-    let stdout = child.stdout.take().expect("piped");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines.send((rank, line)).is_err() {
-                break;
-            }
-        }
-    });
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let mut pipe = child.stderr.take().expect("piped");
-    let sink = stderr.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    Ok(NodeProc {
-        rank,
-        child,
-        stderr,
-    })
-}
-
-/// A node's error: what it printed from `Error:` on, else its last lines of stderr.
-fn tail(p: &NodeProc) -> String {
-    let text = p.stderr.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let from = lines
-        .iter()
-        .rposition(|l| l.starts_with("Error: "))
-        .unwrap_or(lines.len().saturating_sub(6));
-    lines[from..]
-        .iter()
-        .take(12)
-        .copied()
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn run_processes(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<NodeResult>> {
-    let dir = tempfile::Builder::new()
-        .prefix("namdb-shuffle-")
-        .tempdir()
-        .context("creating a directory for the node sockets")?;
-    let token = hex::encode(rand::random::<[u8; 32]>());
-    let job_json = serde_json::to_string(job)?;
-    let (tx, rx) = mpsc::channel();
-    let launch = Launch {
-        backend,
-        nodes,
-        dir: dir.path(),
-        job: &job_json,
-        token: &token,
-        lines: tx,
-    };
-    let mut procs = Procs(Vec::with_capacity(nodes));
-    procs.0.push(spawn(&launch, 0, None)?);
-    let deadline = Instant::now() + JOIN_TIMEOUT;
-    let addr: SocketAddr = loop {
-        match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok((0, line)) if line.starts_with("exchange ") => {
-                break line["exchange ".len()..]
-                    .parse()
-                    .context("node 0 printed a bad exchange address")?;
-            }
-            Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("node 0 closed its stdout"),
-        }
-        if let Some(status) = procs.0[0].child.try_wait()? {
-            bail!(
-                "node 0 exited ({status}) before wiring: {}",
-                tail(&procs.0[0])
-            );
-        }
-        if Instant::now() > deadline {
-            bail!("node 0 printed no exchange address within {JOIN_TIMEOUT:?}");
-        }
-    };
-    for rank in 1..nodes {
-        procs.0.push(spawn(&launch, rank, Some(addr))?);
-    }
-    drop(launch);
-
-    // Wait for every node; once one fails, the others get a grace period (they may
-    // be blocked on it until their own timeouts), then are killed.
-    let mut failed: Option<(usize, ())> = None;
-    let mut failed_at: Option<Instant> = None;
-    let mut done = vec![false; nodes];
-    let mut results: Vec<Option<NodeResult>> = (0..nodes).map(|_| None).collect();
-    let grace = STALL_LIMIT + Duration::from_secs(5);
-    while done.iter().any(|d| !d) {
-        while let Ok((rank, line)) = rx.try_recv() {
-            if let Some(json) = line.strip_prefix("result ") {
-                results[rank] = Some(
-                    serde_json::from_str(json)
-                        .with_context(|| format!("node {rank} printed a bad result"))?,
-                );
-            }
-        }
-        for p in &mut procs.0 {
-            if done[p.rank] {
-                continue;
-            }
-            if let Some(status) = p.child.try_wait()? {
-                done[p.rank] = true;
-                if !status.success() && failed.is_none() {
-                    failed = Some((p.rank, ()));
-                    failed_at = Some(Instant::now());
-                }
-            }
-        }
-        if failed_at.is_some_and(|t| t.elapsed() > grace) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    // The stdout readers may still hold the last lines.
-    let settle = Instant::now() + Duration::from_secs(2);
-    while results.iter().any(Option::is_none) && failed.is_none() && Instant::now() < settle {
-        match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok((rank, line)) => {
-                if let Some(json) = line.strip_prefix("result ") {
-                    results[rank] = Some(serde_json::from_str(json)?);
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-        }
-    }
-    if let Some((first, _)) = failed {
-        // Let the stderr readers catch up so the messages are complete.
-        std::thread::sleep(Duration::from_millis(50));
-        let first_tail = tail(&procs.0[first]);
-        let status = procs.0[first].child.try_wait().ok().flatten();
-        let others: Vec<String> = procs
-            .0
-            .iter()
-            .filter(|p| p.rank != first)
-            .map(|p| (p.rank, tail(p)))
-            .filter(|(_, t)| !t.is_empty() && *t != first_tail)
-            .map(|(r, t)| format!("node {r}: {t}"))
-            .collect();
-        let mut msg = format!(
-            "node {first} exited ({}): {first_tail}",
-            status.map_or_else(|| "killed".to_string(), |s| s.to_string())
-        );
-        if !others.is_empty() {
-            msg.push_str("\nother nodes:\n");
-            msg.push_str(&others.join("\n"));
-        }
-        bail!(msg);
-    }
-    results
-        .into_iter()
-        .enumerate()
-        .map(|(r, res)| res.ok_or_else(|| anyhow!("node {r} exited without a result")))
-        .collect()
 }

@@ -1,0 +1,371 @@
+//! Node processes of the multi-node benchmarks (`bench shuffle`, `bench join`): one
+//! process per rank, spawned from this executable with a hidden subcommand, each
+//! binding its own device with node id = rank; or, on the sim backend, threads of
+//! this process on one sim network.
+//!
+//! Wiring: rank 0 binds the exchange's listener on 127.0.0.1, port 0, and prints
+//! `exchange ADDR` on stdout; this process then starts ranks 1..N with `--exchange
+//! ADDR`, and every node joins a `shuffle::TcpExchange`. The cluster token (shm, tcp,
+//! verbs) travels in the environment (`NAMDB_SHUFFLE_TOKEN`), never on a command line.
+//! Each node prints `result JSON` on stdout when done ([`print_result`]); errors go to
+//! its stderr, which this process shows when a node fails.
+
+use crate::backend::{BackendKind, VerbsOptions, verbs_device};
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use fabric::shm::ShmDevice;
+use fabric::sim::{SimConfig, SimNetwork};
+use fabric::tcp::TcpDevice;
+use fabric::{Device, NodeId};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use shuffle::{Exchange, LocalExchange, TcpExchange};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TOKEN_ENV: &str = "NAMDB_SHUFFLE_TOKEN";
+
+/// How long the nodes may take to find each other.
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The arguments of a hidden node subcommand (`namdb shuffle-node`, `namdb join-node`).
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    #[arg(long, value_enum)]
+    pub backend: BackendKind,
+    #[arg(long)]
+    pub rank: usize,
+    #[arg(long)]
+    pub nodes: usize,
+    /// Rank 0's exchange address; rank 0 itself listens and prints it.
+    #[arg(long)]
+    pub exchange: Option<SocketAddr>,
+    /// Directory of the shm sockets.
+    #[arg(long)]
+    pub socket_dir: Option<PathBuf>,
+    /// The run, as JSON.
+    #[arg(long)]
+    pub job: String,
+}
+
+/// A node process's exchange: rank 0 listens and prints its address, the others join.
+pub fn connect(args: &NodeArgs) -> Result<Arc<dyn Exchange>> {
+    Ok(if args.rank == 0 {
+        let listener = TcpListener::bind("127.0.0.1:0").context("binding the exchange")?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "exchange {}", listener.local_addr()?)?;
+        out.flush()?;
+        Arc::new(TcpExchange::accept(listener, args.nodes, JOIN_TIMEOUT)?)
+    } else {
+        let addr = args.exchange.context("ranks above 0 need --exchange")?;
+        Arc::new(TcpExchange::join(
+            args.rank,
+            args.nodes,
+            addr,
+            JOIN_TIMEOUT,
+        )?)
+    })
+}
+
+/// A node process's device on its backend.
+pub fn bind_device(args: &NodeArgs) -> Result<Arc<dyn Device>> {
+    let token = std::env::var(TOKEN_ENV)
+        .ok()
+        .and_then(|t| hex::decode(t).ok())
+        .with_context(|| format!("{TOKEN_ENV} holds no hex token"))?;
+    let id = NodeId(args.rank as u32);
+    Ok(match args.backend {
+        BackendKind::Sim => bail!("the sim backend runs its nodes as threads, not processes"),
+        BackendKind::Shm => {
+            let dir = args.socket_dir.as_ref().context("shm needs --socket-dir")?;
+            ShmDevice::bind_as(dir.join(format!("node{}.sock", args.rank)), &token, id)?
+        }
+        BackendKind::Tcp => TcpDevice::bind_as("127.0.0.1:0", &token, id)?,
+        BackendKind::Verbs => verbs_device(
+            &VerbsOptions::default(),
+            id,
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            &token,
+        )?,
+    })
+}
+
+/// Prints a node's `result JSON` line for the process that started it.
+pub fn print_result(result: &impl Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "result {}", serde_json::to_string(result)?)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Runs `node` on `nodes` threads of this process, each with its own exchange and a
+/// device of one sim network, and returns their results by rank.
+pub fn run_threads<R: Send>(
+    nodes: usize,
+    node: impl Fn(Arc<dyn Exchange>, Arc<dyn Device>) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let net = SimNetwork::new(SimConfig::default());
+    let exchanges = LocalExchange::group(nodes, JOIN_TIMEOUT);
+    let results: Vec<Result<R>> = std::thread::scope(|s| {
+        let hs: Vec<_> = exchanges
+            .into_iter()
+            .map(|x| {
+                let device = net.add_node() as Arc<dyn Device>;
+                let node = &node;
+                s.spawn(move || node(Arc::new(x), device))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a node thread panicked")))
+            })
+            .collect()
+    });
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(r, res)| res.with_context(|| format!("node {r}")))
+        .collect()
+}
+
+/// A started node process and what it printed.
+struct NodeProc {
+    rank: usize,
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// Kills the node processes still running when a run is abandoned.
+struct Procs(Vec<NodeProc>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for p in &mut self.0 {
+            if matches!(p.child.try_wait(), Ok(None)) {
+                let _ = p.child.kill();
+                let _ = p.child.wait();
+            }
+        }
+    }
+}
+
+/// What every node process of a run is started with.
+struct Launch<'a> {
+    subcommand: &'a str,
+    backend: BackendKind,
+    nodes: usize,
+    dir: &'a std::path::Path,
+    job: &'a str,
+    token: &'a str,
+    lines: mpsc::Sender<(usize, String)>,
+}
+
+fn spawn(l: &Launch<'_>, rank: usize, exchange: Option<SocketAddr>) -> Result<NodeProc> {
+    let Launch {
+        subcommand,
+        backend,
+        nodes,
+        dir,
+        job,
+        token,
+        ..
+    } = *l;
+    let lines = l.lines.clone();
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg(subcommand)
+        .args(["--backend", backend.name()])
+        .args(["--rank", &rank.to_string(), "--nodes", &nodes.to_string()])
+        .arg("--socket-dir")
+        .arg(dir)
+        .args(["--job", job])
+        .env(TOKEN_ENV, token)
+        // The report shows a failing node's error, not a backtrace of it.
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(addr) = exchange {
+        cmd.args(["--exchange", &addr.to_string()]);
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting node process {rank}"))?;
+    let stdout = child.stdout.take().expect("piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send((rank, line)).is_err() {
+                break;
+            }
+        }
+    });
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let mut pipe = child.stderr.take().expect("piped");
+    let sink = stderr.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    Ok(NodeProc {
+        rank,
+        child,
+        stderr,
+    })
+}
+
+/// A node's error: what it printed from `Error:` on, else its last lines of stderr.
+fn tail(p: &NodeProc) -> String {
+    let text = p.stderr.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let from = lines
+        .iter()
+        .rposition(|l| l.starts_with("Error: "))
+        .unwrap_or(lines.len().saturating_sub(6));
+    lines[from..]
+        .iter()
+        .take(12)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Runs `job` (JSON) on `nodes` node processes of `backend`, each started as `namdb
+/// SUBCOMMAND`, and returns the result each printed, by rank. Once one node fails, the
+/// others get `grace` (they may be blocked on it until their own timeouts), then are
+/// killed.
+pub fn run_processes<R: DeserializeOwned>(
+    subcommand: &str,
+    backend: BackendKind,
+    nodes: usize,
+    job: &str,
+    grace: Duration,
+) -> Result<Vec<R>> {
+    let dir = tempfile::Builder::new()
+        .prefix("namdb-nodes-")
+        .tempdir()
+        .context("creating a directory for the node sockets")?;
+    let token = hex::encode(rand::random::<[u8; 32]>());
+    let (tx, rx) = mpsc::channel();
+    let launch = Launch {
+        subcommand,
+        backend,
+        nodes,
+        dir: dir.path(),
+        job,
+        token: &token,
+        lines: tx,
+    };
+    let mut procs = Procs(Vec::with_capacity(nodes));
+    procs.0.push(spawn(&launch, 0, None)?);
+    let deadline = Instant::now() + JOIN_TIMEOUT;
+    let addr: SocketAddr = loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((0, line)) if line.starts_with("exchange ") => {
+                break line["exchange ".len()..]
+                    .parse()
+                    .context("node 0 printed a bad exchange address")?;
+            }
+            Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("node 0 closed its stdout"),
+        }
+        if let Some(status) = procs.0[0].child.try_wait()? {
+            bail!(
+                "node 0 exited ({status}) before wiring: {}",
+                tail(&procs.0[0])
+            );
+        }
+        if Instant::now() > deadline {
+            bail!("node 0 printed no exchange address within {JOIN_TIMEOUT:?}");
+        }
+    };
+    for rank in 1..nodes {
+        procs.0.push(spawn(&launch, rank, Some(addr))?);
+    }
+    drop(launch);
+
+    let mut failed: Option<usize> = None;
+    let mut failed_at: Option<Instant> = None;
+    let mut done = vec![false; nodes];
+    let mut results: Vec<Option<R>> = (0..nodes).map(|_| None).collect();
+    while done.iter().any(|d| !d) {
+        while let Ok((rank, line)) = rx.try_recv() {
+            if let Some(json) = line.strip_prefix("result ") {
+                results[rank] = Some(
+                    serde_json::from_str(json)
+                        .with_context(|| format!("node {rank} printed a bad result"))?,
+                );
+            }
+        }
+        for p in &mut procs.0 {
+            if done[p.rank] {
+                continue;
+            }
+            if let Some(status) = p.child.try_wait()? {
+                done[p.rank] = true;
+                if !status.success() && failed.is_none() {
+                    failed = Some(p.rank);
+                    failed_at = Some(Instant::now());
+                }
+            }
+        }
+        if failed_at.is_some_and(|t| t.elapsed() > grace) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The stdout readers may still hold the last lines.
+    let settle = Instant::now() + Duration::from_secs(2);
+    while results.iter().any(Option::is_none) && failed.is_none() && Instant::now() < settle {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((rank, line)) => {
+                if let Some(json) = line.strip_prefix("result ") {
+                    results[rank] = Some(serde_json::from_str(json)?);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+    }
+    if let Some(first) = failed {
+        // Let the stderr readers catch up so the messages are complete.
+        std::thread::sleep(Duration::from_millis(50));
+        let first_tail = tail(&procs.0[first]);
+        let status = procs.0[first].child.try_wait().ok().flatten();
+        let others: Vec<String> = procs
+            .0
+            .iter()
+            .filter(|p| p.rank != first)
+            .map(|p| (p.rank, tail(p)))
+            .filter(|(_, t)| !t.is_empty() && *t != first_tail)
+            .map(|(r, t)| format!("node {r}: {t}"))
+            .collect();
+        let mut msg = format!(
+            "node {first} exited ({}): {first_tail}",
+            status.map_or_else(|| "killed".to_string(), |s| s.to_string())
+        );
+        if !others.is_empty() {
+            msg.push_str("\nother nodes:\n");
+            msg.push_str(&others.join("\n"));
+        }
+        bail!(msg);
+    }
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(r, res)| res.ok_or_else(|| anyhow!("node {r} exited without a result")))
+        .collect()
+}

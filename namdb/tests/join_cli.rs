@@ -1,0 +1,171 @@
+//! `namdb bench join` as a user runs it: every join on the sim backend (threads) and
+//! on shm (node processes), DuckDB on the same data, the JSON and SVG outputs, and the
+//! errors bad arguments give. Small fragments, so the file stays short on two cores.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn namdb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("the namdb binary runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+const ROW_FIELDS: [&str; 12] = [
+    "join",
+    "selectivity",
+    "runtime_ms",
+    "tuples_per_sec",
+    "predicted_ms",
+    "partition_ms",
+    "local_join_ms",
+    "s_sent",
+    "rows",
+    "r_sum",
+    "s_sum",
+    "verified",
+];
+
+/// Runs the bench with `extra` arguments and returns its report.
+fn bench(extra: &[&str], nodes: u64, r: u64, s: u64) -> (Value, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json = dir.path().join("join.json");
+    let svg = dir.path().join("svg");
+    let (nodes_s, r_s, s_s) = (nodes.to_string(), r.to_string(), s.to_string());
+    let mut argv = vec![
+        "bench",
+        "join",
+        "--nodes",
+        &nodes_s,
+        "--r-tuples",
+        &r_s,
+        "--s-tuples",
+        &s_s,
+        "--repeat",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ];
+    argv.extend_from_slice(extra);
+    let out = namdb(&argv);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written")).unwrap();
+    (report, text(&out), dir)
+}
+
+#[test]
+fn every_join_agrees_with_duckdb_on_the_sim_backend() {
+    let (report, out, dir) = bench(
+        &[
+            "--backend",
+            "sim",
+            "--threads",
+            "2",
+            "--selectivity",
+            "0.25,1.0",
+        ],
+        2,
+        20_000,
+        30_000,
+    );
+    let runs = report["runs"].as_array().unwrap();
+    // Four joins and DuckDB at two selectivities.
+    assert_eq!(runs.len(), 10, "{report}");
+    for r in runs {
+        for f in ROW_FIELDS {
+            assert!(r.get(f).is_some(), "run lacks `{f}`: {r}");
+        }
+        assert_eq!(r["verified"], true, "{r}");
+        assert!(r["runtime_ms"].as_f64().unwrap() > 0.0);
+    }
+    for sel in [0.25, 1.0] {
+        let of: Vec<&Value> = runs
+            .iter()
+            .filter(|r| r["selectivity"].as_f64() == Some(sel))
+            .collect();
+        let duck = of
+            .iter()
+            .find(|r| r["join"] == "duckdb")
+            .expect("DuckDB ran");
+        let rows = duck["rows"].as_u64().unwrap();
+        // About `sel` of the 60 000 S tuples find their partner.
+        let want = sel * 60_000.0;
+        assert!(
+            (rows as f64 - want).abs() < 0.05 * 60_000.0,
+            "{sel}: {rows}"
+        );
+        for r in &of {
+            assert_eq!(r["rows"], duck["rows"], "{r}");
+            assert_eq!(r["r_sum"], duck["r_sum"], "{r}");
+            assert_eq!(r["s_sum"], duck["s_sum"], "{r}");
+            if r["join"] != "duckdb" {
+                assert!(r["predicted_ms"].as_f64().unwrap() > 0.0, "{r}");
+            }
+        }
+        let bloom = of.iter().find(|r| r["join"] == "ghj-bloom").unwrap();
+        let ghj = of.iter().find(|r| r["join"] == "ghj").unwrap();
+        assert_eq!(ghj["s_sent"], 60_000);
+        if sel < 0.5 {
+            assert!(bloom["s_sent"].as_u64().unwrap() < 30_000, "{bloom}");
+        }
+    }
+    assert!(report["cost"]["c_mem"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["rrj_over_ghj"].as_array().unwrap().len(), 2);
+    assert_eq!(report["best_over_duckdb"].as_array().unwrap().len(), 2);
+    assert!(out.contains("radix join vs GHJ"), "{out}");
+    assert!(out.contains("best distributed join vs DuckDB"), "{out}");
+    let svg = std::fs::read_to_string(dir.path().join("svg/join-runtime.svg")).unwrap();
+    assert!(svg.contains("rrj") && svg.contains("duckdb"));
+    assert!(dir.path().join("svg/join-model.svg").exists());
+}
+
+#[test]
+fn node_processes_on_shm_join_too() {
+    let (report, _, _dir) = bench(
+        &[
+            "--backend",
+            "shm",
+            "--joins",
+            "ghj,rrj",
+            "--selectivity",
+            "0.5",
+            "--no-duckdb",
+        ],
+        3,
+        5_000,
+        5_000,
+    );
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["rows"], runs[1]["rows"]);
+    assert!(runs.iter().all(|r| r["verified"] == true));
+    assert!(runs[0]["rows"].as_u64().unwrap() > 5_000);
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    for (args, expect) in [
+        (vec!["--joins", "nope"], "unknown join"),
+        (vec!["--selectivity", "1.5"], "not within"),
+        (vec!["--nodes", "0"], "0"),
+    ] {
+        let mut argv = vec!["bench", "join", "--no-duckdb"];
+        argv.extend_from_slice(&args);
+        let out = namdb(&argv);
+        assert!(!out.status.success());
+        assert!(text(&out).contains(expect), "{args:?}: {}", text(&out));
+    }
+}

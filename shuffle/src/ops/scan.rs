@@ -31,6 +31,10 @@
 //!    yields a newer or an absent value instead. [`scan_with_retry`] re-runs a scan
 //!    at a fresh RID when the caller prefers that.
 //!
+//! A scan also ticks its worker's oracle slot every millisecond, as an idle worker
+//! must ([`txn::Worker::tick`]), so a long scan neither stalls others' commits nor
+//! loses its lease.
+//!
 //! **Splitting.** Stripe `j` of partition `p` belongs to scanner `(p + j) mod n` of
 //! `n` scanners ([`Scanner`], one per (node, thread)): every stripe has exactly one
 //! owner whatever the arenas' fill, and a partition's stripes are dealt round robin,
@@ -42,9 +46,13 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 use txn::layout::{self, LayoutError, Visible, VisibleRaw};
 use txn::{Snapshot, Stripe, Table, TxnError, Worker};
+
+/// How often a scan ticks its worker's oracle slot.
+const TICK_EVERY: Duration = Duration::from_millis(1);
 
 /// How a scanner reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,7 +262,15 @@ pub async fn scan_table(
     }
     let mut in_flight: VecDeque<InFlight<'_>> = VecDeque::new();
     let mut copies = Vec::new();
+    let mut last_tick = Instant::now();
     loop {
+        // A long scan keeps its worker's oracle slot moving: timestamps the slot holds
+        // unused would hold back every node's read timestamp (and so every commit
+        // that waits to be visible), and a lease left unrenewed is fenced.
+        if last_tick.elapsed() >= TICK_EVERY {
+            snapshot.worker().tick()?;
+            last_tick = Instant::now();
+        }
         while let Some(at) = free.pop() {
             let Some(mut d) = doorbells.pop_front() else {
                 break;

@@ -380,3 +380,46 @@ impl Drop for StopOnDrop<'_> {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+/// A consumer that stops the scan gets its error back, and the worker scans on.
+#[test]
+fn a_consumer_error_stops_the_scan_and_the_worker_goes_on() {
+    let db = db(SimConfig::default(), 1);
+    let t = table(&db, "stopped", 2, 400, 1);
+    let mut client = db.client().unwrap();
+    client
+        .run(0, |x| {
+            for k in 0..300 {
+                x.insert(&t, k, val(k as i64))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let worker = db.worker().unwrap();
+    let snapshot = block_on(worker.snapshot()).unwrap();
+    let config = small_stripes(&t);
+    let mut seen = 0;
+    let stopped = scan_blocking(&snapshot, &t, Scanner::ALONE, &config, |_| {
+        seen += 1;
+        if seen == 17 {
+            return Err(ScanError::Consumer("enough".into()));
+        }
+        Ok(())
+    });
+    assert!(matches!(stopped, Err(ScanError::Consumer(ref why)) if why == "enough"));
+    assert_eq!(seen, 17);
+    assert_eq!(scan::collect(&snapshot, &t, &config).unwrap().len(), 300);
+    let bad = ScanConfig {
+        stripes_per_doorbell: 0,
+        ..config
+    };
+    assert!(matches!(
+        scan::collect(&snapshot, &t, &bad),
+        Err(ScanError::Invalid(_))
+    ));
+    let nobody = Scanner { index: 3, count: 3 };
+    assert!(matches!(
+        scan_blocking(&snapshot, &t, nobody, &config, |_| Ok(())),
+        Err(ScanError::Invalid(_))
+    ));
+}

@@ -263,111 +263,123 @@ pub async fn scan_table(
     let mut in_flight: VecDeque<InFlight<'_>> = VecDeque::new();
     let mut copies = Vec::new();
     let mut last_tick = Instant::now();
-    loop {
-        // A long scan keeps its worker's oracle slot moving: timestamps the slot holds
-        // unused would hold back every node's read timestamp (and so every commit
-        // that waits to be visible), and a lease left unrenewed is fenced.
-        if last_tick.elapsed() >= TICK_EVERY {
-            snapshot.worker().tick()?;
-            last_tick = Instant::now();
-        }
-        while let Some(at) = free.pop() {
-            let Some(mut d) = doorbells.pop_front() else {
-                break;
-            };
-            let mut next = at;
-            for s in &mut d.stripes {
-                s.at = next;
-                next += 2 * s.blocks * block_bytes;
+    let outcome: Result<(), ScanError> = async {
+        loop {
+            // A long scan keeps its worker's oracle slot moving: timestamps the slot holds
+            // unused would hold back every node's read timestamp (and so every commit
+            // that waits to be visible), and a lease left unrenewed is fenced.
+            if last_tick.elapsed() >= TICK_EVERY {
+                snapshot.worker().tick()?;
+                last_tick = Instant::now();
             }
-            // The future owns a copy of the stripes; `d` keeps them for decoding.
-            let stripes = d.stripes.clone();
-            let part = d.partition;
-            let buffer = &buffer;
-            let read: Read<'_> =
-                Box::pin(async move { snapshot.read_stripes(table, part, &stripes, buffer).await });
-            stats.doorbells += 1;
-            in_flight.push_back(InFlight {
-                doorbell: d,
-                read,
-                done: None,
-            });
-        }
-        if in_flight.is_empty() {
-            break;
-        }
-        // Drive every outstanding doorbell; decode the oldest once it completed.
-        std::future::poll_fn(|cx| {
-            for f in in_flight.iter_mut() {
-                if f.done.is_none()
-                    && let Poll::Ready(r) = f.read.as_mut().poll(cx)
-                {
-                    f.done = Some(r);
+            while let Some(at) = free.pop() {
+                let Some(mut d) = doorbells.pop_front() else {
+                    break;
+                };
+                let mut next = at;
+                for s in &mut d.stripes {
+                    s.at = next;
+                    next += 2 * s.blocks * block_bytes;
                 }
+                // The future owns a copy of the stripes; `d` keeps them for decoding.
+                let stripes = d.stripes.clone();
+                let part = d.partition;
+                let buffer = &buffer;
+                let read: Read<'_> =
+                    Box::pin(
+                        async move { snapshot.read_stripes(table, part, &stripes, buffer).await },
+                    );
+                stats.doorbells += 1;
+                in_flight.push_back(InFlight {
+                    doorbell: d,
+                    read,
+                    done: None,
+                });
             }
-            if in_flight.front().is_some_and(|f| f.done.is_some()) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
+            if in_flight.is_empty() {
+                break;
             }
-        })
-        .await;
-        let f = in_flight.pop_front().expect("the front completed");
-        f.done.expect("completed")?;
-        for s in &f.doorbell.stripes {
-            let bytes = (s.blocks * block_bytes) as usize;
-            copies.resize(2 * bytes, 0);
-            buffer.read(s.at, &mut copies).map_err(TxnError::from)?;
-            stats.bytes_read += 2 * bytes as u64;
-            let (first, second) = copies.split_at(bytes);
-            for b in 0..s.blocks {
-                let at = (b * block_bytes) as usize;
-                let raw = &first[at..at + block_bytes as usize];
-                let after = u64::from_le_bytes(second[at..at + 8].try_into().expect("8 bytes"));
-                let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
-                stats.blocks += 1;
-                let emitted = match judge(raw, after, snapshot.rid(), table.shape) {
-                    Ok(Judged::Row(v)) => {
-                        each(Row {
-                            partition: f.doorbell.partition,
-                            key,
-                            value: v,
-                        })?;
-                        true
+            // Drive every outstanding doorbell; decode the oldest once it completed.
+            std::future::poll_fn(|cx| {
+                for f in in_flight.iter_mut() {
+                    if f.done.is_none()
+                        && let Poll::Ready(r) = f.read.as_mut().poll(cx)
+                    {
+                        f.done = Some(r);
                     }
-                    Ok(Judged::NoRow) => false,
-                    Ok(Judged::TooOld) => return Err(too_old(table, key, snapshot.rid())),
-                    Ok(Judged::Reread) => {
-                        stats.rereads += 1;
-                        let block = snapshot
-                            .reread_block(table, f.doorbell.partition, s.first + b, key)
-                            .await?;
-                        match block.visible(snapshot.rid(), table.shape) {
-                            Visible::Version(v) => match &v.value {
-                                Some(value) => {
-                                    each(Row {
-                                        partition: f.doorbell.partition,
-                                        key: block.key,
-                                        value,
-                                    })?;
-                                    true
+                }
+                if in_flight.front().is_some_and(|f| f.done.is_some()) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            let f = in_flight.pop_front().expect("the front completed");
+            f.done.expect("completed")?;
+            for s in &f.doorbell.stripes {
+                let bytes = (s.blocks * block_bytes) as usize;
+                copies.resize(2 * bytes, 0);
+                buffer.read(s.at, &mut copies).map_err(TxnError::from)?;
+                stats.bytes_read += 2 * bytes as u64;
+                let (first, second) = copies.split_at(bytes);
+                for b in 0..s.blocks {
+                    let at = (b * block_bytes) as usize;
+                    let raw = &first[at..at + block_bytes as usize];
+                    let after = u64::from_le_bytes(second[at..at + 8].try_into().expect("8 bytes"));
+                    let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+                    stats.blocks += 1;
+                    let emitted = match judge(raw, after, snapshot.rid(), table.shape) {
+                        Ok(Judged::Row(v)) => {
+                            each(Row {
+                                partition: f.doorbell.partition,
+                                key,
+                                value: v,
+                            })?;
+                            true
+                        }
+                        Ok(Judged::NoRow) => false,
+                        Ok(Judged::TooOld) => return Err(too_old(table, key, snapshot.rid())),
+                        Ok(Judged::Reread) => {
+                            stats.rereads += 1;
+                            let block = snapshot
+                                .reread_block(table, f.doorbell.partition, s.first + b, key)
+                                .await?;
+                            match block.visible(snapshot.rid(), table.shape) {
+                                Visible::Version(v) => match &v.value {
+                                    Some(value) => {
+                                        each(Row {
+                                            partition: f.doorbell.partition,
+                                            key: block.key,
+                                            value,
+                                        })?;
+                                        true
+                                    }
+                                    None => false,
+                                },
+                                Visible::Absent => false,
+                                Visible::TooOld => {
+                                    return Err(too_old(table, block.key, snapshot.rid()));
                                 }
-                                None => false,
-                            },
-                            Visible::Absent => false,
-                            Visible::TooOld => {
-                                return Err(too_old(table, block.key, snapshot.rid()));
                             }
                         }
-                    }
-                    Err(e) => return Err(TxnError::from(e).into()),
-                };
-                stats.rows += emitted as u64;
+                        Err(e) => return Err(TxnError::from(e).into()),
+                    };
+                    stats.rows += emitted as u64;
+                }
             }
+            free.push(f.doorbell.stripes[0].at);
         }
-        free.push(f.doorbell.stripes[0].at);
+        Ok(())
     }
-    Ok(stats)
+    .await;
+    if outcome.is_err() {
+        // READs still in flight land in `buffer`: let them finish before it goes.
+        for f in in_flight.iter_mut().filter(|f| f.done.is_none()) {
+            let _ = f.read.as_mut().await;
+        }
+    }
+    outcome.map(|()| stats)
 }
 
 /// What a block's stripe copies say about it at a read timestamp.

@@ -112,6 +112,20 @@ pub struct TpcwArgs {
     /// instead of starting one.
     #[arg(long, value_name = "CONNINFO")]
     pub postgres: Option<String>,
+    /// HTAP (RSI only): while the clients run, analytics nodes repeat TPC-W Best
+    /// Sellers and Admin Confirm's related-items update as distributed queries over
+    /// snapshot scans and the shuffle (`tpcw::htap`); a run without them comes first,
+    /// for comparison.
+    #[arg(long)]
+    pub htap: bool,
+    /// Analytics nodes under `--htap` (one scanner thread each).
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub analytics_nodes: u32,
+    /// Under `--htap`, check every N-th Best Sellers answer against a single-node
+    /// computation on the same snapshot (0: never).
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub htap_check_every: u64,
     /// The script that installs and starts PostgreSQL.
     #[arg(long, value_name = "FILE", default_value_os_t = tpcw::postgres::Postgres::default_script())]
     pub postgres_script: PathBuf,
@@ -125,6 +139,19 @@ struct Output<'a> {
     ebs: u64,
     item_bytes: u32,
     runs: &'a [RunReport],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    htap: Option<&'a HtapSummary>,
+}
+
+/// Both sides of an HTAP run.
+#[derive(Serialize)]
+struct HtapSummary {
+    backend: String,
+    clients: usize,
+    /// Checkouts without analytics, then beside them.
+    txn_per_sec_alone: f64,
+    txn_per_sec_with_analytics: f64,
+    analytics: tpcw::htap::HtapReport,
 }
 
 pub fn run(args: &TpcwArgs) -> Result<()> {
@@ -147,6 +174,16 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
     if args.backend == BackendKind::Verbs {
         bail!("tpcw runs RSI on sim, shm or tcp (verbs needs RDMA hardware: use `bench txn`)");
     }
+    if args.htap {
+        ensure!(
+            args.system == [SystemKind::Rsi],
+            "--htap runs on RSI alone (--system rsi)"
+        );
+        ensure!(
+            !args.sweep,
+            "--htap measures one client count: drop --sweep"
+        );
+    }
     let dir = match &args.dir {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
@@ -161,9 +198,16 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
     };
     let clients = client_counts(args);
     let mut reports = Vec::new();
+    let mut htap = None;
     for &kind in &args.system {
         eprintln!("== {} ==", kind.name());
         let runs = match kind {
+            SystemKind::Rsi if args.htap => {
+                let system = start_rsi(args, &scale, &clients, dir.path())?;
+                let (runs, summary) = load_and_run_htap(&system, &scale, args, clients[0])?;
+                htap = Some(summary);
+                runs
+            }
             SystemKind::Rsi => {
                 let system = start_rsi(args, &scale, &clients, dir.path())?;
                 load_and_run(&system, &scale, args, &clients)?
@@ -190,6 +234,9 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         reports.extend(runs);
     }
     print_summary(args, &reports);
+    if let Some(h) = &htap {
+        print_htap(h);
+    }
     if let Some(path) = &args.json {
         let out = Output {
             mix: args.mix,
@@ -197,6 +244,7 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
             ebs: args.ebs,
             item_bytes: args.item_bytes,
             runs: &reports,
+            htap: htap.as_ref(),
         };
         std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
@@ -225,6 +273,15 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         .collect();
     if !failed.is_empty() {
         bail!("checks failed: {}", failed.join(", "));
+    }
+    if let Some(h) = &htap
+        && h.analytics.mismatches > 0
+    {
+        bail!(
+            "{} of {} Best Sellers answers differ from the single-node computation",
+            h.analytics.mismatches,
+            h.analytics.checked
+        );
     }
     Ok(())
 }
@@ -293,7 +350,16 @@ fn interactions_per_sec(backend: BackendKind) -> f64 {
 }
 
 fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> Result<Rsi> {
-    let seconds = clients.len() as f64 * (args.duration + args.warmup);
+    // An HTAP run measures the clients twice: alone, then beside the analytics.
+    let runs = if args.htap { 2 } else { clients.len() };
+    let seconds = runs as f64 * (args.duration + args.warmup);
+    let versions = |rel: Rel| {
+        if args.htap {
+            tpcw::htap::htap_table_versions(rel)
+        } else {
+            None
+        }
+    };
     let all_clients: usize = clients.iter().sum();
     let room = Room::for_runs(
         args.mix,
@@ -302,11 +368,17 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
         all_clients as u64,
     );
     let servers = args.memory_servers as u64;
-    let bytes = tpcw::rsi::bytes_needed(scale, &room, servers as u32)?;
+    let bytes = tpcw::rsi::bytes_needed_with(scale, &room, servers as u32, &versions)?;
     // Hash partitioning spreads rows evenly to within a few percent; the rest is the
     // oracle's and the catalog's.
     let per_server = (bytes / servers + bytes / servers / 8 + (64 << 20)).next_multiple_of(2 << 20);
-    let slots = threads(args) as u32 + 4;
+    let slots = threads(args) as u32
+        + 4
+        + if args.htap {
+            args.analytics_nodes + 2
+        } else {
+            0
+        };
     let options = txn::Options {
         servers: servers as usize,
         server_bytes: per_server,
@@ -389,7 +461,7 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
             Rsi::new(db, backend, room, Box::new((remote, servers_up)))
         }
     };
-    system.create_tables(scale)?;
+    system.create_tables_with(scale, &versions)?;
     Ok(system)
 }
 
@@ -433,6 +505,137 @@ fn load_and_run<S: System>(
         reports.push(report);
     }
     Ok(reports)
+}
+
+/// Loads RSI, runs the clients alone, then again while analytics nodes run TPC-W's
+/// analytical queries (`tpcw::htap`) until the measured period ends.
+fn load_and_run_htap(
+    system: &Rsi,
+    scale: &Scale,
+    args: &TpcwArgs,
+    clients: usize,
+) -> Result<(Vec<RunReport>, HtapSummary)> {
+    load(system, scale)?;
+    let config = RunConfig {
+        mix: args.mix,
+        clients,
+        threads: threads(args),
+        warmup: Duration::from_secs_f64(args.warmup),
+        duration: Duration::from_secs_f64(args.duration),
+        sample_every: args.sample_every,
+        progress: true,
+        seed: args.seed,
+    };
+    let mut ledger = Ledger::default();
+    eprintln!(
+        "rsi ({}): {} with {clients} clients, no analytics",
+        system.backend(),
+        args.mix.name()
+    );
+    let alone = runner::run(system, scale, &config, &mut ledger)?;
+    eprintln!("  {:.0} txn/s", alone.txn_per_sec);
+    let tables = tpcw::htap::Tables::of(system.tables());
+    let htap_config = tpcw::htap::HtapConfig {
+        nodes: args.analytics_nodes as usize,
+        check_every: args.htap_check_every,
+        ..tpcw::htap::HtapConfig::default()
+    };
+    eprintln!("reading the item subjects");
+    let subjects = {
+        let worker = system.database().worker()?;
+        tpcw::htap::item_subjects(&worker, &tables.item, &htap_config.scan)?
+    };
+    eprintln!(
+        "rsi ({}): {} with {clients} clients beside {} analytics nodes",
+        system.backend(),
+        args.mix.name(),
+        htap_config.nodes
+    );
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let run_done = std::sync::atomic::AtomicBool::new(false);
+    let measured = config.warmup + config.duration;
+    let (with, analytics) = std::thread::scope(|s| {
+        let analytics = s.spawn(|| {
+            tpcw::htap::run_analytics(system.database(), &tables, &subjects, &htap_config, &stop)
+        });
+        // The analytics stop with the measured period (or when the run ends early).
+        s.spawn(|| {
+            let start = Instant::now();
+            while start.elapsed() < measured && !run_done.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let with = runner::run(system, scale, &config, &mut ledger);
+        run_done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (
+            with,
+            analytics.join().expect("the analytics thread panicked"),
+        )
+    });
+    let with = with?;
+    let analytics = analytics?;
+    eprintln!(
+        "  {:.0} txn/s; {:.2} queries/s, {:.0} rows scanned/s",
+        with.txn_per_sec, analytics.queries_per_sec, analytics.rows_scanned_per_sec
+    );
+    let summary = HtapSummary {
+        backend: system.backend(),
+        clients,
+        txn_per_sec_alone: alone.txn_per_sec,
+        txn_per_sec_with_analytics: with.txn_per_sec,
+        analytics,
+    };
+    Ok((vec![alone, with], summary))
+}
+
+fn print_htap(h: &HtapSummary) {
+    let a = &h.analytics;
+    println!();
+    println!(
+        "HTAP (rsi, {}, {} clients): checkout {:.0} txn/s alone, {:.0} txn/s beside analytics ({:.2}x)",
+        h.backend,
+        h.clients,
+        h.txn_per_sec_alone,
+        h.txn_per_sec_with_analytics,
+        if h.txn_per_sec_alone > 0.0 {
+            h.txn_per_sec_with_analytics / h.txn_per_sec_alone
+        } else {
+            0.0
+        }
+    );
+    println!(
+        "{:<15} {:>7} {:>10} {:>10} {:>10}",
+        "query", "count", "per s", "p50 ms", "p99 ms"
+    );
+    println!(
+        "{:<15} {:>7} {:>10.2} {:>10.1} {:>10.1}",
+        "best sellers",
+        a.best_sellers,
+        a.best_sellers as f64 / a.seconds,
+        a.best_sellers_p50_ms,
+        a.best_sellers_p99_ms
+    );
+    println!(
+        "{:<15} {:>7} {:>10.2} {:>10.1} {:>10.1}",
+        "related items",
+        a.related_updates,
+        a.related_updates as f64 / a.seconds,
+        a.related_p50_ms,
+        a.related_p99_ms
+    );
+    println!(
+        "{} analytics nodes: {:.2} queries/s, {:.0} rows scanned/s ({:.0} MB/s read), {} blocks re-read, {} retries at a fresh snapshot; Best Sellers checked against a single node: {} of {} equal",
+        a.nodes,
+        a.queries_per_sec,
+        a.rows_scanned_per_sec,
+        a.bytes_read as f64 / a.seconds / 1e6,
+        a.rereads,
+        a.too_old_retries,
+        a.checked - a.mismatches,
+        a.checked
+    );
 }
 
 /// Loads the generated data, printing progress about once a second.

@@ -10,6 +10,7 @@
 
 pub mod codec;
 pub mod generate;
+pub mod htap;
 pub mod interactions;
 pub mod load;
 pub mod plot;

@@ -58,9 +58,21 @@ impl Room {
 /// What the tables of `scale` with `room` are made of, partitioned over `servers`
 /// memory servers.
 pub fn table_specs(scale: &Scale, room: &Room, servers: u32) -> Vec<(Rel, TableSpec)> {
+    table_specs_with(scale, room, servers, &|_| None)
+}
+
+/// [`table_specs`] with the versions of some relations overridden (`versions(rel)`),
+/// as an HTAP run needs ([`crate::htap::htap_table_versions`]).
+pub fn table_specs_with(
+    scale: &Scale,
+    room: &Room,
+    servers: u32,
+    versions: &dyn Fn(Rel) -> Option<u32>,
+) -> Vec<(Rel, TableSpec)> {
     Rel::ALL
         .iter()
         .map(|&rel| {
+            let versions_of = versions;
             let (rows, versions) = match rel {
                 Rel::Country | Rel::Author => (scale.rows(rel), 1),
                 Rel::Item => (scale.items, 1),
@@ -77,7 +89,7 @@ pub fn table_specs(scale: &Scale, room: &Room, servers: u32) -> Vec<(Rel, TableS
             // Keys hash over partitions: room for an unlucky spread of few rows.
             let capacity = rows + rows / 16 + 256;
             let mut spec = TableSpec::new(rel.name(), max_row_bytes(rel, scale), capacity);
-            spec.versions = versions;
+            spec.versions = versions_of(rel).unwrap_or(versions);
             // Each partition has its own index, sized for the partition's rows: 32-slot
             // buckets at 8 rows each on average overflow with probability ~1e-10, and
             // take half the memory of 16-slot buckets at 2 (the big indexes are written
@@ -92,8 +104,18 @@ pub fn table_specs(scale: &Scale, room: &Room, servers: u32) -> Vec<(Rel, TableS
 
 /// Bytes of memory-server memory the tables need, over all `servers`.
 pub fn bytes_needed(scale: &Scale, room: &Room, servers: u32) -> Result<u64> {
+    bytes_needed_with(scale, room, servers, &|_| None)
+}
+
+/// [`bytes_needed`] for [`table_specs_with`].
+pub fn bytes_needed_with(
+    scale: &Scale,
+    room: &Room,
+    servers: u32,
+    versions: &dyn Fn(Rel) -> Option<u32>,
+) -> Result<u64> {
     let mut total = 0;
-    for (_, spec) in table_specs(scale, room, servers) {
+    for (_, spec) in table_specs_with(scale, room, servers, versions) {
         let block = txn::layout::BlockShape::new(spec.versions, spec.value_cap)
             .map_err(|e| Error::System(e.to_string()))?
             .block_bytes();
@@ -125,8 +147,17 @@ impl Rsi {
 
     /// Creates the tables of `scale` (before [`System::load`] fills them).
     pub fn create_tables(&mut self, scale: &Scale) -> Result<()> {
+        self.create_tables_with(scale, &|_| None)
+    }
+
+    /// [`Rsi::create_tables`] with the versions of some relations overridden.
+    pub fn create_tables_with(
+        &mut self,
+        scale: &Scale,
+        versions: &dyn Fn(Rel) -> Option<u32>,
+    ) -> Result<()> {
         let mut tables = Vec::new();
-        for (rel, spec) in table_specs(scale, &self.room, self.db.servers() as u32) {
+        for (rel, spec) in table_specs_with(scale, &self.room, self.db.servers() as u32, versions) {
             let table = self
                 .db
                 .create_table(spec)
@@ -135,6 +166,17 @@ impl Rsi {
         }
         self.tables = Arc::from(tables);
         Ok(())
+    }
+}
+
+impl Rsi {
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// The tables, indexed by [`Rel::index`] (empty before `create_tables`).
+    pub fn tables(&self) -> &[Arc<Table>] {
+        &self.tables
     }
 }
 

@@ -558,39 +558,54 @@ fn check<S: System>(
         v.sort_unstable();
         v
     };
-    let (bad_stock, missing_orders) = run_one(&engine, async |engine: &S::Engine| {
-        let (mut bad_stock, mut missing_orders) = (Vec::new(), Vec::new());
-        let mut txn = engine.begin(0).await?;
-        for chunk in items.chunks(256) {
-            let rows = txn.get_many(Rel::Item, chunk).await?;
-            for (row, &id) in rows.into_iter().zip(chunk) {
-                let row = row.ok_or_else(|| Error::Data(format!("item {id} is missing")))?;
-                let now = Item::stock_of(&row)? as i64;
-                let (sold, restocks) = ledger.sold[&id];
-                let expected = generate::initial_stock(id) as i64 - sold + 21 * restocks;
-                if now != expected {
-                    bad_stock.push((id, expected, now));
+    // A read-only transaction over every sold item: writers that keep running (an
+    // HTAP run's related-items updates) can make its one-version snapshot too old, so
+    // it is retried at a fresh snapshot.
+    let mut attempts = 0;
+    let (bad_stock, missing_orders) = loop {
+        checks.items_checked = 0;
+        checks.orders_checked = 0;
+        let outcome = run_one(&engine, async |engine: &S::Engine| {
+            let (mut bad_stock, mut missing_orders) = (Vec::new(), Vec::new());
+            let mut txn = engine.begin(0).await?;
+            for chunk in items.chunks(256) {
+                let rows = txn.get_many(Rel::Item, chunk).await?;
+                for (row, &id) in rows.into_iter().zip(chunk) {
+                    let row = row.ok_or_else(|| Error::Data(format!("item {id} is missing")))?;
+                    let now = Item::stock_of(&row)? as i64;
+                    let (sold, restocks) = ledger.sold[&id];
+                    let expected = generate::initial_stock(id) as i64 - sold + 21 * restocks;
+                    if now != expected {
+                        bad_stock.push((id, expected, now));
+                    }
                 }
+                checks.items_checked += chunk.len() as u64;
             }
-            checks.items_checked += chunk.len() as u64;
-        }
-        for (stream, &count) in ledger.orders.iter().enumerate() {
-            let stream = stream as u64;
-            // The first, the last, and the one after the last (which must not exist).
-            let probes: Vec<u64> = [0, count.saturating_sub(1), count]
-                .into_iter()
-                .map(|seq| stream_id(stream, seq))
-                .collect();
-            let rows = txn.get_many(Rel::Orders, &probes).await?;
-            let present = count == 0 || (rows[0].is_some() && rows[1].is_some());
-            if !present || rows[2].is_some() {
-                missing_orders.push((stream, count));
+            for (stream, &count) in ledger.orders.iter().enumerate() {
+                let stream = stream as u64;
+                // The first, the last, and the one after the last (which must not exist).
+                let probes: Vec<u64> = [0, count.saturating_sub(1), count]
+                    .into_iter()
+                    .map(|seq| stream_id(stream, seq))
+                    .collect();
+                let rows = txn.get_many(Rel::Orders, &probes).await?;
+                let present = count == 0 || (rows[0].is_some() && rows[1].is_some());
+                if !present || rows[2].is_some() {
+                    missing_orders.push((stream, count));
+                }
+                checks.orders_checked += count;
             }
-            checks.orders_checked += count;
+            engine.abort(txn);
+            Ok((bad_stock, missing_orders))
+        });
+        match outcome {
+            Err(Error::Aborted {
+                reason: AbortReason::SnapshotTooOld,
+                ..
+            }) if attempts < 20 => attempts += 1,
+            other => break other?,
         }
-        engine.abort(txn);
-        Ok((bad_stock, missing_orders))
-    })?;
+    };
     checks.stock_conserved = bad_stock.is_empty();
     checks.orders_present = missing_orders.is_empty();
     for (id, expected, now) in bad_stock.iter().take(5) {

@@ -966,7 +966,7 @@ fn copy_to_arena(buffer: &Region, at: u64, len: u64, arena: &mut Vec<u8>) -> Res
 /// are equal and unlocked. Returns the header and where the block's bytes (validated)
 /// are in `arena`.
 #[allow(clippy::too_many_arguments)]
-async fn read_block(
+pub(crate) async fn read_block(
     worker: &Worker,
     buffer: &Region,
     at: u64,

@@ -164,6 +164,10 @@ impl Worker {
         &self.db
     }
 
+    pub(crate) fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
     pub fn stats(&self) -> ClientStats {
         self.stats.get()
     }
@@ -371,7 +375,7 @@ impl Worker {
 
     /// A read timestamp of at least `min`, from an oracle read that started after
     /// oracle read number `after` (0: any read).
-    async fn read_timestamp(&self, after: u64, min: u64) -> Result<u64> {
+    pub(crate) async fn read_timestamp(&self, after: u64, min: u64) -> Result<u64> {
         // The clock is read only every so many turns: waiting is the common case
         // under load, and a clock read costs as much as a sim verb.
         let mut start = None;

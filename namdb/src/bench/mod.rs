@@ -1,5 +1,6 @@
 //! `namdb bench …`: benchmarks, one module per subject.
 
+mod aggregate;
 pub mod duckdb;
 mod fabric;
 pub mod shuffle;
@@ -29,6 +30,9 @@ pub enum BenchCommand {
     /// broadcasts its fragment of R(a, b) with one of the eight endpoint designs, next
     /// to a TCP sockets and an OpenMPI baseline and memcpy, every run verified.
     Shuffle(self::shuffle::ShuffleArgs),
+    /// Distributed GROUP BY against the number of groups: Two Phase, Repartitioning,
+    /// the adaptive and sampling variants and RDMA AGG, next to DuckDB, verified.
+    Aggregate(self::aggregate::AggregateArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -38,5 +42,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Timestamp(args) => self::timestamp::run(&args),
         BenchCommand::Txn(args) => self::txn::run(&args),
         BenchCommand::Shuffle(args) => self::shuffle::run(&args),
+        BenchCommand::Aggregate(args) => self::aggregate::run(&args),
     }
 }

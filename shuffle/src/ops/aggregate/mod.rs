@@ -356,10 +356,18 @@ pub struct Report {
     pub sent: Sent,
     /// Raw tuples and partials this node's receivers merged.
     pub received_records: u64,
+    /// Opening the endpoints (collective: it ends when every node is wired).
+    pub setup: Duration,
+    /// The whole call, setup included.
     pub elapsed: Duration,
 }
 
 impl Report {
+    /// The aggregation itself: the whole call but opening the endpoints.
+    pub fn runtime(&self) -> Duration {
+        self.elapsed.saturating_sub(self.setup)
+    }
+
     pub fn switched_workers(&self) -> usize {
         self.strategies.iter().filter(|s| s.switched()).count()
     }
@@ -410,6 +418,7 @@ pub fn aggregate(
         }
         other => (other, None),
     };
+    let opening = Instant::now();
     let opened = open(
         node,
         config.design,
@@ -420,6 +429,7 @@ pub fn aggregate(
             ..EndpointConfig::default()
         },
     )?;
+    let setup = opening.elapsed();
     let shuffle = Shuffle::new(opened, Groups::repartition(node.nodes()), config.threads)?;
     let nodes = node.nodes();
     let threads = config.threads;
@@ -495,6 +505,7 @@ pub fn aggregate(
             sampled_groups,
             sent,
             received_records,
+            setup,
             elapsed: started.elapsed(),
         },
     })

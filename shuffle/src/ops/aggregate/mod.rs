@@ -605,7 +605,7 @@ fn repartition(input: Input<'_>, out: &mut Outbox<'_>) -> Result<()> {
 
 /// Adaptive Two Phase over `input`; `true` if it switched to repartitioning.
 fn adaptive_two_phase(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result<bool> {
-    let mut table = GroupTable::with_capacity(config.local_groups.min(input.len()));
+    let mut table = GroupTable::with_capacity(config.local_groups.min(1024));
     let folded = local(&mut table, input, config.local_groups);
     out.partials_of(&mut table)?;
     drop(table);

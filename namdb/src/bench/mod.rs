@@ -1,5 +1,6 @@
 //! `namdb bench …`: benchmarks, one module per subject.
 
+mod aggregate;
 pub mod duckdb;
 mod fabric;
 pub mod join;
@@ -36,6 +37,9 @@ pub enum BenchCommand {
     /// RDMA radix join against the Bloom filter's selectivity, with the paper's cost
     /// model and DuckDB on the same data.
     Join(self::join::JoinArgs),
+    /// Distributed GROUP BY against the number of groups: Two Phase, Repartitioning,
+    /// the adaptive and sampling variants and RDMA AGG, next to DuckDB, verified.
+    Aggregate(self::aggregate::AggregateArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -46,5 +50,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Txn(args) => self::txn::run(&args),
         BenchCommand::Shuffle(args) => self::shuffle::run(&args),
         BenchCommand::Join(args) => self::join::run(&args),
+        BenchCommand::Aggregate(args) => self::aggregate::run(&args),
     }
 }

@@ -1,0 +1,146 @@
+//! `namdb bench aggregate` as a user runs it: small data on the sim backend, every
+//! algorithm next to DuckDB (from PyPI, in the venv `scripts/duckdb.sh` makes), the
+//! JSON and SVG outputs, and the errors bad arguments give.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn namdb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("the namdb binary runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+const ALGORITHMS: [&str; 6] = [
+    "two-phase",
+    "repartitioning",
+    "adaptive-two-phase",
+    "adaptive-repartitioning",
+    "sampling",
+    "rdma-agg",
+];
+
+#[test]
+fn every_algorithm_and_duckdb_agree_and_the_adaptive_ones_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("agg.json");
+    let svg = dir.path().join("svg");
+    let out = namdb(&[
+        "bench",
+        "aggregate",
+        "--backend",
+        "sim",
+        "--nodes",
+        "2",
+        "--threads",
+        "2",
+        "--tuples",
+        "4000",
+        "--groups",
+        "1,100,6000",
+        "--local-groups",
+        "64",
+        "--cache-groups",
+        "32",
+        "--repeat",
+        "1",
+        "--duckdb-threads",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("faster than DuckDB"), "{stdout}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["nodes"], 2);
+    assert_eq!(report["local_groups"], 64);
+    assert!(report["duckdb_version"].is_string(), "{report}");
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3 * (ALGORITHMS.len() + 1));
+    let row = |algorithm: &str, groups: u64| -> &Value {
+        rows.iter()
+            .find(|r| r["algorithm"] == algorithm && r["groups"] == groups)
+            .unwrap_or_else(|| panic!("no row for {algorithm} at {groups} groups"))
+    };
+    for groups in [1u64, 100, 6000] {
+        for a in ALGORITHMS.iter().chain(&["duckdb"]) {
+            let r = row(a, groups);
+            assert_eq!(r["verified"], true, "{r}");
+            assert!(r["runtime_ms"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["tuples_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+            assert_eq!(r["tuples"], 8000, "{r}");
+            // Uniform keys over 8000 tuples: every group of 1 and 100 occurs.
+            if groups <= 100 {
+                assert_eq!(r["result_groups"], groups, "{r}");
+            }
+        }
+        // Every tuple either went raw or was folded into a shipped partial.
+        assert_eq!(row("repartitioning", groups)["raw_tuples_sent"], 8000);
+        assert_eq!(row("two-phase", groups)["raw_tuples_sent"], 0);
+    }
+    let strategies = |a: &str, g: u64| row(a, g)["strategies"].clone();
+    // Few groups: Adaptive Repartitioning switches to local aggregation, the sampling
+    // choice picks Two Phase; many groups (6000 against a budget of 64 per worker):
+    // Adaptive Two Phase switches to repartitioning, sampling picks Repartitioning.
+    assert_eq!(
+        strategies("adaptive-repartitioning", 1)["repartitioning→two-phase"],
+        4
+    );
+    assert_eq!(strategies("sampling", 1)["two-phase"], 4);
+    assert_eq!(strategies("adaptive-two-phase", 1)["two-phase"], 4);
+    assert_eq!(
+        strategies("adaptive-two-phase", 6000)["two-phase→repartitioning"],
+        4
+    );
+    assert_eq!(strategies("sampling", 6000)["repartitioning"], 4);
+    assert!(row("sampling", 6000)["sampled_groups"].as_u64().unwrap() >= 64);
+    let summary = report["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 3);
+    for s in summary {
+        assert!(s["best_speedup_vs_duckdb"].as_f64().unwrap() > 0.0, "{s}");
+        assert_eq!(
+            s["adaptive_vs_best_fixed_pct"].as_object().unwrap().len(),
+            3,
+            "{s}"
+        );
+    }
+    let svg = std::fs::read_to_string(svg.join("aggregate_runtime.svg")).unwrap();
+    assert!(svg.contains("adaptive-two-phase") && svg.contains("duckdb"));
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    for (args, want) in [
+        (&["--backend", "tcp"][..], "sim or shm"),
+        (&["--groups", "0"][..], "at least 1 group"),
+        (&["--groups", "100000"][..], "exceed"),
+        (&["--groups", "ten"][..], "not a number"),
+        (&["--groups", "sweep,10"][..], "cannot be combined"),
+        (
+            &["--algorithms", "fastest"][..],
+            "unknown aggregation algorithm",
+        ),
+        (&["--design", "XX/YY"][..], "unknown design"),
+        (&["--local-groups", "0"][..], "memory budget"),
+    ] {
+        let mut argv = vec!["bench", "aggregate", "--tuples", "100", "--repeat", "1"];
+        argv.extend_from_slice(args);
+        let out = namdb(&argv);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let t = text(&out);
+        assert!(t.contains(want), "{args:?}: {t}");
+    }
+}

@@ -334,3 +334,23 @@ fn bad_arguments_are_clear_errors() {
         assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
     }
 }
+
+#[test]
+fn the_network_constant_is_measured_collectively() {
+    let c_mem = shuffle::ops::join::cost::measure_memory(1, 4 << 20);
+    let results = on_nodes(2, |node, _| {
+        shuffle::ops::join::cost::measure_network(
+            node,
+            shuffle::ops::join::rdma_ghj::DESIGN,
+            1,
+            4 << 10,
+            20_000,
+            c_mem,
+        )
+    });
+    for res in results {
+        let c_net = res.unwrap();
+        // Finite, not negative, and below a microsecond per byte.
+        assert!((0.0..1e-6).contains(&c_net), "{c_net}");
+    }
+}

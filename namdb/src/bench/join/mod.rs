@@ -184,7 +184,7 @@ pub fn run(args: &JoinArgs) -> Result<()> {
         );
     }
     ensure!(
-        args.r_tuples * args.nodes as u64 <= u32::MAX as u64 - 1,
+        args.r_tuples * (args.nodes as u64) < u64::from(u32::MAX),
         "R of {} tuples over all nodes exceeds a node's hash table in the worst case",
         args.r_tuples * args.nodes as u64
     );

@@ -245,6 +245,8 @@ pub struct JoinStats {
     pub bloom_words: usize,
     /// The combined filter's expected false-positive rate.
     pub bloom_false_positive_rate: f64,
+    /// Result rows this node produced: filled by [`join_summary`]; [`join`] leaves it
+    /// 0, its sinks see the rows.
     pub rows: u64,
     /// Opening the endpoints (not part of the runtime).
     pub setup_secs: f64,

@@ -23,12 +23,23 @@ const COLORS: [RGBColor; 10] = [
     RGBColor(0x17, 0xbe, 0xcf),
 ];
 
-/// The x axis: plain numbers, message sizes in bytes (logarithmic), or categories by
-/// index.
+/// The x axis: plain numbers, numbers spanning decades (logarithmic: clients, groups),
+/// message sizes in bytes (logarithmic), or categories by index.
 pub enum XAxis<'a> {
     Linear,
+    Log10,
     MessageBytes,
     Categories(&'a [String]),
+}
+
+/// 1, 10, 100, 1k, 10k, 100k, 1M, …
+fn decade_label(v: f64) -> String {
+    match v {
+        v if v >= 1e9 => format!("{}G", v / 1e9),
+        v if v >= 1e6 => format!("{}M", v / 1e6),
+        v if v >= 1e3 => format!("{}k", v / 1e3),
+        v => format!("{v}"),
+    }
 }
 
 fn size_label(bytes: f64) -> String {
@@ -114,6 +125,31 @@ pub fn line_svg(
             let label = |v: &f64| format!("{v}");
             finish!(chart, axes.x, 10, &label, |&p: &(f64, f64)| p);
         }
+        XAxis::Log10 => {
+            // log10 of x on a linear axis, so the ticks fall on powers of ten.
+            let xs = series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.0.max(1.0).log10()));
+            let lo = xs.clone().fold(f64::MAX, f64::min).min(0.0).floor();
+            let hi = xs.fold(0.0, f64::max).max(lo + 1.0).ceil();
+            let chart = builder
+                .build_cartesian_2d(lo - 0.2..hi + 0.2, 0f64..max_y)
+                .map_err(|e| err(&e))?;
+            let label = |v: &f64| {
+                if (v - v.round()).abs() < 1e-6 {
+                    decade_label(10f64.powf(v.round()))
+                } else {
+                    String::new()
+                }
+            };
+            finish!(
+                chart,
+                axes.x,
+                ((hi - lo) * 5.0) as usize + 2,
+                &label,
+                |&(x, y): &(f64, f64)| (x.max(1.0).log10(), y)
+            );
+        }
         XAxis::MessageBytes => {
             // log2 of the size on a linear axis, so the ticks fall on powers of two.
             let xs = series
@@ -190,5 +226,33 @@ mod tests {
         assert!(svg.contains("rrj") && svg.contains("duckdb"));
         assert!(svg.contains("selectivity") && svg.contains("runtime (ms)"));
         assert_eq!(svg.matches("<circle").count(), 5);
+    }
+
+    #[test]
+    fn a_log_axis_is_labelled_in_decades() {
+        let dir = tempfile::tempdir().unwrap();
+        let series = vec![Series {
+            label: "two-phase".into(),
+            points: vec![(1.0, 3.0), (100.0, 4.0), (1e6, 9.0)],
+        }];
+        let p = dir.path().join("log.svg");
+        let axes = Axes {
+            x: "groups",
+            y: "runtime (ms)",
+        };
+        line_svg(&p, "t", XAxis::Log10, &axes, &series).unwrap();
+        let svg = std::fs::read_to_string(&p).unwrap();
+        assert!(svg.contains("\n1k\n") && svg.contains("\n1M\n"), "{svg}");
+        assert_eq!(svg.matches("<circle").count(), 3);
+        assert!(
+            line_svg(
+                Path::new("/nonexistent/x.svg"),
+                "t",
+                XAxis::Log10,
+                &axes,
+                &series
+            )
+            .is_err()
+        );
     }
 }

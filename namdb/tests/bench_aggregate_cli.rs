@@ -106,7 +106,10 @@ fn every_algorithm_and_duckdb_agree_and_the_adaptive_ones_switch() {
         4
     );
     assert_eq!(strategies("sampling", 6000)["repartitioning"], 4);
-    assert!(row("sampling", 6000)["sampled_groups"].as_u64().unwrap() >= 64);
+    // A sample of 256 tuples shows 62.8 groups when there are exactly 64 (the
+    // threshold); counting stops there.
+    assert_eq!(row("sampling", 6000)["sampled_groups"], 63);
+    assert!(row("sampling", 1)["sampled_groups"] == 1);
     let summary = report["summary"].as_array().unwrap();
     assert_eq!(summary.len(), 3);
     for s in summary {

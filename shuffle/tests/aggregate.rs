@@ -288,6 +288,30 @@ fn adaptive_repartitioning_switches_back_when_its_table_fills() {
 }
 
 #[test]
+fn adaptive_two_phase_gives_up_early_on_tables_that_keep_growing() {
+    // Every key distinct: the second window of 16384 tuples creates a group for each,
+    // long before the (large) memory budget fills.
+    let data = generate(2, 40_000, |r, i| (r as u64) << 32 | i);
+    let config = AggConfig {
+        local_groups: 1 << 20,
+        ..config(1)
+    };
+    let out = run(Algorithm::AdaptiveTwoPhase, &data, &config);
+    check(Algorithm::AdaptiveTwoPhase, &data, &out);
+    assert!(all_are(&out, Strategy::TwoPhaseThenRepartitioning));
+    for o in &out {
+        let folded = 2 * shuffle::ops::aggregate::GROWTH_WINDOW as u64;
+        assert_eq!(o.report.sent.partials, folded);
+        assert_eq!(o.report.sent.raw, 40_000 - folded);
+    }
+    // A few groups per window never trigger it.
+    let data = generate(2, 40_000, |r, i| mix(i ^ (r as u64) << 32) % 3000);
+    let out = run(Algorithm::AdaptiveTwoPhase, &data, &config);
+    check(Algorithm::AdaptiveTwoPhase, &data, &out);
+    assert!(all_are(&out, Strategy::TwoPhase));
+}
+
+#[test]
 fn skewed_groups() {
     for nodes in [2, 3] {
         // Half the tuples in group 0, the rest spread over 2000 groups; node 0 holds

@@ -190,6 +190,17 @@ impl Check {
             self.exact_avgs += 1;
         }
     }
+
+    fn merge(&mut self, o: &Check) {
+        self.groups += o.groups;
+        self.keys += o.keys;
+        self.sums += o.sums;
+        self.counts += o.counts;
+        self.mins += o.mins;
+        self.maxes += o.maxes;
+        self.key_counts += o.key_counts;
+        self.exact_avgs += o.exact_avgs;
+    }
 }
 
 const DUCKDB_QUERY: &str = "SELECT count(*), sum(k), sum(s), sum(c), sum(mn), sum(mx), \
@@ -326,39 +337,68 @@ fn devices(backend: BackendKind, nodes: usize) -> Result<Devices> {
     }
 }
 
-/// Every algorithm's runs at one group count: per algorithm, per run, per node.
-type Runs = Vec<Vec<Vec<Outcome>>>;
+/// One node's run: its result reduced to a checksum (the groups themselves are
+/// dropped at once, so that the runs do not pile up memory), and what it did.
+struct NodeRun {
+    check: Check,
+    report: shuffle::ops::aggregate::Report,
+}
 
-/// Runs `algorithms` `repeat` times each on one node per fragment.
+impl NodeRun {
+    fn of(outcome: Outcome) -> NodeRun {
+        let mut check = Check::default();
+        check.add(&outcome.groups);
+        NodeRun {
+            check,
+            report: outcome.report,
+        }
+    }
+}
+
+/// Every algorithm's runs at one group count: per algorithm, per run, per node.
+type Runs = Vec<Vec<Vec<NodeRun>>>;
+
+/// Runs `algorithms` `repeat` times each on one node per fragment. Every run gets
+/// fresh devices and nodes: endpoints of earlier runs left on a device (queue pairs
+/// its progress thread still polls) would slow later runs down.
 fn run_nodes(
     args: &AggregateArgs,
     algorithms: &[Algorithm],
     config: &AggConfig,
     data: &[(Vec<u64>, Vec<i64>)],
 ) -> Result<Runs> {
+    algorithms
+        .iter()
+        .map(|&a| {
+            (0..args.repeat)
+                .map(|_| run_once(args.backend, a, config, data))
+                .collect()
+        })
+        .collect()
+}
+
+/// One run of `algorithm`: a node per fragment, each a thread of this process.
+fn run_once(
+    backend: BackendKind,
+    algorithm: Algorithm,
+    config: &AggConfig,
+    data: &[(Vec<u64>, Vec<i64>)],
+) -> Result<Vec<NodeRun>> {
     let nodes = data.len();
-    let devs = devices(args.backend, nodes)?;
+    let devs = devices(backend, nodes)?;
     let exchanges = LocalExchange::group(nodes, Duration::from_secs(60));
-    let per_node: Vec<Result<Vec<Vec<Outcome>>>> = std::thread::scope(|s| {
+    let per_node: Vec<Result<NodeRun>> = std::thread::scope(|s| {
         let hs: Vec<_> = exchanges
             .into_iter()
             .zip(devs.devices.iter().cloned())
             .zip(data)
             .map(|((x, device), (keys, values))| {
-                s.spawn(move || -> Result<Vec<Vec<Outcome>>> {
+                s.spawn(move || -> Result<NodeRun> {
                     let node = Node::join(device, Arc::new(x), 1 << 30)?;
                     let input = Input::new(keys, values)?;
-                    algorithms
-                        .iter()
-                        .map(|&a| {
-                            (0..args.repeat)
-                                .map(|_| {
-                                    aggregate(&node, a, input, config)
-                                        .with_context(|| format!("{a} on node {}", node.rank()))
-                                })
-                                .collect()
-                        })
-                        .collect()
+                    aggregate(&node, algorithm, input, config)
+                        .map(NodeRun::of)
+                        .with_context(|| format!("{algorithm} on node {}", node.rank()))
                 })
             })
             .collect();
@@ -369,27 +409,14 @@ fn run_nodes(
             })
             .collect()
     });
-    let per_node: Vec<Vec<Vec<Outcome>>> = per_node.into_iter().collect::<Result<_>>()?;
-    // Regroup node-major into algorithm → run → node.
-    let mut runs: Runs = algorithms
-        .iter()
-        .map(|_| (0..args.repeat).map(|_| Vec::new()).collect())
-        .collect();
-    for node in per_node {
-        for (a, algo_runs) in node.into_iter().enumerate() {
-            for (r, outcome) in algo_runs.into_iter().enumerate() {
-                runs[a][r].push(outcome);
-            }
-        }
-    }
-    Ok(runs)
+    per_node.into_iter().collect()
 }
 
 fn row_of(
     args: &AggregateArgs,
     algorithm: Algorithm,
     groups: u64,
-    runs: &[Vec<Outcome>],
+    runs: &[Vec<NodeRun>],
     want: &Check,
 ) -> Result<Row> {
     let tuples = args.tuples * u64::from(args.nodes);
@@ -398,14 +425,14 @@ fn row_of(
     for run in runs {
         let mut check = Check::default();
         for o in run {
-            check.add(&o.groups);
+            check.merge(&o.check);
         }
         ensure!(
             check == *want,
             "{algorithm} with {groups} groups computed {check:?}, the single-node GROUP BY \
              {want:?}"
         );
-        let slowest = |f: &dyn Fn(&Outcome) -> Duration| {
+        let slowest = |f: &dyn Fn(&NodeRun) -> Duration| {
             run.iter()
                 .map(|o| f(o).as_secs_f64() * 1e3)
                 .fold(0.0, f64::max)

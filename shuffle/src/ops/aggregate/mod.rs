@@ -19,7 +19,11 @@
 //! - [`Algorithm::AdaptiveTwoPhase`] (§4.3.2): Two Phase while the local table stays
 //!   within its memory budget ([`AggConfig::local_groups`]). The first tuple of a group
 //!   that does not fit makes the worker ship the partials it has (freeing the table)
-//!   and repartition the rest of its slice raw.
+//!   and repartition the rest of its slice raw. It also switches when local
+//!   aggregation visibly does not pay: a window of [`GROWTH_WINDOW`] tuples (after
+//!   the first) that created a new group for more than half of them (a partial is
+//!   three times as wide as a raw tuple, so such a table would ship more than the raw
+//!   tuples; waiting for the table to fill only adds the cost of a large table).
 //! - [`Algorithm::AdaptiveRepartitioning`] (§4.3.3): Repartitioning, while the worker
 //!   counts the distinct groups it sends. Once it has seen too few groups for the
 //!   tuples processed (every group 16 times on average, or fewer than the crossover
@@ -29,8 +33,12 @@
 //! - [`Algorithm::Sampling`] (§4.3.1): every node samples its fragment, counts the
 //!   groups in the sample, and the nodes agree (all-gather, the largest count) on Two
 //!   Phase if fewer than the crossover threshold ([`AggConfig::crossover`]) were found,
-//!   Repartitioning otherwise. The sample is ten times the threshold, as Shatdal
-//!   suggests.
+//!   Repartitioning otherwise. Shatdal's sample is ten times the threshold, which at a
+//!   large threshold is most of a fragment; we sample a twentieth of the fragment
+//!   (capped at ten times the threshold) in blocks of [`SAMPLE_BLOCK`] tuples (his
+//!   page sampling) and compare the groups found with the number a sample of that
+//!   size shows for exactly the threshold of uniform groups
+//!   ([`crossover_in_sample`]).
 //! - [`Algorithm::RdmaAgg`] (VLDB 2016 §5.3): each worker pre-aggregates in a
 //!   cache-sized table ([`AggConfig::cache_groups`]); tuples of groups that do not fit
 //!   go to the overflow partition of their owner, i.e. into the open message to that
@@ -259,7 +267,8 @@ pub struct AggConfig {
     /// Tuples Adaptive Repartitioning repartitions before it judges the number of
     /// groups; `None`: ten times the crossover threshold.
     pub init_segment: Option<usize>,
-    /// Tuples each node samples; `None`: ten times the crossover threshold.
+    /// Tuples each node samples; `None`: a twentieth of its fragment (at least
+    /// [`SAMPLE_BLOCK`], at most ten times the crossover threshold).
     pub sample_tuples: Option<usize>,
     pub seed: u64,
 }
@@ -290,9 +299,15 @@ impl AggConfig {
         self.init_segment
             .unwrap_or_else(|| self.crossover().saturating_mul(10))
     }
-    pub fn sample_tuples(&self) -> usize {
+    /// The sample size on a node holding `tuples` tuples.
+    pub fn sample_tuples(&self, tuples: usize) -> usize {
         self.sample_tuples
-            .unwrap_or_else(|| self.crossover().saturating_mul(10))
+            .unwrap_or_else(|| {
+                (tuples / 20)
+                    .max(SAMPLE_BLOCK)
+                    .min(self.crossover().saturating_mul(10))
+            })
+            .min(tuples)
     }
 
     fn check(&self) -> Result<()> {
@@ -406,13 +421,19 @@ pub fn aggregate(
     let started = Instant::now();
     let (plan, sampled_groups) = match algorithm {
         Algorithm::Sampling => {
-            let found = sample_groups(input, config);
-            let all: Vec<u64> = node.all_gather("aggregation sample", &(found as u64))?;
-            let most = all.into_iter().max().unwrap_or(0) as usize;
-            let plan = if most < config.crossover() {
-                Algorithm::TwoPhase
-            } else {
+            let sample = config.sample_tuples(input.len());
+            let found = sample_groups(input, sample, config);
+            let all: Vec<(u64, u64)> =
+                node.all_gather("aggregation sample", &(found as u64, sample as u64))?;
+            let many = all.iter().any(|&(found, sample)| {
+                sample > 0
+                    && found as f64 >= crossover_in_sample(config.crossover(), sample as usize)
+            });
+            let most = all.iter().map(|&(f, _)| f).max().unwrap_or(0) as usize;
+            let plan = if many {
                 Algorithm::Repartitioning
+            } else {
+                Algorithm::TwoPhase
             };
             (plan, Some(most))
         }
@@ -520,23 +541,41 @@ fn joined<T>(r: std::thread::Result<Result<T>>) -> Result<T> {
     })
 }
 
-/// Groups found in a sample of `input` (at most the crossover threshold: beyond it
-/// the count no longer matters).
-fn sample_groups(input: Input<'_>, config: &AggConfig) -> usize {
+/// Tuples the sampling choice reads at a random place at a time: Shatdal samples
+/// pages, which costs a sequential read each instead of a cache miss per tuple.
+pub const SAMPLE_BLOCK: usize = 256;
+
+/// The groups a uniform sample of `sample` tuples shows when there are exactly
+/// `crossover` groups: `crossover·(1 − e^(−sample/crossover))`. Finding at least this
+/// many means at least the crossover threshold of groups; with a sample of ten times
+/// the threshold it is Shatdal's rule (the threshold itself, within 0.005%).
+pub fn crossover_in_sample(crossover: usize, sample: usize) -> f64 {
+    let c = crossover as f64;
+    c * (1.0 - (-(sample as f64) / c).exp())
+}
+
+/// Groups found in `sample` tuples of `input` read in blocks at random places, counted
+/// up to what [`crossover_in_sample`] asks for (beyond it the count does not matter).
+fn sample_groups(input: Input<'_>, sample: usize, config: &AggConfig) -> usize {
     let n = input.len();
-    let want = config.sample_tuples().min(n);
-    let mut seen = KeySet::new(config.crossover());
-    if want == n {
+    let cap = crossover_in_sample(config.crossover(), sample).ceil() as usize;
+    let mut seen = KeySet::new(cap.max(1));
+    if sample >= n {
         for &k in input.keys {
             seen.insert(k, hash(k));
         }
-    } else {
-        let mut state = config.seed;
-        for _ in 0..want {
-            state = crate::testing::mix(state);
-            let k = input.keys[((u128::from(state) * n as u128) >> 64) as usize];
+        return seen.len();
+    }
+    let mut state = config.seed;
+    let mut taken = 0;
+    while taken < sample && !seen.full() {
+        state = crate::testing::mix(state);
+        let block = SAMPLE_BLOCK.min(sample - taken);
+        let at = ((u128::from(state) * (n - block + 1) as u128) >> 64) as usize;
+        for &k in &input.keys[at..at + block] {
             seen.insert(k, hash(k));
         }
+        taken += block;
     }
     seen.len()
 }
@@ -551,7 +590,7 @@ fn work(
     match plan {
         Algorithm::TwoPhase => {
             let mut table = GroupTable::with_capacity(1024);
-            local(&mut table, input, usize::MAX);
+            local(&mut table, input, usize::MAX, false);
             out.partials_of(&mut table)?;
             Ok(Strategy::TwoPhase)
         }
@@ -585,15 +624,32 @@ fn work(
     }
 }
 
-/// Folds tuples into `table` until a new group would exceed `limit` groups; returns
-/// how many tuples it folded.
-fn local(table: &mut GroupTable, input: Input<'_>, limit: usize) -> usize {
-    for (i, (&k, &v)) in input.keys.iter().zip(input.values).enumerate() {
-        if !table.try_add(k, hash(k), v, limit) {
-            return i;
+/// Adaptive Two Phase's early switch: a window of this many tuples (after the first)
+/// that creates a new group for more than half of them.
+pub const GROWTH_WINDOW: usize = 16384;
+
+/// Folds tuples into `table` until a new group would exceed `limit` groups, or, with
+/// `early`, until a window of [`GROWTH_WINDOW`] tuples after the first made new
+/// groups for more than half its tuples; returns how many tuples it folded.
+fn local(table: &mut GroupTable, input: Input<'_>, limit: usize, early: bool) -> usize {
+    let mut done = 0;
+    let windows = input
+        .keys
+        .chunks(GROWTH_WINDOW)
+        .zip(input.values.chunks(GROWTH_WINDOW));
+    for (w, (keys, values)) in windows.enumerate() {
+        let before = table.len();
+        for (i, (&k, &v)) in keys.iter().zip(values).enumerate() {
+            if !table.try_add(k, hash(k), v, limit) {
+                return done + i;
+            }
+        }
+        done += keys.len();
+        if early && w > 0 && (table.len() - before) * 2 > keys.len() {
+            return done;
         }
     }
-    input.len()
+    done
 }
 
 fn repartition(input: Input<'_>, out: &mut Outbox<'_>) -> Result<()> {
@@ -606,7 +662,7 @@ fn repartition(input: Input<'_>, out: &mut Outbox<'_>) -> Result<()> {
 /// Adaptive Two Phase over `input`; `true` if it switched to repartitioning.
 fn adaptive_two_phase(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result<bool> {
     let mut table = GroupTable::with_capacity(config.local_groups.min(1024));
-    let folded = local(&mut table, input, config.local_groups);
+    let folded = local(&mut table, input, config.local_groups, true);
     out.partials_of(&mut table)?;
     drop(table);
     if folded < input.len() {
@@ -661,4 +717,37 @@ fn pre_aggregate(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> 
         }
     }
     out.partials_of(&mut table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sampling_threshold_follows_the_sample_size() {
+        // Ten times the threshold: Shatdal's rule, the threshold itself.
+        assert!((crossover_in_sample(100, 1000) - 100.0).abs() < 0.01);
+        // A sample as large as the threshold shows 63% of its groups.
+        assert!((crossover_in_sample(1000, 1000) - 632.1).abs() < 0.1);
+    }
+
+    #[test]
+    fn block_samples_count_the_groups_they_see() {
+        let keys: Vec<u64> = (0..100_000u64)
+            .map(|i| crate::testing::mix(i) % 50)
+            .collect();
+        let values = vec![0i64; keys.len()];
+        let input = Input::new(&keys, &values).unwrap();
+        let config = AggConfig {
+            crossover: Some(1000),
+            ..AggConfig::default()
+        };
+        assert_eq!(config.sample_tuples(keys.len()), 5000);
+        assert_eq!(sample_groups(input, 5000, &config), 50);
+        let many: Vec<u64> = (0..100_000u64).collect();
+        let input = Input::new(&many, &values).unwrap();
+        // Counting stops at what the threshold needs.
+        let cap = crossover_in_sample(1000, 5000).ceil() as usize;
+        assert_eq!(sample_groups(input, 5000, &config), cap);
+    }
 }

@@ -21,7 +21,7 @@
 //! The runtime of an algorithm is the slowest node's aggregation, endpoint setup
 //! excluded (reported separately): DuckDB's query time has no such step.
 
-mod plot;
+use crate::bench::plot;
 
 use crate::backend::BackendKind;
 use crate::bench::duckdb;
@@ -689,9 +689,9 @@ fn draw(dir: &Path, args: &AggregateArgs, rows: &[Row]) -> Result<PathBuf> {
             names.push(&r.algorithm);
         }
     }
-    let lines: Vec<plot::Line> = names
+    let lines: Vec<plot::Series> = names
         .iter()
-        .map(|&n| plot::Line {
+        .map(|&n| plot::Series {
             label: n.to_string(),
             points: rows
                 .iter()
@@ -708,10 +708,11 @@ fn draw(dir: &Path, args: &AggregateArgs, rows: &[Row]) -> Result<PathBuf> {
         args.backend.name(),
         args.tuples * u64::from(args.nodes)
     );
-    plot::log_x_svg(
+    plot::line_svg(
         &path,
-        &plot::Labels {
-            title: &title,
+        &title,
+        plot::XAxis::Log10,
+        &plot::Axes {
             x: "groups",
             y: "runtime (ms)",
         },

@@ -677,3 +677,28 @@ fn node_loop(
     }
     Ok((me.rank == 0).then_some(zero))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newest_keeps_the_latest_orders_by_date_then_id() {
+        let mut n = Newest::new(3);
+        for (date, id) in [(5, 1), (9, 2), (1, 3), (9, 1), (7, 8), (2, 9)] {
+            n.add(date, id);
+        }
+        let mut got = n.into_vec();
+        got.sort_unstable();
+        assert_eq!(got, vec![(7, 8), (9, 1), (9, 2)]);
+        let mut small = Newest::new(10);
+        small.add(1, 1);
+        assert_eq!(small.into_vec(), vec![(1, 1)]);
+    }
+
+    #[test]
+    fn rank_orders_by_quantity_then_id_and_truncates() {
+        let ranked = rank(vec![(4, 10), (2, 30), (9, 10), (1, 5), (3, 30)], 4);
+        assert_eq!(ranked, vec![(2, 30), (3, 30), (4, 10), (9, 10)]);
+    }
+}

@@ -300,7 +300,7 @@ impl AnalyticsNode<'_> {
                 Ok(())
             },
         )?;
-        let all = self.node().all_gather(tag, &newest.into_vec())?;
+        let all = gather(self.node(), snapshot.worker(), tag, &newest.into_vec())?;
         let mut merged = Newest::new(window);
         for (date, id) in all.into_iter().flatten() {
             merged.add(date, id);
@@ -346,7 +346,12 @@ impl AnalyticsNode<'_> {
             // Close even after a failed scan, so the target ends.
             let closed = source.close();
             let combined = target
-                .map(|h| h.join().expect("the combiner target thread panicked"))
+                .map(|h| {
+                    wait_ticking(snapshot.worker(), &h)?;
+                    h.join()
+                        .expect("the combiner target thread panicked")
+                        .map_err(HtapError::from)
+                })
                 .transpose();
             self.stats += scanned?;
             closed?;
@@ -393,12 +398,15 @@ impl AnalyticsNode<'_> {
                 Ok(())
             },
         )?;
-        let with_x: HashSet<u64> = self
-            .node()
-            .all_gather(&format!("rel{q}-with"), &with_x)?
-            .into_iter()
-            .flatten()
-            .collect();
+        let with_x: HashSet<u64> = gather(
+            self.node(),
+            snapshot.worker(),
+            &format!("rel{q}-with"),
+            &with_x,
+        )?
+        .into_iter()
+        .flatten()
+        .collect();
         let sums = self.sum_lines(&format!("rel{q}"), snapshot, |l| {
             l.ol_i_id != x && with_x.contains(&l.ol_o_id)
         })?;
@@ -407,6 +415,29 @@ impl AnalyticsNode<'_> {
             None => Answer::Elsewhere,
         })
     }
+}
+
+/// Waits for `handle`'s thread while ticking `worker`'s oracle slot: a slot that
+/// neither commits nor reads nor ticks for over a millisecond holds back every node's
+/// read timestamp, and with it every commit that waits to be visible.
+fn wait_ticking<T>(worker: &Worker, handle: &std::thread::ScopedJoinHandle<'_, T>) -> Result<()> {
+    while !handle.is_finished() {
+        worker.tick()?;
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
+}
+
+/// [`Node::all_gather`], ticking `worker` while the other nodes catch up.
+fn gather<T>(node: &Node, worker: &Worker, tag: &str, mine: &T) -> Result<Vec<T>>
+where
+    T: Serialize + serde::de::DeserializeOwned + Sync + Send,
+{
+    std::thread::scope(|s| {
+        let h = s.spawn(|| node.all_gather(tag, mine));
+        wait_ticking(worker, &h)?;
+        Ok(h.join().expect("the gathering thread panicked")?)
+    })
 }
 
 /// Writes `related` (best first) into item `x`'s related fields; slots left over keep
@@ -598,7 +629,7 @@ fn node_loop(
                 retry: false,
             }
         };
-        let next = me.node().all_gather(&format!("next{q}"), &mine)?[0];
+        let next = gather(me.node(), worker, &format!("next{q}"), &mine)?[0];
         if !next.go {
             break;
         }
@@ -623,9 +654,7 @@ fn node_loop(
             outcome,
             Err(HtapError::Scan(ScanError::SnapshotTooOld { .. }))
         );
-        let any_too_old = me
-            .node()
-            .all_gather(&format!("old{q}"), &too_old)?
+        let any_too_old = gather(me.node(), worker, &format!("old{q}"), &too_old)?
             .into_iter()
             .any(|b| b);
         q += 1;

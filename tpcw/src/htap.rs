@@ -300,7 +300,7 @@ impl AnalyticsNode<'_> {
                 Ok(())
             },
         )?;
-        let all = self.node().all_gather(tag, &newest.into_vec())?;
+        let all = gather(self.node(), snapshot.worker(), tag, &newest.into_vec())?;
         let mut merged = Newest::new(window);
         for (date, id) in all.into_iter().flatten() {
             merged.add(date, id);
@@ -346,7 +346,12 @@ impl AnalyticsNode<'_> {
             // Close even after a failed scan, so the target ends.
             let closed = source.close();
             let combined = target
-                .map(|h| h.join().expect("the combiner target thread panicked"))
+                .map(|h| {
+                    wait_ticking(snapshot.worker(), &h)?;
+                    h.join()
+                        .expect("the combiner target thread panicked")
+                        .map_err(HtapError::from)
+                })
                 .transpose();
             self.stats += scanned?;
             closed?;
@@ -393,12 +398,15 @@ impl AnalyticsNode<'_> {
                 Ok(())
             },
         )?;
-        let with_x: HashSet<u64> = self
-            .node()
-            .all_gather(&format!("rel{q}-with"), &with_x)?
-            .into_iter()
-            .flatten()
-            .collect();
+        let with_x: HashSet<u64> = gather(
+            self.node(),
+            snapshot.worker(),
+            &format!("rel{q}-with"),
+            &with_x,
+        )?
+        .into_iter()
+        .flatten()
+        .collect();
         let sums = self.sum_lines(&format!("rel{q}"), snapshot, |l| {
             l.ol_i_id != x && with_x.contains(&l.ol_o_id)
         })?;
@@ -407,6 +415,29 @@ impl AnalyticsNode<'_> {
             None => Answer::Elsewhere,
         })
     }
+}
+
+/// Waits for `handle`'s thread while ticking `worker`'s oracle slot: a slot that
+/// neither commits nor reads nor ticks for over a millisecond holds back every node's
+/// read timestamp, and with it every commit that waits to be visible.
+fn wait_ticking<T>(worker: &Worker, handle: &std::thread::ScopedJoinHandle<'_, T>) -> Result<()> {
+    while !handle.is_finished() {
+        worker.tick()?;
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
+}
+
+/// [`Node::all_gather`], ticking `worker` while the other nodes catch up.
+fn gather<T>(node: &Node, worker: &Worker, tag: &str, mine: &T) -> Result<Vec<T>>
+where
+    T: Serialize + serde::de::DeserializeOwned + Sync + Send,
+{
+    std::thread::scope(|s| {
+        let h = s.spawn(|| node.all_gather(tag, mine));
+        wait_ticking(worker, &h)?;
+        Ok(h.join().expect("the gathering thread panicked")?)
+    })
 }
 
 /// Writes `related` (best first) into item `x`'s related fields; slots left over keep
@@ -598,7 +629,7 @@ fn node_loop(
                 retry: false,
             }
         };
-        let next = me.node().all_gather(&format!("next{q}"), &mine)?[0];
+        let next = gather(me.node(), worker, &format!("next{q}"), &mine)?[0];
         if !next.go {
             break;
         }
@@ -623,9 +654,7 @@ fn node_loop(
             outcome,
             Err(HtapError::Scan(ScanError::SnapshotTooOld { .. }))
         );
-        let any_too_old = me
-            .node()
-            .all_gather(&format!("old{q}"), &too_old)?
+        let any_too_old = gather(me.node(), worker, &format!("old{q}"), &too_old)?
             .into_iter()
             .any(|b| b);
         q += 1;
@@ -676,4 +705,29 @@ fn node_loop(
         }
     }
     Ok((me.rank == 0).then_some(zero))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newest_keeps_the_latest_orders_by_date_then_id() {
+        let mut n = Newest::new(3);
+        for (date, id) in [(5, 1), (9, 2), (1, 3), (9, 1), (7, 8), (2, 9)] {
+            n.add(date, id);
+        }
+        let mut got = n.into_vec();
+        got.sort_unstable();
+        assert_eq!(got, vec![(7, 8), (9, 1), (9, 2)]);
+        let mut small = Newest::new(10);
+        small.add(1, 1);
+        assert_eq!(small.into_vec(), vec![(1, 1)]);
+    }
+
+    #[test]
+    fn rank_orders_by_quantity_then_id_and_truncates() {
+        let ranked = rank(vec![(4, 10), (2, 30), (9, 10), (1, 5), (3, 30)], 4);
+        assert_eq!(ranked, vec![(2, 30), (3, 30), (4, 10), (9, 10)]);
+    }
 }

@@ -254,6 +254,36 @@ struct State {
 }
 
 impl State {
+    /// Before any claim: no slot, the prefix known from the oracle's header.
+    fn unclaimed(header: &[u64; HEADER_WORDS], layout: Layout) -> State {
+        State {
+            slot: 0,
+            status: Status::Released,
+            lease: Lease {
+                state: SlotState::Free,
+                tag: 0,
+                horizon: 0,
+            },
+            cursor: 0,
+            beat: 0,
+            inherited_below: 0,
+            known: header[6].max(1),
+            pending: VecDeque::new(),
+            confirmed_at: Duration::ZERO,
+            renewed_at: Duration::ZERO,
+            next_tick: Duration::ZERO,
+            hint_seen: header[6],
+            far_seen: header[7],
+            highest_marked: 0,
+            last_gap: None,
+            watch: None,
+            stalled_at: None,
+            leases: vec![UNSEEN; layout.slots() as usize],
+            free_bits: vec![0; layout.slots() as usize],
+            stats: SlotStats::default(),
+        }
+    }
+
     /// Whether others may skip for `slot` as far as this handle knows.
     fn known_free(&self, slot: u32) -> bool {
         let own = slot == self.slot && self.status == Status::Active;
@@ -352,6 +382,39 @@ impl SlotHandle {
         config: OracleConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<SlotHandle> {
+        let handle = Self::open_at(device, qp, cq, region, base, config, clock)?;
+        handle.claim()?;
+        Ok(handle)
+    }
+
+    /// Opens the oracle as [`SlotHandle::register_at`] does, but claims no slot: an
+    /// observer, for read-only work such as analytical scans. It takes read timestamps
+    /// and its ticks help the prefix along (skipping for free slots, fencing stalled
+    /// ones), but it owns no timestamps, so however long it goes without a tick it
+    /// never stalls the prefix, and it cannot hand out commit timestamps
+    /// ([`OracleError::Released`]).
+    pub fn observe_at(
+        device: &dyn Device,
+        qp: Arc<dyn QueuePair>,
+        cq: Arc<dyn CompletionQueue>,
+        region: RemoteRegion,
+        base: u64,
+        config: OracleConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SlotHandle> {
+        Self::open_at(device, qp, cq, region, base, config, clock)
+    }
+
+    /// The handle of an oracle, holding no slot yet.
+    fn open_at(
+        device: &dyn Device,
+        qp: Arc<dyn QueuePair>,
+        cq: Arc<dyn CompletionQueue>,
+        region: RemoteRegion,
+        base: u64,
+        config: OracleConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SlotHandle> {
         config.validate()?;
         if !base.is_multiple_of(8) || base > region.len {
             return Err(OracleError::InvalidConfig(format!(
@@ -363,40 +426,13 @@ impl SlotHandle {
         let mut header = [0u64; HEADER_WORDS];
         link.read(0, &mut header)?;
         let layout = Layout::from_header(&header, region.len - base)?;
-        let handle = SlotHandle {
+        Ok(SlotHandle {
             link,
             layout,
             config,
             clock,
-            st: RefCell::new(State {
-                slot: 0,
-                status: Status::Released,
-                lease: Lease {
-                    state: SlotState::Free,
-                    tag: 0,
-                    horizon: 0,
-                },
-                cursor: 0,
-                beat: 0,
-                inherited_below: 0,
-                known: header[6].max(1),
-                pending: VecDeque::new(),
-                confirmed_at: Duration::ZERO,
-                renewed_at: Duration::ZERO,
-                next_tick: Duration::ZERO,
-                hint_seen: header[6],
-                far_seen: header[7],
-                highest_marked: 0,
-                last_gap: None,
-                watch: None,
-                stalled_at: None,
-                leases: vec![UNSEEN; layout.slots() as usize],
-                free_bits: vec![0; layout.slots() as usize],
-                stats: SlotStats::default(),
-            }),
-        };
-        handle.claim()?;
-        Ok(handle)
+            st: RefCell::new(State::unclaimed(&header, layout)),
+        })
     }
 
     pub fn layout(&self) -> Layout {

@@ -42,6 +42,21 @@ impl SimOracle {
         SlotHandle::register(device.as_ref(), qp, cq, self.region.remote(), config, clock)
     }
 
+    /// A new client node connected to the server, and an observer (no slot) on it.
+    pub fn observer(&self, config: OracleConfig, clock: Arc<dyn Clock>) -> Result<SlotHandle> {
+        let node: Arc<dyn Device> = self.net.add_node();
+        let (device, qp, cq) = self.connect(node)?;
+        SlotHandle::observe_at(
+            device.as_ref(),
+            qp,
+            cq,
+            self.region.remote(),
+            0,
+            config,
+            clock,
+        )
+    }
+
     /// Connects `client` to the server with the queue sizes a slot handle needs.
     #[allow(clippy::type_complexity)]
     pub fn connect(

@@ -51,6 +51,37 @@ fn a_commit_becomes_visible_once_marked() {
 }
 
 #[test]
+fn an_observer_reads_timestamps_but_owns_none() {
+    let o = cluster(1024, 2);
+    let clock = ManualClock::new();
+    let holder = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
+    let observer = o
+        .observer(config(), clock.clone() as Arc<dyn Clock>)
+        .unwrap();
+    // The other slot stays free, so nothing waits for the observer, which never
+    // ticks: a registered second handle would hold the prefix at its first
+    // timestamp until its lease ran out.
+    let mut last = 0;
+    for _ in 0..5 {
+        last = holder.next_commit_ts().unwrap();
+        holder.mark(last, Outcome::Committed).unwrap();
+    }
+    assert!(holder.read_timestamp().unwrap() >= last);
+    assert!(observer.read_timestamp().unwrap() >= last);
+    assert!(o.true_prefix(1).unwrap() > last);
+    assert!(!observer.is_active());
+    assert!(matches!(
+        observer.next_commit_ts(),
+        Err(OracleError::Released)
+    ));
+    observer.tick().unwrap();
+    assert!(
+        observer.release().is_err(),
+        "an observer has nothing to release"
+    );
+}
+
+#[test]
 fn marks_of_many_timestamps_share_fetch_adds_and_decide_each() {
     let o = cluster(1024, 2);
     let clock = ManualClock::new();

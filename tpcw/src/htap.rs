@@ -417,9 +417,9 @@ impl AnalyticsNode<'_> {
     }
 }
 
-/// Waits for `handle`'s thread while ticking `worker`'s oracle slot: a slot that
-/// neither commits nor reads nor ticks for over a millisecond holds back every node's
-/// read timestamp, and with it every commit that waits to be visible.
+/// Waits for `handle`'s thread while ticking `worker`: the analytics workers are
+/// readers, which own no timestamps, but their ticks still help the prefix past
+/// stalled slots.
 fn wait_ticking<T>(worker: &Worker, handle: &std::thread::ScopedJoinHandle<'_, T>) -> Result<()> {
     while !handle.is_finished() {
         worker.tick()?;
@@ -526,7 +526,9 @@ pub fn run_analytics(
                         nodes: config.nodes,
                         stats: ScanStats::default(),
                     };
-                    let worker = db.worker()?;
+                    // Holds no oracle slot, so its scans never hold back the
+                    // checkouts' read timestamps.
+                    let worker = db.reader()?;
                     let out = node_loop(&mut me, &worker, stop);
                     let AnalyticsNode { net, stats, .. } = me;
                     let shut = net.shutdown();
@@ -696,7 +698,10 @@ fn node_loop(
                 }
             }
             Answer::Related(related) => {
-                write_related(worker, &me.tables.item, x, &related)?;
+                // A writer only for the write: a slot held across the scans would
+                // hold back every checkout's read timestamp between ticks.
+                let writer = worker.database().worker()?;
+                write_related(&writer, &me.tables.item, x, &related)?;
                 zero.related
                     .record(query_started.elapsed().as_micros().max(1) as u64)
                     .expect("latency in range");

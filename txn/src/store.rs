@@ -462,6 +462,14 @@ impl Database {
         Worker::new(self.clone())
     }
 
+    /// A worker for read-only work (analytical scans, read-only transactions) that
+    /// holds no oracle slot: it owns no timestamps, so it never holds back other
+    /// nodes' read timestamps however long it goes between ticks, as a slot holder
+    /// busy with a long scan would. Committing writes on it is an error.
+    pub fn reader(&self) -> Result<Worker> {
+        Worker::new_reader(self.clone())
+    }
+
     /// A blocking client: a [`Worker`] with one session.
     pub fn client(&self) -> Result<Client> {
         Ok(Client::new(self.worker()?))

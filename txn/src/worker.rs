@@ -96,6 +96,8 @@ pub struct Worker {
     /// Why this worker stopped committing: a committed transaction of its own is
     /// left half installed, and only recovery (after its lease lapses) may finish it.
     broken: RefCell<Option<String>>,
+    /// Holds no oracle slot: reads at snapshots, commits nothing.
+    read_only: bool,
 }
 
 /// Which slot (and which holding of it) a worker's commits log under, and where.
@@ -114,6 +116,15 @@ pub(crate) struct Epoch {
 
 impl Worker {
     pub(crate) fn new(db: Database) -> Result<Worker> {
+        Self::open(db, false)
+    }
+
+    /// A worker that holds no oracle slot ([`Database::reader`]).
+    pub(crate) fn new_reader(db: Database) -> Result<Worker> {
+        Self::open(db, true)
+    }
+
+    fn open(db: Database, read_only: bool) -> Result<Worker> {
         let shared = &db.shared;
         let device = db.new_device()?;
         let mut conns = Vec::with_capacity(shared.servers.len());
@@ -129,7 +140,12 @@ impl Worker {
             &ocq,
             timestamp::MIN_SEND_QUEUE * 2,
         )?;
-        let slot = SlotHandle::register_at(
+        let open = if read_only {
+            SlotHandle::observe_at
+        } else {
+            SlotHandle::register_at
+        };
+        let slot = open(
             device.as_ref(),
             oqp,
             ocq,
@@ -142,7 +158,9 @@ impl Worker {
             slot: slot.slot(),
             tag: slot.held_lease().tag,
         };
-        db.adopt_slot(epoch.slot, epoch.tag)?;
+        if !read_only {
+            db.adopt_slot(epoch.slot, epoch.tag)?;
+        }
         let ring = crate::commitlog::Ring::new(shared.catalog.commit_log().ring_bytes());
         Ok(Worker {
             db: db.clone(),
@@ -157,7 +175,14 @@ impl Worker {
             idle_reads: Cell::new(0),
             log: RefCell::new(SlotLog { epoch, ring }),
             broken: RefCell::new(None),
+            read_only,
         })
+    }
+
+    /// Whether this worker holds no oracle slot and so cannot commit writes
+    /// ([`Database::reader`]).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     pub fn database(&self) -> &Database {
@@ -290,6 +315,12 @@ impl Worker {
     /// commit runs under.
     pub(crate) fn commit_timestamp(&self) -> Result<(u64, Epoch)> {
         self.check_broken()?;
+        if self.read_only {
+            return Err(TxnError::Invalid(
+                "a read-only worker (Database::reader) cannot commit writes: use Database::worker"
+                    .into(),
+            ));
+        }
         let cid = match self.slot.acquire_commit_ts(1000) {
             Err(timestamp::OracleError::Fenced { .. }) => {
                 self.rejoin()?;

@@ -31,9 +31,11 @@
 //!    yields a newer or an absent value instead. [`scan_with_retry`] re-runs a scan
 //!    at a fresh RID when the caller prefers that.
 //!
-//! A scan also ticks its worker's oracle slot every millisecond, as an idle worker
-//! must ([`txn::Worker::tick`]), so a long scan neither stalls others' commits nor
-//! loses its lease.
+//! Scan on a reader ([`txn::Database::reader`]): it holds no oracle slot, so a long
+//! scan cannot hold back other workers' read timestamps. A scan on a slot-holding
+//! worker still works: it ticks its worker every millisecond, as an idle worker must
+//! ([`txn::Worker::tick`]), so it neither stalls others' commits for long nor loses
+//! its lease.
 //!
 //! **Splitting.** Stripe `j` of partition `p` belongs to scanner `(p + j) mod n` of
 //! `n` scanners ([`Scanner`], one per (node, thread)): every stripe has exactly one

@@ -250,20 +250,30 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.sweep {
-        let series: Vec<tpcw::plot::Series> = args
+        let series: Vec<crate::bench::plot::Series> = args
             .system
             .iter()
-            .map(|k| tpcw::plot::Series {
+            .map(|k| crate::bench::plot::Series {
                 label: label(k.name(), &reports),
                 points: reports
                     .iter()
                     .filter(|r| r.system == k.name())
-                    .map(|r| (r.clients, r.txn_per_sec))
+                    .map(|r| (r.clients as f64, r.txn_per_sec))
                     .collect(),
             })
             .collect();
         let title = format!("TPC-W {} ({} items)", args.mix.name(), args.items);
-        tpcw::plot::throughput_svg(&args.svg, &title, &series).map_err(anyhow::Error::msg)?;
+        crate::bench::plot::line_svg(
+            &args.svg,
+            &title,
+            crate::bench::plot::XAxis::Log10,
+            &crate::bench::plot::Axes {
+                x: "clients",
+                y: "transactions per second",
+            },
+            &series,
+        )
+        .map_err(anyhow::Error::msg)?;
         println!("plot: {}", args.svg.display());
     }
     let failed: Vec<String> = reports

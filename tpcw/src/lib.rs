@@ -13,7 +13,6 @@ pub mod generate;
 pub mod htap;
 pub mod interactions;
 pub mod load;
-pub mod plot;
 pub mod postgres;
 pub mod rsi;
 pub mod runner;

@@ -3,23 +3,10 @@
 //! errors bad arguments give. Small fragments, so the file stays short on two cores.
 
 use serde_json::Value;
-use std::process::{Command, Output};
 
-fn namdb(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .expect("the namdb binary runs")
-}
+mod common;
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use common::{namdb_here as namdb, text};
 
 const ROW_FIELDS: [&str; 12] = [
     "join",

@@ -224,6 +224,21 @@ pub fn namdb(cwd: &Path, args: &[&str]) -> Output {
         .expect("namdb runs")
 }
 
+/// Runs `namdb ARGS` in the test's directory, without backtraces (the benchmarks'
+/// tests look for clear error messages).
+pub fn namdb_here(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("the namdb binary runs")
+}
+
+/// Standard output, then standard error.
+pub fn text(o: &Output) -> String {
+    format!("{}{}", stdout(o), stderr(o))
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -71,6 +71,9 @@ enum Command {
     /// One node process of `namdb bench join`, which starts them itself.
     #[command(hide = true)]
     JoinNode(bench::nodes::NodeArgs),
+    /// One node process of `namdb bench aggregate`, which starts them itself.
+    #[command(hide = true)]
+    AggregateNode(bench::nodes::NodeArgs),
     /// Check a recorded history (JSON Lines) for snapshot-isolation anomalies; exits
     /// non-zero when the history violates the model.
     Verify(verify_cmd::VerifyArgs),
@@ -107,6 +110,9 @@ fn main() -> Result<ExitCode> {
             bench::shuffle::procs::node_main(&args).map(|()| ExitCode::SUCCESS)
         }
         Command::JoinNode(args) => bench::join::node_main(&args).map(|()| ExitCode::SUCCESS),
+        Command::AggregateNode(args) => {
+            bench::aggregate::node_main(&args).map(|()| ExitCode::SUCCESS)
+        }
         Command::Verify(args) => Ok(verify_cmd::run(&args)),
     }
 }

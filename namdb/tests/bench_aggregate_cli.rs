@@ -1,6 +1,7 @@
-//! `namdb bench aggregate` as a user runs it: small data on the sim backend, every
-//! algorithm next to DuckDB (from PyPI, in the venv `scripts/duckdb.sh` makes), the
-//! JSON and SVG outputs, and the errors bad arguments give.
+//! `namdb bench aggregate` as a user runs it: small data on the sim backend (threads)
+//! and on shm (node processes), every algorithm next to DuckDB (from PyPI, in the venv
+//! `scripts/duckdb.sh` makes), the JSON and SVG outputs, and the errors bad arguments
+//! give.
 
 use serde_json::Value;
 use std::process::{Command, Output};
@@ -125,9 +126,85 @@ fn every_algorithm_and_duckdb_agree_and_the_adaptive_ones_switch() {
 }
 
 #[test]
+fn node_processes_on_shm_aggregate_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("agg.json");
+    let out = namdb(&[
+        "bench",
+        "aggregate",
+        "--backend",
+        "shm",
+        "--nodes",
+        "3",
+        "--tuples",
+        "3000",
+        "--groups",
+        "1,5000",
+        "--local-groups",
+        "64",
+        "--cache-groups",
+        "32",
+        "--repeat",
+        "2",
+        "--duckdb-threads",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("backend shm, 3 nodes"), "{stdout}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["backend"], "shm");
+    assert_eq!(report["nodes"], 3);
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2 * (ALGORITHMS.len() + 1));
+    let row = |algorithm: &str, groups: u64| -> &Value {
+        rows.iter()
+            .find(|r| r["algorithm"] == algorithm && r["groups"] == groups)
+            .unwrap_or_else(|| panic!("no row for {algorithm} at {groups} groups"))
+    };
+    for groups in [1u64, 5000] {
+        for a in ALGORITHMS {
+            let r = row(a, groups);
+            assert_eq!(r["verified"], true, "{r}");
+            assert_eq!(r["backend"], "shm", "{r}");
+            assert_eq!(r["nodes"], 3, "{r}");
+            assert_eq!(r["tuples"], 9000, "{r}");
+            assert_eq!(r["runs_ms"].as_array().unwrap().len(), 2, "{r}");
+            assert!(r["runtime_ms"].as_f64().unwrap() > 0.0, "{r}");
+            // One worker on each of the three nodes.
+            let workers: u64 = r["strategies"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|n| n.as_u64().unwrap())
+                .sum();
+            assert_eq!(workers, 3, "{r}");
+        }
+        assert_eq!(row("duckdb", groups)["verified"], true);
+        assert_eq!(row("repartitioning", groups)["raw_tuples_sent"], 9000);
+        assert_eq!(row("two-phase", groups)["raw_tuples_sent"], 0);
+    }
+    assert_eq!(row("two-phase", 1)["result_groups"], 1);
+    assert_eq!(
+        row("duckdb", 5000)["result_groups"],
+        row("rdma-agg", 5000)["result_groups"]
+    );
+    assert_eq!(
+        row("adaptive-repartitioning", 1)["strategies"]["repartitioning→two-phase"],
+        3
+    );
+    assert_eq!(
+        row("adaptive-two-phase", 5000)["strategies"]["two-phase→repartitioning"],
+        3
+    );
+}
+
+#[test]
 fn bad_arguments_are_clear_errors() {
     for (args, want) in [
-        (&["--backend", "tcp"][..], "sim or shm"),
+        (&["--nodes", "0"][..], "0 is not in 1..=64"),
         (&["--groups", "0"][..], "at least 1 group"),
         (&["--groups", "100000"][..], "exceed"),
         (&["--groups", "ten"][..], "not a number"),

@@ -1,6 +1,6 @@
 //! `namdb bench …`: benchmarks, one module per subject.
 
-mod aggregate;
+pub mod aggregate;
 pub mod duckdb;
 mod fabric;
 pub mod join;

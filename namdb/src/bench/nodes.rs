@@ -1,7 +1,7 @@
-//! Node processes of the multi-node benchmarks (`bench shuffle`, `bench join`): one
-//! process per rank, spawned from this executable with a hidden subcommand, each
-//! binding its own device with node id = rank; or, on the sim backend, threads of
-//! this process on one sim network.
+//! Node processes of the multi-node benchmarks (`bench shuffle`, `bench join`, `bench
+//! aggregate`): one process per rank, spawned from this executable with a hidden
+//! subcommand, each binding its own device with node id = rank; or, on the sim
+//! backend, threads of this process on one sim network.
 //!
 //! Wiring: rank 0 binds the exchange's listener on 127.0.0.1, port 0, and prints
 //! `exchange ADDR` on stdout; this process then starts ranks 1..N with `--exchange
@@ -33,7 +33,8 @@ const TOKEN_ENV: &str = "NAMDB_SHUFFLE_TOKEN";
 /// How long the nodes may take to find each other.
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The arguments of a hidden node subcommand (`namdb shuffle-node`, `namdb join-node`).
+/// The arguments of a hidden node subcommand (`namdb shuffle-node`, `namdb join-node`,
+/// `namdb aggregate-node`).
 #[derive(Args, Debug)]
 pub struct NodeArgs {
     #[arg(long, value_enum)]
@@ -74,6 +75,12 @@ pub fn connect(args: &NodeArgs) -> Result<Arc<dyn Exchange>> {
 
 /// A node process's device on its backend.
 pub fn bind_device(args: &NodeArgs) -> Result<Arc<dyn Device>> {
+    bind_device_instance(args, 0)
+}
+
+/// The `instance`th device of a node process that binds a fresh device per run
+/// (instance 0 is [`bind_device`]'s): on shm each instance has its own socket.
+pub fn bind_device_instance(args: &NodeArgs, instance: usize) -> Result<Arc<dyn Device>> {
     let token = std::env::var(TOKEN_ENV)
         .ok()
         .and_then(|t| hex::decode(t).ok())
@@ -83,7 +90,11 @@ pub fn bind_device(args: &NodeArgs) -> Result<Arc<dyn Device>> {
         BackendKind::Sim => bail!("the sim backend runs its nodes as threads, not processes"),
         BackendKind::Shm => {
             let dir = args.socket_dir.as_ref().context("shm needs --socket-dir")?;
-            ShmDevice::bind_as(dir.join(format!("node{}.sock", args.rank)), &token, id)?
+            let name = match instance {
+                0 => format!("node{}.sock", args.rank),
+                i => format!("node{}-{i}.sock", args.rank),
+            };
+            ShmDevice::bind_as(dir.join(name), &token, id)?
         }
         BackendKind::Tcp => TcpDevice::bind_as("127.0.0.1:0", &token, id)?,
         BackendKind::Verbs => verbs_device(

@@ -13,39 +13,42 @@
 //! result is reduced the same way and must equal a straightforward single-node GROUP
 //! BY in this process and DuckDB's; a mismatch fails the run.
 //!
-//! Nodes run as threads of this process: on one sim network, or each on its own shm
-//! device (`fabric::shm`, a Unix socket per node). `namdb bench shuffle`'s node
-//! processes (`bench/shuffle/procs.rs`) run that benchmark's job type only, so they
-//! cannot carry this one without a refactor of that module.
+//! Where nodes live (see [`crate::bench::nodes`]): on the sim backend, threads of this
+//! process on one sim network; on shm, tcp and verbs, one node process per rank
+//! (`namdb aggregate-node`, hidden), each generating its own fragment and binding its
+//! own device. Every run gets fresh endpoints: on sim a new network and nodes, in a
+//! node process a newly bound device (the processes of a group count serve all its
+//! runs). Either way a node reduces its groups to a checksum at once
+//! ([`node::run_one`]) and this process merges them.
 //!
 //! The runtime of an algorithm is the slowest node's aggregation, endpoint setup
 //! excluded (reported separately): DuckDB's query time has no such step.
 
-use crate::bench::plot;
+pub mod node;
 
 use crate::backend::BackendKind;
-use crate::bench::duckdb;
-use anyhow::{Context, Result, bail, ensure};
+use crate::bench::{duckdb, nodes, plot};
+use anyhow::{Context, Result, ensure};
 use clap::Args;
-use fabric::Device;
-use fabric::shm::ShmDevice;
-use fabric::sim::{SimConfig, SimNetwork};
-use serde::Serialize;
-use shuffle::ops::aggregate::{AggConfig, Algorithm, GroupTable, Input, Outcome, aggregate, hash};
+use node::{Job, NodeRun, STALL_LIMIT};
+use serde::{Deserialize, Serialize};
+use shuffle::Design;
+use shuffle::ops::aggregate::{AggConfig, Algorithm, GroupTable, hash};
 use shuffle::testing::mix;
-use shuffle::{Design, LocalExchange, Node};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
+
+pub use node::node_main;
 
 /// Values lie in [-VALUE_RANGE, VALUE_RANGE].
 const VALUE_RANGE: u64 = 1_000_000;
 
 #[derive(Args, Debug, Clone)]
 pub struct AggregateArgs {
-    /// Fabric backend; the nodes are threads of this process either way.
+    /// Fabric backend: sim runs the nodes as threads of this process; shm, tcp and
+    /// verbs as node processes.
     #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
     pub backend: BackendKind,
     /// Nodes.
@@ -164,8 +167,8 @@ struct Report<'a> {
 }
 
 /// The checksum row of a GROUP BY result (see the module docs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Check {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
     groups: i128,
     keys: i128,
     sums: i128,
@@ -274,7 +277,7 @@ fn algorithms(names: &[String]) -> Result<Vec<Algorithm>> {
 }
 
 /// Node `rank`'s fragment for `groups` groups.
-fn fragment(seed: u64, rank: usize, tuples: u64, groups: u64) -> (Vec<u64>, Vec<i64>) {
+pub fn fragment(seed: u64, rank: usize, tuples: u64, groups: u64) -> (Vec<u64>, Vec<i64>) {
     let base = seed ^ (rank as u64) << 40;
     let keys = (0..tuples)
         .map(|i| ((u128::from(mix(base ^ i)) * u128::from(groups)) >> 64) as u64)
@@ -294,122 +297,77 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// The devices of one group count's nodes, and what must outlive them.
-struct Devices {
-    devices: Vec<Arc<dyn Device>>,
-    _sockets: Option<tempfile::TempDir>,
-}
-
-fn devices(backend: BackendKind, nodes: usize) -> Result<Devices> {
-    match backend {
-        BackendKind::Sim => {
-            let net = SimNetwork::new(SimConfig::default());
-            Ok(Devices {
-                devices: (0..nodes)
-                    .map(|_| net.add_node() as Arc<dyn Device>)
-                    .collect(),
-                _sockets: None,
-            })
-        }
-        BackendKind::Shm => {
-            let dir = tempfile::tempdir().context("a directory for the shm sockets")?;
-            let token: [u8; 16] = rand::random();
-            let devices = (0..nodes)
-                .map(|r| {
-                    ShmDevice::bind_as(
-                        dir.path().join(format!("node{r}.sock")),
-                        &token,
-                        fabric::NodeId(r as u32),
-                    )
-                    .map(|d| d as Arc<dyn Device>)
-                    .with_context(|| format!("binding shm node {r}"))
-                })
-                .collect::<Result<_>>()?;
-            Ok(Devices {
-                devices,
-                _sockets: Some(dir),
-            })
-        }
-        other => bail!(
-            "namdb bench aggregate runs on sim or shm, not {}",
-            other.name()
-        ),
-    }
-}
-
-/// One node's run: its result reduced to a checksum (the groups themselves are
-/// dropped at once, so that the runs do not pile up memory), and what it did.
-struct NodeRun {
-    check: Check,
-    report: shuffle::ops::aggregate::Report,
-}
-
-impl NodeRun {
-    fn of(outcome: Outcome) -> NodeRun {
-        let mut check = Check::default();
-        check.add(&outcome.groups);
-        NodeRun {
-            check,
-            report: outcome.report,
-        }
-    }
-}
-
 /// Every algorithm's runs at one group count: per algorithm, per run, per node.
 type Runs = Vec<Vec<Vec<NodeRun>>>;
 
-/// Runs `algorithms` `repeat` times each on one node per fragment. Every run gets
-/// fresh devices and nodes: endpoints of earlier runs left on a device (queue pairs
-/// its progress thread still polls) would slow later runs down.
+/// Runs `algorithms` `repeat` times each on one node per fragment of `data`, with
+/// fresh endpoints every run: on sim as threads of this process (a new network per
+/// run), otherwise on node processes that generate their fragments themselves.
 fn run_nodes(
     args: &AggregateArgs,
     algorithms: &[Algorithm],
     config: &AggConfig,
+    groups: u64,
     data: &[(Vec<u64>, Vec<i64>)],
 ) -> Result<Runs> {
-    algorithms
-        .iter()
-        .map(|&a| {
-            (0..args.repeat)
-                .map(|_| run_once(args.backend, a, config, data))
-                .collect()
-        })
-        .collect()
-}
-
-/// One run of `algorithm`: a node per fragment, each a thread of this process.
-fn run_once(
-    backend: BackendKind,
-    algorithm: Algorithm,
-    config: &AggConfig,
-    data: &[(Vec<u64>, Vec<i64>)],
-) -> Result<Vec<NodeRun>> {
     let nodes = data.len();
-    let devs = devices(backend, nodes)?;
-    let exchanges = LocalExchange::group(nodes, Duration::from_secs(60));
-    let per_node: Vec<Result<NodeRun>> = std::thread::scope(|s| {
-        let hs: Vec<_> = exchanges
-            .into_iter()
-            .zip(devs.devices.iter().cloned())
-            .zip(data)
-            .map(|((x, device), (keys, values))| {
-                s.spawn(move || -> Result<NodeRun> {
-                    let node = Node::join(device, Arc::new(x), 1 << 30)?;
-                    let input = Input::new(keys, values)?;
-                    aggregate(&node, algorithm, input, config)
-                        .map(NodeRun::of)
-                        .with_context(|| format!("{algorithm} on node {}", node.rank()))
-                })
+    if args.backend == BackendKind::Sim {
+        let mut run = 0;
+        return algorithms
+            .iter()
+            .map(|&a| {
+                (0..args.repeat)
+                    .map(|_| {
+                        run += 1;
+                        nodes::run_threads(nodes, |exchange, device| {
+                            let (keys, values) = &data[exchange.rank()];
+                            node::run_one(device, exchange, a, (keys, values), config, run)
+                        })
+                    })
+                    .collect()
             })
             .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a node thread panicked")))
-            })
-            .collect()
-    });
-    per_node.into_iter().collect()
+    }
+    let job = Job::of(
+        config,
+        &args.design,
+        algorithms,
+        args.tuples,
+        groups,
+        args.repeat,
+    );
+    // By node, then algorithm, then run.
+    let per_node: Vec<Vec<Vec<NodeRun>>> = nodes::run_processes(
+        "aggregate-node",
+        args.backend,
+        nodes,
+        &serde_json::to_string(&job)?,
+        STALL_LIMIT + Duration::from_secs(5),
+    )?;
+    let mut runs: Runs = algorithms
+        .iter()
+        .map(|_| {
+            (0..args.repeat)
+                .map(|_| Vec::with_capacity(nodes))
+                .collect()
+        })
+        .collect();
+    for (rank, of_node) in per_node.into_iter().enumerate() {
+        ensure!(
+            of_node.len() == algorithms.len()
+                && of_node.iter().all(|r| r.len() == args.repeat as usize),
+            "node {rank} reported {} algorithms' runs, not {} × {}",
+            of_node.len(),
+            algorithms.len(),
+            args.repeat
+        );
+        for (a, of_algorithm) in of_node.into_iter().enumerate() {
+            for (i, run) in of_algorithm.into_iter().enumerate() {
+                runs[a][i].push(run);
+            }
+        }
+    }
+    Ok(runs)
 }
 
 fn row_of(
@@ -437,14 +395,14 @@ fn row_of(
                 .map(|o| f(o).as_secs_f64() * 1e3)
                 .fold(0.0, f64::max)
         };
-        runs_ms.push(slowest(&|o| o.report.runtime()));
-        setup_ms.push(slowest(&|o| o.report.setup));
+        runs_ms.push(slowest(&|o| o.runtime));
+        setup_ms.push(slowest(&|o| o.setup));
     }
     let last = runs.last().context("no run")?;
     let mut strategies = BTreeMap::new();
     for o in last {
-        for s in &o.report.strategies {
-            *strategies.entry(s.name().to_string()).or_insert(0) += 1;
+        for s in &o.strategies {
+            *strategies.entry(s.clone()).or_insert(0) += 1;
         }
     }
     let runtime_ms = median(runs_ms.clone());
@@ -460,9 +418,9 @@ fn row_of(
         tuples_per_sec: tuples as f64 / (runtime_ms / 1e3).max(1e-9),
         setup_ms: median(setup_ms),
         strategies,
-        sampled_groups: last.first().and_then(|o| o.report.sampled_groups),
-        raw_tuples_sent: last.iter().map(|o| o.report.sent.raw).sum(),
-        partials_sent: last.iter().map(|o| o.report.sent.partials).sum(),
+        sampled_groups: last.first().and_then(|o| o.sampled_groups),
+        raw_tuples_sent: last.iter().map(|o| o.raw_sent).sum(),
+        partials_sent: last.iter().map(|o| o.partials_sent).sum(),
         result_groups: want.groups as u64,
         verified: true,
     })
@@ -542,11 +500,6 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
     let counts = group_counts(args)?;
     let design: Design = args.design.parse()?;
     ensure!(
-        matches!(args.backend, BackendKind::Sim | BackendKind::Shm),
-        "namdb bench aggregate runs on sim or shm, not {}",
-        args.backend.name()
-    );
-    ensure!(
         args.tuples * u64::from(args.nodes) <= i64::MAX as u64,
         "too many tuples"
     );
@@ -554,6 +507,7 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
         design,
         threads: args.threads as usize,
         message_bytes: args.message_bytes,
+        timeout: STALL_LIMIT,
         local_groups: args.local_groups,
         cache_groups: args.cache_groups,
         crossover: args.crossover,
@@ -585,7 +539,7 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
             .collect();
         let want = reference(&data);
         ensure!(want.groups >= 1, "the generated data has no group");
-        let runs = run_nodes(args, &algorithms, &config, &data)?;
+        let runs = run_nodes(args, &algorithms, &config, groups, &data)?;
         for (&a, a_runs) in algorithms.iter().zip(&runs) {
             let row = row_of(args, a, groups, a_runs, &want)?;
             eprintln!(

@@ -3,24 +3,10 @@
 //! `scripts/duckdb.sh` makes), the JSON and SVG outputs, and the errors bad arguments
 //! give.
 
+mod common;
+
+use common::{namdb_here as namdb, text};
 use serde_json::Value;
-use std::process::{Command, Output};
-
-fn namdb(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .expect("the namdb binary runs")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 const ALGORITHMS: [&str; 6] = [
     "two-phase",

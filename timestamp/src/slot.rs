@@ -382,7 +382,7 @@ impl SlotHandle {
         config: OracleConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<SlotHandle> {
-        let handle = Self::open_at(device, qp, cq, region, base, config, clock)?;
+        let handle = Self::observe_at(device, qp, cq, region, base, config, clock)?;
         handle.claim()?;
         Ok(handle)
     }
@@ -394,19 +394,6 @@ impl SlotHandle {
     /// never stalls the prefix, and it cannot hand out commit timestamps
     /// ([`OracleError::Released`]).
     pub fn observe_at(
-        device: &dyn Device,
-        qp: Arc<dyn QueuePair>,
-        cq: Arc<dyn CompletionQueue>,
-        region: RemoteRegion,
-        base: u64,
-        config: OracleConfig,
-        clock: Arc<dyn Clock>,
-    ) -> Result<SlotHandle> {
-        Self::open_at(device, qp, cq, region, base, config, clock)
-    }
-
-    /// The handle of an oracle, holding no slot yet.
-    fn open_at(
         device: &dyn Device,
         qp: Arc<dyn QueuePair>,
         cq: Arc<dyn CompletionQueue>,

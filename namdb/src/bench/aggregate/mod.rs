@@ -300,8 +300,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Every algorithm's runs at one group count: per algorithm, per run, per node.
 type Runs = Vec<Vec<Vec<NodeRun>>>;
 
-/// Runs `algorithms` `repeat` times each on one node per fragment of `data`, with
-/// fresh endpoints every run: on sim as threads of this process (a new network per
+/// Runs `algorithms` `repeat` times each, round robin, on one node per fragment of
+/// `data`, with fresh endpoints every run: on sim as threads of this process (a new network per
 /// run), otherwise on node processes that generate their fragments themselves.
 fn run_nodes(
     args: &AggregateArgs,
@@ -312,21 +312,24 @@ fn run_nodes(
 ) -> Result<Runs> {
     let nodes = data.len();
     if args.backend == BackendKind::Sim {
-        let mut run = 0;
-        return algorithms
+        let mut runs: Runs = algorithms
             .iter()
-            .map(|&a| {
-                (0..args.repeat)
-                    .map(|_| {
-                        run += 1;
-                        nodes::run_threads(nodes, |exchange, device| {
-                            let (keys, values) = &data[exchange.rank()];
-                            node::run_one(device, exchange, a, (keys, values), config, run)
-                        })
-                    })
-                    .collect()
-            })
+            .map(|_| Vec::with_capacity(args.repeat as usize))
             .collect();
+        let mut run = 0;
+        // Round robin: repetition r of every algorithm before repetition r + 1 of any,
+        // so a slow spell of the machine falls on all algorithms alike instead of on
+        // one algorithm's runs.
+        for _ in 0..args.repeat {
+            for (of_algorithm, &a) in runs.iter_mut().zip(algorithms) {
+                run += 1;
+                of_algorithm.push(nodes::run_threads(nodes, |exchange, device| {
+                    let (keys, values) = &data[exchange.rank()];
+                    node::run_one(device, exchange, a, (keys, values), config, run)
+                })?);
+            }
+        }
+        return Ok(runs);
     }
     let job = Job::of(
         config,

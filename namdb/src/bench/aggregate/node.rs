@@ -135,9 +135,9 @@ pub fn run_one(
 }
 
 /// The hidden `namdb aggregate-node` subcommand: every algorithm of the job `repeat`
-/// times on this node's fragment, each run on a freshly bound device (endpoints of
-/// earlier runs left on a device would slow later runs down). Prints the runs by
-/// algorithm, then repetition.
+/// times on this node's fragment, round robin, each run on a freshly bound device
+/// (endpoints of earlier runs left on a device would slow later runs down). Prints the
+/// runs by algorithm, then repetition.
 pub fn node_main(args: &NodeArgs) -> Result<()> {
     let job: Job = serde_json::from_str(&args.job).context("--job")?;
     ensure!(
@@ -150,11 +150,14 @@ pub fn node_main(args: &NodeArgs) -> Result<()> {
     let algorithms = job.algorithms()?;
     let exchange = nodes::connect(args)?;
     let (keys, values) = fragment(job.seed, args.rank, job.tuples, job.groups);
-    let mut runs: Vec<Vec<NodeRun>> = Vec::with_capacity(algorithms.len());
+    let mut runs: Vec<Vec<NodeRun>> = algorithms
+        .iter()
+        .map(|_| Vec::with_capacity(job.repeat as usize))
+        .collect();
     let mut instance = 0;
-    for &algorithm in &algorithms {
-        let mut of_algorithm = Vec::with_capacity(job.repeat as usize);
-        for _ in 0..job.repeat {
+    // Round robin (see `super::run_nodes`): every node runs the same sequence.
+    for _ in 0..job.repeat {
+        for (of_algorithm, &algorithm) in runs.iter_mut().zip(&algorithms) {
             let device = nodes::bind_device_instance(args, instance)
                 .with_context(|| format!("binding node {}'s device", args.rank))?;
             of_algorithm.push(run_one(
@@ -167,7 +170,6 @@ pub fn node_main(args: &NodeArgs) -> Result<()> {
             )?);
             instance += 1;
         }
-        runs.push(of_algorithm);
     }
     nodes::print_result(&runs)
 }

@@ -160,16 +160,8 @@ impl GroupTable {
     /// Folds one tuple into its group (hash `h`), growing the table as needed.
     #[inline]
     pub fn add(&mut self, key: u64, h: u64, value: i64) {
-        match self.find(key, h) {
-            Ok(i) => {
-                let s = &mut self.slots[i];
-                s.count += 1;
-                s.sum += i128::from(value);
-                s.min = s.min.min(value);
-                s.max = s.max.max(value);
-            }
-            Err(i) => self.insert_at(i, key, h, &State::of(value)),
-        }
+        // No table holds usize::MAX groups: this always folds.
+        self.try_add(key, h, value, usize::MAX);
     }
 
     /// Folds one tuple into its group unless that would make the table hold more than

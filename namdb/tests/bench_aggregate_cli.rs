@@ -47,11 +47,14 @@ fn every_algorithm_and_duckdb_agree_and_the_adaptive_ones_switch() {
         json.to_str().unwrap(),
         "--svg",
         svg.to_str().unwrap(),
+        "--no-pin",
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("faster than DuckDB"), "{stdout}");
+    assert!(stdout.contains("nodes not pinned"), "{stdout}");
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["pinned"], false);
     assert_eq!(report["nodes"], 2);
     assert_eq!(report["local_groups"], 64);
     assert!(report["duckdb_version"].is_string(), "{report}");
@@ -140,7 +143,12 @@ fn node_processes_on_shm_aggregate_too() {
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("backend shm, 3 nodes"), "{stdout}");
+    assert!(
+        stdout.contains("nodes pinned to their own cores"),
+        "{stdout}"
+    );
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["pinned"], true);
     assert_eq!(report["backend"], "shm");
     assert_eq!(report["nodes"], 3);
     let rows = report["rows"].as_array().unwrap();

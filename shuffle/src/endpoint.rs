@@ -343,7 +343,11 @@ impl Backoff {
         } else if self.spins < 256 {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(Duration::from_micros(20));
+            // The longer nothing arrives, the longer the nap (20 µs doubling to 640 µs):
+            // a receiver idle through a long local phase must not keep waking up on
+            // the core its own node's worker needs.
+            let doublings = ((self.spins - 256) / 128).min(5);
+            std::thread::sleep(Duration::from_micros(20 << doublings));
         }
         self.spins & 63 != 0 || self.started.elapsed() < self.timeout
     }

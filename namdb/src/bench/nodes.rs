@@ -11,7 +11,7 @@
 //! its stderr, which this process shows when a node fails.
 
 use crate::backend::{BackendKind, VerbsOptions, verbs_device};
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use clap::Args;
 use fabric::shm::ShmDevice;
 use fabric::sim::{SimConfig, SimNetwork};
@@ -52,6 +52,31 @@ pub struct NodeArgs {
     /// The run, as JSON.
     #[arg(long)]
     pub job: String,
+}
+
+/// Pins the calling thread, and so every thread it starts from now on, to node
+/// `rank`'s cores: `threads_per_node` consecutive CPUs of those this process may use,
+/// rank by rank, wrapping around when the nodes want more than there are. Returns the
+/// CPUs. The scheduler otherwise starts two nodes' workers on one core now and then
+/// and moves one only after some milliseconds, which turns runs of tens of
+/// milliseconds bimodal.
+pub fn pin_node(rank: usize, threads_per_node: usize) -> Result<Vec<usize>> {
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let allowed = sched_getaffinity(None).context("reading this process's CPUs")?;
+    let cpus: Vec<usize> = (0..CpuSet::MAX_CPU)
+        .filter(|&c| allowed.is_set(c))
+        .collect();
+    ensure!(!cpus.is_empty(), "this process may run on no CPU");
+    let mine: Vec<usize> = (0..threads_per_node.max(1))
+        .map(|t| cpus[(rank * threads_per_node.max(1) + t) % cpus.len()])
+        .collect();
+    let mut set = CpuSet::new();
+    for &c in &mine {
+        set.set(c);
+    }
+    sched_setaffinity(None, &set)
+        .with_context(|| format!("pinning node {rank} to CPUs {mine:?}"))?;
+    Ok(mine)
 }
 
 /// A node process's exchange: rank 0 listens and prints its address, the others join.
@@ -379,4 +404,45 @@ pub fn run_processes<R: DeserializeOwned>(
         .enumerate()
         .map(|(r, res)| res.ok_or_else(|| anyhow!("node {r} exited without a result")))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::thread::{CpuSet, sched_getaffinity};
+
+    fn allowed() -> Vec<usize> {
+        let set = sched_getaffinity(None).unwrap();
+        (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
+    }
+
+    #[test]
+    fn nodes_are_pinned_to_their_own_cpus_rank_by_rank() {
+        let cpus = allowed();
+        // On threads of their own: pinning is inherited by what they start.
+        let pinned = |rank: usize, threads: usize| {
+            std::thread::spawn(move || {
+                let mine = pin_node(rank, threads).unwrap();
+                let child = std::thread::spawn(allowed).join().unwrap();
+                (mine, allowed(), child)
+            })
+            .join()
+            .unwrap()
+        };
+        let (mine, now, child) = pinned(0, 1);
+        assert_eq!(mine, vec![cpus[0]]);
+        assert_eq!(now, mine);
+        assert_eq!(child, mine, "a thread started after pinning inherits it");
+        let (mine, _, _) = pinned(1, 1);
+        assert_eq!(mine, vec![cpus[1 % cpus.len()]]);
+        // More nodes than CPUs wrap around.
+        let (mine, _, _) = pinned(cpus.len(), 1);
+        assert_eq!(mine, vec![cpus[0]]);
+        let (mine, now, _) = pinned(0, 2);
+        assert_eq!(mine, vec![cpus[0], cpus[1 % cpus.len()]]);
+        let mut want = mine.clone();
+        want.dedup();
+        assert_eq!(now, want);
+        assert_eq!(allowed(), cpus, "the test's own thread stays unpinned");
+    }
 }

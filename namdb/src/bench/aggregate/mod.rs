@@ -92,6 +92,10 @@ pub struct AggregateArgs {
     /// Timed runs per algorithm and group count (the median is reported).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeat: u32,
+    /// Leave the nodes' threads to the scheduler instead of pinning each node to its
+    /// own cores (node r's T threads on CPUs rT … rT+T−1, wrapping around).
+    #[arg(long)]
+    pub no_pin: bool,
     /// DuckDB's threads; default: nodes × threads, the cores the algorithms use.
     #[arg(long)]
     pub duckdb_threads: Option<usize>,
@@ -161,6 +165,8 @@ struct Report<'a> {
     local_groups: usize,
     cache_groups: usize,
     crossover: usize,
+    /// Whether each node ran pinned to its own cores.
+    pinned: bool,
     duckdb_version: Option<String>,
     rows: &'a [Row],
     summary: &'a [Summary],
@@ -324,6 +330,9 @@ fn run_nodes(
             for (of_algorithm, &a) in runs.iter_mut().zip(algorithms) {
                 run += 1;
                 of_algorithm.push(nodes::run_threads(nodes, |exchange, device| {
+                    if !args.no_pin {
+                        nodes::pin_node(exchange.rank(), config.threads)?;
+                    }
                     let (keys, values) = &data[exchange.rank()];
                     node::run_one(device, exchange, a, (keys, values), config, run)
                 })?);
@@ -338,6 +347,7 @@ fn run_nodes(
         args.tuples,
         groups,
         args.repeat,
+        !args.no_pin,
     );
     // By node, then algorithm, then run.
     let per_node: Vec<Vec<Vec<NodeRun>>> = nodes::run_processes(
@@ -616,6 +626,7 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
             local_groups: config.local_groups,
             cache_groups: config.cache_groups,
             crossover: config.crossover(),
+            pinned: !args.no_pin,
             duckdb_version: duckdb_version.clone(),
             rows: &rows,
             summary: &summary,
@@ -705,8 +716,13 @@ fn print_report(
     writeln!(
         out,
         "runtime: median of {} runs, the slowest node, endpoint setup excluded; every result \
-         verified against a single-node GROUP BY and DuckDB",
-        args.repeat
+         verified against a single-node GROUP BY and DuckDB; nodes {}",
+        args.repeat,
+        if args.no_pin {
+            "not pinned"
+        } else {
+            "pinned to their own cores (DuckDB not pinned)"
+        }
     )?;
     writeln!(out)?;
     writeln!(

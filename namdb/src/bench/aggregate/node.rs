@@ -35,6 +35,8 @@ pub struct Job {
     pub local_groups: usize,
     pub cache_groups: usize,
     pub crossover: Option<usize>,
+    /// Pin each node to its own cores ([`nodes::pin_node`]).
+    pub pin: bool,
 }
 
 impl Job {
@@ -61,6 +63,7 @@ impl Job {
         tuples: u64,
         groups: u64,
         repeat: u32,
+        pin: bool,
     ) -> Job {
         Job {
             seed: config.seed,
@@ -74,6 +77,7 @@ impl Job {
             local_groups: config.local_groups,
             cache_groups: config.cache_groups,
             crossover: config.crossover,
+            pin,
         }
     }
 
@@ -148,6 +152,9 @@ pub fn node_main(args: &NodeArgs) -> Result<()> {
     );
     let config = job.config()?;
     let algorithms = job.algorithms()?;
+    if job.pin {
+        nodes::pin_node(args.rank, job.threads)?;
+    }
     let exchange = nodes::connect(args)?;
     let (keys, values) = fragment(job.seed, args.rank, job.tuples, job.groups);
     let mut runs: Vec<Vec<NodeRun>> = algorithms

@@ -281,7 +281,7 @@ impl Default for AggConfig {
             message_bytes: 64 << 10,
             timeout: Duration::from_secs(60),
             local_groups: 1 << 16,
-            // 4096 groups in 8192 slots of 48 bytes: 384 KiB, a core's L2.
+            // 4096 groups in 16384 slots of 48 bytes: 768 KiB, within a core's L2.
             cache_groups: 1 << 12,
             crossover: None,
             init_segment: None,

@@ -110,19 +110,38 @@ pub struct GroupTable {
     slots: Vec<Slot>,
     mask: usize,
     len: usize,
-    /// The table grows when `len` reaches this (a load factor of 5/8).
+    /// The table grows when `len` reaches this ([`grow_at`]).
     grow_at: usize,
+}
+
+/// Tables of up to this many slots (1.5 MiB, within a core's L2) are kept at most a
+/// quarter full, larger ones at most 5/8. A cache-resident table's cost is the probe
+/// loop's branch: at a quarter full nearly every lookup ends at its first slot, and
+/// Two Phase over 1 000 groups ran twice as fast as at half full. A table that does
+/// not fit the cache pays a miss per lookup either way, so there memory wins.
+const SPARSE_UP_TO: usize = 1 << 15;
+
+/// The groups a table of `slots` slots holds before it grows.
+fn grow_at(slots: usize) -> usize {
+    if slots <= SPARSE_UP_TO {
+        slots / 4
+    } else {
+        slots / 8 * 5
+    }
 }
 
 impl GroupTable {
     /// A table that holds `groups` groups without growing.
     pub fn with_capacity(groups: usize) -> GroupTable {
-        let slots = (groups.max(4) * 8 / 5 + 1).next_power_of_two();
+        let mut slots = 16;
+        while grow_at(slots) < groups {
+            slots *= 2;
+        }
         GroupTable {
             slots: vec![Slot::default(); slots],
             mask: slots - 1,
             len: 0,
-            grow_at: slots / 8 * 5,
+            grow_at: grow_at(slots),
         }
     }
 
@@ -215,7 +234,7 @@ impl GroupTable {
         let bigger = self.slots.len() * 2;
         let old = std::mem::replace(&mut self.slots, vec![Slot::default(); bigger]);
         self.mask = bigger - 1;
-        self.grow_at = bigger / 8 * 5;
+        self.grow_at = grow_at(bigger);
         for s in old.into_iter().filter(|s| s.count != 0) {
             let i = self.find(s.key, hash(s.key)).expect_err("keys are unique");
             self.slots[i] = s;
@@ -349,6 +368,27 @@ mod tests {
         assert_eq!(contents(&t), want);
         assert_eq!(t.get(u64::MAX), want.get(&u64::MAX).copied());
         assert_eq!(t.get(123_456_789), None);
+    }
+
+    #[test]
+    fn cache_sized_tables_stay_a_quarter_full_and_large_ones_five_eighths() {
+        let slot = std::mem::size_of::<Slot>();
+        let mut t = GroupTable::with_capacity(1000);
+        assert_eq!(t.memory_bytes(), 4096 * slot);
+        for k in 0..1024u64 {
+            t.add(k, hash(k), 1);
+        }
+        assert_eq!(t.memory_bytes(), 4096 * slot, "1024 groups fit 4096 slots");
+        t.add(1024, hash(1024), 1);
+        assert_eq!(t.memory_bytes(), 8192 * slot, "the 1025th doubles it");
+        // Past SPARSE_UP_TO slots the table fills to 5/8 before it doubles.
+        let mut big = GroupTable::with_capacity(SPARSE_UP_TO / 4 + 1);
+        assert_eq!(big.memory_bytes(), 2 * SPARSE_UP_TO * slot);
+        for k in 0..(2 * SPARSE_UP_TO / 8 * 5) as u64 {
+            big.add(k, hash(k), 1);
+        }
+        assert_eq!(big.memory_bytes(), 2 * SPARSE_UP_TO * slot);
+        assert_eq!(big.len(), 2 * SPARSE_UP_TO / 8 * 5);
     }
 
     #[test]

@@ -285,8 +285,13 @@ pub struct KeySet {
 impl KeySet {
     /// Counts up to `cap` distinct keys; beyond that it only reports that the cap was
     /// reached.
+    ///
+    /// It starts small and doubles at half full: a cap of the memory budget is a
+    /// megabyte or more, which a few groups never need, and a large allocation freed
+    /// again raises glibc's mmap threshold, which moved the next table onto the heap
+    /// and slowed Adaptive Repartitioning's local phase on one node by a fifth.
     pub fn new(cap: usize) -> KeySet {
-        let slots = (cap.max(4) * 2).next_power_of_two();
+        let slots = (cap.clamp(4, 512) * 2).next_power_of_two();
         KeySet {
             keys: vec![0; slots],
             used: vec![false; slots],
@@ -309,7 +314,7 @@ impl KeySet {
         self.len >= self.cap
     }
 
-    /// Records `key` (hash `h`) unless the cap was reached.
+    /// Records `key` unless the cap was reached; `h` is [`hash`]`(key)`.
     #[inline]
     pub fn insert(&mut self, key: u64, h: u64) {
         if self.full() {
@@ -325,6 +330,25 @@ impl KeySet {
         self.used[i] = true;
         self.keys[i] = key;
         self.len += 1;
+        if self.len * 2 >= self.keys.len() && !self.full() {
+            self.grow();
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let slots = self.keys.len() * 2;
+        let keys = std::mem::replace(&mut self.keys, vec![0; slots]);
+        let used = std::mem::replace(&mut self.used, vec![false; slots]);
+        self.mask = slots - 1;
+        for (k, _) in keys.into_iter().zip(used).filter(|&(_, u)| u) {
+            let mut i = hash(k) as usize & self.mask;
+            while self.used[i] {
+                i = (i + 1) & self.mask;
+            }
+            self.used[i] = true;
+            self.keys[i] = k;
+        }
     }
 }
 
@@ -444,6 +468,25 @@ mod tests {
             s.insert(i, hash(i));
         }
         assert_eq!(s.len(), 100);
+        assert!(s.full());
+    }
+
+    #[test]
+    fn a_key_set_grows_past_its_first_slots_and_forgets_no_key() {
+        let mut s = KeySet::new(1 << 16);
+        let first_slots = s.keys.len();
+        for round in 0..3u64 {
+            for k in 0..20_000u64 {
+                s.insert(k * 7 + 1, hash(k * 7 + 1));
+            }
+            assert_eq!(s.len(), 20_000, "round {round}");
+        }
+        assert!(s.keys.len() > first_slots && s.keys.len() <= 2 * (1 << 17));
+        assert!(!s.full());
+        for k in 0..100_000u64 {
+            s.insert(u64::MAX - k, hash(u64::MAX - k));
+        }
+        assert_eq!(s.len(), 1 << 16);
         assert!(s.full());
     }
 

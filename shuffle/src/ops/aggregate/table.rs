@@ -9,7 +9,8 @@
 //!
 //! [`GroupTable`] is linear probing over one array of slots. A slot with count 0 is
 //! empty (a present group has count ≥ 1), so every `u64` is a valid key and no
-//! sentinel is needed. Tables grow by doubling; bounded use (a memory budget, a
+//! sentinel is needed. Tables grow by doubling, at a quarter full while they fit a
+//! core's L2 and at 5/8 beyond ([`SPARSE_UP_TO`]); bounded use (a memory budget, a
 //! cache-sized table) goes through [`GroupTable::try_add`], which never inserts past
 //! a limit.
 

@@ -9,7 +9,7 @@ use fabric::Device;
 use fabric::sim::{SimConfig, SimNetwork};
 use shuffle::ops::aggregate::{self, AggConfig, Input};
 use shuffle::ops::join::{self, JoinConfig, RowSummary, Tuple};
-use shuffle::ops::scan::{self, ScanConfig, Scanner};
+use shuffle::ops::scan::{self, ScanConfig, ScanError, Scanner};
 use shuffle::{LocalExchange, Node};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -56,7 +56,7 @@ fn scan_share(
     tables: (&Table, &Table),
     scanner: Scanner,
     config: &ScanConfig,
-) -> Rows {
+) -> Result<Rows, ScanError> {
     let mut rows = Rows {
         orders: Vec::new(),
         groups: Vec::new(),
@@ -64,14 +64,46 @@ fn scan_share(
     scan::scan_blocking(snapshot, tables.0, scanner, config, |r| {
         rows.orders.push(decode(r.value));
         Ok(())
-    })
-    .unwrap();
+    })?;
     scan::scan_blocking(snapshot, tables.1, scanner, config, |r| {
         rows.groups.push((r.key, decode(r.value).1));
         Ok(())
-    })
-    .unwrap();
-    rows
+    })?;
+    Ok(rows)
+}
+
+/// At one fresh RID: every row (one scanner alone) and each node's share (scanned by a
+/// reader of its own at that RID, as a node of its own would). The writers may
+/// overwrite a version the scans still need, on a slow machine; the scans then fail
+/// with `SnapshotTooOld` (never a wrong row), and the round starts over at a newer
+/// RID, as an analytics query would.
+fn scan_round(
+    db: &Database,
+    tables: (&Table, &Table),
+    config: &ScanConfig,
+) -> (u64, Rows, Vec<Rows>) {
+    let mut too_old = 0;
+    loop {
+        let attempt = || -> Result<(u64, Rows, Vec<Rows>), ScanError> {
+            let reader = db.reader().unwrap();
+            let snapshot = block_on(reader.snapshot()).unwrap();
+            let rid = snapshot.rid();
+            let all = scan_share(&snapshot, tables, Scanner::ALONE, config)?;
+            let mut shares = Vec::with_capacity(NODES);
+            for rank in 0..NODES {
+                let reader = db.reader().unwrap();
+                let snapshot = block_on(reader.snapshot_at(rid)).unwrap();
+                let scanner = Scanner::new(rank, NODES, 0, 1).unwrap();
+                shares.push(scan_share(&snapshot, tables, scanner, config)?);
+            }
+            Ok((rid, all, shares))
+        };
+        match attempt() {
+            Ok(round) => return round,
+            Err(ScanError::SnapshotTooOld { .. }) if too_old < 50 => too_old += 1,
+            Err(e) => panic!("scan after {too_old} too-old snapshots: {e}"),
+        }
+    }
 }
 
 fn tuples(rows: &[(u64, i64)]) -> Vec<Tuple> {
@@ -145,7 +177,6 @@ fn aggregates_and_joins_of_live_snapshots_equal_single_node_answers() {
             }
         }
         let _stop_writers = StopOnDrop(&stop);
-        let reader = db.reader().unwrap();
         let mut last_commits = 0;
         for round in 0..3 {
             // Let some transactions commit between rounds.
@@ -153,10 +184,10 @@ fn aggregates_and_joins_of_live_snapshots_equal_single_node_answers() {
                 std::thread::sleep(Duration::from_millis(1));
             }
             last_commits = commits.load(Ordering::Relaxed);
-            let snapshot = block_on(reader.snapshot()).unwrap();
-            let rid = snapshot.rid();
-            let all = scan_share(&snapshot, (&orders, &groups), Scanner::ALONE, &scan_config);
+            let (rid, all, shares) = scan_round(&db, (&orders, &groups), &scan_config);
             assert_eq!(all.orders.len() as u64, ORDERS);
+            let shared: usize = shares.iter().map(|r| r.orders.len()).sum();
+            assert_eq!(shared as u64, ORDERS, "the shares cover every order once");
 
             // The single-node answers on this snapshot.
             let mut want_groups: BTreeMap<u64, (i128, u64, i64, i64)> = BTreeMap::new();
@@ -178,17 +209,10 @@ fn aggregates_and_joins_of_live_snapshots_equal_single_node_answers() {
             let per_node: Vec<_> = std::thread::scope(|s| {
                 let hs: Vec<_> = exchanges
                     .into_iter()
-                    .enumerate()
-                    .map(|(rank, x)| {
+                    .zip(&shares)
+                    .map(|(x, mine)| {
                         let device: Arc<dyn Device> = net.add_node();
-                        let (db, orders, groups, scan_config) =
-                            (&db, &orders, &groups, &scan_config);
                         s.spawn(move || {
-                            let reader = db.reader().unwrap();
-                            let snapshot = block_on(reader.snapshot_at(rid)).unwrap();
-                            let scanner = Scanner::new(rank, NODES, 0, 1).unwrap();
-                            let mine =
-                                scan_share(&snapshot, (orders, groups), scanner, scan_config);
                             let node = Node::join(device, Arc::new(x), 1 << 30).unwrap();
                             let keys: Vec<u64> = mine.orders.iter().map(|o| o.0).collect();
                             let values: Vec<i64> = mine.orders.iter().map(|o| o.1).collect();

@@ -61,14 +61,12 @@ pub struct NodeArgs {
 /// and moves one only after some milliseconds, which turns runs of tens of
 /// milliseconds bimodal.
 pub fn pin_node(rank: usize, threads_per_node: usize) -> Result<Vec<usize>> {
-    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
-    let allowed = sched_getaffinity(None).context("reading this process's CPUs")?;
-    let cpus: Vec<usize> = (0..CpuSet::MAX_CPU)
-        .filter(|&c| allowed.is_set(c))
-        .collect();
+    use rustix::thread::{CpuSet, sched_setaffinity};
+    let cpus = allowed_cpus()?;
     ensure!(!cpus.is_empty(), "this process may run on no CPU");
-    let mine: Vec<usize> = (0..threads_per_node.max(1))
-        .map(|t| cpus[(rank * threads_per_node.max(1) + t) % cpus.len()])
+    let per_node = threads_per_node.max(1);
+    let mine: Vec<usize> = (0..per_node)
+        .map(|t| cpus[(rank * per_node + t) % cpus.len()])
         .collect();
     let mut set = CpuSet::new();
     for &c in &mine {
@@ -77,6 +75,15 @@ pub fn pin_node(rank: usize, threads_per_node: usize) -> Result<Vec<usize>> {
     sched_setaffinity(None, &set)
         .with_context(|| format!("pinning node {rank} to CPUs {mine:?}"))?;
     Ok(mine)
+}
+
+/// The CPUs the calling thread may run on, in order.
+fn allowed_cpus() -> Result<Vec<usize>> {
+    use rustix::thread::{CpuSet, sched_getaffinity};
+    let allowed = sched_getaffinity(None).context("reading this thread's CPUs")?;
+    Ok((0..CpuSet::MAX_CPU)
+        .filter(|&c| allowed.is_set(c))
+        .collect())
 }
 
 /// A node process's exchange: rank 0 listens and prints its address, the others join.
@@ -409,11 +416,9 @@ pub fn run_processes<R: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rustix::thread::{CpuSet, sched_getaffinity};
 
     fn allowed() -> Vec<usize> {
-        let set = sched_getaffinity(None).unwrap();
-        (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
+        allowed_cpus().unwrap()
     }
 
     #[test]

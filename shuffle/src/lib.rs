@@ -40,5 +40,5 @@ pub use endpoint::{
 pub use error::{Result, ShuffleError};
 pub use exchange::{Exchange, LocalExchange, TcpExchange};
 pub use node::Node;
-pub use operator::{BLOCK, Groups, PREDICATED_GROUPS, Shuffle, ShuffleWriter, receive_all};
+pub use operator::{Groups, Shuffle, ShuffleWriter, receive_all};
 pub use pool::{BufferPool, Buffering, Circulation};

@@ -92,12 +92,6 @@ impl Shuffle {
     }
 }
 
-/// Tuples per block of [`ShuffleWriter::push_partitioned`].
-pub const BLOCK: usize = 256;
-/// Up to this many groups, [`ShuffleWriter::push_partitioned`] writes each block once
-/// per group with predicated stores.
-pub const PREDICATED_GROUPS: usize = 4;
-
 /// For tuples of `W` words: how many tuples ahead [`fabric::PREFETCH_AHEAD_BYTES`] is,
 /// and how many tuples share a cache line (prefetch once per line).
 pub(crate) fn prefetch_stride<const W: usize>() -> (usize, usize) {
@@ -168,85 +162,29 @@ impl ShuffleWriter<'_> {
     }
 
     /// Appends every tuple of `tuples` to the group `group_of` names for it, as
-    /// [`ShuffleWriter::push`] would tuple by tuple, in blocks of [`BLOCK`] tuples.
-    ///
-    /// With few groups (at most [`PREDICATED_GROUPS`]) each block is written once per
-    /// group with predicated stores: every tuple is stored at the group's next free
-    /// slot, and the slot only advances for the group's own tuples. That trades a
-    /// pass over an L1-resident block per group for the per-tuple dependency on where
-    /// each destination's buffer ends, which with random destinations keeps the CPU
-    /// from reading ahead in the input. More groups take the tuple-by-tuple path.
+    /// [`ShuffleWriter::push`] would one by one, reading [`fabric::PREFETCH_AHEAD_BYTES`]
+    /// ahead in `tuples`: the loop of a partitioning sender, which otherwise waits on
+    /// every cache line of its input. A group out of range is an error; the tuples
+    /// before it have been appended.
     pub fn push_partitioned<const W: usize>(
         &mut self,
         tuples: &[[u64; W]],
         group_of: impl Fn(&[u64; W]) -> usize,
     ) -> Result<()> {
         let groups = self.out.len();
-        let out_of_range =
-            |g: usize| ShuffleError::Invalid(format!("group {g} of a writer with {groups} groups"));
-        if groups > PREDICATED_GROUPS || W == 0 {
-            for t in tuples {
-                let g = group_of(t);
-                if g >= groups {
-                    return Err(out_of_range(g));
-                }
-                self.push(g, t)?;
-            }
-            return Ok(());
-        }
-        let mut group_ids = [0u8; BLOCK];
         let (ahead, per_line) = prefetch_stride::<W>();
-        for (b, block) in tuples.chunks(BLOCK).enumerate() {
-            for (i, (id, t)) in group_ids.iter_mut().zip(block).enumerate() {
-                if i.is_multiple_of(per_line) {
-                    fabric::prefetch(tuples, b * BLOCK + i + ahead);
-                }
-                let g = group_of(t);
-                if g >= groups {
-                    return Err(out_of_range(g));
-                }
-                *id = g as u8;
+        for (i, t) in tuples.iter().enumerate() {
+            if i.is_multiple_of(per_line) {
+                fabric::prefetch(tuples, i + ahead);
             }
-            for g in 0..groups {
-                self.append_group(g, block, &group_ids[..block.len()])?;
+            let g = group_of(t);
+            if g >= groups {
+                return Err(ShuffleError::Invalid(format!(
+                    "group {g} of a writer with {groups} groups"
+                )));
             }
+            self.push(g, t)?;
         }
-        Ok(())
-    }
-
-    /// The tuples of `block` whose id is `group`, appended to its buffer.
-    fn append_group<const W: usize>(
-        &mut self,
-        group: usize,
-        block: &[[u64; W]],
-        ids: &[u8],
-    ) -> Result<()> {
-        let roomy = self.out[group]
-            .as_ref()
-            .is_some_and(|b| b.remaining_words() >= block.len() * W);
-        let Some(buf) = self.out[group].as_mut().filter(|_| roomy) else {
-            // No buffer yet, or near its end: one at a time, so it fills up exactly.
-            for (t, &id) in block.iter().zip(ids) {
-                if id as usize == group {
-                    self.push(group, t)?;
-                }
-            }
-            return Ok(());
-        };
-        let start = buf.len_words();
-        // Every tuple lands at slot `taken`, which is at most its index in the block,
-        // so the stores stay within the room checked above; slots past the group's
-        // own tuples are overwritten or lie beyond the length.
-        let room = &buf.payload()[start..start + block.len() * W];
-        let mut taken = 0;
-        for (t, &id) in block.iter().zip(ids) {
-            let slot = &room[taken * W..(taken + 1) * W];
-            for k in 0..W {
-                slot[k].store(t[k], Ordering::Relaxed);
-            }
-            taken += usize::from(id as usize == group);
-        }
-        buf.set_len_words(start + taken * W);
         Ok(())
     }
 

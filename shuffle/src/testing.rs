@@ -129,9 +129,8 @@ pub struct Run {
     pub bulk: bool,
 }
 
-/// Tuples per bulk call in a bulk run: one and a half blocks of `push_partitioned`
-/// and odd, so runs straddle blocks and buffer boundaries.
-pub const BULK_RUN: usize = crate::operator::BLOCK * 3 / 2 + 1;
+/// Tuples per bulk call in a bulk run: odd, so runs straddle buffer boundaries.
+pub const BULK_RUN: usize = 385;
 
 impl Run {
     pub fn new(design: Design, nodes: usize, threads: usize, tuples: u64) -> Run {

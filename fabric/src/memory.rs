@@ -225,8 +225,13 @@ pub(crate) fn copy_between(
         let (last_d, body_d) = d.split_last().expect("len > 0");
         let (last_s, body_s) = s.split_last().expect("len > 0");
         const AHEAD: usize = PREFETCH_AHEAD_BYTES / 8;
+        // The first window at once, so a short copy (a record) has all of its cache
+        // lines in flight together; then one line per 8 words, never past the source.
+        for i in (0..s.len().min(AHEAD)).step_by(8).chain([s.len() - 1]) {
+            prefetch(s, i);
+        }
         for (i, (d, s)) in body_d.iter().zip(body_s).enumerate() {
-            if i.is_multiple_of(8) {
+            if i.is_multiple_of(8) && i + AHEAD < body_s.len() {
                 prefetch(body_s, i + AHEAD);
             }
             d.store(s.load(Ordering::Acquire), Ordering::Relaxed);

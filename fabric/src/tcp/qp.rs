@@ -18,7 +18,7 @@ use crate::validate::validate;
 use crate::wr::{Completion, RecvWr, SendWr, Src, UD_MTU, WcOpcode, WrOp};
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -755,10 +755,48 @@ impl QpShared {
 
     fn destroy(&self) {
         self.state.store(DESTROYED, Ordering::Release);
-        lock(&self.sq).link = None;
+        let stream = lock(&self.sq).link.take().and_then(|l| l.stream);
+        if let Some(stream) = stream {
+            close_without_reset(stream);
+        }
         self.receive_posted.notify_all();
         self.node.forget_qp(self.endpoint.qpn);
     }
+}
+
+/// How long a destroyed queue pair's connection waits for the responder to finish.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// Closes a destroyed queue pair's connection without losing the requests written to
+/// it. Closing a socket with unread data (responses never polled) is an abortive close:
+/// the kernel sends a reset and discards what it has not yet transmitted, so requests
+/// that were posted, and accepted by the kernel, would never reach the responder.
+/// Instead the write side is shut (the FIN goes after the last request) and responses
+/// are discarded until the responder, having executed everything, closes its end; on
+/// a thread of its own, because the responder may take a while (an RNR wait) and
+/// destroying a queue pair does not wait for its peer.
+fn close_without_reset(stream: TcpStream) {
+    let _ = stream.shutdown(Shutdown::Write);
+    let drain = move || {
+        let mut stream = stream;
+        if stream.set_nonblocking(false).is_err() || stream.set_read_timeout(Some(LINGER)).is_err()
+        {
+            return;
+        }
+        let mut sink = [0u8; 64 * 1024];
+        loop {
+            match stream.read(&mut sink) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    };
+    // Without a thread the stream is dropped here: a plain close, as before.
+    let _ = std::thread::Builder::new()
+        .name("tcp-qp-close".into())
+        .spawn(drain);
 }
 
 impl Progress for QpShared {

@@ -278,3 +278,56 @@ fn sends_received_before_the_requester_vanished_are_all_delivered() {
         assert_eq!(got[at..at + 8], i.to_ne_bytes(), "message {i}");
     }
 }
+
+/// As above, with requests the requester's kernel had accepted but not yet transmitted
+/// when the queue pair was destroyed: the responder stalls (no receive posted) so the
+/// requests pile up unsent, and a response waits unread, so closing the socket outright
+/// would be a reset, which discards whatever was never transmitted.
+#[test]
+fn sends_not_yet_transmitted_when_the_requester_vanishes_are_all_delivered() {
+    const K: u64 = 16;
+    const LEN: u64 = 16 * 1024;
+    let a = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let b = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let (acq, bcq) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let forever = |c: crate::QpConfig| crate::QpConfig { rnr_retry: 7, ..c };
+    let (aqp, bqp) =
+        crate::connect_rc_with((a.as_ref(), &acq), (b.as_ref(), &bcq), forever).unwrap();
+    let from = a.register(LEN * K, Access::ALL).unwrap();
+    let into = b.register(LEN * K, Access::ALL).unwrap();
+    let recv = |i: u64| {
+        bqp.post_recv(&[crate::RecvWr {
+            wr_id: i,
+            buf: into.buf(LEN * i, LEN as u32),
+        }])
+        .unwrap()
+    };
+    recv(0);
+    for i in 0..K {
+        from.write(LEN * i, &[i as u8; LEN as usize]).unwrap();
+    }
+    std::thread::scope(|s| {
+        // Lets the responder go on only once the requester has gone (or, should the
+        // requests not fit in the sockets, has been waiting for it a while).
+        let (gone, wait) = std::sync::mpsc::channel::<()>();
+        s.spawn(move || {
+            let _ = wait.recv_timeout(Duration::from_secs(1));
+            (1..K).for_each(recv);
+        });
+        for i in 0..K {
+            aqp.post_send(&[SendWr::send(i, from.buf(LEN * i, LEN as u32))])
+                .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        drop(aqp);
+        drop(gone);
+    });
+    let all = crate::conformance::wait(&bcq, K as usize);
+    for (i, wc) in (0..K).zip(&all) {
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success), "{all:?}");
+    }
+    let got = into.to_vec(0, (LEN * K) as usize).unwrap();
+    for (i, message) in got.chunks(LEN as usize).enumerate() {
+        assert!(message.iter().all(|&x| x == i as u8), "message {i}");
+    }
+}

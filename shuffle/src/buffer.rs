@@ -260,7 +260,7 @@ impl SendBuf {
     /// Appends as many whole tuples of `tuples` as fit and returns how many it took.
     /// One bounds check per call instead of per tuple, and a loop of independent loads
     /// and stores that the CPU can run ahead on: the bulk path of runs of tuples bound
-    /// for one group (a broadcast, a flushed staging area).
+    /// for one group (a broadcast).
     #[inline]
     pub fn extend_tuples<const W: usize>(&mut self, tuples: &[[u64; W]]) -> usize {
         let fit = (self.capacity - self.words).checked_div(W).unwrap_or(0);

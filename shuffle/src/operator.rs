@@ -111,7 +111,7 @@ impl ShuffleWriter<'_> {
     /// Appends `tuple` to group `group`'s buffer, transmitting the buffer when full.
     #[inline]
     pub fn push(&mut self, group: usize, tuple: &[u64]) -> Result<()> {
-        if let Some(buf) = &mut self.out[group]
+        if let Some(Some(buf)) = self.out.get_mut(group)
             && buf.push_tuple(tuple)
         {
             return Ok(());
@@ -121,6 +121,7 @@ impl ShuffleWriter<'_> {
 
     #[cold]
     fn push_slow(&mut self, group: usize, tuple: &[u64]) -> Result<()> {
+        self.check_group(group)?;
         if let Some(full) = self.out[group].take() {
             self.endpoint
                 .put_data(full, self.shuffle.groups.members(group), State::MoreData)?;
@@ -147,14 +148,15 @@ impl ShuffleWriter<'_> {
         mut tuples: &[[u64; W]],
     ) -> Result<()> {
         while let Some((first, _)) = tuples.split_first() {
-            if let Some(buf) = &mut self.out[group] {
+            if let Some(Some(buf)) = self.out.get_mut(group) {
                 let took = buf.extend_tuples(tuples);
                 tuples = &tuples[took..];
                 if took > 0 {
                     continue;
                 }
             }
-            // No buffer yet, or a full one: the slow path sends it and starts another.
+            // No buffer yet, or a full one: the slow path sends it and starts another
+            // (or finds the group does not exist).
             self.push_slow(group, first)?;
             tuples = &tuples[1..];
         }
@@ -171,26 +173,32 @@ impl ShuffleWriter<'_> {
         tuples: &[[u64; W]],
         group_of: impl Fn(&[u64; W]) -> usize,
     ) -> Result<()> {
-        let groups = self.out.len();
         let (ahead, per_line) = prefetch_stride::<W>();
         for (i, t) in tuples.iter().enumerate() {
             if i.is_multiple_of(per_line) {
                 fabric::prefetch(tuples, i + ahead);
             }
-            let g = group_of(t);
-            if g >= groups {
-                return Err(ShuffleError::Invalid(format!(
-                    "group {g} of a writer with {groups} groups"
-                )));
-            }
-            self.push(g, t)?;
+            self.push(group_of(t), t)?;
         }
         Ok(())
+    }
+
+    /// A group this writer has no buffer for is the caller's error, never a panic.
+    fn check_group(&self, group: usize) -> Result<()> {
+        if group < self.out.len() {
+            Ok(())
+        } else {
+            Err(ShuffleError::Invalid(format!(
+                "group {group} of a writer with {} groups",
+                self.out.len()
+            )))
+        }
     }
 
     /// The buffer for `group`, for callers that fill payloads in bulk; transmit it
     /// with [`ShuffleWriter::flush`].
     pub fn buffer(&mut self, group: usize) -> Result<&mut SendBuf> {
+        self.check_group(group)?;
         if self.out[group].is_none() {
             self.out[group] = Some(self.endpoint.acquire()?);
         }
@@ -199,6 +207,7 @@ impl ShuffleWriter<'_> {
 
     /// Transmits group `group`'s buffer now, if it holds anything.
     pub fn flush(&mut self, group: usize) -> Result<()> {
+        self.check_group(group)?;
         if let Some(buf) = self.out[group].take_if(|b| !b.is_empty()) {
             self.endpoint
                 .put_data(buf, self.shuffle.groups.members(group), State::MoreData)?;

@@ -54,6 +54,12 @@ fn a_group_out_of_range_is_an_error_and_the_stream_still_ends() {
         Err(ShuffleError::Invalid(msg)) => assert!(msg.contains("group 7"), "{msg}"),
         other => panic!("expected an invalid-group error, got {other:?}"),
     }
+    // Every way of naming a group checks it.
+    let invalid = |r: shuffle::Result<()>| matches!(r, Err(ShuffleError::Invalid(_)));
+    assert!(invalid(w.push(1, &[1, 2])));
+    assert!(invalid(w.push_all(3, &tuples)));
+    assert!(invalid(w.flush(2)));
+    assert!(w.buffer(9).is_err());
     w.finish().unwrap();
     let mut got = 0;
     receive_all(&*shuffle.receiver(0), |data| got += data.len_words() / 2).unwrap();

@@ -230,10 +230,19 @@ pub(crate) fn copy_between(
         for i in (0..s.len().min(AHEAD)).step_by(8).chain([s.len() - 1]) {
             prefetch(s, i);
         }
-        for (i, (d, s)) in body_d.iter().zip(body_s).enumerate() {
-            if i.is_multiple_of(8) && i + AHEAD < body_s.len() {
-                prefetch(body_s, i + AHEAD);
+        // A cache line of words per step, with a fixed-length inner copy.
+        const LINE: usize = 8;
+        let (lines_d, lines_s) = (body_d.chunks_exact(LINE), body_s.chunks_exact(LINE));
+        let (tail_d, tail_s) = (lines_d.remainder(), lines_s.remainder());
+        for (l, (d, s)) in lines_d.zip(lines_s).enumerate() {
+            if l * LINE + AHEAD < body_s.len() {
+                prefetch(body_s, l * LINE + AHEAD);
             }
+            for k in 0..LINE {
+                d[k].store(s[k].load(Ordering::Acquire), Ordering::Relaxed);
+            }
+        }
+        for (d, s) in tail_d.iter().zip(tail_s) {
             d.store(s.load(Ordering::Acquire), Ordering::Relaxed);
         }
         last_d.store(last_s.load(Ordering::Acquire), Ordering::Release);
@@ -272,15 +281,17 @@ mod tests {
 
     #[test]
     fn copy_between_handles_every_alignment() {
-        let src = region(128);
-        let pattern: Vec<u8> = (0..128u32).map(|i| (i * 7 + 1) as u8).collect();
+        let src = region(1024);
+        let pattern: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 1) as u8).collect();
         copy_in(src.words(), 0, &pattern);
         for so in 0..9u64 {
             for d_o in 0..9u64 {
-                for len in [0u64, 1, 7, 8, 9, 33, 64] {
-                    let dst = region(128);
+                // Up to a cache line of words, then whole lines and a tail (the aligned
+                // copy moves 8 words per step).
+                for len in [0u64, 1, 7, 8, 9, 33, 64, 72, 80, 136, 200, 520, 1000] {
+                    let dst = region(1024);
                     copy_between(src.words(), so, dst.words(), d_o, len);
-                    let mut out = vec![0u8; 128];
+                    let mut out = vec![0u8; 1024];
                     copy_out(dst.words(), 0, &mut out);
                     assert_eq!(
                         &out[d_o as usize..(d_o + len) as usize],

@@ -267,18 +267,23 @@ impl SendBuf {
         let take = tuples.len().min(fit);
         let at = self.words;
         let cells = &self.payload()[at..at + take * W];
-        let (ahead, per_line) = crate::operator::prefetch_stride::<W>();
-        for (i, (slot, t)) in cells
-            .chunks_exact(W.max(1))
-            .zip(&tuples[..take])
-            .enumerate()
-        {
-            if i.is_multiple_of(per_line) {
-                fabric::prefetch(tuples, i + ahead);
+        let input = tuples.as_flattened();
+        let words = &input[..take * W];
+        // A cache line of words per step: one prefetch (into the input beyond what fits
+        // here too: the next buffer copies it), and an inner copy of a fixed length
+        // that the compiler unrolls.
+        const LINE: usize = 8;
+        const AHEAD: usize = fabric::PREFETCH_AHEAD_BYTES / 8;
+        let (lines_to, lines_from) = (cells.chunks_exact(LINE), words.chunks_exact(LINE));
+        let (tail_to, tail_from) = (lines_to.remainder(), lines_from.remainder());
+        for (l, (to, from)) in lines_to.zip(lines_from).enumerate() {
+            fabric::prefetch(input, l * LINE + AHEAD);
+            for k in 0..LINE {
+                to[k].store(from[k], Ordering::Relaxed);
             }
-            for k in 0..W {
-                slot[k].store(t[k], Ordering::Relaxed);
-            }
+        }
+        for (to, &from) in tail_to.iter().zip(tail_from) {
+            to.store(from, Ordering::Relaxed);
         }
         self.words += take * W;
         take

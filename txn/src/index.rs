@@ -196,33 +196,81 @@ impl RemoteIndex {
         key: u64,
         addr: u64,
     ) -> Result<(), IndexError> {
-        let tag = Self::check_key(key)?;
+        Self::check_key(key)?;
         let result = at + self.shape.bucket_bytes();
         if result + 8 > buf.len() {
             return Err(IndexError::Scratch(self.shape.bucket_bytes() + 8));
         }
         loop {
             let words = self.read_bucket(conn, buf, at, key).await?;
-            let Claim::Slot(slot_at) = self.claim(&words, key)?;
+            let slot_at = self.claim_slot(&words, key)?;
             let local = buf.buf(result, 8);
-            conn.run(&[SendWr::cas(0, local, self.region.at(slot_at), 0, tag)])
-                .await?;
-            let old = buf.load_u64(result)?;
-            if old == 0 {
-                let value = (addr + 1).to_le_bytes();
-                conn.run(&[SendWr::write(
-                    0,
-                    fabric::Src::Inline(&value),
-                    self.region.at(slot_at + 8),
-                )])
-                .await?;
-                return Ok(());
-            }
-            if old == tag {
-                return Err(IndexError::DuplicateKey { key, addr: None });
+            conn.run(&[self.claim_cas(slot_at, key, local)?]).await?;
+            match Self::claimed(buf.load_u64(result)?, key)? {
+                Claimed::Won => {
+                    let value = Self::published_addr(addr);
+                    conn.run(&[self.publish_write(slot_at, &value)]).await?;
+                    return Ok(());
+                }
+                Claimed::Duplicate => {
+                    return Err(IndexError::DuplicateKey { key, addr: None });
+                }
+                Claimed::Lost => {}
             }
         }
     }
+
+    /// Where an insert of `key` claims its slot, given its bucket as READ: the first
+    /// empty slot (offset in the region). Only a claim on the first empty slot of a
+    /// bucket that did not hold the key keeps keys unique (see the module docs), so a
+    /// batch of inserts claims at most one slot per bucket.
+    pub(crate) fn claim_slot(&self, words: &[u64], key: u64) -> Result<u64, IndexError> {
+        let Claim::Slot(slot_at) = self.claim(words, key)?;
+        Ok(slot_at)
+    }
+
+    /// The CAS that claims the slot at `slot_at` for `key` (the old word lands in
+    /// `result`; see [`RemoteIndex::claimed`]).
+    pub(crate) fn claim_cas<'a>(
+        &self,
+        slot_at: u64,
+        key: u64,
+        result: LocalBuf,
+    ) -> Result<SendWr<'a>, IndexError> {
+        let tag = Self::check_key(key)?;
+        Ok(SendWr::cas(0, result, self.region.at(slot_at), 0, tag))
+    }
+
+    /// What the old key word a claim's CAS returned means.
+    pub(crate) fn claimed(old: u64, key: u64) -> Result<Claimed, IndexError> {
+        let tag = Self::check_key(key)?;
+        Ok(match old {
+            0 => Claimed::Won,
+            o if o == tag => Claimed::Duplicate,
+            _ => Claimed::Lost,
+        })
+    }
+
+    /// The address word that publishes a block at `addr`.
+    pub(crate) fn published_addr(addr: u64) -> [u8; 8] {
+        (addr + 1).to_le_bytes()
+    }
+
+    /// The WRITE that publishes a won slot's address ([`RemoteIndex::published_addr`]).
+    pub(crate) fn publish_write<'a>(&self, slot_at: u64, value: &'a [u8; 8]) -> SendWr<'a> {
+        SendWr::write(0, fabric::Src::Inline(value), self.region.at(slot_at + 8))
+    }
+}
+
+/// The outcome of a claim's CAS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claimed {
+    /// The slot is ours: publish the address.
+    Won,
+    /// Another insert of the same key took the slot.
+    Duplicate,
+    /// Another key took the slot: read the bucket again.
+    Lost,
 }
 
 /// The compute-side cache of key → block address.

@@ -17,9 +17,11 @@
 //!   wins: a written record whose header CID (as read) is above RID aborts before any
 //!   lock. (3) New records: FETCH_ADD on the partition's arena counter, WRITE the block
 //!   locked by CID, CAS the index slot from empty (losing the race is `DuplicateKey` for
-//!   [`AsyncTransaction::insert`], `Conflict` for a `put`). (4) Lock and validate every
-//!   updated record with one CAS each, one doorbell per memory server, expecting the
-//!   header read. (5) The commit record ([`crate::commitlog`]): the CID and the write
+//!   [`AsyncTransaction::insert`], `Conflict` for a `put`), then WRITE the slot's
+//!   address; batched over all inserts, the claim in the slot the key's lookup found
+//!   first empty, and the address WRITEs in step 4's doorbell. (4) Lock and validate
+//!   every updated record with one CAS each, one doorbell per memory server, expecting
+//!   the header read. (5) The commit record ([`crate::commitlog`]): the CID and the write
 //!   set, one WRITE into the worker's slot's log ring on server 0; once it is complete
 //!   the transaction is committed, whatever happens to this node. (6) Install: per
 //!   record a WRITE of the versions (new one at the head, older ones shifted) and a CAS
@@ -44,7 +46,7 @@ use crate::commitlog::{self, EntryKind, EntryRef};
 use crate::crash::{self, CrashPoint};
 use crate::durable::{PersistPlan, PersistRange};
 use crate::error::{Result, TxnError};
-use crate::index::{Lookup, RemoteIndex};
+use crate::index::{Claimed, Lookup, RemoteIndex};
 use crate::layout::{
     self, Block, Header, LayoutError, VERSIONS_OFFSET, Version, Visible, VisibleRaw,
 };
@@ -112,6 +114,10 @@ pub(crate) struct Parts {
     seen_at: HashMap<(u32, u64), usize, foldhash::fast::FixedState>,
     writes: Vec<Write>,
     bytes: Vec<u8>,
+    /// For keys the index did not hold when the transaction looked: the slot an
+    /// insert of the key claims, from that look, so the commit need not READ the
+    /// bucket again. (table, key, slot offset in the index region).
+    claim_hints: SmallVec<[(u32, u64, u64); 4]>,
 }
 
 /// Records a transaction looks up by scanning; above this, through `seen_at`.
@@ -125,6 +131,7 @@ impl Parts {
             seen_at: HashMap::default(),
             writes: Vec::new(),
             bytes: Vec::new(),
+            claim_hints: SmallVec::new(),
         }
     }
 
@@ -134,6 +141,14 @@ impl Parts {
         self.seen_at.clear();
         self.writes.clear();
         self.bytes.clear();
+        self.claim_hints.clear();
+    }
+
+    fn claim_hint(&self, table: u32, key: u64) -> Option<u64> {
+        self.claim_hints
+            .iter()
+            .find(|h| h.0 == table && h.1 == key)
+            .map(|h| h.2)
     }
 
     fn seen_of(&self, table: u32, key: u64) -> Option<&Seen> {
@@ -450,6 +465,8 @@ impl<'w> AsyncTransaction<'w> {
             return Ok(());
         }
         unseen.sort_unstable_by_key(|(t, k)| (t.id, *k));
+        unseen.dedup_by_key(|(t, k)| (t.id, *k));
+        self.look_up_new_keys(&unseen).await?;
         for group in unseen.chunk_by(|a, b| a.0.id == b.0.id) {
             let keys: SmallVec<[u64; 8]> = group.iter().map(|(_, k)| *k).collect();
             self.see(&group[0].0, &keys).await?;
@@ -462,6 +479,55 @@ impl<'w> AsyncTransaction<'w> {
                     table: table.id,
                     key: *key,
                 });
+            }
+        }
+        Ok(())
+    }
+
+    /// The index lookups of keys to insert that the worker has no address for, all
+    /// tables in one doorbell per server: a key the index does not hold is seen
+    /// [`Seen::Absent`], with the slot its insert will claim. Keys the index holds, or
+    /// is inserting, are left to [`AsyncTransaction::see`].
+    async fn look_up_new_keys(&mut self, keys: &[(Arc<Table>, u64)]) -> Result<()> {
+        let worker = self.worker;
+        let p = self.p_mut();
+        let mut at = 0;
+        let mut places: SmallVec<[(usize, u64); 8]> = SmallVec::new();
+        let mut batches = Batches::new();
+        for (n, (table, key)) in keys.iter().enumerate() {
+            if worker.cached_addr(table.id, *key).is_some() {
+                continue;
+            }
+            let index = &table.partitions[table.partition_of(*key)].index;
+            let bytes = index.shape.bucket_bytes();
+            if at + bytes > p.buffer.len() {
+                break;
+            }
+            let server = table.partitions[table.partition_of(*key)].server;
+            batches.push(
+                server,
+                index.bucket_read(*key, p.buffer.buf(at, bytes as u32)),
+            );
+            places.push((n, at));
+            at += bytes;
+        }
+        batches.run(worker).await?;
+        for (n, at) in places {
+            let (table, key) = &keys[n];
+            let index = &table.partitions[table.partition_of(*key)].index;
+            let mut words = vec![0u64; (index.shape.bucket_bytes() / 8) as usize];
+            p.buffer.read_words(at, &mut words)?;
+            if RemoteIndex::find(&words, *key)? != Lookup::Absent {
+                continue;
+            }
+            p.add_seen(SeenEntry {
+                table: table.id,
+                key: *key,
+                seen: Seen::Absent,
+            });
+            // A full bucket gets no hint: the commit reads it again and reports it.
+            if let Ok(slot) = index.claim_slot(&words, *key) {
+                p.claim_hints.push((table.id, *key, slot));
             }
         }
         Ok(())
@@ -1026,6 +1092,62 @@ struct Held {
     logged: bool,
 }
 
+/// How a commit's insert claims its index slot.
+#[derive(Clone, Copy)]
+enum BucketClaim {
+    /// In the slot the transaction's lookup found for it.
+    Slot(u64),
+    /// In the bucket READ at this offset of the buffer.
+    Read(u64),
+    /// With [`RemoteIndex::insert`], after the batch.
+    OneByOne,
+}
+
+/// An index slot a commit's batched insert won, with the address to publish in it.
+struct WonSlot {
+    server: usize,
+    index: RemoteIndex,
+    /// The slot's offset in the index region.
+    slot: u64,
+    value: [u8; 8],
+    table: u32,
+    key: u64,
+    addr: u64,
+}
+
+/// Publishes the addresses of won index slots, one doorbell per server.
+async fn publish(worker: &Worker, won: &[WonSlot]) -> Result<()> {
+    let mut batches = Batches::new();
+    for slot in won {
+        batches.push(
+            slot.server,
+            slot.index.publish_write(slot.slot, &slot.value),
+        );
+    }
+    batches.run(worker).await?;
+    for slot in won {
+        worker.cache_addr(slot.table, slot.key, slot.addr);
+    }
+    Ok(())
+}
+
+/// What losing an index insert means to the commit: a second `insert` of a key is
+/// `DuplicateKey`; a `put` racing an insert of the key is a `Conflict`.
+fn index_error(w: &Write, e: crate::index::IndexError) -> TxnError {
+    match e {
+        crate::index::IndexError::DuplicateKey { .. } if w.insert => TxnError::DuplicateKey {
+            table: w.table.id,
+            key: w.key,
+        },
+        crate::index::IndexError::DuplicateKey { .. } => TxnError::Conflict {
+            table: w.table.id,
+            key: w.key,
+            why: "inserted concurrently",
+        },
+        e => e.into(),
+    }
+}
+
 /// What the log record says of a new block: (table, partition, key, addr, value).
 type LoggedInsert<'a> = (u32, usize, u64, u64, &'a [u8]);
 
@@ -1044,9 +1166,22 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         .iter()
         .filter(|w| matches!(seen(w), Some(Seen::Absent)))
         .collect();
+    // Index slots this commit won and has yet to publish: their address WRITEs go in
+    // the lock step's doorbell.
+    let mut won: SmallVec<[WonSlot; 4]> = SmallVec::new();
     if !inserts.is_empty() {
+        // Unarmed, all inserts share three doorbells per server: the allocations (with
+        // the READ of any bucket the transaction's lookup did not leave a slot for),
+        // the blocks' WRITEs with the slots' claims, and the addresses with the locks;
+        // one at a time, four inserts took fourteen round trips. With crash points
+        // armed, inserts go one at a time so a crash can land between the steps; an
+        // insert whose bucket another insert of the batch claims in, or whose claim
+        // loses a race, goes one at a time after the batch.
+        let batched = !crash::armed();
         let mut area = Area::new(buffer);
         let mut counters = Vec::with_capacity(inserts.len());
+        let mut bucket_claims: SmallVec<[BucketClaim; 4]> = SmallVec::new();
+        let mut buckets_claimed: SmallVec<[(u32, usize, u64); 4]> = SmallVec::new();
         let mut batches = Batches::new();
         for w in &inserts {
             let part = w.table.partition_of(w.key);
@@ -1057,13 +1192,67 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
                 SendWr::fetch_add(0, buffer.buf(at, 8), p.data.at(p.arena), 1),
             );
             counters.push((part, at));
+            let bucket = (w.table.id, part, p.index.shape.bucket_of(w.key));
+            if !batched || buckets_claimed.contains(&bucket) {
+                bucket_claims.push(BucketClaim::OneByOne);
+                continue;
+            }
+            if let Some(slot) = st.claim_hint(w.table.id, w.key) {
+                buckets_claimed.push(bucket);
+                bucket_claims.push(BucketClaim::Slot(slot));
+                continue;
+            }
+            let bytes = p.index.shape.bucket_bytes();
+            match area.take(bytes) {
+                Ok(at) => {
+                    buckets_claimed.push(bucket);
+                    batches.push(
+                        p.server,
+                        p.index.bucket_read(w.key, buffer.buf(at, bytes as u32)),
+                    );
+                    bucket_claims.push(BucketClaim::Read(at));
+                }
+                Err(_) => bucket_claims.push(BucketClaim::OneByOne),
+            }
         }
         batches.run_step(worker, step).await?;
+        let mut blocks = Vec::with_capacity(inserts.len());
+        for &(part, at) in &counters {
+            blocks.push((part, buffer.load_u64(at)?));
+        }
+        // Claims: the first empty slot of each bucket READ. A claim that fails here
+        // (a duplicate, a full bucket) fails the commit after the blocks are written,
+        // so the abort path finds them all; no slot is claimed then.
+        let mut claims: SmallVec<[Option<u64>; 4]> = SmallVec::new();
+        let mut claim_error = None;
+        for (w, claim) in inserts.iter().zip(&bucket_claims) {
+            let at = match *claim {
+                BucketClaim::OneByOne => {
+                    claims.push(None);
+                    continue;
+                }
+                BucketClaim::Slot(slot) => {
+                    claims.push(Some(slot));
+                    continue;
+                }
+                BucketClaim::Read(at) => at,
+            };
+            let p = &w.table.partitions[w.table.partition_of(w.key)];
+            let mut words = vec![0u64; (p.index.shape.bucket_bytes() / 8) as usize];
+            buffer.read_words(at, &mut words)?;
+            match p.index.claim_slot(&words, w.key) {
+                Ok(slot) => claims.push(Some(slot)),
+                Err(e) => {
+                    claim_error.get_or_insert(index_error(w, e));
+                    claims.push(None);
+                }
+            }
+        }
+        let mut area = Area::new(buffer);
         let mut batches = Batches::new();
         let mut placed = Vec::with_capacity(inserts.len());
-        for (w, &(part, at)) in inserts.iter().zip(&counters) {
+        for (w, &(part, i)) in inserts.iter().zip(&blocks) {
             let p = &w.table.partitions[part];
-            let i = buffer.load_u64(at)?;
             if i >= p.capacity {
                 return Err(TxnError::TableFull {
                     table: w.table.id,
@@ -1082,6 +1271,25 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             );
             placed.push((part, addr));
         }
+        // Each claim's CAS goes after its block's WRITE on the same queue pair: the
+        // slot's address, written only once the claim is won, never points at an
+        // unwritten block.
+        let mut claim_results: SmallVec<[Option<u64>; 4]> = SmallVec::new();
+        for (w, claim) in inserts.iter().zip(&claims) {
+            let result = match (claim, &claim_error) {
+                (Some(slot), None) => {
+                    let p = &w.table.partitions[w.table.partition_of(w.key)];
+                    let res = area.take(8)?;
+                    batches.push(
+                        p.server,
+                        p.index.claim_cas(*slot, w.key, buffer.buf(res, 8))?,
+                    );
+                    Some(res)
+                }
+                _ => None,
+            };
+            claim_results.push(result);
+        }
         for (w, &(part, addr)) in inserts.iter().zip(&placed) {
             held.created.push((w.table.clone(), part, addr, w.key));
             // A durable cluster logs the value: a restart may lose the block.
@@ -1094,8 +1302,50 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         }
         batches.run_step(worker, step).await?;
         crash::point(CrashPoint::AfterInsertBlocks);
-        let index_at = area.take(0)?;
-        for (w, &(part, addr)) in inserts.iter().zip(&placed) {
+        if let Some(e) = claim_error {
+            return Err(e);
+        }
+        let mut one_by_one: SmallVec<[usize; 4]> = SmallVec::new();
+        for (n, (w, result)) in inserts.iter().zip(&claim_results).enumerate() {
+            let (part, addr) = placed[n];
+            let Some(res) = result else {
+                one_by_one.push(n);
+                continue;
+            };
+            match RemoteIndex::claimed(buffer.load_u64(*res)?, w.key)? {
+                Claimed::Won => won.push(WonSlot {
+                    server: w.table.partitions[part].server,
+                    index: w.table.partitions[part].index,
+                    slot: claims[n].expect("claimed"),
+                    value: RemoteIndex::published_addr(addr),
+                    table: w.table.id,
+                    key: w.key,
+                    addr,
+                }),
+                Claimed::Duplicate => {
+                    claim_error.get_or_insert(index_error(
+                        w,
+                        crate::index::IndexError::DuplicateKey {
+                            key: w.key,
+                            addr: None,
+                        },
+                    ));
+                }
+                Claimed::Lost => one_by_one.push(n),
+            }
+        }
+        if claim_error.is_some() || !one_by_one.is_empty() {
+            // Won slots are published before anything else can fail.
+            publish(worker, &won).await?;
+            won.clear();
+        }
+        if let Some(e) = claim_error {
+            return Err(e);
+        }
+        let index_at = Area::new(buffer).take(0)?;
+        for n in one_by_one {
+            let w = inserts[n];
+            let (part, addr) = placed[n];
             let p = &w.table.partitions[part];
             worker.check_epoch(step.epoch, cid)?;
             match p
@@ -1104,21 +1354,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
                 .await
             {
                 Ok(()) => worker.cache_addr(w.table.id, w.key, addr),
-                Err(crate::index::IndexError::DuplicateKey { .. }) => {
-                    return Err(if w.insert {
-                        TxnError::DuplicateKey {
-                            table: w.table.id,
-                            key: w.key,
-                        }
-                    } else {
-                        TxnError::Conflict {
-                            table: w.table.id,
-                            key: w.key,
-                            why: "inserted concurrently",
-                        }
-                    });
-                }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(index_error(w, e)),
             }
         }
         crash::point(CrashPoint::AfterIndex);
@@ -1138,8 +1374,14 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             updates.push((wi, w, *part, *addr, (*header, &st.bytes[raw.clone()]), res));
         }
     }
-    if !updates.is_empty() {
+    if !updates.is_empty() || !won.is_empty() {
         let mut batches = Batches::new();
+        for slot in &won {
+            batches.push(
+                slot.server,
+                slot.index.publish_write(slot.slot, &slot.value),
+            );
+        }
         for (_, w, part, addr, block, res) in &updates {
             let p = &w.table.partitions[*part];
             batches.push(
@@ -1153,7 +1395,15 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
                 ),
             );
         }
-        batches.run_step(worker, step).await?;
+        if let Err(e) = worker.check_epoch(step.epoch, cid) {
+            // A won slot gets its address whatever happens, or its key stays pending.
+            publish(worker, &won).await?;
+            return Err(e);
+        }
+        batches.run(worker).await?;
+        for slot in &won {
+            worker.cache_addr(slot.table, slot.key, slot.addr);
+        }
         let mut conflict = None;
         for (wi, w, _, _, block, res) in &updates {
             if buffer.load_u64(*res)? == block.0.encode() {

@@ -468,3 +468,82 @@ async fn yield_a_little() {
         .await;
     }
 }
+
+/// Commits batch their inserts' index claims (the lookup's slot, one CAS per bucket in
+/// the blocks' doorbell); crowded buckets and racing inserters of overlapping keys must
+/// still leave every key inserted once, by exactly one committed transaction.
+#[test]
+fn batched_index_claims_keep_keys_unique_in_crowded_buckets() {
+    let db = Database::embedded(Options {
+        wait_visible: true,
+        ..options(1)
+    })
+    .unwrap();
+    // Two buckets of 32 slots for 48 keys: every commit's keys share buckets with
+    // other commits' keys, and often with each other.
+    let mut spec = TableSpec::new("crowded", 64, 2048);
+    spec.partitions = 1;
+    spec.index.buckets = 2;
+    spec.index.slots = 32;
+    let t = db.create_table(spec).unwrap();
+    const KEYS: u64 = 48;
+    let committed: Vec<(u64, Vec<u64>)> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..2u64)
+            .map(|thread| {
+                let (db, t) = (&db, &t);
+                s.spawn(move || {
+                    let worker = db.worker().unwrap();
+                    let mut committed = Vec::new();
+                    for round in 0..6u64 {
+                        let results = worker.run_coroutines(8, |c| {
+                            let (worker, t) = (&worker, t);
+                            // Four keys per commit, overlapping other coroutines'.
+                            let id = (thread * 100 + round) * 10 + c as u64;
+                            let keys: Vec<u64> = (0..4).map(|i| (id * 7 + i * 13) % KEYS).collect();
+                            Box::pin(async move {
+                                let mut x = worker.begin(0).await?;
+                                for &k in &keys {
+                                    x.insert_later(t, k, val(id)).await?;
+                                }
+                                yield_a_little().await;
+                                x.commit().await.map(|_| (id, keys))
+                            })
+                        });
+                        for r in results {
+                            match r {
+                                Ok(done) => committed.push(done),
+                                Err(TxnError::DuplicateKey { .. } | TxnError::Conflict { .. }) => {}
+                                Err(e) => panic!("unexpected: {e}"),
+                            }
+                        }
+                    }
+                    committed
+                })
+            })
+            .collect();
+        runs.into_iter().flat_map(|r| r.join().unwrap()).collect()
+    });
+    let mut owner = std::collections::HashMap::new();
+    for (id, keys) in &committed {
+        for &k in keys {
+            if let Some(other) = owner.insert(k, *id) {
+                panic!("key {k} inserted by two committed transactions, {other} and {id}");
+            }
+        }
+    }
+    assert!(
+        owner.len() >= 8,
+        "too few commits to mean anything: {owner:?}"
+    );
+    let mut c = db.client().unwrap();
+    let mut x = c.begin().unwrap();
+    for k in 0..KEYS {
+        let got = x.get(&t, k).unwrap().map(|v| num(&v));
+        assert_eq!(got, owner.get(&k).copied(), "key {k}");
+    }
+    let rows = x.scan(&t, |_, _| true).unwrap();
+    assert_eq!(rows.len(), owner.len());
+    for (k, v) in rows {
+        assert_eq!(Some(num(&v)), owner.get(&k).copied(), "key {k} in the scan");
+    }
+}

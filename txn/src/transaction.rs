@@ -1110,9 +1110,6 @@ struct WonSlot {
     /// The slot's offset in the index region.
     slot: u64,
     value: [u8; 8],
-    table: u32,
-    key: u64,
-    addr: u64,
 }
 
 /// Publishes the addresses of won index slots, one doorbell per server.
@@ -1124,11 +1121,7 @@ async fn publish(worker: &Worker, won: &[WonSlot]) -> Result<()> {
             slot.index.publish_write(slot.slot, &slot.value),
         );
     }
-    batches.run(worker).await?;
-    for slot in won {
-        worker.cache_addr(slot.table, slot.key, slot.addr);
-    }
-    Ok(())
+    batches.run(worker).await
 }
 
 /// What losing an index insert means to the commit: a second `insert` of a key is
@@ -1318,9 +1311,6 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
                     index: w.table.partitions[part].index,
                     slot: claims[n].expect("claimed"),
                     value: RemoteIndex::published_addr(addr),
-                    table: w.table.id,
-                    key: w.key,
-                    addr,
                 }),
                 Claimed::Duplicate => {
                     claim_error.get_or_insert(index_error(
@@ -1353,7 +1343,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
                 .insert(worker.conn(p.server), buffer, index_at, w.key, addr)
                 .await
             {
-                Ok(()) => worker.cache_addr(w.table.id, w.key, addr),
+                Ok(()) => {}
                 Err(e) => return Err(index_error(w, e)),
             }
         }
@@ -1401,9 +1391,6 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             return Err(e);
         }
         batches.run(worker).await?;
-        for slot in &won {
-            worker.cache_addr(slot.table, slot.key, slot.addr);
-        }
         let mut conflict = None;
         for (wi, w, _, _, block, res) in &updates {
             if buffer.load_u64(*res)? == block.0.encode() {

@@ -15,8 +15,9 @@
 //!   others are re-read one by one with the seqlock.
 //! - **Commit.** (1) CID from the worker's slot, no communication. (2) First committer
 //!   wins: a written record whose header CID (as read) is above RID aborts before any
-//!   lock. (3) New records: FETCH_ADD on the partition's arena counter, WRITE the block
-//!   locked by CID, CAS the index slot from empty (losing the race is `DuplicateKey` for
+//!   lock. (3) New records: a block from the partition's arena counter (FETCH_ADD, a
+//!   few blocks at a time per worker), WRITE the block locked by CID, CAS the index
+//!   slot from empty (losing the race is `DuplicateKey` for
 //!   [`AsyncTransaction::insert`], `Conflict` for a `put`), then WRITE the slot's
 //!   address; batched over all inserts, the claim in the slot the key's lookup found
 //!   first empty, and the address WRITEs in step 4's doorbell. (4) Lock and validate
@@ -1107,6 +1108,15 @@ struct Held {
     logged: bool,
 }
 
+/// Where a commit's insert gets its block.
+#[derive(Clone, Copy)]
+enum Allocation {
+    /// One the worker allocated ahead.
+    Spare { part: usize, block: u64 },
+    /// The first of `chunk` blocks a FETCH_ADD returns at `at` of the buffer.
+    Fetched { part: usize, at: u64, chunk: u64 },
+}
+
 /// How a commit's insert claims its index slot.
 #[derive(Clone, Copy)]
 enum BucketClaim {
@@ -1164,8 +1174,8 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     let buffer = &st.buffer;
     let locked = Header::locked_by(cid).encode();
     let seen = |w: &Write| st.seen_of(w.table.id, w.key);
-    // New records: allocate (one FETCH_ADD per record, one doorbell per server), write
-    // the blocks locked (one doorbell per server), publish them in the index.
+    // New records: allocate (from the worker's spare blocks, or one FETCH_ADD for a
+    // few), write the blocks locked, publish them in the index.
     // What the log record says of the new blocks: (table, partition, key, addr).
     let mut logged_inserts: SmallVec<[LoggedInsert<'_>; 4]> = SmallVec::new();
     let durable = worker.database().is_durable();
@@ -1194,12 +1204,18 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         for w in &inserts {
             let part = w.table.partition_of(w.key);
             let p = &w.table.partitions[part];
-            let at = area.take(8)?;
-            batches.push(
-                p.server,
-                SendWr::fetch_add(0, buffer.buf(at, 8), p.data.at(p.arena), 1),
-            );
-            counters.push((part, at));
+            match worker.take_spare_block(w.table.id, part) {
+                Some(block) => counters.push(Allocation::Spare { part, block }),
+                None => {
+                    let at = area.take(8)?;
+                    let chunk = crate::worker::allocation_chunk(p.capacity);
+                    batches.push(
+                        p.server,
+                        SendWr::fetch_add(0, buffer.buf(at, 8), p.data.at(p.arena), chunk),
+                    );
+                    counters.push(Allocation::Fetched { part, at, chunk });
+                }
+            }
             let bucket = (w.table.id, part, p.index.shape.bucket_of(w.key));
             if !batched || buckets_claimed.contains(&bucket) {
                 bucket_claims.push(BucketClaim::OneByOne);
@@ -1225,8 +1241,18 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         }
         batches.run_step(worker, step).await?;
         let mut blocks = Vec::with_capacity(inserts.len());
-        for &(part, at) in &counters {
-            blocks.push((part, buffer.load_u64(at)?));
+        for (w, allocation) in inserts.iter().zip(&counters) {
+            match *allocation {
+                Allocation::Spare { part, block } => blocks.push((part, block)),
+                Allocation::Fetched { part, at, chunk } => {
+                    let first = buffer.load_u64(at)?;
+                    blocks.push((part, first));
+                    let end = first
+                        .saturating_add(chunk)
+                        .min(w.table.partitions[part].capacity);
+                    worker.add_spare_blocks(w.table.id, part, first.saturating_add(1)..end);
+                }
+            }
         }
         // Claims: the first empty slot of each bucket READ. A claim that fails here
         // (a duplicate, a full bucket) fails the commit after the blocks are written,

@@ -189,132 +189,45 @@ pub struct EntryRef<'a> {
     pub value: &'a [u8],
 }
 
-/// Bytes of the record of `entries`: a multiple of 8.
-pub fn encoded_len(entries: &[EntryRef<'_>]) -> u64 {
+/// A record's bytes: a multiple of 8, ending in its checksum.
+pub fn encode(cid: u64, entries: &[EntryRef<'_>]) -> Vec<u8> {
     let words = 3
         + entries
             .iter()
             .map(|e| 4 + e.value.len().div_ceil(8))
             .sum::<usize>()
         + 1;
-    words as u64 * 8
-}
-
-/// A record's bytes: a multiple of 8, ending in its checksum.
-pub fn encode(cid: u64, entries: &[EntryRef<'_>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(encoded_len(entries) as usize);
-    encode_with(cid, entries, &mut |bytes: &[u8]| {
-        out.extend_from_slice(bytes);
-        Ok(())
-    })
-    .expect("a vector takes every byte");
+    let mut out = Vec::with_capacity(words * 8);
+    let push = |out: &mut Vec<u8>, w: u64| out.extend_from_slice(&w.to_le_bytes());
+    push(&mut out, MAGIC | (words as u64) << 32);
+    push(&mut out, cid);
+    push(&mut out, entries.len() as u64);
+    for e in entries {
+        push(
+            &mut out,
+            e.table as u64 | (e.part as u64) << 32 | (e.kind as u64) << 48,
+        );
+        push(&mut out, e.key);
+        push(&mut out, e.addr);
+        push(&mut out, e.value.len() as u64);
+        out.extend_from_slice(e.value);
+        out.resize(out.len().next_multiple_of(8), 0);
+    }
+    let sum = checksum(&out);
+    push(&mut out, sum);
+    debug_assert_eq!(out.len(), words * 8);
     out
 }
 
-/// [`encode`] straight into `buffer` at `at` (8-byte aligned), where the commit
-/// WRITEs it from: no intermediate copy of the values. Returns the record's length.
-pub fn encode_into(
-    cid: u64,
-    entries: &[EntryRef<'_>],
-    buffer: &fabric::Region,
-    at: u64,
-) -> Result<u64> {
-    let mut next = at;
-    encode_with(cid, entries, &mut |bytes: &[u8]| {
-        buffer.write(next, bytes)?;
-        next += bytes.len() as u64;
-        Ok(())
-    })?;
-    Ok(next - at)
-}
-
-/// The record's bytes, in order, to `out`: words, and each value followed by the zeros
-/// that pad it to a word.
-fn encode_with(
-    cid: u64,
-    entries: &[EntryRef<'_>],
-    out: &mut dyn FnMut(&[u8]) -> std::result::Result<(), fabric::FabricError>,
-) -> Result<()> {
-    let mut w = RecordWriter {
-        sum: Checksum::new(),
-        out,
-    };
-    w.word(MAGIC | (encoded_len(entries) / 8) << 32)?;
-    w.word(cid)?;
-    w.word(entries.len() as u64)?;
-    for e in entries {
-        w.word(e.table as u64 | (e.part as u64) << 32 | (e.kind as u64) << 48)?;
-        w.word(e.key)?;
-        w.word(e.addr)?;
-        w.word(e.value.len() as u64)?;
-        w.value(e.value)?;
-    }
-    let total = w.sum.finish();
-    (w.out)(&total.to_le_bytes())?;
-    Ok(())
-}
-
-/// Hands a record's bytes to its destination, summing its words on the way.
-struct RecordWriter<'o> {
-    sum: Checksum,
-    out: &'o mut dyn FnMut(&[u8]) -> std::result::Result<(), fabric::FabricError>,
-}
-
-impl RecordWriter<'_> {
-    fn word(&mut self, w: u64) -> std::result::Result<(), fabric::FabricError> {
-        self.sum.add(w);
-        (self.out)(&w.to_le_bytes())
-    }
-
-    /// The value's whole words in one piece (one copy), then its last, partial word
-    /// padded with zeros.
-    fn value(&mut self, value: &[u8]) -> std::result::Result<(), fabric::FabricError> {
-        let whole = value.len() / 8 * 8;
-        for w in value[..whole].chunks_exact(8) {
-            self.sum
-                .add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
-        }
-        (self.out)(&value[..whole])?;
-        if whole < value.len() {
-            let mut tail = [0u8; 8];
-            tail[..value.len() - whole].copy_from_slice(&value[whole..]);
-            self.word(u64::from_le_bytes(tail))?;
-        }
-        Ok(())
-    }
-}
-
-/// The record checksum: a multiply-rotate mix over words, so any changed or missing
-/// word changes it, and a zeroed area never checks out (the seed is not zero).
-struct Checksum {
-    h: u64,
-    words: u64,
-}
-
-impl Checksum {
-    fn new() -> Checksum {
-        Checksum {
-            h: 0x6e61_6d64_625f_6c67,
-            words: 0,
-        }
-    }
-    fn add(&mut self, w: u64) {
-        self.h = (self.h ^ w)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(29);
-        self.words += 1;
-    }
-    fn finish(&self) -> u64 {
-        self.h ^ (self.words * 8)
-    }
-}
-
 fn checksum(bytes: &[u8]) -> u64 {
-    let mut sum = Checksum::new();
+    // A multiply-rotate mix: any changed or missing word changes it, and a zeroed
+    // area never checks out (the seed is not zero).
+    let mut h: u64 = 0x6e61_6d64_625f_6c67;
     for w in bytes.chunks_exact(8) {
-        sum.add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
     }
-    sum.finish()
+    h ^ (bytes.len() as u64)
 }
 
 /// Every complete record in a ring's bytes, by CID. Stale records of earlier laps
@@ -492,35 +405,6 @@ mod tests {
         let mut flipped = ring;
         flipped[8 + 40] ^= 4;
         assert!(!parse_ring(&flipped).contains_key(&17));
-    }
-
-    #[test]
-    fn records_encoded_into_a_buffer_equal_encoded_ones_padding_included() {
-        use fabric::sim::{SimConfig, SimNetwork};
-        use fabric::{Access, Device};
-        let net = SimNetwork::new(SimConfig::default());
-        let device: std::sync::Arc<dyn Device> = net.add_node();
-        let buffer = device.register(4096, Access::LOCAL).unwrap();
-        for len in 0..=17usize {
-            let value: Vec<u8> = (0..len as u8).map(|b| b.wrapping_mul(37) | 1).collect();
-            let entries = [
-                entry(EntryKind::Update, 5, &value),
-                entry(EntryKind::Insert, 6, b"abc"),
-            ];
-            // Stale bytes where the record goes: the padding must overwrite them.
-            buffer.write(0, &[0xffu8; 4096]).unwrap();
-            let len_written = encode_into(41, &entries, &buffer, 64).unwrap();
-            let want = encode(41, &entries);
-            assert_eq!(len_written, want.len() as u64, "value of {len} bytes");
-            assert_eq!(encoded_len(&entries), want.len() as u64);
-            assert_eq!(
-                buffer.to_vec(64, want.len()).unwrap(),
-                want,
-                "value of {len} bytes"
-            );
-            assert_eq!(buffer.to_vec(64 + want.len() as u64, 8).unwrap(), [0xff; 8]);
-            assert_eq!(parse_ring(&want)[&41].entries[0].value, value);
-        }
     }
 
     #[test]

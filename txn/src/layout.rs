@@ -398,98 +398,36 @@ pub fn write_installed(
     shape: BlockShape,
     out: &mut [u8],
 ) -> Result<(), LayoutError> {
-    if out.len() != (shape.block_bytes() - VERSIONS_OFFSET) as usize {
+    if cid > VERSION_CID {
+        return Err(LayoutError::CidTooLarge(cid));
+    }
+    let version_bytes = (shape.version_words() * 8) as usize;
+    let versions_len = (shape.block_bytes() - VERSIONS_OFFSET) as usize;
+    if out.len() != versions_len || bytes.len() != shape.block_bytes() as usize {
         return Err(LayoutError::Size {
             got: out.len(),
-            want: shape.block_bytes() - VERSIONS_OFFSET,
+            want: versions_len as u64,
         });
     }
-    let parts = Installed::of(bytes, cid, value, shape)?;
-    let v = parts.value.len();
-    out[..8].copy_from_slice(&parts.meta.to_le_bytes());
-    out[8..16].copy_from_slice(&(v as u64).to_le_bytes());
-    out[16..16 + v].copy_from_slice(parts.value);
-    out[16 + v..parts.version_bytes].fill(0);
-    out[parts.version_bytes..].copy_from_slice(parts.older);
-    Ok(())
-}
-
-/// [`write_installed`] straight into `buffer` at `at`, where the install WRITEs it
-/// from: no copy in between.
-pub fn stage_installed(
-    bytes: &[u8],
-    cid: u64,
-    value: Option<&[u8]>,
-    shape: BlockShape,
-    buffer: &fabric::Region,
-    at: u64,
-) -> crate::error::Result<()> {
-    const ZEROS: [u8; 256] = [0; 256];
-    let parts = Installed::of(bytes, cid, value, shape)?;
-    let v = parts.value.len();
-    let mut head = [0u8; 16];
-    head[..8].copy_from_slice(&parts.meta.to_le_bytes());
-    head[8..].copy_from_slice(&(v as u64).to_le_bytes());
-    buffer.write(at, &head)?;
-    buffer.write(at + 16, parts.value)?;
-    // The value's padding: the buffer holds earlier transactions' bytes.
-    let mut pad_at = 16 + v;
-    while pad_at < parts.version_bytes {
-        let n = (parts.version_bytes - pad_at).min(ZEROS.len());
-        buffer.write(at + pad_at as u64, &ZEROS[..n])?;
-        pad_at += n;
-    }
-    buffer.write(at + parts.version_bytes as u64, parts.older)?;
-    Ok(())
-}
-
-/// What an install writes over a block's versions: the new version (its meta word,
-/// its value, zero-padded to `version_bytes`), then the older versions kept.
-struct Installed<'a> {
-    meta: u64,
-    value: &'a [u8],
-    version_bytes: usize,
-    older: &'a [u8],
-}
-
-impl<'a> Installed<'a> {
-    fn of(
-        bytes: &'a [u8],
-        cid: u64,
-        value: Option<&'a [u8]>,
-        shape: BlockShape,
-    ) -> Result<Installed<'a>, LayoutError> {
-        if cid > VERSION_CID {
-            return Err(LayoutError::CidTooLarge(cid));
-        }
-        let version_bytes = (shape.version_words() * 8) as usize;
-        let versions_len = (shape.block_bytes() - VERSIONS_OFFSET) as usize;
-        if bytes.len() != shape.block_bytes() as usize {
-            return Err(LayoutError::Size {
-                got: bytes.len(),
-                want: shape.block_bytes(),
-            });
-        }
-        let (meta, value) = match value {
-            None => (PRESENT | TOMB | cid, &[][..]),
-            Some(v) => {
-                if v.len() > shape.value_cap as usize {
-                    return Err(LayoutError::ValueTooLarge {
-                        len: v.len(),
-                        cap: shape.value_cap,
-                    });
-                }
-                (PRESENT | cid, v)
+    out[..version_bytes].fill(0);
+    let mut meta = PRESENT | cid;
+    match value {
+        None => meta |= TOMB,
+        Some(v) => {
+            if v.len() > shape.value_cap as usize {
+                return Err(LayoutError::ValueTooLarge {
+                    len: v.len(),
+                    cap: shape.value_cap,
+                });
             }
-        };
-        let old = VERSIONS_OFFSET as usize;
-        Ok(Installed {
-            meta,
-            value,
-            version_bytes,
-            older: &bytes[old..old + versions_len - version_bytes],
-        })
+            put_word(out, 1, v.len() as u64);
+            out[16..16 + v.len()].copy_from_slice(v);
+        }
     }
+    put_word(out, 0, meta);
+    let old = VERSIONS_OFFSET as usize;
+    out[version_bytes..].copy_from_slice(&bytes[old..old + versions_len - version_bytes]);
+    Ok(())
 }
 
 /// [`accept`] without decoding: the block's header if the block is whole, unlocked
@@ -713,13 +651,6 @@ mod tests {
             let mut out = vec![0u8; (s.block_bytes() - VERSIONS_OFFSET) as usize];
             let new = Version { cid, value: v.clone() };
             write_installed(&bytes, cid, v.as_deref(), s, &mut out).unwrap();
-            // Staged in a registered buffer over stale bytes: the same bytes.
-            let net = fabric::sim::SimNetwork::new(fabric::sim::SimConfig::default());
-            let device: std::sync::Arc<dyn fabric::Device> = net.add_node();
-            let buffer = device.register(1024, fabric::Access::LOCAL).unwrap();
-            buffer.write(0, &[0xa5u8; 1024]).unwrap();
-            stage_installed(&bytes, cid, v.as_deref(), s, &buffer, 8).unwrap();
-            prop_assert_eq!(&buffer.to_vec(8, out.len()).unwrap(), &out);
             prop_assert_eq!(out, encode_versions(&b.with_new_version(new, s), s).unwrap());
         }
 

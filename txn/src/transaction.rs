@@ -1473,20 +1473,20 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             value: w.value.as_deref().unwrap_or(&[]),
         }))
         .collect();
-    let record_len = commitlog::encoded_len(&entries);
-    let staged = area.take(record_len)?;
-    commitlog::encode_into(cid, &entries, buffer, staged)?;
+    let record = commitlog::encode(cid, &entries);
     let (log_at, remote) = loop {
-        match worker.log_place(step.epoch, cid, record_len)? {
+        match worker.log_place(step.epoch, cid, record.len() as u64)? {
             Some(placed) => break placed,
             None => yield_now().await,
         }
     };
     held.log_at = Some(log_at);
+    let staged = area.take(record.len() as u64)?;
+    buffer.write(staged, &record)?;
     let mut batches = Batches::new();
     batches.push(
         commitlog::SERVER,
-        SendWr::write(0, buffer.buf(staged, record_len as u32), remote),
+        SendWr::write(0, buffer.buf(staged, record.len() as u32), remote),
     );
     batches.run_step(worker, step).await?;
     held.logged = true;
@@ -1494,7 +1494,10 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         // Durable before any install: whatever a restart keeps of the installs
         // (on a server that did not restart) has its record behind it.
         let mut plan = PersistPlan::default();
-        plan.add(commitlog::SERVER, PersistRange::plain(remote, record_len));
+        plan.add(
+            commitlog::SERVER,
+            PersistRange::plain(remote, record.len() as u64),
+        );
         worker.database().shared.durability.persist(plan).await?;
     }
     crash::point(CrashPoint::AfterLog);
@@ -1531,9 +1534,11 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     };
     for (_, w, part, addr, block, _) in &updates {
         let p = &w.table.partitions[*part];
-        let len = w.table.shape.block_bytes() - VERSIONS_OFFSET;
-        let at = area.take(len)?;
-        layout::stage_installed(block.1, cid, w.value.as_deref(), w.table.shape, buffer, at)?;
+        let mut bytes: SmallVec<[u8; 1024]> =
+            smallvec::smallvec![0u8; (w.table.shape.block_bytes() - VERSIONS_OFFSET) as usize];
+        layout::write_installed(block.1, cid, w.value.as_deref(), w.table.shape, &mut bytes)?;
+        let at = area.take(bytes.len() as u64)?;
+        buffer.write(at, &bytes)?;
         let res = area.take(8)?;
         let batches = &mut halves[usize::from(installed >= split)];
         installed += 1;
@@ -1541,7 +1546,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             p.server,
             SendWr::write(
                 0,
-                buffer.buf(at, len as u32),
+                buffer.buf(at, bytes.len() as u32),
                 p.data.at(addr + VERSIONS_OFFSET),
             ),
         );

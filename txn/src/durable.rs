@@ -155,7 +155,7 @@ impl Durability {
     }
 
     /// Persists `plan`, yielding to other coroutines while the servers write.
-    pub(crate) async fn persist(&self, plan: PersistPlan) -> Result<()> {
+    pub(crate) async fn persist(&self, plan: PersistPlan, keep_alive: impl Fn()) -> Result<()> {
         let mut tickets = self.start(plan);
         let mut idle = 0u32;
         loop {
@@ -163,6 +163,10 @@ impl Durability {
             if tickets.is_empty() {
                 return Ok(());
             }
+            // A slow disk must not cost the waiting node its lease: another node
+            // fences a slot whose commit in flight holds the prefix back past the
+            // lease timeout (250 ms by default, one slow fsync on a busy host).
+            keep_alive();
             // A persist waits for a disk: spinning would take the CPU from the
             // server's journal thread on a small host, so every few turns the thread
             // sleeps (its other coroutines are most likely waiting for disks too).

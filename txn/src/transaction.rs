@@ -1498,7 +1498,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             commitlog::SERVER,
             PersistRange::plain(remote, record.len() as u64),
         );
-        worker.database().shared.durability.persist(plan).await?;
+        worker.persist(plan).await?;
     }
     crash::point(CrashPoint::AfterLog);
     let fault = &worker.database().shared.fail_after_log;
@@ -1587,7 +1587,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     }
     if let Some(plan) = plan {
         // Before the acknowledgement, and before the record's ring space is reused.
-        worker.database().shared.durability.persist(plan).await?;
+        worker.persist(plan).await?;
     }
     Ok(())
 }
@@ -1675,7 +1675,7 @@ async fn release(worker: &Worker, st: &Parts, cid: u64, held: &Held) -> Result<(
         for (table, part, addr, key) in &held.created {
             add_insert(&mut plan, table, *part, *addr, *key);
         }
-        worker.database().shared.durability.persist(plan).await?;
+        worker.persist(plan).await?;
     }
     Ok(())
 }

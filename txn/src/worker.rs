@@ -398,6 +398,19 @@ impl Worker {
     /// Fails with [`TxnError::Fenced`] unless this worker still holds `epoch` under a
     /// live lease (renewing it if half its time has passed): every commit step checks
     /// this right before it posts, so nothing is posted after a fence.
+    /// Persists `plan` on the durable servers, keeping this worker's lease while it
+    /// waits (a clock read per turn; a renewal once half the lease has passed).
+    pub(crate) async fn persist(&self, plan: crate::durable::PersistPlan) -> Result<()> {
+        let keep_alive = || {
+            // A broken worker must let its lease lapse (recovery finishes its commit);
+            // a fence shows at the next step.
+            if !self.read_only && !self.is_broken() {
+                let _ = self.slot.ensure_lease();
+            }
+        };
+        self.db.shared.durability.persist(plan, keep_alive).await
+    }
+
     pub(crate) fn check_epoch(&self, epoch: Epoch, cid: u64) -> Result<()> {
         match self.slot.ensure_lease() {
             Ok(()) => {}

@@ -28,6 +28,8 @@ struct Disk {
     boots: AtomicU64,
     /// A failing disk: every persist fails.
     failing: AtomicBool,
+    /// A slow disk: a persist is done this many milliseconds after it was submitted.
+    slow_ms: AtomicU64,
 }
 
 /// One start of a durable server: a sim node with its regions.
@@ -40,6 +42,8 @@ struct Server {
     pending: Mutex<HashMap<u64, Vec<PersistRange>>>,
     failed: Mutex<Vec<u64>>,
     next_ticket: AtomicU64,
+    /// When each persist of a slow disk may finish.
+    due: Mutex<HashMap<u64, std::time::Instant>>,
 }
 
 impl Server {
@@ -65,6 +69,7 @@ impl Server {
             pending: Mutex::new(HashMap::new()),
             failed: Mutex::new(Vec::new()),
             next_ticket: AtomicU64::new(1),
+            due: Mutex::new(HashMap::new()),
         })
     }
 
@@ -103,6 +108,11 @@ impl Server {
 impl Persistence for Server {
     fn submit(&self, ranges: Vec<PersistRange>) -> u64 {
         let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
+        let slow = Duration::from_millis(self.disk.slow_ms.load(Ordering::SeqCst));
+        if !slow.is_zero() {
+            let due = std::time::Instant::now() + slow;
+            self.due.lock().unwrap().insert(ticket, due);
+        }
         if self.disk.failing.load(Ordering::SeqCst) {
             self.failed.lock().unwrap().push(ticket);
         } else if !self.try_persist(&ranges) {
@@ -114,6 +124,11 @@ impl Persistence for Server {
     fn poll(&self, ticket: u64) -> PersistStatus {
         if self.failed.lock().unwrap().contains(&ticket) {
             return PersistStatus::Failed("the disk failed".into());
+        }
+        if let Some(due) = self.due.lock().unwrap().get(&ticket)
+            && std::time::Instant::now() < *due
+        {
+            return PersistStatus::Pending;
         }
         let mut pending = self.pending.lock().unwrap();
         match pending.get(&ticket) {
@@ -459,6 +474,58 @@ fn a_worker_whose_commit_cannot_persist_stops_and_recovery_finishes_the_commit()
             x.put(&t, 1, val(a + 1))
         })
         .unwrap();
+}
+
+/// A commit waiting on a slow disk far longer than the lease keeps its slot: another
+/// worker, committing and ticking meanwhile, must not fence it (which would abandon
+/// the commit, its outcome left to recovery).
+#[test]
+fn a_commit_waiting_on_a_slow_disk_keeps_its_lease() {
+    let cluster = Cluster::new(2);
+    let db = cluster.open();
+    let t = accounts(&db);
+    let server_of = |key: u64| t.partitions[t.partition_of(key)].server;
+    // The slow commit updates a record of server 1, whose disk is slow; the other
+    // worker's records and every commit record are on server 0, whose disk is fast.
+    let slow_key = (1..).find(|&k| server_of(k) == 1).unwrap();
+    let mut fast_keys = (1000..).filter(|&k| server_of(k) == 0);
+    db.client()
+        .unwrap()
+        .run(0, |x| x.insert(&t, slow_key, val(100)))
+        .unwrap();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let slow = {
+        let (db, t) = (db.clone(), t.clone());
+        std::thread::spawn(move || {
+            let mut c = db.client().unwrap();
+            ready_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            let mut x = c.begin().unwrap();
+            x.put(&t, slow_key, val(90)).unwrap();
+            x.commit()
+        })
+    };
+    ready_rx.recv().unwrap();
+    let mut other = db.client().unwrap();
+    // 400 ms per persist, five times the 80 ms lease.
+    cluster.disks[1].slow_ms.store(400, Ordering::SeqCst);
+    go_tx.send(()).unwrap();
+    // Meanwhile the other worker keeps deciding timestamps, which the slow commit's
+    // holds back, and its ticks look at the slow worker's lease.
+    while !slow.is_finished() {
+        other.tick().unwrap();
+        let key = fast_keys.next().unwrap();
+        let _ = other.run(3, |x| x.insert(&t, key, val(1)));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let outcome = slow.join().unwrap();
+    assert!(
+        matches!(outcome, Ok(Some(_))),
+        "the slow commit: {outcome:?}"
+    );
+    assert_eq!(other.stats().recoveries, 0, "nobody fenced the slow worker");
+    assert!(db.locked_records().unwrap().is_empty(), "fully installed");
 }
 
 #[test]

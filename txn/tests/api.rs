@@ -23,6 +23,15 @@ fn options(servers: usize) -> Options {
     }
 }
 
+/// An embedded cluster of `servers` whose commits return once visible to all.
+fn visible_db(servers: usize) -> Database {
+    Database::embedded(Options {
+        wait_visible: true,
+        ..options(servers)
+    })
+    .unwrap()
+}
+
 fn table(db: &Database, partitions: u32, capacity: u64) -> Arc<Table> {
     db.create_table(TableSpec {
         partitions,
@@ -165,11 +174,7 @@ fn get_many_and_scan_over_partitions_on_three_servers() {
 
 #[test]
 fn run_retries_conflicts_and_loses_no_update() {
-    let db = Database::embedded(Options {
-        wait_visible: true,
-        ..options(2)
-    })
-    .unwrap();
+    let db = visible_db(2);
     let t = table(&db, 0, 64);
     let mut c = db.client().unwrap();
     c.run(0, |x| x.insert(&t, 0, val(0))).unwrap();
@@ -202,11 +207,7 @@ fn run_retries_conflicts_and_loses_no_update() {
 
 #[test]
 fn coroutines_on_one_worker_share_it_without_losing_updates() {
-    let db = Database::embedded(Options {
-        wait_visible: true,
-        ..options(2)
-    })
-    .unwrap();
+    let db = visible_db(2);
     let t = table(&db, 4, 64);
     let worker = db.worker().unwrap();
     let hot = 4u64;
@@ -390,11 +391,7 @@ fn bad_input_is_a_clear_error_and_changes_nothing() {
 
 #[test]
 fn inserts_checked_at_commit_find_duplicates_and_race_cleanly() {
-    let db = Database::embedded(Options {
-        wait_visible: true,
-        ..options(2)
-    })
-    .unwrap();
+    let db = visible_db(2);
     let t = table(&db, 4, 256);
     let worker = db.worker().unwrap();
     let outcome = |r: Vec<Result<Option<u64>, TxnError>>| r.into_iter().next().unwrap();
@@ -474,11 +471,7 @@ async fn yield_a_little() {
 /// still leave every key inserted once, by exactly one committed transaction.
 #[test]
 fn batched_index_claims_keep_keys_unique_in_crowded_buckets() {
-    let db = Database::embedded(Options {
-        wait_visible: true,
-        ..options(1)
-    })
-    .unwrap();
+    let db = visible_db(1);
     // Two buckets of 32 slots for 48 keys: every commit's keys share buckets with
     // other commits' keys, and often with each other.
     let mut spec = TableSpec::new("crowded", 64, 2048);
@@ -553,11 +546,7 @@ fn batched_index_claims_keep_keys_unique_in_crowded_buckets() {
 /// invisible to scans.
 #[test]
 fn blocks_allocated_ahead_are_used_once_and_unused_ones_stay_invisible() {
-    let db = Database::embedded(Options {
-        wait_visible: true,
-        ..options(1)
-    })
-    .unwrap();
+    let db = visible_db(1);
     // 8192 blocks in one partition: 8 per FETCH_ADD.
     let t = table(&db, 1, 8192);
     let a = db.worker().unwrap();

@@ -1137,8 +1137,8 @@ struct WonSlot {
     value: [u8; 8],
 }
 
-/// Publishes the addresses of won index slots, one doorbell per server.
-async fn publish(worker: &Worker, won: &[WonSlot]) -> Result<()> {
+/// The WRITEs that publish the addresses of won index slots.
+fn publish_writes(won: &[WonSlot]) -> Batches<'_> {
     let mut batches = Batches::new();
     for slot in won {
         batches.push(
@@ -1146,23 +1146,36 @@ async fn publish(worker: &Worker, won: &[WonSlot]) -> Result<()> {
             slot.index.publish_write(slot.slot, &slot.value),
         );
     }
-    batches.run(worker).await
+    batches
 }
 
-/// What losing an index insert means to the commit: a second `insert` of a key is
-/// `DuplicateKey`; a `put` racing an insert of the key is a `Conflict`.
+/// Publishes the addresses of won index slots, one doorbell per server.
+async fn publish(worker: &Worker, won: &[WonSlot]) -> Result<()> {
+    publish_writes(won).run(worker).await
+}
+
+/// What losing an index insert means to the commit.
 fn index_error(w: &Write, e: crate::index::IndexError) -> TxnError {
     match e {
-        crate::index::IndexError::DuplicateKey { .. } if w.insert => TxnError::DuplicateKey {
+        crate::index::IndexError::DuplicateKey { .. } => duplicate_error(w),
+        e => e.into(),
+    }
+}
+
+/// The key of `w` is in the index already: a second `insert` of a key is
+/// `DuplicateKey`; a `put` racing an insert of the key is a `Conflict`.
+fn duplicate_error(w: &Write) -> TxnError {
+    if w.insert {
+        TxnError::DuplicateKey {
             table: w.table.id,
             key: w.key,
-        },
-        crate::index::IndexError::DuplicateKey { .. } => TxnError::Conflict {
+        }
+    } else {
+        TxnError::Conflict {
             table: w.table.id,
             key: w.key,
             why: "inserted concurrently",
-        },
-        e => e.into(),
+        }
     }
 }
 
@@ -1354,13 +1367,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
                     value: RemoteIndex::published_addr(addr),
                 }),
                 Claimed::Duplicate => {
-                    claim_error.get_or_insert(index_error(
-                        w,
-                        crate::index::IndexError::DuplicateKey {
-                            key: w.key,
-                            addr: None,
-                        },
-                    ));
+                    claim_error.get_or_insert(duplicate_error(w));
                 }
                 Claimed::Lost => one_by_one.push(n),
             }
@@ -1406,13 +1413,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         }
     }
     if !updates.is_empty() || !won.is_empty() {
-        let mut batches = Batches::new();
-        for slot in &won {
-            batches.push(
-                slot.server,
-                slot.index.publish_write(slot.slot, &slot.value),
-            );
-        }
+        let mut batches = publish_writes(&won);
         for (_, w, part, addr, block, res) in &updates {
             let p = &w.table.partitions[*part];
             batches.push(

@@ -137,6 +137,7 @@ fn a_mix_on_durable_shm_memory_server_processes() {
     assert!(logs.join("memory-server-0.log").exists());
 }
 
+/// Also with the embedded memory servers' memory pinned up front.
 #[test]
 fn a_sweep_draws_throughput_against_clients() {
     let dir = tempfile::tempdir().unwrap();
@@ -151,10 +152,17 @@ fn a_sweep_draws_throughput_against_clients() {
         &json_arg,
         "--svg",
         &svg_arg,
+        "--pin-memory",
     ]);
     // Shorter points: three of them.
     a[10] = "0.5";
-    ok(dir.path(), &a);
+    let o = namdb(dir.path(), &a);
+    let log = stderr(&o);
+    assert!(o.status.success(), "{log}");
+    assert!(
+        log.contains("pinning their memory") && log.contains("pinned in"),
+        "{log}"
+    );
     let json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let clients: Vec<u64> = runs(&json)
         .iter()

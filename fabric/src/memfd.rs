@@ -11,7 +11,8 @@
 //! so the mapping is only ever touched through atomic words ([`Memory::words`]), as all
 //! region memory is. Backing pages are allocated up front (`fallocate`), as registering
 //! with an RNIC pins them: running out of memory is an error here, not a `SIGBUS` on
-//! the data path later. The size is then sealed (`F_SEAL_SHRINK | F_SEAL_GROW`): a
+//! the data path later. The kernel still zeroes each page at its first touch, in the
+//! process that touches it; [`MemfdMemory::populate`] does all of that at once. The size is then sealed (`F_SEAL_SHRINK | F_SEAL_GROW`): a
 //! process the fd is handed to cannot truncate it under the owner's mapping (which
 //! would turn the owner's next access into a `SIGBUS`), and [`MemfdMemory::from_peer`]
 //! refuses an fd that is not sealed so, for the same reason the other way round.
@@ -81,6 +82,13 @@ unsafe impl Send for MemfdMemory {}
 unsafe impl Sync for MemfdMemory {}
 
 impl MemfdMemory {
+    /// Backs every page now, as an RNIC pins registered memory. A memfd's `fallocate`
+    /// reserves its pages but the kernel zeroes each one at its first touch, so
+    /// without this the processes using the memory pay for that as they go.
+    pub fn populate(&self) {
+        crate::memory::populate(self.words());
+    }
+
     /// Maps `len` bytes (rounded up to whole pages), on huge pages if the host has them.
     /// `name` shows up in `/proc/<pid>/fd` and `/proc/<pid>/maps`.
     pub fn new(name: &str, len: u64) -> Result<MemfdMemory, MemfdError> {
@@ -354,6 +362,21 @@ mod tests {
         assert_eq!(n, 16);
         assert_eq!(&buf[..8], &[0; 8]);
         assert_eq!(&buf[8..], &0x1122_3344_5566_7788u64.to_le_bytes());
+    }
+
+    #[test]
+    fn populating_backs_every_page_and_keeps_the_contents() {
+        use crate::memory::resident_bytes;
+        const BYTES: u64 = 8 << 20;
+        let m = MemfdMemory::with_huge_pages("test-populate", BYTES, HugePages::Never).unwrap();
+        m.words()[3].store(7, Ordering::Release);
+        assert!(
+            resident_bytes(m.words()) < BYTES / 4,
+            "fallocate alone backs nothing"
+        );
+        m.populate();
+        assert_eq!(resident_bytes(m.words()), BYTES);
+        assert_eq!(m.words()[3].load(Ordering::Acquire), 7);
     }
 
     #[test]

@@ -57,10 +57,9 @@ impl HeapMemory {
     }
 
     /// Zeroed memory with every page backed before this returns, as registering
-    /// memory with an RNIC pins it (and as the `shm` memory server's `fallocate`
-    /// backs its memfds). Work on the region then never waits for the kernel to zero a
-    /// fresh page: a TPC-W run on lazily backed memory spent 8% of its time there, and
-    /// its p99 latency was five times higher.
+    /// memory with an RNIC pins it. Work on the region then never waits for the
+    /// kernel to zero a fresh page: a TPC-W run on lazily backed memory spent 8% of
+    /// its time there, and its p99 latency was five times higher.
     pub fn pinned(bytes: u64) -> HeapMemory {
         Self::allocate(bytes, true)
     }
@@ -108,10 +107,10 @@ impl HeapMemory {
     }
 }
 
-/// Backs every page of `words` (a fresh anonymous mapping), on all cores: the kernel
-/// zeroes each page as it backs it, at a few GB/s per core.
+/// Backs every page of `words` (a fresh mapping), on all cores: the kernel zeroes each
+/// page as it backs it, at a few GB/s per core.
 #[cfg(not(fabric_loom))]
-fn populate(words: &[AtomicU64]) {
+pub(crate) fn populate(words: &[AtomicU64]) {
     use std::sync::atomic::AtomicUsize;
     // Whole huge pages per chunk, so no two threads fault in the same one.
     const CHUNK_WORDS: usize = (64 << 20) / 8;
@@ -127,8 +126,8 @@ fn populate(words: &[AtomicU64]) {
                 break;
             }
             let part = &words[chunk * CHUNK_WORDS..((chunk + 1) * CHUNK_WORDS).min(words.len())];
-            // SAFETY: the range is part of a live private anonymous mapping; populating
-            // it only backs its pages, which are zero either way.
+            // SAFETY: the range is part of a live mapping; populating it only backs its
+            // pages, and leaves their contents as they are.
             let populated = unsafe {
                 rustix::mm::madvise(
                     part.as_ptr().cast_mut().cast(),
@@ -137,10 +136,11 @@ fn populate(words: &[AtomicU64]) {
                 )
             };
             if populated.is_err() {
-                // Kernels before 5.14 lack MADV_POPULATE_WRITE: a store per page backs
-                // it just the same (storing zero over zero changes nothing).
+                // Kernels before 5.14 lack MADV_POPULATE_WRITE: a write fault per page
+                // backs it just the same (adding zero changes nothing, even if another
+                // process writes the word meanwhile).
                 for word in part.iter().step_by(4096 / 8) {
-                    word.store(0, Ordering::Relaxed);
+                    word.fetch_add(0, Ordering::Relaxed);
                 }
             }
         }

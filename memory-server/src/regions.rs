@@ -191,12 +191,16 @@ pub(crate) struct Allocation {
 }
 
 /// Allocates the memory of one region: a memfd mapping (huge pages when the host has
-/// them) where memfds exist, heap memory elsewhere.
-pub(crate) fn allocate(name: &str, len: u64) -> Result<Allocation, String> {
+/// them) where memfds exist, heap memory elsewhere. `pin`: back every page now
+/// ([`ServerConfig::pin_memory`](crate::ServerConfig::pin_memory)).
+pub(crate) fn allocate(name: &str, len: u64, pin: bool) -> Result<Allocation, String> {
     #[cfg(all(target_os = "linux", not(fabric_loom)))]
     {
         let mem =
             fabric::MemfdMemory::new(&format!("namdb-{name}"), len).map_err(|e| e.to_string())?;
+        if pin {
+            mem.populate();
+        }
         Ok(Allocation {
             mapped_len: mem.mapped_len(),
             huge_pages: mem.huge_pages(),
@@ -207,8 +211,13 @@ pub(crate) fn allocate(name: &str, len: u64) -> Result<Allocation, String> {
     #[cfg(not(all(target_os = "linux", not(fabric_loom))))]
     {
         let _ = name;
+        let memory = if pin {
+            fabric::HeapMemory::pinned(len)
+        } else {
+            fabric::HeapMemory::new(len)
+        };
         Ok(Allocation {
-            memory: Arc::new(fabric::HeapMemory::new(len)),
+            memory: Arc::new(memory),
             mapped_len: len,
             huge_pages: false,
             fallback_reason: None,
@@ -244,16 +253,17 @@ pub enum AllocError {
     },
 }
 
-/// Allocates and registers every region of a plan.
+/// Allocates and registers every region of a plan; `pin`: with every page backed.
 pub(crate) fn create(
     plan: &RegionPlan,
     device: &dyn Device,
+    pin: bool,
 ) -> Result<Vec<ServedRegion>, AllocError> {
     let mut served = Vec::with_capacity(plan.regions().len());
     let mut fallback_logged = false;
     for (name, len) in plan.regions() {
         let (name, len) = (name.clone(), *len);
-        let alloc = allocate(&name, len).map_err(|reason| AllocError::Allocate {
+        let alloc = allocate(&name, len, pin).map_err(|reason| AllocError::Allocate {
             name: name.clone(),
             len,
             reason,
@@ -365,7 +375,7 @@ mod tests {
         let net = SimNetwork::new(SimConfig::default());
         let dev = net.add_node();
         let plan = RegionPlan::new(3 * 4096, 2 * 4096).unwrap();
-        let served = create(&plan, &*dev).unwrap();
+        let served = create(&plan, &*dev, false).unwrap();
         let dir = directory(&served, dev.node());
         assert_eq!(dir.len(), 3);
         let names: Vec<&str> = dir.regions().iter().map(|r| r.name.as_str()).collect();

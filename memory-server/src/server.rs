@@ -47,6 +47,11 @@ pub struct ServerConfig {
     pub durability: Option<DurabilityConfig>,
     /// Whether the server is a replicated primary, a backup, or neither (the default).
     pub replication: Replication,
+    /// Back every page of the regions before serving, as an RNIC pins registered
+    /// memory: otherwise the kernel zeroes each page at its first touch, in whichever
+    /// process touches it first. Off by default: it costs the whole size in memory at
+    /// once, and the start takes longer (seconds per GiB on some hosts).
+    pub pin_memory: bool,
 }
 
 impl ServerConfig {
@@ -67,6 +72,7 @@ impl ServerConfig {
             remote_verbs_bytes: Self::DEFAULT_REMOTE_VERBS_BYTES,
             durability: None,
             replication: Replication::Standalone,
+            pin_memory: false,
         }
     }
 }
@@ -123,15 +129,25 @@ impl MemoryServer {
             return Err(ServerError::Lease);
         }
         let backend = device.backend();
-        // Allocation touches every page (fallocate) and registration may pin memory:
-        // seconds for large servers, so it runs off the async workers.
+        // Allocation reserves every page (fallocate; with `pin_memory` it also backs
+        // them) and registration may pin memory: seconds for large servers, so it runs
+        // off the async workers.
         // A durable server restores the regions here, before anyone can learn where
         // they are (the control plane is not listening yet).
         let (served, durable) = {
             let (plan, device) = (config.plan.clone(), device.clone());
             let durability = config.durability.clone();
+            let pin = config.pin_memory;
             tokio::task::spawn_blocking(move || -> Result<_, ServerError> {
-                let served = regions::create(&plan, &*device)?;
+                let started = std::time::Instant::now();
+                let served = regions::create(&plan, &*device, pin)?;
+                if pin {
+                    tracing::info!(
+                        "pinned {} MiB of regions in {:.1} s",
+                        plan.total_bytes() >> 20,
+                        started.elapsed().as_secs_f64()
+                    );
+                }
                 let durable = durability
                     .map(|d| Durable::open(&d, &plan, &served).map(Arc::new))
                     .transpose()

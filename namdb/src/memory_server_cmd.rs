@@ -61,6 +61,11 @@ pub struct MemoryServerArgs {
     /// requests). For conformance testing and diagnostics only.
     #[arg(long)]
     pub allow_remote_verbs: bool,
+    /// Back every page of the regions before serving, as an RNIC pins registered
+    /// memory, rather than at each page's first touch (which then costs whichever
+    /// process touches it). Slower start, steadier latency.
+    #[arg(long)]
+    pub pin_memory: bool,
     /// Serve Prometheus metrics (plain HTTP, GET /metrics) on host:port; port 0 picks a
     /// free port, printed as `metrics listening on ADDR`.
     #[arg(long, value_name = "ADDR")]
@@ -163,6 +168,7 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
     let device = device(&args, &token)?;
     let mut config = ServerConfig::new(args.listen, plan, token);
     config.allow_remote_verbs = args.allow_remote_verbs;
+    config.pin_memory = args.pin_memory;
     config.durability = args.data_dir.as_ref().map(|dir| DurabilityConfig {
         checkpoint_interval: args.checkpoint_interval,
         ..DurabilityConfig::new(dir)

@@ -88,11 +88,11 @@ pub struct TpcwArgs {
     /// every commit is persisted before it is acknowledged (shm and tcp only).
     #[arg(long)]
     pub durable: bool,
-    /// Back all of the embedded (sim) memory servers' memory before loading, as an
-    /// RNIC pins registered memory: the run then never waits on the kernel for a
-    /// fresh page (steadier p99), but the start takes longer (here about 2 s per GiB;
-    /// the tables' room is several GiB). The shm and tcp servers' memfds are always
-    /// backed when made.
+    /// Back all of RSI's memory-server memory before loading (the embedded sim's, or
+    /// the memory-server processes' with their `--pin-memory`), as an RNIC pins
+    /// registered memory: the run then never waits on the kernel zeroing a fresh page
+    /// (steadier p99), but the start takes longer (here about 2 s per GiB; the
+    /// tables' room is several GiB).
     #[arg(long)]
     pub pin_memory: bool,
     /// Memory servers for RSI.
@@ -436,9 +436,14 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
                 token_file: token_file.clone(),
             };
             eprintln!(
-                "starting {servers} {} memory servers of {} MiB each",
+                "starting {servers} {} memory servers of {} MiB each{}",
                 backend.name(),
-                per_server >> 20
+                per_server >> 20,
+                if args.pin_memory {
+                    ", pinning their memory"
+                } else {
+                    ""
+                }
             );
             for i in 0..servers {
                 let name = format!("memory-server-{i}");
@@ -458,6 +463,7 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
                 ]
                 .into_iter()
                 .map(String::from)
+                .chain(args.pin_memory.then(|| "--pin-memory".to_string()))
                 .chain(
                     args.durable
                         .then(|| {

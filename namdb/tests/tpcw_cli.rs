@@ -89,6 +89,7 @@ fn checkout_on_rsi_2pc_and_postgres_in_one_run() {
     assert_eq!(runs[1]["backend"], "tcp");
 }
 
+/// Also with the memory servers' memory pinned up front.
 #[test]
 fn a_mix_on_durable_shm_memory_server_processes() {
     let dir = tempfile::tempdir().unwrap();
@@ -111,6 +112,7 @@ fn a_mix_on_durable_shm_memory_server_processes() {
             &json_arg,
             "--dir",
             &logs_arg,
+            "--pin-memory",
         ]),
     );
     assert!(out.contains("per interaction"), "{out}");
@@ -133,8 +135,10 @@ fn a_mix_on_durable_shm_memory_server_processes() {
     ] {
         assert!(names.contains(&expected), "{names:?}");
     }
-    // The memory servers ran as processes, logging where asked.
-    assert!(logs.join("memory-server-0.log").exists());
+    // The memory servers ran as processes, logging where asked, and pinned their
+    // memory as asked.
+    let log = std::fs::read_to_string(logs.join("memory-server-0.log")).unwrap();
+    assert!(log.contains("pinned"), "{log}");
 }
 
 /// Also with the embedded memory servers' memory pinned up front.

@@ -756,7 +756,7 @@ mod tests {
     /// Fresh (zero) regions of `plan()` and the directory opened on them.
     fn open(dir: &Path, interval: Duration) -> Result<(Vec<ServedRegion>, Durable), String> {
         let dev = SimNetwork::new(SimConfig::default()).add_node();
-        let regions = crate::regions::create(&plan(), &*dev).unwrap();
+        let regions = crate::regions::create(&plan(), &*dev, false).unwrap();
         let mut config = DurabilityConfig::new(dir);
         config.checkpoint_interval = interval;
         config.guard_wait = Duration::from_millis(50);
@@ -850,7 +850,7 @@ mod tests {
         drop(d);
         let dev = SimNetwork::new(SimConfig::default()).add_node();
         let other = RegionPlan::new(16384, 4096).unwrap();
-        let regions = crate::regions::create(&other, &*dev).unwrap();
+        let regions = crate::regions::create(&other, &*dev, false).unwrap();
         let err = Durable::open(&DurabilityConfig::new(dir.path()), &other, &regions)
             .err()
             .unwrap();

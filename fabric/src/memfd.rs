@@ -84,9 +84,10 @@ unsafe impl Sync for MemfdMemory {}
 impl MemfdMemory {
     /// Backs every page now, as an RNIC pins registered memory. A memfd's `fallocate`
     /// reserves its pages but the kernel zeroes each one at its first touch, so
-    /// without this the processes using the memory pay for that as they go.
-    pub fn populate(&self) {
-        crate::memory::populate(self.words());
+    /// without this the processes using the memory pay for that as they go. (The
+    /// pages are already reserved, so this needs no more memory than `new` took.)
+    pub fn populate(&self) -> std::io::Result<()> {
+        crate::memory::populate(self.words())
     }
 
     /// Maps `len` bytes (rounded up to whole pages), on huge pages if the host has them.
@@ -374,7 +375,7 @@ mod tests {
             resident_bytes(m.words()) < BYTES / 4,
             "fallocate alone backs nothing"
         );
-        m.populate();
+        m.populate().unwrap();
         assert_eq!(resident_bytes(m.words()), BYTES);
         assert_eq!(m.words()[3].load(Ordering::Acquire), 7);
     }

@@ -53,18 +53,22 @@ impl HeapMemory {
     const MAP_FROM: u64 = 4 << 20;
 
     pub fn new(bytes: u64) -> HeapMemory {
-        Self::allocate(bytes, false)
+        Self::allocate(bytes, false).expect("lazily backed memory is never populated")
     }
 
     /// Zeroed memory with every page backed before this returns, as registering
     /// memory with an RNIC pins it. Work on the region then never waits for the
     /// kernel to zero a fresh page: a TPC-W run on lazily backed memory spent 8% of
     /// its time there, and its p99 latency was five times higher.
-    pub fn pinned(bytes: u64) -> HeapMemory {
+    ///
+    /// Fails, before taking any memory, if the host has less available than `bytes`.
+    pub fn pinned(bytes: u64) -> std::io::Result<HeapMemory> {
+        #[cfg(not(fabric_loom))]
+        check_available(bytes)?;
         Self::allocate(bytes, true)
     }
 
-    fn allocate(bytes: u64, pinned: bool) -> HeapMemory {
+    fn allocate(bytes: u64, pinned: bool) -> std::io::Result<HeapMemory> {
         let words = bytes.div_ceil(8) as usize;
         #[cfg(not(fabric_loom))]
         if bytes >= Self::MAP_FROM
@@ -72,14 +76,14 @@ impl HeapMemory {
         {
             let memory = HeapMemory(mapped);
             if pinned {
-                populate(memory.words());
+                populate(memory.words())?;
             }
-            return memory;
+            return Ok(memory);
         }
         let _ = pinned; // the boxed words were all written as they were made
-        HeapMemory(Words::Boxed(
+        Ok(HeapMemory(Words::Boxed(
             (0..words).map(|_| AtomicU64::new(0)).collect(),
-        ))
+        )))
     }
 
     /// `None` if the kernel refuses the mapping (then the heap gets its chance).
@@ -107,10 +111,35 @@ impl HeapMemory {
     }
 }
 
-/// Backs every page of `words` (a fresh mapping), on all cores: the kernel zeroes each
-/// page as it backs it, at a few GB/s per core.
+/// Whether the host has `bytes` of memory available (`MemAvailable`) to back now: an
+/// error that says how much there is if not. Hosts without /proc/meminfo pass.
 #[cfg(not(fabric_loom))]
-pub(crate) fn populate(words: &[AtomicU64]) {
+pub(crate) fn check_available(bytes: u64) -> std::io::Result<()> {
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
+        return Ok(());
+    };
+    let available_kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    match available_kib {
+        Some(kib) if bytes > kib.saturating_mul(1024) => Err(std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!(
+                "pinning {} MiB of memory needs more than the {} MiB this host has available",
+                bytes >> 20,
+                kib >> 10
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Backs every page of `words` (a fresh mapping), on all cores: the kernel zeroes each
+/// page as it backs it, at a few GB/s per core. An error if the kernel runs out of
+/// memory meanwhile.
+#[cfg(not(fabric_loom))]
+pub(crate) fn populate(words: &[AtomicU64]) -> std::io::Result<()> {
     use std::sync::atomic::AtomicUsize;
     // Whole huge pages per chunk, so no two threads fault in the same one.
     const CHUNK_WORDS: usize = (64 << 20) / 8;
@@ -119,11 +148,11 @@ pub(crate) fn populate(words: &[AtomicU64]) {
         .map_or(1, |n| n.get())
         .min(chunks);
     let next = AtomicUsize::new(0);
-    let work = || {
+    let work = || -> std::io::Result<()> {
         loop {
             let chunk = next.fetch_add(1, Ordering::Relaxed);
             if chunk >= chunks {
-                break;
+                return Ok(());
             }
             let part = &words[chunk * CHUNK_WORDS..((chunk + 1) * CHUNK_WORDS).min(words.len())];
             // SAFETY: the range is part of a live mapping; populating it only backs its
@@ -135,26 +164,36 @@ pub(crate) fn populate(words: &[AtomicU64]) {
                     rustix::mm::Advice::LinuxPopulateWrite,
                 )
             };
-            if populated.is_err() {
+            match populated {
+                Ok(()) => {}
                 // Kernels before 5.14 lack MADV_POPULATE_WRITE: a write fault per page
                 // backs it just the same (adding zero changes nothing, even if another
                 // process writes the word meanwhile).
-                for word in part.iter().step_by(4096 / 8) {
-                    word.fetch_add(0, Ordering::Relaxed);
+                Err(rustix::io::Errno::INVAL) => {
+                    for word in part.iter().step_by(4096 / 8) {
+                        word.fetch_add(0, Ordering::Relaxed);
+                    }
+                }
+                Err(e) => {
+                    // The others stop at their next chunk.
+                    next.store(chunks, Ordering::Relaxed);
+                    return Err(std::io::Error::from(e));
                 }
             }
         }
     };
     if threads <= 1 {
-        work();
-        return;
+        return work();
     }
     std::thread::scope(|s| {
-        for _ in 1..threads {
-            s.spawn(work);
-        }
-        work();
-    });
+        let others: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+        let mine = work();
+        others
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .chain([mine])
+            .collect::<std::io::Result<()>>()
+    })
 }
 
 impl Memory for HeapMemory {
@@ -399,7 +438,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     fn pinned_memory_is_backed_when_made_and_lazy_memory_is_not() {
         const BYTES: u64 = 64 << 20;
-        let pinned = HeapMemory::pinned(BYTES);
+        let pinned = HeapMemory::pinned(BYTES).unwrap();
         assert_eq!(resident_bytes(pinned.words()), BYTES);
         assert!(
             pinned
@@ -409,6 +448,16 @@ mod tests {
         );
         let lazy = HeapMemory::new(BYTES);
         assert!(resident_bytes(lazy.words()) < BYTES / 4);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn pinning_more_than_the_host_has_is_a_clear_error() {
+        let err = HeapMemory::pinned(1 << 50)
+            .err()
+            .expect("a petabyte is refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::OutOfMemory);
+        assert!(err.to_string().contains("available"), "{err}");
     }
 
     #[test]

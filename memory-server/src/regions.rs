@@ -199,7 +199,7 @@ pub(crate) fn allocate(name: &str, len: u64, pin: bool) -> Result<Allocation, St
         let mem =
             fabric::MemfdMemory::new(&format!("namdb-{name}"), len).map_err(|e| e.to_string())?;
         if pin {
-            mem.populate();
+            mem.populate().map_err(|e| format!("pinning it: {e}"))?;
         }
         Ok(Allocation {
             mapped_len: mem.mapped_len(),
@@ -212,7 +212,7 @@ pub(crate) fn allocate(name: &str, len: u64, pin: bool) -> Result<Allocation, St
     {
         let _ = name;
         let memory = if pin {
-            fabric::HeapMemory::pinned(len)
+            fabric::HeapMemory::pinned(len).map_err(|e| format!("pinning it: {e}"))?
         } else {
             fabric::HeapMemory::new(len)
         };

@@ -200,7 +200,9 @@ impl Device for SimDevice {
 
     fn register(&self, len: u64, access: Access) -> Result<Region> {
         let memory = if self.net.config.pin_memory {
-            HeapMemory::pinned(len)
+            HeapMemory::pinned(len).map_err(|e| {
+                FabricError::Backend(format!("cannot pin a region of {len} bytes: {e}"))
+            })?
         } else {
             HeapMemory::new(len)
         };

@@ -53,7 +53,16 @@ impl HeapMemory {
     const MAP_FROM: u64 = 4 << 20;
 
     pub fn new(bytes: u64) -> HeapMemory {
-        Self::allocate(bytes, false).expect("lazily backed memory is never populated")
+        let words = bytes.div_ceil(8) as usize;
+        #[cfg(not(fabric_loom))]
+        if bytes >= Self::MAP_FROM
+            && let Some(mapped) = Self::map(words)
+        {
+            return HeapMemory(mapped);
+        }
+        HeapMemory(Words::Boxed(
+            (0..words).map(|_| AtomicU64::new(0)).collect(),
+        ))
     }
 
     /// Zeroed memory with every page backed before this returns, as registering
@@ -65,25 +74,13 @@ impl HeapMemory {
     pub fn pinned(bytes: u64) -> std::io::Result<HeapMemory> {
         #[cfg(not(fabric_loom))]
         check_available(bytes)?;
-        Self::allocate(bytes, true)
-    }
-
-    fn allocate(bytes: u64, pinned: bool) -> std::io::Result<HeapMemory> {
-        let words = bytes.div_ceil(8) as usize;
+        let memory = Self::new(bytes);
+        // Boxed words were all written as they were made; a mapping is backed lazily.
         #[cfg(not(fabric_loom))]
-        if bytes >= Self::MAP_FROM
-            && let Some(mapped) = Self::map(words)
-        {
-            let memory = HeapMemory(mapped);
-            if pinned {
-                populate(memory.words())?;
-            }
-            return Ok(memory);
+        if let Words::Mapped { .. } = memory.0 {
+            populate(memory.words())?;
         }
-        let _ = pinned; // the boxed words were all written as they were made
-        Ok(HeapMemory(Words::Boxed(
-            (0..words).map(|_| AtomicU64::new(0)).collect(),
-        )))
+        Ok(memory)
     }
 
     /// `None` if the kernel refuses the mapping (then the heap gets its chance).

@@ -366,6 +366,15 @@ fn interactions_per_sec(backend: BackendKind) -> f64 {
     }
 }
 
+/// What the start-up line adds when the memory servers pin their memory.
+fn pinning_note(args: &TpcwArgs) -> &'static str {
+    if args.pin_memory {
+        ", pinning their memory"
+    } else {
+        ""
+    }
+}
+
 fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> Result<Rsi> {
     // An HTAP run measures the clients twice: alone, then beside the analytics.
     let runs = if args.htap { 2 } else { clients.len() };
@@ -408,18 +417,12 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
     };
     let mut system = match args.backend {
         BackendKind::Sim => {
-            if args.pin_memory {
-                eprintln!(
-                    "embedded sim cluster: {servers} memory servers of {} MiB each, pinning \
-                     their memory",
-                    per_server >> 20
-                );
-            } else {
-                eprintln!(
-                    "embedded sim cluster: {servers} memory servers of up to {} MiB each",
-                    per_server >> 20
-                );
-            }
+            eprintln!(
+                "embedded sim cluster: {servers} memory servers of {}{} MiB each{}",
+                if args.pin_memory { "" } else { "up to " },
+                per_server >> 20,
+                pinning_note(args)
+            );
             let started = Instant::now();
             let db = txn::Database::embedded(options)?;
             if args.pin_memory {
@@ -439,11 +442,7 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
                 "starting {servers} {} memory servers of {} MiB each{}",
                 backend.name(),
                 per_server >> 20,
-                if args.pin_memory {
-                    ", pinning their memory"
-                } else {
-                    ""
-                }
+                pinning_note(args)
             );
             for i in 0..servers {
                 let name = format!("memory-server-{i}");

@@ -191,43 +191,65 @@ pub struct EntryRef<'a> {
 
 /// A record's bytes: a multiple of 8, ending in its checksum.
 pub fn encode(cid: u64, entries: &[EntryRef<'_>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_into(cid, entries, &mut out);
+    out
+}
+
+/// [`encode`] into `out` (cleared first), so a worker reuses one buffer for the
+/// records of all its commits.
+pub fn encode_into(cid: u64, entries: &[EntryRef<'_>], out: &mut Vec<u8>) {
     let words = 3
         + entries
             .iter()
             .map(|e| 4 + e.value.len().div_ceil(8))
             .sum::<usize>()
         + 1;
-    let mut out = Vec::with_capacity(words * 8);
+    out.clear();
+    out.reserve(words * 8);
     let push = |out: &mut Vec<u8>, w: u64| out.extend_from_slice(&w.to_le_bytes());
-    push(&mut out, MAGIC | (words as u64) << 32);
-    push(&mut out, cid);
-    push(&mut out, entries.len() as u64);
+    push(out, MAGIC | (words as u64) << 32);
+    push(out, cid);
+    push(out, entries.len() as u64);
     for e in entries {
         push(
-            &mut out,
+            out,
             e.table as u64 | (e.part as u64) << 32 | (e.kind as u64) << 48,
         );
-        push(&mut out, e.key);
-        push(&mut out, e.addr);
-        push(&mut out, e.value.len() as u64);
+        push(out, e.key);
+        push(out, e.addr);
+        push(out, e.value.len() as u64);
         out.extend_from_slice(e.value);
         out.resize(out.len().next_multiple_of(8), 0);
     }
-    let sum = checksum(&out);
-    push(&mut out, sum);
+    let sum = checksum(out);
+    push(out, sum);
     debug_assert_eq!(out.len(), words * 8);
-    out
 }
 
+/// Independent multiply-rotate chains, one per word position mod `LANES`: one chain
+/// is a multiply's latency per word, and a commit's record is kilobytes of values.
+const LANES: usize = 4;
+
 fn checksum(bytes: &[u8]) -> u64 {
-    // A multiply-rotate mix: any changed or missing word changes it, and a zeroed
-    // area never checks out (the seed is not zero).
-    let mut h: u64 = 0x6e61_6d64_625f_6c67;
-    for w in bytes.chunks_exact(8) {
-        let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-        h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    // Each lane's step is a bijection of its state for a given word, so any changed
+    // word changes its lane; the lanes fold in order, and the length is mixed in, so
+    // a missing word changes the sum too. A zeroed area never checks out (the seeds
+    // are not zero).
+    let mut lanes: [u64; LANES] = std::array::from_fn(|i| 0x6e61_6d64_625f_6c67 ^ i as u64);
+    let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    let mut blocks = bytes.chunks_exact(8 * LANES);
+    for block in &mut blocks {
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            let w = u64::from_le_bytes(block[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            *lane = mix(*lane, w);
+        }
     }
-    h ^ (bytes.len() as u64)
+    for (i, w) in blocks.remainder().chunks_exact(8).enumerate() {
+        lanes[i] = mix(lanes[i], u64::from_le_bytes(w.try_into().expect("8 bytes")));
+    }
+    let folded = lanes.iter().fold(0x6c67_5f62_646d_616e, |h, &l| mix(h, l));
+    folded ^ (bytes.len() as u64)
 }
 
 /// Every complete record in a ring's bytes, by CID. Stale records of earlier laps
@@ -405,6 +427,40 @@ mod tests {
         let mut flipped = ring;
         flipped[8 + 40] ^= 4;
         assert!(!parse_ring(&flipped).contains_key(&17));
+    }
+
+    #[test]
+    fn every_word_of_a_record_is_checked() {
+        // A value of 43 bytes: the record's words fill whole lane blocks and a tail.
+        let value: Vec<u8> = (0..43).collect();
+        let mut record = Vec::new();
+        // A reused buffer holding a longer record first: nothing of it is left over.
+        encode_into(9, &[entry(EntryKind::Update, 1, &[0xee; 300])], &mut record);
+        encode_into(21, &[entry(EntryKind::Update, 4, &value)], &mut record);
+        assert_eq!(record, encode(21, &[entry(EntryKind::Update, 4, &value)]));
+        assert!(parse_ring(&record).contains_key(&21));
+        for word in 0..record.len() / 8 {
+            for bit in [0, 37, 63] {
+                let mut bad = record.clone();
+                bad[word * 8 + bit / 8] ^= 1 << (bit % 8);
+                assert!(
+                    !parse_ring(&bad).contains_key(&21),
+                    "a flipped bit {bit} of word {word} went unnoticed"
+                );
+            }
+        }
+        // Two words of the value swapped between lanes.
+        let mut swapped = record.clone();
+        let (a, b) = (7 * 8, 8 * 8);
+        for i in 0..8 {
+            swapped.swap(a + i, b + i);
+        }
+        assert_ne!(swapped, record);
+        assert!(!parse_ring(&swapped).contains_key(&21));
+        // The same body one word shorter, with its sum over what is left.
+        let body = &record[..record.len() - 16];
+        assert_ne!(checksum(body), checksum(&record[..record.len() - 8]));
+        assert_ne!(checksum(&[0u8; 64]), 0);
     }
 
     #[test]

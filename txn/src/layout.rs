@@ -240,31 +240,68 @@ pub fn encode_versions(versions: &[Version], shape: BlockShape) -> Result<Vec<u8
             cap: shape.versions,
         });
     }
-    let vw = shape.version_words();
     let mut out = vec![0u8; (shape.block_bytes() - VERSIONS_OFFSET) as usize];
     for (i, v) in versions.iter().enumerate() {
-        if v.cid > VERSION_CID {
-            return Err(LayoutError::CidTooLarge(v.cid));
-        }
-        let base = i as u64 * vw;
-        let mut meta = PRESENT | v.cid;
-        match &v.value {
-            None => meta |= TOMB,
-            Some(value) => {
-                if value.len() > shape.value_cap as usize {
-                    return Err(LayoutError::ValueTooLarge {
-                        len: value.len(),
-                        cap: shape.value_cap,
-                    });
-                }
-                put_word(&mut out, base + 1, value.len() as u64);
-                let o = ((base + 2) * 8) as usize;
-                out[o..o + value.len()].copy_from_slice(value);
-            }
-        }
-        put_word(&mut out, base, meta);
+        put_version(&mut out, i as u64, v.cid, v.value.as_deref(), shape)?;
     }
     Ok(out)
+}
+
+/// Writes version `i` (`None` a tombstone) into a zeroed versions area.
+fn put_version(
+    out: &mut [u8],
+    i: u64,
+    cid: u64,
+    value: Option<&[u8]>,
+    shape: BlockShape,
+) -> Result<(), LayoutError> {
+    if cid > VERSION_CID {
+        return Err(LayoutError::CidTooLarge(cid));
+    }
+    let base = i * shape.version_words();
+    let mut meta = PRESENT | cid;
+    match value {
+        None => meta |= TOMB,
+        Some(value) => {
+            if value.len() > shape.value_cap as usize {
+                return Err(LayoutError::ValueTooLarge {
+                    len: value.len(),
+                    cap: shape.value_cap,
+                });
+            }
+            put_word(out, base + 1, value.len() as u64);
+            let o = ((base + 2) * 8) as usize;
+            out[o..o + value.len()].copy_from_slice(value);
+        }
+    }
+    put_word(out, base, meta);
+    Ok(())
+}
+
+/// The bytes of [`encode`]`(&Block::inserted(header, key, cid, value, shape))`, into
+/// `out` (cleared first) and without the block's allocations: what a commit WRITEs
+/// for each new record.
+pub fn encode_inserted_into(
+    header: Header,
+    key: u64,
+    cid: u64,
+    value: &[u8],
+    shape: BlockShape,
+    out: &mut Vec<u8>,
+) -> Result<(), LayoutError> {
+    if header.cid > MAX_CID {
+        return Err(LayoutError::CidTooLarge(header.cid));
+    }
+    out.clear();
+    out.resize(shape.block_bytes() as usize, 0);
+    put_word(out, 0, header.encode());
+    put_word(out, 1, key);
+    let versions = &mut out[VERSIONS_OFFSET as usize..];
+    put_version(versions, 0, cid, Some(value), shape)?;
+    if shape.versions >= 2 {
+        put_version(versions, 1, 0, None, shape)?;
+    }
+    Ok(())
 }
 
 /// Encodes a whole block.
@@ -545,6 +582,11 @@ mod tests {
             encode(&big, s),
             Err(LayoutError::ValueTooLarge { .. })
         ));
+        let mut out = Vec::new();
+        assert!(matches!(
+            encode_inserted_into(Header::unlocked(1), 42, 1, &[0; 21], s, &mut out),
+            Err(LayoutError::ValueTooLarge { .. })
+        ));
         let many = Block {
             header: Header::unlocked(1),
             key: 7,
@@ -652,6 +694,24 @@ mod tests {
             let new = Version { cid, value: v.clone() };
             write_installed(&bytes, cid, v.as_deref(), s, &mut out).unwrap();
             prop_assert_eq!(out, encode_versions(&b.with_new_version(new, s), s).unwrap());
+        }
+
+        #[test]
+        fn encode_inserted_into_matches_encode(
+            versions in 1u32..4,
+            locked in any::<bool>(),
+            cid in 0..=MAX_CID,
+            key in any::<u64>(),
+            value in prop::collection::vec(any::<u8>(), 0..=20usize),
+            stale in prop::collection::vec(any::<u8>(), 0..400usize),
+        ) {
+            let s = BlockShape::new(versions, 20).unwrap();
+            let header = Header { locked, cid };
+            let want = encode(&Block::inserted(header, key, cid, value.clone(), s), s).unwrap();
+            // A reused buffer: whatever it held before is gone.
+            let mut out = stale;
+            encode_inserted_into(header, key, cid, &value, s, &mut out).unwrap();
+            prop_assert_eq!(out, want);
         }
 
         #[test]

@@ -119,6 +119,9 @@ pub(crate) struct Parts {
     /// insert of the key claims, from that look, so the commit need not READ the
     /// bucket again. (table, key, slot offset in the index region).
     claim_hints: SmallVec<[(u32, u64, u64); 4]>,
+    /// Where a commit encodes what it stages in `buffer` (new blocks, installs, its
+    /// log record), kept across transactions so a commit does not allocate for them.
+    staging: Vec<u8>,
 }
 
 /// Records a transaction looks up by scanning; above this, through `seen_at`.
@@ -133,6 +136,7 @@ impl Parts {
             writes: Vec::new(),
             bytes: Vec::new(),
             claim_hints: SmallVec::new(),
+            staging: Vec::new(),
         }
     }
 
@@ -528,10 +532,12 @@ impl<'w> AsyncTransaction<'w> {
             at += bytes;
         }
         batches.run(worker).await?;
+        let mut words: SmallVec<[u64; 64]> = SmallVec::new();
         for (n, at) in places {
             let (table, key) = &keys[n];
             let index = &table.partitions[table.partition_of(*key)].index;
-            let mut words = vec![0u64; (index.shape.bucket_bytes() / 8) as usize];
+            words.clear();
+            words.resize((index.shape.bucket_bytes() / 8) as usize, 0);
             p.buffer.read_words(at, &mut words)?;
             if RemoteIndex::find(&words, *key)? != Lookup::Absent {
                 continue;
@@ -788,12 +794,14 @@ impl<'w> AsyncTransaction<'w> {
         let (cid, epoch) = worker.commit_timestamp()?;
         let step = Step { cid, epoch };
         let mut held = Held::default();
-        let parts = self
+        let mut parts = self
             .st
             .parts
             .take()
             .expect("a live transaction has its parts");
-        let result = run_commit(worker, &parts, step, &mut held).await;
+        let mut staging = std::mem::take(&mut parts.staging);
+        let result = run_commit(worker, &parts, step, &mut held, &mut staging).await;
+        parts.staging = staging;
         if let Some(at) = held.log_at {
             worker.log_finished(epoch, at);
         }
@@ -1182,7 +1190,13 @@ fn duplicate_error(w: &Write) -> TxnError {
 /// What the log record says of a new block: (table, partition, key, addr, value).
 type LoggedInsert<'a> = (u32, usize, u64, u64, &'a [u8]);
 
-async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) -> Result<()> {
+async fn run_commit(
+    worker: &Worker,
+    st: &Parts,
+    step: Step,
+    held: &mut Held,
+    staging: &mut Vec<u8>,
+) -> Result<()> {
     let cid = step.cid;
     let buffer = &st.buffer;
     let locked = Header::locked_by(cid).encode();
@@ -1192,7 +1206,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     // What the log record says of the new blocks: (table, partition, key, addr).
     let mut logged_inserts: SmallVec<[LoggedInsert<'_>; 4]> = SmallVec::new();
     let durable = worker.database().is_durable();
-    let inserts: Vec<&Write> = st
+    let inserts: SmallVec<[&Write; 8]> = st
         .writes
         .iter()
         .filter(|w| matches!(seen(w), Some(Seen::Absent)))
@@ -1210,7 +1224,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         // loses a race, goes one at a time after the batch.
         let batched = !crash::armed();
         let mut area = Area::new(buffer);
-        let mut counters = Vec::with_capacity(inserts.len());
+        let mut counters: SmallVec<[Allocation; 8]> = SmallVec::new();
         let mut bucket_claims: SmallVec<[BucketClaim; 4]> = SmallVec::new();
         let mut buckets_claimed: SmallVec<[(u32, usize, u64); 4]> = SmallVec::new();
         let mut batches = Batches::new();
@@ -1253,7 +1267,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             }
         }
         batches.run_step(worker, step).await?;
-        let mut blocks = Vec::with_capacity(inserts.len());
+        let mut blocks: SmallVec<[(usize, u64); 8]> = SmallVec::new();
         for (w, allocation) in inserts.iter().zip(&counters) {
             match *allocation {
                 Allocation::Spare { part, block } => blocks.push((part, block)),
@@ -1272,6 +1286,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         // so the abort path finds them all; no slot is claimed then.
         let mut claims: SmallVec<[Option<u64>; 4]> = SmallVec::new();
         let mut claim_error = None;
+        let mut words: SmallVec<[u64; 64]> = SmallVec::new();
         for (w, claim) in inserts.iter().zip(&bucket_claims) {
             let at = match *claim {
                 BucketClaim::OneByOne => {
@@ -1285,7 +1300,8 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
                 BucketClaim::Read(at) => at,
             };
             let p = &w.table.partitions[w.table.partition_of(w.key)];
-            let mut words = vec![0u64; (p.index.shape.bucket_bytes() / 8) as usize];
+            words.clear();
+            words.resize((p.index.shape.bucket_bytes() / 8) as usize, 0);
             buffer.read_words(at, &mut words)?;
             match p.index.claim_slot(&words, w.key) {
                 Ok(slot) => claims.push(Some(slot)),
@@ -1297,7 +1313,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
         }
         let mut area = Area::new(buffer);
         let mut batches = Batches::new();
-        let mut placed = Vec::with_capacity(inserts.len());
+        let mut placed: SmallVec<[(usize, u64); 8]> = SmallVec::new();
         for (w, &(part, i)) in inserts.iter().zip(&blocks) {
             let p = &w.table.partitions[part];
             if i >= p.capacity {
@@ -1307,14 +1323,19 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
                 });
             }
             let addr = w.table.block_offset(part, i);
-            let value = w.value.clone().unwrap_or_default();
-            let block = Block::inserted(Header::locked_by(cid), w.key, cid, value, w.table.shape);
-            let bytes = layout::encode(&block, w.table.shape)?;
-            let at = area.take(bytes.len() as u64)?;
-            buffer.write(at, &bytes)?;
+            layout::encode_inserted_into(
+                Header::locked_by(cid),
+                w.key,
+                cid,
+                w.value.as_deref().unwrap_or_default(),
+                w.table.shape,
+                staging,
+            )?;
+            let at = area.take(staging.len() as u64)?;
+            buffer.write(at, staging)?;
             batches.push(
                 p.server,
-                SendWr::write(0, buffer.buf(at, bytes.len() as u32), p.data.at(addr)),
+                SendWr::write(0, buffer.buf(at, staging.len() as u32), p.data.at(addr)),
             );
             placed.push((part, addr));
         }
@@ -1451,7 +1472,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     }
     crash::point(CrashPoint::AfterLock);
     // The commit record, before any install: from here the transaction is committed.
-    let entries: Vec<EntryRef<'_>> = logged_inserts
+    let entries: SmallVec<[EntryRef<'_>; 8]> = logged_inserts
         .iter()
         .map(|&(table, part, key, addr, value)| EntryRef {
             table,
@@ -1474,7 +1495,8 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
             value: w.value.as_deref().unwrap_or(&[]),
         }))
         .collect();
-    let record = commitlog::encode(cid, &entries);
+    commitlog::encode_into(cid, &entries, staging);
+    let record = &staging[..];
     let (log_at, remote) = loop {
         match worker.log_place(step.epoch, cid, record.len() as u64)? {
             Some(placed) => break placed,
@@ -1483,7 +1505,7 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     };
     held.log_at = Some(log_at);
     let staged = area.take(record.len() as u64)?;
-    buffer.write(staged, &record)?;
+    buffer.write(staged, record)?;
     let mut batches = Batches::new();
     batches.push(
         commitlog::SERVER,
@@ -1535,9 +1557,13 @@ async fn run_commit(worker: &Worker, st: &Parts, step: Step, held: &mut Held) ->
     };
     for (_, w, part, addr, block, _) in &updates {
         let p = &w.table.partitions[*part];
-        let mut bytes: SmallVec<[u8; 1024]> =
-            smallvec::smallvec![0u8; (w.table.shape.block_bytes() - VERSIONS_OFFSET) as usize];
-        layout::write_installed(block.1, cid, w.value.as_deref(), w.table.shape, &mut bytes)?;
+        let len = (w.table.shape.block_bytes() - VERSIONS_OFFSET) as usize;
+        // write_installed writes every byte: no need to zero what is reused.
+        if staging.len() < len {
+            staging.resize(len, 0);
+        }
+        let bytes = &mut staging[..len];
+        layout::write_installed(block.1, cid, w.value.as_deref(), w.table.shape, bytes)?;
         let at = area.take(bytes.len() as u64)?;
         buffer.write(at, &bytes)?;
         let res = area.take(8)?;

@@ -1565,7 +1565,7 @@ async fn run_commit(
         let bytes = &mut staging[..len];
         layout::write_installed(block.1, cid, w.value.as_deref(), w.table.shape, bytes)?;
         let at = area.take(bytes.len() as u64)?;
-        buffer.write(at, &bytes)?;
+        buffer.write(at, bytes)?;
         let res = area.take(8)?;
         let batches = &mut halves[usize::from(installed >= split)];
         installed += 1;

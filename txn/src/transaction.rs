@@ -233,75 +233,60 @@ struct Step {
 }
 
 /// Work requests for several memory servers, posted one doorbell per server and
-/// awaited together.
+/// awaited together. Each server's requests are kept apart as they are pushed, in
+/// order, so posting copies nothing.
 struct Batches<'a> {
-    wrs: SmallVec<[SendWr<'a>; 8]>,
-    servers: SmallVec<[usize; 8]>,
+    per_server: SmallVec<[(usize, SmallVec<[SendWr<'a>; 8]>); 2]>,
 }
 
 impl<'a> Batches<'a> {
     fn new() -> Batches<'a> {
         Batches {
-            wrs: SmallVec::new(),
-            servers: SmallVec::new(),
+            per_server: SmallVec::new(),
         }
     }
 
     fn push(&mut self, server: usize, wr: SendWr<'a>) {
-        self.wrs.push(wr);
-        self.servers.push(server);
+        match self.per_server.iter_mut().find(|(s, _)| *s == server) {
+            Some((_, list)) => list.push(wr),
+            None => self.per_server.push((server, smallvec::smallvec![wr])),
+        }
     }
 
     async fn run(&self, worker: &Worker) -> Result<()> {
-        let Some(&first) = self.servers.first() else {
-            return Ok(());
-        };
-        self.post_all(worker, first).await
+        self.post_all(worker).await
     }
 
     /// [`Batches::run`] for a commit step: posted only while the worker still holds
     /// the commit's epoch under a live lease.
     async fn run_step(&self, worker: &Worker, step: Step) -> Result<()> {
-        let Some(&first) = self.servers.first() else {
+        if self.per_server.is_empty() {
             return Ok(());
-        };
+        }
         worker.check_epoch(step.epoch, step.cid)?;
-        self.post_all(worker, first).await
+        self.post_all(worker).await
     }
 
-    async fn post_all(&self, worker: &Worker, first: usize) -> Result<()> {
-        let Some(&second) = self.servers.iter().find(|&&s| s != first) else {
-            return Ok(worker.conn(first).run(&self.wrs).await?);
-        };
-        // Two servers, most commits' steps: no allocation.
-        if self.servers.iter().all(|&s| s == first || s == second) {
-            let of = |server: usize| -> SmallVec<[SendWr<'a>; 8]> {
-                self.servers
-                    .iter()
-                    .zip(&self.wrs)
-                    .filter(|(s, _)| **s == server)
-                    .map(|(_, wr)| *wr)
-                    .collect()
-            };
-            let (a, b) = (of(first), of(second));
-            futures::future::try_join(worker.conn(first).run(&a), worker.conn(second).run(&b))
+    async fn post_all(&self, worker: &Worker) -> Result<()> {
+        match &self.per_server[..] {
+            [] => Ok(()),
+            [(s, wrs)] => Ok(worker.conn(*s).run(wrs).await?),
+            // Two servers, most commits' steps: no allocation.
+            [(a, a_wrs), (b, b_wrs)] => {
+                futures::future::try_join(worker.conn(*a).run(a_wrs), worker.conn(*b).run(b_wrs))
+                    .await?;
+                Ok(())
+            }
+            lists => {
+                futures::future::try_join_all(
+                    lists
+                        .iter()
+                        .map(|(s, wrs)| Box::pin(worker.conn(*s).run(wrs))),
+                )
                 .await?;
-            return Ok(());
-        }
-        let mut per_server: Vec<(usize, Vec<SendWr<'a>>)> = Vec::new();
-        for (&s, wr) in self.servers.iter().zip(&self.wrs) {
-            match per_server.iter_mut().find(|(t, _)| *t == s) {
-                Some((_, list)) => list.push(*wr),
-                None => per_server.push((s, vec![*wr])),
+                Ok(())
             }
         }
-        futures::future::try_join_all(
-            per_server
-                .iter()
-                .map(|(s, wrs)| Box::pin(worker.conn(*s).run(wrs))),
-        )
-        .await?;
-        Ok(())
     }
 }
 

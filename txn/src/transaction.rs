@@ -889,19 +889,20 @@ async fn fetch(
     arena: &mut Vec<u8>,
     table: &Table,
     keys: &[u64],
-) -> Result<Vec<Seen>> {
+) -> Result<SmallVec<[Seen; 8]>> {
     let start = Instant::now();
-    let mut addrs: Vec<Option<(usize, u64)>> = keys
+    // A transaction reads a few records at a time: nothing here allocates for them.
+    let mut addrs: SmallVec<[Option<(usize, u64)>; 8]> = keys
         .iter()
         .map(|&k| {
             let p = table.partition_of(k);
             worker.cached_addr(table.id, k).map(|a| (p, a))
         })
         .collect();
-    let mut absent = vec![false; keys.len()];
+    let mut absent: SmallVec<[bool; 8]> = smallvec::smallvec![false; keys.len()];
     // Index lookups, again for slots still being inserted.
     loop {
-        let missing: Vec<usize> = (0..keys.len())
+        let missing: SmallVec<[usize; 8]> = (0..keys.len())
             .filter(|&i| addrs[i].is_none() && !absent[i])
             .collect();
         if missing.is_empty() {
@@ -915,7 +916,7 @@ async fn fetch(
         };
         let mut batches = Batches::new();
         let mut at = 0;
-        let mut places = Vec::with_capacity(missing.len());
+        let mut places: SmallVec<[u64; 8]> = SmallVec::new();
         for &i in &missing {
             let p = &table.partitions[table.partition_of(keys[i])];
             let bytes = bucket_bytes(i);
@@ -928,9 +929,11 @@ async fn fetch(
         }
         batches.run(worker).await?;
         let mut pending = false;
+        let mut words: SmallVec<[u64; 64]> = SmallVec::new();
         for (&i, &at) in missing.iter().zip(&places) {
             let part = table.partition_of(keys[i]);
-            let mut words = vec![0u64; (bucket_bytes(i) / 8) as usize];
+            words.clear();
+            words.resize((bucket_bytes(i) / 8) as usize, 0);
             buffer.read_words(at, &mut words)?;
             match RemoteIndex::find(&words, keys[i])? {
                 Lookup::Found(a) => {
@@ -954,9 +957,10 @@ async fn fetch(
     }
     // Block reads: block, then its header again, per key; torn or locked ones again.
     let block_bytes = table.shape.block_bytes();
-    let mut blocks: Vec<Option<(Header, Range<usize>)>> = vec![None; keys.len()];
+    let mut blocks: SmallVec<[Option<(Header, Range<usize>)>; 8]> =
+        smallvec::smallvec![None; keys.len()];
     loop {
-        let todo: Vec<usize> = (0..keys.len())
+        let todo: SmallVec<[usize; 8]> = (0..keys.len())
             .filter(|&i| addrs[i].is_some() && blocks[i].is_none())
             .collect();
         if todo.is_empty() {

@@ -957,8 +957,9 @@ async fn fetch(
     }
     // Block reads: block, then its header again, per key; torn or locked ones again.
     let block_bytes = table.shape.block_bytes();
-    let mut blocks: SmallVec<[Option<(Header, Range<usize>)>; 8]> =
-        smallvec::smallvec![None; keys.len()];
+    // Per key: the accepted block's header and where its bytes are in the arena.
+    type Accepted = Option<(Header, Range<usize>)>;
+    let mut blocks: SmallVec<[Accepted; 8]> = smallvec::smallvec![None; keys.len()];
     loop {
         let todo: SmallVec<[usize; 8]> = (0..keys.len())
             .filter(|&i| addrs[i].is_some() && blocks[i].is_none())

@@ -171,7 +171,7 @@ impl AsyncQp {
     /// Posts `wrs` with one doorbell and resolves when all have completed, or with the
     /// first error (`FabricError::Completion` naming the failed request's index). The
     /// requests' `wr_id` and `signaled` fields are replaced.
-    pub fn run<'a>(&'a self, wrs: &'a [SendWr<'a>]) -> Batch<'a> {
+    pub fn run<'a, 'w>(&'a self, wrs: &'a [SendWr<'w>]) -> Batch<'a, 'w> {
         Batch {
             qp: self,
             wrs: Wrs::Many(wrs),
@@ -179,8 +179,18 @@ impl AsyncQp {
         }
     }
 
+    /// [`AsyncQp::run`] that sets the requests' `wr_id` and `signaled` fields in
+    /// `wrs` itself instead of in a copy: the caller's batch is posted as it is.
+    pub fn run_in_place<'a, 'w>(&'a self, wrs: &'a mut [SendWr<'w>]) -> Batch<'a, 'w> {
+        Batch {
+            qp: self,
+            wrs: Wrs::InPlace(wrs),
+            token: None,
+        }
+    }
+
     /// One work request as a future.
-    pub fn run_one<'a>(&'a self, wr: SendWr<'a>) -> Batch<'a> {
+    pub fn run_one<'a, 'w>(&'a self, wr: SendWr<'w>) -> Batch<'a, 'w> {
         Batch {
             qp: self,
             wrs: Wrs::One(wr),
@@ -188,8 +198,13 @@ impl AsyncQp {
         }
     }
 
-    fn post(&self, wrs: &Wrs<'_>) -> Result<u64> {
+    fn post(&self, wrs: &mut Wrs<'_, '_>) -> Result<u64> {
         let token = self.driver.open();
+        let len = match wrs {
+            Wrs::One(_) => 1,
+            Wrs::Many(list) => list.len(),
+            Wrs::InPlace(list) => list.len(),
+        };
         let result = match wrs {
             Wrs::One(wr) => {
                 let mut wr = *wr;
@@ -197,26 +212,30 @@ impl AsyncQp {
                 wr.signaled = true;
                 self.qp.post_send(std::slice::from_ref(&wr))
             }
-            Wrs::Many(list) => {
-                if list.is_empty() || list.len() > MAX_BATCH {
-                    Err(FabricError::InvalidWorkRequest(format!(
-                        "a batch holds 1 to {MAX_BATCH} work requests, got {}",
-                        list.len()
-                    )))
-                } else {
-                    let last = list.len() - 1;
-                    // Most batches are a few requests: no allocation for them.
-                    let batch: smallvec::SmallVec<[SendWr<'_>; 8]> = list
-                        .iter()
-                        .enumerate()
-                        .map(|(i, wr)| SendWr {
-                            wr_id: wr_id(token, i),
-                            signaled: i == last,
-                            ..*wr
-                        })
-                        .collect();
-                    self.qp.post_send(&batch)
+            _ if len == 0 || len > MAX_BATCH => Err(FabricError::InvalidWorkRequest(format!(
+                "a batch holds 1 to {MAX_BATCH} work requests, got {len}"
+            ))),
+            Wrs::InPlace(list) => {
+                let last = list.len() - 1;
+                for (i, wr) in list.iter_mut().enumerate() {
+                    wr.wr_id = wr_id(token, i);
+                    wr.signaled = i == last;
                 }
+                self.qp.post_send(list)
+            }
+            Wrs::Many(list) => {
+                let last = list.len() - 1;
+                // Most batches are a few requests: no allocation for them.
+                let batch: smallvec::SmallVec<[SendWr<'_>; 8]> = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, wr)| SendWr {
+                        wr_id: wr_id(token, i),
+                        signaled: i == last,
+                        ..*wr
+                    })
+                    .collect();
+                self.qp.post_send(&batch)
             }
         };
         match result {
@@ -229,26 +248,27 @@ impl AsyncQp {
     }
 }
 
-enum Wrs<'a> {
-    One(SendWr<'a>),
-    Many(&'a [SendWr<'a>]),
+enum Wrs<'a, 'w> {
+    One(SendWr<'w>),
+    Many(&'a [SendWr<'w>]),
+    InPlace(&'a mut [SendWr<'w>]),
 }
 
 /// The future of a posted batch (see [`AsyncQp::run`]).
-pub struct Batch<'a> {
+pub struct Batch<'a, 'w> {
     qp: &'a AsyncQp,
-    wrs: Wrs<'a>,
+    wrs: Wrs<'a, 'w>,
     token: Option<u64>,
 }
 
-impl Future for Batch<'_> {
+impl Future for Batch<'_, '_> {
     type Output = Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = &mut *self;
         let (token, just_posted) = match this.token {
             Some(t) => (t, false),
-            None => match this.qp.post(&this.wrs) {
+            None => match this.qp.post(&mut this.wrs) {
                 Ok(t) => {
                     this.token = Some(t);
                     (t, true)
@@ -285,7 +305,7 @@ impl Future for Batch<'_> {
     }
 }
 
-impl Drop for Batch<'_> {
+impl Drop for Batch<'_, '_> {
     fn drop(&mut self) {
         if let Some(token) = self.token {
             self.qp.driver.abandon(token);

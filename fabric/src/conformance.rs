@@ -1306,12 +1306,23 @@ pub fn async_batch_reports_the_failing_request(b: &dyn Backend) {
     ];
     futures_lite_block_on(qp.run(&ok)).unwrap();
     assert_eq!(f.local.to_vec(0, 8).unwrap(), vec![3; 8]);
+    // In place: the caller's requests are what is posted, numbered and with only the
+    // last one signaled.
+    let mut in_place = [
+        SendWr::write(0, crate::Src::Inline(&[5; 8]), f.remote.remote_addr(8)),
+        SendWr::read(0, f.local.buf(8, 8), f.remote.remote_addr(8)),
+    ];
+    futures_lite_block_on(qp.run_in_place(&mut in_place)).unwrap();
+    assert_eq!(f.local.to_vec(8, 8).unwrap(), vec![5; 8]);
+    assert_ne!(in_place[0].wr_id, in_place[1].wr_id);
+    assert!(!in_place[0].signaled && in_place[1].signaled);
     let bad = [
         SendWr::read(0, f.local.buf(0, 8), f.remote.remote_addr(0)),
         SendWr::read(0, f.local.buf(0, 8), f.remote.remote_addr(REGION_BYTES)),
         SendWr::read(0, f.local.buf(0, 8), f.remote.remote_addr(0)),
     ];
-    let err = futures_lite_block_on(qp.run(&bad)).unwrap_err();
+    let mut bad = bad;
+    let err = futures_lite_block_on(qp.run_in_place(&mut bad)).unwrap_err();
     assert_eq!(
         err,
         FabricError::Completion {

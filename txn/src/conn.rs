@@ -180,6 +180,17 @@ impl AsyncConn {
     /// fail too).
     pub async fn run(&self, wrs: &[SendWr<'_>]) -> Result<(), FabricError> {
         let result = self.qp.run(wrs).await;
+        self.recover_after(result)
+    }
+
+    /// [`AsyncConn::run`] posting `wrs` themselves ([`fabric::AsyncQp::run_in_place`]):
+    /// their `wr_id` and `signaled` fields are overwritten.
+    pub async fn run_in_place(&self, wrs: &mut [SendWr<'_>]) -> Result<(), FabricError> {
+        let result = self.qp.run_in_place(wrs).await;
+        self.recover_after(result)
+    }
+
+    fn recover_after(&self, result: Result<(), FabricError>) -> Result<(), FabricError> {
         if result.is_err() && self.qp.qp().state() == fabric::QpState::Error {
             self.qp.qp().recover()?;
         }

@@ -253,13 +253,13 @@ impl<'a> Batches<'a> {
         }
     }
 
-    async fn run(&self, worker: &Worker) -> Result<()> {
+    async fn run(&mut self, worker: &Worker) -> Result<()> {
         self.post_all(worker).await
     }
 
     /// [`Batches::run`] for a commit step: posted only while the worker still holds
     /// the commit's epoch under a live lease.
-    async fn run_step(&self, worker: &Worker, step: Step) -> Result<()> {
+    async fn run_step(&mut self, worker: &Worker, step: Step) -> Result<()> {
         if self.per_server.is_empty() {
             return Ok(());
         }
@@ -267,21 +267,26 @@ impl<'a> Batches<'a> {
         self.post_all(worker).await
     }
 
-    async fn post_all(&self, worker: &Worker) -> Result<()> {
-        match &self.per_server[..] {
+    /// Posts every server's requests as they are (their ids and signaling set in
+    /// place) and waits for all.
+    async fn post_all(&mut self, worker: &Worker) -> Result<()> {
+        match &mut self.per_server[..] {
             [] => Ok(()),
-            [(s, wrs)] => Ok(worker.conn(*s).run(wrs).await?),
+            [(s, wrs)] => Ok(worker.conn(*s).run_in_place(wrs).await?),
             // Two servers, most commits' steps: no allocation.
             [(a, a_wrs), (b, b_wrs)] => {
-                futures::future::try_join(worker.conn(*a).run(a_wrs), worker.conn(*b).run(b_wrs))
-                    .await?;
+                futures::future::try_join(
+                    worker.conn(*a).run_in_place(a_wrs),
+                    worker.conn(*b).run_in_place(b_wrs),
+                )
+                .await?;
                 Ok(())
             }
             lists => {
                 futures::future::try_join_all(
                     lists
-                        .iter()
-                        .map(|(s, wrs)| Box::pin(worker.conn(*s).run(wrs))),
+                        .iter_mut()
+                        .map(|(s, wrs)| Box::pin(worker.conn(*s).run_in_place(wrs))),
                 )
                 .await?;
                 Ok(())

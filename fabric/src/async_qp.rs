@@ -90,8 +90,22 @@ impl CqDriver {
 
     /// Polls the completion queue once and files what it finds.
     pub fn poll(&self) -> Result<()> {
-        let mut guard = sync::lock(&self.state);
-        let st = &mut *guard;
+        self.file_completions(&mut sync::lock(&self.state))
+    }
+
+    /// The result of `token`'s batch if it is in, polling the completion queue once
+    /// if it is not yet, under one acquisition of the driver's lock (a future's every
+    /// poll comes here).
+    fn take_or_poll(&self, token: u64) -> Result<Option<Result<()>>> {
+        let mut st = sync::lock(&self.state);
+        if let Some(result) = Self::take_locked(&mut st, token) {
+            return Ok(Some(result));
+        }
+        self.file_completions(&mut st)?;
+        Ok(Self::take_locked(&mut st, token))
+    }
+
+    fn file_completions(&self, st: &mut DriverState) -> Result<()> {
         let n = self.cq.poll(&mut st.scratch)?;
         for wc in &st.scratch[..n] {
             let (slot, generation, index) = split(wc.wr_id);
@@ -118,9 +132,8 @@ impl CqDriver {
         Ok(())
     }
 
-    fn take(&self, token: u64) -> Option<Result<()>> {
+    fn take_locked(st: &mut DriverState, token: u64) -> Option<Result<()>> {
         let (slot, generation, _) = split(token);
-        let mut st = sync::lock(&self.state);
         let entry = st.slots.get_mut(slot)?;
         debug_assert_eq!(entry.generation, generation);
         let result = entry.result.take()?;
@@ -266,12 +279,12 @@ impl Future for Batch<'_, '_> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = &mut *self;
-        let (token, just_posted) = match this.token {
-            Some(t) => (t, false),
+        let token = match this.token {
+            Some(t) => t,
             None => match this.qp.post(&mut this.wrs) {
                 Ok(t) => {
                     this.token = Some(t);
-                    (t, true)
+                    t
                 }
                 Err(FabricError::Post { index: 0, source })
                     if matches!(*source, FabricError::QueueFull { .. }) =>
@@ -285,23 +298,20 @@ impl Future for Batch<'_, '_> {
                 Err(e) => return Poll::Ready(Err(e)),
             },
         };
-        // A batch posted this very poll has no completion filed yet: go straight to
-        // the completion queue (an in-process backend has already completed it).
-        if !just_posted && let Some(result) = this.qp.driver.take(token) {
-            this.token = None;
-            this.wrs = Wrs::Many(&[]);
-            return Poll::Ready(result);
+        // A batch posted this very poll may be complete already: an in-process backend
+        // executes it as it is posted.
+        match this.qp.driver.take_or_poll(token) {
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(Some(result)) => {
+                this.token = None;
+                this.wrs = Wrs::Many(&[]);
+                Poll::Ready(result)
+            }
+            Ok(None) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
         }
-        if let Err(e) = this.qp.driver.poll() {
-            return Poll::Ready(Err(e));
-        }
-        if let Some(result) = this.qp.driver.take(token) {
-            this.token = None;
-            this.wrs = Wrs::Many(&[]);
-            return Poll::Ready(result);
-        }
-        cx.waker().wake_by_ref();
-        Poll::Pending
     }
 }
 

@@ -435,9 +435,6 @@ pub fn write_installed(
     shape: BlockShape,
     out: &mut [u8],
 ) -> Result<(), LayoutError> {
-    if cid > VERSION_CID {
-        return Err(LayoutError::CidTooLarge(cid));
-    }
     let version_bytes = (shape.version_words() * 8) as usize;
     let versions_len = (shape.block_bytes() - VERSIONS_OFFSET) as usize;
     if out.len() != versions_len || bytes.len() != shape.block_bytes() as usize {
@@ -447,21 +444,7 @@ pub fn write_installed(
         });
     }
     out[..version_bytes].fill(0);
-    let mut meta = PRESENT | cid;
-    match value {
-        None => meta |= TOMB,
-        Some(v) => {
-            if v.len() > shape.value_cap as usize {
-                return Err(LayoutError::ValueTooLarge {
-                    len: v.len(),
-                    cap: shape.value_cap,
-                });
-            }
-            put_word(out, 1, v.len() as u64);
-            out[16..16 + v.len()].copy_from_slice(v);
-        }
-    }
-    put_word(out, 0, meta);
+    put_version(out, 0, cid, value, shape)?;
     let old = VERSIONS_OFFSET as usize;
     out[version_bytes..].copy_from_slice(&bytes[old..old + versions_len - version_bytes]);
     Ok(())

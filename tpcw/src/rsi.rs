@@ -238,46 +238,48 @@ pub struct RsiTxn<'a> {
     tables: &'a [Arc<Table>],
 }
 
-impl RsiTxn<'_> {
-    fn table(&self, rel: Rel) -> &Arc<Table> {
+impl<'a> RsiTxn<'a> {
+    /// The table of `rel`, borrowed for as long as the session (not from it), so the
+    /// transaction can be used mutably beside it without an `Arc` clone per call.
+    fn table(&self, rel: Rel) -> &'a Arc<Table> {
         &self.tables[rel.index()]
     }
 }
 
 impl Session for RsiTxn<'_> {
     async fn get(&mut self, rel: Rel, key: u64) -> Result<Option<Vec<u8>>> {
-        let table = self.tables[rel.index()].clone();
-        self.txn.get(&table, key).await.map_err(map_err)
+        let table = self.table(rel);
+        self.txn.get(table, key).await.map_err(map_err)
     }
 
     async fn get_many(&mut self, rel: Rel, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
         // The transaction splits big key sets to fit its buffer itself.
-        let table = self.table(rel).clone();
-        self.txn.get_many(&table, keys).await.map_err(map_err)
+        let table = self.table(rel);
+        self.txn.get_many(table, keys).await.map_err(map_err)
     }
 
     async fn put(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()> {
-        let table = self.table(rel).clone();
-        self.txn.put(&table, key, row).await.map_err(map_err)
+        let table = self.table(rel);
+        self.txn.put(table, key, row).await.map_err(map_err)
     }
 
     async fn insert(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()> {
-        let table = self.table(rel).clone();
+        let table = self.table(rel);
         // Checked at commit, batched with the transaction's other inserts.
         self.txn
-            .insert_later(&table, key, row)
+            .insert_later(table, key, row)
             .await
             .map_err(map_err)
     }
 
     async fn delete(&mut self, rel: Rel, key: u64) -> Result<()> {
-        let table = self.table(rel).clone();
-        self.txn.delete(&table, key).await.map_err(map_err)
+        let table = self.table(rel);
+        self.txn.delete(table, key).await.map_err(map_err)
     }
 
     async fn version(&mut self, rel: Rel, key: u64) -> Result<Option<u64>> {
-        let table = self.table(rel).clone();
-        self.txn.get_version(&table, key).await.map_err(map_err)
+        let table = self.table(rel);
+        self.txn.get_version(table, key).await.map_err(map_err)
     }
 
     fn read_timestamp(&self) -> Option<u64> {

@@ -100,6 +100,43 @@ fn sim_designs_run_and_are_verified() {
 }
 
 #[test]
+fn repeat_reports_the_median_run_of_each_row() {
+    let (out, rows) = shuffle(&[
+        "--backend",
+        "sim",
+        "--design",
+        "MEMQ/SR,SEMQ/WR",
+        "--tuples",
+        "5000",
+        "--pattern",
+        "repartition",
+        "--baselines",
+        "none",
+        "--repeat",
+        "3",
+    ]);
+    let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
+    check_rows(&rows, 2, 1, 5000);
+    let designs: Vec<&str> = rows.iter().map(|r| r["design"].as_str().unwrap()).collect();
+    assert_eq!(designs, ["MEMQ/SR", "SEMQ/WR"], "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["runs"], 3, "{r}");
+        let mut runs: Vec<f64> = r["gb_per_sec_runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(runs.len(), 3, "{r}");
+        runs.sort_by(f64::total_cmp);
+        assert_eq!(r["gb_per_sec"].as_f64().unwrap(), runs[1], "{r}");
+    }
+    let t = text(&out);
+    assert!(t.contains("round 3 of 3"), "{t}");
+    assert!(t.contains("the median of 3 runs"), "{t}");
+}
+
+#[test]
 fn wr_designs_run_in_every_notification_mode() {
     for notify in ["seal", "mq", "cq"] {
         let (out, rows) = shuffle(&[
@@ -223,6 +260,7 @@ fn bad_arguments_are_refused_clearly() {
         (&["--tuples", "0"][..], "--tuples"),
         (&["--backend", "carrier-pigeon"][..], "possible values"),
         (&["--notify", "smoke"][..], "unknown notification"),
+        (&["--repeat", "0"][..], "--repeat"),
         (
             &["--design", "none", "--baselines", "none"][..],
             "nothing to run",

@@ -76,6 +76,11 @@ pub struct ShuffleArgs {
     /// Seed of the generated fragments.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Runs of every design and baseline, round robin (so drift in the machine's speed
+    /// reaches them alike); each reports its median run.
+    #[arg(long, value_name = "R", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
     /// Also write the runs to FILE as a JSON list.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -139,6 +144,10 @@ pub struct Row {
     pub verified: bool,
     pub buffering: &'static str,
     pub notify: String,
+    /// Runs this row is the median of (`--repeat`), and every run's `gb_per_sec` in the
+    /// order they ran; the row's other figures are the median run's.
+    pub runs: usize,
+    pub gb_per_sec_runs: Vec<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -179,7 +188,37 @@ fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResul
         verified: true,
         buffering: buffering_name(args.buffering),
         notify: args.notify.to_string(),
+        runs: 1,
+        gb_per_sec_runs: Vec::new(),
     }
+}
+
+/// Of the rows of several rounds, the median run of each design, baseline, pattern
+/// and message size (the lower median of an even count: a run that happened), in the
+/// order of the first round, with every run's throughput beside it.
+fn median_runs(all: Vec<Row>) -> Vec<Row> {
+    let key = |r: &Row| (r.design.clone(), r.pattern, r.message_bytes);
+    let mut groups: Vec<Vec<Row>> = Vec::new();
+    for row in all {
+        match groups.iter_mut().find(|g| key(&g[0]) == key(&row)) {
+            Some(g) => g.push(row),
+            None => groups.push(vec![row]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|runs| {
+            let rates: Vec<f64> = runs.iter().map(|r| r.gb_per_sec).collect();
+            let mut order: Vec<usize> = (0..runs.len()).collect();
+            order.sort_by(|&a, &b| rates[a].total_cmp(&rates[b]));
+            let pick = order[(runs.len() - 1) / 2];
+            let n = runs.len();
+            let mut row = runs.into_iter().nth(pick).expect("a run of the group");
+            row.runs = n;
+            row.gb_per_sec_runs = rates;
+            row
+        })
+        .collect()
 }
 
 fn buffering_name(b: BufferingArg) -> &'static str {
@@ -333,7 +372,6 @@ enum Plan {
 }
 
 fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Result<Vec<Row>> {
-    let nodes = args.nodes as usize;
     let threads = args.threads as usize;
     let job = |method: Method, pattern: Pattern, message_bytes: u32| Job {
         method,
@@ -364,93 +402,113 @@ fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Resu
         }
     }
     let total = plans.len();
+    let repeat = args.repeat as usize;
     let mut rows = Vec::new();
-    for (i, plan) in plans.into_iter().enumerate() {
-        match plan {
-            Plan::Node(job) => {
-                let name = match &job.method {
-                    Method::Design(d) => d.clone(),
-                    Method::Tcp => "tcp".into(),
-                };
-                eprintln!(
-                    "[{:>2}/{total}] {name} {}, {} messages, {nodes} nodes × {threads} thread(s) \
-                     on {}…",
-                    i + 1,
-                    job.pattern.name(),
-                    size_name(job.message_bytes),
-                    if job.method == Method::Tcp {
-                        "loopback TCP"
-                    } else {
+    for round in 0..repeat {
+        if repeat > 1 {
+            eprintln!("round {} of {repeat}", round + 1);
+        }
+        for (i, plan) in plans.iter().enumerate() {
+            measure_plan(args, plan, (i, total), &mut rows)?;
+        }
+    }
+    Ok(median_runs(rows))
+}
+
+/// Runs one planned run, the `i`-th of `total`, adding its rows to `rows`.
+fn measure_plan(
+    args: &ShuffleArgs,
+    plan: &Plan,
+    (i, total): (usize, usize),
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    let (nodes, threads) = (args.nodes as usize, args.threads as usize);
+    match plan {
+        Plan::Node(job) => {
+            let name = match &job.method {
+                Method::Design(d) => d.clone(),
+                Method::Tcp => "tcp".into(),
+            };
+            eprintln!(
+                "[{:>2}/{total}] {name} {}, {} messages, {nodes} nodes × {threads} thread(s) \
+                 on {}…",
+                i + 1,
+                job.pattern.name(),
+                size_name(job.message_bytes),
+                if job.method == Method::Tcp {
+                    "loopback TCP"
+                } else {
+                    args.backend.name()
+                },
+            );
+            let results = match procs::run(args.backend, nodes, &job) {
+                Ok(r) => r,
+                Err(e) => {
+                    return Err(e.context(format!(
+                        "{name} {} with {} messages on {} failed",
+                        job.pattern.name(),
+                        size_name(job.message_bytes),
                         args.backend.name()
-                    },
-                );
-                let results = match procs::run(args.backend, nodes, &job) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        return Err(e.context(format!(
-                            "{name} {} with {} messages on {} failed",
-                            job.pattern.name(),
-                            size_name(job.message_bytes),
-                            args.backend.name()
-                        )));
-                    }
-                };
-                let row = summarize(args, &job, name, &results);
-                eprintln!(
-                    "        {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s, setup {:.1} ms",
-                    row.gb_per_sec, row.gb_per_sec_min, row.memcpy_gb_per_sec, row.setup_ms
-                );
-                rows.push(row);
-            }
-            Plan::Mpi { message_bytes } => {
-                let pattern = match args.pattern {
-                    PatternArg::Repartition => "repartition",
-                    PatternArg::Broadcast => "broadcast",
-                    PatternArg::Both => "both",
-                };
-                eprintln!(
-                    "[{:>2}/{total}] mpi {pattern}, {} messages, {nodes} ranks…",
-                    i + 1,
-                    size_name(message_bytes)
-                );
-                let lines = mpi::run(nodes, args.tuples, pattern, message_bytes, args.seed)?;
-                for l in lines {
-                    let pattern = match l.pattern.as_str() {
-                        "repartition" => Pattern::Repartition,
-                        "broadcast" => Pattern::Broadcast,
-                        other => bail!("MPI reported an unknown pattern {other:?}"),
-                    };
-                    eprintln!(
-                        "        {}: {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s",
-                        pattern.name(),
-                        l.gb_per_sec,
-                        l.gb_per_sec_min,
-                        l.memcpy_gb_per_sec
-                    );
-                    rows.push(Row {
-                        design: "mpi".into(),
-                        backend: "vader".into(),
-                        pattern: pattern.name(),
-                        nodes: l.nodes,
-                        threads: l.threads,
-                        message_bytes: l.message_bytes,
-                        tuples: args.tuples,
-                        gb_per_sec: l.gb_per_sec,
-                        gb_per_sec_min: l.gb_per_sec_min,
-                        memcpy_gb_per_sec: l.memcpy_gb_per_sec,
-                        pinned_bytes: 0,
-                        setup_ms: l.setup_ms,
-                        seconds: l.seconds,
-                        received_bytes: l.received_bytes,
-                        verified: l.verified,
-                        buffering: "-",
-                        notify: "-".into(),
-                    });
+                    )));
                 }
+            };
+            let row = summarize(args, &job, name, &results);
+            eprintln!(
+                "        {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s, setup {:.1} ms",
+                row.gb_per_sec, row.gb_per_sec_min, row.memcpy_gb_per_sec, row.setup_ms
+            );
+            rows.push(row);
+        }
+        &Plan::Mpi { message_bytes } => {
+            let pattern = match args.pattern {
+                PatternArg::Repartition => "repartition",
+                PatternArg::Broadcast => "broadcast",
+                PatternArg::Both => "both",
+            };
+            eprintln!(
+                "[{:>2}/{total}] mpi {pattern}, {} messages, {nodes} ranks…",
+                i + 1,
+                size_name(message_bytes)
+            );
+            let lines = mpi::run(nodes, args.tuples, pattern, message_bytes, args.seed)?;
+            for l in lines {
+                let pattern = match l.pattern.as_str() {
+                    "repartition" => Pattern::Repartition,
+                    "broadcast" => Pattern::Broadcast,
+                    other => bail!("MPI reported an unknown pattern {other:?}"),
+                };
+                eprintln!(
+                    "        {}: {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s",
+                    pattern.name(),
+                    l.gb_per_sec,
+                    l.gb_per_sec_min,
+                    l.memcpy_gb_per_sec
+                );
+                rows.push(Row {
+                    design: "mpi".into(),
+                    backend: "vader".into(),
+                    pattern: pattern.name(),
+                    nodes: l.nodes,
+                    threads: l.threads,
+                    message_bytes: l.message_bytes,
+                    tuples: args.tuples,
+                    gb_per_sec: l.gb_per_sec,
+                    gb_per_sec_min: l.gb_per_sec_min,
+                    memcpy_gb_per_sec: l.memcpy_gb_per_sec,
+                    pinned_bytes: 0,
+                    setup_ms: l.setup_ms,
+                    seconds: l.seconds,
+                    received_bytes: l.received_bytes,
+                    verified: l.verified,
+                    buffering: "-",
+                    notify: "-".into(),
+                    runs: 1,
+                    gb_per_sec_runs: Vec::new(),
+                });
             }
         }
     }
-    Ok(rows)
+    Ok(())
 }
 
 fn is_baseline(r: &Row) -> bool {
@@ -514,6 +572,13 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
         "GB/s: bytes received per node per second, median over nodes (min: the slowest node); \
          memcpy: each node copying its fragment, in the same run; every run verified"
     )?;
+    if args.repeat > 1 {
+        writeln!(
+            out,
+            "each row: the median of {} runs, round robin over the rows (runs' GB/s in the JSON)",
+            args.repeat
+        )?;
+    }
     writeln!(out)?;
     writeln!(
         out,

@@ -70,6 +70,10 @@ fn check_rows(rows: &[Value], nodes: u64, threads: u64, tuples: u64) {
     }
 }
 
+fn designs_of(rows: &[Value]) -> Vec<&str> {
+    rows.iter().map(|r| r["design"].as_str().unwrap()).collect()
+}
+
 #[test]
 fn sim_designs_run_and_are_verified() {
     let (out, rows) = shuffle(&[
@@ -88,9 +92,8 @@ fn sim_designs_run_and_are_verified() {
     ]);
     let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
     check_rows(&rows, 3, 2, 20000);
-    let designs: Vec<&str> = rows.iter().map(|r| r["design"].as_str().unwrap()).collect();
     assert_eq!(
-        designs,
+        designs_of(&rows),
         ["MEMQ/SR", "SESQ/SR", "MEMQ/SR", "SESQ/SR"],
         "{rows:?}"
     );
@@ -117,8 +120,7 @@ fn repeat_reports_the_median_run_of_each_row() {
     ]);
     let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
     check_rows(&rows, 2, 1, 5000);
-    let designs: Vec<&str> = rows.iter().map(|r| r["design"].as_str().unwrap()).collect();
-    assert_eq!(designs, ["MEMQ/SR", "SEMQ/WR"], "{rows:?}");
+    assert_eq!(designs_of(&rows), ["MEMQ/SR", "SEMQ/WR"], "{rows:?}");
     for r in &rows {
         assert_eq!(r["runs"], 3, "{r}");
         let mut runs: Vec<f64> = r["gb_per_sec_runs"]

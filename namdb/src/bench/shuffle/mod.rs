@@ -441,7 +441,7 @@ fn measure_plan(
                     args.backend.name()
                 },
             );
-            let results = match procs::run(args.backend, nodes, &job) {
+            let results = match procs::run(args.backend, nodes, job) {
                 Ok(r) => r,
                 Err(e) => {
                     return Err(e.context(format!(
@@ -452,7 +452,7 @@ fn measure_plan(
                     )));
                 }
             };
-            let row = summarize(args, &job, name, &results);
+            let row = summarize(args, job, name, &results);
             eprintln!(
                 "        {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s, setup {:.1} ms",
                 row.gb_per_sec, row.gb_per_sec_min, row.memcpy_gb_per_sec, row.setup_ms

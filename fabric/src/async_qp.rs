@@ -213,11 +213,7 @@ impl AsyncQp {
 
     fn post(&self, wrs: &mut Wrs<'_, '_>) -> Result<u64> {
         let token = self.driver.open();
-        let len = match wrs {
-            Wrs::One(_) => 1,
-            Wrs::Many(list) => list.len(),
-            Wrs::InPlace(list) => list.len(),
-        };
+        let len = wrs.len();
         let result = match wrs {
             Wrs::One(wr) => {
                 let mut wr = *wr;
@@ -265,6 +261,16 @@ enum Wrs<'a, 'w> {
     One(SendWr<'w>),
     Many(&'a [SendWr<'w>]),
     InPlace(&'a mut [SendWr<'w>]),
+}
+
+impl Wrs<'_, '_> {
+    fn len(&self) -> usize {
+        match self {
+            Wrs::One(_) => 1,
+            Wrs::Many(list) => list.len(),
+            Wrs::InPlace(list) => list.len(),
+        }
+    }
 }
 
 /// The future of a posted batch (see [`AsyncQp::run`]).

@@ -1316,12 +1316,11 @@ pub fn async_batch_reports_the_failing_request(b: &dyn Backend) {
     assert_eq!(f.local.to_vec(8, 8).unwrap(), vec![5; 8]);
     assert_ne!(in_place[0].wr_id, in_place[1].wr_id);
     assert!(!in_place[0].signaled && in_place[1].signaled);
-    let bad = [
+    let mut bad = [
         SendWr::read(0, f.local.buf(0, 8), f.remote.remote_addr(0)),
         SendWr::read(0, f.local.buf(0, 8), f.remote.remote_addr(REGION_BYTES)),
         SendWr::read(0, f.local.buf(0, 8), f.remote.remote_addr(0)),
     ];
-    let mut bad = bad;
     let err = futures_lite_block_on(qp.run_in_place(&mut bad)).unwrap_err();
     assert_eq!(
         err,

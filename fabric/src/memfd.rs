@@ -13,9 +13,10 @@
 //! with an RNIC pins them: running out of memory is an error here, not a `SIGBUS` on
 //! the data path later. The kernel still zeroes each page at its first touch, in the
 //! process that touches it; [`MemfdMemory::populate`] does all of that at once. The
-//! size is then sealed (`F_SEAL_SHRINK | F_SEAL_GROW`): a process the fd is handed to cannot truncate it under the owner's mapping (which
-//! would turn the owner's next access into a `SIGBUS`), and [`MemfdMemory::from_peer`]
-//! refuses an fd that is not sealed so, for the same reason the other way round.
+//! size is then sealed (`F_SEAL_SHRINK | F_SEAL_GROW`): a process the fd is handed to
+//! cannot truncate it under the owner's mapping (which would turn the owner's next
+//! access into a `SIGBUS`), and [`MemfdMemory::from_peer`] refuses an fd that is not
+//! sealed so, for the same reason the other way round.
 
 use crate::memory::Memory;
 use crate::sync::AtomicU64;

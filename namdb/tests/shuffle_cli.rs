@@ -122,7 +122,6 @@ fn repeat_reports_the_median_run_of_each_row() {
     check_rows(&rows, 2, 1, 5000);
     assert_eq!(designs_of(&rows), ["MEMQ/SR", "SEMQ/WR"], "{rows:?}");
     for r in &rows {
-        assert_eq!(r["runs"], 3, "{r}");
         let mut runs: Vec<f64> = r["gb_per_sec_runs"]
             .as_array()
             .unwrap()

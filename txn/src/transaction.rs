@@ -522,13 +522,11 @@ impl<'w> AsyncTransaction<'w> {
             at += bytes;
         }
         batches.run(worker).await?;
-        let mut words: SmallVec<[u64; 64]> = SmallVec::new();
+        let mut words = BucketWords::new();
         for (n, at) in places {
             let (table, key) = &keys[n];
             let index = &table.partitions[table.partition_of(*key)].index;
-            words.clear();
-            words.resize((index.shape.bucket_bytes() / 8) as usize, 0);
-            p.buffer.read_words(at, &mut words)?;
+            read_bucket(&p.buffer, at, index, &mut words)?;
             if RemoteIndex::find(&words, *key)? != Lookup::Absent {
                 continue;
             }
@@ -934,12 +932,10 @@ async fn fetch(
         }
         batches.run(worker).await?;
         let mut pending = false;
-        let mut words: SmallVec<[u64; 64]> = SmallVec::new();
+        let mut words = BucketWords::new();
         for (&i, &at) in missing.iter().zip(&places) {
             let part = table.partition_of(keys[i]);
-            words.clear();
-            words.resize((bucket_bytes(i) / 8) as usize, 0);
-            buffer.read_words(at, &mut words)?;
+            read_bucket(buffer, at, &table.partitions[part].index, &mut words)?;
             match RemoteIndex::find(&words, keys[i])? {
                 Lookup::Found(a) => {
                     worker.cache_addr(table.id, keys[i], a);
@@ -1037,6 +1033,21 @@ async fn fetch(
             _ => Seen::Absent,
         })
         .collect())
+}
+
+/// A bucket's words as READ into a transaction's buffer; a 32-slot bucket's fit inline.
+type BucketWords = SmallVec<[u64; 64]>;
+
+/// Copies the bucket of `index` READ at `at` of `buffer` into `words`.
+fn read_bucket(
+    buffer: &Region,
+    at: u64,
+    index: &RemoteIndex,
+    words: &mut BucketWords,
+) -> Result<()> {
+    words.clear();
+    words.resize((index.shape.bucket_bytes() / 8) as usize, 0);
+    Ok(buffer.read_words(at, words)?)
 }
 
 /// Appends `len` bytes of `buffer` from `at` to `arena`: where they are.
@@ -1281,7 +1292,7 @@ async fn run_commit(
         // so the abort path finds them all; no slot is claimed then.
         let mut claims: SmallVec<[Option<u64>; 4]> = SmallVec::new();
         let mut claim_error = None;
-        let mut words: SmallVec<[u64; 64]> = SmallVec::new();
+        let mut words = BucketWords::new();
         for (w, claim) in inserts.iter().zip(&bucket_claims) {
             let at = match *claim {
                 BucketClaim::OneByOne => {
@@ -1295,9 +1306,7 @@ async fn run_commit(
                 BucketClaim::Read(at) => at,
             };
             let p = &w.table.partitions[w.table.partition_of(w.key)];
-            words.clear();
-            words.resize((p.index.shape.bucket_bytes() / 8) as usize, 0);
-            buffer.read_words(at, &mut words)?;
+            read_bucket(buffer, at, &p.index, &mut words)?;
             match p.index.claim_slot(&words, w.key) {
                 Ok(slot) => claims.push(Some(slot)),
                 Err(e) => {

@@ -144,9 +144,8 @@ pub struct Row {
     pub verified: bool,
     pub buffering: &'static str,
     pub notify: String,
-    /// Runs this row is the median of (`--repeat`), and every run's `gb_per_sec` in the
-    /// order they ran; the row's other figures are the median run's.
-    pub runs: usize,
+    /// Every run's `gb_per_sec` in the order they ran (`--repeat`); the row's other
+    /// figures are the median run's.
     pub gb_per_sec_runs: Vec<f64>,
 }
 
@@ -188,7 +187,6 @@ fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResul
         verified: true,
         buffering: buffering_name(args.buffering),
         notify: args.notify.to_string(),
-        runs: 1,
         gb_per_sec_runs: Vec::new(),
     }
 }
@@ -207,14 +205,10 @@ fn median_runs(all: Vec<Row>) -> Vec<Row> {
     }
     groups
         .into_iter()
-        .map(|runs| {
+        .map(|mut runs| {
             let rates: Vec<f64> = runs.iter().map(|r| r.gb_per_sec).collect();
-            let mut order: Vec<usize> = (0..runs.len()).collect();
-            order.sort_by(|&a, &b| rates[a].total_cmp(&rates[b]));
-            let pick = order[(runs.len() - 1) / 2];
-            let n = runs.len();
-            let mut row = runs.into_iter().nth(pick).expect("a run of the group");
-            row.runs = n;
+            runs.sort_by(|a, b| a.gb_per_sec.total_cmp(&b.gb_per_sec));
+            let mut row = runs.swap_remove((runs.len() - 1) / 2);
             row.gb_per_sec_runs = rates;
             row
         })
@@ -502,7 +496,6 @@ fn measure_plan(
                     verified: l.verified,
                     buffering: "-",
                     notify: "-".into(),
-                    runs: 1,
                     gb_per_sec_runs: Vec::new(),
                 });
             }

@@ -16,13 +16,13 @@ use std::sync::Arc;
 pub enum BackendKind {
     /// In-process simulation (`fabric::sim`).
     Sim,
-    /// Soft-NICs over TCP on loopback (`fabric::tcp`), both nodes in this process.
+    /// Soft-NICs over TCP on loopback (`fabric::tcp`).
     Tcp,
-    /// Shared memory between processes (`fabric::shm`), both nodes in this process,
-    /// each on its own Unix socket.
+    /// Shared memory between processes (`fabric::shm`), each node on its own Unix
+    /// socket.
     Shm,
-    /// An RDMA NIC through rdma-core (`fabric::verbs`), both nodes in this process on
-    /// the first RDMA device; needs a build with `--features verbs`.
+    /// An RDMA NIC through rdma-core (`fabric::verbs`), on the first RDMA device; needs
+    /// a build with `--features verbs`.
     Verbs,
 }
 

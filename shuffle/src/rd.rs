@@ -178,7 +178,8 @@ struct SendSide {
 impl RdSender {
     /// Polls completions and FreeArr rings; returns freed buffers to circulation.
     fn progress(&self, s: &mut SendSide) -> Result<()> {
-        for wc in s.mesh.poll()? {
+        let polled = s.mesh.poll()?;
+        for &wc in &polled {
             // A receiver that has this stream's end may finish and go away before the
             // acknowledgement of the end (or of a write before it) comes back: no error.
             if wc.status != WcStatus::Success && !s.mesh.peer_of(&wc).is_some_and(|p| s.end_sent[p])
@@ -189,6 +190,7 @@ impl RdSender {
                 ));
             }
         }
+        s.mesh.reuse(polled);
         let words = self.ctrl.memory().words();
         let mut back = Vec::new();
         for j in 0..self.nodes {
@@ -369,7 +371,8 @@ struct RecvSide {
 
 impl RdReceiver {
     fn progress(&self, s: &mut RecvSide) -> Result<()> {
-        for wc in s.mesh.poll()? {
+        let polled = s.mesh.poll()?;
+        for &wc in &polled {
             if wc.wr_id & WR_READ != 0 {
                 let id = wc.wr_id & !WR_READ;
                 let Some((src, key, buf)) = s.reading.remove(&id) else {
@@ -401,6 +404,7 @@ impl RdReceiver {
                 }
             }
         }
+        s.mesh.reuse(polled);
         let words = self.ctrl.memory().words();
         for i in 0..self.nodes {
             let ring = self.layout.ring(words, i);

@@ -26,7 +26,6 @@ use crate::node::Node;
 use fabric::{
     Completion, CompletionQueue, QpConfig, QpEndpoint, QueuePair, RemoteAddr, SendWr, WcOpcode,
 };
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -190,11 +189,20 @@ pub(crate) struct Mesh {
     pub qps: Vec<Arc<dyn QueuePair>>,
     /// Fabric node ids by rank.
     pub peers: Vec<fabric::NodeId>,
-    by_qpn: HashMap<u32, usize>,
+    /// Queue-pair numbers by rank: a scan of a few words finds a completion's rank
+    /// faster than hashing its number, and this runs for every completion.
+    qpns: Vec<u32>,
     outstanding: Vec<u32>,
-    /// Completions polled while making room, for the design to handle.
+    /// Completions polled while making room, for the design to handle; between polls,
+    /// the vector [`Mesh::poll`] handed out, given back for reuse.
     stash: Vec<Completion>,
+    /// What one call of the completion queue's `poll` fills, kept so a poll does not
+    /// initialize it anew.
+    batch: Box<[Completion; POLL_BATCH]>,
 }
+
+/// Completions taken from the completion queue per call.
+const POLL_BATCH: usize = 32;
 
 impl Mesh {
     /// Creates the queue pairs (unconnected). Not collective.
@@ -209,24 +217,21 @@ impl Mesh {
         let qps = (0..nodes)
             .map(|_| device.create_qp(&config))
             .collect::<fabric::Result<Vec<_>>>()?;
-        let by_qpn = qps
-            .iter()
-            .enumerate()
-            .map(|(r, q)| (q.endpoint().qpn, r))
-            .collect();
+        let qpns = qps.iter().map(|q| q.endpoint().qpn).collect();
         Ok(Mesh {
             cq,
             qps,
             peers: (0..nodes).map(|r| node.fabric_id(r)).collect(),
-            by_qpn,
+            qpns,
             outstanding: vec![0; nodes],
             stash: Vec::new(),
+            batch: Box::new([Completion::default(); POLL_BATCH]),
         })
     }
 
     /// This side's queue-pair numbers, by peer rank.
     pub fn qpns(&self) -> Vec<u32> {
-        self.qps.iter().map(|q| q.endpoint().qpn).collect()
+        self.qpns.clone()
     }
 
     /// Connects queue pair `r` to `qpns[r]` on rank `r`.
@@ -242,29 +247,39 @@ impl Mesh {
 
     /// The rank a completion's queue pair talks to.
     pub fn peer_of(&self, wc: &Completion) -> Option<usize> {
-        self.by_qpn.get(&wc.qpn).copied()
+        self.qpns.iter().position(|&q| q == wc.qpn)
     }
 
-    /// Polls the completion queue: everything stashed before plus what arrived.
+    /// Polls the completion queue: everything stashed before plus what arrived. Hand
+    /// the vector back with [`Mesh::reuse`] when done with it, so polling allocates
+    /// nothing.
     pub fn poll(&mut self) -> Result<Vec<Completion>> {
         let mut out = std::mem::take(&mut self.stash);
         self.poll_into(&mut out)?;
         Ok(out)
     }
 
+    /// Takes back a vector [`Mesh::poll`] returned, emptied, unless completions were
+    /// stashed in the meantime.
+    pub fn reuse(&mut self, mut polled: Vec<Completion>) {
+        if self.stash.is_empty() {
+            polled.clear();
+            self.stash = polled;
+        }
+    }
+
     fn poll_into(&mut self, out: &mut Vec<Completion>) -> Result<()> {
-        let mut wcs = [Completion::default(); 32];
         loop {
-            let n = self.cq.poll(&mut wcs)?;
-            for wc in &wcs[..n] {
+            let n = self.cq.poll(&mut self.batch[..])?;
+            for wc in &self.batch[..n] {
                 if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvWriteImm)
-                    && let Some(r) = self.peer_of(wc)
+                    && let Some(r) = self.qpns.iter().position(|&q| q == wc.qpn)
                 {
                     self.outstanding[r] = self.outstanding[r].saturating_sub(1);
                 }
                 out.push(*wc);
             }
-            if n < wcs.len() {
+            if n < POLL_BATCH {
                 return Ok(());
             }
         }

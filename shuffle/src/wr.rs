@@ -222,7 +222,8 @@ struct SendSide {
 impl WrSender {
     fn progress(&self, s: &mut SendSide) -> Result<()> {
         let mut back = Vec::new();
-        for wc in s.mesh.poll()? {
+        let polled = s.mesh.poll()?;
+        for &wc in &polled {
             // A receiver that has this stream's end may finish and go away before the
             // acknowledgement of the end (or of a write before it) comes back: no error.
             if wc.status != WcStatus::Success && !s.mesh.peer_of(&wc).is_some_and(|p| s.end_sent[p])
@@ -239,6 +240,7 @@ impl WrSender {
                 }
             }
         }
+        s.mesh.reuse(polled);
         if !back.is_empty() {
             s.circ.ready(back);
         }
@@ -556,7 +558,8 @@ impl WrReceiver {
     }
 
     fn progress(&self, s: &mut RecvSide) -> Result<()> {
-        for wc in s.mesh.poll()? {
+        let polled = s.mesh.poll()?;
+        for &wc in &polled {
             let peer = s.mesh.peer_of(&wc);
             if wc.status != WcStatus::Success {
                 match peer {
@@ -575,6 +578,7 @@ impl WrReceiver {
                 self.deliver(s, p, slot)?;
             }
         }
+        s.mesh.reuse(polled);
         let words = self.ctrl.memory().words();
         match self.notify {
             Notify::CompletionQueue => {}

@@ -61,7 +61,7 @@ const MAX_LATENCY_NS: u64 = 60_000_000_000;
 
 #[derive(Args, Debug, Clone)]
 pub struct FabricArgs {
-    /// Fabric backend to measure.
+    /// Fabric backend to measure; both nodes run in this process.
     #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
     pub backend: BackendKind,
     /// Latency/bandwidth model for the sim backend: fdr4x or edr4x. Without it the sim

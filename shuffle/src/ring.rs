@@ -273,7 +273,7 @@ impl Mesh {
             let n = self.cq.poll(&mut self.batch[..])?;
             for wc in &self.batch[..n] {
                 if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvWriteImm)
-                    && let Some(r) = self.qpns.iter().position(|&q| q == wc.qpn)
+                    && let Some(r) = self.peer_of(wc)
                 {
                     self.outstanding[r] = self.outstanding[r].saturating_sub(1);
                 }

@@ -28,6 +28,18 @@ pub trait Device: Send + Sync {
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region>;
     fn create_cq(&self, capacity: u32) -> Result<Arc<dyn CompletionQueue>>;
     fn create_qp(&self, config: &QpConfig) -> Result<Arc<dyn QueuePair>>;
+    /// Whether the bytes of one WRITE land in increasing address order, so a reader
+    /// that sees a WRITE's last word also sees the rest of it. The sim, shm and tcp
+    /// backends store the last word with Release. The IBA promises no order of
+    /// placement within a message, only that a message is placed once its completion
+    /// is seen and that the messages of a queue pair are placed in posting order; rxe
+    /// copies with the CPU's string moves, which an emulated CPU (TCG) tears even
+    /// within a word. So the verbs backend (a remote device proxying one included)
+    /// says no, and a protocol that publishes with a word must WRITE that word
+    /// separately, after the rest.
+    fn orders_write_placement(&self) -> bool {
+        self.backend() != "verbs"
+    }
 }
 
 /// A completion queue, polled by its owner.

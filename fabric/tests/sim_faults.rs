@@ -186,3 +186,51 @@ fn completion_queue_overrun_is_reported() {
         Err(fabric::FabricError::CqOverrun { capacity: 4 })
     ));
 }
+
+/// Under `write_last_word_first`, a WRITE's last word is visible while its first is
+/// still old (registered and inline sources alike), the devices say they do not order
+/// placement, and the whole WRITE has landed by its completion.
+#[test]
+fn writes_can_place_their_last_word_first() {
+    let pause = Duration::from_millis(200);
+    let f = Fixture::new(&Sim(SimConfig {
+        faults: Faults {
+            write_last_word_first: true,
+            tear_pause: pause,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    }));
+    assert!(!f.server.orders_write_placement());
+    const WORDS: u64 = 4;
+    for (round, inline) in [(1u64, false), (2, true)] {
+        let block: Vec<u8> = (0..WORDS).flat_map(|_| round.to_le_bytes()).collect();
+        f.local.write(0, &block).unwrap();
+        let at = f.remote.remote_addr(0);
+        let wr = if inline {
+            SendWr::write(round, Src::Inline(&block), at)
+        } else {
+            SendWr::write(round, f.local.buf(0, WORDS as u32 * 8), at)
+        };
+        let first_when_last_landed = std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while f.remote.load_u64((WORDS - 1) * 8).unwrap() != round {
+                    assert!(Instant::now() < deadline, "the last word never landed");
+                    std::hint::spin_loop();
+                }
+                f.remote.load_u64(0).unwrap()
+            });
+            assert_eq!(f.run(wr).status, WcStatus::Success);
+            watcher.join().unwrap()
+        });
+        assert_eq!(
+            first_when_last_landed,
+            round - 1,
+            "inline {inline}: the first word had landed with the last ({pause:?} apart)"
+        );
+        for w in 0..WORDS {
+            assert_eq!(f.remote.load_u64(w * 8).unwrap(), round, "word {w}");
+        }
+    }
+}

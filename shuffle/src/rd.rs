@@ -233,8 +233,7 @@ impl RdSender {
                 if s.valid[d].has_room(consumed) {
                     let (at, entry) = s.valid[d].push(value, aux);
                     let to = s.valid_at[d].offset_by(at as u64 * 8);
-                    s.mesh
-                        .write_inline(d, WR_ENTRY, &ring::entry_bytes(entry), to)?;
+                    s.mesh.write_entry(d, None, WR_ENTRY, entry, to)?;
                     s.end_sent[d] |= aux & END != 0;
                     return Ok(());
                 }
@@ -530,9 +529,7 @@ impl RecvEndpoint for RdReceiver {
                 if s.free[src].has_room(consumed) {
                     let (at, entry) = s.free[src].push(key, 0);
                     let to = s.free_at[src].offset_by(at as u64 * 8);
-                    return s
-                        .mesh
-                        .write_inline(src, WR_ENTRY, &ring::entry_bytes(entry), to);
+                    return s.mesh.write_entry(src, None, WR_ENTRY, entry, to);
                 }
                 self.progress(&mut s)?;
             }

@@ -4,13 +4,18 @@
 //! # The ring
 //!
 //! A single-producer/single-consumer ring of 16-byte entries that lives in the
-//! *consumer's* registered memory. The producer writes entry `n` with one RDMA WRITE
-//! to slot `n mod cap`: word 0 the value, word 1 the *stamp* `(n + 1) mod 2³²` in its
-//! low half and a 32-bit auxiliary value in its high half. A WRITE's last word lands
-//! last (with Release), so a consumer that finds the stamp it expects at its slot
-//! (loaded with Acquire) also finds the value; a stale entry of an earlier lap, or
-//! never-written zeroes, carry another stamp. The stamp is therefore the ring's
-//! published index: there is no separate head word to get out of order with the entry.
+//! *consumer's* registered memory. The producer writes entry `n` to slot `n mod cap`:
+//! word 0 the value, word 1 a 32-bit auxiliary value in its low half and the *stamp*
+//! `(n + 1) mod 2³²` in its high half, the entry's last four bytes. Where a WRITE's
+//! bytes land in address order (the last word with Release) one WRITE carries it all;
+//! where the device does not promise that ([`fabric::Device::orders_write_placement`]:
+//! verbs), a first WRITE carries the value and the auxiliary value and a second one,
+//! placed after it, the stamp. Either way a consumer that finds the stamp it expects
+//! at its slot (loaded with Acquire) also finds the rest; a stale entry of an earlier
+//! lap, or never-written zeroes, carry another stamp, and a stamp half-written (rxe
+//! under TCG places bytes one by one) reads as the new one only once every byte that
+//! differs has landed. The stamp is therefore the ring's published index: there is no
+//! separate head word to get out of order with the entry.
 //!
 //! The consumer writes the count it has consumed back into a word in the *producer's*
 //! memory (another WRITE, batched: once per polling pass that consumed anything). The
@@ -24,7 +29,7 @@
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
 use fabric::{
-    Completion, CompletionQueue, QpConfig, QpEndpoint, QueuePair, RemoteAddr, SendWr, WcOpcode,
+    Completion, CompletionQueue, QpConfig, QpEndpoint, QueuePair, RemoteAddr, SendWr, Src, WcOpcode,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,10 +51,13 @@ impl Words for [AtomicU64] {
     }
 }
 
-/// The stamp of entry `n` carrying `aux`.
+/// Word 1 of entry `n` carrying `aux`: `aux` low, the stamp high.
 pub fn stamp(n: u64, aux: u32) -> u64 {
-    (n.wrapping_add(1) as u32) as u64 | (aux as u64) << 32
+    aux as u64 | (n.wrapping_add(1) as u32 as u64) << 32
 }
+
+/// Bytes of an entry before its stamp: what the first of two WRITEs carries.
+pub const STAMP_OFFSET: usize = ENTRY_BYTES as usize - 4;
 
 /// The producer's side: what it has pushed.
 #[derive(Debug)]
@@ -103,12 +111,12 @@ impl Consumer {
     pub fn pop<W: Words + ?Sized>(&mut self, ring: &W) -> Option<(u64, u32)> {
         let at = (self.tail % self.cap) as usize * ENTRY_WORDS;
         let s = ring.load(at + 1, Ordering::Acquire);
-        if s as u32 != self.tail.wrapping_add(1) as u32 {
+        if (s >> 32) as u32 != self.tail.wrapping_add(1) as u32 {
             return None;
         }
         let value = ring.load(at, Ordering::Relaxed);
         self.tail += 1;
-        Some((value, (s >> 32) as u32))
+        Some((value, s as u32))
     }
 
     /// The count to write back to the producer, if it changed since the last report.
@@ -170,7 +178,7 @@ pub(crate) fn key_addr(node: fabric::NodeId, key: u64) -> RemoteAddr {
 }
 
 /// Entry bytes as the inline source of a WRITE.
-pub(crate) fn entry_bytes(words: [u64; ENTRY_WORDS]) -> [u8; ENTRY_BYTES as usize] {
+fn entry_bytes(words: [u64; ENTRY_WORDS]) -> [u8; ENTRY_BYTES as usize] {
     let mut b = [0u8; ENTRY_BYTES as usize];
     b[..8].copy_from_slice(&words[0].to_le_bytes());
     b[8..].copy_from_slice(&words[1].to_le_bytes());
@@ -199,6 +207,9 @@ pub(crate) struct Mesh {
     /// What one call of the completion queue's `poll` fills, kept so a poll does not
     /// initialize it anew.
     batch: Box<[Completion; POLL_BATCH]>,
+    /// Whether the device places a WRITE's bytes in address order, so a ring entry
+    /// takes one WRITE rather than two.
+    ordered_placement: bool,
 }
 
 /// Completions taken from the completion queue per call.
@@ -226,6 +237,7 @@ impl Mesh {
             outstanding: vec![0; nodes],
             stash: Vec::new(),
             batch: Box::new([Completion::default(); POLL_BATCH]),
+            ordered_placement: device.orders_write_placement(),
         })
     }
 
@@ -318,10 +330,37 @@ impl Mesh {
         bytes: &[u8],
         to: RemoteAddr,
     ) -> Result<()> {
-        self.post(
-            peer,
-            &[SendWr::write(wr_id, fabric::Src::Inline(bytes), to)],
-        )
+        self.post(peer, &[SendWr::write(wr_id, Src::Inline(bytes), to)])
+    }
+
+    /// Writes ring entry `entry` (the words [`Producer::push`] gave) to `to` over
+    /// `peer`'s queue pair, in one doorbell after `first` if given (the data the entry
+    /// announces): one WRITE where the device places a WRITE's bytes in order, else
+    /// two, the stamp after the rest (see the module docs).
+    pub fn write_entry(
+        &mut self,
+        peer: usize,
+        first: Option<SendWr<'_>>,
+        wr_id: u64,
+        entry: [u64; ENTRY_WORDS],
+        to: RemoteAddr,
+    ) -> Result<()> {
+        let bytes = entry_bytes(entry);
+        let whole = || SendWr::write(wr_id, Src::Inline(&bytes), to);
+        let body = || SendWr::write(wr_id, Src::Inline(&bytes[..STAMP_OFFSET]), to);
+        let stamp = || {
+            SendWr::write(
+                wr_id,
+                Src::Inline(&bytes[STAMP_OFFSET..]),
+                to.offset_by(STAMP_OFFSET as u64),
+            )
+        };
+        match (first, self.ordered_placement) {
+            (None, true) => self.post(peer, &[whole()]),
+            (Some(first), true) => self.post(peer, &[first, whole()]),
+            (None, false) => self.post(peer, &[body(), stamp()]),
+            (Some(first), false) => self.post(peer, &[first, body(), stamp()]),
+        }
     }
 }
 

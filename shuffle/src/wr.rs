@@ -291,15 +291,9 @@ impl WrSender {
                         }
                         Notify::MessageQueue => {
                             let (at, entry) = s.valid[d].push(slot as u64, len);
-                            let entry = ring::entry_bytes(entry);
                             let to = s.valid_at[d].offset_by(at as u64 * 8);
-                            s.mesh.post(
-                                d,
-                                &[
-                                    SendWr::write(wr_id, src, remote),
-                                    SendWr::write(WR_ENTRY, Src::Inline(&entry), to),
-                                ],
-                            )
+                            let data = SendWr::write(wr_id, src, remote);
+                            s.mesh.write_entry(d, Some(data), WR_ENTRY, entry, to)
                         }
                         Notify::CompletionQueue => s
                             .mesh
@@ -495,8 +489,7 @@ impl WrReceiver {
                 };
                 let (at, entry) = s.free[i].push(key, slot);
                 let to = s.free_at[i].offset_by(at as u64 * 8);
-                s.mesh
-                    .write_inline(i, WR_ENTRY, &ring::entry_bytes(entry), to)?;
+                s.mesh.write_entry(i, None, WR_ENTRY, entry, to)?;
                 s.advertised[i].push_back(slot);
             }
         }

@@ -6,7 +6,8 @@
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg shuffle_loom" CARGO_TARGET_DIR=target/loom cargo test -p shuffle --release --test loom_ring`.
-//! The `should_panic` models are wrong rings, to show the model can fail: an entry
+//! `StampApart` is the two-WRITE entry of devices that do not place a WRITE in address
+//! order. The `should_panic` models are wrong rings, to show the model can fail: an entry
 //! whose stamp (the ring's published index) lands before its value, and a WRITE with no
 //! ordering at all.
 
@@ -34,6 +35,10 @@ enum Landing {
     StampFirst,
     /// Wrong: both words Relaxed.
     Unordered,
+    /// As on a device that does not place a WRITE in address order: a first WRITE
+    /// lands the value and the auxiliary half of word 1 in any order (here the
+    /// reverse), a second one the stamp half.
+    StampApart,
 }
 
 fn model(cap: u64, entries: u64, landing: Landing) {
@@ -60,6 +65,14 @@ fn model(cap: u64, entries: u64, landing: Landing) {
                         Landing::StampFirst => {
                             ring.0[at + 1].store(stamp, Ordering::Release);
                             ring.0[at].store(value, Ordering::Relaxed);
+                        }
+                        Landing::StampApart => {
+                            let stamp_half = 0xffff_ffff_0000_0000;
+                            let old = ring.0[at + 1].load(Ordering::Relaxed);
+                            let aux_only = (old & stamp_half) | (stamp & !stamp_half);
+                            ring.0[at + 1].store(aux_only, Ordering::Relaxed);
+                            ring.0[at].store(value, Ordering::Relaxed);
+                            ring.0[at + 1].store(stamp, Ordering::Release);
                         }
                         Landing::Unordered => {
                             ring.0[at].store(value, Ordering::Relaxed);
@@ -97,6 +110,11 @@ fn entries_arrive_whole_in_order_and_are_never_overrun() {
 #[test]
 fn a_one_slot_ring_alternates() {
     model(1, 3, Landing::InOrder);
+}
+
+#[test]
+fn a_stamp_written_apart_after_the_rest_suffices() {
+    model(2, 3, Landing::StampApart);
 }
 
 #[test]

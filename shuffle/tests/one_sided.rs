@@ -145,6 +145,32 @@ fn each_design(devices: impl Fn(usize) -> Vec<Arc<dyn Device>>) {
     }
 }
 
+/// On a network whose WRITEs place their last word first (as the IBA allows, and rxe
+/// does), every ring entry still arrives whole: its stamp goes in a WRITE of its own.
+#[test]
+fn each_design_survives_writes_that_place_their_last_word_first() {
+    for (design, notify) in [
+        (SERD, Notify::default()),
+        (MERD, Notify::default()),
+        (SEWR, Notify::Seal),
+        (MEWR, Notify::MessageQueue),
+        (SEWR, Notify::CompletionQueue),
+    ] {
+        for pattern in [Pattern::Repartition, Pattern::Broadcast] {
+            let mut r = run(design, notify, 3, 2, 1000);
+            r.pattern = pattern;
+            let sim = SimConfig {
+                faults: Faults {
+                    write_last_word_first: true,
+                    ..Faults::default()
+                },
+                ..SimConfig::default()
+            };
+            run_sim(&r, sim).unwrap_or_else(|e| panic!("{} last word first: {e}", describe(&r)));
+        }
+    }
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn each_design_runs_on_shm() {

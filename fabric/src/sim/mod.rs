@@ -38,6 +38,11 @@ pub struct Faults {
     pub ud_drop_probability: f64,
     /// Extra delay, uniform in the range, before each completion becomes visible.
     pub completion_delay: Option<(Duration, Duration)>,
+    /// Every WRITE that spans more than one 8-byte word places its last word first,
+    /// pauses for `tear_pause`, then places the rest: a NIC that does not place a
+    /// message in address order, as the IBA allows. The network's devices then say
+    /// so ([`crate::Device::orders_write_placement`]).
+    pub write_last_word_first: bool,
 }
 
 impl Default for Faults {
@@ -48,6 +53,7 @@ impl Default for Faults {
             ud_reorder_probability: 0.0,
             ud_drop_probability: 0.0,
             completion_delay: None,
+            write_last_word_first: false,
         }
     }
 }
@@ -61,6 +67,9 @@ impl Faults {
             ud_reorder_probability: 0.3,
             ud_drop_probability: 0.0,
             completion_delay: Some((Duration::ZERO, Duration::from_micros(50))),
+            // Not a fault against the model, which promises placement in address
+            // order; tests that want it turn it on.
+            write_last_word_first: false,
         }
     }
 }
@@ -175,6 +184,10 @@ impl Device for SimDevice {
 
     fn backend(&self) -> &'static str {
         "sim"
+    }
+
+    fn orders_write_placement(&self) -> bool {
+        !self.net.config.faults.write_last_word_first
     }
 
     fn address(&self) -> String {

@@ -103,6 +103,57 @@ impl SimPort {
         Some(first_boundary + 8 * rng.random_range(0..boundaries))
     }
 
+    /// Where a WRITE of `len` bytes at `remote_offset` that places its last word
+    /// first splits: the offset of that word within the WRITE, if the fault is on
+    /// and the WRITE spans more than one word.
+    fn last_word_first(&self, remote_offset: u64, len: u64) -> Option<u64> {
+        if !self.net.config.faults.write_last_word_first || len == 0 {
+            return None;
+        }
+        let last_word = (remote_offset + len - 1) / 8 * 8;
+        (last_word > remote_offset).then(|| last_word - remote_offset)
+    }
+
+    fn pause_between_halves(&self) {
+        let until = Instant::now() + self.net.config.faults.tear_pause;
+        while Instant::now() < until {
+            std::thread::yield_now();
+        }
+    }
+
+    /// A WRITE's copy into `to`: in address order, or its last word first under the
+    /// fault that places it so.
+    fn write(
+        &self,
+        rng: &mut SmallRng,
+        from: (&RegEntry, u64),
+        to: (&RegEntry, u64),
+        len: u64,
+        remote_offset: u64,
+    ) {
+        let Some(split) = self.last_word_first(remote_offset, len) else {
+            return self.copy(rng, from, to, len, remote_offset);
+        };
+        let ((src, src_off), (dst, dst_off)) = (from, to);
+        let (src, dst) = (src.mem.words(), dst.mem.words());
+        memory::copy_between(src, src_off + split, dst, dst_off + split, len - split);
+        self.pause_between_halves();
+        memory::copy_between(src, src_off, dst, dst_off, split);
+    }
+
+    /// An inline WRITE's copy of `data` into `to`, likewise.
+    fn write_inline(&self, data: &[u8], to: (&RegEntry, u64)) {
+        let (dst, offset) = to;
+        let words = dst.mem.words();
+        let Some(split) = self.last_word_first(offset, data.len() as u64) else {
+            return memory::copy_in(words, offset, data);
+        };
+        let (head, last) = data.split_at(split as usize);
+        memory::copy_in(words, offset + split, last);
+        self.pause_between_halves();
+        memory::copy_in(words, offset, head);
+    }
+
     /// Copies `len` bytes between regions, pausing in the middle when tear injection
     /// fires so that a concurrent WRITE can land between the halves.
     fn copy(
@@ -118,10 +169,7 @@ impl SimPort {
         let split = self.tear_point(rng, remote_offset, len).unwrap_or(len);
         memory::copy_between(src.mem.words(), src_off, dst.mem.words(), dst_off, split);
         if split < len {
-            let until = Instant::now() + self.net.config.faults.tear_pause;
-            while Instant::now() < until {
-                std::thread::yield_now();
-            }
+            self.pause_between_halves();
             memory::copy_between(
                 src.mem.words(),
                 src_off + split,
@@ -195,11 +243,9 @@ impl SimPort {
                 }
                 match (source, src) {
                     (Some(from), _) => {
-                        self.copy(rng, from, (target, addr.offset), len, addr.offset)
+                        self.write(rng, from, (target, addr.offset), len, addr.offset)
                     }
-                    (None, Src::Inline(data)) => {
-                        memory::copy_in(target.mem.words(), addr.offset, data)
-                    }
+                    (None, Src::Inline(data)) => self.write_inline(data, (target, addr.offset)),
                     (None, Src::Buf(_)) => unreachable!("registered sources resolve above"),
                 }
                 if let Some((_rq, recv)) = receiver {

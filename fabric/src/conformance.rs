@@ -505,6 +505,7 @@ pub fn rc_executes_in_posting_order(b: &dyn Backend) {
 pub fn write_last_word_implies_rest(b: &dyn Backend) {
     let f = Fixture::new(b);
     if !f.server.orders_write_placement() {
+        eprintln!("skipped: this device does not promise placement in address order");
         return;
     }
     const WORDS: usize = 64;

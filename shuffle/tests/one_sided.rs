@@ -126,15 +126,20 @@ fn me_wr_cq_delivers_exact_multisets() {
     matrix(MEWR, Notify::CompletionQueue);
 }
 
-/// One run of each design (MQ/WR in each notification mode) on real-process backends.
-fn each_design(devices: impl Fn(usize) -> Vec<Arc<dyn Device>>) {
-    for (design, notify) in [
+/// Each one-sided design, MQ/WR in each notification mode.
+fn one_sided_designs() -> [(Design, Notify); 5] {
+    [
         (SERD, Notify::default()),
         (MERD, Notify::default()),
         (SEWR, Notify::Seal),
         (MEWR, Notify::MessageQueue),
         (SEWR, Notify::CompletionQueue),
-    ] {
+    ]
+}
+
+/// One run of each design (MQ/WR in each notification mode) on real-process backends.
+fn each_design(devices: impl Fn(usize) -> Vec<Arc<dyn Device>>) {
+    for (design, notify) in one_sided_designs() {
         let mut r = run(design, notify, 3, 2, 800);
         r.pattern = if design == MERD {
             Pattern::Broadcast
@@ -149,13 +154,7 @@ fn each_design(devices: impl Fn(usize) -> Vec<Arc<dyn Device>>) {
 /// does), every ring entry still arrives whole: its stamp goes in a WRITE of its own.
 #[test]
 fn each_design_survives_writes_that_place_their_last_word_first() {
-    for (design, notify) in [
-        (SERD, Notify::default()),
-        (MERD, Notify::default()),
-        (SEWR, Notify::Seal),
-        (MEWR, Notify::MessageQueue),
-        (SEWR, Notify::CompletionQueue),
-    ] {
+    for (design, notify) in one_sided_designs() {
         for pattern in [Pattern::Repartition, Pattern::Broadcast] {
             let mut r = run(design, notify, 3, 2, 1000);
             r.pattern = pattern;

@@ -123,16 +123,9 @@ impl SimPort {
 
     /// A WRITE's copy into `to`: in address order, or its last word first under the
     /// fault that places it so.
-    fn write(
-        &self,
-        rng: &mut SmallRng,
-        from: (&RegEntry, u64),
-        to: (&RegEntry, u64),
-        len: u64,
-        remote_offset: u64,
-    ) {
-        let Some(split) = self.last_word_first(remote_offset, len) else {
-            return self.copy(rng, from, to, len, remote_offset);
+    fn write(&self, rng: &mut SmallRng, from: (&RegEntry, u64), to: (&RegEntry, u64), len: u64) {
+        let Some(split) = self.last_word_first(to.1, len) else {
+            return self.copy(rng, from, to, len, to.1);
         };
         let ((src, src_off), (dst, dst_off)) = (from, to);
         let (src, dst) = (src.mem.words(), dst.mem.words());
@@ -242,9 +235,7 @@ impl SimPort {
                     receiver = Some((rq, recv));
                 }
                 match (source, src) {
-                    (Some(from), _) => {
-                        self.write(rng, from, (target, addr.offset), len, addr.offset)
-                    }
+                    (Some(from), _) => self.write(rng, from, (target, addr.offset), len),
                     (None, Src::Inline(data)) => self.write_inline(data, (target, addr.offset)),
                     (None, Src::Buf(_)) => unreachable!("registered sources resolve above"),
                 }

@@ -34,11 +34,10 @@ pub trait Device: Send + Sync {
     /// placement within a message, only that a message is placed once its completion
     /// is seen and that the messages of a queue pair are placed in posting order; rxe
     /// copies with the CPU's string moves, which an emulated CPU (TCG) tears even
-    /// within a word. So the verbs backend (a remote device proxying one included)
-    /// says no, and a protocol that publishes with a word must WRITE that word
-    /// separately, after the rest.
+    /// within a word. So the verbs backend says no, and a protocol that publishes with
+    /// a word must WRITE that word separately, after the rest.
     fn orders_write_placement(&self) -> bool {
-        self.backend() != "verbs"
+        true
     }
 }
 

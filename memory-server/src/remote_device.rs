@@ -126,6 +126,11 @@ impl Device for RemoteDevice {
         self.backend
     }
 
+    /// As the proxied backend places WRITEs: only verbs does not promise the order.
+    fn orders_write_placement(&self) -> bool {
+        self.backend != "verbs"
+    }
+
     fn address(&self) -> String {
         self.address.clone()
     }

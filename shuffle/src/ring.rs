@@ -57,7 +57,7 @@ pub fn stamp(n: u64, aux: u32) -> u64 {
 }
 
 /// Bytes of an entry before its stamp: what the first of two WRITEs carries.
-pub const STAMP_OFFSET: usize = ENTRY_BYTES as usize - 4;
+const STAMP_OFFSET: usize = ENTRY_BYTES as usize - 4;
 
 /// The producer's side: what it has pushed.
 #[derive(Debug)]

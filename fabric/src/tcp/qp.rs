@@ -50,11 +50,13 @@ thread_local! {
     static IDLE_READS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-fn idle_read() {
+/// Counts a read of this thread's sockets that found something (`got`) or nothing,
+/// yielding after every [`IDLE_READS_BEFORE_YIELD`] empty ones in a row.
+fn note_read(got: bool) {
     IDLE_READS.with(|idle| {
-        let n = idle.get() + 1;
+        let n = if got { 0 } else { idle.get() + 1 };
         idle.set(n);
-        if n.is_multiple_of(IDLE_READS_BEFORE_YIELD) {
+        if n > 0 && n.is_multiple_of(IDLE_READS_BEFORE_YIELD) {
             std::thread::yield_now();
         }
     });
@@ -307,18 +309,10 @@ impl QpShared {
                     break;
                 }
                 Ok(n) => {
-                    if !got {
-                        IDLE_READS.with(|idle| idle.set(0));
-                    }
                     got = true;
                     side.inbuf.extend_from_slice(&side.chunk[..n]);
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if !got {
-                        idle_read();
-                    }
-                    break;
-                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => {
                     lost = true;
@@ -326,6 +320,7 @@ impl QpShared {
                 }
             }
         }
+        note_read(got);
         // Frames are applied in place, the bytes taken out of `side` meanwhile.
         let mut inbuf = std::mem::take(&mut side.inbuf);
         let mut consumed = 0;

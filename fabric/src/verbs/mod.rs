@@ -520,6 +520,10 @@ impl Device for VerbsDevice {
         "verbs"
     }
 
+    fn orders_write_placement(&self) -> bool {
+        false
+    }
+
     fn address(&self) -> String {
         self.shared.local.to_string()
     }

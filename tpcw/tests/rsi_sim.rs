@@ -9,7 +9,19 @@ use tpcw::system::System;
 use txn::{Database, Options};
 
 fn system(scale: &Scale, seconds: f64) -> Rsi {
-    let room = Room::for_runs(Mix::Ordering, seconds, 200_000.0, 64);
+    // Room for every mix the tests run: checkout makes the most orders, the ordering
+    // mix the most of the rest.
+    let (checkout, ordering) = (
+        Room::for_runs(Mix::Checkout, seconds, 200_000.0, 64),
+        Room::for_runs(Mix::Ordering, seconds, 200_000.0, 64),
+    );
+    let room = Room {
+        orders: checkout.orders.max(ordering.orders),
+        order_lines: checkout.order_lines.max(ordering.order_lines),
+        cc_xacts: checkout.cc_xacts.max(ordering.cc_xacts),
+        customers: checkout.customers.max(ordering.customers),
+        carts: checkout.carts.max(ordering.carts),
+    };
     let bytes = tpcw::rsi::bytes_needed(scale, &room, 2).unwrap();
     let db = Database::embedded(Options {
         servers: 2,

@@ -9,7 +9,12 @@
 //! ```
 //!
 //! - **Lookup**: one READ of the key's bucket. A slot whose key is set and whose address
-//!   is not yet written is an insert in progress ([`Lookup::Pending`]).
+//!   is not yet written is an insert in progress ([`Lookup::Pending`]). Slots are taken
+//!   in order and never emptied, so the taken ones are a prefix of the bucket: a
+//!   transaction first READs only the first [`PROBE_SLOTS`] slots, which settle the
+//!   lookup unless all of them are taken ([`RemoteIndex::find_probed`]), and READs the
+//!   whole bucket only then. A bucket is sized for its worst case, and most hold a few
+//!   keys: the probe saves most of the bucket's cache misses on the memory server.
 //! - **Insert**: READ the bucket; if the key is there, [`IndexError::DuplicateKey`];
 //!   else CAS the first empty slot's key word from 0, and on success WRITE its address.
 //!   A failed CAS re-reads the bucket. Keys are unique: slots are never emptied, and a
@@ -32,6 +37,9 @@ use thiserror::Error;
 
 const SLOT_BYTES: u64 = 16;
 
+/// Slots a transaction's first READ of a bucket covers: two cache lines.
+pub const PROBE_SLOTS: u32 = 8;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IndexShape {
     pub buckets: u64,
@@ -41,6 +49,10 @@ pub struct IndexShape {
 impl IndexShape {
     pub fn bucket_bytes(&self) -> u64 {
         self.slots as u64 * SLOT_BYTES
+    }
+    /// Bytes of a bucket's probe: its first [`PROBE_SLOTS`] slots.
+    pub fn probe_bytes(&self) -> u64 {
+        self.slots.min(PROBE_SLOTS) as u64 * SLOT_BYTES
     }
     /// Bytes of the index region (zeroed memory is an empty index).
     pub fn region_bytes(&self) -> u64 {
@@ -113,12 +125,26 @@ impl RemoteIndex {
         )
     }
 
-    /// The READ of `key`'s bucket into `buf` (at least `bucket_bytes` long).
+    /// The READ of the start of `key`'s bucket into `buf`, as many bytes as `buf` holds:
+    /// the whole bucket ([`IndexShape::bucket_bytes`]) or a probe
+    /// ([`IndexShape::probe_bytes`], see [`RemoteIndex::find_probed`]).
     pub fn bucket_read<'a>(&self, key: u64, buf: LocalBuf) -> SendWr<'a> {
         let remote = self
             .region
             .at(self.bucket_offset(self.shape.bucket_of(key)));
         SendWr::read(0, buf, remote)
+    }
+
+    /// What the first slots of `key`'s bucket, as READ (`words`, a whole number of
+    /// slots), say about `key`: `None` when every one of them holds another key, so only
+    /// the rest of the bucket can tell. An empty slot settles it: slots are taken in
+    /// order, so every key taken before the READ began lies before the first slot the
+    /// READ saw empty, as with a READ of the whole bucket.
+    pub fn find_probed(&self, words: &[u64], key: u64) -> Result<Option<Lookup>, IndexError> {
+        let lookup = Self::find(words, key)?;
+        let whole = words.len() as u64 * 8 >= self.shape.bucket_bytes();
+        let settled = lookup != Lookup::Absent || whole || words.chunks_exact(2).any(|s| s[0] == 0);
+        Ok(settled.then_some(lookup))
     }
 
     /// What a READ bucket says about `key`.
@@ -391,6 +417,54 @@ mod tests {
         assert!(matches!(
             d.insert(&idx, 8, 5),
             Err(IndexError::DuplicateKey { .. })
+        ));
+    }
+
+    #[test]
+    fn a_probe_settles_a_lookup_only_with_an_empty_slot_or_the_key() {
+        let idx = RemoteIndex {
+            region: fixture(IndexShape {
+                buckets: 1,
+                slots: 2,
+            })
+            .region
+            .remote(),
+            base: 0,
+            shape: IndexShape {
+                buckets: 1,
+                slots: 32,
+            },
+        };
+        assert_eq!(idx.shape.probe_bytes(), PROBE_SLOTS as u64 * SLOT_BYTES);
+        // Slots hold keys 10, 11, … (tags key + 1), addresses 100, 101, …
+        let taken = |n: usize| -> Vec<u64> {
+            let mut w = vec![0u64; 2 * PROBE_SLOTS as usize];
+            for s in 0..n {
+                w[2 * s] = 10 + s as u64 + 1;
+                w[2 * s + 1] = 100 + s as u64 + 1;
+            }
+            w
+        };
+        let part = taken(3);
+        assert_eq!(
+            idx.find_probed(&part, 11).unwrap(),
+            Some(Lookup::Found(101))
+        );
+        assert_eq!(idx.find_probed(&part, 50).unwrap(), Some(Lookup::Absent));
+        let full = taken(PROBE_SLOTS as usize);
+        assert_eq!(
+            idx.find_probed(&full, 12).unwrap(),
+            Some(Lookup::Found(102))
+        );
+        // Every probed slot taken by another key: the rest of the bucket may hold it.
+        assert_eq!(idx.find_probed(&full, 50).unwrap(), None);
+        // The whole bucket read: absent is absent.
+        let mut whole = full.clone();
+        whole.resize(64, 1);
+        assert_eq!(idx.find_probed(&whole, 50).unwrap(), Some(Lookup::Absent));
+        assert!(matches!(
+            idx.find_probed(&part, u64::MAX),
+            Err(IndexError::ReservedKey)
         ));
     }
 

@@ -509,7 +509,7 @@ impl<'w> AsyncTransaction<'w> {
                 continue;
             }
             let index = &table.partitions[table.partition_of(*key)].index;
-            let bytes = index.shape.bucket_bytes();
+            let bytes = index.shape.probe_bytes();
             if at + bytes > p.buffer.len() {
                 break;
             }
@@ -526,8 +526,9 @@ impl<'w> AsyncTransaction<'w> {
         for (n, at) in places {
             let (table, key) = &keys[n];
             let index = &table.partitions[table.partition_of(*key)].index;
-            read_bucket(&p.buffer, at, index, &mut words)?;
-            if RemoteIndex::find(&words, *key)? != Lookup::Absent {
+            read_bucket(&p.buffer, at, index.shape.probe_bytes(), &mut words)?;
+            // Unsettled by the probe: `see` reads the whole bucket.
+            if index.find_probed(&words, *key)? != Some(Lookup::Absent) {
                 continue;
             }
             p.add_seen(SeenEntry {
@@ -535,7 +536,7 @@ impl<'w> AsyncTransaction<'w> {
                 key: *key,
                 seen: Seen::Absent,
             });
-            // A full bucket gets no hint: the commit reads it again and reports it.
+            // The probe holds an empty slot: the first, which the insert claims.
             if let Ok(slot) = index.claim_slot(&words, *key) {
                 p.claim_hints.push((table.id, *key, slot));
             }
@@ -903,6 +904,8 @@ async fn fetch(
         })
         .collect();
     let mut absent: SmallVec<[bool; 8]> = smallvec::smallvec![false; keys.len()];
+    // Per key: whether its probe left it unsettled, so the next READ takes the bucket.
+    let mut whole: SmallVec<[bool; 8]> = smallvec::smallvec![false; keys.len()];
     // Index lookups, again for slots still being inserted.
     loop {
         let missing: SmallVec<[usize; 8]> = (0..keys.len())
@@ -911,38 +914,39 @@ async fn fetch(
         if missing.is_empty() {
             break;
         }
-        let bucket_bytes = |i: usize| {
-            table.partitions[table.partition_of(keys[i])]
-                .index
-                .shape
-                .bucket_bytes()
-        };
         let mut batches = Batches::new();
         let mut at = 0;
-        let mut places: SmallVec<[u64; 8]> = SmallVec::new();
+        // Per missing key: where its READ lands and how many bytes it took.
+        let mut places: SmallVec<[(u64, u64); 8]> = SmallVec::new();
         for &i in &missing {
             let p = &table.partitions[table.partition_of(keys[i])];
-            let bytes = bucket_bytes(i);
+            let bytes = if whole[i] {
+                p.index.shape.bucket_bytes()
+            } else {
+                p.index.shape.probe_bytes()
+            };
             batches.push(
                 p.server,
                 p.index.bucket_read(keys[i], buffer.buf(at, bytes as u32)),
             );
-            places.push(at);
+            places.push((at, bytes));
             at += bytes;
         }
         batches.run(worker).await?;
         let mut pending = false;
         let mut words = BucketWords::new();
-        for (&i, &at) in missing.iter().zip(&places) {
+        for (&i, &(at, bytes)) in missing.iter().zip(&places) {
             let part = table.partition_of(keys[i]);
-            read_bucket(buffer, at, &table.partitions[part].index, &mut words)?;
-            match RemoteIndex::find(&words, keys[i])? {
-                Lookup::Found(a) => {
+            let index = &table.partitions[part].index;
+            read_bucket(buffer, at, bytes, &mut words)?;
+            match index.find_probed(&words, keys[i])? {
+                Some(Lookup::Found(a)) => {
                     worker.cache_addr(table.id, keys[i], a);
                     addrs[i] = Some((part, a));
                 }
-                Lookup::Absent => absent[i] = true,
-                Lookup::Pending => pending = true,
+                Some(Lookup::Absent) => absent[i] = true,
+                Some(Lookup::Pending) => pending = true,
+                None => whole[i] = true,
             }
         }
         if pending {
@@ -1038,15 +1042,11 @@ async fn fetch(
 /// A bucket's words as READ into a transaction's buffer; a 32-slot bucket's fit inline.
 type BucketWords = SmallVec<[u64; 64]>;
 
-/// Copies the bucket of `index` READ at `at` of `buffer` into `words`.
-fn read_bucket(
-    buffer: &Region,
-    at: u64,
-    index: &RemoteIndex,
-    words: &mut BucketWords,
-) -> Result<()> {
+/// Copies `bytes` of a bucket (all of it, or a probe) READ at `at` of `buffer` into
+/// `words`.
+fn read_bucket(buffer: &Region, at: u64, bytes: u64, words: &mut BucketWords) -> Result<()> {
     words.clear();
-    words.resize((index.shape.bucket_bytes() / 8) as usize, 0);
+    words.resize((bytes / 8) as usize, 0);
     Ok(buffer.read_words(at, words)?)
 }
 
@@ -1306,7 +1306,7 @@ async fn run_commit(
                 BucketClaim::Read(at) => at,
             };
             let p = &w.table.partitions[w.table.partition_of(w.key)];
-            read_bucket(buffer, at, &p.index, &mut words)?;
+            read_bucket(buffer, at, p.index.shape.bucket_bytes(), &mut words)?;
             match p.index.claim_slot(&words, w.key) {
                 Ok(slot) => claims.push(Some(slot)),
                 Err(e) => {

@@ -541,6 +541,79 @@ fn batched_index_claims_keep_keys_unique_in_crowded_buckets() {
     }
 }
 
+/// A transaction first READs only the first slots of a bucket (a probe); keys that a
+/// crowded bucket holds past them are still found, and still refuse a second insert,
+/// by a worker that has never seen them (no cached address).
+#[test]
+fn keys_beyond_a_buckets_probe_are_found_and_stay_unique() {
+    let db = visible_db(1);
+    let mut spec = TableSpec::new("deep", 64, 256);
+    spec.partitions = 1;
+    spec.index.buckets = 1;
+    spec.index.slots = 32;
+    let t = db.create_table(spec).unwrap();
+    const KEYS: u64 = 3 * txn::index::PROBE_SLOTS as u64;
+    let one = |r: Vec<Result<Option<u64>, TxnError>>| r.into_iter().next().unwrap();
+    let writer = db.worker().unwrap();
+    let loaded = one(writer.run_coroutines(1, |_| {
+        Box::pin(async {
+            let mut x = writer.begin(0).await?;
+            for k in 0..KEYS {
+                x.insert_later(&t, k, val(k * 3)).await?;
+            }
+            x.commit().await
+        })
+    }))
+    .unwrap()
+    .unwrap();
+    let reader = db.worker().unwrap();
+    let (reader, t) = (&reader, &t);
+    let outcomes = reader.run_coroutines(1, |_| {
+        Box::pin(async move {
+            let mut x = reader.begin(loaded).await?;
+            for k in (0..KEYS).rev() {
+                assert_eq!(x.get(t, k).await?.map(|v| num(&v)), Some(k * 3), "key {k}");
+            }
+            assert!(x.get(t, KEYS + 5).await?.is_none());
+            let again = x.insert(t, KEYS - 2, val(0)).await;
+            assert!(
+                matches!(again, Err(TxnError::DuplicateKey { .. })),
+                "{again:?}"
+            );
+            x.commit().await
+        })
+    });
+    one(outcomes).unwrap();
+    // A fresh worker's commit-time check of the deepest key, and a new key that takes
+    // the next slot.
+    let late = db.worker().unwrap();
+    let dup = one(late.run_coroutines(1, |_| {
+        Box::pin(async {
+            let mut x = late.begin(loaded).await?;
+            x.insert_later(t, KEYS + 1, val(1)).await?;
+            x.insert_later(t, KEYS - 1, val(1)).await?;
+            x.commit().await
+        })
+    }));
+    assert!(
+        matches!(dup, Err(TxnError::DuplicateKey { key, .. }) if key == KEYS - 1),
+        "{dup:?}"
+    );
+    let added = one(late.run_coroutines(1, |_| {
+        Box::pin(async {
+            let mut x = late.begin(loaded).await?;
+            x.insert_later(t, KEYS + 1, val(7)).await?;
+            x.commit().await
+        })
+    }))
+    .unwrap()
+    .unwrap();
+    let mut c = db.client().unwrap();
+    let mut x = c.begin_after(added).unwrap();
+    assert_eq!(x.get(t, KEYS + 1).unwrap().map(|v| num(&v)), Some(7));
+    assert_eq!(x.scan(t, |_, _| true).unwrap().len() as u64, KEYS + 1);
+}
+
 /// A worker allocates blocks ahead (one FETCH_ADD for several inserts): blocks taken
 /// from two workers' spare ranges never collide, and the spare blocks nobody used are
 /// invisible to scans.

@@ -340,6 +340,17 @@ pub fn prefetch<T>(slice: &[T], index: usize) {
     let _ = (slice, index);
 }
 
+/// Prefetches the cache lines of bytes `offset..offset + len` of `words` (at most
+/// [`PREFETCH_AHEAD_BYTES`] of them: a longer copy reads ahead as it goes).
+pub(crate) fn prefetch_bytes(words: &[AtomicU64], offset: u64, len: u64) {
+    let end = offset.saturating_add(len.min(PREFETCH_AHEAD_BYTES as u64));
+    let mut at = offset & !63;
+    while at < end {
+        prefetch(words, (at / 8) as usize);
+        at += 64;
+    }
+}
+
 /// Copies `len` bytes between two word arrays (a READ or a WRITE). Word-aligned
 /// copies move whole words; others go through a small stack buffer.
 pub(crate) fn copy_between(

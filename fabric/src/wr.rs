@@ -78,6 +78,16 @@ impl WrOp<'_> {
             WrOp::Cas { .. } | WrOp::FetchAdd { .. } => 8,
         }
     }
+
+    /// The responder memory a one-sided operation touches: where, and how many bytes.
+    pub fn remote_span(&self) -> Option<(RemoteAddr, u64)> {
+        match *self {
+            WrOp::Read { local, remote } => Some((remote, local.len as u64)),
+            WrOp::Write { local, remote, .. } => Some((remote, local.len())),
+            WrOp::Cas { remote, .. } | WrOp::FetchAdd { remote, .. } => Some((remote, 8)),
+            WrOp::Send { .. } => None,
+        }
+    }
 }
 
 /// A send-queue work request.

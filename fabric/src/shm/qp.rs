@@ -531,6 +531,21 @@ impl Transport for ShmPort {
         }
     }
 
+    fn prefetch(&self, side: &mut SendSide<ShmPort>, wr: &SendWr<'_>) {
+        let (Some(peer), Some((addr, len))) = (side.peer.as_ref(), wr.op.remote_span()) else {
+            return;
+        };
+        if let Ok(words) = remote(
+            &mut side.state.regions,
+            &peer.link,
+            addr,
+            len,
+            Access::empty(),
+        ) {
+            memory::prefetch_bytes(words, addr.offset, len);
+        }
+    }
+
     fn execute(
         &self,
         qp: &ShmQp,

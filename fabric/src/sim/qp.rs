@@ -363,6 +363,19 @@ impl Transport for SimPort {
         }
     }
 
+    fn prefetch(&self, side: &mut SendSide<SimPort>, wr: &SendWr<'_>) {
+        let Some(peer) = side.peer.as_ref() else {
+            return;
+        };
+        let Some((addr, len)) = wr.op.remote_span() else {
+            return;
+        };
+        let keys = &mut side.state.remote_keys;
+        if let Ok(region) = remote(keys, &peer.node.regions, addr, len, Access::empty()) {
+            memory::prefetch_bytes(region.mem.words(), addr.offset, len);
+        }
+    }
+
     /// `None` (at once) unless a cost model or injected delay is configured.
     fn visible_at(&self, state: &mut SimSend, wr: &SendWr<'_>) -> Option<Instant> {
         let config = &self.net.config;

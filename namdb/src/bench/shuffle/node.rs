@@ -242,6 +242,20 @@ struct Outcome {
     received: Checksum,
 }
 
+/// Spawns a scoped thread named `name`, so that a profile tells a node's senders from
+/// its receivers (`perf report --comm shuffle-send-0`). Like `Scope::spawn`, it panics
+/// only if the system cannot start a thread.
+fn spawn_named<'scope, 'env, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    name: String,
+    f: impl FnOnce() -> T + Send + 'scope,
+) -> std::thread::ScopedJoinHandle<'scope, T> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn_scoped(scope, f)
+        .expect("failed to spawn thread")
+}
+
 /// Collects the first error of several threads.
 fn first_error<T>(results: impl IntoIterator<Item = std::thread::Result<Result<T>>>) -> Result<()> {
     let mut first = None;
@@ -281,7 +295,7 @@ fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<O
         let senders: Vec<_> = (0..job.threads)
             .map(|tid| {
                 let shuffle = &shuffle;
-                s.spawn(move || -> Result<()> {
+                spawn_named(s, format!("shuffle-send-{tid}"), move || -> Result<()> {
                     let mut w = shuffle.writer(tid);
                     let mine = slice(frag, tid, job.threads);
                     match job.pattern {
@@ -300,7 +314,7 @@ fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<O
             .map(|tid| {
                 let endpoint = shuffle.receiver(tid);
                 let received = &received;
-                s.spawn(move || -> Result<()> {
+                spawn_named(s, format!("shuffle-recv-{tid}"), move || -> Result<()> {
                     let mut mine = Checksum::default();
                     let mut odd = false;
                     receive_all(&*endpoint, |data| {

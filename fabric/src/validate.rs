@@ -30,14 +30,7 @@ pub(crate) fn validate(
             if wr.dest.is_some() {
                 return bad("an RC work request must not carry a UD destination".into());
             }
-            let remote = match wr.op {
-                WrOp::Read { remote, .. }
-                | WrOp::Write { remote, .. }
-                | WrOp::Cas { remote, .. }
-                | WrOp::FetchAdd { remote, .. } => Some(remote),
-                WrOp::Send { .. } => None,
-            };
-            if let (Some(remote), Some(peer)) = (remote, peer)
+            if let (Some((remote, _)), Some(peer)) = (wr.op.remote_span(), peer)
                 && remote.node != peer
             {
                 return bad(format!(

@@ -117,6 +117,11 @@ impl RemoteServer {
     pub fn keep_alive(&self) -> Result<(), ClientError> {
         self.control.keep_alive()
     }
+
+    /// The server's statistics (regions, huge pages, sessions, RPC counts).
+    pub fn stats(&self) -> Result<memory_server::Stats, ClientError> {
+        self.control.stats()
+    }
 }
 
 impl MemoryServerLink for RemoteServer {

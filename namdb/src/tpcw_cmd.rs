@@ -378,6 +378,37 @@ fn pinning_note(args: &TpcwArgs) -> &'static str {
     }
 }
 
+/// Says so when memory-server regions are on ordinary pages, with the setting that
+/// fixes it: TPC-W's random accesses over gigabytes of tables and indexes miss the TLB
+/// on 4 KiB pages (checkout on shm measured about 10% slower than on huge pages). A
+/// memfd region gets huge pages only from the host's reserved pool; the sim's regions
+/// are anonymous memory on transparent huge pages and need nothing.
+fn huge_page_hint(servers: &[std::sync::Arc<compute_node::RemoteServer>]) {
+    // Only a hint: a server that cannot say is left out.
+    let stats: Vec<_> = servers.iter().filter_map(|s| s.stats().ok()).collect();
+    if let Some(note) = huge_page_note(&stats) {
+        eprintln!("note: {note}");
+    }
+}
+
+/// [`huge_page_hint`]'s words for the servers' `stats`, if any region is on ordinary
+/// pages.
+fn huge_page_note(stats: &[memory_server::Stats]) -> Option<String> {
+    let regions: u64 = stats.iter().map(|s| u64::from(s.regions)).sum();
+    let huge: u64 = stats.iter().map(|s| u64::from(s.huge_page_regions)).sum();
+    let bytes: u64 = stats.iter().map(|s| s.bytes_allocated).sum();
+    // Each region rounds up to whole 2 MiB pages.
+    let pages = bytes.div_ceil(2 << 20) + regions;
+    (huge < regions).then(|| {
+        format!(
+            "{} of {regions} memory-server regions are on 4 KiB pages (the host has too few \
+             free huge pages); reserving {pages} (as root: `sysctl vm.nr_hugepages={pages}`) \
+             puts them on 2 MiB pages, about 10% faster",
+            regions - huge
+        )
+    })
+}
+
 fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> Result<Rsi> {
     // An HTAP run measures the clients twice: alone, then beside the analytics.
     let runs = if args.htap { 2 } else { clients.len() };
@@ -497,6 +528,7 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
                 .collect();
             let remote = compute_node::connect(&addrs, &token, options)
                 .context("connecting to the memory servers")?;
+            huge_page_hint(&remote.servers);
             let backend = if remote.db.is_durable() {
                 format!("{}+durable", remote.backend)
             } else {
@@ -809,5 +841,26 @@ mod tests {
         assert_eq!(client_counts(&cli.args), vec![1, 2, 4, 8, 16, 32, 48]);
         let cli = Cli::parse_from(["t", "--clients", "48"]);
         assert_eq!(client_counts(&cli.args), vec![48]);
+    }
+
+    #[test]
+    fn the_huge_page_note_counts_the_pages_every_region_needs() {
+        let server = |regions, huge_page_regions, bytes_allocated| memory_server::Stats {
+            regions,
+            huge_page_regions,
+            bytes_allocated,
+            ..Default::default()
+        };
+        // Two servers of a 1 MiB catalog region and a 100 MiB data region each.
+        let small = server(2, 0, (1 << 20) + (100 << 20));
+        let note = huge_page_note(&[small.clone(), small.clone()]).expect("a note");
+        assert!(note.starts_with("4 of 4 memory-server regions"), "{note}");
+        // 202 MiB in 101 pages, plus one page of rounding per region.
+        assert!(note.contains("`sysctl vm.nr_hugepages=105`"), "{note}");
+        let one_missing = server(2, 1, 101 << 20);
+        let note = huge_page_note(&[server(2, 2, 101 << 20), one_missing]).expect("a note");
+        assert!(note.starts_with("1 of 4"), "{note}");
+        assert_eq!(huge_page_note(&[server(2, 2, 101 << 20)]), None);
+        assert_eq!(huge_page_note(&[]), None);
     }
 }

@@ -132,6 +132,9 @@ pub struct Row {
     pub gb_per_sec_min: f64,
     /// Each node copying its fragment into another array, all at once (median).
     pub memcpy_gb_per_sec: f64,
+    /// Each node partitioning its fragment over the nodes with nothing sent, all at
+    /// once (median; `None` for MPI, whose program does not measure it).
+    pub partition_gb_per_sec: Option<f64>,
     /// Bytes registered for buffers, the most over nodes (0 for the baselines).
     pub pinned_bytes: u64,
     /// Opening the endpoints (connecting the sockets; MPI_Init), the slowest node.
@@ -180,6 +183,9 @@ fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResul
         gb_per_sec: median(rates.clone()),
         gb_per_sec_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
         memcpy_gb_per_sec: median(results.iter().map(|r| r.memcpy_gb_per_sec).collect()),
+        partition_gb_per_sec: Some(median(
+            results.iter().map(|r| r.partition_gb_per_sec).collect(),
+        )),
         pinned_bytes: results.iter().map(|r| r.pinned_bytes).max().unwrap_or(0),
         setup_ms: results.iter().map(|r| r.setup_ms).fold(0.0, f64::max),
         seconds: results.iter().map(|r| r.seconds).fold(0.0, f64::max),
@@ -448,8 +454,13 @@ fn measure_plan(
             };
             let row = summarize(args, job, name, &results);
             eprintln!(
-                "        {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s, setup {:.1} ms",
-                row.gb_per_sec, row.gb_per_sec_min, row.memcpy_gb_per_sec, row.setup_ms
+                "        {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s, partition {:.2} GB/s, \
+                 setup {:.1} ms",
+                row.gb_per_sec,
+                row.gb_per_sec_min,
+                row.memcpy_gb_per_sec,
+                row.partition_gb_per_sec.unwrap_or_default(),
+                row.setup_ms
             );
             rows.push(row);
         }
@@ -489,6 +500,7 @@ fn measure_plan(
                     gb_per_sec: l.gb_per_sec,
                     gb_per_sec_min: l.gb_per_sec_min,
                     memcpy_gb_per_sec: l.memcpy_gb_per_sec,
+                    partition_gb_per_sec: None,
                     pinned_bytes: 0,
                     setup_ms: l.setup_ms,
                     seconds: l.seconds,
@@ -532,6 +544,12 @@ pub fn ratio_lines(rows: &[Row]) -> Vec<String> {
             100.0 * d.gb_per_sec / d.memcpy_gb_per_sec.max(1e-9),
             d.memcpy_gb_per_sec
         );
+        if let (Some(p), "repartition") = (d.partition_gb_per_sec, pattern) {
+            line.push_str(&format!(
+                ", {:.1}% of partitioning alone ({p:.2} GB/s)",
+                100.0 * d.gb_per_sec / p.max(1e-9)
+            ));
+        }
         for base in ["mpi", "tcp"] {
             match best(rows, pattern, |r| r.design == base) {
                 Some(b) => line.push_str(&format!(
@@ -563,7 +581,9 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     writeln!(
         out,
         "GB/s: bytes received per node per second, median over nodes (min: the slowest node); \
-         memcpy: each node copying its fragment, in the same run; every run verified"
+         memcpy: each node copying its fragment, in the same run; partition: each node \
+         partitioning it over the nodes with nothing sent, in the same run (what a node \
+         that also sends and receives on one core cannot exceed); every run verified"
     )?;
     if args.repeat > 1 {
         writeln!(
@@ -575,13 +595,14 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     writeln!(out)?;
     writeln!(
         out,
-        "{:<9} {:<11} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
+        "{:<9} {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
         "design",
         "pattern",
         "message",
         "GB/s",
         "min GB/s",
         "memcpy",
+        "partition",
         "pinned",
         "setup ms",
         "seconds"
@@ -589,13 +610,15 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     for r in rows {
         writeln!(
             out,
-            "{:<9} {:<11} {:>8} {:>9.3} {:>9.3} {:>9.2} {:>10} {:>9.1} {:>8.3}",
+            "{:<9} {:<11} {:>8} {:>9.3} {:>9.3} {:>9.2} {:>9} {:>10} {:>9.1} {:>8.3}",
             r.design,
             r.pattern,
             size_name(r.message_bytes),
             r.gb_per_sec,
             r.gb_per_sec_min,
             r.memcpy_gb_per_sec,
+            r.partition_gb_per_sec
+                .map_or_else(|| "-".to_string(), |p| format!("{p:.2}")),
             if is_baseline(r) {
                 "-".to_string()
             } else {

@@ -76,6 +76,8 @@ pub struct NodeResult {
     /// From the start barrier until this node's senders and receivers were done.
     pub seconds: f64,
     pub memcpy_gb_per_sec: f64,
+    /// The fragment partitioned with nothing sent ([`partition_gb_per_sec`]).
+    pub partition_gb_per_sec: f64,
     pub setup_ms: f64,
     pub pinned_bytes: u64,
 }
@@ -144,6 +146,33 @@ fn memcpy_gb_per_sec(frag: &[[u64; 2]]) -> f64 {
     (frag.len() * 16) as f64 / secs / 1e9
 }
 
+/// GB/s of partitioning the fragment on `a` over `groups` groups into buffers of
+/// `message_bytes` that are reused at once, with nothing sent: a repartitioning
+/// sender with a core to itself and no other work. A node that also moves and
+/// consumes what it receives on the same core receives less than this (uniform keys:
+/// a node receives about what it sends).
+fn partition_gb_per_sec(frag: &[[u64; 2]], groups: usize, message_bytes: u32) -> f64 {
+    let words = ((message_bytes as usize / 8) & !1).max(2);
+    let mut out = vec![vec![0u64; words]; groups.max(1)];
+    let mut fill = vec![0usize; groups.max(1)];
+    // The loop of `ShuffleWriter::push_partitioned`'s: a line of input prefetched per
+    // four tuples, 2 KiB ahead.
+    let ahead = fabric::PREFETCH_AHEAD_BYTES / 16;
+    let t0 = Instant::now();
+    for (i, t) in frag.iter().enumerate() {
+        if i.is_multiple_of(4) {
+            fabric::prefetch(frag, i + ahead);
+        }
+        let g = shuffle::testing::partition(t[0], groups);
+        let f = fill[g];
+        out[g][f..f + 2].copy_from_slice(t);
+        fill[g] = if f + 2 == words { 0 } else { f + 2 };
+    }
+    std::hint::black_box(&mut out);
+    let secs = t0.elapsed().as_secs_f64().max(1e-9);
+    (frag.len() * 16) as f64 / secs / 1e9
+}
+
 /// The part of the fragment sender thread `tid` of `threads` scans.
 fn slice(frag: &[[u64; 2]], tid: usize, threads: usize) -> &[[u64; 2]] {
     let n = frag.len();
@@ -179,6 +208,8 @@ pub fn run_node(
 
     barrier(&*exchange, "memcpy")?;
     let memcpy = memcpy_gb_per_sec(&frag);
+    barrier(&*exchange, "partition")?;
+    let partition = partition_gb_per_sec(&frag, nodes, job.message_bytes);
 
     let (outcome, pinned_bytes) = match &job.method {
         Method::Design(name) => {
@@ -231,6 +262,7 @@ pub fn run_node(
         received_bytes: received.count * 16,
         seconds,
         memcpy_gb_per_sec: memcpy,
+        partition_gb_per_sec: partition,
         setup_ms,
         pinned_bytes,
     })

@@ -2,7 +2,7 @@
 //! and on the baselines, in one harness and one run.
 //!
 //! RSI runs on an embedded sim cluster, or on memory-server processes this command
-//! starts (`--backend shm|tcp`). Each system is loaded with the same generated data,
+//! starts (`--backend shm|tcp`), or on several of these in turn (`--backend sim,shm`). Each system is loaded with the same generated data,
 //! runs the same interactions for `--duration` after a warm-up (or a sweep over the
 //! number of clients), and is checked after every run (see `tpcw::runner`).
 
@@ -51,9 +51,10 @@ pub struct TpcwArgs {
     /// Systems to run, in this order, comma separated (e.g. `rsi,2pc,postgres`).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "rsi")]
     pub system: Vec<SystemKind>,
-    /// RSI's fabric: `sim` (embedded), or `shm`/`tcp` (memory-server processes).
-    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
-    pub backend: BackendKind,
+    /// RSI's fabrics, run in this order, comma separated: `sim` (embedded), or
+    /// `shm`/`tcp` (memory-server processes), e.g. `sim,shm,tcp`.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "sim")]
+    pub backend: Vec<BackendKind>,
     /// The paper's checkout transaction, or a TPC-W mix.
     #[arg(long, value_enum, default_value_t = Mix::Checkout)]
     pub mix: Mix,
@@ -113,7 +114,8 @@ pub struct TpcwArgs {
     /// Write every run's result to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Where the processes' logs go (default: a temporary directory, removed after).
+    /// Where the processes' logs go, memory servers' under `DIR/<backend>/` (default: a
+    /// temporary directory, removed after).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
@@ -178,16 +180,29 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         "--system needs at least one system"
     );
     let scale = Scale::new(args.items, args.ebs, args.item_bytes).map_err(anyhow::Error::msg)?;
-    if args.durable && args.backend == BackendKind::Sim {
+    ensure!(
+        !args.backend.is_empty(),
+        "--backend needs at least one backend"
+    );
+    for (i, backend) in args.backend.iter().enumerate() {
+        if args.backend[..i].contains(backend) {
+            bail!("--backend lists {} twice", backend.name());
+        }
+    }
+    if args.durable && args.backend.contains(&BackendKind::Sim) {
         bail!("--durable needs memory-server processes: use --backend shm or tcp");
     }
-    if args.backend == BackendKind::Verbs {
+    if args.backend.contains(&BackendKind::Verbs) {
         bail!("tpcw runs RSI on sim, shm or tcp (verbs needs RDMA hardware: use `bench txn`)");
     }
     if args.htap {
         ensure!(
             args.system == [SystemKind::Rsi],
             "--htap runs on RSI alone (--system rsi)"
+        );
+        ensure!(
+            args.backend.len() == 1,
+            "--htap runs on one backend: give --backend one"
         );
         ensure!(
             !args.sweep,
@@ -210,19 +225,26 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
     let mut reports = Vec::new();
     let mut htap = None;
     for &kind in &args.system {
-        eprintln!("== {} ==", kind.name());
         let runs = match kind {
             SystemKind::Rsi if args.htap => {
-                let system = start_rsi(args, &scale, &clients, dir.path())?;
+                eprintln!("== {} ==", kind.name());
+                let system = start_rsi(args, args.backend[0], &scale, &clients, dir.path())?;
                 let (runs, summary) = load_and_run_htap(&system, &scale, args, clients[0])?;
                 htap = Some(summary);
                 runs
             }
             SystemKind::Rsi => {
-                let system = start_rsi(args, &scale, &clients, dir.path())?;
-                load_and_run(&system, &scale, args, &clients)?
+                let mut runs = Vec::new();
+                // One cluster after another: each backend's runs have the machine alone.
+                for &backend in &args.backend {
+                    eprintln!("== {} ({}) ==", kind.name(), backend.name());
+                    let system = start_rsi(args, backend, &scale, &clients, dir.path())?;
+                    runs.extend(load_and_run(&system, &scale, args, &clients)?);
+                }
+                runs
             }
             SystemKind::Postgres => {
+                eprintln!("== {} ==", kind.name());
                 let (system, _server) = match &args.postgres {
                     Some(conninfo) => (tpcw::postgres::Postgres::connect(conninfo)?, None),
                     None => {
@@ -235,6 +257,7 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
                 load_and_run(&system, &scale, args, &clients)?
             }
             SystemKind::TwoPc => {
+                eprintln!("== {} ==", kind.name());
                 let exe = std::env::current_exe().context("locating the namdb binary")?;
                 let launch = tpcw::twopc::Launch::Processes { exe };
                 let system = tpcw::twopc::TwoPc::start(launch, args.resource_managers as usize)?;
@@ -260,14 +283,19 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.sweep {
-        let series: Vec<crate::bench::plot::Series> = args
-            .system
+        let mut lines: Vec<(&str, &str)> = Vec::new();
+        for r in &reports {
+            if !lines.contains(&(r.system.as_str(), r.backend.as_str())) {
+                lines.push((&r.system, &r.backend));
+            }
+        }
+        let series: Vec<crate::bench::plot::Series> = lines
             .iter()
-            .map(|k| crate::bench::plot::Series {
-                label: label(k.name(), &reports),
+            .map(|&(system, backend)| crate::bench::plot::Series {
+                label: format!("{system} ({backend})"),
                 points: reports
                     .iter()
-                    .filter(|r| r.system == k.name())
+                    .filter(|r| r.system == system && r.backend == backend)
                     .map(|r| (r.clients as f64, r.txn_per_sec))
                     .collect(),
             })
@@ -289,7 +317,7 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
     let failed: Vec<String> = reports
         .iter()
         .filter(|r| !r.checks_passed())
-        .map(|r| format!("{} with {} clients", r.system, r.clients))
+        .map(|r| format!("{} ({}) with {} clients", r.system, r.backend, r.clients))
         .collect();
     if !failed.is_empty() {
         bail!("checks failed: {}", failed.join(", "));
@@ -304,13 +332,6 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn label(system: &str, reports: &[RunReport]) -> String {
-    match reports.iter().find(|r| r.system == system) {
-        Some(r) => format!("{system} ({})", r.backend),
-        None => system.to_string(),
-    }
 }
 
 /// The client counts of the runs: `--clients`, or powers of two up to it.
@@ -409,7 +430,13 @@ fn huge_page_note(stats: &[memory_server::Stats]) -> Option<String> {
     })
 }
 
-fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> Result<Rsi> {
+fn start_rsi(
+    args: &TpcwArgs,
+    backend: BackendKind,
+    scale: &Scale,
+    clients: &[usize],
+    dir: &Path,
+) -> Result<Rsi> {
     // An HTAP run measures the clients twice: alone, then beside the analytics.
     let runs = if args.htap { 2 } else { clients.len() };
     let seconds = runs as f64 * (args.duration + args.warmup);
@@ -424,7 +451,7 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
     let room = Room::for_runs(
         args.mix,
         seconds,
-        interactions_per_sec(args.backend),
+        interactions_per_sec(backend),
         all_clients as u64,
     );
     let servers = args.memory_servers as u64;
@@ -453,7 +480,7 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
     // longer than the default quarter-second lease (a loaded machine, a debug build)
     // would be fenced and its commit given up to recovery, which no tally survives.
     options.oracle.lease_timeout = BENCHMARK_LEASE;
-    let mut system = match args.backend {
+    let mut system = match backend {
         BackendKind::Sim => {
             eprintln!(
                 "embedded sim cluster: {servers} memory servers of {}{} MiB each{}",
@@ -469,6 +496,9 @@ fn start_rsi(args: &TpcwArgs, scale: &Scale, clients: &[usize], dir: &Path) -> R
             Rsi::new(db, "sim".into(), room, Box::new(()))
         }
         backend => {
+            // A directory per backend: a run over several starts a cluster for each.
+            let dir = &dir.join(backend.name());
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             let token_file = dir.join("token");
             memory_server::generate_token_file(&token_file)?;
             let token = memory_server::ClusterToken::from_file(&token_file)?;

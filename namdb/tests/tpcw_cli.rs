@@ -1,4 +1,4 @@
-//! `namdb tpcw` end to end: the three systems in one run, RSI on memory-server
+//! `namdb tpcw` end to end: the three systems in one run (RSI on three backends), RSI on memory-server
 //! processes with a TPC-W mix, a sweep with its plot, and bad arguments.
 
 mod common;
@@ -41,6 +41,7 @@ fn assert_checked(run: &Value) {
 
 #[test]
 fn checkout_on_rsi_2pc_and_postgres_in_one_run() {
+    // RSI on every backend that needs no RDMA hardware, one cluster after another.
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
     let json_arg = json.display().to_string();
@@ -49,6 +50,8 @@ fn checkout_on_rsi_2pc_and_postgres_in_one_run() {
         &args(&[
             "--system",
             "rsi,2pc,postgres",
+            "--backend",
+            "sim,shm,tcp",
             "--clients",
             "6",
             "--json",
@@ -59,13 +62,21 @@ fn checkout_on_rsi_2pc_and_postgres_in_one_run() {
     for system in ["rsi ", "2pc ", "postgres "] {
         assert!(out.contains(system), "{out}");
     }
-    assert!(out.contains("rsi (sim) / 2pc at 6 clients:"), "{out}");
-    assert!(out.contains("rsi (sim) / postgres at 6 clients:"), "{out}");
+    for backend in ["sim", "shm", "tcp"] {
+        assert!(
+            out.contains(&format!("rsi ({backend}) / 2pc at 6 clients:")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("rsi ({backend}) / postgres at 6 clients:")),
+            "{out}"
+        );
+    }
     let json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(json["mix"], "checkout");
     let runs = runs(&json);
     let systems: Vec<&str> = runs.iter().map(|r| r["system"].as_str().unwrap()).collect();
-    assert_eq!(systems, ["rsi", "2pc", "postgres"]);
+    assert_eq!(systems, ["rsi", "rsi", "rsi", "2pc", "postgres"]);
     for run in runs {
         for field in [
             "system",
@@ -85,8 +96,11 @@ fn checkout_on_rsi_2pc_and_postgres_in_one_run() {
         assert!(run["p99_us"].as_f64().unwrap() >= run["p50_us"].as_f64().unwrap());
         assert_checked(run);
     }
-    assert_eq!(runs[0]["backend"], "sim");
-    assert_eq!(runs[1]["backend"], "tcp");
+    let backends: Vec<&str> = runs[..4]
+        .iter()
+        .map(|r| r["backend"].as_str().unwrap())
+        .collect();
+    assert_eq!(backends, ["sim", "shm", "tcp", "tcp"]);
 }
 
 /// Also with the memory servers' memory pinned up front.
@@ -137,7 +151,7 @@ fn a_mix_on_durable_shm_memory_server_processes() {
     }
     // The memory servers ran as processes, logging where asked, and pinned their
     // memory as asked.
-    let log = std::fs::read_to_string(logs.join("memory-server-0.log")).unwrap();
+    let log = std::fs::read_to_string(logs.join("shm").join("memory-server-0.log")).unwrap();
     assert!(log.contains("pinned"), "{log}");
 }
 
@@ -203,6 +217,18 @@ fn bad_arguments_are_clear_errors() {
         (
             vec!["tpcw", "--durable"],
             "--durable needs memory-server processes",
+        ),
+        (
+            vec!["tpcw", "--durable", "--backend", "shm,sim"],
+            "--durable needs memory-server processes",
+        ),
+        (
+            vec!["tpcw", "--backend", "sim,shm,sim"],
+            "--backend lists sim twice",
+        ),
+        (
+            vec!["tpcw", "--htap", "--backend", "sim,shm"],
+            "--htap runs on one backend",
         ),
     ] {
         let o = namdb(dir.path(), &bad);

@@ -2,9 +2,10 @@
 //! and on the baselines, in one harness and one run.
 //!
 //! RSI runs on an embedded sim cluster, or on memory-server processes this command
-//! starts (`--backend shm|tcp`), or on several of these in turn (`--backend sim,shm`). Each system is loaded with the same generated data,
-//! runs the same interactions for `--duration` after a warm-up (or a sweep over the
-//! number of clients), and is checked after every run (see `tpcw::runner`).
+//! starts (`--backend shm|tcp`), or on several of these in turn (`--backend sim,shm`).
+//! Each system is loaded with the same generated data, runs the same interactions for
+//! `--duration` after a warm-up (or a sweep over the number of clients), and is
+//! checked after every run (see `tpcw::runner`).
 
 use crate::backend::BackendKind;
 use crate::cluster_cmd::{ProcessEntry, spawn, stop_all};
@@ -225,9 +226,12 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
     let mut reports = Vec::new();
     let mut htap = None;
     for &kind in &args.system {
+        // RSI over several backends heads each backend's runs itself.
+        if kind != SystemKind::Rsi || args.htap {
+            eprintln!("== {} ==", kind.name());
+        }
         let runs = match kind {
             SystemKind::Rsi if args.htap => {
-                eprintln!("== {} ==", kind.name());
                 let system = start_rsi(args, args.backend[0], &scale, &clients, dir.path())?;
                 let (runs, summary) = load_and_run_htap(&system, &scale, args, clients[0])?;
                 htap = Some(summary);
@@ -244,7 +248,6 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
                 runs
             }
             SystemKind::Postgres => {
-                eprintln!("== {} ==", kind.name());
                 let (system, _server) = match &args.postgres {
                     Some(conninfo) => (tpcw::postgres::Postgres::connect(conninfo)?, None),
                     None => {
@@ -257,7 +260,6 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
                 load_and_run(&system, &scale, args, &clients)?
             }
             SystemKind::TwoPc => {
-                eprintln!("== {} ==", kind.name());
                 let exe = std::env::current_exe().context("locating the namdb binary")?;
                 let launch = tpcw::twopc::Launch::Processes { exe };
                 let system = tpcw::twopc::TwoPc::start(launch, args.resource_managers as usize)?;

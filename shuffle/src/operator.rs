@@ -94,7 +94,7 @@ impl Shuffle {
 
 /// For tuples of `W` words: how many tuples ahead [`fabric::PREFETCH_AHEAD_BYTES`] is,
 /// and how many tuples share a cache line (prefetch once per line).
-pub(crate) fn prefetch_stride<const W: usize>() -> (usize, usize) {
+pub fn prefetch_stride<const W: usize>() -> (usize, usize) {
     let bytes = (W * 8).max(1);
     (fabric::PREFETCH_AHEAD_BYTES / bytes, (64 / bytes).max(1))
 }

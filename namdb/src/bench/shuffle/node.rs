@@ -155,12 +155,11 @@ fn partition_gb_per_sec(frag: &[[u64; 2]], groups: usize, message_bytes: u32) ->
     let words = ((message_bytes as usize / 8) & !1).max(2);
     let mut out = vec![vec![0u64; words]; groups.max(1)];
     let mut fill = vec![0usize; groups.max(1)];
-    // The loop of `ShuffleWriter::push_partitioned`'s: a line of input prefetched per
-    // four tuples, 2 KiB ahead.
-    let ahead = fabric::PREFETCH_AHEAD_BYTES / 16;
+    // The input prefetch of `ShuffleWriter::push_partitioned`.
+    let (ahead, per_line) = shuffle::operator::prefetch_stride::<2>();
     let t0 = Instant::now();
     for (i, t) in frag.iter().enumerate() {
-        if i.is_multiple_of(4) {
+        if i.is_multiple_of(per_line) {
             fabric::prefetch(frag, i + ahead);
         }
         let g = shuffle::testing::partition(t[0], groups);

@@ -26,10 +26,10 @@
 //! older snapshot while checkouts update stocks would fail); "bought with X" counts
 //! the orders that contain X, where the specification goes through the customers who
 //! bought X (one more pair of scans). ORDERS and ORDER_LINE keep two versions in an
-//! HTAP run ([`htap_table_versions`]): a one-version block inserted after the scan's
-//! RID cannot say the row did not exist at the RID, so a scan would end in
-//! `SnapshotTooOld` at every concurrent insert; two versions carry the insert's
-//! "absent before" mark.
+//! HTAP run ([`htap_table_versions`]; ORDERS always does, see [`crate::rsi`]): a
+//! one-version block inserted after the scan's RID cannot say the row did not exist
+//! at the RID, so a scan would end in `SnapshotTooOld` at every concurrent insert;
+//! two versions carry the insert's "absent before" mark.
 
 use crate::schema::{Item, Order, OrderLine, Rel, SUBJECTS};
 use hdrhistogram::Histogram;

@@ -7,6 +7,14 @@
 //! every checkout reads and writes, and rows that are only inserted keep one; the
 //! other updated rows two; the small per-subject index four. A snapshot that needs an
 //! older version aborts with `SnapshotTooOld` and is retried.
+//!
+//! ORDERS is the exception among inserted rows and keeps two: Admin Confirm and Best
+//! Sellers find each client stream's newest order by probing ids that may not exist
+//! yet, and an order inserted after the reader's snapshot must read as absent there.
+//! A one-version block cannot say "absent before" (the second version is the insert's
+//! tombstone at CID 0), so every probe that met a concurrent insert aborted: under the
+//! ordering mix Admin Confirm aborted 99% of its attempts (p99 about 1 s) and the
+//! retries cost the mix a fifth of its throughput.
 
 use crate::interactions::{Interaction, Mix};
 use crate::load;
@@ -78,7 +86,8 @@ pub fn table_specs_with(
                 Rel::Item => (scale.items, 1),
                 Rel::Customer => (scale.customers() + room.customers, 2),
                 Rel::Address => (scale.addresses() + room.customers, 1),
-                Rel::Orders => (scale.orders() + room.orders, 1),
+                // Probed for ids that may not exist yet (see the module doc).
+                Rel::Orders => (scale.orders() + room.orders, 2),
                 Rel::CcXacts => (scale.orders() + room.cc_xacts, 1),
                 // Generated orders have one to five lines.
                 Rel::OrderLine => (scale.orders() * 5 + room.order_lines, 1),

@@ -9,7 +9,11 @@
 //!
 //! A batch is posted with one doorbell and only its last request signaled: on RC a
 //! signaled completion implies every earlier request completed, and an error on any
-//! request completes that request whether signaled or not.
+//! request completes that request whether signaled or not. A batch longer than the
+//! room left in the send queue goes in pieces, each posted once completions free
+//! room; so that its own unsignaled requests can never fill the queue with nothing
+//! to retire them, a long batch also signals every [`SIGNAL_EVERY`]th request (or
+//! more often, on a shallower queue), and only the last one's completion resolves it.
 
 use crate::device::{CompletionQueue, QueuePair};
 use crate::error::{FabricError, Result};
@@ -24,6 +28,8 @@ use std::task::{Context, Poll};
 const SLOT_BITS: u32 = 24;
 const GEN_BITS: u32 = 24;
 const MAX_BATCH: usize = 1 << 16;
+/// In a long batch, every this-many-th request is signaled too (see the module doc).
+pub const SIGNAL_EVERY: usize = 256;
 
 fn token(slot: usize, generation: u32) -> u64 {
     slot as u64 | ((generation as u64 & ((1 << GEN_BITS) - 1)) << SLOT_BITS)
@@ -42,6 +48,9 @@ fn split(wr_id: u64) -> (usize, u32, usize) {
 
 struct Slot {
     generation: u32,
+    /// The index of the batch's last request: only its completion (or an error on
+    /// any) resolves the batch.
+    last: usize,
     result: Option<Result<()>>,
     abandoned: bool,
 }
@@ -75,12 +84,13 @@ impl CqDriver {
         &self.cq
     }
 
-    fn open(&self) -> u64 {
+    fn open(&self, last: usize) -> u64 {
         let mut st = sync::lock(&self.state);
         let generation = st.next_generation;
         st.next_generation = st.next_generation.wrapping_add(1) & ((1 << GEN_BITS) - 1);
         let slot = st.slots.insert(Slot {
             generation,
+            last,
             result: None,
             abandoned: false,
         });
@@ -112,8 +122,12 @@ impl CqDriver {
             let Some(entry) = st.slots.get_mut(slot) else {
                 continue;
             };
-            if entry.generation != generation || entry.result.is_some() {
-                // A flush after an earlier error resolved the batch, or a stale id.
+            if entry.generation != generation
+                || entry.result.is_some()
+                || (wc.status.is_ok() && index != entry.last && !entry.abandoned)
+            {
+                // A flush after an earlier error resolved the batch, a stale id, or a
+                // long batch's intermediate signal.
                 continue;
             }
             if entry.abandoned {
@@ -165,12 +179,19 @@ impl CqDriver {
 pub struct AsyncQp {
     qp: Arc<dyn QueuePair>,
     driver: Arc<CqDriver>,
+    /// A long batch signals every this-many-th request (see the module doc).
+    signal_every: usize,
 }
 
 impl AsyncQp {
     /// `driver` must own the queue pair's send completion queue.
     pub fn new(qp: Arc<dyn QueuePair>, driver: Arc<CqDriver>) -> AsyncQp {
-        AsyncQp { qp, driver }
+        let signal_every = SIGNAL_EVERY.min(qp.send_queue_depth().max(1) as usize);
+        AsyncQp {
+            qp,
+            driver,
+            signal_every,
+        }
     }
 
     pub fn qp(&self) -> &Arc<dyn QueuePair> {
@@ -189,6 +210,7 @@ impl AsyncQp {
             qp: self,
             wrs: Wrs::Many(wrs),
             token: None,
+            posted: 0,
         }
     }
 
@@ -199,6 +221,7 @@ impl AsyncQp {
             qp: self,
             wrs: Wrs::InPlace(wrs),
             token: None,
+            posted: 0,
         }
     }
 
@@ -208,12 +231,21 @@ impl AsyncQp {
             qp: self,
             wrs: Wrs::One(wr),
             token: None,
+            posted: 0,
         }
     }
 
-    fn post(&self, wrs: &mut Wrs<'_, '_>) -> Result<u64> {
-        let token = self.driver.open();
+    /// Posts `wrs[from..]` as part of the batch `token` (a new one if `None`).
+    fn post(&self, wrs: &mut Wrs<'_, '_>, token: Option<u64>, from: usize) -> Result<Posted> {
         let len = wrs.len();
+        if len == 0 || len > MAX_BATCH {
+            return Err(FabricError::InvalidWorkRequest(format!(
+                "a batch holds 1 to {MAX_BATCH} work requests, got {len}"
+            )));
+        }
+        let token = token.unwrap_or_else(|| self.driver.open(len - 1));
+        let last = len - 1;
+        let signaled = |i: usize| i == last || (i + 1).is_multiple_of(self.signal_every);
         let result = match wrs {
             Wrs::One(wr) => {
                 let mut wr = *wr;
@@ -221,26 +253,22 @@ impl AsyncQp {
                 wr.signaled = true;
                 self.qp.post_send(std::slice::from_ref(&wr))
             }
-            _ if len == 0 || len > MAX_BATCH => Err(FabricError::InvalidWorkRequest(format!(
-                "a batch holds 1 to {MAX_BATCH} work requests, got {len}"
-            ))),
             Wrs::InPlace(list) => {
-                let last = list.len() - 1;
-                for (i, wr) in list.iter_mut().enumerate() {
+                for (i, wr) in list.iter_mut().enumerate().skip(from) {
                     wr.wr_id = wr_id(token, i);
-                    wr.signaled = i == last;
+                    wr.signaled = signaled(i);
                 }
-                self.qp.post_send(list)
+                self.qp.post_send(&list[from..])
             }
             Wrs::Many(list) => {
-                let last = list.len() - 1;
                 // Most batches are a few requests: no allocation for them.
                 let batch: smallvec::SmallVec<[SendWr<'_>; 8]> = list
                     .iter()
                     .enumerate()
+                    .skip(from)
                     .map(|(i, wr)| SendWr {
                         wr_id: wr_id(token, i),
-                        signaled: i == last,
+                        signaled: signaled(i),
                         ..*wr
                     })
                     .collect();
@@ -248,13 +276,35 @@ impl AsyncQp {
             }
         };
         match result {
-            Ok(()) => Ok(token),
+            Ok(()) => Ok(Posted::All(token)),
+            Err(FabricError::Post { index, source })
+                if matches!(*source, FabricError::QueueFull { .. }) =>
+            {
+                Ok(Posted::Part {
+                    token,
+                    posted: from + index,
+                })
+            }
             Err(e) => {
                 self.driver.abandon(token);
-                Err(e)
+                Err(match e {
+                    FabricError::Post { index, source } => FabricError::Post {
+                        index: from + index,
+                        source,
+                    },
+                    e => e,
+                })
             }
         }
     }
+}
+
+/// How far a post got.
+enum Posted {
+    /// Every request of the batch is posted.
+    All(u64),
+    /// The send queue filled up after `posted` of the batch's requests.
+    Part { token: u64, posted: usize },
 }
 
 enum Wrs<'a, 'w> {
@@ -278,6 +328,8 @@ pub struct Batch<'a, 'w> {
     qp: &'a AsyncQp,
     wrs: Wrs<'a, 'w>,
     token: Option<u64>,
+    /// Requests of the batch posted so far.
+    posted: usize,
 }
 
 impl Future for Batch<'_, '_> {
@@ -286,22 +338,26 @@ impl Future for Batch<'_, '_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = &mut *self;
         let token = match this.token {
-            Some(t) => t,
-            None => match this.qp.post(&mut this.wrs) {
-                Ok(t) => {
+            Some(t) if this.posted == this.wrs.len() => t,
+            token => match this.qp.post(&mut this.wrs, token, this.posted) {
+                Ok(Posted::All(t)) => {
                     this.token = Some(t);
+                    this.posted = this.wrs.len();
                     t
                 }
-                Err(FabricError::Post { index: 0, source })
-                    if matches!(*source, FabricError::QueueFull { .. }) =>
-                {
+                Ok(Posted::Part { token, posted }) => {
                     // The send queue is full of requests whose completions nobody has
-                    // polled yet: poll, then try again.
+                    // polled yet: poll, then post the rest.
+                    this.token = Some(token);
+                    this.posted = posted;
                     this.qp.driver.poll()?;
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                Err(e) => return Poll::Ready(Err(e)),
+                Err(e) => {
+                    this.token = None;
+                    return Poll::Ready(Err(e));
+                }
             },
         };
         // A batch posted this very poll may be complete already: an in-process backend
@@ -311,6 +367,7 @@ impl Future for Batch<'_, '_> {
             Ok(Some(result)) => {
                 this.token = None;
                 this.wrs = Wrs::Many(&[]);
+                this.posted = 0;
                 Poll::Ready(result)
             }
             Ok(None) => {

@@ -1348,6 +1348,62 @@ pub fn async_batch_reports_the_failing_request(b: &dyn Backend) {
     );
 }
 
+/// A batch longer than the send queue is posted in pieces as completions free room,
+/// alone or beside another coroutine's, and an error deep in it names its index in the
+/// whole batch.
+pub fn async_batch_longer_than_the_send_queue_completes(b: &dyn Backend) {
+    const DEPTH: u32 = 16;
+    let f = Fixture::with(b, |c| QpConfig {
+        max_send_wr: DEPTH,
+        ..c
+    });
+    let driver = CqDriver::new(f.client_cq.clone());
+    let qp = AsyncQp::new(f.client_qp.clone(), driver.clone());
+    let word = |i: u64| (i * 3 + 1).to_le_bytes();
+    let words: Vec<[u8; 8]> = (0..100).map(word).collect();
+    let writes: Vec<SendWr> = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| SendWr::write(0, crate::Src::Inline(w), f.remote.remote_addr(8 * i as u64)))
+        .collect();
+    futures_lite_block_on(qp.run(&writes)).unwrap();
+    let mut reads: Vec<SendWr> = (0..100u64)
+        .map(|i| SendWr::read(0, f.local.buf(8 * i, 8), f.remote.remote_addr(8 * i)))
+        .collect();
+    futures_lite_block_on(qp.run_in_place(&mut reads)).unwrap();
+    for i in 0..100 {
+        assert_eq!(f.local.to_vec(8 * i, 8).unwrap(), word(i), "word {i}");
+    }
+    // Two coroutines whose batches together need five times the queue.
+    let tasks = (0..2u64).map(|c| {
+        let (qp, f) = (&qp, &f);
+        async move {
+            let base = 4096 + c * 1024;
+            let reads: Vec<SendWr> = (0..40u64)
+                .map(|i| SendWr::read(0, f.local.buf(base + 8 * i, 8), f.remote.remote_addr(8 * i)))
+                .collect();
+            qp.run(&reads).await.unwrap();
+            for i in 0..40 {
+                assert_eq!(f.local.to_vec(base + 8 * i, 8).unwrap(), word(i));
+            }
+        }
+    });
+    futures_lite_block_on(join_all(tasks.collect()));
+    assert_eq!(driver.in_flight(), 0);
+    let mut bad: Vec<SendWr> = (0..50u64)
+        .map(|i| SendWr::read(0, f.local.buf(8 * i, 8), f.remote.remote_addr(8 * i)))
+        .collect();
+    bad[37] = SendWr::read(0, f.local.buf(0, 8), f.remote.remote_addr(REGION_BYTES));
+    let err = futures_lite_block_on(qp.run(&bad)).unwrap_err();
+    assert_eq!(
+        err,
+        FabricError::Completion {
+            status: WcStatus::RemoteAccess,
+            index: 37
+        }
+    );
+}
+
 /// A minimal executor for the suite, so fabric needs no runtime dependency: polls the
 /// future until ready (the async layer's futures re-wake themselves).
 fn futures_lite_block_on<F: std::future::Future>(fut: F) -> F::Output {
@@ -1425,6 +1481,7 @@ macro_rules! conformance_tests {
             ud_has_no_one_sided_operations,
             async_coroutines_share_one_completion_queue,
             async_batch_reports_the_failing_request,
+            async_batch_longer_than_the_send_queue_completes,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

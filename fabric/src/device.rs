@@ -72,6 +72,8 @@ pub trait QueuePair: Send + Sync {
     /// rejects outright stops the batch with `FabricError::Post { index, .. }`; the ones
     /// before it were posted.
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()>;
+    /// Send work requests that may be outstanding ([`QpConfig::max_send_wr`]).
+    fn send_queue_depth(&self) -> u32;
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<()>;
     /// Takes a queue pair out of the error state (RESET → INIT → RTR → RTS) with the
     /// same peer. Everything outstanding has been flushed by then.

@@ -984,6 +984,9 @@ impl<T: Transport> QueuePair for QpHandle<T> {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.0.post_send(wrs)
     }
+    fn send_queue_depth(&self) -> u32 {
+        self.0.caps.max_send_wr
+    }
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
         self.0.post_recv(wrs)
     }

@@ -224,6 +224,7 @@ impl Device for RemoteDevice {
                 qpn: reply.qpn,
             },
             kind: config.kind,
+            send_queue_depth: config.max_send_wr,
         }))
     }
 }
@@ -307,6 +308,7 @@ struct RemoteQp {
     link: Arc<Link>,
     endpoint: QpEndpoint,
     kind: QpKind,
+    send_queue_depth: u32,
 }
 
 impl QueuePair for RemoteQp {
@@ -355,6 +357,10 @@ impl QueuePair for RemoteQp {
             c.post_send(r).await
         })?;
         Ok(())
+    }
+
+    fn send_queue_depth(&self) -> u32 {
+        self.send_queue_depth
     }
 
     fn post_recv(&self, wrs: &[RecvWr]) -> fabric::Result<()> {

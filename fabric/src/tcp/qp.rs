@@ -876,6 +876,9 @@ impl QueuePair for TcpQp {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.shared.post_send(wrs)
     }
+    fn send_queue_depth(&self) -> u32 {
+        self.shared.caps.max_send_wr
+    }
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
         self.shared.post_recv(wrs)
     }

@@ -727,6 +727,10 @@ impl QueuePair for VerbsQp {
         rejected.map_or(Ok(()), Err)
     }
 
+    fn send_queue_depth(&self) -> u32 {
+        self.0.max_send_wr
+    }
+
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
         let s = &self.0;
         let mut ring = sync::lock(&s.recv);

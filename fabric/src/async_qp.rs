@@ -155,13 +155,16 @@ impl CqDriver {
         Some(result)
     }
 
-    fn abandon(&self, token: u64) {
+    /// Forgets `token`'s batch. `completes`: a signaled request of it was posted, so a
+    /// completion is still to come and removes the slot when it is filed; otherwise
+    /// only an error could come, which finds no slot and is dropped.
+    fn abandon(&self, token: u64, completes: bool) {
         let (slot, generation, _) = split(token);
         let mut st = sync::lock(&self.state);
         if let Some(entry) = st.slots.get_mut(slot)
             && entry.generation == generation
         {
-            if entry.result.is_some() {
+            if entry.result.is_some() || !completes {
                 st.slots.remove(slot);
             } else {
                 entry.abandoned = true;
@@ -286,16 +289,27 @@ impl AsyncQp {
                 })
             }
             Err(e) => {
-                self.driver.abandon(token);
-                Err(match e {
-                    FabricError::Post { index, source } => FabricError::Post {
-                        index: from + index,
-                        source,
-                    },
-                    e => e,
-                })
+                let (posted, e) = match e {
+                    FabricError::Post { index, source } => (
+                        from + index,
+                        FabricError::Post {
+                            index: from + index,
+                            source,
+                        },
+                    ),
+                    e => (from, e),
+                };
+                self.driver.abandon(token, self.signals_within(len, posted));
+                Err(e)
             }
         }
+    }
+}
+
+impl AsyncQp {
+    /// Whether the first `posted` requests of a batch of `len` include a signaled one.
+    fn signals_within(&self, len: usize, posted: usize) -> bool {
+        posted == len || posted >= self.signal_every
     }
 }
 
@@ -381,7 +395,8 @@ impl Future for Batch<'_, '_> {
 impl Drop for Batch<'_, '_> {
     fn drop(&mut self) {
         if let Some(token) = self.token {
-            self.qp.driver.abandon(token);
+            let completes = self.qp.signals_within(self.wrs.len(), self.posted);
+            self.qp.driver.abandon(token, completes);
         }
     }
 }

@@ -1402,6 +1402,29 @@ pub fn async_batch_longer_than_the_send_queue_completes(b: &dyn Backend) {
             index: 37
         }
     );
+    // A batch given up while it waits for room leaves nothing behind in the driver.
+    let f = Fixture::with(b, |c| QpConfig {
+        max_send_wr: DEPTH,
+        ..c
+    });
+    let driver = CqDriver::new(f.client_cq.clone());
+    let qp = AsyncQp::new(f.client_qp.clone(), driver.clone());
+    let fill: Vec<SendWr> = (0..DEPTH as u64 - 4)
+        .map(|i| SendWr::read(i, f.local.buf(0, 8), f.remote.remote_addr(0)).unsignaled())
+        .collect();
+    f.client_qp.post_send(&fill).unwrap();
+    // Eight: four fit, unsignaled, and four wait; then one, for which no room is left.
+    // Nothing retires the queue, so neither batch can finish.
+    for len in [8, 1] {
+        let waiting: Vec<SendWr> = (0..len)
+            .map(|_| SendWr::read(0, f.local.buf(0, 8), f.remote.remote_addr(0)))
+            .collect();
+        let mut batch = std::pin::pin!(qp.run(&waiting[..]));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(batch.as_mut().poll(&mut cx).is_pending(), "batch of {len}");
+        assert_eq!(driver.in_flight(), 1);
+    }
+    assert_eq!(driver.in_flight(), 0);
 }
 
 /// A minimal executor for the suite, so fabric needs no runtime dependency: polls the

@@ -246,6 +246,34 @@ pub fn customer(scale: &Scale, c_id: u64) -> Customer {
     }
 }
 
+/// A customer registering during a run (Buy Request, clause 2.7.2.1): id `c_id` (a
+/// stream id), user name and password from it, at address `addr_id`, registered at
+/// `now`, the rest like generated customer `template`'s.
+pub fn registered_customer(
+    scale: &Scale,
+    c_id: u64,
+    addr_id: u64,
+    template: u64,
+    now: i64,
+) -> Customer {
+    let uname = dig_syl(c_id);
+    Customer {
+        c_id,
+        c_passwd: uname.to_lowercase(),
+        c_email: format!("{uname}@namdb.example"),
+        c_uname: uname,
+        c_addr_id: addr_id,
+        c_since: now,
+        c_last_login: now,
+        c_login: now,
+        c_expiration: now + 7200,
+        c_balance: 0,
+        c_ytd_pmt: 0,
+        c_last_o_id: 0,
+        ..customer(scale, template)
+    }
+}
+
 pub fn address(scale: &Scale, addr_id: u64) -> Address {
     let mut rng = rng_for(Rel::Address, addr_id);
     Address {
@@ -327,6 +355,21 @@ mod tests {
 
     fn scale() -> Scale {
         Scale::new(1000, 1, 1024).unwrap()
+    }
+
+    #[test]
+    fn a_registered_customer_with_the_longest_id_fits_its_columns() {
+        let s = scale();
+        let c = registered_customer(&s, i64::MAX as u64, 7, 1000, NOW);
+        assert_eq!(c.c_uname.len(), UNAME_MAX as usize);
+        assert_eq!(c.c_passwd.len(), UNAME_MAX as usize);
+        assert!(c.c_email.len() <= EMAIL_MAX as usize, "{}", c.c_email);
+        assert!(c.encode().len() as u32 <= max_row_bytes(Rel::Customer, &s));
+        // The generator's own e-mail domains are no longer than a registration's.
+        for id in 1..=2000 {
+            let domain = customer(&s, id).c_email.split_once('@').unwrap().1.len();
+            assert!(domain <= "namdb.example".len(), "{domain}");
+        }
     }
 
     #[test]

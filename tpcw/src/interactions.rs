@@ -727,23 +727,8 @@ async fn buy_request<S: Session>(
             ..generate::address(&shared.scale, client.rng.random_range(1..=1000))
         };
         s.insert(Rel::Address, addr_id, address.encode()).await?;
-        let template = generate::customer(&shared.scale, client.rng.random_range(1..=1000));
-        let uname = generate::dig_syl(c_id);
-        let c = Customer {
-            c_id,
-            c_passwd: uname.to_lowercase(),
-            c_email: format!("{uname}@namdb.example"),
-            c_uname: uname,
-            c_addr_id: addr_id,
-            c_since: now(),
-            c_last_login: now(),
-            c_login: now(),
-            c_expiration: now() + 7200,
-            c_balance: 0,
-            c_ytd_pmt: 0,
-            c_last_o_id: 0,
-            ..template
-        };
+        let template = client.rng.random_range(1..=1000);
+        let c = generate::registered_customer(&shared.scale, c_id, addr_id, template, now());
         s.insert(Rel::Customer, c_id, c.encode()).await?;
         fx.customers = 1;
         fx.addresses = 1;

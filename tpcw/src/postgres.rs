@@ -558,9 +558,10 @@ const ITEM: Table = table!(Rel::Item, Item, key i_id, {
 });
 
 const CUSTOMER: Table = table!(Rel::Customer, Customer, key c_id, {
-    c_id "BIGINT", c_uname "VARCHAR(20)", c_passwd "VARCHAR(20)", c_fname "VARCHAR(15)",
+    // The user name, password and e-mail hold stream ids (schema::UNAME_MAX, EMAIL_MAX).
+    c_id "BIGINT", c_uname "VARCHAR(38)", c_passwd "VARCHAR(38)", c_fname "VARCHAR(15)",
     c_lname "VARCHAR(15)", c_addr_id "BIGINT", c_phone "VARCHAR(16)",
-    c_email "VARCHAR(50)", c_since "BIGINT", c_last_login "BIGINT", c_login "BIGINT",
+    c_email "VARCHAR(52)", c_since "BIGINT", c_last_login "BIGINT", c_login "BIGINT",
     c_expiration "BIGINT", c_discount "INTEGER", c_balance "BIGINT", c_ytd_pmt "BIGINT",
     c_birthdate "BIGINT", c_data "VARCHAR(500)", c_last_o_id "BIGINT",
 });

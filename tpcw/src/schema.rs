@@ -314,6 +314,15 @@ pub fn sell(stock: i32, qty: i32) -> (i32, bool) {
     }
 }
 
+/// Longest C_UNAME and C_PASSWD: both are DigSyl(C_ID) (clause 4.7.1), two letters a
+/// digit. The specification's 20 fits the ids it generates, but a customer registered
+/// during a run has a stream id ([`stream_id`]), which may have as many digits as any
+/// key below 2^63 (PostgreSQL's BIGINT): 19.
+pub const UNAME_MAX: u32 = 38;
+/// Longest C_EMAIL: the user name, `@` and a domain of at most 13 letters (the
+/// generator's 2 to 9 and `.com`, or a registration's `namdb.example`).
+pub const EMAIL_MAX: u32 = UNAME_MAX + 14;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Customer {
     pub c_id: u64,
@@ -487,7 +496,18 @@ pub fn max_row_bytes(rel: Rel, scale: &Scale) -> u32 {
         Rel::Author => 8 + s(20) + s(20) + s(20) + 8 + s(500),
         Rel::Item => scale.item_bytes,
         Rel::Customer => {
-            8 + s(20) + s(20) + s(15) + s(15) + 8 + s(16) + s(50) + 8 * 4 + 4 + 8 * 3 + s(500) + 8
+            8 + s(UNAME_MAX)
+                + s(UNAME_MAX)
+                + s(15)
+                + s(15)
+                + 8
+                + s(16)
+                + s(EMAIL_MAX)
+                + 8 * 4
+                + 4
+                + 8 * 3
+                + s(500)
+                + 8
         }
         Rel::Address => 8 + s(40) + s(40) + s(30) + s(20) + s(10) + 8,
         Rel::Orders => 8 * 6 + s(10) + 8 * 3 + s(15) + 4,

@@ -127,11 +127,10 @@ fn samples() -> Vec<(Rel, u64, Vec<u8>, Vec<u8>)> {
     let mut changed = item.encode();
     Item::set_stock(&mut changed, -7).unwrap();
     out.push((Rel::Item, 5, item.encode(), changed));
-    let c_id = stream_id(9, 4);
-    let customer = Customer {
-        c_id,
-        ..generate::customer(&s, 9)
-    };
+    // A customer registered during a run, with the longest user name a stream id makes.
+    let c_id = stream_id((1 << 27) - 2, 4);
+    let customer = generate::registered_customer(&s, c_id, 11, 9, generate::NOW);
+    assert_eq!(customer.c_uname.len(), UNAME_MAX as usize);
     let changed = Customer {
         c_balance: -12_345,
         c_last_o_id: stream_id(9, 5),

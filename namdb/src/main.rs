@@ -17,6 +17,9 @@ mod verify_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 

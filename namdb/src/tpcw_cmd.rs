@@ -468,10 +468,14 @@ fn start_rsi(
         } else {
             0
         };
+    // A transaction's buffer, and a slot's commit-log area, for the largest write set
+    // (16 KiB items outgrow txn's defaults).
+    let scratch_bytes = tpcw::rsi::scratch_bytes(scale, &room, servers as u32)?;
     let mut options = txn::Options {
         servers: servers as usize,
         server_bytes: per_server,
         slots,
+        scratch_bytes,
         sim: fabric::sim::SimConfig {
             pin_memory: args.pin_memory,
             ..Default::default()
@@ -482,6 +486,7 @@ fn start_rsi(
     // longer than the default quarter-second lease (a loaded machine, a debug build)
     // would be fenced and its commit given up to recovery, which no tally survives.
     options.oracle.lease_timeout = BENCHMARK_LEASE;
+    options.log_bytes_per_slot = options.log_bytes_per_slot.max(scratch_bytes);
     let mut system = match backend {
         BackendKind::Sim => {
             eprintln!(

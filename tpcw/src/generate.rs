@@ -358,6 +358,22 @@ mod tests {
     }
 
     #[test]
+    fn items_of_the_smallest_size_fill_it_exactly_at_the_largest_scale() {
+        let s = Scale::new(10_000_000, 1, Scale::MIN_ITEM_BYTES).unwrap();
+        for id in (1..=2000).chain(9_998_000..=10_000_000) {
+            let item = item(&s, id);
+            assert_eq!(
+                item.encode().len(),
+                Scale::MIN_ITEM_BYTES as usize,
+                "item {id}"
+            );
+            // Admin Confirm's image names (with a 5-digit stream) come out of the
+            // description, which must have room for them.
+            assert!(item.i_desc.len() >= 16, "item {id}: {}", item.i_desc.len());
+        }
+    }
+
+    #[test]
     fn a_registered_customer_with_the_longest_id_fits_its_columns() {
         let s = scale();
         let c = registered_customer(&s, i64::MAX as u64, 7, 1000, NOW);

@@ -111,6 +111,34 @@ pub fn table_specs_with(
         .collect()
 }
 
+/// Each transaction's buffer (`txn::Options::scratch_bytes`) for the tables of `scale`:
+/// room for the largest write set an interaction makes, and never less than txn's
+/// default. Buy Confirm is the largest: a full cart's items and cart lines updated
+/// or deleted, the cart and the customer updated, and a few words per insert; each
+/// written block is staged twice, as the log record's value and as the installed
+/// versions. With 16 KiB items that is over txn's default of 256 KiB.
+pub fn scratch_bytes(scale: &Scale, room: &Room, servers: u32) -> Result<u64> {
+    let specs = table_specs(scale, room, servers);
+    let block = |rel: Rel| -> Result<u64> {
+        let (_, spec) = specs
+            .iter()
+            .find(|(r, _)| *r == rel)
+            .expect("a spec for every relation");
+        Ok(txn::layout::BlockShape::new(spec.versions, spec.value_cap)
+            .map_err(|e| Error::System(e.to_string()))?
+            .block_bytes())
+    };
+    let buy_confirm = MAX_LINES * (block(Rel::Item)? + block(Rel::ShoppingCartLine)?)
+        + block(Rel::ShoppingCart)?
+        + block(Rel::Customer)?
+        + (MAX_LINES + 2) * 64;
+    let admin_confirm = block(Rel::Item)? + block(Rel::NewProducts)?;
+    let need = 2 * buy_confirm.max(admin_confirm) + 4096;
+    Ok(need
+        .max(txn::Options::default().scratch_bytes)
+        .next_power_of_two())
+}
+
 /// Bytes of memory-server memory the tables need, over all `servers`.
 pub fn bytes_needed(scale: &Scale, room: &Room, servers: u32) -> Result<u64> {
     bytes_needed_with(scale, room, servers, &|_| None)

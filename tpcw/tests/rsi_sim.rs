@@ -23,10 +23,13 @@ fn system(scale: &Scale, seconds: f64) -> Rsi {
         carts: checkout.carts.max(ordering.carts),
     };
     let bytes = tpcw::rsi::bytes_needed(scale, &room, 2).unwrap();
+    let scratch_bytes = tpcw::rsi::scratch_bytes(scale, &room, 2).unwrap();
     let db = Database::embedded(Options {
         servers: 2,
         server_bytes: bytes / 2 + bytes / 4 + (32 << 20),
         slots: 8,
+        scratch_bytes,
+        log_bytes_per_slot: scratch_bytes.max(Options::default().log_bytes_per_slot),
         ..Options::default()
     })
     .unwrap();
@@ -119,4 +122,20 @@ fn an_order_inserted_after_a_snapshot_reads_as_absent_in_it() {
     old.commit().unwrap();
     let mut new = reader.begin().unwrap();
     assert_eq!(new.get(orders, key).unwrap(), Some(vec![7; 40]));
+}
+
+/// With 16 KiB items a Buy Confirm of a full cart writes more than txn's default
+/// buffer and commit-log area hold; `rsi::scratch_bytes` sizes both for it.
+#[test]
+fn the_ordering_mix_runs_with_the_largest_items() {
+    let scale = Scale::new(1000, 1, 16_384).unwrap();
+    let rsi = system(&scale, 3.0);
+    let mut ledger = Ledger::default();
+    let config = RunConfig {
+        duration: Duration::from_millis(2500),
+        ..config(Mix::Ordering, 32)
+    };
+    let report = runner::run(&rsi, &scale, &config, &mut ledger).unwrap();
+    assert!(report.committed > 50, "{report:?}");
+    assert!(report.checks.stock_conserved, "{report:?}");
 }

@@ -225,6 +225,54 @@ impl Area {
     }
 }
 
+/// The buffer a commit needs from its lock step on (lock results, the log record,
+/// the installs), counted before it takes a timestamp: past the log record the commit
+/// is decided, and running out of buffer there would leave it half installed for
+/// recovery.
+struct CommitRoom {
+    durable: bool,
+    /// The log record's words: head (magic, CID, count) and checksum, then entries.
+    record_words: u64,
+    other: u64,
+}
+
+impl CommitRoom {
+    fn new(durable: bool) -> CommitRoom {
+        CommitRoom {
+            durable,
+            record_words: 4,
+            other: 0,
+        }
+    }
+
+    fn add(&mut self, w: &Write, seen: Option<&Seen>) {
+        let value_words = w.value.as_ref().map_or(0, |v| v.len().div_ceil(8)) as u64;
+        match seen {
+            Some(Seen::Block { .. }) => {
+                let versions = w.table.shape.block_bytes() - VERSIONS_OFFSET;
+                // Lock result, installed versions, unlock result.
+                self.other += 8 + versions.next_multiple_of(8) + 8;
+                self.record_words += 4 + value_words;
+            }
+            Some(Seen::Absent) => {
+                self.other += 8;
+                self.record_words += 4 + if self.durable { value_words } else { 0 };
+            }
+            None => {}
+        }
+    }
+
+    fn check(&self, have: u64) -> Result<()> {
+        let need = self.other + self.record_words * 8;
+        if need > have {
+            return Err(TxnError::Invalid(format!(
+                "the commit needs {need} bytes of the transaction's {have}-byte buffer (Options::scratch_bytes): write set too large"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Which commit a step belongs to: its CID and the slot holding it ran under.
 #[derive(Clone, Copy)]
 struct Step {
@@ -764,9 +812,12 @@ impl<'w> AsyncTransaction<'w> {
             return Err(e);
         }
         let rid = self.st.rid;
-        // First committer wins, checked before taking a timestamp or any lock.
+        // First committer wins, checked before taking a timestamp or any lock; and
+        // the room the commit will need in the buffer.
+        let mut room = CommitRoom::new(worker.database().is_durable());
         for w in &self.p().writes {
-            if let Some(Seen::Block { header, .. }) = self.seen_of(w.table.id, w.key)
+            let seen = self.seen_of(w.table.id, w.key);
+            if let Some(Seen::Block { header, .. }) = seen
                 && header.cid > rid
             {
                 worker.count(|s| {
@@ -779,6 +830,11 @@ impl<'w> AsyncTransaction<'w> {
                     why: "first committer wins: written after the snapshot",
                 });
             }
+            room.add(w, seen);
+        }
+        if let Err(e) = room.check(self.p().buffer.len()) {
+            worker.count(|s| s.aborted += 1);
+            return Err(e);
         }
         let (cid, epoch) = worker.commit_timestamp()?;
         let step = Step { cid, epoch };

@@ -123,19 +123,3 @@ fn an_order_inserted_after_a_snapshot_reads_as_absent_in_it() {
     let mut new = reader.begin().unwrap();
     assert_eq!(new.get(orders, key).unwrap(), Some(vec![7; 40]));
 }
-
-/// With 16 KiB items a Buy Confirm of a full cart writes more than txn's default
-/// buffer and commit-log area hold; `rsi::scratch_bytes` sizes both for it.
-#[test]
-fn the_ordering_mix_runs_with_the_largest_items() {
-    let scale = Scale::new(1000, 1, 16_384).unwrap();
-    let rsi = system(&scale, 3.0);
-    let mut ledger = Ledger::default();
-    let config = RunConfig {
-        duration: Duration::from_millis(2500),
-        ..config(Mix::Ordering, 32)
-    };
-    let report = runner::run(&rsi, &scale, &config, &mut ledger).unwrap();
-    assert!(report.committed > 50, "{report:?}");
-    assert!(report.checks.stock_conserved, "{report:?}");
-}

@@ -168,7 +168,62 @@ pub struct Shared {
     pub streams: u64,
     /// Items whose id is a multiple of this are in the history sample (0: none).
     pub sample_every: u64,
-    best_sellers: Mutex<Option<(Instant, BestSellerLists)>>,
+    best_sellers: Mutex<BestSellersCache>,
+}
+
+/// The best-seller lists the clients share (clause 6.3.3.1 lets them be 30 s old).
+///
+/// Computing them reads every item sold in the recent orders: a long read, and ITEM
+/// keeps one version, so it aborts with `SnapshotTooOld` whenever a checkout updates
+/// one of those items meanwhile. When every client that found the lists stale
+/// recomputed them, each attempt ran beside the others and took as much longer; with
+/// 16 KiB items in a debug build no attempt ever finished before an update, and the
+/// run never ended. So one client at a time recomputes, the others serve the lists it
+/// replaces, and [`prime_best_sellers`] computes them before clients start.
+#[derive(Default)]
+struct BestSellersCache {
+    lists: Option<(Instant, BestSellerLists)>,
+    refreshing: bool,
+}
+
+/// What a Best Sellers client does about the lists ([`BestSellersCache::claim`]).
+enum Claim<'a> {
+    /// Serve these.
+    Serve(BestSellerLists),
+    /// Compute them and store them; `Some` when it is this client's turn to refresh.
+    Compute(Option<RefreshTurn<'a>>),
+}
+
+impl BestSellersCache {
+    /// Fresh lists are served; stale ones too while another client refreshes them;
+    /// otherwise this client takes the turn to refresh. Lists that do not exist yet
+    /// (nothing primed them) every client computes.
+    fn claim<'a>(cache: &'a Mutex<BestSellersCache>, max_age: Duration) -> Claim<'a> {
+        let mut me = cache.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = matches!(&me.lists, Some((at, _)) if at.elapsed() < max_age);
+        match &me.lists {
+            Some((_, lists)) if fresh || me.refreshing => Claim::Serve(lists.clone()),
+            None if me.refreshing => Claim::Compute(None),
+            _ => {
+                me.refreshing = true;
+                Claim::Compute(Some(RefreshTurn(cache)))
+            }
+        }
+    }
+
+    fn store(cache: &Mutex<BestSellersCache>, lists: BestSellerLists) {
+        cache.lock().unwrap_or_else(|e| e.into_inner()).lists = Some((Instant::now(), lists));
+    }
+}
+
+/// Clears [`BestSellersCache::refreshing`] when the refreshing client finishes, fails
+/// or is dropped.
+struct RefreshTurn<'a>(&'a Mutex<BestSellersCache>);
+
+impl Drop for RefreshTurn<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).refreshing = false;
+    }
 }
 
 impl Shared {
@@ -193,7 +248,7 @@ impl Shared {
             scale,
             streams,
             sample_every,
-            best_sellers: Mutex::new(None),
+            best_sellers: Mutex::new(BestSellersCache::default()),
         }
     }
 }
@@ -558,29 +613,25 @@ async fn lines_of<S: Session>(s: &mut S, orders: &[Order]) -> Result<Vec<OrderLi
 /// cached for 30 s.
 async fn best_sellers<S: Session>(s: &mut S, client: &mut Client, shared: &Shared) -> Result<()> {
     let subject = client.rng.random_range(0..SUBJECTS.len());
-    let cached = {
-        let cache = shared
-            .best_sellers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        cache
-            .as_ref()
-            .filter(|(at, _)| at.elapsed() < BEST_SELLERS_CACHE)
-            .map(|(_, lists)| lists.clone())
-    };
-    let lists = match cached {
-        Some(lists) => lists,
-        None => {
+    let lists = match BestSellersCache::claim(&shared.best_sellers, BEST_SELLERS_CACHE) {
+        Claim::Serve(lists) => lists,
+        Claim::Compute(turn) => {
             let lists = Arc::new(best_seller_lists(s, shared).await?);
-            *shared
-                .best_sellers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), lists.clone()));
+            BestSellersCache::store(&shared.best_sellers, lists.clone());
+            drop(turn);
             lists
         }
     };
     let ids: Vec<u64> = lists[subject].iter().map(|t| t.0).collect();
     items_with_authors(s, &ids).await?;
+    Ok(())
+}
+
+/// Computes the best-seller lists in `s` for the clients of `shared` to serve (see
+/// [`BestSellersCache`]); the caller commits.
+pub async fn prime_best_sellers<S: Session>(s: &mut S, shared: &Shared) -> Result<()> {
+    let lists = Arc::new(best_seller_lists(s, shared).await?);
+    BestSellersCache::store(&shared.best_sellers, lists);
     Ok(())
 }
 
@@ -925,6 +976,50 @@ async fn admin_confirm<S: Session>(s: &mut S, client: &mut Client, shared: &Shar
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn one_client_at_a_time_refreshes_stale_best_sellers_and_the_others_serve_them() {
+        let cache = Mutex::new(BestSellersCache::default());
+        let lists = |item| Arc::new(vec![vec![(item, 1)]]);
+        // No lists yet (nothing primed them): the first client takes the turn, and
+        // the others, with nothing to serve, compute them too.
+        let Claim::Compute(Some(turn)) = BestSellersCache::claim(&cache, Duration::from_secs(30))
+        else {
+            panic!("the first client computes the lists");
+        };
+        assert!(matches!(
+            BestSellersCache::claim(&cache, Duration::from_secs(30)),
+            Claim::Compute(None)
+        ));
+        BestSellersCache::store(&cache, lists(7));
+        drop(turn);
+        let served = |claim: Claim| match claim {
+            Claim::Serve(l) => l[0][0].0,
+            Claim::Compute(_) => panic!("computed, not served"),
+        };
+        assert_eq!(
+            served(BestSellersCache::claim(&cache, Duration::from_secs(30))),
+            7
+        );
+        // Stale: the first client takes the turn, the next serve the stale lists.
+        let Claim::Compute(Some(turn)) = BestSellersCache::claim(&cache, Duration::ZERO) else {
+            panic!("the first client finding the lists stale refreshes them");
+        };
+        for _ in 0..3 {
+            assert_eq!(served(BestSellersCache::claim(&cache, Duration::ZERO)), 7);
+        }
+        // The refresh failed (its turn dropped): the next client takes it.
+        drop(turn);
+        let Claim::Compute(Some(turn)) = BestSellersCache::claim(&cache, Duration::ZERO) else {
+            panic!("a failed refresh gives the turn to the next client");
+        };
+        BestSellersCache::store(&cache, lists(9));
+        drop(turn);
+        assert_eq!(
+            served(BestSellersCache::claim(&cache, Duration::from_secs(30))),
+            9
+        );
+    }
 
     #[test]
     fn mixes_follow_the_specification_frequencies() {

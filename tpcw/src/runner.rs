@@ -2,8 +2,11 @@
 //! [`System`] for a warm-up and a measured duration; then the run is checked.
 //!
 //! - An interaction that aborts is retried until it commits (as a browser would
-//!   resubmit); every abort is counted by reason. Latency is from the first attempt's
-//!   begin to the commit.
+//!   resubmit) or the run ends; every abort is counted by reason. Latency is from the
+//!   first attempt's begin to the commit.
+//! - Mixes with Best Sellers compute its lists once before the clients start; during
+//!   the run one client at a time refreshes them when they are 30 s old
+//!   ([`interactions::prime_best_sellers`]).
 //! - Live progress goes to stderr once a second.
 //! - Checks after every run: stock conservation (for every item sold since the load:
 //!   generated stock − quantity sold + 21 × restocks = stock now, using the tallies
@@ -218,11 +221,17 @@ pub fn run<S: System>(
     if let Some(rec) = &recorder {
         record_initial_stocks(system, scale, config.sample_every, rec)?;
     }
+    let primes_best_sellers = config
+        .mix
+        .weights()
+        .iter()
+        .any(|&(i, w)| i == Interaction::BestSellers && w > 0.0);
     let progress = Progress {
         committed: AtomicU64::new(0),
         aborted: AtomicU64::new(0),
     };
-    let measuring = AtomicBool::new(false);
+    // Set before the clients start: with no warm-up their first interactions count.
+    let measuring = AtomicBool::new(config.warmup.is_zero());
     let barrier = Barrier::new(threads + 1);
     let started = Mutex::new(None::<Instant>);
     let tallies: Vec<Result<ThreadTally>> = std::thread::scope(|s| {
@@ -236,7 +245,12 @@ pub fn run<S: System>(
                     .map(|u| config.clients / threads + usize::from(u < config.clients % threads))
                     .sum();
                 s.spawn(move || {
-                    let engine = system.engine(t);
+                    let engine = system.engine(t).and_then(|engine| {
+                        if t == 0 && primes_best_sellers {
+                            prime_best_sellers(&engine, shared)?;
+                        }
+                        Ok(engine)
+                    });
                     barrier.wait();
                     let engine = engine?;
                     let start = Instant::now();
@@ -310,6 +324,33 @@ pub fn run<S: System>(
     let mut report = summarize(system, config, threads, seconds, &merged)?;
     report.checks = check(system, ledger, recorder, config.progress)?;
     Ok(report)
+}
+
+/// Computes the best-seller lists the run's clients serve, before they start
+/// ([`interactions::prime_best_sellers`]).
+fn prime_best_sellers<E: Engine>(engine: &E, shared: &Shared) -> Result<()> {
+    const ATTEMPTS: usize = 10;
+    run_one(engine, async |engine: &E| {
+        let mut last = None;
+        for _ in 0..ATTEMPTS {
+            let mut txn = engine.begin(0).await?;
+            let outcome = match interactions::prime_best_sellers(&mut txn, shared).await {
+                Ok(()) => engine.commit(txn).await.map(|_| ()),
+                Err(e) => {
+                    engine.abort(txn);
+                    Err(e)
+                }
+            };
+            match outcome {
+                Err(e @ Error::Aborted { .. }) => last = Some(e),
+                outcome => return outcome,
+            }
+        }
+        Err(Error::System(format!(
+            "computing the best sellers before the run aborted {ATTEMPTS} times; last: {}",
+            last.expect("an abort")
+        )))
+    })
 }
 
 /// Prints progress until the run ends, and flips `measuring` after the warm-up.
@@ -419,6 +460,15 @@ async fn client_loop<E: Engine>(
                     unpublished_aborts += 1;
                     if measured {
                         *tally.borrow_mut().aborts.entry(reason).or_default() += 1;
+                    }
+                    // A closed-loop client stops at the end of the run: an interaction
+                    // that keeps aborting must not hold the run open past it.
+                    now = Instant::now();
+                    if now >= end {
+                        if measured {
+                            tally.borrow_mut().kind(kind)?.aborted += aborts;
+                        }
+                        break;
                     }
                     if aborts > 10_000 {
                         return Err(Error::System(format!(

@@ -1,11 +1,13 @@
 //! TPC-W on RSI over an embedded sim cluster: load, every mix, and the checks.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tpcw::interactions::{Interaction, Mix};
-use tpcw::rsi::{Room, Rsi};
+use tpcw::rsi::{Room, Rsi, RsiEngine, RsiTxn};
 use tpcw::runner::{self, Ledger, RunConfig};
 use tpcw::schema::{Rel, Scale};
-use tpcw::system::System;
+use tpcw::system::{AbortReason, ClientFuture, Committed, Engine, Error, Result, Session, System};
 use txn::{Database, Options};
 
 fn system(scale: &Scale, seconds: f64) -> Rsi {
@@ -122,4 +124,213 @@ fn an_order_inserted_after_a_snapshot_reads_as_absent_in_it() {
     old.commit().unwrap();
     let mut new = reader.begin().unwrap();
     assert_eq!(new.get(orders, key).unwrap(), Some(vec![7; 40]));
+}
+
+/// With 16 KiB items a Buy Confirm of a full cart writes more than txn's default
+/// buffer and commit-log area hold; `rsi::scratch_bytes` sizes both for it. In a debug
+/// build beside another test this run also used to never end: every client that found
+/// no best-seller lists computed them, the attempts slowed each other down until none
+/// finished before a checkout updated an item it had read (`SnapshotTooOld`).
+#[test]
+fn the_ordering_mix_runs_with_the_largest_items() {
+    let scale = Scale::new(1000, 1, 16_384).unwrap();
+    let rsi = system(&scale, 3.0);
+    let mut ledger = Ledger::default();
+    let config = RunConfig {
+        duration: Duration::from_millis(2500),
+        ..config(Mix::Ordering, 32)
+    };
+    let report = runner::run(&rsi, &scale, &config, &mut ledger).unwrap();
+    assert!(report.committed > 50, "{report:?}");
+    assert!(report.checks.stock_conserved, "{report:?}");
+}
+
+/// A fault a test injects into RSI's reads of ITEM.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Reads of more than 50 items in a transaction that read order lines (only
+    /// computing the best-seller lists makes them) take 50 ms, so clients that
+    /// compute the lists overlap.
+    SlowBestSellerLists,
+    /// Writes of items (a client's; the runner's checks only read) wait 5 ms, then
+    /// abort as a conflict.
+    ItemWritesConflict,
+}
+
+/// RSI with `fault` injected; counts the calls it slowed or failed.
+struct Injected<'s> {
+    rsi: &'s Rsi,
+    fault: Fault,
+    faulted: Arc<AtomicU64>,
+}
+
+impl<'s> Injected<'s> {
+    fn new(rsi: &'s Rsi, fault: Fault) -> Self {
+        Injected {
+            rsi,
+            fault,
+            faulted: Arc::default(),
+        }
+    }
+}
+
+struct InjectedEngine {
+    engine: RsiEngine,
+    fault: Fault,
+    faulted: Arc<AtomicU64>,
+}
+
+struct InjectedTxn<'a> {
+    txn: RsiTxn<'a>,
+    fault: Fault,
+    faulted: &'a AtomicU64,
+    read_order_lines: bool,
+}
+
+/// Waits `time` while the thread's other coroutines run.
+async fn pause(time: Duration) {
+    let until = Instant::now() + time;
+    while Instant::now() < until {
+        txn::runtime::yield_now().await;
+    }
+}
+
+impl System for Injected<'_> {
+    type Engine = InjectedEngine;
+    fn name(&self) -> &'static str {
+        self.rsi.name()
+    }
+    fn backend(&self) -> String {
+        self.rsi.backend()
+    }
+    fn engine(&self, thread: usize) -> Result<InjectedEngine> {
+        Ok(InjectedEngine {
+            engine: self.rsi.engine(thread)?,
+            fault: self.fault,
+            faulted: self.faulted.clone(),
+        })
+    }
+    fn max_clients_per_thread(&self) -> usize {
+        self.rsi.max_clients_per_thread()
+    }
+    fn load(&self, scale: &Scale, progress: &(dyn Fn(Rel, u64, u64) + Sync)) -> Result<()> {
+        self.rsi.load(scale, progress)
+    }
+}
+
+impl Engine for InjectedEngine {
+    type Txn<'a> = InjectedTxn<'a>;
+    async fn begin(&self, after: u64) -> Result<InjectedTxn<'_>> {
+        Ok(InjectedTxn {
+            txn: self.engine.begin(after).await?,
+            fault: self.fault,
+            faulted: &self.faulted,
+            read_order_lines: false,
+        })
+    }
+    async fn commit<'a>(&'a self, txn: InjectedTxn<'a>) -> Result<Committed> {
+        self.engine.commit(txn.txn).await
+    }
+    fn abort<'a>(&'a self, txn: InjectedTxn<'a>) {
+        self.engine.abort(txn.txn)
+    }
+    fn run_clients<'a, T>(
+        &'a self,
+        clients: usize,
+        make: impl FnMut(usize) -> ClientFuture<'a, T>,
+    ) -> Vec<T> {
+        self.engine.run_clients(clients, make)
+    }
+}
+
+impl Session for InjectedTxn<'_> {
+    async fn get(&mut self, rel: Rel, key: u64) -> Result<Option<Vec<u8>>> {
+        Ok(self.get_many(rel, &[key]).await?.pop().flatten())
+    }
+    async fn get_many(&mut self, rel: Rel, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.read_order_lines |= rel == Rel::OrderLine;
+        if let Fault::SlowBestSellerLists = self.fault
+            && rel == Rel::Item
+            && self.read_order_lines
+            && keys.len() > 50
+        {
+            self.faulted.fetch_add(1, Ordering::Relaxed);
+            pause(Duration::from_millis(50)).await;
+        }
+        self.txn.get_many(rel, keys).await
+    }
+    async fn put(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()> {
+        if let Fault::ItemWritesConflict = self.fault
+            && rel == Rel::Item
+        {
+            self.faulted.fetch_add(1, Ordering::Relaxed);
+            pause(Duration::from_millis(5)).await;
+            return Err(Error::aborted(AbortReason::Conflict, "injected"));
+        }
+        self.txn.put(rel, key, row).await
+    }
+    async fn insert(&mut self, rel: Rel, key: u64, row: Vec<u8>) -> Result<()> {
+        self.txn.insert(rel, key, row).await
+    }
+    async fn delete(&mut self, rel: Rel, key: u64) -> Result<()> {
+        self.txn.delete(rel, key).await
+    }
+    async fn version(&mut self, rel: Rel, key: u64) -> Result<Option<u64>> {
+        self.txn.version(rel, key).await
+    }
+    fn read_timestamp(&self) -> Option<u64> {
+        self.txn.read_timestamp()
+    }
+}
+
+/// Computing the best-seller lists reads every item sold lately: one client does it
+/// before the run and (every 30 s) one at a time during it, not every client that
+/// finds them missing or stale, or the attempts slow each other down until none ends.
+#[test]
+fn the_best_seller_lists_are_computed_once_not_by_every_client() {
+    let scale = Scale::new(1000, 1, 1024).unwrap();
+    let rsi = system(&scale, 2.0);
+    let mut ledger = Ledger::default();
+    // Orders for the lists to count.
+    runner::run(&rsi, &scale, &config(Mix::Checkout, 4), &mut ledger).unwrap();
+    let injected = Injected::new(&rsi, Fault::SlowBestSellerLists);
+    let config = RunConfig {
+        duration: Duration::from_millis(500),
+        ..config(Mix::Browsing, 32)
+    };
+    let report = runner::run(&injected, &scale, &config, &mut ledger).unwrap();
+    let best_sellers = report
+        .interactions
+        .iter()
+        .find(|i| i.interaction == Interaction::BestSellers)
+        .expect("browsing runs Best Sellers");
+    assert!(best_sellers.committed > 0, "{report:?}");
+    assert_eq!(injected.faulted.load(Ordering::Relaxed), 1);
+}
+
+/// A closed-loop client stops at the end of the run, even in the middle of retrying
+/// an interaction that keeps aborting: the run ends on time and reports the aborts.
+#[test]
+fn an_interaction_that_always_aborts_does_not_hold_the_run_open() {
+    let scale = Scale::new(1000, 1, 1024).unwrap();
+    let rsi = system(&scale, 1.0);
+    let mut ledger = Ledger::default();
+    let injected = Injected::new(&rsi, Fault::ItemWritesConflict);
+    let config = RunConfig {
+        // Every interaction measured: none ends before the run does.
+        warmup: Duration::ZERO,
+        duration: Duration::from_millis(300),
+        ..config(Mix::Checkout, 4)
+    };
+    // Before the run's end stopped retries, each client retried 10 000 times (50 s)
+    // and the run failed with "aborted 10000 times in a row".
+    let report = runner::run(&injected, &scale, &config, &mut ledger).unwrap();
+    assert_eq!(report.committed, 0, "{report:?}");
+    assert!(report.aborted > 0, "{report:?}");
+    assert_eq!(
+        report.aborts.get(&AbortReason::Conflict),
+        Some(&report.aborted)
+    );
+    assert!(report.checks.stock_conserved, "{report:?}");
+    assert!(injected.faulted.load(Ordering::Relaxed) < 10_000);
 }

@@ -54,7 +54,7 @@ pub use device::{CompletionQueue, Device, QpConfig, QpKind, QueuePair};
 pub use error::{FabricError, QpState, Result, WcStatus};
 #[cfg(all(target_os = "linux", not(fabric_loom)))]
 pub use memfd::{HugePages, MemfdError, MemfdMemory};
-pub use memory::{ElsewhereMemory, HeapMemory, Memory, PREFETCH_AHEAD_BYTES, prefetch};
+pub use memory::{ElsewhereMemory, HeapMemory, HostMemory, Memory, PREFETCH_AHEAD_BYTES, prefetch};
 pub use region::Region;
 pub use sync::Ordering;
 pub use wr::{Completion, GRH_BYTES, RecvWr, SendWr, Src, UD_MTU, WcOpcode, WrOp};

@@ -52,17 +52,25 @@ impl HeapMemory {
     #[cfg(not(fabric_loom))]
     const MAP_FROM: u64 = 4 << 20;
 
-    pub fn new(bytes: u64) -> HeapMemory {
-        let words = bytes.div_ceil(8) as usize;
+    /// Zeroed memory of `bytes`, backed as it is touched. An error, not an abort,
+    /// when the kernel will not map that much (more than the address space).
+    pub fn new(bytes: u64) -> std::io::Result<HeapMemory> {
+        let too_big = |e: String| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("cannot map a region of {} MiB: {e}", bytes >> 20),
+            )
+        };
+        let words = usize::try_from(bytes.div_ceil(8)).map_err(|e| too_big(e.to_string()))?;
         #[cfg(not(fabric_loom))]
-        if bytes >= Self::MAP_FROM
-            && let Some(mapped) = Self::map(words)
-        {
-            return HeapMemory(mapped);
+        if bytes >= Self::MAP_FROM {
+            return Self::map(words)
+                .map(HeapMemory)
+                .map_err(|e| too_big(e.to_string()));
         }
-        HeapMemory(Words::Boxed(
+        Ok(HeapMemory(Words::Boxed(
             (0..words).map(|_| AtomicU64::new(0)).collect(),
-        ))
+        )))
     }
 
     /// Zeroed memory with every page backed before this returns, as registering
@@ -74,7 +82,7 @@ impl HeapMemory {
     pub fn pinned(bytes: u64) -> std::io::Result<HeapMemory> {
         #[cfg(not(fabric_loom))]
         check_available(bytes)?;
-        let memory = Self::new(bytes);
+        let memory = Self::new(bytes)?;
         // Boxed words were all written as they were made; a mapping is backed lazily.
         #[cfg(not(fabric_loom))]
         if let Words::Mapped { .. } = memory.0 {
@@ -83,11 +91,12 @@ impl HeapMemory {
         Ok(memory)
     }
 
-    /// `None` if the kernel refuses the mapping (then the heap gets its chance).
     #[cfg(not(fabric_loom))]
-    fn map(words: usize) -> Option<Words> {
+    fn map(words: usize) -> std::io::Result<Words> {
         use rustix::mm::{Advice, MapFlags, ProtFlags, madvise, mmap_anonymous};
-        let len = words.checked_mul(8)?;
+        let len = words
+            .checked_mul(8)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
         // SAFETY: a fresh private anonymous mapping aliases nothing.
         let ptr = unsafe {
             mmap_anonymous(
@@ -96,13 +105,12 @@ impl HeapMemory {
                 ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::PRIVATE | MapFlags::NORESERVE,
             )
-        }
-        .ok()?;
+        }?;
         // SAFETY: the range is the mapping just made. Huge pages are a hint: without
         // them the mapping still works, with 4 KiB faults.
         let _ = unsafe { madvise(ptr, len, Advice::LinuxHugepage) };
-        Some(Words::Mapped {
-            ptr: std::ptr::NonNull::new(ptr.cast())?,
+        Ok(Words::Mapped {
+            ptr: std::ptr::NonNull::new(ptr.cast()).expect("mmap returns no null mapping"),
             words,
         })
     }
@@ -112,23 +120,48 @@ impl HeapMemory {
 /// error that says how much there is if not. Hosts without /proc/meminfo pass.
 #[cfg(not(fabric_loom))]
 pub(crate) fn check_available(bytes: u64) -> std::io::Result<()> {
-    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
-        return Ok(());
-    };
-    let available_kib = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-    match available_kib {
-        Some(kib) if bytes > kib.saturating_mul(1024) => Err(std::io::Error::new(
+    match HostMemory::now() {
+        Some(host) if bytes > host.available => Err(std::io::Error::new(
             std::io::ErrorKind::OutOfMemory,
             format!(
                 "pinning {} MiB of memory needs more than the {} MiB this host has available",
                 bytes >> 20,
-                kib >> 10
+                host.available >> 20
             ),
         )),
         _ => Ok(()),
+    }
+}
+
+/// The host's memory in bytes, as `/proc/meminfo` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostMemory {
+    pub total: u64,
+    /// What can be allocated without swapping (`MemAvailable`).
+    pub available: u64,
+    pub swap_total: u64,
+}
+
+impl HostMemory {
+    /// This host's, or `None` where `/proc/meminfo` cannot be read or parsed.
+    pub fn now() -> Option<HostMemory> {
+        Self::parse(&std::fs::read_to_string("/proc/meminfo").ok()?)
+    }
+
+    /// `/proc/meminfo`'s text: lines of `Key:   value kB`.
+    fn parse(text: &str) -> Option<HostMemory> {
+        let field = |key: &str| {
+            text.lines().find_map(|line| {
+                let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+                let kib: u64 = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
+                kib.checked_mul(1024)
+            })
+        };
+        Some(HostMemory {
+            total: field("MemTotal")?,
+            available: field("MemAvailable")?,
+            swap_total: field("SwapTotal").unwrap_or(0),
+        })
     }
 }
 
@@ -427,7 +460,45 @@ mod tests {
     use super::*;
 
     fn region(bytes: u64) -> HeapMemory {
-        HeapMemory::new(bytes)
+        HeapMemory::new(bytes).unwrap()
+    }
+
+    #[test]
+    fn meminfo_parses_into_bytes() {
+        let text = "MemTotal:       24684164 kB\nMemFree:        22045700 kB\n\
+                    MemAvailable:   23300600 kB\nSwapCached:            0 kB\n\
+                    SwapTotal:             0 kB\n";
+        assert_eq!(
+            HostMemory::parse(text),
+            Some(HostMemory {
+                total: 24_684_164 * 1024,
+                available: 23_300_600 * 1024,
+                swap_total: 0,
+            })
+        );
+        // A kernel without MemAvailable (before 3.14) gives nothing to go by.
+        assert_eq!(
+            HostMemory::parse("MemTotal: 100 kB\nMemFree: 50 kB\n"),
+            None
+        );
+        assert_eq!(
+            HostMemory::parse("MemTotal: lots\nMemAvailable: 5 kB\n"),
+            None
+        );
+        #[cfg(target_os = "linux")]
+        {
+            let host = HostMemory::now().expect("/proc/meminfo");
+            assert!(host.total > 0 && host.available <= host.total, "{host:?}");
+        }
+    }
+
+    #[test]
+    fn a_region_larger_than_the_address_space_is_an_error_not_an_abort() {
+        for bytes in [1 << 62, u64::MAX] {
+            let err = HeapMemory::new(bytes).err().expect("refused");
+            assert_eq!(err.kind(), std::io::ErrorKind::OutOfMemory);
+            assert!(err.to_string().contains("cannot map"), "{err}");
+        }
     }
 
     #[test]
@@ -454,7 +525,7 @@ mod tests {
                 .iter()
                 .all(|w| w.load(Ordering::Relaxed) == 0)
         );
-        let lazy = HeapMemory::new(BYTES);
+        let lazy = HeapMemory::new(BYTES).unwrap();
         assert!(resident_bytes(lazy.words()) < BYTES / 4);
     }
 

@@ -214,7 +214,7 @@ pub(crate) fn allocate(name: &str, len: u64, pin: bool) -> Result<Allocation, St
         let memory = if pin {
             fabric::HeapMemory::pinned(len).map_err(|e| format!("pinning it: {e}"))?
         } else {
-            fabric::HeapMemory::new(len)
+            fabric::HeapMemory::new(len).map_err(|e| e.to_string())?
         };
         Ok(Allocation {
             memory: Arc::new(memory),

@@ -217,7 +217,11 @@ fn regions_live_on_the_server_and_objects_stay_with_their_device() {
     assert_eq!(region.read(0, &mut [0; 8]), Err(FabricError::NotLocal));
 
     let err = device
-        .register_memory(Arc::new(fabric::HeapMemory::new(64)), 64, Access::ALL)
+        .register_memory(
+            Arc::new(fabric::HeapMemory::new(64).unwrap()),
+            64,
+            Access::ALL,
+        )
         .unwrap_err();
     assert!(
         matches!(&err, FabricError::Backend(m) if m.contains("cannot register this process's memory")),

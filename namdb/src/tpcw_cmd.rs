@@ -167,14 +167,21 @@ struct HtapSummary {
     analytics: tpcw::htap::HtapReport,
 }
 
+/// The longest `--duration` and `--warmup` taken.
+const MAX_SECONDS: f64 = 86_400.0;
+
 pub fn run(args: &TpcwArgs) -> Result<()> {
     ensure!(
         args.duration > 0.0 && args.duration.is_finite(),
         "--duration must be a positive number of seconds"
     );
     ensure!(
-        args.warmup >= 0.0 && args.warmup.is_finite(),
-        "--warmup must be zero or more seconds"
+        args.duration <= MAX_SECONDS,
+        "--duration must be at most {MAX_SECONDS} s (a day)"
+    );
+    ensure!(
+        args.warmup >= 0.0 && args.warmup <= MAX_SECONDS,
+        "--warmup must be between 0 and {MAX_SECONDS} s"
     );
     ensure!(
         !args.system.is_empty(),
@@ -392,6 +399,49 @@ fn interactions_per_sec(backend: BackendKind) -> f64 {
     }
 }
 
+/// Refuses, before anything starts, a run whose tables' indexes and loaded rows do
+/// not fit in the memory this host has available: they are touched from the start,
+/// so the run would end with the kernel's OOM killer. (What the runs insert later the
+/// runner watches: it stops a run early when memory runs low.) `bytes_for(s)` is what
+/// the tables take with room for `s` seconds of runs.
+fn ensure_tables_fit(
+    seconds: f64,
+    backend: BackendKind,
+    bytes_for: &dyn Fn(f64) -> tpcw::system::Result<tpcw::rsi::TableBytes>,
+) -> Result<()> {
+    let Some(host) = fabric::HostMemory::now() else {
+        return Ok(());
+    };
+    let floor = runner::memory_floor();
+    let usable = host.available.saturating_sub(floor);
+    let need = bytes_for(seconds)?.touched_from_the_start;
+    if need <= usable {
+        return Ok(());
+    }
+    // Tables grow linearly with the room: how long a run fits whole, inserts included,
+    // even at the rate the room is sized for.
+    let (none, some) = (bytes_for(0.0)?.total, bytes_for(100.0)?.total);
+    let hint = if none < usable {
+        let per_second = (some - none) as f64 / 100.0;
+        format!(
+            "runs of up to about {:.0} s in all (warm-up and every run of a sweep included) \
+             fit, or use fewer --items",
+            ((usable - none) as f64 / per_second).floor()
+        )
+    } else {
+        "use fewer --items or --ebs".to_string()
+    };
+    bail!(
+        "with room for {seconds:.0} s of runs at up to {:.0} interactions/s, the tables' \
+         indexes and loaded rows need {} MiB from the start, but this host has {} MiB \
+         available and a run keeps {} MiB free: {hint}",
+        interactions_per_sec(backend),
+        need >> 20,
+        host.available >> 20,
+        floor >> 20
+    )
+}
+
 /// What the start-up line adds when the memory servers pin their memory.
 fn pinning_note(args: &TpcwArgs) -> &'static str {
     if args.pin_memory {
@@ -450,14 +500,20 @@ fn start_rsi(
         }
     };
     let all_clients: usize = clients.iter().sum();
-    let room = Room::for_runs(
-        args.mix,
-        seconds,
-        interactions_per_sec(backend),
-        all_clients as u64,
-    );
     let servers = args.memory_servers as u64;
-    let bytes = tpcw::rsi::bytes_needed_with(scale, &room, servers as u32, &versions)?;
+    let room_for = |seconds: f64| {
+        Room::for_runs(
+            args.mix,
+            seconds,
+            interactions_per_sec(backend),
+            all_clients as u64,
+        )
+    };
+    let bytes_for =
+        |seconds: f64| tpcw::rsi::table_bytes(scale, &room_for(seconds), servers as u32, &versions);
+    ensure_tables_fit(seconds, backend, &bytes_for)?;
+    let room = room_for(seconds);
+    let bytes = bytes_for(seconds)?.total;
     // Hash partitioning spreads rows evenly to within a few percent; the rest is the
     // oracle's and the catalog's.
     let per_server = (bytes / servers + bytes / servers / 8 + (64 << 20)).next_multiple_of(2 << 20);
@@ -599,6 +655,7 @@ fn load_and_run<S: System>(
             sample_every: args.sample_every,
             progress: true,
             seed: args.seed,
+            stop_below_available: runner::memory_floor(),
         };
         eprintln!(
             "{} ({}): {} with {n} clients for {} s after {} s of warm-up",
@@ -616,6 +673,9 @@ fn load_and_run<S: System>(
             report.p50_us,
             report.p99_us
         );
+        if let Some(why) = &report.stopped_early {
+            eprintln!("  {why}");
+        }
         reports.push(report);
     }
     Ok(reports)
@@ -639,6 +699,7 @@ fn load_and_run_htap(
         sample_every: args.sample_every,
         progress: true,
         seed: args.seed,
+        stop_below_available: runner::memory_floor(),
     };
     let mut ledger = Ledger::default();
     eprintln!(
@@ -806,6 +867,14 @@ fn print_summary(args: &TpcwArgs, reports: &[RunReport]) {
             r.committed,
             checks_line(r)
         );
+    }
+    for r in reports {
+        if let Some(why) = &r.stopped_early {
+            println!(
+                "note: {} ({}) at {} clients {why}",
+                r.system, r.backend, r.clients
+            );
+        }
     }
     if args.mix != Mix::Checkout {
         for r in reports {

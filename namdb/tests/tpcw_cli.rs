@@ -230,6 +230,19 @@ fn bad_arguments_are_clear_errors() {
             vec!["tpcw", "--htap", "--backend", "sim,shm"],
             "--htap runs on one backend",
         ),
+        // Room for 10^12 s of orders once overflowed, and the sim then aborted
+        // allocating it.
+        (
+            vec!["tpcw", "--duration", "1e12"],
+            "--duration must be at most 86400 s",
+        ),
+        (vec!["tpcw", "--warmup", "nan"], "--warmup must be between"),
+        // A day of room: indexes of terabytes, touched from the start. Refused before
+        // anything starts, with the longest run that fits.
+        (
+            vec!["tpcw", "--duration", "86400"],
+            "MiB from the start, but this host has",
+        ),
     ] {
         let o = namdb(dir.path(), &bad);
         assert!(!o.status.success(), "{bad:?} succeeded");

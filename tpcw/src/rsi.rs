@@ -47,7 +47,10 @@ impl Room {
                 .map(|w| w.1 / 100.0)
                 .sum::<f64>()
         };
-        let rows = |fraction: f64| (seconds * per_sec * fraction).ceil() as u64 + 1000;
+        // Saturating (float-to-int casts saturate too): an absurd duration makes an
+        // absurd size, which the caller refuses, rather than one that wrapped around.
+        let rows =
+            |fraction: f64| ((seconds * per_sec * fraction).ceil() as u64).saturating_add(1000);
         let checkouts = share(Interaction::Checkout);
         let confirms = share(Interaction::BuyConfirm);
         let orders = rows(checkouts + confirms);
@@ -58,7 +61,7 @@ impl Room {
             order_lines: rows(checkouts * 3.0 + confirms * 4.0),
             cc_xacts: rows(confirms),
             customers: rows(share(Interaction::BuyRequest) * 0.2),
-            carts: clients + 1000,
+            carts: clients.saturating_add(1000),
         }
     }
 }
@@ -84,19 +87,19 @@ pub fn table_specs_with(
             let (rows, versions) = match rel {
                 Rel::Country | Rel::Author => (scale.rows(rel), 1),
                 Rel::Item => (scale.items, 1),
-                Rel::Customer => (scale.customers() + room.customers, 2),
-                Rel::Address => (scale.addresses() + room.customers, 1),
+                Rel::Customer => (scale.customers().saturating_add(room.customers), 2),
+                Rel::Address => (scale.addresses().saturating_add(room.customers), 1),
                 // Probed for ids that may not exist yet (see the module doc).
-                Rel::Orders => (scale.orders() + room.orders, 2),
-                Rel::CcXacts => (scale.orders() + room.cc_xacts, 1),
+                Rel::Orders => (scale.orders().saturating_add(room.orders), 2),
+                Rel::CcXacts => (scale.orders().saturating_add(room.cc_xacts), 1),
                 // Generated orders have one to five lines.
-                Rel::OrderLine => (scale.orders() * 5 + room.order_lines, 1),
+                Rel::OrderLine => ((scale.orders() * 5).saturating_add(room.order_lines), 1),
                 Rel::ShoppingCart => (room.carts, 2),
-                Rel::ShoppingCartLine => (room.carts * MAX_LINES, 2),
+                Rel::ShoppingCartLine => (room.carts.saturating_mul(MAX_LINES), 2),
                 Rel::NewProducts => (scale.rows(rel), 4),
             };
             // Keys hash over partitions: room for an unlucky spread of few rows.
-            let capacity = rows + rows / 16 + 256;
+            let capacity = rows.saturating_add(rows / 16).saturating_add(256);
             let mut spec = TableSpec::new(rel.name(), max_row_bytes(rel, scale), capacity);
             spec.versions = versions_of(rel).unwrap_or(versions);
             // Each partition has its own index, sized for the partition's rows: 32-slot
@@ -151,14 +154,48 @@ pub fn bytes_needed_with(
     servers: u32,
     versions: &dyn Fn(Rel) -> Option<u32>,
 ) -> Result<u64> {
-    let mut total = 0;
-    for (_, spec) in table_specs_with(scale, room, servers, versions) {
+    Ok(table_bytes(scale, room, servers, versions)?.total)
+}
+
+/// What the tables take of memory-server memory, in bytes over all servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableBytes {
+    /// Blocks and indexes for every row there is room for.
+    pub total: u64,
+    /// What is touched from the start: the indexes, which rows hash all over, and the
+    /// blocks of the loaded rows. The rest fills as the runs insert.
+    pub touched_from_the_start: u64,
+}
+
+/// [`TableBytes`] of the tables of [`table_specs_with`].
+pub fn table_bytes(
+    scale: &Scale,
+    room: &Room,
+    servers: u32,
+    versions: &dyn Fn(Rel) -> Option<u32>,
+) -> Result<TableBytes> {
+    let mut bytes = TableBytes {
+        total: 0,
+        touched_from_the_start: 0,
+    };
+    for (rel, spec) in table_specs_with(scale, room, servers, versions) {
         let block = txn::layout::BlockShape::new(spec.versions, spec.value_cap)
             .map_err(|e| Error::System(e.to_string()))?
             .block_bytes();
-        total += spec.capacity * block + spec.index.region_bytes() * servers as u64;
+        let index = spec
+            .index
+            .buckets
+            .saturating_mul(spec.index.bucket_bytes())
+            .saturating_mul(servers as u64);
+        let blocks = spec.capacity.saturating_mul(block);
+        let loaded = scale.rows(rel).min(spec.capacity).saturating_mul(block);
+        bytes.total = bytes.total.saturating_add(blocks).saturating_add(index);
+        bytes.touched_from_the_start = bytes
+            .touched_from_the_start
+            .saturating_add(loaded)
+            .saturating_add(index);
     }
-    Ok(total)
+    Ok(bytes)
 }
 
 pub struct Rsi {

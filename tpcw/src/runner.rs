@@ -45,6 +45,11 @@ pub struct RunConfig {
     /// Print progress to stderr.
     pub progress: bool,
     pub seed: u64,
+    /// Stop the run early, and report what it measured, when the host's available
+    /// memory falls below this many bytes (0: never; [`memory_floor`] is a sensible
+    /// floor). RSI's tables grow with every order, and the OOM killer would take the
+    /// whole process, results and all.
+    pub stop_below_available: u64,
 }
 
 /// What the runs against one database have done since its load: the sales of committed
@@ -98,6 +103,8 @@ pub struct RunReport {
     pub p999_us: f64,
     pub interactions: Vec<InteractionReport>,
     pub checks: Checks,
+    /// Why the run stopped before its duration (`seconds` is then what it measured).
+    pub stopped_early: Option<String>,
 }
 
 impl RunReport {
@@ -185,6 +192,8 @@ type HistoryRecorder = Recorder<JsonlWriter<Vec<u8>>>;
 struct Progress {
     committed: AtomicU64,
     aborted: AtomicU64,
+    /// Set when the run stops before its end: clients stop at their next interaction.
+    stop: AtomicBool,
 }
 
 const PUBLISH_EVERY: u64 = 256;
@@ -229,11 +238,13 @@ pub fn run<S: System>(
     let progress = Progress {
         committed: AtomicU64::new(0),
         aborted: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
     };
     // Set before the clients start: with no warm-up their first interactions count.
     let measuring = AtomicBool::new(config.warmup.is_zero());
     let barrier = Barrier::new(threads + 1);
     let started = Mutex::new(None::<Instant>);
+    let mut stopped = None;
     let tallies: Vec<Result<ThreadTally>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -289,7 +300,7 @@ pub fn run<S: System>(
             .collect();
         barrier.wait();
         *started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        watch(config, &progress, &measuring);
+        stopped = watch(config, &progress, &measuring);
         handles
             .into_iter()
             .map(|h| {
@@ -320,8 +331,23 @@ pub fn run<S: System>(
     for &(stream, orders) in &merged.orders {
         ledger.orders[stream as usize] = orders;
     }
-    let seconds = config.duration.as_secs_f64();
+    let seconds = match &stopped {
+        Some((measured, why)) if measured.is_zero() => {
+            return Err(Error::System(format!(
+                "the run stopped in its warm-up: {why}"
+            )));
+        }
+        Some((measured, _)) => measured.as_secs_f64(),
+        None => config.duration.as_secs_f64(),
+    };
     let mut report = summarize(system, config, threads, seconds, &merged)?;
+    report.stopped_early = stopped.map(|(measured, why)| {
+        format!(
+            "stopped after {:.1} s of {:.1} s: {why}",
+            measured.as_secs_f64(),
+            config.duration.as_secs_f64()
+        )
+    });
     report.checks = check(system, ledger, recorder, config.progress)?;
     Ok(report)
 }
@@ -353,8 +379,25 @@ fn prime_best_sellers<E: Engine>(engine: &E, shared: &Shared) -> Result<()> {
     })
 }
 
+/// Below how much available memory a run on this host should stop early: a sixteenth
+/// of the host's memory, at least 1 GiB (a checkout run on the sim grows by about
+/// 200 MiB a second, and the checks after it need some); 0 where the host's memory
+/// cannot be read.
+pub fn memory_floor() -> u64 {
+    fabric::HostMemory::now().map_or(0, |m| (m.total / 16).max(1 << 30))
+}
+
 /// Prints progress until the run ends, and flips `measuring` after the warm-up.
-fn watch(config: &RunConfig, progress: &Progress, measuring: &AtomicBool) {
+/// Stops the run early when the host runs low on memory, returning how long it was
+/// measured and why.
+fn watch(
+    config: &RunConfig,
+    progress: &Progress,
+    measuring: &AtomicBool,
+) -> Option<(Duration, String)> {
+    /// How often the host's memory is looked at: a run on the sim grows by about
+    /// 200 MiB a second.
+    const MEMORY_EVERY: Duration = Duration::from_millis(200);
     let start = Instant::now();
     let end = start + config.warmup + config.duration;
     let mut last = (start, 0u64);
@@ -363,17 +406,29 @@ fn watch(config: &RunConfig, progress: &Progress, measuring: &AtomicBool) {
     loop {
         let now = Instant::now();
         if now >= end {
-            return;
+            return None;
         }
         if !warm && now >= start + config.warmup {
             warm = true;
             measuring.store(true, Ordering::Relaxed);
         }
-        let next = (last.0 + Duration::from_secs(1)).min(end).min(if warm {
-            end
-        } else {
-            start + config.warmup
-        });
+        if config.stop_below_available > 0
+            && let Some(memory) = fabric::HostMemory::now()
+            && memory.available < config.stop_below_available
+        {
+            progress.stop.store(true, Ordering::Relaxed);
+            let why = format!(
+                "the host ran low on memory ({} MiB available, the run stops below {} MiB)",
+                memory.available >> 20,
+                config.stop_below_available >> 20
+            );
+            eprintln!("  {why}: stopping the clients");
+            return Some((now.saturating_duration_since(start + config.warmup), why));
+        }
+        let next = (last.0 + Duration::from_secs(1))
+            .min(end)
+            .min(now + MEMORY_EVERY)
+            .min(if warm { end } else { start + config.warmup });
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         let now = Instant::now();
         let committed = progress.committed.load(Ordering::Relaxed);
@@ -407,7 +462,7 @@ async fn client_loop<E: Engine>(
     let end = start + config.warmup + config.duration;
     let (mut unpublished_commits, mut unpublished_aborts) = (0u64, 0u64);
     let mut now = Instant::now();
-    while now < end {
+    while now < end && !progress.stop.load(Ordering::Relaxed) {
         let kind = picker.pick(&mut client.rng);
         let began = now;
         let measured = measuring.load(Ordering::Relaxed);
@@ -464,7 +519,7 @@ async fn client_loop<E: Engine>(
                     // A closed-loop client stops at the end of the run: an interaction
                     // that keeps aborting must not hold the run open past it.
                     now = Instant::now();
-                    if now >= end {
+                    if now >= end || progress.stop.load(Ordering::Relaxed) {
                         if measured {
                             tally.borrow_mut().kind(kind)?.aborted += aborts;
                         }
@@ -616,6 +671,7 @@ fn summarize<S: System>(
         p999_us: us(&all, 0.999),
         interactions,
         checks: Checks::default(),
+        stopped_early: None,
     })
 }
 

@@ -50,6 +50,7 @@ fn best_sellers_and_related_items_run_beside_checkouts() {
         sample_every: 0,
         progress: false,
         seed: 3,
+        stop_below_available: 0,
     };
     let (checkouts, analytics) = std::thread::scope(|s| {
         let analytics =

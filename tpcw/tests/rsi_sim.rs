@@ -58,6 +58,7 @@ fn config(mix: Mix, clients: usize) -> RunConfig {
         sample_every: 7,
         progress: false,
         seed: 42,
+        stop_below_available: 0,
     }
 }
 
@@ -333,4 +334,41 @@ fn an_interaction_that_always_aborts_does_not_hold_the_run_open() {
     );
     assert!(report.checks.stock_conserved, "{report:?}");
     assert!(injected.faulted.load(Ordering::Relaxed) < 10_000);
+}
+
+/// A run that finds the host low on memory stops its clients and reports what it
+/// measured, checked, rather than grow until the OOM killer ends the process.
+#[test]
+fn a_run_stops_early_when_the_host_runs_low_on_memory() {
+    let scale = Scale::new(1000, 1, 1024).unwrap();
+    let rsi = system(&scale, 1.0);
+    let mut ledger = Ledger::default();
+    // More than any host has: the first look stops the run.
+    let low = RunConfig {
+        stop_below_available: u64::MAX,
+        warmup: Duration::ZERO,
+        duration: Duration::from_secs(60),
+        ..config(Mix::Checkout, 4)
+    };
+    let report = runner::run(&rsi, &scale, &low, &mut ledger).unwrap();
+    let why = report.stopped_early.as_deref().expect("stopped early");
+    assert!(why.contains("low on memory"), "{why}");
+    assert!(report.seconds < 60.0, "{report:?}");
+    assert!(report.checks.stock_conserved && report.checks.orders_present);
+    // Stopped in the warm-up, it measured nothing: an error that says so.
+    let err = runner::run(
+        &rsi,
+        &scale,
+        &RunConfig {
+            warmup: Duration::from_secs(60),
+            ..low
+        },
+        &mut ledger,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("warm-up"), "{err}");
+    // The next run, with room to spare, runs its whole duration.
+    let report = runner::run(&rsi, &scale, &config(Mix::Checkout, 4), &mut ledger).unwrap();
+    assert_eq!(report.stopped_early, None);
+    assert!(report.committed > 0);
 }

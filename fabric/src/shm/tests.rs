@@ -361,7 +361,7 @@ fn read_only_regions_are_handed_out_read_only() {
 #[test]
 fn private_memory_cannot_be_exported() {
     let s = server();
-    let heap = Arc::new(HeapMemory::new(64));
+    let heap = Arc::new(HeapMemory::new(64).unwrap());
     let err = s
         .device
         .register_memory(heap.clone(), 64, Access::REMOTE_READ)

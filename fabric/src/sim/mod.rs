@@ -217,7 +217,7 @@ impl Device for SimDevice {
                 FabricError::Backend(format!("cannot pin a region of {len} bytes: {e}"))
             })?
         } else {
-            HeapMemory::new(len)
+            HeapMemory::new(len).map_err(|e| FabricError::Backend(e.to_string()))?
         };
         self.register_memory(Arc::new(memory), len, access)
     }
@@ -307,7 +307,7 @@ mod tests {
     fn registering_more_than_the_memory_is_refused() {
         let net = SimNetwork::new(SimConfig::default());
         let dev = net.add_node();
-        let mem = Arc::new(HeapMemory::new(64));
+        let mem = Arc::new(HeapMemory::new(64).unwrap());
         assert!(matches!(
             dev.register_memory(mem, 65, Access::ALL),
             Err(FabricError::OutOfBounds { .. })

@@ -213,7 +213,8 @@ impl Device for TcpDevice {
     }
 
     fn register(&self, len: u64, access: Access) -> Result<Region> {
-        self.register_memory(Arc::new(HeapMemory::new(len)), len, access)
+        let memory = HeapMemory::new(len).map_err(|e| FabricError::Backend(e.to_string()))?;
+        self.register_memory(Arc::new(memory), len, access)
     }
 
     fn register_memory(&self, mem: Arc<dyn Memory>, len: u64, access: Access) -> Result<Region> {

@@ -100,6 +100,12 @@ pub struct TpcwArgs {
     /// tables' room is several GiB).
     #[arg(long)]
     pub pin_memory: bool,
+    /// Versions each ITEM record keeps under RSI. The paper keeps one: a checkout
+    /// reads and writes the fewest bytes, but a snapshot older than an item's latest
+    /// update aborts (`SnapshotTooOld`), often on few items or many clients.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub item_versions: u32,
     /// Memory servers for RSI.
     #[arg(long, value_name = "M", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=16))]
@@ -493,7 +499,9 @@ fn start_rsi(
     let runs = if args.htap { 2 } else { clients.len() };
     let seconds = runs as f64 * (args.duration + args.warmup);
     let versions = |rel: Rel| {
-        if args.htap {
+        if rel == Rel::Item && args.item_versions != 1 {
+            Some(args.item_versions)
+        } else if args.htap {
             tpcw::htap::htap_table_versions(rel)
         } else {
             None
@@ -526,7 +534,7 @@ fn start_rsi(
         };
     // A transaction's buffer, and a slot's commit-log area, for the largest write set
     // (16 KiB items outgrow txn's defaults).
-    let scratch_bytes = tpcw::rsi::scratch_bytes(scale, &room, servers as u32)?;
+    let scratch_bytes = tpcw::rsi::scratch_bytes_with(scale, &room, servers as u32, &versions)?;
     let mut options = txn::Options {
         servers: servers as usize,
         server_bytes: per_server,

@@ -103,7 +103,7 @@ fn checkout_on_rsi_2pc_and_postgres_in_one_run() {
     assert_eq!(backends, ["sim", "shm", "tcp", "tcp"]);
 }
 
-/// Also with the memory servers' memory pinned up front.
+/// Also with the memory servers' memory pinned up front, and two versions per item.
 #[test]
 fn a_mix_on_durable_shm_memory_server_processes() {
     let dir = tempfile::tempdir().unwrap();
@@ -127,6 +127,9 @@ fn a_mix_on_durable_shm_memory_server_processes() {
             "--dir",
             &logs_arg,
             "--pin-memory",
+            // Items with two versions: sized into the tables and each buffer.
+            "--item-versions",
+            "2",
         ]),
     );
     assert!(out.contains("per interaction"), "{out}");

@@ -121,7 +121,17 @@ pub fn table_specs_with(
 /// written block is staged twice, as the log record's value and as the installed
 /// versions. With 16 KiB items that is over txn's default of 256 KiB.
 pub fn scratch_bytes(scale: &Scale, room: &Room, servers: u32) -> Result<u64> {
-    let specs = table_specs(scale, room, servers);
+    scratch_bytes_with(scale, room, servers, &|_| None)
+}
+
+/// [`scratch_bytes`] for [`table_specs_with`].
+pub fn scratch_bytes_with(
+    scale: &Scale,
+    room: &Room,
+    servers: u32,
+    versions: &dyn Fn(Rel) -> Option<u32>,
+) -> Result<u64> {
+    let specs = table_specs_with(scale, room, servers, versions);
     let block = |rel: Rel| -> Result<u64> {
         let (_, spec) = specs
             .iter()

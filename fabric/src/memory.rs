@@ -148,6 +148,12 @@ impl HostMemory {
         Self::parse(&std::fs::read_to_string("/proc/meminfo").ok()?)
     }
 
+    /// What a benchmark should leave free: a sixteenth of the host's memory, at least
+    /// 1 GiB (for the checks after a run, and the rest of the host).
+    pub fn reserve(&self) -> u64 {
+        (self.total / 16).max(1 << 30)
+    }
+
     /// `/proc/meminfo`'s text: lines of `Key:   value kB`.
     fn parse(text: &str) -> Option<HostMemory> {
         let field = |key: &str| {

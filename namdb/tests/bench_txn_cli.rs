@@ -114,6 +114,12 @@ fn bad_arguments_are_refused_clearly() {
         (vec!["--duration", "0"], "--duration"),
         (vec!["--workload", "tpcc"], "tpcc"),
         (vec!["--keys", "1"], "--keys"),
+        // Terabytes of table: refused before anything is mapped or loaded (100 M
+        // keys once loaded at a few hundred keys a second toward the OOM killer).
+        (
+            vec!["--keys", "100000000", "--value-size", "65536"],
+            "keys need",
+        ),
     ] {
         let mut all = vec!["bench", "txn"];
         all.extend_from_slice(&args);

@@ -379,12 +379,12 @@ fn prime_best_sellers<E: Engine>(engine: &E, shared: &Shared) -> Result<()> {
     })
 }
 
-/// Below how much available memory a run on this host should stop early: a sixteenth
-/// of the host's memory, at least 1 GiB (a checkout run on the sim grows by about
+/// Below how much available memory a run on this host should stop early
+/// ([`fabric::HostMemory::reserve`]: a checkout run on the sim grows by about
 /// 200 MiB a second, and the checks after it need some); 0 where the host's memory
 /// cannot be read.
 pub fn memory_floor() -> u64 {
-    fabric::HostMemory::now().map_or(0, |m| (m.total / 16).max(1 << 30))
+    fabric::HostMemory::now().map_or(0, |m| m.reserve())
 }
 
 /// Prints progress until the run ends, and flips `measuring` after the warm-up.

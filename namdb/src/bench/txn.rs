@@ -147,16 +147,55 @@ type HistoryRecorder = Recorder<JsonlWriter<BufWriter<File>>>;
 
 /// Devices of the embedded cluster for a backend: sockets (shm) live in `dir`.
 /// The benchmark's table: every key, with room for an eighth more (list-append inserts).
+/// Each server holds a partition, with its own index sized for the partition's keys
+/// (an index of the whole table's size on every server took `servers` times the
+/// memory: 29 GiB of indexes for 100 M keys on two).
 fn table_spec(args: &TxnArgs) -> TableSpec {
-    TableSpec::new("bench", value_cap(args), args.keys + args.keys / 8 + 64)
+    let capacity = args.keys + args.keys / 8 + 64;
+    let mut spec = TableSpec::new("bench", value_cap(args), capacity);
+    spec.index.buckets = (capacity.div_ceil(u64::from(args.servers)) / 2).max(1);
+    spec
+}
+
+/// Bytes of the benchmark's table over all servers: blocks and indexes, all of it
+/// written by the load.
+fn table_bytes(args: &TxnArgs) -> Result<u64> {
+    let spec = table_spec(args);
+    let block = txn::layout::BlockShape::new(spec.versions, spec.value_cap)?.block_bytes();
+    Ok(spec.capacity * block + spec.index.region_bytes() * u64::from(args.servers))
+}
+
+/// Refuses, before anything starts, a table the embedded cluster could not hold in
+/// the memory this host has available (the load writes all of it, and the kernel's
+/// OOM killer would end the run), naming the most keys that fit.
+fn ensure_table_fits(args: &TxnArgs) -> Result<()> {
+    let Some(host) = fabric::HostMemory::now() else {
+        return Ok(());
+    };
+    let need = table_bytes(args)?;
+    let usable = host.available.saturating_sub(host.reserve());
+    if need <= usable {
+        return Ok(());
+    }
+    let per_key = need as f64 / args.keys as f64;
+    bail!(
+        "{} keys need {} MiB of memory-server memory (blocks of {} versions of {} bytes, \
+         and an index per server), but this host has {} MiB available: use at most about \
+         {} keys",
+        args.keys,
+        need >> 20,
+        table_spec(args).versions,
+        value_cap(args),
+        host.available >> 20,
+        (usable as f64 / per_key) as u64
+    )
 }
 
 fn cluster_options(args: &TxnArgs, dir: &tempfile::TempDir) -> Result<Options> {
+    ensure_table_fits(args)?;
     // Each server holds its share of the table's blocks and index, with room to spare
     // for the oracle and alignment.
-    let spec = table_spec(args);
-    let block = txn::layout::BlockShape::new(spec.versions, spec.value_cap)?.block_bytes();
-    let table_bytes = spec.capacity * block + spec.index.region_bytes();
+    let table_bytes = table_bytes(args)?;
     let per_server = table_bytes / args.servers as u64 + table_bytes / 8 + (16 << 20);
     let mut options = Options {
         servers: args.servers as usize,
@@ -763,6 +802,36 @@ fn print(r: &Report, args: &TxnArgs) {
             } else {
                 "not met"
             }
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TxnArgs,
+    }
+
+    fn args(line: &[&str]) -> TxnArgs {
+        Cli::parse_from(std::iter::once("txn").chain(line.iter().copied())).args
+    }
+
+    /// Every server's partition has its own index: sized for its share of the keys,
+    /// the indexes together take the same memory however many servers there are.
+    #[test]
+    fn the_indexes_together_do_not_grow_with_the_servers() {
+        let bytes = |servers: &str| {
+            table_bytes(&args(&["--keys", "1000000", "--servers", servers])).unwrap()
+        };
+        let (one, sixteen) = (bytes("1") as f64, bytes("16") as f64);
+        assert!(
+            sixteen / one < 1.001,
+            "{one} bytes on 1 server, {sixteen} on 16"
         );
     }
 }

@@ -112,6 +112,7 @@ fn bad_arguments_are_refused_clearly() {
     for (args, says) in [
         (vec!["--read-ratio", "2"], "--read-ratio"),
         (vec!["--duration", "0"], "--duration"),
+        (vec!["--duration", "1e12"], "at most 86400 s"),
         (vec!["--workload", "tpcc"], "tpcc"),
         (vec!["--keys", "1"], "--keys"),
         // Terabytes of table: refused before anything is mapped or loaded (100 M

@@ -262,6 +262,11 @@ pub fn run(args: &TxnArgs) -> Result<()> {
         "--duration must be a positive number of seconds"
     );
     ensure!(
+        args.duration <= crate::tpcw_cmd::MAX_SECONDS,
+        "--duration must be at most {} s (a day)",
+        crate::tpcw_cmd::MAX_SECONDS
+    );
+    ensure!(
         args.dist == Dist::Uniform || args.zipf_theta > 0.0,
         "--zipf-theta must be positive"
     );

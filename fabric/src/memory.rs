@@ -154,6 +154,11 @@ impl HostMemory {
         (self.total / 16).max(1 << 30)
     }
 
+    /// What a benchmark may take: the available memory less [`Self::reserve`].
+    pub fn spare(&self) -> u64 {
+        self.available.saturating_sub(self.reserve())
+    }
+
     /// `/proc/meminfo`'s text: lines of `Key:   value kB`.
     fn parse(text: &str) -> Option<HostMemory> {
         let field = |key: &str| {

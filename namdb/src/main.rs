@@ -17,11 +17,11 @@ mod verify_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use tracing_subscriber::EnvFilter;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use std::process::ExitCode;
-use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -418,8 +418,7 @@ fn ensure_tables_fit(
     let Some(host) = fabric::HostMemory::now() else {
         return Ok(());
     };
-    let floor = runner::memory_floor();
-    let usable = host.available.saturating_sub(floor);
+    let usable = host.spare();
     let need = bytes_for(seconds)?.touched_from_the_start;
     if need <= usable {
         return Ok(());
@@ -444,7 +443,7 @@ fn ensure_tables_fit(
         interactions_per_sec(backend),
         need >> 20,
         host.available >> 20,
-        floor >> 20
+        host.reserve() >> 20
     )
 }
 

@@ -616,8 +616,7 @@ async fn best_sellers<S: Session>(s: &mut S, client: &mut Client, shared: &Share
     let lists = match BestSellersCache::claim(&shared.best_sellers, BEST_SELLERS_CACHE) {
         Claim::Serve(lists) => lists,
         Claim::Compute(turn) => {
-            let lists = Arc::new(best_seller_lists(s, shared).await?);
-            BestSellersCache::store(&shared.best_sellers, lists.clone());
+            let lists = prime_best_sellers(s, shared).await?;
             drop(turn);
             lists
         }
@@ -627,12 +626,12 @@ async fn best_sellers<S: Session>(s: &mut S, client: &mut Client, shared: &Share
     Ok(())
 }
 
-/// Computes the best-seller lists in `s` for the clients of `shared` to serve (see
-/// [`BestSellersCache`]); the caller commits.
-pub async fn prime_best_sellers<S: Session>(s: &mut S, shared: &Shared) -> Result<()> {
+/// Computes the best-seller lists in `s` and stores them for the clients of `shared`
+/// to serve (see [`BestSellersCache`]); the caller commits.
+pub async fn prime_best_sellers<S: Session>(s: &mut S, shared: &Shared) -> Result<BestSellerLists> {
     let lists = Arc::new(best_seller_lists(s, shared).await?);
-    BestSellersCache::store(&shared.best_sellers, lists);
-    Ok(())
+    BestSellersCache::store(&shared.best_sellers, lists.clone());
+    Ok(lists)
 }
 
 /// Per subject, the 50 items sold most in the recent orders, as (item, quantity).

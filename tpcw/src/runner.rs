@@ -361,7 +361,7 @@ fn prime_best_sellers<E: Engine>(engine: &E, shared: &Shared) -> Result<()> {
         for _ in 0..ATTEMPTS {
             let mut txn = engine.begin(0).await?;
             let outcome = match interactions::prime_best_sellers(&mut txn, shared).await {
-                Ok(()) => engine.commit(txn).await.map(|_| ()),
+                Ok(_) => engine.commit(txn).await.map(|_| ()),
                 Err(e) => {
                     engine.abort(txn);
                     Err(e)

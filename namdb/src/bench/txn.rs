@@ -174,7 +174,7 @@ fn ensure_table_fits(args: &TxnArgs) -> Result<()> {
         return Ok(());
     };
     let need = table_bytes(args)?;
-    let usable = host.available.saturating_sub(host.reserve());
+    let usable = host.spare();
     if need <= usable {
         return Ok(());
     }

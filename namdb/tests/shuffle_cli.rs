@@ -267,6 +267,10 @@ fn bad_arguments_are_refused_clearly() {
         (&["--backend", "carrier-pigeon"][..], "possible values"),
         (&["--notify", "smoke"][..], "unknown notification"),
         (&["--repeat", "0"][..], "--repeat"),
+        (&["--design", "all,MEMQ/XX"][..], "unknown design"),
+        (&["--design", "none,MEMQ/WR"][..], "cannot be combined"),
+        // 64 GiB a node: refused up front, not an allocation failure.
+        (&["--tuples", "4294967296"][..], "tuples per node"),
         (
             &["--design", "none", "--baselines", "none"][..],
             "nothing to run",

@@ -5,7 +5,8 @@
 use fabric::Device;
 use fabric::sim::{SimConfig, SimNetwork};
 use shuffle::ops::aggregate::{
-    AggConfig, AggFn, AggValue, Algorithm, Input, Outcome, State, Strategy, aggregate,
+    AggConfig, AggFn, AggValue, Algorithm, Input, MAX_CACHE_GROUPS, Outcome, State, Strategy,
+    aggregate,
 };
 use shuffle::testing::mix;
 use shuffle::{Design, LocalExchange, Node};
@@ -404,6 +405,16 @@ fn bad_arguments_are_clear_errors() {
         },
         AggConfig {
             cache_groups: 0,
+            ..AggConfig::default()
+        },
+        // Allocated whole by every worker: a huge one once wrapped the sizing loop
+        // into spinning for ever, or aborted the process.
+        AggConfig {
+            cache_groups: usize::MAX,
+            ..AggConfig::default()
+        },
+        AggConfig {
+            cache_groups: MAX_CACHE_GROUPS + 1,
             ..AggConfig::default()
         },
     ] {

@@ -22,6 +22,7 @@
 //!
 //! Every completion status is checked; anything but success aborts with an error.
 
+use super::JsonOut;
 use crate::backend::{self, BackendKind, Nodes, ServerTarget};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use clap::{Args, ValueEnum};
@@ -32,9 +33,8 @@ use fabric::{
 };
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread::{self, ScopedJoinHandle};
@@ -196,16 +196,8 @@ pub struct Row {
 
 pub fn run(args: &FabricArgs) -> Result<()> {
     // Opened before the run so that a bad path fails at once, not after a minute.
-    let json = args.json.as_deref().map(JsonOut::open).transpose()?;
-    let rows = match measure_all(args) {
-        Ok(rows) => rows,
-        Err(e) => {
-            if let Some(json) = json {
-                json.discard();
-            }
-            return Err(e);
-        }
-    };
+    let json = JsonOut::open_opt(args.json.as_deref())?;
+    let rows = JsonOut::unless_failed(json.as_ref(), measure_all(args))?;
     // Both outputs are attempted even if one fails, so a closed stdout or a full disk
     // does not lose the other copy of a long run's results.
     let written = json.as_ref().map(|json| json.write(&rows)).transpose();
@@ -214,7 +206,7 @@ pub fn run(args: &FabricArgs) -> Result<()> {
     written?;
     printed?;
     if let Some(json) = json {
-        eprintln!("wrote {}", json.path.display());
+        eprintln!("wrote {}", json.path().display());
     }
     Ok(())
 }
@@ -1020,49 +1012,6 @@ fn latency(ns: u64) -> String {
         format!("{:.1} µs", ns as f64 / 1e3)
     } else {
         format!("{:.2} ms", ns as f64 / 1e6)
-    }
-}
-
-/// The `--json` output file: checked when the run starts, written when it ends.
-struct JsonOut {
-    path: PathBuf,
-    file: File,
-    /// Whether this run created the file, so a failed run removes only what it made.
-    created: bool,
-}
-
-impl JsonOut {
-    fn open(path: &Path) -> Result<JsonOut> {
-        let existed = path.exists();
-        // Not truncated yet: a failed run leaves earlier results in place.
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .with_context(|| format!("cannot open JSON output file {}", path.display()))?;
-        Ok(JsonOut {
-            path: path.to_owned(),
-            file,
-            created: !existed,
-        })
-    }
-
-    fn write(&self, rows: &[Row]) -> Result<()> {
-        let context = || format!("cannot write JSON output file {}", self.path.display());
-        self.file.set_len(0).with_context(context)?;
-        let mut out = BufWriter::new(&self.file);
-        serde_json::to_writer_pretty(&mut out, rows).with_context(context)?;
-        out.write_all(b"\n").with_context(context)?;
-        out.flush().with_context(context)?;
-        Ok(())
-    }
-
-    fn discard(self) {
-        if self.created {
-            // Best effort: the run's own error is what the user needs to see.
-            let _ = fs::remove_file(&self.path);
-        }
     }
 }
 

@@ -12,8 +12,13 @@ mod txn;
 mod txn_grpc;
 mod verify;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use clap::Subcommand;
+use serde::Serialize;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
@@ -51,5 +56,208 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Shuffle(args) => self::shuffle::run(&args),
         BenchCommand::Join(args) => self::join::run(&args),
         BenchCommand::Aggregate(args) => self::aggregate::run(&args),
+    }
+}
+
+/// A `--json` output file: checked when the run starts, written when it ends.
+pub struct JsonOut {
+    path: PathBuf,
+    file: File,
+    /// Whether this run created the file, so a failed run removes only what it made.
+    created: bool,
+}
+
+impl JsonOut {
+    /// Opens (creating) `path` without truncating it: a bad path fails at once, not
+    /// after a long run, and a failed run leaves earlier results in place.
+    pub fn open(path: &Path) -> Result<JsonOut> {
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("cannot open JSON output file {}", path.display()))?;
+        Ok(JsonOut {
+            path: path.to_owned(),
+            file,
+            created: !existed,
+        })
+    }
+
+    /// [`Self::open`] for an optional `--json`.
+    pub fn open_opt(path: Option<&Path>) -> Result<Option<JsonOut>> {
+        path.map(JsonOut::open).transpose()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Replaces the file's contents with `value`, pretty-printed.
+    pub fn write<T: Serialize + ?Sized>(&self, value: &T) -> Result<()> {
+        let context = || format!("cannot write JSON output file {}", self.path.display());
+        self.file.set_len(0).with_context(context)?;
+        let mut out = BufWriter::new(&self.file);
+        serde_json::to_writer_pretty(&mut out, value).with_context(context)?;
+        out.write_all(b"\n").with_context(context)?;
+        out.flush().with_context(context)?;
+        Ok(())
+    }
+
+    /// Removes the file if this run created it: for a run that failed.
+    pub fn discard(&self) {
+        if self.created {
+            // Best effort: the run's own error is what the user needs to see.
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+
+    /// `result`, after discarding `out` if it is an error.
+    pub fn unless_failed<T>(out: Option<&JsonOut>, result: Result<T>) -> Result<T> {
+        if let (Err(_), Some(out)) = (&result, out) {
+            out.discard();
+        }
+        result
+    }
+}
+
+/// Refuses, before anything is generated, a run whose data alone would not fit in the
+/// memory this host has available (less [`::fabric::HostMemory::reserve`]): it would
+/// end in an allocation failure or the kernel's OOM killer, with nothing reported.
+/// `need` is the run's estimated peak in bytes for `units` of what the user chose
+/// (`unit` names it, e.g. "tuples per node").
+pub fn ensure_data_fits(what: &str, need: u64, units: u64, unit: &str) -> Result<()> {
+    let Some(host) = ::fabric::HostMemory::now() else {
+        return Ok(());
+    };
+    let usable = host.spare();
+    if need <= usable {
+        return Ok(());
+    }
+    let fitting = (units as f64 * usable as f64 / need as f64) as u64;
+    bail!(
+        "{what} needs about {} MiB of memory, but this host has {} MiB available \
+         (and keeps {} MiB free): use at most about {fitting} {unit}",
+        need >> 20,
+        host.available >> 20,
+        host.reserve() >> 20,
+    )
+}
+
+/// Parses a comma-separated `--flag` list of names (`all` for every one of `all`),
+/// in the order given without repeats; an unknown name is an error, even beside `all`.
+pub fn parse_names<T>(flag: &str, names: &[String], all: &[T]) -> Result<Vec<T>>
+where
+    T: FromStr + PartialEq + Copy,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    let mut out = Vec::new();
+    let mut every = false;
+    for n in names {
+        let n = n.trim();
+        if n.eq_ignore_ascii_case("all") {
+            every = true;
+            continue;
+        }
+        let name: T = n.parse().with_context(|| format!("--{flag}"))?;
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    if every {
+        return Ok(all.to_vec());
+    }
+    if out.is_empty() {
+        bail!("--{flag}: none given: name some, or `all`");
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Fruit {
+        Apple,
+        Pear,
+    }
+
+    impl FromStr for Fruit {
+        type Err = std::io::Error;
+        fn from_str(s: &str) -> std::io::Result<Fruit> {
+            match s {
+                "apple" => Ok(Fruit::Apple),
+                "pear" => Ok(Fruit::Pear),
+                _ => Err(std::io::Error::other(format!("unknown fruit {s:?}"))),
+            }
+        }
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn names_parse_in_order_without_repeats_and_unknown_ones_are_errors() {
+        let all = [Fruit::Apple, Fruit::Pear];
+        let parse = |list: &[&str]| parse_names("fruit", &names(list), &all);
+        assert_eq!(
+            parse(&["pear", " apple", "pear"]).unwrap(),
+            [Fruit::Pear, Fruit::Apple]
+        );
+        assert_eq!(parse(&["all"]).unwrap(), all);
+        let err = format!("{:#}", parse(&["all", "plum"]).unwrap_err());
+        assert!(err.contains("--fruit") && err.contains("plum"), "{err}");
+        assert!(parse(&[]).is_err());
+        assert!(parse(&[" "]).is_err());
+    }
+
+    #[test]
+    fn a_failed_run_removes_only_the_json_file_it_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = dir.path().join("fresh.json");
+        let out = JsonOut::open(&fresh).unwrap();
+        let failed: Result<()> = Err(anyhow::anyhow!("the run failed"));
+        assert!(JsonOut::unless_failed(Some(&out), failed).is_err());
+        assert!(!fresh.exists());
+
+        let earlier = dir.path().join("earlier.json");
+        fs::write(&earlier, "[1]\n").unwrap();
+        let out = JsonOut::open(&earlier).unwrap();
+        assert_eq!(
+            fs::read_to_string(&earlier).unwrap(),
+            "[1]\n",
+            "not truncated at open"
+        );
+        let failed: Result<()> = Err(anyhow::anyhow!("the run failed"));
+        assert!(JsonOut::unless_failed(Some(&out), failed).is_err());
+        assert_eq!(fs::read_to_string(&earlier).unwrap(), "[1]\n");
+
+        JsonOut::unless_failed(Some(&out), Ok(())).unwrap();
+        out.write(&[2, 3]).unwrap();
+        let v: Vec<u32> = serde_json::from_str(&fs::read_to_string(&earlier).unwrap()).unwrap();
+        assert_eq!(v, [2, 3]);
+    }
+
+    #[test]
+    fn data_beyond_the_host_memory_is_refused_with_what_fits() {
+        let Some(host) = ::fabric::HostMemory::now() else {
+            return;
+        };
+        ensure_data_fits("a small run", 1 << 20, 1, "tuples").unwrap();
+        let need = host.available.saturating_mul(4);
+        let err = ensure_data_fits("this run", need, 1_000_000, "tuples per node")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("this run needs about"), "{err}");
+        let fitting: u64 = err
+            .rsplit("at most about ")
+            .next()
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .expect("a count");
+        assert!(fitting < 250_000, "{err}");
     }
 }

@@ -19,6 +19,7 @@
 //! timed, so that the clock is not read per commit).
 
 use crate::backend::{self, BackendKind};
+use crate::bench::JsonOut;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use fabric::{Access, QpConfig};
@@ -39,7 +40,8 @@ const STALL_LIMIT: Duration = Duration::from_secs(10);
 
 #[derive(Args, Debug, Clone)]
 pub struct TimestampArgs {
-    /// Fabric backend to run on (only `sim` exists so far).
+    /// Fabric backend: `sim` in this process, `shm` or `tcp` with the oracle in a
+    /// separate memory-server node.
     #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
     pub backend: BackendKind,
     /// Slots of the oracle (at least --threads).
@@ -109,18 +111,12 @@ pub fn run(args: &TimestampArgs) -> Result<()> {
         );
     }
     let layout = Layout::new(args.bits, args.slots).context("invalid oracle shape")?;
-    // Checked before the run, so that a bad path fails at once.
-    if let Some(path) = &args.json {
-        std::fs::File::create(path)
-            .with_context(|| format!("cannot open JSON output file {}", path.display()))?;
-    }
-    let report = measure(args, layout)?;
+    let json = JsonOut::open_opt(args.json.as_deref())?;
+    let report = JsonOut::unless_failed(json.as_ref(), measure(args, layout))?;
     print(&report);
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report)? + "\n";
-        std::fs::write(path, text)
-            .with_context(|| format!("cannot write JSON output file {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+    if let Some(json) = &json {
+        json.write(&report)?;
+        eprintln!("wrote {}", json.path().display());
     }
     Ok(())
 }

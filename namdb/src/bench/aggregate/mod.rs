@@ -27,13 +27,13 @@
 pub mod node;
 
 use crate::backend::BackendKind;
-use crate::bench::{duckdb, nodes, plot};
+use crate::bench::{JsonOut, duckdb, ensure_data_fits, nodes, parse_names, plot};
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use node::{Job, NodeRun, STALL_LIMIT};
 use serde::{Deserialize, Serialize};
 use shuffle::Design;
-use shuffle::ops::aggregate::{AggConfig, Algorithm, GroupTable, hash};
+use shuffle::ops::aggregate::{AggConfig, Algorithm, GroupTable, MAX_CACHE_GROUPS, hash};
 use shuffle::testing::mix;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -80,14 +80,18 @@ pub struct AggregateArgs {
     pub message_bytes: u32,
     /// The memory budget of a worker's local table, in groups (where Adaptive Two
     /// Phase switches).
-    #[arg(long, value_name = "GROUPS", default_value_t = AggConfig::default().local_groups)]
+    #[arg(long, value_name = "GROUPS", default_value_t = AggConfig::default().local_groups,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub local_groups: usize,
     /// RDMA AGG's cache-sized pre-aggregation table, in groups.
-    #[arg(long, value_name = "GROUPS", default_value_t = AggConfig::default().cache_groups)]
+    #[arg(long, value_name = "GROUPS", default_value_t = AggConfig::default().cache_groups,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(1..=MAX_CACHE_GROUPS as u64))]
     pub cache_groups: usize,
     /// Shatdal's crossover threshold in groups (sampling, Adaptive Repartitioning);
     /// default: the memory budget.
-    #[arg(long, value_name = "GROUPS")]
+    #[arg(long, value_name = "GROUPS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub crossover: Option<usize>,
     /// Timed runs per algorithm and group count (the median is reported).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -97,7 +101,8 @@ pub struct AggregateArgs {
     #[arg(long)]
     pub no_pin: bool,
     /// DuckDB's threads; default: nodes × threads, the cores the algorithms use.
-    #[arg(long)]
+    #[arg(long, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub duckdb_threads: Option<usize>,
     /// Seed of the generated data.
     #[arg(long, default_value_t = 11)]
@@ -264,21 +269,6 @@ fn group_counts(args: &AggregateArgs) -> Result<Vec<u64>> {
         }
     }
     ensure!(!out.is_empty(), "--groups: no group count given");
-    Ok(out)
-}
-
-fn algorithms(names: &[String]) -> Result<Vec<Algorithm>> {
-    if names.iter().any(|n| n.eq_ignore_ascii_case("all")) {
-        return Ok(Algorithm::ALL.to_vec());
-    }
-    let mut out = Vec::new();
-    for n in names {
-        let a: Algorithm = n.trim().parse()?;
-        if !out.contains(&a) {
-            out.push(a);
-        }
-    }
-    ensure!(!out.is_empty(), "--algorithms: none given");
     Ok(out)
 }
 
@@ -509,7 +499,7 @@ fn summarize(groups: u64, rows: &[Row]) -> Summary {
 }
 
 pub fn run(args: &AggregateArgs) -> Result<()> {
-    let algorithms = algorithms(&args.algorithms)?;
+    let algorithms = parse_names("algorithms", &args.algorithms, &Algorithm::ALL)?;
     let counts = group_counts(args)?;
     let design: Design = args.design.parse()?;
     ensure!(
@@ -527,96 +517,109 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
         seed: args.seed,
         ..AggConfig::default()
     };
+    config.validate()?;
+    // The generated fragments (keys and values), the nodes' copies and what they
+    // receive: measured at about two and a half times the fragments' bytes.
+    ensure_data_fits(
+        "the aggregation's data",
+        (args.tuples * 16)
+            .saturating_mul(u64::from(args.nodes))
+            .saturating_mul(5)
+            / 2,
+        args.tuples,
+        "tuples per node",
+    )?;
     if let Some(dir) = &args.svg {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the SVG directory {}", dir.display()))?;
     }
-    if let Some(p) = &args.json {
-        std::fs::write(p, "")
-            .with_context(|| format!("cannot write JSON output file {}", p.display()))?;
-    }
+    let json = JsonOut::open_opt(args.json.as_deref())?;
     let nodes = args.nodes as usize;
     let duckdb_threads = args.duckdb_threads.unwrap_or(nodes * args.threads as usize);
     let scratch = tempfile::tempdir().context("a directory for DuckDB's column files")?;
-    let mut rows = Vec::new();
-    let mut duckdb_version = None;
-    for (i, &groups) in counts.iter().enumerate() {
-        eprintln!(
-            "[{}/{}] {groups} groups: generating {} tuples on {nodes} nodes…",
-            i + 1,
-            counts.len(),
-            args.tuples * nodes as u64
-        );
-        let data: Vec<(Vec<u64>, Vec<i64>)> = (0..nodes)
-            .map(|r| fragment(args.seed, r, args.tuples, groups))
-            .collect();
-        let want = reference(&data);
-        ensure!(want.groups >= 1, "the generated data has no group");
-        let runs = run_nodes(args, &algorithms, &config, groups, &data)?;
-        for (&a, a_runs) in algorithms.iter().zip(&runs) {
-            let row = row_of(args, a, groups, a_runs, &want)?;
+    let measured = (|| -> Result<(Vec<Row>, Option<String>)> {
+        let mut rows = Vec::new();
+        let mut duckdb_version = None;
+        for (i, &groups) in counts.iter().enumerate() {
             eprintln!(
-                "        {:<24} {:>10.1} ms  {:>7.1} M tuples/s  {}",
-                a.name(),
-                row.runtime_ms,
-                row.tuples_per_sec / 1e6,
-                strategies_text(&row)
+                "[{}/{}] {groups} groups: generating {} tuples on {nodes} nodes…",
+                i + 1,
+                counts.len(),
+                args.tuples * nodes as u64
             );
-            rows.push(row);
+            let data: Vec<(Vec<u64>, Vec<i64>)> = (0..nodes)
+                .map(|r| fragment(args.seed, r, args.tuples, groups))
+                .collect();
+            let want = reference(&data);
+            ensure!(want.groups >= 1, "the generated data has no group");
+            let runs = run_nodes(args, &algorithms, &config, groups, &data)?;
+            for (&a, a_runs) in algorithms.iter().zip(&runs) {
+                let row = row_of(args, a, groups, a_runs, &want)?;
+                eprintln!(
+                    "        {:<24} {:>10.1} ms  {:>7.1} M tuples/s  {}",
+                    a.name(),
+                    row.runtime_ms,
+                    row.tuples_per_sec / 1e6,
+                    strategies_text(&row)
+                );
+                rows.push(row);
+            }
+            drop(runs);
+            let keys: Vec<i64> = data
+                .iter()
+                .flat_map(|(k, _)| k.iter().map(|&k| k as i64))
+                .collect();
+            let values: Vec<i64> = data.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+            drop(data);
+            let timing = duckdb::run(
+                scratch.path(),
+                &[duckdb::Table {
+                    name: "r",
+                    columns: vec![("k", &keys), ("v", &values)],
+                }],
+                DUCKDB_QUERY,
+                args.repeat as usize,
+                duckdb_threads,
+            )
+            .context("the DuckDB peer")?;
+            let theirs = duckdb_check(&timing)?;
+            ensure!(
+                theirs == want,
+                "DuckDB computed {theirs:?} for {groups} groups, the single-node GROUP BY {want:?}"
+            );
+            eprintln!(
+                "        {:<24} {:>10.1} ms  {:>7.1} M tuples/s  ({} threads; loading took {:.0} ms)",
+                "duckdb",
+                timing.median_ms,
+                keys.len() as f64 / timing.median_ms.max(1e-9) / 1e3,
+                timing.threads,
+                timing.load_ms
+            );
+            duckdb_version.get_or_insert(timing.version.clone());
+            rows.push(Row {
+                algorithm: "duckdb".into(),
+                groups,
+                backend: "duckdb".into(),
+                nodes: 1,
+                threads: timing.threads,
+                tuples: keys.len() as u64,
+                runtime_ms: timing.median_ms,
+                runs_ms: timing.runs_ms.clone(),
+                tuples_per_sec: keys.len() as f64 / (timing.median_ms / 1e3).max(1e-9),
+                setup_ms: 0.0,
+                strategies: BTreeMap::new(),
+                sampled_groups: None,
+                raw_tuples_sent: 0,
+                partials_sent: 0,
+                result_groups: theirs.groups as u64,
+                verified: true,
+            });
         }
-        drop(runs);
-        let keys: Vec<i64> = data
-            .iter()
-            .flat_map(|(k, _)| k.iter().map(|&k| k as i64))
-            .collect();
-        let values: Vec<i64> = data.iter().flat_map(|(_, v)| v.iter().copied()).collect();
-        drop(data);
-        let timing = duckdb::run(
-            scratch.path(),
-            &[duckdb::Table {
-                name: "r",
-                columns: vec![("k", &keys), ("v", &values)],
-            }],
-            DUCKDB_QUERY,
-            args.repeat as usize,
-            duckdb_threads,
-        )
-        .context("the DuckDB peer")?;
-        let theirs = duckdb_check(&timing)?;
-        ensure!(
-            theirs == want,
-            "DuckDB computed {theirs:?} for {groups} groups, the single-node GROUP BY {want:?}"
-        );
-        eprintln!(
-            "        {:<24} {:>10.1} ms  {:>7.1} M tuples/s  ({} threads; loading took {:.0} ms)",
-            "duckdb",
-            timing.median_ms,
-            keys.len() as f64 / timing.median_ms.max(1e-9) / 1e3,
-            timing.threads,
-            timing.load_ms
-        );
-        duckdb_version.get_or_insert(timing.version.clone());
-        rows.push(Row {
-            algorithm: "duckdb".into(),
-            groups,
-            backend: "duckdb".into(),
-            nodes: 1,
-            threads: timing.threads,
-            tuples: keys.len() as u64,
-            runtime_ms: timing.median_ms,
-            runs_ms: timing.runs_ms.clone(),
-            tuples_per_sec: keys.len() as f64 / (timing.median_ms / 1e3).max(1e-9),
-            setup_ms: 0.0,
-            strategies: BTreeMap::new(),
-            sampled_groups: None,
-            raw_tuples_sent: 0,
-            partials_sent: 0,
-            result_groups: theirs.groups as u64,
-            verified: true,
-        });
-    }
+        Ok((rows, duckdb_version))
+    })();
+    let (rows, duckdb_version) = JsonOut::unless_failed(json.as_ref(), measured)?;
     let summary: Vec<Summary> = counts.iter().map(|&g| summarize(g, &rows)).collect();
-    if let Some(p) = &args.json {
+    if let Some(json) = &json {
         let report = Report {
             backend: args.backend.name(),
             nodes: args.nodes,
@@ -631,9 +634,8 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
             rows: &rows,
             summary: &summary,
         };
-        std::fs::write(p, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("cannot write JSON output file {}", p.display()))?;
-        eprintln!("wrote {}", p.display());
+        json.write(&report)?;
+        eprintln!("wrote {}", json.path().display());
     }
     if let Some(dir) = &args.svg {
         let f = draw(dir, args, &rows)?;
@@ -759,8 +761,13 @@ fn print_report(
             line.push_str(&format!(" {a} {pct:+.1}%;"));
         }
         if let (Some(b), Some(x)) = (&s.best, s.best_speedup_vs_duckdb) {
+            let against = if x >= 1.0 {
+                format!("{x:.2}× faster than")
+            } else {
+                format!("{:.2}× slower than", 1.0 / x.max(1e-9))
+            };
             line.push_str(&format!(
-                " best {b} {:.1} ms = {x:.2}× faster than DuckDB ({:.1} ms)",
+                " best {b} {:.1} ms = {against} DuckDB ({:.1} ms)",
                 s.best_ms.unwrap_or(0.0),
                 s.duckdb_ms.unwrap_or(0.0)
             ));

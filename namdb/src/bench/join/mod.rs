@@ -22,6 +22,7 @@ use crate::backend::BackendKind;
 use crate::bench::duckdb::{self, Table};
 use crate::bench::nodes;
 use crate::bench::plot::{self, Axes, Series, XAxis};
+use crate::bench::{JsonOut, ensure_data_fits, parse_names};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use node::{Job, NodeOutput, STALL_LIMIT};
@@ -139,24 +140,6 @@ pub struct Report {
     pub summary: Vec<String>,
 }
 
-fn algorithms(names: &[String]) -> Result<Vec<Algorithm>> {
-    if names.iter().any(|n| n.eq_ignore_ascii_case("all")) {
-        return Ok(Algorithm::ALL.to_vec());
-    }
-    let mut out = Vec::new();
-    for n in names {
-        let a: Algorithm = n.trim().parse()?;
-        if !out.contains(&a) {
-            out.push(a);
-        }
-    }
-    ensure!(
-        !out.is_empty(),
-        "no join given: name some (e.g. --joins ghj,rrj) or all"
-    );
-    Ok(out)
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
@@ -175,37 +158,47 @@ pub fn node_main(args: &nodes::NodeArgs) -> Result<()> {
 }
 
 pub fn run(args: &JoinArgs) -> Result<()> {
-    let joins = algorithms(&args.joins)?;
+    let joins = parse_names("joins", &args.joins, &Algorithm::ALL)?;
     ensure!(!args.selectivity.is_empty(), "no selectivity given");
+    // Each selectivity once: the report keys its rows by selectivity.
+    let mut args = args.clone();
+    let mut selectivities: Vec<f64> = Vec::new();
     for &s in &args.selectivity {
         ensure!(
             (0.0..=1.0).contains(&s),
             "selectivity {s} is not within 0..=1"
         );
+        if !selectivities.contains(&s) {
+            selectivities.push(s);
+        }
     }
+    args.selectivity = selectivities;
+    let args = &args;
     ensure!(
         args.r_tuples * (args.nodes as u64) < u64::from(u32::MAX),
         "R of {} tuples over all nodes exceeds a node's hash table in the worst case",
         args.r_tuples * args.nodes as u64
     );
+    // Each node's fragments of R and S, what it receives of both, its partitions and
+    // R's hash table: measured at about three times the fragments' bytes.
+    let per_node = (args.r_tuples + args.s_tuples) * 16;
+    ensure_data_fits(
+        "the join's data",
+        per_node
+            .saturating_mul(u64::from(args.nodes))
+            .saturating_mul(3),
+        args.r_tuples.max(args.s_tuples),
+        "R or S tuples per node",
+    )?;
     if let Some(dir) = &args.svg {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the SVG directory {}", dir.display()))?;
     }
-    if let Some(p) = &args.json {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(p)
-            .with_context(|| format!("cannot open JSON output file {}", p.display()))?;
-    }
-    let report = measure(args, &joins)?;
-    if let Some(p) = &args.json {
-        let text = serde_json::to_string_pretty(&report)? + "\n";
-        std::fs::write(p, text)
-            .with_context(|| format!("cannot write JSON output file {}", p.display()))?;
-        eprintln!("wrote {}", p.display());
+    let json = JsonOut::open_opt(args.json.as_deref())?;
+    let report = JsonOut::unless_failed(json.as_ref(), measure(args, &joins))?;
+    if let Some(json) = &json {
+        json.write(&report)?;
+        eprintln!("wrote {}", json.path().display());
     }
     if let Some(dir) = &args.svg {
         for f in draw(dir, &report)? {

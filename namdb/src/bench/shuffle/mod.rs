@@ -18,6 +18,7 @@ mod plot;
 pub mod procs;
 
 use crate::backend::BackendKind;
+use crate::bench::{JsonOut, ensure_data_fits, parse_names};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use node::{Job, Method, NodeResult, Pattern};
@@ -230,23 +231,13 @@ fn buffering_name(b: BufferingArg) -> &'static str {
 
 /// The designs asked for.
 fn designs(names: &[String]) -> Result<Vec<Design>> {
-    if names.iter().any(|n| n.eq_ignore_ascii_case("all")) {
-        return Ok(Design::ALL.to_vec());
-    }
-    if names.iter().any(|n| n.eq_ignore_ascii_case("none")) {
+    if names.iter().any(|n| n.trim().eq_ignore_ascii_case("none")) {
+        if names.len() > 1 {
+            bail!("--design none cannot be combined with designs");
+        }
         return Ok(Vec::new());
     }
-    let mut out = Vec::new();
-    for n in names {
-        let d: Design = n.trim().parse()?;
-        if !out.contains(&d) {
-            out.push(d);
-        }
-    }
-    if out.is_empty() {
-        bail!("no design given: name some (e.g. --design MEMQ/WR), or pass all or none");
-    }
-    Ok(out)
+    parse_names("design", names, &Design::ALL)
 }
 
 fn patterns(p: PatternArg) -> Vec<Pattern> {
@@ -289,6 +280,16 @@ fn bytes_name(b: u64) -> String {
 
 pub fn run(args: &ShuffleArgs) -> Result<()> {
     let designs = designs(&args.design)?;
+    // The nodes' fragments, and the buffers and copies of what they send and
+    // receive: measured at about twice the fragments' bytes.
+    ensure_data_fits(
+        "the shuffle's data",
+        (args.tuples * 16)
+            .saturating_mul(u64::from(args.nodes))
+            .saturating_mul(2),
+        args.tuples,
+        "tuples per node",
+    )?;
     if designs.is_empty()
         && args
             .baselines
@@ -327,33 +328,11 @@ pub fn run(args: &ShuffleArgs) -> Result<()> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the SVG directory {}", dir.display()))?;
     }
-    let json_created = match &args.json {
-        Some(p) => {
-            let existed = p.exists();
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(p)
-                .with_context(|| format!("cannot open JSON output file {}", p.display()))?;
-            !existed
-        }
-        None => false,
-    };
-    let rows = match measure(args, &designs, want_tcp, mpi_ok) {
-        Ok(rows) => rows,
-        Err(e) => {
-            if let (Some(p), true) = (&args.json, json_created) {
-                let _ = std::fs::remove_file(p);
-            }
-            return Err(e);
-        }
-    };
-    if let Some(p) = &args.json {
-        let text = serde_json::to_string_pretty(&rows)? + "\n";
-        std::fs::write(p, text)
-            .with_context(|| format!("cannot write JSON output file {}", p.display()))?;
-        eprintln!("wrote {}", p.display());
+    let json = JsonOut::open_opt(args.json.as_deref())?;
+    let rows = JsonOut::unless_failed(json.as_ref(), measure(args, &designs, want_tcp, mpi_ok))?;
+    if let Some(json) = &json {
+        json.write(&rows)?;
+        eprintln!("wrote {}", json.path().display());
     }
     if let Some(dir) = &args.svg {
         for f in draw(dir, args, &rows)? {

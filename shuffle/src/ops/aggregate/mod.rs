@@ -276,6 +276,10 @@ pub struct AggConfig {
     pub seed: u64,
 }
 
+/// The largest [`AggConfig::cache_groups`]: a table of 2^25 slots (1.5 GiB), far past
+/// any cache, and allocated whole by every worker.
+pub const MAX_CACHE_GROUPS: usize = 1 << 24;
+
 impl Default for AggConfig {
     fn default() -> AggConfig {
         AggConfig {
@@ -313,7 +317,8 @@ impl AggConfig {
             .min(tuples)
     }
 
-    fn check(&self) -> Result<()> {
+    /// Whether the settings make sense; every aggregation checks them first.
+    pub fn validate(&self) -> Result<()> {
         let bad = |what: &str| Err(ShuffleError::Invalid(format!("aggregation: {what}")));
         if self.threads == 0 {
             return bad("threads must be at least 1");
@@ -323,6 +328,13 @@ impl AggConfig {
         }
         if self.cache_groups == 0 {
             return bad("the cache table (cache_groups) must hold at least 1 group");
+        }
+        if self.cache_groups > MAX_CACHE_GROUPS {
+            return bad(&format!(
+                "the cache table (cache_groups) holds at most {MAX_CACHE_GROUPS} groups: it \
+                 is allocated whole and meant to fit a core's cache, not {}",
+                self.cache_groups
+            ));
         }
         if self.crossover() == 0 {
             return bad("the crossover threshold must be at least 1 group");
@@ -419,7 +431,7 @@ pub fn aggregate(
     input: Input<'_>,
     config: &AggConfig,
 ) -> Result<Outcome> {
-    config.check()?;
+    config.validate()?;
     Input::new(input.keys, input.values)?;
     let started = Instant::now();
     let (plan, sampled_groups) = match algorithm {

@@ -134,8 +134,10 @@ fn grow_at(slots: usize) -> usize {
 impl GroupTable {
     /// A table that holds `groups` groups without growing.
     pub fn with_capacity(groups: usize) -> GroupTable {
-        let mut slots = 16;
-        while grow_at(slots) < groups {
+        let mut slots: usize = 16;
+        // Bounded so that the doubling cannot wrap: a larger request gets the largest
+        // table an address space could hold, and the allocation fails there.
+        while grow_at(slots) < groups && slots < 1 << (usize::BITS - 8) {
             slots *= 2;
         }
         GroupTable {

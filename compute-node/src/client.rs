@@ -160,7 +160,7 @@ impl Client {
                 txn: t.handle,
                 table: table.into(),
                 start_key: start,
-                end_key: end.unwrap_or(0),
+                end_key: end,
                 limit,
             })
             .await?

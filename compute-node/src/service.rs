@@ -208,7 +208,7 @@ impl Compute for ComputeService {
             .txn(r.txn, |reply| Op::Scan {
                 table: r.table,
                 start: r.start_key,
-                end: (r.end_key != 0).then_some(r.end_key),
+                end: r.end_key,
                 limit: (r.limit != 0).then_some(r.limit as usize),
                 reply,
             })

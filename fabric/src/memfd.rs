@@ -60,6 +60,15 @@ pub enum MemfdError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "{len} bytes are more than this host can back: it has {available} bytes available, \
+         and {reserve} of them stay free for everything else"
+    )]
+    NoRoom {
+        len: u64,
+        available: u64,
+        reserve: u64,
+    },
     #[error("huge pages were required but are unavailable ({0})")]
     HugePagesUnavailable(#[source] Box<MemfdError>),
     #[error("a peer's memfd cannot be mapped: {0}")]
@@ -246,6 +255,19 @@ fn map(name: &str, len: u64, huge: bool) -> Result<MemfdMemory, MemfdError> {
     if huge {
         flags |= MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB;
     }
+    // Huge pages come from a reserved pool and `fallocate` fails cleanly when it runs
+    // out; ordinary shmem pages do not: `fallocate` takes them until the kernel's OOM
+    // killer ends some process, on a shared host not necessarily this one.
+    if !huge && let Some(host) = crate::HostMemory::now() {
+        let reserve = host.reserve();
+        if mapped as u64 > host.available.saturating_sub(reserve) {
+            return Err(MemfdError::NoRoom {
+                len: mapped as u64,
+                available: host.available,
+                reserve,
+            });
+        }
+    }
     let fd = rustix::fs::memfd_create(name, flags).map_err(sys("memfd_create"))?;
     rustix::fs::ftruncate(&fd, mapped as u64).map_err(sys("ftruncate"))?;
     rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, mapped as u64)
@@ -341,6 +363,17 @@ mod tests {
                 .unwrap_or(0)
         };
         read("free_hugepages").saturating_sub(read("resv_hugepages"))
+    }
+
+    #[test]
+    fn more_than_the_host_can_back_is_an_error_not_the_oom_killer() {
+        let host = crate::HostMemory::now().expect("/proc/meminfo");
+        let len = host.available + (1 << 30);
+        match MemfdMemory::with_huge_pages("test-too-big", len, HugePages::Never) {
+            Err(MemfdError::NoRoom { len: l, .. }) => assert!(l >= len),
+            Err(e) => panic!("another error: {e}"),
+            Ok(_) => panic!("{len} bytes mapped and backed"),
+        }
     }
 
     #[test]

@@ -6,9 +6,12 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use memory_server::{ClusterToken, parse_bytes};
 use serde::{Deserialize, Serialize};
+use std::fs::{File, TryLockError};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The cluster file's name in the cluster directory.
@@ -21,6 +24,37 @@ pub const DEFAULT_TABLE: &str = "kv";
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `down` waits after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most memory servers or compute nodes `up` starts: each is a process with its
+/// threads and memory, and a host runs out of both long before this.
+const MAX_PROCESSES: u64 = 64;
+
+/// Set by SIGINT or SIGTERM once [`catch_interrupts`] ran. The processes `up` starts
+/// are detached (a terminal's Ctrl-C does not reach them), so `up` must stop them
+/// itself when interrupted, before the cluster file that names them is written.
+fn interrupted() -> &'static Arc<AtomicBool> {
+    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    FLAG.get_or_init(|| Arc::new(AtomicBool::new(false)))
+}
+
+/// Turns SIGINT and SIGTERM into [`interrupted`]; a second one ends the process at
+/// once, as without the handler.
+fn catch_interrupts() -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    for signal in [SIGINT, SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(interrupted()))
+            .context("cannot handle SIGINT and SIGTERM")?;
+        signal_hook::flag::register(signal, Arc::clone(interrupted()))
+            .context("cannot handle SIGINT and SIGTERM")?;
+    }
+    Ok(())
+}
+
+fn check_interrupted() -> Result<()> {
+    if interrupted().load(Ordering::Relaxed) {
+        bail!("interrupted: stopping the processes started so far");
+    }
+    Ok(())
+}
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
@@ -44,10 +78,12 @@ pub struct DirArg {
 #[derive(Args, Debug)]
 pub struct UpArgs {
     /// Memory-server processes to start.
-    #[arg(long, value_name = "M", default_value_t = 2)]
+    #[arg(long, value_name = "M", default_value_t = 2,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_PROCESSES))]
     pub memory_servers: usize,
     /// Compute-node processes to start.
-    #[arg(long, value_name = "C", default_value_t = 1)]
+    #[arg(long, value_name = "C", default_value_t = 1,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_PROCESSES))]
     pub compute_nodes: usize,
     /// Fabric backend of the memory servers.
     #[arg(long, value_enum)]
@@ -266,6 +302,11 @@ pub(crate) fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Resu
                 return Ok(entry);
             }
         }
+        if interrupted().load(Ordering::Relaxed) {
+            let _ = child.kill();
+            let _ = child.wait();
+            check_interrupted()?;
+        }
         if let Some(exit) = child.try_wait()? {
             bail!(
                 "{name} exited ({exit}) before it was ready; its log {} says:\n{}",
@@ -297,10 +338,29 @@ fn up(args: &UpArgs) -> Result<()> {
     if args.memory_servers == 0 || args.compute_nodes == 0 {
         bail!("a cluster needs at least one memory server and one compute node");
     }
+    if args.dir.dir.exists() && !args.dir.dir.is_dir() {
+        bail!("{} is not a directory", args.dir.dir.display());
+    }
     std::fs::create_dir_all(&args.dir.dir)
         .with_context(|| format!("cannot create {}", args.dir.dir.display()))?;
     // Absolute, so that the cluster file means the same from any directory.
     let dir = std::fs::canonicalize(&args.dir.dir)?;
+    // Held until `up` returns: two `up`s in one directory would share its logs, and
+    // the second would read the first one's processes as its own.
+    let lock_path = dir.join("up.lock");
+    let lock = File::create(&lock_path)
+        .with_context(|| format!("cannot create {}", lock_path.display()))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => bail!(
+            "another `namdb cluster up` is starting a cluster in {}",
+            args.dir.dir.display()
+        ),
+        Err(TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("cannot lock {}", lock_path.display()));
+        }
+    }
+    catch_interrupts()?;
     let cluster_file = dir.join(CLUSTER_FILE);
     if cluster_file.exists() {
         bail!(
@@ -336,6 +396,7 @@ fn up(args: &UpArgs) -> Result<()> {
                 .transpose()?
                 .map(|d| d.display().to_string()))
         };
+        check_interrupted()?;
         // The backup first: the primary attaches to it when it starts.
         let backup_addr = if args.replicas >= 2 {
             let mut extra = base.clone();
@@ -380,6 +441,7 @@ fn up(args: &UpArgs) -> Result<()> {
         .collect();
     // One at a time: the first opens the database on the memory servers.
     for i in 0..args.compute_nodes {
+        check_interrupted()?;
         guard.start(
             &dir,
             "compute-node",
@@ -405,14 +467,30 @@ fn up(args: &UpArgs) -> Result<()> {
         let client = compute_node::client::Client::connect(&file.compute_nodes[0].address, &token)
             .await
             .with_context(|| format!("cannot reach {}", file.compute_nodes[0].name))?;
-        client
+        match client
             .create_table(DEFAULT_TABLE, args.value_cap, args.table_capacity)
             .await
-            .map_err(|s| {
-                anyhow::anyhow!("cannot create the table {DEFAULT_TABLE}: {}", s.message())
-            })?;
+        {
+            Ok(_) => {}
+            // Durable memory servers brought back up: the table and its data are kept.
+            Err(s) if s.code() == tonic::Code::AlreadyExists => {
+                let tables = client
+                    .list_tables()
+                    .await
+                    .map_err(|s| anyhow::anyhow!("cannot list the tables: {}", s.message()))?;
+                if let Some(t) = tables.iter().find(|t| t.name == DEFAULT_TABLE) {
+                    println!(
+                        "table {DEFAULT_TABLE} exists already (values up to {} bytes, {} \
+                         records); kept with its data",
+                        t.value_cap, t.capacity
+                    );
+                }
+            }
+            Err(s) => bail!("cannot create the table {DEFAULT_TABLE}: {}", s.message()),
+        }
         anyhow::Ok(())
     })?;
+    check_interrupted()?;
     file.write(&cluster_file)?;
     guard.armed = false;
     for p in file

@@ -74,6 +74,9 @@ fn a_local_cluster_serves_kv_commands_and_metrics_and_comes_down() {
         "9\tworld\n"
     );
     assert_eq!(ok(cwd, &["kv", "scan", "--limit", "1"]), "7\thello\n");
+    // `--to` is exclusive, 0 included: an empty range, not "no bound".
+    assert_eq!(ok(cwd, &["kv", "scan", "--to", "0"]), "");
+    assert_eq!(ok(cwd, &["kv", "scan", "--from", "9", "--to", "9"]), "");
     ok(cwd, &["kv", "delete", "7"]);
     let missing = namdb(cwd, &["kv", "get", "7"]);
     assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
@@ -176,6 +179,68 @@ fn a_cluster_on_tcp_with_two_compute_nodes_comes_up_and_down() {
         "{log}"
     );
     assert!(data.join("meta").exists());
+    // The durable cluster comes up again on its data, keeping the table `kv`.
+    let again = namdb(
+        c.cwd(),
+        &[
+            "cluster",
+            "up",
+            "--memory-servers",
+            "1",
+            "--backend",
+            "tcp",
+            "--size",
+            "16MiB",
+            "--table-capacity",
+            "1024",
+            "--data-dir",
+            "data",
+        ],
+    );
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        stdout(&again).contains("exists already"),
+        "{}",
+        stdout(&again)
+    );
+    assert_eq!(ok(c.cwd(), &["kv", "get", "1"]), "one\n");
+    ok(c.cwd(), &["cluster", "down"]);
+}
+
+#[test]
+fn an_interrupted_up_stops_the_processes_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(dir.path())
+        .args(["cluster", "up", "--backend", "shm", "--size", "16MiB"])
+        .args(["--memory-servers", "8"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Interrupted once the first memory server runs, with seven more to start.
+    let log = dir.path().join("namdb-cluster/memory-server-0.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("listening on")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no memory server came up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let kill = Command::new("kill")
+        .args(["-INT", &up.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = up.wait_with_output().unwrap();
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
+    let cluster_dir = dir.path().join("namdb-cluster");
+    assert!(!cluster_dir.join("cluster.json").exists());
+    let token = std::fs::canonicalize(cluster_dir.join("token")).unwrap();
+    let left = processes_naming(&token);
+    assert!(left.is_empty(), "still running: {left:?}");
 }
 
 #[test]

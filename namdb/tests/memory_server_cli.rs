@@ -119,6 +119,28 @@ fn bad_sizes_are_explained() {
     let out = memory_server("tcp", &path, "1001");
     assert!(!out.status.success());
     assert!(stderr(&out).contains("multiple of 8"), "{}", stderr(&out));
+    // More than the host has: an error, where `fallocate` once woke the OOM killer.
+    for backend in ["tcp", "shm"] {
+        let out = namdb(&[
+            "memory-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            backend,
+            "--size",
+            "4TiB",
+            "--region-size",
+            "4TiB",
+            "--token-file",
+            path.to_str().unwrap(),
+        ]);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(
+            err.contains("more than this host can back"),
+            "{backend}: {err}"
+        );
+    }
 }
 
 #[test]

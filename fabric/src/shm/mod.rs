@@ -40,6 +40,7 @@ use keytable::KeyTable;
 use link::PeerLink;
 use qp::{ShmPort, ShmQp};
 use std::collections::HashMap;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -176,13 +177,24 @@ fn listen(path: &Path) -> Result<UnixListener> {
     };
     match UnixListener::bind(path) {
         Ok(l) => Ok(l),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => match UnixStream::connect(path) {
-            Err(c) if c.kind() == std::io::ErrorKind::ConnectionRefused => {
-                std::fs::remove_file(path).map_err(fail)?;
-                UnixListener::bind(path).map_err(fail)
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            // A regular file refuses connections too: only a socket nobody listens on
+            // is a leftover of an earlier run, and removing anything else loses data.
+            let socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+            if !socket {
+                return Err(FabricError::Backend(format!(
+                    "cannot listen on {}: something other than a socket is there",
+                    path.display()
+                )));
             }
-            _ => Err(fail(e)),
-        },
+            match UnixStream::connect(path) {
+                Err(c) if c.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(path).map_err(fail)?;
+                    UnixListener::bind(path).map_err(fail)
+                }
+                _ => Err(fail(e)),
+            }
+        }
         Err(e) => Err(fail(e)),
     }
 }

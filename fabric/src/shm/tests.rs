@@ -742,3 +742,20 @@ fn a_client_process_dying_mid_stream_leaves_the_owner_whole() {
     };
     assert_eq!(failed.status, WcStatus::RetryExceeded);
 }
+
+#[test]
+fn binding_replaces_a_leftover_socket_but_never_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // A socket nobody listens on any more: an earlier run's, taken over.
+    let leftover = dir.path().join("leftover.sock");
+    drop(std::os::unix::net::UnixListener::bind(&leftover).unwrap());
+    assert!(leftover.exists());
+    let device = ShmDevice::bind(&leftover, TOKEN).unwrap();
+    drop(device);
+    // Anything else at the path is someone's data: an error, and the file stays.
+    let precious = dir.path().join("precious.txt");
+    std::fs::write(&precious, "keep me").unwrap();
+    let err = ShmDevice::bind(&precious, TOKEN).err().expect("refused");
+    assert!(err.to_string().contains("other than a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+}

@@ -239,6 +239,10 @@ struct State {
     highest_marked: u64,
     last_gap: Option<u64>,
     watch: Option<Watch>,
+    /// A slot a caller suspects is dead though it stalls no prefix ([`SlotHandle::suspect`]),
+    /// and the watch of its lease.
+    suspect: Option<u32>,
+    suspect_watch: Option<Watch>,
     /// The cursor at which a read timestamp last found the prefix waiting for this
     /// slot (see `skip_own_behind`).
     stalled_at: Option<u64>,
@@ -277,6 +281,8 @@ impl State {
             highest_marked: 0,
             last_gap: None,
             watch: None,
+            suspect: None,
+            suspect_watch: None,
             stalled_at: None,
             leases: vec![UNSEEN; layout.slots() as usize],
             free_bits: vec![0; layout.slots() as usize],
@@ -1318,6 +1324,12 @@ impl SlotHandle {
                 break;
             }
         }
+        if report.fenced.is_none()
+            && let Some((slot, lease)) = self.check_suspect(now)?
+        {
+            report.fenced = Some(slot);
+            report.fenced_lease = Some(lease);
+        }
         self.publish_hints()?;
         if active {
             let (cursor, horizon) = {
@@ -1441,57 +1453,120 @@ impl SlotHandle {
         let lease = match lease.state {
             SlotState::Free | SlotState::Fenced => lease,
             SlotState::Owned => {
-                if beat & BEAT_FENCED == 0 {
-                    let mut st = self.st.borrow_mut();
-                    match st.watch {
-                        Some(w) if w.slot == owner && w.lease == word && w.beat == beat => {
-                            if now.saturating_sub(w.since) < self.config.lease_timeout {
-                                return Ok((None, 0));
-                            }
-                        }
-                        _ => {
-                            st.watch = Some(Watch {
-                                slot: owner,
-                                lease: word,
-                                beat,
-                                since: now,
-                            });
-                            return Ok((None, 0));
-                        }
+                match self.fence_if_lapsed(owner, word, beat, now, |st| &mut st.watch)? {
+                    Some(taken) => {
+                        fenced = Some((owner, taken));
+                        taken
                     }
-                    st.watch = None;
-                    drop(st);
-                    // Step 1: the heartbeat, against the value watched, so that a
-                    // renewal since then wins instead.
-                    let off = self.layout.heartbeat_offset(owner);
-                    if self.link.cas(off, beat, beat | BEAT_FENCED)? != beat {
-                        return Ok((None, 0));
-                    }
+                    None => return Ok((None, 0)),
                 }
-                // Step 2 (or finishing a fencer that stopped after step 1): the lease,
-                // which tells skippers and claimers the slot is up for grabs.
-                let taken = Lease {
-                    state: SlotState::Fenced,
-                    tag: lease.next_tag(),
-                    horizon: lease.horizon,
-                };
-                let old = self
-                    .link
-                    .cas(self.layout.lease_offset(owner), word, taken.encode())?;
-                if old != word {
-                    self.st.borrow_mut().note_lease(owner, old);
-                    return Ok((None, 0));
-                }
-                let mut st = self.st.borrow_mut();
-                st.stats.fences += 1;
-                st.note_lease(owner, taken.encode());
-                drop(st);
-                fenced = Some((owner, taken));
-                taken
             }
         };
         let skipped = self.skip_for(owner, lease, gap, frontier, obs)?;
         Ok((fenced, skipped))
+    }
+
+    /// Fences `owner`'s owned slot, whose lease entry was just read as `word` and
+    /// `beat`, once the same entry was seen `lease_timeout` apart in the watch
+    /// `watch` picks (a live holder renews its heartbeat well within that). The fence
+    /// takes two steps: the heartbeat against the value watched, so that a renewal
+    /// since then wins instead, then the lease, which tells skippers and claimers the
+    /// slot is up for grabs. Returns the lease the fence left.
+    fn fence_if_lapsed(
+        &self,
+        owner: u32,
+        word: u64,
+        beat: u64,
+        now: Duration,
+        watch: fn(&mut State) -> &mut Option<Watch>,
+    ) -> Result<Option<Lease>> {
+        let lease = Lease::decode(word)?;
+        if beat & BEAT_FENCED == 0 {
+            let mut st = self.st.borrow_mut();
+            let w = watch(&mut st);
+            match *w {
+                Some(seen) if seen.slot == owner && seen.lease == word && seen.beat == beat => {
+                    if now.saturating_sub(seen.since) < self.config.lease_timeout {
+                        return Ok(None);
+                    }
+                }
+                _ => {
+                    *w = Some(Watch {
+                        slot: owner,
+                        lease: word,
+                        beat,
+                        since: now,
+                    });
+                    return Ok(None);
+                }
+            }
+            *w = None;
+            drop(st);
+            let off = self.layout.heartbeat_offset(owner);
+            if self.link.cas(off, beat, beat | BEAT_FENCED)? != beat {
+                return Ok(None);
+            }
+        }
+        // Also finishes a fencer that stopped after the heartbeat.
+        let taken = Lease {
+            state: SlotState::Fenced,
+            tag: lease.next_tag(),
+            horizon: lease.horizon,
+        };
+        let old = self
+            .link
+            .cas(self.layout.lease_offset(owner), word, taken.encode())?;
+        if old != word {
+            self.st.borrow_mut().note_lease(owner, old);
+            return Ok(None);
+        }
+        let mut st = self.st.borrow_mut();
+        st.stats.fences += 1;
+        st.note_lease(owner, taken.encode());
+        Ok(Some(taken))
+    }
+
+    /// Asks the next ticks to check whether `slot`'s holder is alive, and to fence its
+    /// slot if its lease lapsed, as they do for a slot that stalls the prefix. For a
+    /// holder found by what it left rather than by the prefix: a reader waiting on a
+    /// lock whose holder died must not wait for someone to commit, since a read-only
+    /// workload decides no timestamp, and the prefix never stalls on the dead slot.
+    pub fn suspect(&self, slot: u32) {
+        let mut st = self.st.borrow_mut();
+        if slot < self.layout.slots() && !(st.status == Status::Active && st.slot == slot) {
+            st.suspect = Some(slot);
+        }
+    }
+
+    /// The tick's check of a suspect ([`SlotHandle::suspect`]): the slot fenced, if it
+    /// was; a suspect found free, fenced or alive is dropped.
+    fn check_suspect(&self, now: Duration) -> Result<Option<(u32, Lease)>> {
+        let Some(owner) = self.st.borrow().suspect else {
+            return Ok(None);
+        };
+        let mut entry = [0u64; 2];
+        self.link
+            .read(self.layout.lease_offset(owner), &mut entry)?;
+        let (word, beat) = (entry[0], entry[1]);
+        self.st.borrow_mut().note_lease(owner, word);
+        let alive_since_watched = self
+            .st
+            .borrow()
+            .suspect_watch
+            .is_some_and(|w| w.slot == owner && (w.lease != word || w.beat != beat));
+        if Lease::decode(word)?.state != SlotState::Owned || alive_since_watched {
+            let mut st = self.st.borrow_mut();
+            st.suspect = None;
+            st.suspect_watch = None;
+            return Ok(None);
+        }
+        let fenced = self.fence_if_lapsed(owner, word, beat, now, |st| &mut st.suspect_watch)?;
+        if fenced.is_some() {
+            let mut st = self.st.borrow_mut();
+            st.suspect = None;
+            st.suspect_watch = None;
+        }
+        Ok(fenced.map(|lease| (owner, lease)))
     }
 
     /// Decides, for a free or fenced slot, its undecided timestamps from `gap` to

@@ -3,7 +3,12 @@
 //!
 //! A worker holds an oracle slot under a lease. When the lease lapses, another node's
 //! tick fences the slot (the `timestamp` crate) and this module resolves what the
-//! holder left: it reads the slot's commit-log ring, then scans every table for
+//! holder left. A tick fences a slot that stalls the prefix, which needs a later
+//! timestamp decided; with nothing committing (readers only, or writers that all
+//! conflict on the dead holder's locks) nothing is, so a reader that gives up on a
+//! lock held too long also names the holder's slot to its worker's oracle handle
+//! (`SlotHandle::suspect`), whose next ticks fence the slot if its lease lapsed. Then
+//! this module resolves what the holder left: it reads the slot's commit-log ring, then scans every table for
 //! headers locked by a CID of that slot (CIDs of slot s are ≡ s mod S). A lock whose
 //! CID has a complete log record belongs to a committed transaction and is rolled
 //! forward (the logged value installed unless it already is, then unlocked at the

@@ -1054,18 +1054,19 @@ async fn fetch(
                     arena.truncate(raw.start);
                     match e {
                         LayoutError::Torn { .. } => worker.count(|s| s.torn_retries += 1),
-                        LayoutError::Locked { .. } => {
+                        LayoutError::Locked { holder } => {
                             worker.count(|s| s.locked_retries += 1);
-                            retry = Some(i);
+                            retry = Some((i, holder));
                         }
                         e => return Err(e.into()),
                     }
                 }
             }
         }
-        if let Some(i) = retry
+        if let Some((i, holder)) = retry
             && start.elapsed() > LOCK_PATIENCE
         {
+            worker.suspect_holder(holder);
             return Err(TxnError::Conflict {
                 table: table.id,
                 key: keys[i],
@@ -1148,9 +1149,10 @@ pub(crate) async fn read_block(
         match accepted {
             Ok(header) => return Ok((header, raw)),
             Err(LayoutError::Torn { .. }) => worker.count(|s| s.torn_retries += 1),
-            Err(LayoutError::Locked { .. }) => {
+            Err(LayoutError::Locked { holder }) => {
                 worker.count(|s| s.locked_retries += 1);
                 if start.get_or_insert_with(Instant::now).elapsed() > LOCK_PATIENCE {
+                    worker.suspect_holder(holder);
                     return Err(TxnError::Conflict {
                         table: table.id,
                         key,
@@ -1516,10 +1518,17 @@ async fn run_commit(
         batches.run(worker).await?;
         let mut conflict = None;
         for (wi, w, _, _, block, res) in &updates {
-            if buffer.load_u64(*res)? == block.0.encode() {
+            let found = buffer.load_u64(*res)?;
+            if found == block.0.encode() {
                 held.locked.push(*wi);
-            } else if conflict.is_none() {
-                conflict = Some((w.table.id, w.key));
+            } else {
+                let found = Header::decode(found);
+                if found.locked {
+                    worker.suspect_holder(found.cid);
+                }
+                if conflict.is_none() {
+                    conflict = Some((w.table.id, w.key));
+                }
             }
         }
         if let Some((table, key)) = conflict {

@@ -321,6 +321,14 @@ impl Worker {
         }
     }
 
+    /// Has the next ticks check whether the holder of commit timestamp `cid` (found
+    /// holding a lock too long) is alive, and fence its slot and resolve its work if
+    /// it is not: with no commit deciding later timestamps, nothing else would.
+    pub(crate) fn suspect_holder(&self, cid: u64) {
+        let slots = u64::from(self.slot.layout().slots());
+        self.slot.suspect((cid % slots) as u32);
+    }
+
     /// Resolves the work of the holder of `slot` that a fence just ended (the fence
     /// bumped the holder's tag once, to `fenced.tag`).
     fn resolve_fenced(&self, slot: u32, fenced: timestamp::Lease) -> Result<()> {

@@ -155,6 +155,36 @@ fn a_crash_at_every_commit_step_is_recovered_atomically() {
 }
 
 #[test]
+fn readers_alone_get_a_dead_holders_locks_resolved() {
+    // Nobody commits after the death, so no later timestamp is decided and the prefix
+    // never stalls on the dead slot: only the readers that wait for its locks can
+    // notice it. Before they did, the records stayed locked for ever.
+    let (db, t) = cluster();
+    die_at(&db, &t, "after-log");
+    let mut reader = db.client().unwrap();
+    let start = Instant::now();
+    let (a, b) = loop {
+        let mut x = reader.begin().unwrap();
+        let read = x.get(&t, 1).and_then(|a| Ok((a, x.get(&t, 2)?)));
+        drop(x);
+        match read {
+            Ok((a, b)) => break (num(a), num(b)),
+            Err(txn::TxnError::Conflict { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        reader.tick().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "still locked after 20 s: {:?}",
+            db.locked_records().unwrap()
+        );
+    };
+    assert_eq!((a, b), (90, 110), "the logged transfer is rolled forward");
+    assert_eq!(db.recoveries().len(), 1);
+    assert!(db.locked_records().unwrap().is_empty());
+}
+
+#[test]
 fn committed_records_are_in_the_log_and_clean_exits_leave_no_work() {
     let (db, t) = cluster();
     let mut c = db.client().unwrap();

@@ -25,7 +25,8 @@ use txn::{
 pub enum ConnectError {
     #[error("no memory servers given")]
     NoServers,
-    #[error("cannot reach the memory server at {addr}: {source}")]
+    /// `source` names the address already.
+    #[error("{source}")]
     Control { addr: String, source: ClientError },
     #[error("the memory server at {addr} exports no {what} region")]
     MissingRegion { addr: String, what: &'static str },

@@ -94,10 +94,12 @@ pub struct UpArgs {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64MiB")]
     pub size: u64,
     /// Records the `kv` table holds.
-    #[arg(long, value_name = "N", default_value_t = 16384)]
+    #[arg(long, value_name = "N", default_value_t = 16384,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
     pub table_capacity: u64,
     /// Largest value of the `kv` table, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = 256)]
+    #[arg(long, value_name = "BYTES", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=16 << 20))]
     pub value_cap: u32,
     /// Make the memory servers durable: memory server i keeps its data in
     /// DATA_DIR/memory-server-i (see `namdb memory-server --data-dir`).
@@ -486,7 +488,18 @@ fn up(args: &UpArgs) -> Result<()> {
                     );
                 }
             }
-            Err(s) => bail!("cannot create the table {DEFAULT_TABLE}: {}", s.message()),
+            Err(s) => {
+                let hint = if s.message().contains("no room") {
+                    ": give the memory servers more --size, or the table a smaller \
+                     --table-capacity or --value-cap"
+                } else {
+                    ""
+                };
+                bail!(
+                    "cannot create the table {DEFAULT_TABLE}: {}{hint}",
+                    s.message()
+                )
+            }
         }
         anyhow::Ok(())
     })?;

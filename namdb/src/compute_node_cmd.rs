@@ -27,7 +27,9 @@ pub struct ComputeNodeArgs {
     #[arg(long, value_name = "FILE")]
     pub token_file: PathBuf,
     /// Worker threads running transactions; one per core by default.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(1..=compute_node::pool::MAX_WORKERS as u64))]
     pub workers: Option<usize>,
     /// A transaction with no request for this long is aborted (e.g. 300ms, 30s, 2m).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]

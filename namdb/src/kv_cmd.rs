@@ -69,11 +69,12 @@ fn cluster_file(given: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-/// A value as UTF-8 when it is, else as hex (`0x…`).
+/// A value as text when it is printable UTF-8, else as hex (`0x…`): a newline or a
+/// tab printed raw would break the one-row-a-line `KEY<TAB>VALUE` output.
 pub fn show(value: &[u8]) -> String {
     match std::str::from_utf8(value) {
-        Ok(s) => s.to_string(),
-        Err(_) => format!("0x{}", hex::encode(value)),
+        Ok(s) if !s.chars().any(char::is_control) => s.to_string(),
+        _ => format!("0x{}", hex::encode(value)),
     }
 }
 
@@ -114,7 +115,12 @@ pub async fn autocommit(client: &Client, table: &str, command: KvCommand) -> Res
         Err(e) => {
             // Gone already if the request aborted it.
             let _ = client.abort(t).await;
-            Err(e)
+            // The status says whether the transaction survived the failure, for
+            // clients that go on with it; this one was aborted either way.
+            Err(anyhow::anyhow!(
+                "{}",
+                format!("{e:#}").replace("; the transaction is still open", "; aborted")
+            ))
         }
     }
 }
@@ -166,6 +172,10 @@ mod tests {
         assert_eq!(show(b"hello"), "hello");
         assert_eq!(show(&[0xff, 0x00, 0x10]), "0xff0010");
         assert_eq!(show(b""), "");
+        assert_eq!(show("naïve café".as_bytes()), "naïve café");
+        assert_eq!(show(b"two\nlines"), "0x74776f0a6c696e6573");
+        assert_eq!(show(b"a\tb"), "0x610962");
+        assert_eq!(show(b"\x01"), "0x01");
     }
 
     #[test]

@@ -82,7 +82,48 @@ enum Command {
     Verify(verify_cmd::VerifyArgs),
 }
 
-fn main() -> Result<ExitCode> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{}", error_report(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `e` and its causes, as anyhow prints them, but without the causes a message
+/// already quotes: many errors say "…: {source}" and name that source as their cause
+/// too, which would print every cause twice.
+fn error_report(e: &anyhow::Error) -> String {
+    let mut out = format!("Error: {e}");
+    let mut causes = Vec::new();
+    let mut previous = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !previous.contains(&text) {
+            causes.push(text.clone());
+        }
+        previous = text;
+    }
+    match causes.as_slice() {
+        [] => {}
+        [one] => out.push_str(&format!("\n\nCaused by:\n    {one}")),
+        many => {
+            out.push_str("\n\nCaused by:");
+            for (i, c) in many.iter().enumerate() {
+                out.push_str(&format!("\n    {i}: {c}"));
+            }
+        }
+    }
+    let backtrace = e.backtrace();
+    if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+        out.push_str(&format!("\n\nStack backtrace:\n{backtrace}"));
+    }
+    out
+}
+
+fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     // Logs go to stderr so that stdout carries only the report a command prints. Quiet
     // by default; `RUST_LOG=namdb=debug` shows what each measurement set up. A server
@@ -123,6 +164,27 @@ fn main() -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_report_names_each_cause_once() {
+        let io = std::io::Error::other("Is a directory");
+        let e = anyhow::Error::new(io).context("cannot read token file t: Is a directory");
+        assert_eq!(
+            error_report(&e),
+            "Error: cannot read token file t: Is a directory"
+        );
+        let e = anyhow::anyhow!("Connection refused")
+            .context("tcp connect error")
+            .context("tcp connect error")
+            .context("transport error")
+            .context("cannot reach it: transport error")
+            .context("starting");
+        assert_eq!(
+            error_report(&e),
+            "Error: starting\n\nCaused by:\n    0: cannot reach it: transport error\n    \
+             1: tcp connect error\n    2: Connection refused"
+        );
+    }
     use clap::CommandFactory;
 
     #[test]

@@ -76,7 +76,13 @@ pub fn keeps_transaction(e: &TxnError) -> bool {
 /// The status a client gets for `e`.
 pub fn status_of(e: &TxnError, fate: Fate) -> Status {
     let code = code_of(e);
-    let mut message = e.to_string();
+    let mut message = match e {
+        // Said in words a client who never heard of completions or oracles follows.
+        TxnError::Oracle(_) | TxnError::Fabric(_) | TxnError::Index(IndexError::Fabric(_)) => {
+            format!("the memory servers did not answer as they should (stopped, overloaded or unreachable?): {e}")
+        }
+        _ => e.to_string(),
+    };
     match fate {
         Fate::Open => message.push_str("; the transaction is still open"),
         Fate::Aborted | Fate::None if code == Code::Aborted => {

@@ -77,7 +77,7 @@ fn options(args: &ComputeNodeArgs, token: &ClusterToken) -> Result<txn::Options>
 }
 
 /// A duration: a whole number with a unit of ms, s or m (a bare number is seconds).
-fn parse_duration(input: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(input: &str) -> Result<Duration, String> {
     let s = input.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let value: u64 = s[..split]

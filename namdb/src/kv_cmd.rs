@@ -20,6 +20,11 @@ pub struct KvArgs {
     /// The cluster file; by default ./cluster.json, else ./namdb-cluster/cluster.json.
     #[arg(long, value_name = "FILE", global = true)]
     pub cluster: Option<PathBuf>,
+    /// Give up when the transaction has not finished after this long (e.g. 500ms,
+    /// 30s, 2m).
+    #[arg(long, value_name = "DURATION", global = true, default_value = "30s",
+          value_parser = crate::compute_node_cmd::parse_duration)]
+    pub timeout: std::time::Duration,
 }
 
 #[derive(Subcommand, Debug, PartialEq, Eq)]
@@ -101,7 +106,19 @@ pub fn session(given: Option<PathBuf>) -> Result<(tokio::runtime::Runtime, Clien
 
 pub fn run(args: KvArgs) -> Result<ExitCode> {
     let (runtime, client) = session(args.cluster)?;
-    runtime.block_on(autocommit(&client, &args.table, args.command))
+    let timeout = args.timeout;
+    runtime
+        .block_on(async {
+            tokio::time::timeout(timeout, autocommit(&client, &args.table, args.command)).await
+        })
+        .unwrap_or_else(|_| {
+            // The compute node aborts the transaction once it has been idle for its
+            // --txn-timeout.
+            bail!(
+                "no answer from the compute node within {timeout:?}: a memory server may be \
+                 stopped or overloaded (`namdb cluster status` shows which processes run)"
+            )
+        })
 }
 
 /// Runs `command` in a transaction of its own: committed if it succeeds, else aborted.

@@ -325,6 +325,29 @@ impl State {
         }
     }
 
+    /// Records the lease words of the slots from `first` on, as one read of the slot
+    /// table returned them (lease and heartbeat word per slot), and rebuilds the free
+    /// bits once rather than per slot (a table of thousands of slots would otherwise
+    /// cost a rebuild per slot). Our own held slot keeps what we wrote or confirmed.
+    fn note_table(&mut self, first: u32, entries: &[u64]) {
+        let mut changed = false;
+        for (i, entry) in entries.chunks_exact(2).enumerate() {
+            let slot = first + i as u32;
+            if slot == self.slot && self.status == Status::Active {
+                continue;
+            }
+            let Ok(lease) = Lease::decode(entry[0]) else {
+                continue;
+            };
+            let was_free = self.known_free(slot);
+            self.leases[slot as usize] = lease;
+            changed |= was_free != self.known_free(slot);
+        }
+        if changed {
+            self.rebuild_free_bits();
+        }
+    }
+
     /// Records a slot's lease word as seen on the server.
     fn note_lease(&mut self, slot: u32, word: u64) {
         let Ok(lease) = Lease::decode(word) else {
@@ -419,13 +442,47 @@ impl SlotHandle {
         let mut header = [0u64; HEADER_WORDS];
         link.read(0, &mut header)?;
         let layout = Layout::from_header(&header, region.len - base)?;
-        Ok(SlotHandle {
+        let handle = SlotHandle {
             link,
             layout,
             config,
             clock,
             st: RefCell::new(State::unclaimed(&header, layout)),
-        })
+        };
+        // Read timestamps skip only for slots known to be free, and a slot never seen
+        // counts as owned; a handle that knew only the slots its claim looked at (the
+        // first few) left every later free slot to the ticks, one slot per two ticks,
+        // and with many free slots its own commits hit the wrap margin long before.
+        handle.refresh_leases()?;
+        Ok(handle)
+    }
+
+    /// Reads the whole slot table (a doorbell of 256-byte READs per `Link::run`'s
+    /// worth of buffers) and records every slot's lease: at registration, and when a
+    /// tick finds a slot free or fenced that this handle still took for owned (one
+    /// stale sighting suggests others are stale too, as when nodes leave together).
+    fn refresh_leases(&self) -> Result<()> {
+        let slots = self.layout.slots();
+        let per_read = (BUFFER_BYTES as u64 / SLOT_BYTES) as u32;
+        let batch = self.link.idle_buffers().max(1) as u32;
+        let mut first = 0;
+        while first < slots {
+            let mut ops = Vec::with_capacity(batch as usize);
+            let mut at = first;
+            while at < slots && ops.len() < batch as usize {
+                let n = per_read.min(slots - at);
+                ops.push(Op::Read {
+                    remote: self.layout.lease_offset(at),
+                    words: 2 * n,
+                });
+                at += n;
+            }
+            let mut entries = vec![0u64; 2 * (at - first) as usize];
+            self.link.run(&ops, &mut entries)?;
+            self.st.borrow_mut().note_table(first, &entries);
+            first = at;
+        }
+        Ok(())
     }
 
     pub fn layout(&self) -> Layout {
@@ -1448,7 +1505,11 @@ impl SlotHandle {
             .read(self.layout.lease_offset(owner), &mut entry)?;
         let (word, beat) = (entry[0], entry[1]);
         let lease = Lease::decode(word)?;
+        let stale = !self.st.borrow().known_free(owner) && lease.state != SlotState::Owned;
         self.st.borrow_mut().note_lease(owner, word);
+        if stale {
+            self.refresh_leases()?;
+        }
         let mut fenced = None;
         let lease = match lease.state {
             SlotState::Free | SlotState::Fenced => lease,

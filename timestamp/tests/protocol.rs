@@ -626,3 +626,97 @@ fn a_claimer_of_a_slot_skipped_ahead_starts_above_the_skips() {
     c.mark(next, Outcome::Committed).unwrap();
     assert!(rounds_until_visible(&c, &[&h[0], &h[1]], next, 20).is_some());
 }
+
+/// Commits one at a time on `h`, each followed by a read timestamp, with no tick and
+/// a clock that never moves: `commits` of them, or fewer if more than `max_stalls`
+/// passes find no commit timestamp (`acquire_commit_ts` reads timestamps itself
+/// before it gives up, so a stalled pass is still work). Returns the commits made,
+/// the stalled passes, and the window READs per commit made.
+fn commit_alone(h: &SlotHandle, commits: u64, max_stalls: u64) -> (u64, u64, f64) {
+    let before = h.stats();
+    let (mut made, mut stalls, mut last) = (0, 0, 0);
+    while made < commits && stalls <= max_stalls {
+        match h.acquire_commit_ts(4) {
+            Ok(t) => {
+                h.mark(t, Outcome::Committed).unwrap();
+                made += 1;
+                last = t;
+            }
+            Err(OracleError::Stalled { .. }) => stalls += 1,
+            Err(e) => panic!("acquire: {e}"),
+        }
+        h.read_timestamp().unwrap();
+    }
+    if made == commits {
+        // A read skips for free slots through one window (2048 timestamps) at most,
+        // and the prefix may lag the holder by up to the wrap margin, V/2.
+        let reads = 2 + (h.layout().bits() / 2 / 2048) as usize;
+        assert!(
+            (0..reads).any(|_| h.read_timestamp().unwrap() >= last),
+            "the last commit {last} is not visible after {reads} reads"
+        );
+    }
+    let reads = (h.stats().window_reads - before.window_reads) as f64;
+    (made, stalls, reads / made.max(1) as f64)
+}
+
+/// One active holder among many free slots, with read timestamps alone (no ticks):
+/// the reads skip for every free slot, so the holder's commits never wait for the
+/// wrap margin and each costs about one window READ however many slots are free.
+/// A handle that knew only the leases its claim read (the first 16 slots) took the
+/// others for owned and never skipped for them: it stalled for good after V/(2S)
+/// commits (234 at 128 slots), with 64 window READs per stalled pass.
+#[test]
+fn one_holder_among_many_free_slots_commits_through_reads_alone() {
+    for slots in [17, 128, 1024, 4096] {
+        let o = cluster(60_000, slots);
+        let clock = ManualClock::new();
+        let h = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
+        // Four rounds of the vector, at least 500 commits.
+        let commits = (4 * 60_000 / slots as u64).max(500);
+        let (made, stalls, reads) = commit_alone(&h, commits, commits / 10);
+        assert_eq!(
+            made, commits,
+            "{slots} slots: {made} of {commits} commits, {stalls} stalled passes"
+        );
+        // A commit moves the prefix S timestamps, a window READ covers 2048, and
+        // acquire_commit_ts reads once per pass while the wrap margin holds it back.
+        let bound = 2.0 + slots as f64 / 2048.0;
+        assert!(
+            reads <= bound,
+            "{slots} slots: {reads:.2} window READs per commit (bound {bound:.2}), {stalls} stalled passes"
+        );
+    }
+}
+
+/// A handle that registered while other slots were held learns, at its first tick
+/// that finds one of them free, that all of them were released: one stale sighting
+/// re-reads the slot table, so the prefix does not wait two ticks per released slot.
+#[test]
+fn slots_released_after_registration_are_learned_together() {
+    const OTHERS: usize = 40;
+    let o = cluster(60_000, OTHERS as u32 + 1);
+    let clock = ManualClock::new();
+    let others = handles(&o, OTHERS, &clock);
+    let h = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
+    assert_eq!(h.slot(), OTHERS as u32);
+    for other in &others {
+        other.release().unwrap();
+    }
+    let t = h.acquire_commit_ts(4).unwrap();
+    h.mark(t, Outcome::Committed).unwrap();
+    let mut ticks = 0;
+    while h.read_timestamp().unwrap() < t {
+        ticks += 1;
+        assert!(
+            ticks <= 4,
+            "the prefix {} still waits for released slots after {ticks} ticks",
+            h.known_read_timestamp()
+        );
+        clock.advance(TICK);
+        h.tick().unwrap();
+    }
+    // From here on the reads skip for all of them, as for slots free from the start.
+    let (made, stalls, _) = commit_alone(&h, 1000, 100);
+    assert_eq!(made, 1000, "{stalls} stalled passes");
+}

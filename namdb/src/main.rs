@@ -77,8 +77,13 @@ enum Command {
     /// One node process of `namdb bench aggregate`, which starts them itself.
     #[command(hide = true)]
     AggregateNode(bench::nodes::NodeArgs),
-    /// Check a recorded history (JSON Lines) for snapshot-isolation anomalies; exits
-    /// non-zero when the history violates the model.
+    /// Check a recorded history (JSON Lines) for snapshot-isolation anomalies.
+    ///
+    /// Exit status: 0 valid; 1 the history violates the model; 2 the history cannot be
+    /// read (the message names the line); 3 inconclusive: nothing forbidden was found,
+    /// but part of the history could not be checked (a cycle search ran out of budget,
+    /// or register reads lack the timestamps, rid and cid, that place them in a
+    /// snapshot: their values alone are checked).
     Verify(verify_cmd::VerifyArgs),
 }
 

@@ -2,8 +2,9 @@
 //! anomalies with explained examples, and counts.
 //!
 //! Exit status: 0 valid, 1 the history violates the model, 2 the history could not be
-//! read (the message names the line), 3 inconclusive (a cycle search ran out of budget
-//! and nothing forbidden was found).
+//! read (the message names the line), 3 inconclusive: nothing forbidden was found, but
+//! part of the history could not be checked (a cycle search ran out of budget, or
+//! register reads without timestamps, which only their values could be checked for).
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};

@@ -159,6 +159,116 @@ fn a_repeated_id_and_a_missing_file_are_clear_errors() {
     );
 }
 
+/// Runs `namdb verify` on `lines`; returns the exit status and standard output.
+fn verify_lines(name: &str, lines: &[&str]) -> (Option<i32>, String) {
+    let history = TempHistory::new(name, lines);
+    let out = namdb(&["verify", history.path()]);
+    let stdout = text(&out.stdout);
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+    (out.status.code(), stdout)
+}
+
+#[test]
+fn without_timestamps_a_register_read_of_a_value_nobody_wrote_exits_one() {
+    let (code, stdout) = verify_lines(
+        "garbage-register",
+        &[
+            r#"{"id":1,"session":1,"status":"committed","ops":[{"f":"w","key":"x","value":1}]}"#,
+            r#"{"id":2,"session":2,"status":"committed","ops":[{"f":"r","key":"x","value":7}]}"#,
+        ],
+    );
+    assert_eq!(code, Some(1), "{stdout}");
+    for expected in [
+        "impossible-read: 1",
+        "T2 read x=7, a value no transaction wrote (checked by its value alone)",
+        "verdict: INVALID under snapshot isolation (impossible-read)",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn without_timestamps_a_committed_read_of_an_aborted_write_exits_one() {
+    let (code, stdout) = verify_lines(
+        "aborted-register",
+        &[
+            r#"{"id":1,"session":1,"status":"aborted","ops":[{"f":"w","key":"x","value":1}]}"#,
+            r#"{"id":2,"session":2,"status":"committed","ops":[{"f":"r","key":"x","value":1}]}"#,
+        ],
+    );
+    assert_eq!(code, Some(1), "{stdout}");
+    for expected in [
+        "uncommitted-read: 1",
+        "T2 read x=1, written by T1, which aborted",
+        "verdict: INVALID under snapshot isolation (uncommitted-read)",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn register_reads_without_timestamps_are_inconclusive_not_valid() {
+    // The read's value is right, but whether x=1 was the newest version its snapshot
+    // held needs timestamps; one transaction without a rid is enough to lose them.
+    let (code, stdout) = verify_lines(
+        "unplaced-register",
+        &[
+            r#"{"id":1,"session":1,"status":"committed","rid":0,"cid":1,"ops":[{"f":"w","key":"x","value":1}]}"#,
+            r#"{"id":2,"session":2,"status":"committed","ops":[{"f":"r","key":"x","value":1}]}"#,
+        ],
+    );
+    assert_eq!(code, Some(3), "{stdout}");
+    for expected in [
+        "white-box (system timestamps): skipped, T2 read without a rid",
+        "register reads by value alone: 1 checked",
+        "verdict: INCONCLUSIVE under snapshot isolation: nothing forbidden found, but 1 \
+         register read was not checked against a snapshot (the white-box checker skipped: T2 \
+         read without a rid)",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+    assert!(!stdout.contains("VALID under"), "{stdout}");
+}
+
+#[test]
+fn a_directory_exits_two_naming_its_cause_once() {
+    let dir = std::env::temp_dir();
+    let out = namdb(&["verify", dir.to_str().expect("temp path is UTF-8")]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let cause = std::io::Error::from_raw_os_error(21).to_string();
+    assert!(
+        stderr.contains(&format!("line 1: cannot read the history: {cause}")),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches(&cause).count(), 1, "{stderr}");
+}
+
+#[test]
+fn a_line_that_is_not_an_object_exits_two_naming_the_line() {
+    let history = TempHistory::new("array-line", &[VALID[0], r#"[1,2,"committed"]"#]);
+    let out = namdb(&["verify", history.path()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "is not a usable history: line 2, column 1: invalid type: sequence, expected a \
+             JSON object (one transaction)"
+        ),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
 #[test]
 fn a_history_can_come_from_standard_input() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))

@@ -11,9 +11,9 @@
 //! The format is strict (unknown fields are errors) because a misspelt optional field
 //! would otherwise silently switch a check off. `rid`, `cid`, `begin_ns`, `end_ns`,
 //! `error` and a read's `version` are optional; without timestamps only the black-box
-//! checker has anything to work with.
+//! checker and the value check of register reads have anything to work with.
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -32,7 +32,9 @@ pub enum Status {
 
 /// One transaction of a history.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// `remote = "Self"` makes the derives inherent functions, so that the trait impls below
+// can accept only a JSON object (see `object_only!`).
+#[serde(deny_unknown_fields, remote = "Self")]
 pub struct Txn {
     /// Unique within the history.
     pub id: u64,
@@ -57,6 +59,39 @@ pub struct Txn {
     #[serde(default)]
     pub ops: Vec<Op>,
 }
+
+impl Serialize for Txn {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // The derived, inherent `Txn::serialize` (`remote = "Self"`).
+        Txn::serialize(self, serializer)
+    }
+}
+
+/// Implements `Deserialize` for a struct whose derive is `#[serde(remote = "Self")]`,
+/// accepting only a JSON object. A derived struct visitor also accepts an array of the
+/// fields in order (`[1, 2, "committed"]` would be transaction 1 of session 2); the
+/// format is objects only, and an array is far more likely a mistake than a shorthand.
+macro_rules! object_only {
+    ($ty:ident, $what:literal) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct ObjectVisitor;
+                impl<'de> Visitor<'de> for ObjectVisitor {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<$ty, A::Error> {
+                        $ty::deserialize(de::value::MapAccessDeserializer::new(map))
+                    }
+                }
+                deserializer.deserialize_map(ObjectVisitor)
+            }
+        }
+    };
+}
+
+object_only!(Txn, "a JSON object (one transaction)");
 
 impl Txn {
     /// A transaction with no timestamps and no operations yet.
@@ -178,7 +213,7 @@ impl<'de> Deserialize<'de> for ReadValue {
 
 /// The wire shape of an operation, validated into an [`Op`].
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, remote = "Self")]
 struct RawOp {
     f: OpFunction,
     key: String,
@@ -186,6 +221,8 @@ struct RawOp {
     #[serde(default)]
     version: Option<u64>,
 }
+
+object_only!(RawOp, "a JSON object (one operation)");
 
 #[derive(Deserialize)]
 enum OpFunction {
@@ -238,12 +275,11 @@ impl TryFrom<RawOp> for Op {
 /// Why a history could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum HistoryError {
-    #[error("line {line}: cannot read the history: {source}")]
-    Io {
-        line: u64,
-        #[source]
-        source: io::Error,
-    },
+    // The cause is in the message and deliberately not a `#[source]` (nor a field named
+    // `source`, which thiserror treats as one): error chains print sources after the
+    // message, which would show it twice, and plain `Display` users need it shown.
+    #[error("line {line}: cannot read the history: {cause}")]
+    Io { line: u64, cause: io::Error },
     #[error("line {line}, column {column}: {message}")]
     Parse {
         line: u64,
@@ -288,10 +324,10 @@ impl<R: BufRead> Iterator for HistoryReader<R> {
             match self.input.read_until(b'\n', &mut self.buf) {
                 Ok(0) => return None,
                 Ok(_) => {}
-                Err(source) => {
+                Err(cause) => {
                     return Some(Err(HistoryError::Io {
                         line: self.line,
-                        source,
+                        cause,
                     }));
                 }
             }
@@ -309,9 +345,12 @@ fn parse_error(line: u64, err: &serde_json::Error) -> HistoryError {
     let text = err.to_string();
     let position = format!(" at line {} column {}", err.line(), err.column());
     let message = text.strip_suffix(&position).unwrap_or(&text).to_string();
+    // A type error found by peeking at the first character (a line that is an array,
+    // not an object) comes before anything was consumed, at column 0; columns count
+    // from 1.
     HistoryError::Parse {
         line,
-        column: err.column(),
+        column: err.column().max(1),
         message,
     }
 }
@@ -454,7 +493,17 @@ mod tests {
                 "unknown field `versoin`",
             ),
             (r#"{"id":2,"session":0,"#, "EOF"),
-            ("[1, 2]", "expected struct Txn"),
+            ("[1, 2]", "expected a JSON object (one transaction)"),
+            // A derived struct visitor would take these as fields in order.
+            (
+                r#"[1,2,"committed"]"#,
+                "invalid type: sequence, expected a JSON object (one transaction)",
+            ),
+            (
+                r#"{"id":2,"session":0,"status":"aborted","ops":[["w","k",1]]}"#,
+                "invalid type: sequence, expected a JSON object (one operation)",
+            ),
+            ("7", "expected a JSON object (one transaction)"),
         ];
         for (bad, expected) in cases {
             let text = format!("{good}\n\n{bad}\n{good}\n");
@@ -466,6 +515,28 @@ mod tests {
             assert!(message.contains(expected), "{bad}: {message}");
             assert!(!message.contains("line 1 column"), "{message}");
         }
+    }
+
+    /// Fails every read, as reading a directory does.
+    struct Unreadable;
+
+    impl io::Read for Unreadable {
+        fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+            Err(io::Error::from_raw_os_error(21))
+        }
+    }
+
+    #[test]
+    fn a_read_error_names_its_cause_once() {
+        let err = HistoryReader::new(io::BufReader::new(Unreadable))
+            .next()
+            .expect("one item")
+            .expect_err("unreadable");
+        let cause = io::Error::from_raw_os_error(21).to_string();
+        let message = err.to_string();
+        assert_eq!(message, format!("line 1: cannot read the history: {cause}"));
+        // Error chains (anyhow's `{:#}`) append each source: none, or the cause repeats.
+        assert!(std::error::Error::source(&err).is_none());
     }
 
     #[test]

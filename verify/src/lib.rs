@@ -5,8 +5,9 @@
 //! runs against any store implementing [`store::TxnStore`] ([`mem_store`] is the
 //! in-memory reference, [`txn_store`] adapts namdb's transactions). Checking starts by indexing the history ([`index`]); then a
 //! white-box checker ([`whitebox`]) replays the system's own timestamps and an
-//! Elle-style black-box checker ([`elle`]) infers dependencies from values alone.
-//! [`report`] runs both and gives the verdict. [`chaos`] is the fault-injection
+//! Elle-style black-box checker ([`elle`]) infers dependencies from values alone;
+//! without timestamps, register reads are checked by value ([`registers`]).
+//! [`report`] runs them and gives the verdict. [`chaos`] is the fault-injection
 //! harness's plan, checks and report.
 
 pub mod anomaly;
@@ -16,6 +17,7 @@ pub mod history;
 pub mod index;
 pub mod mem_store;
 pub mod recorder;
+pub mod registers;
 pub mod report;
 pub mod store;
 pub mod txn_store;

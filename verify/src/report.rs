@@ -1,8 +1,11 @@
-//! Runs both checkers on an indexed history and states the verdict.
+//! Runs both checkers on an indexed history and states the verdict. When the white-box
+//! checker cannot run, register reads get the value check ([`registers`]) instead, and
+//! those it cannot place in a snapshot keep the verdict from being plain valid.
 
 use crate::anomaly::Findings;
 use crate::elle::{self, ElleSummary};
 use crate::index::{HistoryIndex, HistoryStats};
+use crate::registers::{self, RegisterSummary};
 use crate::whitebox::{self, WhiteBoxSummary};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -28,7 +31,9 @@ pub enum Verdict {
     Valid,
     /// Something the model forbids was found.
     Invalid,
-    /// Nothing forbidden was found, but a cycle search ran out of budget.
+    /// Nothing forbidden was found, but part of the history could not be checked: a
+    /// cycle search ran out of budget, or register reads could not be checked against
+    /// a snapshot (no timestamps for the white-box checker).
     Inconclusive,
 }
 
@@ -38,6 +43,8 @@ pub struct Report {
     /// What the white-box checker covered, or why it could not run.
     pub whitebox: Result<WhiteBoxSummary, String>,
     pub blackbox: ElleSummary,
+    /// The value check of register reads, run when the white-box checker could not.
+    pub registers: Option<RegisterSummary>,
     pub findings: Findings,
     pub whitebox_time: Duration,
     pub blackbox_time: Duration,
@@ -48,6 +55,11 @@ pub fn check(index: &HistoryIndex, model: Model) -> Report {
     let mut findings = index.findings.clone();
     let started = Instant::now();
     let whitebox = whitebox::check(index, &mut findings);
+    // The white-box read rule covers everything the value check would find, so running
+    // both would report each bad register read twice.
+    let registers = whitebox
+        .is_err()
+        .then(|| registers::check(index, &mut findings));
     let whitebox_time = started.elapsed();
     let started = Instant::now();
     let blackbox = elle::check(index, &mut findings);
@@ -57,6 +69,7 @@ pub fn check(index: &HistoryIndex, model: Model) -> Report {
         stats: index.stats().clone(),
         whitebox,
         blackbox,
+        registers,
         findings,
         whitebox_time,
         blackbox_time,
@@ -68,8 +81,24 @@ impl Report {
         match self.model {
             Model::SnapshotIsolation if self.findings.violates_si() => Verdict::Invalid,
             _ if !self.blackbox.incomplete.is_empty() => Verdict::Inconclusive,
+            _ if self.unchecked_register_reads() > 0 => Verdict::Inconclusive,
             _ => Verdict::Valid,
         }
+    }
+
+    /// Register reads no checker could hold to a snapshot: their values were checked,
+    /// but without timestamps a stale or future read looks like a correct one.
+    pub fn unchecked_register_reads(&self) -> u64 {
+        self.registers.as_ref().map_or(0, |r| r.unplaced)
+    }
+}
+
+/// `1 register read was` / `2 register reads were`.
+fn register_reads(n: u64) -> String {
+    if n == 1 {
+        "1 register read was".into()
+    } else {
+        format!("{n} register reads were")
     }
 }
 
@@ -116,6 +145,18 @@ impl fmt::Display for Report {
             )?,
             Err(reason) => writeln!(f, "white-box (system timestamps): skipped, {reason}")?,
         }
+        if let Some(r) = &self.registers
+            && r.reads_checked + r.unplaced > 0
+        {
+            writeln!(
+                f,
+                "  register reads by value alone: {} checked (each must be another \
+                 transaction's last write to the key, not aborted); {} not checked against a \
+                 snapshot",
+                r.reads_checked,
+                register_reads(r.unplaced)
+            )?;
+        }
         let b = &self.blackbox;
         writeln!(
             f,
@@ -128,9 +169,14 @@ impl fmt::Display for Report {
             self.blackbox_time.as_secs_f64()
         )?;
         if s.register_keys > 0 {
+            let how = if self.whitebox.is_ok() {
+                "white-box only"
+            } else {
+                "by value alone (above)"
+            };
             writeln!(
                 f,
-                "  registers reveal no version order: their reads are checked white-box only"
+                "  registers reveal no version order: their reads are checked {how}"
             )?;
         }
         for size in &b.incomplete {
@@ -178,11 +224,26 @@ impl fmt::Display for Report {
         let model = self.model.name();
         match self.verdict() {
             Verdict::Valid => writeln!(f, "verdict: VALID under {model}"),
-            Verdict::Inconclusive => writeln!(
-                f,
-                "verdict: INCONCLUSIVE under {model}: nothing forbidden found, but not every \
-                 cycle was searched"
-            ),
+            Verdict::Inconclusive => {
+                let mut gaps = Vec::new();
+                if !self.blackbox.incomplete.is_empty() {
+                    gaps.push("not every cycle was searched".to_string());
+                }
+                let unchecked = self.unchecked_register_reads();
+                if unchecked > 0 {
+                    let reason = self.whitebox.as_ref().err().map_or("", String::as_str);
+                    gaps.push(format!(
+                        "{} not checked against a snapshot (the white-box checker skipped: \
+                         {reason})",
+                        register_reads(unchecked)
+                    ));
+                }
+                writeln!(
+                    f,
+                    "verdict: INCONCLUSIVE under {model}: nothing forbidden found, but {}",
+                    gaps.join(", and ")
+                )
+            }
             Verdict::Invalid => {
                 let forbidden: Vec<&str> = self
                     .findings
@@ -205,7 +266,7 @@ mod tests {
     use super::*;
     use crate::history::Status::*;
     use crate::history::{Op, ReadValue, Status, Txn};
-    use crate::index::tests::{append, rl, txn};
+    use crate::index::tests::{append, r, rl, txn, w};
     use proptest::prelude::*;
 
     /// Operations over a handful of keys and values, so that random histories collide
@@ -285,6 +346,108 @@ mod tests {
                 prop_assert!(report.to_string().contains("verdict: "));
             }
         }
+    }
+
+    fn reg(v: i64) -> ReadValue {
+        ReadValue::Register(v)
+    }
+
+    fn report_of(txns: Vec<Txn>) -> (Verdict, String) {
+        let index = HistoryIndex::from_txns(txns).expect("indexes");
+        let report = check(&index, Model::SnapshotIsolation);
+        (report.verdict(), report.to_string())
+    }
+
+    fn assert_contains(text: &str, expected: &[&str]) {
+        for e in expected {
+            assert!(text.contains(e), "missing {e:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn without_timestamps_a_register_value_nobody_wrote_is_invalid() {
+        let (verdict, text) = report_of(vec![
+            txn(1, Committed, vec![w("x", 1)]),
+            txn(2, Committed, vec![r("x", reg(7))]),
+        ]);
+        assert_eq!(verdict, Verdict::Invalid, "{text}");
+        assert_contains(
+            &text,
+            &[
+                "white-box (system timestamps): skipped, the history carries no timestamps",
+                "impossible-read: 1 (a read returned a value the key never had; forbidden)",
+                "T2 read x=7, a value no transaction wrote (checked by its value alone)",
+                "registers reveal no version order: their reads are checked by value alone",
+                "verdict: INVALID under snapshot isolation (impossible-read)",
+            ],
+        );
+    }
+
+    #[test]
+    fn without_timestamps_a_committed_read_of_an_aborted_write_is_invalid() {
+        let (verdict, text) = report_of(vec![
+            txn(1, Aborted, vec![w("x", 1)]),
+            txn(2, Committed, vec![r("x", reg(1))]),
+        ]);
+        assert_eq!(verdict, Verdict::Invalid, "{text}");
+        assert_contains(
+            &text,
+            &[
+                "T2 read x=1, written by T1, which aborted",
+                "verdict: INVALID under snapshot isolation (uncommitted-read)",
+            ],
+        );
+    }
+
+    #[test]
+    fn one_read_without_a_rid_still_gets_its_value_checked() {
+        let mut writer = Txn::new(1, 1, Committed);
+        (writer.rid, writer.cid) = (Some(0), Some(1));
+        writer.ops = vec![w("x", 1)];
+        let (verdict, text) = report_of(vec![writer, txn(2, Committed, vec![r("x", reg(7))])]);
+        assert_eq!(verdict, Verdict::Invalid, "{text}");
+        assert_contains(
+            &text,
+            &[
+                "white-box (system timestamps): skipped, T2 read without a rid",
+                "T2 read x=7, a value no transaction wrote",
+            ],
+        );
+    }
+
+    #[test]
+    fn register_reads_no_checker_can_place_make_the_verdict_inconclusive() {
+        let (verdict, text) = report_of(vec![
+            txn(1, Committed, vec![w("x", 1)]),
+            txn(2, Committed, vec![r("x", reg(1))]),
+            txn(3, Committed, vec![r("x", ReadValue::Absent)]),
+        ]);
+        assert_eq!(verdict, Verdict::Inconclusive, "{text}");
+        assert_contains(
+            &text,
+            &[
+                "register reads by value alone: 1 checked",
+                "2 register reads were not checked against a snapshot",
+                "verdict: INCONCLUSIVE under snapshot isolation: nothing forbidden found, but \
+                 2 register reads were not checked against a snapshot (the white-box checker \
+                 skipped: the history carries no timestamps (rid, cid))",
+            ],
+        );
+
+        // With timestamps the white-box checker places the same reads: valid.
+        let mut writer = txn(1, Committed, vec![w("x", 1)]);
+        (writer.rid, writer.cid) = (Some(0), Some(1));
+        let mut reader = txn(2, Committed, vec![r("x", reg(1))]);
+        reader.rid = Some(1);
+        let mut null_reader = txn(3, Committed, vec![r("x", ReadValue::Absent)]);
+        null_reader.rid = Some(0);
+        let timed = vec![writer, reader, null_reader];
+        let (verdict, text) = report_of(timed);
+        assert_eq!(verdict, Verdict::Valid, "{text}");
+        assert_contains(
+            &text,
+            &["registers reveal no version order: their reads are checked white-box only"],
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //!
 //! Transactions of unknown outcome count as committed once a read observed their
 //! writes (decided while indexing). Registers reveal no version order, so they are
-//! left to the white-box checker.
+//! left to the white-box checker (or, without timestamps, to [`crate::registers`]).
 
 mod cycles;
 mod explain;

@@ -79,7 +79,9 @@ pub fn status_of(e: &TxnError, fate: Fate) -> Status {
     let mut message = match e {
         // Said in words a client who never heard of completions or oracles follows.
         TxnError::Oracle(_) | TxnError::Fabric(_) | TxnError::Index(IndexError::Fabric(_)) => {
-            format!("the memory servers did not answer as they should (stopped, overloaded or unreachable?): {e}")
+            format!(
+                "the memory servers did not answer as they should (stopped, overloaded or unreachable?): {e}"
+            )
         }
         _ => e.to_string(),
     };

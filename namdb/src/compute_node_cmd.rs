@@ -95,7 +95,29 @@ pub(crate) fn parse_duration(input: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// Refuses a memory-server list with an empty address (`A|`, `A,,B`) or an address
+/// given twice: the cluster would count one server as two.
+fn check_memory_servers(specs: &[String]) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for spec in specs {
+        for addr in spec.split('|') {
+            let addr = addr.trim();
+            anyhow::ensure!(
+                !addr.is_empty(),
+                "--memory-servers: `{spec}` has an empty address (expected HOST:PORT or \
+                 PRIMARY|BACKUP)"
+            );
+            anyhow::ensure!(
+                seen.insert(addr.to_string()),
+                "--memory-servers: {addr} is listed twice; each memory server once"
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: ComputeNodeArgs) -> Result<()> {
+    check_memory_servers(&args.memory_servers)?;
     let token = ClusterToken::from_file(&args.token_file)?;
     let workers = args
         .workers

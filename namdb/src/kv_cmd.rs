@@ -89,19 +89,31 @@ pub fn session(given: Option<PathBuf>) -> Result<(tokio::runtime::Runtime, Clien
     let path = cluster_file(given)?;
     let file = ClusterFile::read(&path)?;
     let token = file.token()?;
-    let Some(node) = file.compute_nodes.first() else {
+    if file.compute_nodes.is_empty() {
         bail!("{} names no compute node", path.display());
-    };
+    }
     let runtime = runtime()?;
-    let client = runtime
-        .block_on(Client::connect(&node.address, &token))
-        .with_context(|| {
-            format!(
-                "cannot reach {} at {} (is the cluster up? `namdb cluster status`)",
-                node.name, node.address
-            )
-        })?;
-    Ok((runtime, client))
+    // The first compute node that answers: one that died leaves the others serving.
+    let mut last = None;
+    for node in &file.compute_nodes {
+        match runtime.block_on(Client::connect(&node.address, &token)) {
+            Ok(client) => return Ok((runtime, client)),
+            Err(e) => last = Some((node, e)),
+        }
+    }
+    let (node, e) = last.expect("a compute node was tried");
+    Err(anyhow::Error::from(e)).with_context(|| {
+        format!(
+            "cannot reach {} at {}{} (is the cluster up? `namdb cluster status`)",
+            node.name,
+            node.address,
+            if file.compute_nodes.len() > 1 {
+                ", nor any other compute node of the cluster"
+            } else {
+                ""
+            }
+        )
+    })
 }
 
 pub fn run(args: KvArgs) -> Result<ExitCode> {

@@ -139,9 +139,12 @@ fn run() -> Result<ExitCode> {
     };
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // Colours only on a terminal: `cluster up` sends servers' logs to files, and prints
+    // their tails in its errors.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
         Command::Bench(cmd) => bench::run(cmd).map(|()| ExitCode::SUCCESS),

@@ -348,3 +348,28 @@ fn unreachable_memory_servers_are_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("127.0.0.1:1"), "{err}");
 }
+
+#[test]
+fn bad_memory_server_lists_and_worker_counts_are_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = token_file(&dir);
+    for (servers, workers, says) in [
+        ("127.0.0.1:1,127.0.0.1:1", "1", "listed twice"),
+        ("127.0.0.1:1|127.0.0.1:1", "1", "listed twice"),
+        ("127.0.0.1:1|", "1", "empty address"),
+        ("127.0.0.1:1", "0", "--workers"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["compute-node", "--listen", "127.0.0.1:0"])
+            .args(["--memory-servers", servers, "--workers", workers])
+            .arg("--token-file")
+            .arg(&token_file)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{servers} {workers}: {err}");
+        // Refused before connecting: nothing listens at port 1 to connect to.
+        assert!(!err.contains("cannot reach"), "{err}");
+    }
+}

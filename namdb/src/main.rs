@@ -92,6 +92,10 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{}", error_report(&e));
+            let backtrace = e.backtrace();
+            if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+                eprintln!("\nStack backtrace:\n{backtrace}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -120,10 +124,6 @@ fn error_report(e: &anyhow::Error) -> String {
                 out.push_str(&format!("\n    {i}: {c}"));
             }
         }
-    }
-    let backtrace = e.backtrace();
-    if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
-        out.push_str(&format!("\n\nStack backtrace:\n{backtrace}"));
     }
     out
 }

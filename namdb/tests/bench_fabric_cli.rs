@@ -163,6 +163,8 @@ fn tcp_backend_runs_over_loopback() {
         stdout.contains("300 k batched"),
         "tcp goals printed: {stdout}"
     );
+    // Once, for tcp's row: not again for the sim's row beside it.
+    assert_eq!(stdout.matches("300 k batched").count(), 1, "{stdout}");
 }
 
 #[test]
@@ -257,4 +259,21 @@ fn connect_measures_a_separately_started_memory_server() {
     ]);
     assert!(!wrong.status.success());
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("serves the tcp backend"));
+
+    // SEND/RECV alone leaves nothing a memory server can be measured on.
+    let nothing = namdb(&[
+        "bench",
+        "fabric",
+        "--backend",
+        "tcp",
+        "--connect",
+        &server.control,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--ops",
+        "send_recv",
+    ]);
+    assert!(!nothing.status.success());
+    let said = String::from_utf8_lossy(&nothing.stderr);
+    assert!(said.contains("nothing to measure"), "{said}");
 }

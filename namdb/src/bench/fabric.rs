@@ -237,6 +237,12 @@ fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
     if server.is_some() && cases.iter().any(|c| c.op == OpKind::SendRecv) {
         eprintln!("note: send_recv skipped: a memory server runs no receivers");
         cases.retain(|c| c.op != OpKind::SendRecv);
+        if cases.is_empty() {
+            bail!(
+                "nothing to measure: a memory server runs no receivers, so --connect \
+                 measures one-sided operations only (--ops read,write,cas,fetch_add)"
+            );
+        }
     }
     let backends = measured_backends(args.backend);
     let total = cases.len() * args.threads as usize * backends.len() + 1;
@@ -932,6 +938,7 @@ fn goal_lines(backend: BackendKind, rows: &[Row]) -> Vec<String> {
     match backend {
         BackendKind::Sim => rows
             .iter()
+            .filter(|r| r.backend == BackendKind::Sim.name())
             .filter(|r| small(r, OpKind::Read) || small(r, OpKind::Cas))
             .map(|row| {
                 let per_thread = row.ops_per_sec / row.threads as f64;
@@ -947,6 +954,7 @@ fn goal_lines(backend: BackendKind, rows: &[Row]) -> Vec<String> {
             .collect(),
         BackendKind::Tcp => rows
             .iter()
+            .filter(|r| r.backend == BackendKind::Tcp.name())
             .filter(|r| r.threads == 1 && small(r, OpKind::Read))
             .flat_map(|row| {
                 [

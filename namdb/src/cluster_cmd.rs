@@ -564,6 +564,10 @@ fn down(dir: &Path) -> Result<()> {
     let Some((path, file)) = existing(dir, "no cluster to stop")? else {
         return Ok(());
     };
+    let running = file
+        .processes()
+        .filter(|p| ours(p.pid, &file.token_file))
+        .count();
     let killed = stop_all(file.processes(), &file.token_file);
     for name in &killed {
         println!(
@@ -573,7 +577,19 @@ fn down(dir: &Path) -> Result<()> {
     }
     std::fs::remove_file(&path)
         .with_context(|| format!("cannot remove the cluster file {}", path.display()))?;
-    println!("cluster down ({} processes)", file.processes().count());
+    let gone = file.processes().count() - running;
+    let plural = |n: usize| if n == 1 { "" } else { "es" };
+    if gone == 0 {
+        println!(
+            "cluster down ({running} process{} stopped)",
+            plural(running)
+        );
+    } else {
+        println!(
+            "cluster down ({running} process{} stopped, {gone} had exited already)",
+            plural(running),
+        );
+    }
     Ok(())
 }
 

@@ -31,8 +31,14 @@ pub struct KvArgs {
 pub enum KvCommand {
     /// Print the value of KEY; exit status 1 if there is none.
     Get { key: u64 },
-    /// Set KEY to VALUE (its UTF-8 bytes).
-    Put { key: u64, value: String },
+    /// Set KEY to VALUE (its UTF-8 bytes, or with --hex the bytes it spells).
+    Put {
+        key: u64,
+        value: String,
+        /// VALUE is hex (`00ff…`, with or without `0x`), for values that are not text.
+        #[arg(long)]
+        hex: bool,
+    },
     /// Delete KEY.
     Delete { key: u64 },
     /// Print the rows (`KEY<TAB>VALUE`) in key order.
@@ -169,10 +175,20 @@ pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Re
             }
             Err(s) => return Err(failed("get", &s)),
         },
-        KvCommand::Put { key, value } => client
-            .put(t, table, key, value.into_bytes())
-            .await
-            .map_err(|s| failed("put", &s))?,
+        KvCommand::Put { key, value, hex } => {
+            let bytes = if hex {
+                let digits = value.strip_prefix("0x").unwrap_or(&value);
+                hex::decode(digits).with_context(|| {
+                    format!("--hex: `{value}` is not hex (two digits a byte, e.g. 00ff10)")
+                })?
+            } else {
+                value.into_bytes()
+            };
+            client
+                .put(t, table, key, bytes)
+                .await
+                .map_err(|s| failed("put", &s))?
+        }
         KvCommand::Delete { key } => client
             .delete(t, table, key)
             .await

@@ -69,6 +69,7 @@ fn parse(line: &str) -> Result<Line, String> {
             return Ok(Line::Kv(KvCommand::Put {
                 key: key(Some(k))?,
                 value: value.trim_start().to_string(),
+                hex: false,
             }));
         }
         "scan" => Line::Kv(KvCommand::Scan {
@@ -169,7 +170,8 @@ mod tests {
             parse("  put 3   hello  world"),
             Ok(Line::Kv(KvCommand::Put {
                 key: 3,
-                value: "hello  world".into()
+                value: "hello  world".into(),
+                hex: false,
             }))
         );
         assert_eq!(parse("del 2"), Ok(Line::Kv(KvCommand::Delete { key: 2 })));

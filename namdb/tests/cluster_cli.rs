@@ -85,6 +85,18 @@ fn a_local_cluster_serves_kv_commands_and_metrics_and_comes_down() {
         "{}",
         stderr(&missing)
     );
+    // Bytes that are not text go in as hex and come out as hex; text with a newline
+    // comes out as hex too, so that every row stays one line.
+    ok(cwd, &["kv", "put", "20", "--hex", "0x00ff0a"]);
+    assert_eq!(ok(cwd, &["kv", "get", "20"]), "0x00ff0a\n");
+    ok(cwd, &["kv", "put", "21", "two\nlines"]);
+    assert_eq!(
+        ok(cwd, &["kv", "scan", "--from", "20"]),
+        "20\t0x00ff0a\n21\t0x74776f0a6c696e6573\n"
+    );
+    let bad = namdb(cwd, &["kv", "put", "22", "--hex", "xyz"]);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("is not hex"), "{}", stderr(&bad));
     // The file named explicitly, from elsewhere.
     let file = c.file();
     let elsewhere = tempfile::tempdir().unwrap();
@@ -107,7 +119,8 @@ fn a_local_cluster_serves_kv_commands_and_metrics_and_comes_down() {
     let commits = sample(&text, "namdb_commits_total").expect("a commit counter");
     assert!(commits >= 4.0, "{text}");
     assert!(
-        sample(&text, "namdb_rpcs_total{method=\"Put\"}") == Some(3.0),
+        // 7, 9, 12, 20 and 21; the put of bad hex never left the command.
+        sample(&text, "namdb_rpcs_total{method=\"Put\"}") == Some(5.0),
         "{text}"
     );
     assert!(

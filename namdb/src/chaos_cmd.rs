@@ -992,6 +992,9 @@ impl<'a> Harness<'a> {
             &self.dir.join(name).display().to_string(),
             "--checkpoint-interval",
             CHECKPOINT_INTERVAL_S,
+            // The harness killed outright must not leave its servers behind.
+            "--exit-with-parent",
+            &std::process::id().to_string(),
         ]
         .into_iter()
         .map(String::from)

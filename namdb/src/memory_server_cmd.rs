@@ -91,6 +91,13 @@ pub struct MemoryServerArgs {
     /// backup").
     #[arg(long, value_name = "ADDR")]
     pub backup_at: Option<String>,
+    /// Stop (as on SIGTERM) once the process that started this one exits: for servers
+    /// a benchmark or the chaos harness runs for itself, which must not outlive it
+    /// when it is killed before it can stop them.
+    /// PID is the starting process's own: one that died before this server came up
+    /// shows as a parent that is not PID.
+    #[arg(long, hide = true, value_name = "PID")]
+    pub exit_with_parent: Option<u32>,
 }
 
 /// Parses a positive number of seconds (fractions allowed).
@@ -162,7 +169,17 @@ fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Devic
     }
 }
 
+/// Whether this process's parent is still the process `pid`.
+fn parent_is(pid: u32) -> bool {
+    rustix::process::getppid().is_some_and(|p| p.as_raw_nonzero().get() as u32 == pid)
+}
+
 pub fn run(args: MemoryServerArgs) -> Result<()> {
+    if let Some(parent) = args.exit_with_parent
+        && !parent_is(parent)
+    {
+        bail!("the process that started this memory server (pid {parent}) has exited");
+    }
     let plan = RegionPlan::new(args.size, args.region_size)?;
     let token = ClusterToken::from_file(&args.token_file)?;
     let device = device(&args, &token)?;
@@ -226,7 +243,25 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
             stats.bytes_registered,
             data_path
         );
-        server.run_until(signal).await?;
+        if let Some(parent) = args.exit_with_parent {
+            let orphaned = async move {
+                // Reparented (to init or a subreaper) once the parent is gone.
+                while parent_is(parent) {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok("the exit of the process that started it")
+            };
+            server
+                .run_until(async {
+                    tokio::select! {
+                        s = signal => s,
+                        s = orphaned => s,
+                    }
+                })
+                .await?;
+        } else {
+            server.run_until(signal).await?;
+        }
         Ok(())
     })
 }

@@ -584,8 +584,13 @@ fn start_rsi(
             );
             for i in 0..servers {
                 let name = format!("memory-server-{i}");
+                let parent = std::process::id().to_string();
                 let argv: Vec<String> = [
                     "memory-server",
+                    // Killed before it stops them, this run must not leave them running
+                    // (with their memory) behind it.
+                    "--exit-with-parent",
+                    &parent,
                     "--listen",
                     "127.0.0.1:0",
                     "--token-file",

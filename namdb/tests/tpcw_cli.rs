@@ -253,3 +253,68 @@ fn bad_arguments_are_clear_errors() {
         assert!(err.contains(expect), "{bad:?}: {err}");
     }
 }
+
+/// Pids of the running processes whose parent is `parent` and whose command line
+/// names `arg`.
+fn children_naming(parent: u32, arg: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // "pid (comm) state ppid …": the fields after the command name's ')'.
+            let mut rest = stat
+                .rsplit_once(')')
+                .map_or("", |(_, r)| r)
+                .split_whitespace();
+            let (state, ppid) = (rest.next(), rest.next());
+            state.is_some_and(|s| s != "Z" && s != "X")
+                && ppid.and_then(|p| p.parse::<u32>().ok()) == Some(parent)
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
+        })
+        .collect()
+}
+
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !matches!(state.and_then(|s| s.chars().next()), Some('Z' | 'X') | None)
+    })
+}
+
+#[test]
+fn memory_servers_stop_when_the_run_is_killed() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(dir.path())
+        // What the killed run cannot remove lands in the test's directory.
+        .env("TMPDIR", dir.path())
+        .args(["tpcw", "--backend", "shm", "--items", "1000", "--ebs", "1"])
+        .args(["--duration", "5", "--warmup", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let servers = loop {
+        let servers = children_naming(run.id(), "memory-server");
+        if servers.len() == 2 {
+            break servers;
+        }
+        assert!(Instant::now() < deadline, "no memory servers started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // As the OOM killer or `kill -9` would: no chance to stop them.
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while servers.iter().any(|&p| running(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "memory servers {servers:?} outlived the run that started them"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

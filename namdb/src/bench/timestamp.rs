@@ -99,6 +99,9 @@ pub struct Report {
     /// Own timestamps skipped by idle ticks, and timestamps skipped for free slots.
     pub skipped: u64,
     pub skipped_for_others: u64,
+    /// Times a thread, descheduled past its lease, found its slot fenced and took one
+    /// again (a loaded machine; 0 on a quiet one).
+    pub slots_retaken: u64,
     pub duration_ms: u64,
 }
 
@@ -126,6 +129,8 @@ struct ThreadResult {
     stats: SlotStats,
     lag: Histogram<u64>,
     visible: Histogram<u64>,
+    /// Times the thread's slot was fenced and taken again.
+    retaken: u64,
 }
 
 fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
@@ -195,8 +200,10 @@ fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
     let mut lag = new_histogram()?;
     let mut visible = new_histogram()?;
     let mut total = SlotStats::default();
+    let mut retaken = 0;
     for r in results {
         let r = r?;
+        retaken += r.retaken;
         lag.add(&r.lag)
             .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
         visible
@@ -230,6 +237,7 @@ fn measure(args: &TimestampArgs, layout: Layout) -> Result<Report> {
         visible_p99_ns: visible.value_at_quantile(0.99),
         skipped: total.skipped,
         skipped_for_others: total.skipped_for_others,
+        slots_retaken: retaken,
         duration_ms: args.duration_ms,
     })
 }
@@ -264,6 +272,7 @@ fn worker(
     let mut n = 0u64;
     let mut passes = 0u64;
     let mut blocked_since: Option<Instant> = None;
+    let mut retaken = 0u64;
     loop {
         passes += 1;
         // The clock is read once per 256 passes, not per commit.
@@ -273,8 +282,11 @@ fn worker(
         // `tick` is due every `tick_interval` (1 ms by default); a scheduler calls it on
         // a timer, not per commit, and so does this loop (every 64 passes is far more
         // often than that).
-        if passes.is_multiple_of(64) {
-            h.tick()?;
+        if passes.is_multiple_of(64)
+            && let Err(e) = h.tick()
+        {
+            retake_if_fenced(&h, e, &mut retaken)?;
+            undecided.clear();
         }
         let t = match h.next_commit_ts() {
             Ok(t) => t,
@@ -286,7 +298,9 @@ fn worker(
                 Err(OracleError::Stalled { .. }) => {
                     // Our own undecided timestamps may be what holds the prefix back.
                     if !undecided.is_empty() {
-                        h.mark_many(&undecided)?;
+                        if let Err(e) = h.mark_many(&undecided) {
+                            retake_if_fenced(&h, e, &mut retaken)?;
+                        }
                         undecided.clear();
                     }
                     let since = *blocked_since.get_or_insert_with(Instant::now);
@@ -296,7 +310,11 @@ fn worker(
                     thread::yield_now();
                     continue;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    retake_if_fenced(&h, e, &mut retaken)?;
+                    undecided.clear();
+                    continue;
+                }
             },
         };
         blocked_since = None;
@@ -304,7 +322,11 @@ fn worker(
         if undecided.len() < mark_batch as usize {
             continue;
         }
-        h.mark_many(&undecided)?;
+        if let Err(e) = h.mark_many(&undecided) {
+            retake_if_fenced(&h, e, &mut retaken)?;
+            undecided.clear();
+            continue;
+        }
         marked[me].0.store(t, Ordering::Relaxed);
         if timed.is_none() {
             timed = Some((t, Instant::now()));
@@ -331,7 +353,10 @@ fn worker(
             let since = Instant::now();
             let mut spins = 0u32;
             while read(&h)? < t {
-                h.tick()?;
+                if let Err(e) = h.tick() {
+                    // The fence decided `t` (unused), so the wait still ends.
+                    retake_if_fenced(&h, e, &mut retaken)?;
+                }
                 spins += 1;
                 if spins.is_multiple_of(1024) && since.elapsed() > STALL_LIMIT {
                     bail!("commit {t} not visible after {STALL_LIMIT:?}: the prefix is stuck");
@@ -361,7 +386,23 @@ fn worker(
         stats,
         lag,
         visible,
+        retaken,
     })
+}
+
+/// After `e`: if it is a fence of this thread's slot (the thread was descheduled past
+/// its lease, as on a loaded machine; the fencer decided its undecided timestamps),
+/// takes a slot again, as a txn worker does, and counts it; any other error ends the
+/// run.
+fn retake_if_fenced(h: &SlotHandle, e: OracleError, retaken: &mut u64) -> Result<()> {
+    match e {
+        OracleError::Fenced { .. } => {
+            h.rejoin()?;
+            *retaken += 1;
+            Ok(())
+        }
+        e => Err(e.into()),
+    }
 }
 
 /// The workload of one thread.
@@ -409,6 +450,12 @@ fn print(r: &Report) {
         "{:<28} {:>14}",
         "skipped for free slots", r.skipped_for_others
     );
+    if r.slots_retaken > 0 {
+        println!(
+            "{:<28} {:>14}",
+            "slots fenced and re-taken", r.slots_retaken
+        );
+    }
     println!();
     // The throughput goal is the sim's: elsewhere the fabric's own costs dominate.
     if r.backend == "sim" {

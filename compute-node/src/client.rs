@@ -13,6 +13,9 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Status, Streaming};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a call may wait for the compute node's answer (a streamed scan's first
+/// batch; the stream itself is not bounded).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The generated stub, authenticated.
 pub type Rpc = ComputeClient<InterceptedService<Channel, AddBearer>>;
@@ -46,6 +49,9 @@ impl Client {
         };
         let channel = Endpoint::from_shared(uri)?
             .connect_timeout(CONNECT_TIMEOUT)
+            // A peer that accepts connections and never answers must not hang a call
+            // for ever; the node's own work gives up well within this.
+            .timeout(CALL_TIMEOUT)
             .tcp_nodelay(true)
             .connect()
             .await?;

@@ -96,7 +96,9 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "S", default_value = "30", value_parser = parse_seconds)]
     pub duration: f64,
     /// Compute-node processes.
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=32))]
+    /// (At most 8: the harness follows every node's events on one thread, and more
+    /// nodes write them faster than it reads on a 2-core host.)
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub nodes: u32,
     /// Memory-server processes.
     #[arg(long, value_name = "M", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=8))]
@@ -233,7 +235,8 @@ pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
     let sessions: Vec<(&TxnKv, &dyn Workload, _)> = (0..args.sessions as usize)
         .map(|s| {
             let (store, workload): (&TxnKv, &dyn Workload) =
-                match args.workload[s % args.workload.len()] {
+                // Spread over nodes too: with one session a node, node i runs workload i.
+                match args.workload[(s + args.node) % args.workload.len()] {
                     ChaosWorkload::Bank => (&bank_store, &bank_workload),
                     ChaosWorkload::ListAppend => (&list_store, &lists),
                 };
@@ -400,10 +403,32 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     workloads.sort();
     workloads.dedup();
     let seed = args.seed.unwrap_or_else(rand::random);
+    let sessions = args.nodes * args.sessions;
+    if (sessions as usize) < workloads.len() {
+        bail!(
+            "{} workloads need at least as many sessions, but --nodes {} × --sessions {} \
+             gives {sessions}",
+            workloads.len(),
+            args.nodes,
+            args.sessions
+        );
+    }
     let (dir, temp) = match &args.dir {
         Some(dir) => {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
+            // An earlier run's data directories would be its memory servers' state.
+            let used = std::fs::read_dir(dir)
+                .with_context(|| format!("cannot read {}", dir.display()))?
+                .next()
+                .is_some();
+            if used {
+                bail!(
+                    "{} is not empty (an earlier run's files?): give --dir an empty or new \
+                     directory",
+                    dir.display()
+                );
+            }
             (std::fs::canonicalize(dir)?, None)
         }
         None => {
@@ -454,22 +479,34 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         workloads: workloads.iter().map(|w| w.name().to_string()).collect(),
         lease_ms: args.lease_ms,
     };
-    let mut harness = Harness::new(args, &workloads, &dir, seed)?;
-    let report = harness.run(&plan, config, &workloads);
-    drop(harness);
-    let report = report?;
-    print!("{report}");
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    if report.passed {
-        Ok(ExitCode::SUCCESS)
-    } else {
+    let json = crate::bench::JsonOut::open_opt(args.json.as_deref())?;
+    // The files an error names stay: the temporary directory is kept on failure too.
+    let keep = |temp: Option<tempfile::TempDir>| {
         if let Some(temp) = temp {
             let kept = temp.keep();
             eprintln!("the run's files are kept in {}", kept.display());
         }
+    };
+    let report = Harness::new(args, &workloads, &dir, seed).and_then(|mut harness| {
+        let report = harness.run(&plan, config, &workloads);
+        drop(harness);
+        report
+    });
+    let report = match crate::bench::JsonOut::unless_failed(json.as_ref(), report) {
+        Ok(report) => report,
+        Err(e) => {
+            keep(temp);
+            return Err(e);
+        }
+    };
+    print!("{report}");
+    if let Some(json) = &json {
+        json.write(&report)?;
+    }
+    if report.passed {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        keep(temp);
         Ok(ExitCode::FAILURE)
     }
 }

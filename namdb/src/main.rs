@@ -88,6 +88,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quiet_on_closed_output();
     match run() {
         Ok(code) => code,
         Err(e) => {
@@ -99,6 +100,37 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `println!` panics when stdout cannot be written: a reader that went away (`| head`)
+/// or a full disk. A command's output going nowhere is not a bug in it: end the
+/// process as a Unix tool does (quietly, with SIGPIPE's status, for a closed pipe;
+/// with a one-line error otherwise) instead of printing a panic.
+fn quiet_on_closed_output() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if let Some(why) = message
+            .strip_prefix("failed printing to stdout: ")
+            .or_else(|| message.strip_prefix("failed printing to stderr: "))
+        {
+            if why.contains("Broken pipe") {
+                std::process::exit(141);
+            }
+            // stderr may be what failed; nothing better is left to try.
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!("Error: cannot write the output: {why}\n"),
+            );
+            std::process::exit(1);
+        }
+        default(info);
+    }));
 }
 
 /// `e` and its causes, as anyhow prints them, but without the causes a message

@@ -150,8 +150,25 @@ fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_pass
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let cases: [(&[&str], &str); 8] = [
+    let used = tempfile::tempdir().unwrap();
+    std::fs::write(used.path().join("earlier.log"), "an earlier run").unwrap();
+    let used = used.path().to_str().unwrap().to_string();
+    let cases: [(&[&str], &str); 11] = [
         (&["--duration", "0"], "must be above 0"),
+        // More nodes than the harness keeps up with: it once ran on, filling the disk.
+        (&["--nodes", "20"], "--nodes"),
+        (
+            &[
+                "--nodes",
+                "1",
+                "--sessions",
+                "1",
+                "--workload",
+                "bank,list-append",
+            ],
+            "at least as many sessions",
+        ),
+        (&["--dir", &used], "not empty"),
         (&["--duration", "soon"], "is not a number of seconds"),
         (&["--nodes", "0"], "--nodes"),
         (&["--servers", "9"], "--servers"),

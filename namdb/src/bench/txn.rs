@@ -354,8 +354,12 @@ fn load(
                 next.set(chunk + 1);
                 let keys = chunk * per_txn..((chunk + 1) * per_txn).min(args.keys);
                 let record = recorder.map(|r| r.begin(session));
+                // The attempt that committed: its snapshot goes in the history too, or
+                // the white-box checker cannot place the loaded values.
+                let rid = std::cell::Cell::new(None);
                 let (_, cid) = worker
                     .run(0, 10, async |txn: &mut AsyncTransaction<'_>| {
+                        rid.set(Some(txn.rid()));
                         for k in keys.clone() {
                             txn.insert(table, k, value.clone()).await?;
                         }
@@ -363,6 +367,7 @@ fn load(
                     })
                     .await?;
                 if let (Some(rec), Some(mut record)) = (recorder, record) {
+                    record.set_read_timestamp(rid.get());
                     for k in keys.clone() {
                         record.write(&key_name(k), counter(value));
                     }

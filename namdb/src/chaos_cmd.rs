@@ -898,7 +898,11 @@ impl<'a> Harness<'a> {
         results.push(checks::no_locks(&locks, waited));
         results.push(CheckResult::from_problems(
             "harness",
-            "every node started, stopped and died when told to".into(),
+            if self.problems.is_empty() {
+                "every node started, stopped and died when told to".into()
+            } else {
+                "not every node started, stopped or died when told to".into()
+            },
             self.problems.clone(),
         ));
 

@@ -174,6 +174,8 @@ struct HtapSummary {
 }
 
 /// The longest `--duration` and `--warmup` taken (also by `bench txn`): a day.
+/// Clients the scratch PostgreSQL of `scripts/postgres.sh` takes.
+const SCRATCH_POSTGRES_CLIENTS: usize = 290;
 pub(crate) const MAX_SECONDS: f64 = 86_400.0;
 
 pub fn run(args: &TpcwArgs) -> Result<()> {
@@ -236,6 +238,17 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         ),
     };
     let clients = client_counts(args);
+    if args.system.contains(&SystemKind::Postgres) && args.postgres.is_none() {
+        // scripts/postgres.sh's max_connections, less what PostgreSQL reserves and the
+        // runner's own connections; checked before any system runs.
+        let most = clients.iter().copied().max().unwrap_or(0);
+        ensure!(
+            most <= SCRATCH_POSTGRES_CLIENTS,
+            "the scratch PostgreSQL serves at most {SCRATCH_POSTGRES_CLIENTS} clients \
+             (max_connections 300), not {most}: use fewer --clients, or --postgres with a \
+             server of your own"
+        );
+    }
     let mut reports = Vec::new();
     let mut htap = None;
     for &kind in &args.system {

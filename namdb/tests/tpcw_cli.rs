@@ -217,6 +217,11 @@ fn bad_arguments_are_clear_errors() {
         ),
         (vec!["tpcw", "--system", "oracle"], "invalid value 'oracle'"),
         (vec!["tpcw", "--clients", "0"], "--clients"),
+        // Refused before RSI runs, not after it and the load.
+        (
+            vec!["tpcw", "--system", "rsi,postgres", "--clients", "320"],
+            "at most 290 clients",
+        ),
         (
             vec!["tpcw", "--durable"],
             "--durable needs memory-server processes",

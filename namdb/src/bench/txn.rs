@@ -258,8 +258,8 @@ pub fn run(args: &TxnArgs) -> Result<()> {
         args.read_ratio
     );
     ensure!(
-        args.duration > 0.0 && args.duration.is_finite(),
-        "--duration must be a positive number of seconds"
+        args.duration >= 0.001 && args.duration.is_finite(),
+        "--duration must be at least a millisecond (0.001 s)"
     );
     ensure!(
         args.duration <= crate::tpcw_cmd::MAX_SECONDS,

@@ -348,7 +348,7 @@ pub fn acknowledged(txns: &[Txn], final_lists: &BTreeMap<String, Vec<i64>>) -> C
     }
     let elements: usize = final_lists.values().map(Vec::len).sum();
     let what = format!(
-        "{acknowledged} acknowledged appending transactions all in the final state of {} \
+        "{acknowledged} acknowledged appending transactions, against the final state of {} \
          keys ({elements} elements); of those in flight at a crash, {unknown_in} took \
          effect whole and {unknown_out} not at all",
         final_lists.len()
@@ -373,7 +373,12 @@ pub fn no_locks(locks: &[Lock], waited: Duration) -> CheckResult {
     CheckResult::from_problems(
         "no lock remains",
         format!(
-            "no record locked (checked every table, {:.1} s after the nodes stopped)",
+            "{} (checked every table, {:.1} s after the nodes stopped)",
+            if locks.is_empty() {
+                "no record locked"
+            } else {
+                "records left locked"
+            },
             waited.as_secs_f64()
         ),
         problems,

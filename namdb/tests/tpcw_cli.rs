@@ -35,7 +35,14 @@ fn assert_checked(run: &Value) {
     let c = &run["checks"];
     assert_eq!(c["stock_conserved"], true, "{run}");
     assert_eq!(c["orders_present"], true, "{run}");
-    assert_eq!(c["history_verdict"], "valid", "{run}");
+    // PostgreSQL gives the history no commit timestamps, so its register reads cannot
+    // be placed in snapshots: inconclusive, never valid (nor invalid).
+    let verdict = if run["system"] == "postgres" {
+        "inconclusive"
+    } else {
+        "valid"
+    };
+    assert_eq!(c["history_verdict"], verdict, "{run}");
     assert!(c["items_checked"].as_u64().unwrap() > 0, "{run}");
 }
 

@@ -762,8 +762,18 @@ fn check<S: System>(
             verify::report::Verdict::Invalid => "invalid",
             verify::report::Verdict::Inconclusive => "inconclusive",
         };
-        if verdict != "valid" {
-            eprintln!("history check:\n{report}");
+        let text = report.to_string();
+        match verdict {
+            "invalid" => eprintln!("history check:\n{text}"),
+            // PostgreSQL exposes no commit timestamps to place its reads by: say why,
+            // in a line, on every run.
+            "inconclusive" => eprintln!(
+                "history check: {}",
+                text.lines()
+                    .find(|l| l.starts_with("verdict:"))
+                    .unwrap_or("inconclusive")
+            ),
+            _ => {}
         }
         checks.history_verdict = Some(verdict.to_string());
     }

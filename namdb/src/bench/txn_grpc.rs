@@ -107,8 +107,18 @@ async fn drive(args: TxnArgs, cluster: ClusterFile, token: ClusterToken) -> Resu
         })
         .collect();
     let mut total = Tally::new()?;
-    for t in tasks {
-        total.add(&t.await.context("a client task panicked")??)?;
+    for (session, t) in tasks.into_iter().enumerate() {
+        let node = &cluster.compute_nodes[session % cluster.compute_nodes.len()];
+        let tally = t
+            .await
+            .context("a client task panicked")?
+            .with_context(|| {
+                format!(
+                    "client {session} of {} at {} (is it running? `namdb cluster status`)",
+                    node.name, node.address
+                )
+            })?;
+        total.add(&tally)?;
     }
     let invariant_ok = match total_before {
         Some(before) => Some(bank_total(&first).await? == before),
@@ -227,7 +237,7 @@ async fn closed_loop(
                     tally.aborted += 1;
                 }
             }
-            Err(s) => return Err(anyhow!("client {session}: {s}")),
+            Err(s) => return Err(anyhow!("{} ({:?})", s.message(), s.code())),
         }
     }
     Ok(tally)

@@ -119,7 +119,7 @@ fn bad_arguments_are_refused_clearly() {
         // keys once loaded at a few hundred keys a second toward the OOM killer).
         (
             vec!["--keys", "100000000", "--value-size", "65536"],
-            "keys need",
+            "use at most about",
         ),
     ] {
         let mut all = vec!["bench", "txn"];

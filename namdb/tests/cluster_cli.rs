@@ -4,19 +4,11 @@
 
 mod common;
 
-use common::{Cluster, namdb, ok, stderr, stdout};
+use common::{Cluster, alive, namdb, ok, processes_naming, stderr, stdout};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-
-/// Whether `pid` runs (a zombie does not count).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
-        !matches!(state.and_then(|s| s.chars().next()), Some('Z' | 'X') | None)
-    })
-}
 
 /// The body of `GET /metrics` at `addr`.
 fn scrape(addr: &str) -> String {
@@ -314,20 +306,6 @@ fn the_shell_runs_single_commands_and_explicit_transactions() {
     // The open transaction at the end of input was aborted.
     let missing = namdb(c.cwd(), &["kv", "get", "5"]);
     assert_eq!(missing.status.code(), Some(1));
-}
-
-/// Pids of the processes whose command line names `arg`.
-fn processes_naming(arg: &Path) -> Vec<u32> {
-    let arg = arg.as_os_str().as_encoded_bytes();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmd| cmd.split(|&b| b == 0).any(|a| a == arg))
-                && alive(pid)
-        })
-        .collect()
 }
 
 #[test]

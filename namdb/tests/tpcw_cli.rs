@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{namdb, ok, stderr};
+use common::{alive, namdb, ok, parent_of, processes_naming, stderr};
 use serde_json::Value;
 
 /// A small database: fast to load, and small enough that stocks restock often.
@@ -266,35 +266,6 @@ fn bad_arguments_are_clear_errors() {
     }
 }
 
-/// Pids of the running processes whose parent is `parent` and whose command line
-/// names `arg`.
-fn children_naming(parent: u32, arg: &str) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // "pid (comm) state ppid …": the fields after the command name's ')'.
-            let mut rest = stat
-                .rsplit_once(')')
-                .map_or("", |(_, r)| r)
-                .split_whitespace();
-            let (state, ppid) = (rest.next(), rest.next());
-            state.is_some_and(|s| s != "Z" && s != "X")
-                && ppid.and_then(|p| p.parse::<u32>().ok()) == Some(parent)
-                && std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
-        })
-        .collect()
-}
-
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
-        !matches!(state.and_then(|s| s.chars().next()), Some('Z' | 'X') | None)
-    })
-}
-
 #[test]
 fn memory_servers_stop_when_the_run_is_killed() {
     use std::time::{Duration, Instant};
@@ -311,7 +282,10 @@ fn memory_servers_stop_when_the_run_is_killed() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     let servers = loop {
-        let servers = children_naming(run.id(), "memory-server");
+        let servers: Vec<u32> = processes_naming("memory-server")
+            .into_iter()
+            .filter(|&pid| parent_of(pid) == Some(run.id()))
+            .collect();
         if servers.len() == 2 {
             break servers;
         }
@@ -322,7 +296,7 @@ fn memory_servers_stop_when_the_run_is_killed() {
     run.kill().unwrap();
     run.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while servers.iter().any(|&p| running(p)) {
+    while servers.iter().any(|&p| alive(p)) {
         assert!(
             Instant::now() < deadline,
             "memory servers {servers:?} outlived the run that started them"

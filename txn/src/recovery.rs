@@ -7,8 +7,9 @@
 //! timestamp decided; with nothing committing (readers only, or writers that all
 //! conflict on the dead holder's locks) nothing is, so a reader that gives up on a
 //! lock held too long also names the holder's slot to its worker's oracle handle
-//! (`SlotHandle::suspect`), whose next ticks fence the slot if its lease lapsed. Then
-//! this module resolves what the holder left: it reads the slot's commit-log ring, then scans every table for
+//! (`SlotHandle::suspect`), whose next ticks fence the slot if its lease lapsed.
+//!
+//! This module then reads the slot's commit-log ring, and scans every table for
 //! headers locked by a CID of that slot (CIDs of slot s are ≡ s mod S). A lock whose
 //! CID has a complete log record belongs to a committed transaction and is rolled
 //! forward (the logged value installed unless it already is, then unlocked at the

@@ -170,25 +170,16 @@ fn table_bytes(args: &TxnArgs) -> Result<u64> {
 /// the memory this host has available (the load writes all of it, and the kernel's
 /// OOM killer would end the run), naming the most keys that fit.
 fn ensure_table_fits(args: &TxnArgs) -> Result<()> {
-    let Some(host) = fabric::HostMemory::now() else {
-        return Ok(());
-    };
-    let need = table_bytes(args)?;
-    let usable = host.spare();
-    if need <= usable {
-        return Ok(());
-    }
-    let per_key = need as f64 / args.keys as f64;
-    bail!(
-        "{} keys need {} MiB of memory-server memory (blocks of {} versions of {} bytes, \
-         and an index per server), but this host has {} MiB available: use at most about \
-         {} keys",
+    crate::bench::ensure_data_fits(
+        &format!(
+            "a table of {} keys (blocks of {} versions of {} bytes, and an index per server)",
+            args.keys,
+            table_spec(args).versions,
+            value_cap(args)
+        ),
+        table_bytes(args)?,
         args.keys,
-        need >> 20,
-        table_spec(args).versions,
-        value_cap(args),
-        host.available >> 20,
-        (usable as f64 / per_key) as u64
+        "keys",
     )
 }
 

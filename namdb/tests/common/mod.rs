@@ -303,3 +303,32 @@ impl Drop for Cluster {
         let _ = namdb(self.cwd(), &["cluster", "down"]);
     }
 }
+
+/// Whether `pid` runs (a zombie does not count).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !matches!(state.and_then(|s| s.chars().next()), Some('Z' | 'X') | None)
+    })
+}
+
+/// The parent of `pid`, from `/proc/PID/stat` ("pid (comm) state ppid …").
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Pids of the running processes whose command line names `arg`.
+pub fn processes_naming(arg: impl AsRef<std::ffi::OsStr>) -> Vec<u32> {
+    let arg = arg.as_ref().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| cmd.split(|&b| b == 0).any(|a| a == arg))
+                && alive(pid)
+        })
+        .collect()
+}

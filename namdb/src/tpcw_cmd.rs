@@ -196,6 +196,9 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         "--system needs at least one system"
     );
     let scale = Scale::new(args.items, args.ebs, args.item_bytes).map_err(anyhow::Error::msg)?;
+    if args.system.contains(&SystemKind::TwoPc) {
+        ensure_twopc_fits(&scale)?;
+    }
     ensure!(
         !args.backend.is_empty(),
         "--backend needs at least one backend"
@@ -455,6 +458,41 @@ fn ensure_tables_fit(
          available and a run keeps {} MiB free: {hint}",
         interactions_per_sec(backend),
         need >> 20,
+        host.available >> 20,
+        host.reserve() >> 20
+    )
+}
+
+/// Refuses, before anything starts, a 2PC run whose loaded population would not fit in
+/// the memory this host has available: its RMs hold every row on their heaps, so the
+/// load would end with the kernel's OOM killer (hours into it, at large `--ebs`).
+fn ensure_twopc_fits(scale: &Scale) -> Result<()> {
+    let Some(host) = fabric::HostMemory::now() else {
+        return Ok(());
+    };
+    let usable = host.spare();
+    let need = tpcw::twopc::loaded_bytes(scale);
+    if need <= usable {
+        return Ok(());
+    }
+    let with_ebs = |ebs| {
+        Scale::new(scale.items, ebs, scale.item_bytes)
+            .map(|s| tpcw::twopc::loaded_bytes(&s))
+            .map_err(anyhow::Error::msg)
+    };
+    // The population grows linearly with the browsers; the items' part is fixed.
+    let (one, two) = (with_ebs(1)?, with_ebs(2)?);
+    let per_eb = two.saturating_sub(one).max(1);
+    let hint = match usable.checked_sub(one) {
+        Some(left) => format!("--ebs {} or fewer fits", 1 + left / per_eb),
+        None => "use fewer --items".to_string(),
+    };
+    bail!(
+        "2pc's resource managers would hold about {} MiB once loaded ({} items, {} EBs), \
+         but this host has {} MiB available and a run keeps {} MiB free: {hint}",
+        need >> 20,
+        scale.items,
+        scale.ebs,
         host.available >> 20,
         host.reserve() >> 20
     )

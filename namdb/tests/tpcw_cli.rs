@@ -258,6 +258,12 @@ fn bad_arguments_are_clear_errors() {
             vec!["tpcw", "--duration", "86400"],
             "MiB from the start, but this host has",
         ),
+        // 2 billion rows on the RMs' heaps: refused before the load, which the OOM
+        // killer once ended hours in.
+        (
+            vec!["tpcw", "--system", "2pc", "--ebs", "100000"],
+            "EBs), but this host has",
+        ),
     ] {
         let o = namdb(dir.path(), &bad);
         assert!(!o.status.success(), "{bad:?} succeeded");

@@ -45,6 +45,42 @@ pub fn generated_rows(scale: &Scale, rel: Rel, id: u64, out: &mut Vec<(Rel, u64,
     }
 }
 
+/// The generated population: how many rows, and their encoded bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Population {
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+/// Ids of a unit sampled by [`population`]: enough that the rows' random lengths
+/// average out to within a few percent.
+const POPULATION_SAMPLE: u64 = 256;
+
+/// Estimates [`Population`] for `scale` without generating it: each unit's rows and
+/// bytes per id, averaged over ids spread across its range, times its ids. (An order
+/// brings 1 to 5 lines and text fields have random lengths, so no closed form holds.)
+pub fn population(scale: &Scale) -> Population {
+    let mut total = Population { rows: 0, bytes: 0 };
+    let mut rows = Vec::new();
+    for unit in UNITS {
+        let ids = scale.rows(unit);
+        let sample = ids.min(POPULATION_SAMPLE);
+        if sample == 0 {
+            continue;
+        }
+        rows.clear();
+        for i in 0..sample {
+            generated_rows(scale, unit, 1 + i * ids / sample, &mut rows);
+        }
+        let bytes: u64 = rows.iter().map(|(_, _, row)| row.len() as u64).sum();
+        // Scaled in u128: ids times a sample's bytes can pass u64 before the division.
+        let scale_up = |n: u64| (u128::from(n) * u128::from(ids) / u128::from(sample)) as u64;
+        total.rows = total.rows.saturating_add(scale_up(rows.len() as u64));
+        total.bytes = total.bytes.saturating_add(scale_up(bytes));
+    }
+    total
+}
+
 /// Loads every unit of `scale` with `threads` threads, `batch` ids per transaction
 /// and up to `in_flight` transactions per thread.
 pub fn load_through_transactions<S: System>(
@@ -129,5 +165,38 @@ async fn insert_all<E: Engine>(engine: &E, rows: &[(Rel, u64, Vec<u8>)]) -> Resu
             Err(Error::Aborted { .. }) if attempts < 100 => attempts += 1,
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_population_estimate_is_close_to_what_is_generated() {
+        let scale = Scale::new(1_000, 2, 1024).unwrap();
+        let mut generated = Population { rows: 0, bytes: 0 };
+        let mut rows = Vec::new();
+        for unit in UNITS {
+            for id in 1..=scale.rows(unit) {
+                rows.clear();
+                generated_rows(&scale, unit, id, &mut rows);
+                generated.rows += rows.len() as u64;
+                generated.bytes += rows.iter().map(|(_, _, r)| r.len() as u64).sum::<u64>();
+            }
+        }
+        let estimate = population(&scale);
+        let off = |a: u64, b: u64| (a as f64 / b as f64 - 1.0).abs();
+        assert!(
+            off(estimate.rows, generated.rows) < 0.05
+                && off(estimate.bytes, generated.bytes) < 0.05,
+            "estimate {estimate:?} against {generated:?}"
+        );
+        // Ten times the browsers: the customers' share grows tenfold.
+        let bigger = population(&Scale::new(1_000, 20, 1024).unwrap());
+        assert!(
+            bigger.rows > 8 * estimate.rows,
+            "{bigger:?} against {estimate:?}"
+        );
     }
 }

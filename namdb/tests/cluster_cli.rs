@@ -344,8 +344,9 @@ fn bench_txn_runs_through_the_compute_nodes_of_a_cluster() {
     let c = Cluster::up(&["--backend", "shm", "--size", "16MiB"]);
     let file = c.file();
     let json = c.cwd().join("r.json");
-    let bench = |workload: &str, value_size: &str| {
-        ok(
+    // What the run printed, on stdout and stderr.
+    let bench = |workload: &str, value_size: &str, keys: &str| {
+        let o = namdb(
             c.cwd(),
             &[
                 "bench",
@@ -361,15 +362,17 @@ fn bench_txn_runs_through_the_compute_nodes_of_a_cluster() {
                 "--coroutines",
                 "2",
                 "--keys",
-                "500",
+                keys,
                 "--duration",
                 "0.5",
                 "--json",
                 json.to_str().unwrap(),
             ],
-        )
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o) + &stderr(&o)
     };
-    let said = bench("bank", "8");
+    let said = bench("bank", "8", "500");
     assert!(said.contains("grpc:shm"), "{said}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -382,7 +385,30 @@ fn bench_txn_runs_through_the_compute_nodes_of_a_cluster() {
     assert!(v["p99_us"].as_f64().unwrap() >= v["p50_us"].as_f64().unwrap());
     // The table exists now: a second run uses it, and a workload whose values do not
     // fit it is refused with a reason.
-    bench("bank", "8");
+    let said = bench("bank", "8", "500");
+    assert!(said.contains("using the existing table bench"), "{said}");
+    // A table without all the keys (an interrupted load, or fewer --keys) gets the
+    // missing ones, and the bank's total holds over them.
+    let said = bench("bank", "8", "600");
+    assert!(said.contains("loading the missing keys"), "{said}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["invariant_ok"], true, "{v}");
+    let o = namdb(
+        c.cwd(),
+        &[
+            "bench",
+            "txn",
+            "--cluster",
+            file.to_str().unwrap(),
+            "--value-size",
+            "8",
+            "--keys",
+            "5000",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("room for 626 keys"), "{}", stderr(&o));
     let o = namdb(
         c.cwd(),
         &[

@@ -145,29 +145,49 @@ async fn prepare(client: &Client, args: &TxnArgs) -> Result<()> {
             t.value_cap,
             value_cap(args)
         );
-        // The keys are loaded in order of chunks, so the last one tells a complete load
-        // (up to the loader's 16 chunks in flight; good enough to catch another --keys).
+        // The last chunk is loaded last but for the loader's 16 in flight, so it is a
+        // quick test of a complete load; without it, the load was interrupted or had
+        // fewer --keys, and finishing it is what the run needs.
         let txn = client.begin().await?;
         let last = client.get(txn, TABLE, args.keys - 1).await?;
         client.commit(txn).await?;
+        if last.is_some() {
+            eprintln!("using the existing table {TABLE}");
+            return Ok(());
+        }
         ensure!(
-            last.is_some(),
-            "table {TABLE} exists but has no key {}: it was loaded with fewer --keys",
+            t.capacity >= args.keys,
+            "table {TABLE} exists with room for {} keys, not the {} of --keys: use a fresh \
+             cluster (or at most the --keys it was made for)",
+            t.capacity,
+            args.keys
+        );
+        eprintln!(
+            "table {TABLE} exists without key {} (an interrupted load, or fewer --keys): \
+             loading the missing keys",
             args.keys - 1
         );
-        eprintln!("using the existing table {TABLE}");
-        return Ok(());
+        return load(client, args, Resume::SomeKeysLoaded).await;
     }
     // As the embedded benchmark's table: every key, with an eighth to spare.
     client
         .create_table(TABLE, value_cap(args), args.keys + args.keys / 8 + 64)
         .await
         .with_context(|| format!("creating the table {TABLE}"))?;
-    load(client, args).await
+    load(client, args, Resume::EmptyTable).await
+}
+
+/// Whether [`load`] may find keys already there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Resume {
+    EmptyTable,
+    /// Each chunk inserts only the keys it does not find: an earlier load with fewer
+    /// --keys ended in a partial chunk, so a chunk is not all there or all missing.
+    SomeKeysLoaded,
 }
 
 /// Inserts every key, 16 transactions in flight.
-async fn load(client: &Client, args: &TxnArgs) -> Result<()> {
+async fn load(client: &Client, args: &TxnArgs, resume: Resume) -> Result<()> {
     let started = Instant::now();
     let per_txn = keys_per_load_txn(args);
     let chunks = args.keys.div_ceil(per_txn);
@@ -184,8 +204,16 @@ async fn load(client: &Client, args: &TxnArgs) -> Result<()> {
                         return Ok::<(), Status>(());
                     }
                     let txn = client.begin().await?;
-                    for k in chunk * per_txn..((chunk + 1) * per_txn).min(keys) {
-                        client.insert(txn, TABLE, k, value.clone()).await?;
+                    let range: Vec<u64> =
+                        (chunk * per_txn..((chunk + 1) * per_txn).min(keys)).collect();
+                    let present = match resume {
+                        Resume::EmptyTable => vec![None; range.len()],
+                        Resume::SomeKeysLoaded => client.batch_get(txn, TABLE, &range).await?,
+                    };
+                    for (&k, found) in range.iter().zip(present) {
+                        if found.is_none() {
+                            client.insert(txn, TABLE, k, value.clone()).await?;
+                        }
                     }
                     client.commit(txn).await?;
                 }

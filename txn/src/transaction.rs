@@ -625,6 +625,15 @@ impl<'w> AsyncTransaction<'w> {
         }
         // The commit compares against the header read now.
         self.see(table, &[key]).await?;
+        if value.is_none() && matches!(self.seen_of(table.id, key), Some(Seen::Absent)) {
+            // Deleting a key the snapshot lacks undoes this transaction's own insert: the
+            // commit has nothing to write there (it would otherwise insert the deletion,
+            // as a row with an empty value).
+            self.p_mut()
+                .writes
+                .retain(|w| !(w.table.id == table.id && w.key == key));
+            return Ok(());
+        }
         match self
             .p_mut()
             .writes

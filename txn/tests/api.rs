@@ -99,6 +99,41 @@ fn delete_is_a_tombstone_older_snapshots_still_see_through() {
 }
 
 #[test]
+fn deleting_a_key_the_transaction_inserted_leaves_no_row() {
+    let db = visible_db(1);
+    let t = table(&db, 0, 64);
+    let mut a = db.client().unwrap();
+    let mut x = a.begin().unwrap();
+    x.insert(&t, 1, val(10)).unwrap();
+    x.put(&t, 2, val(20)).unwrap();
+    x.put(&t, 2, val(21)).unwrap();
+    x.put(&t, 3, val(30)).unwrap();
+    x.delete(&t, 1).unwrap();
+    x.delete(&t, 2).unwrap();
+    assert_eq!(x.get(&t, 1).unwrap(), None);
+    // Once deleted, it can be inserted again in the same transaction.
+    x.insert(&t, 1, val(11)).unwrap();
+    x.commit().unwrap().unwrap();
+    let mut y = a.begin().unwrap();
+    // Key 2 was once committed as a row with an empty value.
+    assert_eq!(y.get(&t, 2).unwrap(), None);
+    assert_eq!(
+        y.scan(&t, |_, _| true).unwrap(),
+        vec![(1, val(11)), (3, val(30))]
+    );
+    y.commit().unwrap();
+    // A transaction whose inserts all cancel out writes nothing.
+    let mut z = a.begin().unwrap();
+    z.put(&t, 4, val(40)).unwrap();
+    z.delete(&t, 4).unwrap();
+    z.commit().unwrap();
+    let mut w = a.begin().unwrap();
+    assert_eq!(w.get(&t, 4).unwrap(), None);
+    assert_eq!(w.scan(&t, |_, _| true).unwrap().len(), 2);
+    w.commit().unwrap();
+}
+
+#[test]
 fn get_many_and_scan_over_partitions_on_three_servers() {
     let db = Database::embedded(options(3)).unwrap();
     assert_eq!(db.servers(), 3);

@@ -890,6 +890,15 @@ impl<'w> AsyncTransaction<'w> {
                     return Err(fenced);
                 }
                 let released = release(worker, &parts, cid, &held).await;
+                if released.is_ok() {
+                    // Released blocks hold a tombstone; unreachable ones can hold the
+                    // next insert, or every failed insert would cost the table a block.
+                    for f in held.fresh.iter().filter(|f| !f.maybe_indexed) {
+                        if f.block < f.table.partitions[f.part].capacity {
+                            worker.add_spare_blocks(f.table.id, f.part, f.block..f.block + 1);
+                        }
+                    }
+                }
                 worker.decide(cid, Outcome::Aborted);
                 worker.count(|s| {
                     s.aborted += 1;
@@ -1183,10 +1192,23 @@ struct Held {
     /// New blocks this commit wrote locked (published in the index or not): (table,
     /// partition, addr, key).
     created: Vec<(Arc<Table>, usize, u64, u64)>,
+    /// Blocks this commit allocated for its inserts, in insert order; those no index
+    /// slot can point to go back to the worker's spare blocks if the commit fails.
+    fresh: SmallVec<[FreshBlock; 4]>,
     /// Where the commit's log record is in the worker's ring, once placed.
     log_at: Option<u64>,
     /// The log record is complete: the transaction is committed whatever happens next.
     logged: bool,
+}
+
+/// A block a commit allocated for an insert.
+struct FreshBlock {
+    table: Arc<Table>,
+    part: usize,
+    block: u64,
+    /// A claim or index insert naming it was posted and not seen to fail: an index slot
+    /// may point at it, so it is never reused.
+    maybe_indexed: bool,
 }
 
 /// Where a commit's insert gets its block.
@@ -1357,6 +1379,18 @@ async fn run_commit(
         // Claims: the first empty slot of each bucket READ. A claim that fails here
         // (a duplicate, a full bucket) fails the commit after the blocks are written,
         // so the abort path finds them all; no slot is claimed then.
+        let fresh = held.fresh.len();
+        held.fresh.extend(
+            inserts
+                .iter()
+                .zip(&blocks)
+                .map(|(w, &(part, block))| FreshBlock {
+                    table: w.table.clone(),
+                    part,
+                    block,
+                    maybe_indexed: false,
+                }),
+        );
         let mut claims: SmallVec<[Option<u64>; 4]> = SmallVec::new();
         let mut claim_error = None;
         let mut words = BucketWords::new();
@@ -1414,9 +1448,10 @@ async fn run_commit(
         // slot's address, written only once the claim is won, never points at an
         // unwritten block.
         let mut claim_results: SmallVec<[Option<u64>; 4]> = SmallVec::new();
-        for (w, claim) in inserts.iter().zip(&claims) {
+        for (n, (w, claim)) in inserts.iter().zip(&claims).enumerate() {
             let result = match (claim, &claim_error) {
                 (Some(slot), None) => {
+                    held.fresh[fresh + n].maybe_indexed = true;
                     let p = &w.table.partitions[w.table.partition_of(w.key)];
                     let res = area.take(8)?;
                     batches.push(
@@ -1459,9 +1494,13 @@ async fn run_commit(
                     value: RemoteIndex::published_addr(addr),
                 }),
                 Claimed::Duplicate => {
+                    held.fresh[fresh + n].maybe_indexed = false;
                     claim_error.get_or_insert(duplicate_error(w));
                 }
-                Claimed::Lost => one_by_one.push(n),
+                Claimed::Lost => {
+                    held.fresh[fresh + n].maybe_indexed = false;
+                    one_by_one.push(n);
+                }
             }
         }
         if claim_error.is_some() || !one_by_one.is_empty() {
@@ -1478,6 +1517,7 @@ async fn run_commit(
             let (part, addr) = placed[n];
             let p = &w.table.partitions[part];
             worker.check_epoch(step.epoch, cid)?;
+            held.fresh[fresh + n].maybe_indexed = true;
             match p
                 .index
                 .insert(worker.conn(p.server), buffer, index_at, w.key, addr)

@@ -525,6 +525,51 @@ fn inserts_checked_at_commit_find_duplicates_and_race_cleanly() {
     assert!(x.get(&t, 200).unwrap().is_some());
 }
 
+#[test]
+fn failed_inserts_give_their_blocks_back() {
+    let db = visible_db(1);
+    let t = table(&db, 1, 256);
+    let worker = db.worker().unwrap();
+    // Two coroutines put each new key: both find it absent, both allocate a block at
+    // commit, one loses the index claim. The loser's block must not be lost to the table.
+    let mut lost = 0;
+    for key in 0..100 {
+        let racers = worker.run_coroutines(2, |_| {
+            let (worker, t) = (&worker, &t);
+            Box::pin(async move {
+                let mut x = worker.begin(0).await?;
+                x.put(t, key, val(key)).await?;
+                yield_a_little().await;
+                x.commit().await
+            })
+        });
+        assert_eq!(racers.iter().filter(|r| r.is_ok()).count(), 1, "{racers:?}");
+        lost += racers.iter().filter(|r| r.is_err()).count();
+    }
+    assert_eq!(lost, 100);
+    // 100 keys in: the table still has room for the 156 more it was made for.
+    let rest = worker.run_coroutines(1, |_| {
+        let (worker, t) = (&worker, &t);
+        Box::pin(async move {
+            for chunk in (100..256).collect::<Vec<u64>>().chunks(16) {
+                let mut x = worker.begin(0).await?;
+                for &k in chunk {
+                    x.insert_later(t, k, val(k)).await?;
+                }
+                x.commit().await?;
+            }
+            Ok::<_, TxnError>(())
+        })
+    });
+    assert!(rest.iter().all(|r| r.is_ok()), "{rest:?}");
+    drop(worker);
+    let mut c = db.client().unwrap();
+    let mut x = c.begin().unwrap();
+    let rows = x.scan(&t, |_, _| true).unwrap();
+    assert_eq!(rows.len(), 256);
+    assert!(rows.iter().all(|(k, v)| num(v) == *k));
+}
+
 /// Lets the other coroutines of the worker run a few rounds.
 async fn yield_a_little() {
     for _ in 0..4 {

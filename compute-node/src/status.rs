@@ -35,6 +35,8 @@ pub fn code_of(e: &TxnError) -> Code {
         TxnError::Fenced { .. } => Code::Unknown,
         // Committed, but whether it survives a restart of that server is unknown.
         TxnError::Persist { .. } => Code::Unknown,
+        // Committed, but whether others see it yet is unknown.
+        TxnError::CommittedUnconfirmed { .. } => Code::Unknown,
         TxnError::Broken(_) => Code::Unavailable,
         TxnError::Catalog(c) => match c {
             CatalogError::TableExists(_) => Code::AlreadyExists,
@@ -90,6 +92,8 @@ pub fn status_of(e: &TxnError, fate: Fate) -> Status {
         Fate::Aborted | Fate::None if code == Code::Aborted => {
             message.push_str("; the transaction was aborted: this is retryable, run it again")
         }
+        // A commit that may have taken effect (or did) was not aborted.
+        Fate::Aborted if code == Code::Unknown => {}
         Fate::Aborted => message.push_str("; the transaction was aborted"),
         Fate::None => {}
     }
@@ -193,6 +197,16 @@ mod tests {
         assert!(!keeps_transaction(&TxnError::Fabric(FabricError::Backend(
             "gone".into()
         ))));
+        // A commit decided committed whose mark could not reach the oracle: never
+        // "aborted", which a client would take as safe to run again.
+        let unconfirmed = TxnError::CommittedUnconfirmed {
+            cid: 42,
+            cause: Box::new(TxnError::Fabric(FabricError::Backend("gone".into()))),
+        };
+        let s = status_of(&unconfirmed, Fate::Aborted);
+        assert_eq!(s.code(), Code::Unknown);
+        assert!(s.message().contains("is committed"), "{}", s.message());
+        assert!(!s.message().contains("aborted"), "{}", s.message());
         let s = unknown_transaction(0x12, std::time::Duration::from_millis(300));
         assert_eq!(s.code(), Code::NotFound);
         assert!(s.message().contains("expired"), "{}", s.message());

@@ -37,6 +37,11 @@ pub enum TxnError {
         "commit {cid} abandoned: this worker's lease lapsed and its slot was fenced; recovery decides its outcome"
     )]
     Fenced { cid: u64 },
+    /// The commit is decided committed (its log record is complete: recovery finishes
+    /// what this worker could not), but a step after the decision failed, so whether
+    /// others see it yet is not confirmed. Never to be retried as if aborted.
+    #[error("commit {cid} is committed, but a step after that failed: {cause}")]
+    CommittedUnconfirmed { cid: u64, cause: Box<TxnError> },
     /// This worker stopped committing after one of its commits was left half
     /// installed (see the message); a new worker can go on.
     #[error("worker out of service: {0}")]

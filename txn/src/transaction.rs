@@ -878,7 +878,13 @@ impl<'w> AsyncTransaction<'w> {
                 worker.break_off(cid, &e);
                 worker.decide(cid, Outcome::Committed);
                 worker.count(|s| s.committed += 1);
-                Err(e)
+                Err(match e {
+                    e @ TxnError::Persist { .. } => e,
+                    cause => TxnError::CommittedUnconfirmed {
+                        cid,
+                        cause: Box::new(cause),
+                    },
+                })
             }
             Err(e) => {
                 // Only a holder still under its lease may release: after a fence the
@@ -912,12 +918,24 @@ impl<'w> AsyncTransaction<'w> {
             }
         };
         worker.return_parts(parts);
+        // Past the decision, a failure to publish it must not read as an abort.
+        let unconfirmed = |cid, cause| TxnError::CommittedUnconfirmed {
+            cid,
+            cause: Box::new(cause),
+        };
         match outcome {
             Ok(Some(cid)) if worker.database().options().wait_visible => {
                 // Let the other coroutines queue their marks: one flush and one oracle
                 // read then serve them all.
                 yield_now().await;
-                worker.wait_visible(cid).await?;
+                worker
+                    .wait_visible(cid)
+                    .await
+                    .map_err(|e| unconfirmed(cid, e))?;
+                Ok(Some(cid))
+            }
+            Ok(Some(cid)) => {
+                worker.flush_marks().map_err(|e| unconfirmed(cid, e))?;
                 Ok(Some(cid))
             }
             other => {

@@ -225,15 +225,21 @@ impl Area {
     }
 }
 
-/// The buffer a commit needs from its lock step on (lock results, the log record,
-/// the installs), counted before it takes a timestamp: past the log record the commit
-/// is decided, and running out of buffer there would leave it half installed for
-/// recovery.
+/// The buffer a commit needs, counted before it takes a timestamp or allocates a
+/// block: past the log record the commit is decided, and running out of buffer there
+/// would leave it half installed for recovery; and blocks allocated for a commit that
+/// then cannot stage them would be lost to the table.
 struct CommitRoom {
     durable: bool,
     /// The log record's words: head (magic, CID, count) and checksum, then entries.
     record_words: u64,
+    /// From the lock step on, besides the log record: lock results and installs.
     other: u64,
+    /// The insert step, which reuses the buffer before the lock step: each new block
+    /// staged whole, and its index claim's result.
+    insert_step: u64,
+    writes: u64,
+    inserts: u64,
 }
 
 impl CommitRoom {
@@ -242,6 +248,9 @@ impl CommitRoom {
             durable,
             record_words: 4,
             other: 0,
+            insert_step: 0,
+            writes: 0,
+            inserts: 0,
         }
     }
 
@@ -257,16 +266,22 @@ impl CommitRoom {
             Some(Seen::Absent) => {
                 self.other += 8;
                 self.record_words += 4 + if self.durable { value_words } else { 0 };
+                self.insert_step += w.table.shape.block_bytes().next_multiple_of(8) + 8;
+                self.inserts += 1;
             }
             None => {}
         }
+        self.writes += 1;
     }
 
     fn check(&self, have: u64) -> Result<()> {
-        let need = self.other + self.record_words * 8;
+        let need = (self.other + self.record_words * 8).max(self.insert_step);
         if need > have {
             return Err(TxnError::Invalid(format!(
-                "the commit needs {need} bytes of the transaction's {have}-byte buffer (Options::scratch_bytes): write set too large"
+                "write set too large: committing {} writes ({} of them new keys) needs {need} \
+                 bytes of buffer, and a transaction has {have} (Options::scratch_bytes): \
+                 split it into smaller transactions",
+                self.writes, self.inserts
             )));
         }
         Ok(())

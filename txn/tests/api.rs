@@ -463,6 +463,33 @@ fn a_write_set_too_large_for_the_buffer_is_refused_before_it_commits() {
     c.run(0, |x| x.put(&t, 3, vec![9; 1024])).unwrap();
     let mut x = c.begin().unwrap();
     assert_eq!(x.get(&t, 3).unwrap(), Some(vec![9; 1024]));
+    x.commit().unwrap();
+    // Ten new keys: their blocks, staged whole, need 40 KiB. Refused before any block
+    // is allocated, so the failures cost the table nothing (they once took 100 of its
+    // 64 blocks).
+    for _ in 0..10 {
+        let err = c
+            .run(0, |x| {
+                for k in 100..110 {
+                    x.insert(&t, k, vec![1; 1024])?;
+                }
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(
+            matches!(&err, TxnError::Invalid(m) if m.contains("10 of them new keys")),
+            "{err}"
+        );
+    }
+    for first in (8..64).step_by(4) {
+        c.run(0, |x| {
+            for k in first..first + 4 {
+                x.insert(&t, k, val(k))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
 }
 
 #[test]

@@ -34,6 +34,11 @@ use txn::{AsyncTransaction, Database, Suspended, Table, TxnError, Worker};
 const IDLE_WAIT: Duration = Duration::from_millis(1);
 /// Bits of a transaction handle that name the worker.
 const WORKER_BITS: u32 = 16;
+/// Open transactions a worker holds at most: each holds a transaction buffer
+/// (`txn::Options::scratch_bytes`, registered memory), so clients that begin and never
+/// end would otherwise take the node's memory without limit.
+pub const MAX_OPEN_PER_WORKER: usize = 1024;
+
 /// The most workers a pool may have.
 pub const MAX_WORKERS: usize = 1 << WORKER_BITS;
 
@@ -445,6 +450,15 @@ impl Local {
     async fn serve(&self, job: Job) {
         match job {
             Job::Begin { after, reply } => {
+                let open = self.open.borrow().len();
+                if open >= MAX_OPEN_PER_WORKER {
+                    let _ = reply.send(Err(Status::resource_exhausted(format!(
+                        "worker {} of this compute node holds {open} open transactions, the \
+                         most it keeps: commit or abort some (idle ones expire after {:?})",
+                        self.index, self.idle_timeout
+                    ))));
+                    return;
+                }
                 let result = match self.worker.begin(after).await {
                     Ok(t) => Ok(self.open_transaction(t)),
                     Err(e) => Err(status::status_of(&e, Fate::None)),
@@ -770,7 +784,12 @@ mod tests {
         let a = wait(pool.begin(0).unwrap()).unwrap();
         put(&pool, a.handle, 1, b"one").unwrap();
         db.fail_next_commit_after_log();
-        op(&pool, a.handle, |reply| Op::Commit { reply }).expect_err("the injected failure");
+        let err =
+            op(&pool, a.handle, |reply| Op::Commit { reply }).expect_err("the injected failure");
+        // Failing past its log record, the commit is committed: never "aborted".
+        assert_eq!(err.code(), tonic::Code::Unknown, "{err:?}");
+        assert!(err.message().contains("is committed"), "{err:?}");
+        assert!(!err.message().contains("aborted"), "{err:?}");
 
         // The broken worker is dropped and replaced; the replacement's commits stall
         // on the old slot's timestamps until its lease lapses and it fences the slot,
@@ -815,6 +834,21 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
         let stats = futures::executor::block_on(pool.stats()).unwrap();
         assert_eq!((stats.expired, stats.open), (1, 0));
+    }
+
+    #[test]
+    fn a_worker_holds_a_bounded_number_of_open_transactions() {
+        let db = Database::embedded(txn::Options::default()).unwrap();
+        let pool = Pool::start(&db, 1, Duration::from_secs(30)).unwrap();
+        let open: Vec<u64> = (0..MAX_OPEN_PER_WORKER)
+            .map(|_| wait(pool.begin(0).unwrap()).unwrap().handle)
+            .collect();
+        let err = wait(pool.begin(0).unwrap()).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+        assert!(err.message().contains("commit or abort some"), "{err:?}");
+        op(&pool, open[0], |reply| Op::Abort { reply }).unwrap();
+        wait(pool.begin(0).unwrap()).unwrap();
+        pool.shutdown();
     }
 
     #[test]

@@ -107,6 +107,9 @@ pub struct Worker {
 }
 
 /// Spare blocks by (table, partition): ranges of block numbers.
+/// Transactions' parts a worker keeps for its next transactions.
+const MAX_POOLED_PARTS: usize = 64;
+
 type SpareBlocks = HashMap<(u32, usize), SmallVec<[Range<u64>; 2]>, foldhash::fast::FixedState>;
 
 /// Blocks an insert allocates at once in a partition of `capacity` blocks: the one it
@@ -272,9 +275,21 @@ impl Worker {
         Ok(Parts::new(self.device.register(bytes, Access::LOCAL)?))
     }
 
+    /// Keeps `parts` for the next transaction, up to [`MAX_POOLED_PARTS`]: a burst of
+    /// open transactions (a compute node's clients) would otherwise keep its buffers, a
+    /// transaction's scratch each, for good. Coroutines that commit and begin again
+    /// take back what they return, so the pool stays small under any steady load.
     pub(crate) fn return_parts(&self, mut parts: Parts) {
-        parts.clear();
-        self.parts.borrow_mut().push(parts);
+        let mut pool = self.parts.borrow_mut();
+        if pool.len() < MAX_POOLED_PARTS {
+            parts.clear();
+            pool.push(parts);
+        }
+    }
+
+    /// Transactions' buffers pooled now (for tests).
+    pub fn pooled_parts(&self) -> usize {
+        self.parts.borrow().len()
     }
 
     /// Queues the decision of a commit timestamp; see the module doc.

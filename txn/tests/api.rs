@@ -597,6 +597,33 @@ fn failed_inserts_give_their_blocks_back() {
     assert!(rows.iter().all(|(k, v)| num(v) == *k));
 }
 
+#[test]
+fn a_burst_of_open_transactions_does_not_keep_its_buffers() {
+    let db = visible_db(1);
+    let worker = db.worker().unwrap();
+    let burst = worker.run_coroutines(1, |_| {
+        let worker = &worker;
+        Box::pin(async move {
+            let mut open = Vec::new();
+            for _ in 0..500 {
+                open.push(worker.begin(0).await?);
+            }
+            Ok::<_, TxnError>(open.len())
+        })
+    });
+    assert_eq!(burst.into_iter().next().unwrap().unwrap(), 500);
+    // All 500 ended: the worker keeps a few buffers for the next ones, not 500.
+    let pooled = worker.pooled_parts();
+    assert!((1..=64).contains(&pooled), "{pooled} buffers pooled");
+    worker
+        .run_coroutines(1, |_| {
+            let worker = &worker;
+            Box::pin(async move { worker.begin(0).await?.commit().await })
+        })
+        .remove(0)
+        .unwrap();
+}
+
 /// Lets the other coroutines of the worker run a few rounds.
 async fn yield_a_little() {
     for _ in 0..4 {

@@ -23,12 +23,13 @@ pub struct ShellArgs {
 const HELP: &str = "\
 get K                  print the value of key K
 put K V                set key K to V (the rest of the line)
-del K                  delete key K
+del K | delete K       delete key K
 scan [FROM [TO [N]]]   rows with FROM <= key < TO, at most N
 begin                  open a transaction for the commands that follow
 commit | abort         end it
 help                   this text
-quit                   leave (an open transaction is aborted)";
+quit | exit            leave (an open transaction is aborted)
+# ...                  a comment: ignored";
 
 /// A line: a transaction command, or one of the shell's own.
 #[derive(Debug, PartialEq, Eq)]
@@ -52,6 +53,9 @@ fn parse(line: &str) -> Result<Line, String> {
     let line = line.trim();
     let (command, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
     let mut words = rest.split_whitespace();
+    if line.starts_with('#') {
+        return Ok(Line::Empty);
+    }
     let parsed = match command {
         "" => Line::Empty,
         "get" => Line::Kv(KvCommand::Get {
@@ -133,16 +137,24 @@ pub fn run(args: ShellArgs) -> Result<()> {
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
     let mut open = None;
-    let mut lines = stdin.lock().lines();
-    loop {
+    let mut input = stdin.lock();
+    let mut bytes = Vec::new();
+    for number in 1.. {
         if interactive {
             print!("{}> ", if open.is_some() { "txn" } else { "namdb" });
             std::io::stdout().flush()?;
         }
-        let Some(line) = lines.next().transpose()? else {
+        bytes.clear();
+        if input.read_until(b'\n', &mut bytes)? == 0 {
             break;
+        }
+        // One line that is not text is an error of that line, as any other: the rest
+        // of the input still runs.
+        let Ok(line) = std::str::from_utf8(&bytes) else {
+            eprintln!("error: line {number} is not UTF-8 text; skipped");
+            continue;
         };
-        match parse(&line) {
+        match parse(line) {
             Ok(Line::Quit) => break,
             Ok(parsed) => {
                 if let Err(e) = runtime.block_on(execute(&client, &args.table, &mut open, parsed)) {

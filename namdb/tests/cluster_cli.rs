@@ -283,15 +283,11 @@ fn the_shell_runs_single_commands_and_explicit_transactions() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let script = "put 1 a b\nget 1\nbegin\nput 2 x\nget 2\nabort\nget 2\n\
-                  begin\nput 3 y\nget nosuch\ncommit\nscan\ndel 1\nget 1\n\
-                  begin\nput 5 z\n";
-    shell
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
+    // A line that is not UTF-8 (the tenth) is that line's error; the rest runs.
+    let script = b"put 1 a b\nget 1\nbegin\nput 2 x\nget 2\nabort\nget 2\n\
+                  begin\nput 3 y\nput 4 \xff\xfe\nget nosuch\ncommit\n# a comment\nscan\n\
+                  del 1\nget 1\nbegin\nput 5 z\n";
+    shell.stdin.take().unwrap().write_all(script).unwrap();
     let o = shell.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
@@ -302,6 +298,7 @@ fn the_shell_runs_single_commands_and_explicit_transactions() {
     let said = stderr(&o);
     assert!(said.contains("not found: key 2"), "{said}");
     assert!(said.contains("`nosuch` is not a key"), "{said}");
+    assert!(said.contains("line 10 is not UTF-8 text"), "{said}");
     assert!(said.contains("not found: key 1"), "{said}");
     // The open transaction at the end of input was aborted.
     let missing = namdb(c.cwd(), &["kv", "get", "5"]);

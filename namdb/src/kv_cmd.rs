@@ -89,41 +89,80 @@ pub fn show(value: &[u8]) -> String {
     }
 }
 
-/// A runtime and a client of the first compute node of the cluster file (`given`, else
-/// found as [`cluster_file`] says).
-pub fn session(given: Option<PathBuf>) -> Result<(tokio::runtime::Runtime, Client)> {
-    let path = cluster_file(given)?;
-    let file = ClusterFile::read(&path)?;
-    let token = file.token()?;
-    if file.compute_nodes.is_empty() {
-        bail!("{} names no compute node", path.display());
-    }
-    let runtime = runtime()?;
-    // The first compute node that answers: one that died leaves the others serving.
-    let mut last = None;
-    for node in &file.compute_nodes {
-        match runtime.block_on(Client::connect(&node.address, &token)) {
-            Ok(client) => return Ok((runtime, client)),
-            Err(e) => last = Some((node, e)),
+/// Whether the compute node of `client` answers a health check in time.
+pub async fn answers(client: &Client) -> bool {
+    matches!(
+        tokio::time::timeout(ANSWER_WAIT, client.health()).await,
+        Ok(Ok(_))
+    )
+}
+
+/// How long a compute node has to answer a health check before the next one is tried:
+/// a node that is stopped (SIGSTOP) or wedged still accepts connections.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A cluster's compute nodes, to connect to one that answers.
+pub struct Nodes {
+    file: ClusterFile,
+    token: memory_server::ClusterToken,
+}
+
+impl Nodes {
+    /// The compute nodes of the cluster file (`given`, else found as [`cluster_file`]
+    /// says).
+    pub fn of(given: Option<PathBuf>) -> Result<Nodes> {
+        let path = cluster_file(given)?;
+        let file = ClusterFile::read(&path)?;
+        let token = file.token()?;
+        if file.compute_nodes.is_empty() {
+            bail!("{} names no compute node", path.display());
         }
+        Ok(Nodes { file, token })
     }
-    let (node, e) = last.expect("a compute node was tried");
-    Err(anyhow::Error::from(e)).with_context(|| {
-        format!(
-            "cannot reach {} at {}{} (is the cluster up? `namdb cluster status`)",
-            node.name,
-            node.address,
-            if file.compute_nodes.len() > 1 {
-                ", nor any other compute node of the cluster"
-            } else {
-                ""
+
+    /// A client of the first compute node that answers (one that died or hangs leaves
+    /// the others serving), and the node's name and address.
+    pub async fn connect(&self) -> Result<(Client, String)> {
+        let mut last = None;
+        for node in &self.file.compute_nodes {
+            let answered = async {
+                let client = Client::connect(&node.address, &self.token).await?;
+                if !answers(&client).await {
+                    bail!("it did not answer a health check within {ANSWER_WAIT:?}");
+                }
+                Ok::<_, anyhow::Error>(client)
+            };
+            match answered.await {
+                Ok(client) => return Ok((client, format!("{} at {}", node.name, node.address))),
+                Err(e) => last = Some((node, e)),
             }
-        )
-    })
+        }
+        let (node, e) = last.expect("a compute node was tried");
+        Err(e).with_context(|| {
+            format!(
+                "cannot reach {} at {}{} (is the cluster up? `namdb cluster status`)",
+                node.name,
+                node.address,
+                if self.file.compute_nodes.len() > 1 {
+                    ", nor any other compute node of the cluster"
+                } else {
+                    ""
+                }
+            )
+        })
+    }
+}
+
+/// A runtime, the cluster's compute nodes, and a client of one that answers.
+pub fn session(given: Option<PathBuf>) -> Result<(tokio::runtime::Runtime, Nodes, Client)> {
+    let nodes = Nodes::of(given)?;
+    let runtime = runtime()?;
+    let (client, _) = runtime.block_on(nodes.connect())?;
+    Ok((runtime, nodes, client))
 }
 
 pub fn run(args: KvArgs) -> Result<ExitCode> {
-    let (runtime, client) = session(args.cluster)?;
+    let (runtime, _, client) = session(args.cluster)?;
     let timeout = args.timeout;
     runtime
         .block_on(async {
@@ -133,8 +172,8 @@ pub fn run(args: KvArgs) -> Result<ExitCode> {
             // The compute node aborts the transaction once it has been idle for its
             // --txn-timeout.
             bail!(
-                "no answer from the compute node within {timeout:?}: a memory server may be \
-                 stopped or overloaded (`namdb cluster status` shows which processes run)"
+                "no answer from the compute node within {timeout:?}: it or a memory server \
+                 may be stopped or overloaded (`namdb cluster status` shows which processes run)"
             )
         })
 }

@@ -3,7 +3,7 @@
 //! holds every command until `commit` or `abort`.
 
 use crate::cluster_cmd::DEFAULT_TABLE;
-use crate::kv_cmd::{KvCommand, autocommit, failed, one, session};
+use crate::kv_cmd::{KvCommand, answers, autocommit, failed, one, session};
 use anyhow::Result;
 use clap::Args;
 use compute_node::client::{Client, Txn};
@@ -133,7 +133,7 @@ async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Lin
 }
 
 pub fn run(args: ShellArgs) -> Result<()> {
-    let (runtime, client) = session(args.cluster)?;
+    let (runtime, nodes, mut client) = session(args.cluster)?;
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
     let mut open = None;
@@ -159,6 +159,21 @@ pub fn run(args: ShellArgs) -> Result<()> {
             Ok(parsed) => {
                 if let Err(e) = runtime.block_on(execute(&client, &args.table, &mut open, parsed)) {
                     eprintln!("error: {e:#}");
+                    // A compute node that died or hangs: go on with another.
+                    if !runtime.block_on(answers(&client)) {
+                        match runtime.block_on(nodes.connect()) {
+                            Ok((other, which)) => {
+                                client = other;
+                                if open.take().is_some() {
+                                    eprintln!(
+                                        "the open transaction was lost with its compute node"
+                                    );
+                                }
+                                eprintln!("now using {which}");
+                            }
+                            Err(e) => eprintln!("error: {e:#}"),
+                        }
+                    }
                 }
             }
             Err(msg) => eprintln!("error: {msg}"),

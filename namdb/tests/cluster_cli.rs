@@ -168,6 +168,22 @@ fn a_cluster_on_tcp_with_two_compute_nodes_comes_up_and_down() {
     ]);
     ok(c.cwd(), &["kv", "put", "1", "one"]);
     assert_eq!(ok(c.cwd(), &["kv", "get", "1"]), "one\n");
+    // A stopped compute node still accepts connections but never answers: kv goes on
+    // to the next one (it waited for its whole --timeout, then blamed the memory
+    // servers).
+    let first = c.json()["compute_nodes"][0]["pid"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let signal = |sig: &str| {
+        let status = Command::new("kill").args([sig, &first]).status().unwrap();
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let got = namdb(c.cwd(), &["kv", "--timeout", "20s", "get", "1"]);
+    signal("-CONT");
+    assert!(got.status.success(), "{}", stderr(&got));
+    assert_eq!(stdout(&got), "one\n");
     // A second `up` in the same directory refuses.
     let twice = namdb(c.cwd(), &["cluster", "up", "--backend", "tcp"]);
     assert!(!twice.status.success());

@@ -144,8 +144,11 @@ pub struct Node {
 
 impl Node {
     /// Connects (once: a node that cannot start says so) and starts the monitor.
-    pub fn start(config: Config) -> Result<Arc<Node>, ReconnectError> {
+    pub fn start(mut config: Config) -> Result<Arc<Node>, ReconnectError> {
         let live = Live::open(&config)?;
+        // A reconnect must find this cluster again: servers restarted without their
+        // data must not get a new, empty one set up in its place, silently.
+        config.options.cluster = Some(live.cluster.db.cluster_id());
         let node = Arc::new(Node {
             backend: live.cluster.backend.clone(),
             servers: live.cluster.db.servers(),

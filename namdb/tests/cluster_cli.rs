@@ -484,3 +484,64 @@ fn a_replicated_cluster_starts_a_backup_per_memory_server_and_stops_it() {
         assert!(!alive(pid), "backup {pid} outlived `cluster down`");
     }
 }
+
+#[test]
+fn a_memory_server_restarted_without_its_data_is_reported_lost() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "1",
+        "--backend",
+        "tcp",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+    ]);
+    ok(c.cwd(), &["kv", "put", "1", "one"]);
+    let server = c.json()["memory_servers"][0].clone();
+    let pid = server["pid"].as_u64().unwrap() as u32;
+    let address = server["address"].as_str().unwrap().to_string();
+    // The same server again, on the address the compute node knows, without its data.
+    let mut argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap()
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .skip(1)
+        .map(|a| String::from_utf8(a.to_vec()).unwrap())
+        .collect();
+    let listen = argv.iter().position(|a| a == "--listen").unwrap() + 1;
+    argv[listen] = address;
+    assert!(
+        Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    while alive(pid) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut again = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(c.cwd())
+        .args(&argv)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The compute node reconnects, and says the data is gone: it once set up a new,
+    // empty cluster on the server and answered "not found: table kv".
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let said = loop {
+        let o = namdb(c.cwd(), &["kv", "get", "1"]);
+        let said = stderr(&o);
+        if said.contains("no longer holds") || std::time::Instant::now() > deadline {
+            break said;
+        }
+        assert!(!said.contains("table kv"), "{said}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let _ = again.kill();
+    let _ = again.wait();
+    assert!(said.contains("no longer holds the cluster"), "{said}");
+    assert!(said.contains("--data-dir"), "{said}");
+}

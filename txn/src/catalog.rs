@@ -193,6 +193,12 @@ pub enum CatalogError {
         "memory server {index} ({what}): list the memory servers in the order of the cluster they were set up in, and do not share a server between clusters"
     )]
     Membership { index: usize, what: String },
+    #[error(
+        "memory server 0 no longer holds the cluster this node opened ({why}): a memory \
+         server restarted without a data directory (--data-dir) loses what it held, so \
+         the cluster's data is gone; bring the cluster up anew"
+    )]
+    ClusterLost { why: String },
     #[error("invalid: {0}")]
     Invalid(String),
     #[error("table {0} exists")]
@@ -245,6 +251,8 @@ pub struct CatalogOptions {
     /// progress before it takes the work over (it must be far above how long those
     /// take: a few round trips).
     pub wait: Duration,
+    /// The cluster the servers must hold (see [`crate::Options::cluster`]).
+    pub cluster: Option<u64>,
 }
 
 impl Default for CatalogOptions {
@@ -254,6 +262,7 @@ impl Default for CatalogOptions {
             oracle_slots: 64,
             log_bytes_per_slot: crate::commitlog::DEFAULT_AREA_BYTES,
             wait: Duration::from_secs(10),
+            cluster: None,
         }
     }
 }
@@ -374,6 +383,7 @@ impl TableDef {
 /// location, and the node's token (which names its claims).
 #[derive(Clone, Debug)]
 pub struct Catalog {
+    cluster_id: u64,
     servers: Vec<ServerRegions>,
     oracle: OracleLocation,
     log: crate::commitlog::LogLocation,
@@ -697,7 +707,9 @@ fn check_members(conns: &mut [Conn], servers: &[ServerRegions]) -> Result<()> {
             return Err(CatalogError::Membership {
                 index,
                 what: if got[0] == 0 {
-                    "it is not part of this cluster".into()
+                    "it holds no cluster: it restarted without a data directory (--data-dir), \
+                     losing what it held, or it was never part of this one"
+                        .into()
                 } else {
                     format!(
                         "it is server {} of {} cluster",
@@ -709,6 +721,12 @@ fn check_members(conns: &mut [Conn], servers: &[ServerRegions]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+impl Catalog {
+    pub fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
 }
 
 /// One step of bootstrap: CAS the state word from `seen` to `next`; the old value.
@@ -840,13 +858,27 @@ impl Catalog {
                     // by then, whatever order the first READ's bytes arrived in.
                     let rec = read_words(&mut conns[0], record_at(&c0, attempt), RECORD_WORDS)?;
                     let (oracle, log) = parse_record(&rec, &servers, attempt, t)?;
+                    let cluster_id = read_words(&mut conns[0], c0.at(CLUSTER_ID), 1)?[0];
+                    if let Some(expected) = options.cluster
+                        && expected != cluster_id
+                    {
+                        return Err(CatalogError::ClusterLost {
+                            why: "it holds another cluster".into(),
+                        });
+                    }
                     check_members(conns, &servers)?;
                     return Ok(Catalog {
+                        cluster_id,
                         servers,
                         oracle,
                         log,
                         token,
                         wait: options.wait,
+                    });
+                }
+                State::Empty if options.cluster.is_some() => {
+                    return Err(CatalogError::ClusterLost {
+                        why: "it holds no cluster".into(),
                     });
                 }
                 State::Empty => {
@@ -885,7 +917,9 @@ impl Catalog {
                     unreachable!("only initializing states are claimed")
                 };
                 let (oracle, log) = Self::bootstrap(conns, &servers, options, attempt, token)?;
+                let cluster_id = read_words(&mut conns[0], c0.at(CLUSTER_ID), 1)?[0];
                 return Ok(Catalog {
+                    cluster_id,
                     servers,
                     oracle,
                     log,
@@ -1732,6 +1766,31 @@ mod tests {
         ));
         assert_eq!(cat_a.tables(&mut a).unwrap(), vec![t.clone()]);
         assert_eq!(cat_a.table(&mut a, "x").unwrap(), t);
+    }
+
+    #[test]
+    fn a_reopen_expecting_a_cluster_refuses_servers_that_lost_it() {
+        let c = Cluster::new(2, 1, 1 << 20);
+        let id = c.open(&mut c.node()).unwrap().cluster_id();
+        assert_ne!(id, 0);
+        let expecting = |cluster| CatalogOptions {
+            cluster: Some(cluster),
+            ..options()
+        };
+        let again = Catalog::open(&mut c.node(), c.regions(), &expecting(id)).unwrap();
+        assert_eq!(again.cluster_id(), id);
+        // Servers that came back empty: no new cluster set up in the old one's place.
+        let empty = Cluster::new(2, 1, 1 << 20);
+        let err = Catalog::open(&mut empty.node(), empty.regions(), &expecting(id)).unwrap_err();
+        assert!(matches!(err, CatalogError::ClusterLost { .. }), "{err}");
+        assert!(err.to_string().contains("--data-dir"), "{err}");
+        let state = decode_state(empty.catalogs[0].load_u64(STATE).unwrap()).unwrap();
+        assert_eq!(state, State::Empty, "nothing was set up");
+        // Servers that hold another cluster.
+        let other = empty.open(&mut empty.node()).unwrap().cluster_id();
+        assert_ne!(other, id);
+        let err = Catalog::open(&mut empty.node(), empty.regions(), &expecting(id)).unwrap_err();
+        assert!(matches!(err, CatalogError::ClusterLost { .. }), "{err}");
     }
 
     #[test]

@@ -127,6 +127,10 @@ pub struct Options {
     /// Bytes of each oracle slot's commit-log area, if this node sets the catalog up:
     /// bounds the log records of a worker's commits in flight at once.
     pub log_bytes_per_slot: u64,
+    /// The cluster the servers must hold ([`Database::cluster_id`] of an earlier open),
+    /// for a node reconnecting after a restart: servers that came back without it are
+    /// an error, never a new, empty cluster set up in its place.
+    pub cluster: Option<u64>,
 }
 
 impl Default for Options {
@@ -142,6 +146,7 @@ impl Default for Options {
             wait_visible: true,
             scratch_bytes: 256 << 10,
             log_bytes_per_slot: crate::commitlog::DEFAULT_AREA_BYTES,
+            cluster: None,
         }
     }
 }
@@ -158,6 +163,7 @@ impl std::fmt::Debug for Options {
             .field("wait_visible", &self.wait_visible)
             .field("scratch_bytes", &self.scratch_bytes)
             .field("log_bytes_per_slot", &self.log_bytes_per_slot)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -310,6 +316,7 @@ impl Database {
                 oracle_slots: options.slots,
                 log_bytes_per_slot: options.log_bytes_per_slot,
                 wait: options.catalog_wait,
+                cluster: options.cluster,
             },
         )?;
         let shared = Shared {
@@ -340,6 +347,12 @@ impl Database {
     }
 
     /// Whether the memory servers are durable ([`crate::durable`]).
+    /// The cluster's identity, set when its catalog was first set up: the same for
+    /// every node and every open of the same cluster.
+    pub fn cluster_id(&self) -> u64 {
+        self.shared.catalog.cluster_id()
+    }
+
     pub fn is_durable(&self) -> bool {
         self.shared.durability.is_durable()
     }

@@ -289,8 +289,11 @@ pub fn connect(
         ));
     }
     let backend = backend.expect("at least one server");
+    // Named by pid, so that a later node can tell a killed one's leftovers.
+    let prefix = "namdb-compute-";
+    fabric::shm::sweep_leftovers(&std::env::temp_dir(), prefix);
     let sockets = tempfile::Builder::new()
-        .prefix("namdb-compute-")
+        .prefix(&format!("{prefix}{}-", std::process::id()))
         .tempdir()?;
     let devices = device_factory(&backend, first, token, &sockets, options.devices.clone())?;
     let links = servers

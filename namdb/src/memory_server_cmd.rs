@@ -148,8 +148,9 @@ fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Devic
         }
         ServerBackend::Shm => {
             let path = args.socket.clone().unwrap_or_else(|| {
-                std::env::temp_dir()
-                    .join(format!("namdb-memory-server-{}.sock", std::process::id()))
+                let prefix = "namdb-memory-server-";
+                fabric::shm::sweep_leftovers(&std::env::temp_dir(), prefix);
+                std::env::temp_dir().join(format!("{prefix}{}.sock", std::process::id()))
             });
             let device = ShmDevice::bind_as(&path, token.secret(), node)
                 .with_context(|| format!("cannot start the shm data path on {}", path.display()))?;

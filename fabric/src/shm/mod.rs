@@ -169,6 +169,48 @@ impl ShmDevice {
     }
 }
 
+/// Whether `path` is a socket nobody listens on: a leftover of a process that died.
+fn is_dead_socket(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+        && matches!(UnixStream::connect(path), Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
+}
+
+/// Removes what processes that are gone left in `dir`: entries named `PREFIX<pid>…`
+/// for a pid no process has, when they are sockets nobody listens on, or directories
+/// of such sockets (removed once empty). A process killed outright cannot remove its
+/// sockets; the next one that names its own the same way does. Nothing but dead
+/// sockets and the directories they emptied is ever removed.
+pub fn sweep_leftovers(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+            continue;
+        };
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let Ok(pid) = rest[..digits].parse::<u32>() else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        if is_dead_socket(&path) {
+            let _ = std::fs::remove_file(&path);
+        } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            for inner in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                if is_dead_socket(&inner.path()) {
+                    let _ = std::fs::remove_file(inner.path());
+                }
+            }
+            // Fails, keeping it, unless it is empty now.
+            let _ = std::fs::remove_dir(&path);
+        }
+    }
+}
+
 /// Binds `path`, replacing a socket file that nobody listens on any more (left behind
 /// by a process that died).
 fn listen(path: &Path) -> Result<UnixListener> {

@@ -759,3 +759,41 @@ fn binding_replaces_a_leftover_socket_but_never_a_file() {
     assert!(err.to_string().contains("other than a socket"), "{err}");
     assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
 }
+
+#[test]
+fn leftovers_of_processes_that_are_gone_are_swept_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name);
+    let dead_socket = |path: &Path| {
+        drop(std::os::unix::net::UnixListener::bind(path).unwrap());
+    };
+    // Above Linux's largest pid_max: no process has it.
+    let gone = 4_194_305u32;
+    let me = std::process::id();
+    dead_socket(&at(&format!("x-{gone}.sock")));
+    dead_socket(&at(&format!("x-{me}.sock")));
+    std::fs::write(at(&format!("x-{gone}.txt")), "keep me").unwrap();
+    std::fs::create_dir(at(&format!("x-{gone}-abc"))).unwrap();
+    dead_socket(&at(&format!("x-{gone}-abc/node0.sock")));
+    std::fs::create_dir(at(&format!("x-{gone}-def"))).unwrap();
+    std::fs::write(at(&format!("x-{gone}-def/data")), "keep me").unwrap();
+    let listening = std::os::unix::net::UnixListener::bind(at(&format!("x-{gone}-live.sock")));
+    dead_socket(&at(&format!("y-{gone}.sock")));
+    super::sweep_leftovers(dir.path(), "x-");
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        vec![
+            format!("x-{me}.sock"),
+            format!("x-{gone}-def"),
+            format!("x-{gone}-live.sock"),
+            format!("x-{gone}.txt"),
+            format!("y-{gone}.sock"),
+        ]
+    );
+    drop(listening);
+}

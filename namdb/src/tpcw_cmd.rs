@@ -792,9 +792,17 @@ fn load_and_run_htap(
     let stop = std::sync::atomic::AtomicBool::new(false);
     let run_done = std::sync::atomic::AtomicBool::new(false);
     let measured = config.warmup + config.duration;
+    let rewrites = runner::ItemRewrites::default();
     let (with, analytics) = std::thread::scope(|s| {
         let analytics = s.spawn(|| {
-            tpcw::htap::run_analytics(system.database(), &tables, &subjects, &htap_config, &stop)
+            tpcw::htap::run_analytics(
+                system.database(),
+                &tables,
+                &subjects,
+                &htap_config,
+                &stop,
+                &rewrites,
+            )
         });
         // The analytics stop with the measured period (or when the run ends early).
         s.spawn(|| {
@@ -805,7 +813,7 @@ fn load_and_run_htap(
             }
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
         });
-        let with = runner::run(system, scale, &config, &mut ledger);
+        let with = runner::run_beside(system, scale, &config, &mut ledger, &rewrites);
         run_done.store(true, std::sync::atomic::Ordering::Relaxed);
         (
             with,

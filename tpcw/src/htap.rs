@@ -31,6 +31,7 @@
 //! at the RID, so a scan would end in `SnapshotTooOld` at every concurrent insert;
 //! two versions carry the insert's "absent before" mark.
 
+use crate::runner::{ItemRewrite, ItemRewrites};
 use crate::schema::{Item, Order, OrderLine, Rel, SUBJECTS};
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -441,14 +442,16 @@ where
 }
 
 /// Writes `related` (best first) into item `x`'s related fields; slots left over keep
-/// the item's current related items that are not already listed.
+/// the item's current related items that are not already listed. The new version is
+/// logged in `rewrites`.
 pub fn write_related(
     worker: &Worker,
     item: &Arc<Table>,
     x: u64,
     related: &[(u64, i64)],
+    rewrites: &ItemRewrites,
 ) -> Result<()> {
-    block_on(worker.run(0, 20, async |t| {
+    let ((stock, rid), cid) = block_on(worker.run(0, 20, async |t| {
         let row = t
             .get(item, x)
             .await?
@@ -468,20 +471,32 @@ pub fn write_related(
             it.i_related4,
             it.i_related5,
         ] = [ids[0], ids[1], ids[2], ids[3], ids[4]];
-        t.put(item, x, it.encode()).await
+        t.put(item, x, it.encode()).await?;
+        Ok((it.i_stock, t.rid()))
     }))?;
+    if let Some(cid) = cid {
+        rewrites.push(ItemRewrite {
+            item: x,
+            stock,
+            rid,
+            cid,
+        });
+    }
     Ok(())
 }
 
 /// Runs the analytics nodes until `stop` is set; returns what they did. `subjects`
 /// comes from [`item_subjects`], read before the checkouts start (ITEM keeps one
-/// version, so a scan of it beside checkouts would keep finding newer stocks).
+/// version, so a scan of it beside checkouts would keep finding newer stocks). The
+/// related-items updates are logged in `rewrites`, for the history of the run beside
+/// ([`crate::runner::run_beside`]).
 pub fn run_analytics(
     db: &Database,
     tables: &Tables,
     subjects: &HashMap<u64, u8>,
     config: &HtapConfig,
     stop: &AtomicBool,
+    rewrites: &ItemRewrites,
 ) -> Result<HtapReport> {
     if config.nodes == 0 {
         return Err(HtapError::Data(
@@ -529,7 +544,7 @@ pub fn run_analytics(
                     // Holds no oracle slot, so its scans never hold back the
                     // checkouts' read timestamps.
                     let worker = db.reader()?;
-                    let out = node_loop(&mut me, &worker, stop);
+                    let out = node_loop(&mut me, &worker, stop, rewrites);
                     let AnalyticsNode { net, stats, .. } = me;
                     let shut = net.shutdown();
                     let out = out?;
@@ -598,6 +613,7 @@ fn node_loop(
     me: &mut AnalyticsNode<'_>,
     worker: &Worker,
     stop: &AtomicBool,
+    rewrites: &ItemRewrites,
 ) -> Result<Option<NodeZero>> {
     let mut zero = NodeZero {
         best_sellers: Histogram::new(3).expect("a histogram"),
@@ -701,7 +717,7 @@ fn node_loop(
                 // A writer only for the write: a slot held across the scans would
                 // hold back every checkout's read timestamp between ticks.
                 let writer = worker.database().worker()?;
-                write_related(&writer, &me.tables.item, x, &related)?;
+                write_related(&writer, &me.tables.item, x, &related, rewrites)?;
                 zero.related
                     .record(query_started.elapsed().as_micros().max(1) as u64)
                     .expect("latency in range");

@@ -327,6 +327,9 @@ pub struct Effects {
     pub cart: Option<Option<u64>>,
     /// Stocks read without a sale, with their versions (sampled items only).
     pub stock_reads: Vec<(u64, i32, Option<u64>)>,
+    /// Items whose row was rewritten with its stock unchanged (Admin Confirm), as
+    /// (item, stock, version read): a new version of the stock all the same.
+    pub stock_rewrites: Vec<(u64, i32, Option<u64>)>,
 }
 
 fn now() -> i64 {
@@ -385,7 +388,7 @@ pub async fn run<S: Session>(
         }
         Interaction::OrderDisplay => order_display(s, client).await?,
         Interaction::AdminRequest => admin_request(s, client, shared).await?,
-        Interaction::AdminConfirm => admin_confirm(s, client, shared).await?,
+        Interaction::AdminConfirm => admin_confirm(s, client, shared, &mut fx).await?,
     }
     Ok(fx)
 }
@@ -917,9 +920,15 @@ async fn admin_request<S: Session>(s: &mut S, client: &mut Client, shared: &Shar
 
 /// Admin Confirm (clause 2.16): new cost, image and publication date for an item, and
 /// its related items recomputed from what recent buyers of it also bought.
-async fn admin_confirm<S: Session>(s: &mut S, client: &mut Client, shared: &Shared) -> Result<()> {
+async fn admin_confirm<S: Session>(
+    s: &mut S,
+    client: &mut Client,
+    shared: &Shared,
+    fx: &mut Effects,
+) -> Result<()> {
     let i_id = random_item(client, &shared.scale);
     let mut item = Item::decode(&must_get(s, Rel::Item, i_id).await?)?;
+    let version = shared.sampled_version(s, i_id).await?;
     let orders = recent_orders(s, shared).await?;
     let lines = lines_of(s, &orders).await?;
     let mut buyers_orders = std::collections::HashSet::new();
@@ -968,6 +977,7 @@ async fn admin_confirm<S: Session>(s: &mut S, client: &mut Client, shared: &Shar
     newest.publish(item.i_pub_date, i_id);
     s.put(Rel::NewProducts, subject, newest.encode()).await?;
     s.put(Rel::Item, i_id, item.encode()).await?;
+    fx.stock_rewrites.push((i_id, item.i_stock, version));
     Ok(())
 }
 

@@ -208,12 +208,62 @@ impl Progress {
     }
 }
 
+/// ITEM rows rewritten with their stock unchanged by writers beside the run's clients
+/// (HTAP's related-items update). Each is a new version of the item's stock: the
+/// run's history needs those of sampled items, or a later read naming that version
+/// names one the history never saw (`wrong-version`).
+#[derive(Default)]
+pub struct ItemRewrites {
+    committed: Mutex<Vec<ItemRewrite>>,
+}
+
+/// One committed rewrite of an item row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemRewrite {
+    pub item: u64,
+    /// The stock the row kept.
+    pub stock: i32,
+    /// The snapshot the writer read the row at, and its commit timestamp.
+    pub rid: u64,
+    pub cid: u64,
+}
+
+impl ItemRewrites {
+    pub fn push(&self, rewrite: ItemRewrite) {
+        self.committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(rewrite);
+    }
+
+    fn snapshot(&self) -> Vec<ItemRewrite> {
+        self.committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// The history session of the rewrites beside a run: one writer, one after another.
+const REWRITER_SESSION: u64 = u64::MAX - 1;
+
 /// Runs `config` on `system` (loaded at `scale`), then checks the database.
 pub fn run<S: System>(
     system: &S,
     scale: &Scale,
     config: &RunConfig,
     ledger: &mut Ledger,
+) -> Result<RunReport> {
+    run_beside(system, scale, config, ledger, &ItemRewrites::default())
+}
+
+/// [`run`] beside a writer that rewrites ITEM rows and logs them in `rewrites`.
+pub fn run_beside<S: System>(
+    system: &S,
+    scale: &Scale,
+    config: &RunConfig,
+    ledger: &mut Ledger,
+    rewrites: &ItemRewrites,
 ) -> Result<RunReport> {
     if config.clients == 0 {
         return Err(Error::System("a run needs at least one client".into()));
@@ -227,9 +277,10 @@ pub fn run<S: System>(
     let streams = first_stream + config.clients as u64;
     let shared = Shared::new(*scale, streams, config.sample_every);
     let recorder = (config.sample_every > 0).then(|| Recorder::new(JsonlWriter::new(Vec::new())));
-    if let Some(rec) = &recorder {
-        record_initial_stocks(system, scale, config.sample_every, rec)?;
-    }
+    let initial_rid = match &recorder {
+        Some(rec) => record_initial_stocks(system, scale, config.sample_every, rec)?,
+        None => None,
+    };
     let primes_best_sellers = config
         .mix
         .weights()
@@ -348,6 +399,9 @@ pub fn run<S: System>(
             config.duration.as_secs_f64()
         )
     });
+    if let Some(rec) = &recorder {
+        record_rewrites(rec, rewrites, initial_rid, config.sample_every)?;
+    }
     report.checks = check(system, ledger, recorder, config.progress)?;
     Ok(report)
 }
@@ -563,22 +617,54 @@ fn sample_ops(record: &mut TxnRecord, fx: &Effects, every: u64) -> bool {
         record.read(&item_key(item), ReadValue::Register(stock as i64), version);
         any = true;
     }
+    for &(item, stock, version) in fx.stock_rewrites.iter().filter(|r| r.0 % every == 0) {
+        record.read(&item_key(item), ReadValue::Register(stock as i64), version);
+        record.write(&item_key(item), stock as i64);
+        any = true;
+    }
     any
 }
 
+/// Records the sampled items' rewrites that the initial stocks (read at `initial_rid`)
+/// do not already hold, in commit order. Recorded after the fact, so untimed.
+fn record_rewrites(
+    recorder: &HistoryRecorder,
+    rewrites: &ItemRewrites,
+    initial_rid: Option<u64>,
+    every: u64,
+) -> Result<()> {
+    let mut after_initial: Vec<ItemRewrite> = rewrites
+        .snapshot()
+        .into_iter()
+        .filter(|w| w.item % every == 0 && initial_rid.is_none_or(|rid| w.cid > rid))
+        .collect();
+    after_initial.sort_unstable_by_key(|w| w.cid);
+    for w in after_initial {
+        let mut record = recorder.begin(REWRITER_SESSION);
+        record.set_read_timestamp(Some(w.rid));
+        record.write(&item_key(w.item), w.stock as i64);
+        recorder
+            .committed_untimed(record, Some(w.cid))
+            .map_err(|e| Error::System(format!("recording: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Records the sampled items' stocks before the run as the transactions that wrote
-/// them (grouped by version, so the white-box checker can replay the system's order).
+/// them (grouped by version, so the white-box checker can replay the system's order);
+/// returns the read timestamp they were read at.
 fn record_initial_stocks<S: System>(
     system: &S,
     scale: &Scale,
     every: u64,
     recorder: &HistoryRecorder,
-) -> Result<()> {
+) -> Result<Option<u64>> {
     let items: Vec<u64> = (1..=scale.items).filter(|i| i % every == 0).collect();
     let engine = system.engine(0)?;
-    let by_version = run_one(&engine, async |engine: &S::Engine| {
+    let (by_version, rid) = run_one(&engine, async |engine: &S::Engine| {
         let mut by_version: BTreeMap<Option<u64>, Vec<(u64, i32)>> = BTreeMap::new();
         let mut txn = engine.begin(0).await?;
+        let rid = txn.read_timestamp();
         for chunk in items.chunks(256) {
             let rows = txn.get_many(Rel::Item, chunk).await?;
             for (row, &id) in rows.into_iter().zip(chunk) {
@@ -591,7 +677,7 @@ fn record_initial_stocks<S: System>(
             }
         }
         engine.abort(txn);
-        Ok(by_version)
+        Ok((by_version, rid))
     })?;
     for (version, stocks) in by_version {
         let mut record = recorder.begin(u64::MAX);
@@ -605,7 +691,7 @@ fn record_initial_stocks<S: System>(
             .committed(record, version)
             .map_err(|e| Error::System(format!("recording: {e}")))?;
     }
-    Ok(())
+    Ok(rid)
 }
 
 fn merge(into: &mut ThreadTally, from: ThreadTally) -> Result<()> {

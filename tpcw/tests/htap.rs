@@ -7,7 +7,7 @@ use std::time::Duration;
 use tpcw::htap::{self, HtapConfig, Tables};
 use tpcw::interactions::Mix;
 use tpcw::rsi::{Room, Rsi};
-use tpcw::runner::{self, Ledger, RunConfig};
+use tpcw::runner::{self, ItemRewrites, Ledger, RunConfig};
 use tpcw::schema::{Item, Rel, Scale};
 use tpcw::system::System;
 use txn::{Database, Options};
@@ -47,15 +47,26 @@ fn best_sellers_and_related_items_run_beside_checkouts() {
         threads: 1,
         warmup: Duration::from_millis(100),
         duration: Duration::from_millis(2000),
-        sample_every: 0,
+        // Every item sampled: the related-items updates rewrite sampled items, and
+        // the history must hold those versions for the checkouts' reads of them.
+        sample_every: 1,
         progress: false,
         seed: 3,
         stop_below_available: 0,
     };
+    let rewrites = ItemRewrites::default();
     let (checkouts, analytics) = std::thread::scope(|s| {
-        let analytics =
-            s.spawn(|| htap::run_analytics(rsi.database(), &tables, &subjects, &config, &stop));
-        let checkouts = runner::run(&rsi, &scale, &run, &mut Ledger::default());
+        let analytics = s.spawn(|| {
+            htap::run_analytics(
+                rsi.database(),
+                &tables,
+                &subjects,
+                &config,
+                &stop,
+                &rewrites,
+            )
+        });
+        let checkouts = runner::run_beside(&rsi, &scale, &run, &mut Ledger::default(), &rewrites);
         stop.store(true, Ordering::Relaxed);
         (checkouts, analytics.join().unwrap())
     });
@@ -64,6 +75,11 @@ fn best_sellers_and_related_items_run_beside_checkouts() {
     eprintln!("{analytics:?}");
     assert!(checkouts.committed > 20, "{checkouts:?}");
     assert!(checkouts.checks.stock_conserved && checkouts.checks.orders_present);
+    assert_eq!(
+        checkouts.checks.history_verdict.as_deref(),
+        Some("valid"),
+        "{checkouts:?}"
+    );
     assert!(analytics.best_sellers >= 1, "{analytics:?}");
     assert_eq!(analytics.checked, analytics.best_sellers);
     assert_eq!(analytics.mismatches, 0, "{analytics:?}");

@@ -8,6 +8,7 @@
 //! checked after every run (see `tpcw::runner`).
 
 use crate::backend::BackendKind;
+use crate::bench::JsonOut;
 use crate::cluster_cmd::{ProcessEntry, spawn, stop_all};
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
@@ -252,66 +253,26 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
              server of your own"
         );
     }
-    let mut reports = Vec::new();
-    let mut htap = None;
-    for &kind in &args.system {
-        // RSI over several backends heads each backend's runs itself.
-        if kind != SystemKind::Rsi || args.htap {
-            eprintln!("== {} ==", kind.name());
-        }
-        let runs = match kind {
-            SystemKind::Rsi if args.htap => {
-                let system = start_rsi(args, args.backend[0], &scale, &clients, dir.path())?;
-                let (runs, summary) = load_and_run_htap(&system, &scale, args, clients[0])?;
-                htap = Some(summary);
-                runs
-            }
-            SystemKind::Rsi => {
-                let mut runs = Vec::new();
-                // One cluster after another: each backend's runs have the machine alone.
-                for &backend in &args.backend {
-                    eprintln!("== {} ({}) ==", kind.name(), backend.name());
-                    let system = start_rsi(args, backend, &scale, &clients, dir.path())?;
-                    runs.extend(load_and_run(&system, &scale, args, &clients)?);
-                }
-                runs
-            }
-            SystemKind::Postgres => {
-                let (system, _server) = match &args.postgres {
-                    Some(conninfo) => (tpcw::postgres::Postgres::connect(conninfo)?, None),
-                    None => {
-                        eprintln!("starting PostgreSQL ({})", args.postgres_script.display());
-                        let (pg, server) =
-                            tpcw::postgres::Postgres::start_scratch(&args.postgres_script)?;
-                        (pg, Some(server))
-                    }
-                };
-                load_and_run(&system, &scale, args, &clients)?
-            }
-            SystemKind::TwoPc => {
-                let exe = std::env::current_exe().context("locating the namdb binary")?;
-                let launch = tpcw::twopc::Launch::Processes { exe };
-                let system = tpcw::twopc::TwoPc::start(launch, args.resource_managers as usize)?;
-                load_and_run(&system, &scale, args, &clients)?
-            }
-        };
-        reports.extend(runs);
+    let json = JsonOut::open_opt(args.json.as_deref())?;
+    let plot = args.sweep.then(|| PlotOut::open(&args.svg)).transpose()?;
+    let ran = run_systems(args, &scale, &clients, dir.path());
+    if let (Err(_), Some(plot)) = (&ran, &plot) {
+        plot.discard();
     }
+    let (reports, htap) = JsonOut::unless_failed(json.as_ref(), ran)?;
     print_summary(args, &reports);
     if let Some(h) = &htap {
         print_htap(h);
     }
-    if let Some(path) = &args.json {
-        let out = Output {
+    if let Some(json) = &json {
+        json.write(&Output {
             mix: args.mix,
             items: args.items,
             ebs: args.ebs,
             item_bytes: args.item_bytes,
             runs: &reports,
             htap: htap.as_ref(),
-        };
-        std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        })?;
     }
     if args.sweep {
         let mut lines: Vec<(&str, &str)> = Vec::new();
@@ -363,6 +324,92 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Runs every `--system` in turn: their runs' reports, and the HTAP summary.
+fn run_systems(
+    args: &TpcwArgs,
+    scale: &Scale,
+    clients: &[usize],
+    dir: &Path,
+) -> Result<(Vec<RunReport>, Option<HtapSummary>)> {
+    let mut reports = Vec::new();
+    let mut htap = None;
+    for &kind in &args.system {
+        // RSI over several backends heads each backend's runs itself.
+        if kind != SystemKind::Rsi || args.htap {
+            eprintln!("== {} ==", kind.name());
+        }
+        let runs = match kind {
+            SystemKind::Rsi if args.htap => {
+                let system = start_rsi(args, args.backend[0], scale, clients, dir)?;
+                let (runs, summary) = load_and_run_htap(&system, scale, args, clients[0])?;
+                htap = Some(summary);
+                runs
+            }
+            SystemKind::Rsi => {
+                let mut runs = Vec::new();
+                // One cluster after another: each backend's runs have the machine alone.
+                for &backend in &args.backend {
+                    eprintln!("== {} ({}) ==", kind.name(), backend.name());
+                    let system = start_rsi(args, backend, scale, clients, dir)?;
+                    runs.extend(load_and_run(&system, scale, args, clients)?);
+                }
+                runs
+            }
+            SystemKind::Postgres => {
+                let (system, _server) = match &args.postgres {
+                    Some(conninfo) => (tpcw::postgres::Postgres::connect(conninfo)?, None),
+                    None => {
+                        eprintln!("starting PostgreSQL ({})", args.postgres_script.display());
+                        let (pg, server) =
+                            tpcw::postgres::Postgres::start_scratch(&args.postgres_script)?;
+                        (pg, Some(server))
+                    }
+                };
+                load_and_run(&system, scale, args, clients)?
+            }
+            SystemKind::TwoPc => {
+                let exe = std::env::current_exe().context("locating the namdb binary")?;
+                let launch = tpcw::twopc::Launch::Processes { exe };
+                let system = tpcw::twopc::TwoPc::start(launch, args.resource_managers as usize)?;
+                load_and_run(&system, scale, args, clients)?
+            }
+        };
+        reports.extend(runs);
+    }
+    Ok((reports, htap))
+}
+
+/// A sweep's `--svg`, opened before the runs as `--json` is ([`JsonOut::open`]): a
+/// bad path fails at once, not after the runs.
+struct PlotOut {
+    path: PathBuf,
+    /// Whether this run created the file, so a failed run removes only what it made.
+    created: bool,
+}
+
+impl PlotOut {
+    fn open(path: &Path) -> Result<PlotOut> {
+        let existed = path.exists();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("cannot open the --svg plot file {}", path.display()))?;
+        Ok(PlotOut {
+            path: path.to_owned(),
+            created: !existed,
+        })
+    }
+
+    fn discard(&self) {
+        if self.created {
+            // Best effort: the run's own error is what the user needs to see.
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// The client counts of the runs: `--clients`, or powers of two up to it.

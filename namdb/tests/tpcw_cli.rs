@@ -218,6 +218,20 @@ fn bad_arguments_are_clear_errors() {
             vec!["tpcw", "--item-bytes", "64"],
             "item bytes must be between",
         ),
+        // Output paths are opened before the runs, which once ran whole before
+        // failing to write.
+        (
+            vec!["tpcw", "--json", "."],
+            "cannot open JSON output file .",
+        ),
+        (
+            vec!["tpcw", "--json", "missing/out.json"],
+            "cannot open JSON output file missing/out.json",
+        ),
+        (
+            vec!["tpcw", "--sweep", "--svg", "missing/sweep.svg"],
+            "cannot open the --svg plot file missing/sweep.svg",
+        ),
         (
             vec!["tpcw", "--backend", "verbs"],
             "verbs needs RDMA hardware",
@@ -269,6 +283,7 @@ fn bad_arguments_are_clear_errors() {
         assert!(!o.status.success(), "{bad:?} succeeded");
         let err = stderr(&o);
         assert!(err.contains(expect), "{bad:?}: {err}");
+        assert!(!err.contains("loading "), "{bad:?} loaded first: {err}");
     }
 }
 

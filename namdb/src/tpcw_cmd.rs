@@ -61,13 +61,17 @@ pub struct TpcwArgs {
     #[arg(long, value_enum, default_value_t = Mix::Checkout)]
     pub mix: Mix,
     /// NUM_ITEMS.
-    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(Scale::ITEMS))]
     pub items: u64,
     /// NUM_EBS: the population (2880 customers each) is sized for this many browsers.
-    #[arg(long, value_name = "N", default_value_t = 10)]
+    #[arg(long, value_name = "N", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(Scale::EBS))]
     pub ebs: u64,
     /// Bytes of an ITEM row (the paper's products are about 1 KB).
-    #[arg(long, value_name = "BYTES", default_value_t = 1024)]
+    #[arg(long, value_name = "BYTES", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32)
+              .range(i64::from(Scale::MIN_ITEM_BYTES)..=i64::from(Scale::MAX_ITEM_BYTES)))]
     pub item_bytes: u32,
     /// Closed-loop clients (with `--sweep`: the most).
     #[arg(long, value_name = "N", default_value_t = 64,
@@ -75,7 +79,8 @@ pub struct TpcwArgs {
     pub clients: u32,
     /// Threads for RSI's clients (each runs clients as coroutines); the baselines
     /// block, so they get a thread per client.
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T",
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub threads: Option<u32>,
     /// Measured seconds per run.
     #[arg(long, value_name = "S", default_value_t = 10.0)]

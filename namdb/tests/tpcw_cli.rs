@@ -209,7 +209,23 @@ fn a_sweep_draws_throughput_against_clients() {
 fn bad_arguments_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     for (bad, expect) in [
-        (vec!["tpcw", "--items", "10"], "NUM_ITEMS must be between"),
+        (
+            vec!["tpcw", "--items", "10"],
+            "invalid value '10' for '--items <N>'",
+        ),
+        (
+            vec!["tpcw", "--ebs", "0"],
+            "invalid value '0' for '--ebs <N>'",
+        ),
+        (
+            vec!["tpcw", "--item-bytes", "64"],
+            "invalid value '64' for '--item-bytes <BYTES>'",
+        ),
+        // Once turned into one thread, where `--clients 0` is refused.
+        (
+            vec!["tpcw", "--threads", "0"],
+            "invalid value '0' for '--threads <T>'",
+        ),
         (
             vec!["tpcw", "--duration", "0"],
             "--duration must be at least a millisecond",
@@ -218,10 +234,6 @@ fn bad_arguments_are_clear_errors() {
         (
             vec!["tpcw", "--duration", "1e-12"],
             "--duration must be at least a millisecond",
-        ),
-        (
-            vec!["tpcw", "--item-bytes", "64"],
-            "item bytes must be between",
         ),
         // Output paths are opened before the runs, which once ran whole before
         // failing to write.

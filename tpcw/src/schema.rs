@@ -11,6 +11,7 @@
 //! keep).
 
 use crate::codec::{CodecError, Dec, Enc};
+use std::ops::RangeInclusive;
 
 /// Lines of an order or a shopping cart, at most.
 pub const MAX_LINES: u64 = 16;
@@ -105,20 +106,31 @@ impl Scale {
     /// longer image names): below this the generator could not reach `item_bytes`,
     /// and 256 failed every run with "value exceeds the table's 256".
     pub const MIN_ITEM_BYTES: u32 = 512;
+    pub const MAX_ITEM_BYTES: u32 = 16_384;
+    /// The NUM_ITEMS and NUM_EBS this implementation takes.
+    pub const ITEMS: RangeInclusive<u64> = 1_000..=10_000_000;
+    pub const EBS: RangeInclusive<u64> = 1..=100_000;
 
     pub fn new(items: u64, ebs: u64, item_bytes: u32) -> Result<Scale, String> {
-        if !(1_000..=10_000_000).contains(&items) {
+        if !Self::ITEMS.contains(&items) {
             return Err(format!(
-                "NUM_ITEMS must be between 1000 and 10000000, got {items}"
+                "NUM_ITEMS must be between {} and {}, got {items}",
+                Self::ITEMS.start(),
+                Self::ITEMS.end()
             ));
         }
-        if !(1..=100_000).contains(&ebs) {
-            return Err(format!("NUM_EBS must be between 1 and 100000, got {ebs}"));
-        }
-        if !(Self::MIN_ITEM_BYTES..=16_384).contains(&item_bytes) {
+        if !Self::EBS.contains(&ebs) {
             return Err(format!(
-                "item bytes must be between {} and 16384, got {item_bytes}",
-                Self::MIN_ITEM_BYTES
+                "NUM_EBS must be between {} and {}, got {ebs}",
+                Self::EBS.start(),
+                Self::EBS.end()
+            ));
+        }
+        if !(Self::MIN_ITEM_BYTES..=Self::MAX_ITEM_BYTES).contains(&item_bytes) {
+            return Err(format!(
+                "item bytes must be between {} and {}, got {item_bytes}",
+                Self::MIN_ITEM_BYTES,
+                Self::MAX_ITEM_BYTES
             ));
         }
         Ok(Scale {

@@ -16,6 +16,7 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use tpcw::htap::Phase;
 use tpcw::interactions::Mix;
 use tpcw::rsi::{Room, Rsi};
 use tpcw::runner::{self, Ledger, RunConfig, RunReport};
@@ -173,7 +174,7 @@ struct Output<'a> {
 struct HtapSummary {
     backend: String,
     clients: usize,
-    /// Checkouts without analytics, then beside them.
+    /// The clients' interactions without analytics, then beside them.
     txn_per_sec_alone: f64,
     txn_per_sec_with_analytics: f64,
     analytics: tpcw::htap::HtapReport,
@@ -269,7 +270,7 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
     let (reports, htap) = JsonOut::unless_failed(json.as_ref(), ran)?;
     print_summary(args, &reports);
     if let Some(h) = &htap {
-        print_htap(h);
+        print_htap(h, args.mix);
     }
     if let Some(json) = &json {
         json.write(&Output {
@@ -824,7 +825,10 @@ fn load_and_run_htap(
         system.backend(),
         args.mix.name()
     );
-    let alone = runner::run(system, scale, &config, &mut ledger)?;
+    let alone = RunReport {
+        phase: Some(Phase::Alone),
+        ..runner::run(system, scale, &config, &mut ledger)?
+    };
     eprintln!("  {:.0} txn/s", alone.txn_per_sec);
     let tables = tpcw::htap::Tables::of(system.tables());
     let htap_config = tpcw::htap::HtapConfig {
@@ -874,7 +878,10 @@ fn load_and_run_htap(
             analytics.join().expect("the analytics thread panicked"),
         )
     });
-    let with = with?;
+    let with = RunReport {
+        phase: Some(Phase::WithAnalytics),
+        ..with?
+    };
     let analytics = analytics?;
     eprintln!(
         "  {:.0} txn/s; {:.2} queries/s, {:.0} rows scanned/s",
@@ -890,15 +897,18 @@ fn load_and_run_htap(
     Ok((vec![alone, with], summary))
 }
 
-fn print_htap(h: &HtapSummary) {
+fn print_htap(h: &HtapSummary, mix: Mix) {
     let a = &h.analytics;
     println!();
     println!(
-        "HTAP (rsi, {}, {} clients): checkout {:.0} txn/s alone, {:.0} txn/s beside analytics ({:.2}x)",
+        "HTAP (rsi, {}, {} clients): {} {:.0} txn/s {}, {:.0} txn/s {} ({:.2}x)",
         h.backend,
         h.clients,
+        mix.name(),
         h.txn_per_sec_alone,
+        Phase::Alone.name(),
         h.txn_per_sec_with_analytics,
+        Phase::WithAnalytics.name(),
         if h.txn_per_sec_alone > 0.0 {
             h.txn_per_sec_with_analytics / h.txn_per_sec_alone
         } else {
@@ -975,15 +985,33 @@ fn print_summary(args: &TpcwArgs, reports: &[RunReport]) {
         args.item_bytes,
         args.duration
     );
+    // HTAP's two runs differ only in their phase: a column then tells them apart.
+    let phases = reports.iter().any(|r| r.phase.is_some());
+    let phase_cell = |phase: &str| {
+        if phases {
+            format!(" {phase:<14}")
+        } else {
+            String::new()
+        }
+    };
     println!(
-        "{:<9} {:<11} {:>7} {:>13} {:>8} {:>10} {:>10} {:>11}  checks",
-        "system", "backend", "clients", "txn/s", "aborts", "p50 µs", "p99 µs", "committed"
+        "{:<9} {:<11}{} {:>7} {:>13} {:>8} {:>10} {:>10} {:>11}  checks",
+        "system",
+        "backend",
+        phase_cell("phase"),
+        "clients",
+        "txn/s",
+        "aborts",
+        "p50 µs",
+        "p99 µs",
+        "committed"
     );
     for r in reports {
         println!(
-            "{:<9} {:<11} {:>7} {:>13.0} {:>7.2}% {:>10.1} {:>10.1} {:>11}  {}",
+            "{:<9} {:<11}{} {:>7} {:>13.0} {:>7.2}% {:>10.1} {:>10.1} {:>11}  {}",
             r.system,
             r.backend,
+            phase_cell(r.phase.map_or("", Phase::name)),
             r.clients,
             r.txn_per_sec,
             r.abort_rate * 100.0,
@@ -1004,8 +1032,11 @@ fn print_summary(args: &TpcwArgs, reports: &[RunReport]) {
     if args.mix != Mix::Checkout {
         for r in reports {
             println!(
-                "\n{} ({}), {} clients, per interaction:",
-                r.system, r.backend, r.clients
+                "\n{} ({}), {} clients{}, per interaction:",
+                r.system,
+                r.backend,
+                r.clients,
+                r.phase.map_or(String::new(), |p| format!(", {}", p.name()))
             );
             println!(
                 "  {:<22} {:>12} {:>9} {:>10} {:>10}",

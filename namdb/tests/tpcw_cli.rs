@@ -205,6 +205,60 @@ fn a_sweep_draws_throughput_against_clients() {
     assert_eq!(plot.matches("<circle").count(), 3, "one marker per point");
 }
 
+/// The clients alone, then beside the analytics, each run labelled so; every item
+/// sampled, so the related-items updates rewrite sampled items the checkouts then read
+/// (the history once lacked those versions: "SI invalid", wrong-version).
+#[test]
+fn htap_labels_its_two_runs_and_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("htap.json");
+    let json_arg = json.display().to_string();
+    let mut a = args(&[
+        "--htap",
+        "--mix",
+        "ordering",
+        "--clients",
+        "4",
+        "--analytics-nodes",
+        "1",
+        "--json",
+        &json_arg,
+    ]);
+    assert_eq!(a[7], "--sample-every");
+    a[8] = "1";
+    let out = ok(dir.path(), &a);
+    assert!(
+        out.contains("HTAP (rsi, sim, 4 clients): ordering "),
+        "{out}"
+    );
+    for phase in ["alone", "with-analytics"] {
+        assert!(
+            out.contains(&format!("rsi (sim), 4 clients, {phase}, per interaction:")),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("rsi ") && l.contains(&format!(" {phase} "))),
+            "no summary row for {phase}: {out}"
+        );
+    }
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let phases: Vec<&str> = runs(&json)
+        .iter()
+        .map(|r| r["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(phases, ["alone", "with-analytics"]);
+    for run in runs(&json) {
+        assert_checked(run);
+    }
+    assert!(
+        json["htap"]["analytics"]["related_updates"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -58,6 +58,25 @@ pub fn htap_table_versions(rel: Rel) -> Option<u32> {
     matches!(rel, Rel::Orders | Rel::OrderLine).then_some(2)
 }
 
+/// Which of an HTAP run's two client runs a report is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// The clients alone, for comparison.
+    Alone,
+    /// The clients beside the analytics nodes.
+    WithAnalytics,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Alone => "alone",
+            Phase::WithAnalytics => "with-analytics",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct HtapConfig {
     /// Analytics nodes (one scanner thread each).

@@ -16,6 +16,7 @@
 //!   sampled items' stocks.
 
 use crate::generate;
+use crate::htap::Phase;
 use crate::interactions::{self, Client, Effects, Interaction, Mix, Shared};
 use crate::schema::{Item, Rel, Scale, stream_id};
 use crate::system::{AbortReason, Engine, Error, Result, Session, System};
@@ -105,6 +106,9 @@ pub struct RunReport {
     pub checks: Checks,
     /// Why the run stopped before its duration (`seconds` is then what it measured).
     pub stopped_early: Option<String>,
+    /// Which of an HTAP run's two runs this is (set by the caller that runs both).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
 }
 
 impl RunReport {
@@ -761,6 +765,7 @@ fn summarize<S: System>(
         interactions,
         checks: Checks::default(),
         stopped_early: None,
+        phase: None,
     })
 }
 

@@ -490,18 +490,33 @@ fn watch(
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         let now = Instant::now();
         let committed = progress.committed.load(Ordering::Relaxed);
-        if config.progress && now.duration_since(last.0) >= Duration::from_millis(900) {
+        let due = progress_line(
+            last.0.duration_since(start),
+            now.duration_since(start),
+            config.warmup,
+        );
+        if let (true, Some(in_warmup)) = (config.progress, due) {
             let rate = (committed - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
             eprintln!(
                 "  {:5.1} s{}  {:>10.0} txn/s  committed {committed}  aborted {}",
                 now.duration_since(start).as_secs_f64(),
-                if warm { "" } else { " (warm-up)" },
+                if in_warmup { " (warm-up)" } else { "" },
                 rate,
                 progress.aborted.load(Ordering::Relaxed),
             );
             last = (now, committed);
         }
     }
+}
+
+/// Whether a progress line is due at `now` for the interval since the last one, at
+/// `last` (both since the run's start), and whether it covers the warm-up. Lines come
+/// about once a second and at the warm-up's end, so that none mixes the warm-up into
+/// a measured rate (a warm-up shorter than a second once did, unlabelled).
+fn progress_line(last: Duration, now: Duration, warmup: Duration) -> Option<bool> {
+    let in_warmup = last < warmup;
+    let warmup_ends = in_warmup && now >= warmup;
+    (warmup_ends || now.saturating_sub(last) >= Duration::from_millis(900)).then_some(in_warmup)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -896,4 +911,47 @@ pub fn run_one<E: Engine, T>(engine: &E, body: impl AsyncFnOnce(&E) -> Result<T>
         })
         .pop()
         .unwrap_or_else(|| Err(Error::System("the engine ran no client".into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lines `watch` prints, as (when, whether warm-up), waking at `wakes` (ms).
+    fn lines(warmup_ms: u64, wakes: impl IntoIterator<Item = u64>) -> Vec<(u64, bool)> {
+        let mut last = 0;
+        let mut printed = Vec::new();
+        for now in wakes {
+            let ms = Duration::from_millis;
+            if let Some(in_warmup) = progress_line(ms(last), ms(now), ms(warmup_ms)) {
+                printed.push((now, in_warmup));
+                last = now;
+            }
+        }
+        printed
+    }
+
+    #[test]
+    fn no_progress_line_mixes_the_warm_up_into_a_measured_rate() {
+        // `watch` wakes every 200 ms and at the warm-up's end.
+        let every_200_ms_and = |at: u64| {
+            let mut wakes: Vec<u64> = (1..=15).map(|i| i * 200).collect();
+            wakes.push(at);
+            wakes.sort_unstable();
+            wakes.dedup();
+            wakes
+        };
+        assert_eq!(
+            lines(500, every_200_ms_and(500)),
+            [(500, true), (1400, false), (2400, false)]
+        );
+        assert_eq!(
+            lines(1500, every_200_ms_and(1500)),
+            [(1000, true), (1500, true), (2400, false)]
+        );
+        assert_eq!(
+            lines(0, every_200_ms_and(0)),
+            [(1000, false), (2000, false), (3000, false)]
+        );
+    }
 }

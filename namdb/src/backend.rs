@@ -171,11 +171,11 @@ pub fn parse_cost(name: &str) -> Result<CostModel, String> {
 
 /// A memory server started separately, as a benchmark's target: a client device of
 /// the server's backend in this process, the authenticated control-plane session, and
-/// the data region to address.
+/// the server's regions.
 pub struct ServerTarget {
     pub client: Arc<dyn Device>,
     pub control: memory_server::blocking::Client,
-    pub region: fabric::RemoteRegion,
+    pub regions: txn::ServerRegions,
     pub address: String,
     _sockets: Option<tempfile::TempDir>,
 }
@@ -196,12 +196,16 @@ pub fn connect_server(
         "the memory server at {addr} serves the {served} backend, not {}; pass --backend {served}",
         kind.name()
     );
-    let region = control
-        .list_regions()?
-        .data()
-        .next()
+    let directory = control.list_regions()?;
+    let catalog = directory
+        .catalog()
         .map(|r| r.remote)
-        .with_context(|| format!("the memory server at {addr} exports no data region"))?;
+        .with_context(|| format!("the memory server at {addr} exports no catalog region"))?;
+    let data: Vec<_> = directory.data().map(|r| r.remote).collect();
+    anyhow::ensure!(
+        !data.is_empty(),
+        "the memory server at {addr} exports no data region"
+    );
     let (client, sockets): (Arc<dyn Device>, _) = match kind {
         BackendKind::Sim => anyhow::bail!("a memory server never serves the sim backend"),
         BackendKind::Tcp => {
@@ -230,7 +234,7 @@ pub fn connect_server(
     Ok(ServerTarget {
         client,
         control,
-        region,
+        regions: txn::ServerRegions { catalog, data },
         address: addr.to_string(),
         _sockets: sockets,
     })

@@ -277,3 +277,85 @@ fn connect_measures_a_separately_started_memory_server() {
     let said = String::from_utf8_lossy(&nothing.stderr);
     assert!(said.contains("nothing to measure"), "{said}");
 }
+
+/// The README tells users to measure a running server with `--connect`: the writes
+/// must land in space no table uses, and every key must survive.
+#[test]
+fn connect_to_a_running_cluster_leaves_its_data_alone() {
+    let c = common::Cluster::up(&[
+        "--memory-servers",
+        "2",
+        "--compute-nodes",
+        "1",
+        "--backend",
+        "tcp",
+        "--size",
+        "32MiB",
+    ]);
+    let cwd = c.cwd();
+    let mut expected = String::new();
+    for key in 1..=30 {
+        let value = format!("value-{key}");
+        common::ok(cwd, &["kv", "put", &key.to_string(), &value]);
+        expected += &format!("{key}\t{value}\n");
+    }
+    assert_eq!(common::ok(cwd, &["kv", "scan"]), expected);
+    let json = c.json();
+    let token = json["token_file"].as_str().unwrap();
+    let bench = |addr: &str, more: &[&str]| {
+        let mut argv = vec![
+            "bench",
+            "fabric",
+            "--backend",
+            "tcp",
+            "--connect",
+            addr,
+            "--token-file",
+            token,
+            "--duration-ms",
+            "20",
+        ];
+        argv.extend_from_slice(more);
+        common::namdb_here(&argv)
+    };
+    let writes = ["--threads", "2", "--ops", "write,cas,fetch_add"];
+    for server in json["memory_servers"].as_array().unwrap() {
+        let addr = server["address"].as_str().unwrap();
+        let first = bench(addr, &writes);
+        let said = common::stderr(&first);
+        assert!(first.status.success(), "{said}");
+        let range = said
+            .lines()
+            .find_map(|l| l.strip_prefix("measuring in bytes "))
+            .unwrap_or_else(|| panic!("no space named: {said}"))
+            .to_string();
+        assert!(said.contains("gave back bytes"), "{said}");
+        // Given back: a second run gets the same space again.
+        let again = common::stderr(&bench(addr, &writes));
+        assert!(
+            again.contains(&format!("measuring in bytes {range}")),
+            "{range} then {again}"
+        );
+        // More than the server has free: refused, not written.
+        let big = bench(
+            addr,
+            &["--threads", "1", "--batch", "1024", "--ops", "write"],
+        );
+        assert!(!big.status.success());
+        let said = common::stderr(&big);
+        assert!(
+            said.contains("no 67108864 bytes free") && said.contains("--ops read"),
+            "{said}"
+        );
+    }
+    assert_eq!(common::ok(cwd, &["kv", "scan"]), expected);
+    for key in [1, 15, 30] {
+        assert_eq!(
+            common::ok(cwd, &["kv", "get", &key.to_string()]),
+            format!("value-{key}\n")
+        );
+    }
+    // Writes still work where the table lives.
+    common::ok(cwd, &["kv", "put", "31", "later"]);
+    assert_eq!(common::ok(cwd, &["kv", "get", "31"]), "later\n");
+}

@@ -20,6 +20,11 @@
 //! the receiving thread checks at the end that it saw exactly as many messages as were
 //! sent. With N client threads this runs 2N threads.
 //!
+//! With `--connect`, the server is a memory server started separately, perhaps serving
+//! a cluster: its tables must not be written. Runs that write (WRITE, CAS, FETCH_ADD)
+//! target space allocated like a table's ([`txn::catalog::borrow`]), zeroed and given
+//! back at the end; READs alone target the start of its first data region.
+//!
 //! Every completion status is checked; anything but success aborts with an error.
 
 use super::JsonOut;
@@ -28,8 +33,8 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use clap::{Args, ValueEnum};
 use fabric::sim::CostModel;
 use fabric::{
-    Access, Completion, CompletionQueue, QpConfig, QueuePair, RecvWr, Region, RemoteAddr, SendWr,
-    WcOpcode,
+    Access, Completion, CompletionQueue, QpConfig, QueuePair, RecvWr, Region, RemoteAddr,
+    RemoteRegion, SendWr, WcOpcode,
 };
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -88,7 +93,8 @@ pub struct FabricArgs {
     pub json: Option<PathBuf>,
     /// Measure against a memory server started separately (`namdb memory-server`):
     /// its gRPC control-plane address. The server's backend must be `--backend`.
-    /// SEND/RECV is skipped: a memory server runs no receivers.
+    /// SEND/RECV is skipped: a memory server runs no receivers. Writes go to space
+    /// allocated from the server's free space, so a cluster's tables are never touched.
     #[arg(long, value_name = "ADDR", requires = "token_file")]
     pub connect: Option<String>,
     /// The cluster token file, with `--connect`.
@@ -137,6 +143,13 @@ impl OpKind {
         }
     }
 
+    /// Whether it changes the memory it targets. CAS does although its compare equals
+    /// its swap: an RNIC's atomic is atomic only against other atomics, so one racing
+    /// a WRITE of the same word can put the old value back.
+    fn writes(self) -> bool {
+        !matches!(self, OpKind::Read | OpKind::SendRecv)
+    }
+
     /// What the sender's completion must say.
     fn opcode(self) -> WcOpcode {
         match self {
@@ -157,6 +170,16 @@ struct Case {
 }
 
 impl Case {
+    /// Bytes of the server region one client thread targets.
+    fn slice_bytes(self, batch: u32) -> u64 {
+        let slots = if self.op == OpKind::SendRecv {
+            batch * RECV_BATCHES
+        } else {
+            batch
+        };
+        slots as u64 * self.bytes as u64
+    }
+
     /// Work request `index` of a batch: each touches its own `bytes`-sized slot of the
     /// local buffer and of the thread's remote slice.
     fn wr(self, index: u32, local: &Region, remote: RemoteAddr) -> SendWr<'static> {
@@ -244,11 +267,156 @@ fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
             );
         }
     }
+    let phase = Duration::from_millis(args.duration_ms);
+    let Some(server) = &server else {
+        let mut rows = measure_cases(args, &cases, None)?;
+        rows.push(memcpy_reference(phase)?);
+        return Ok(rows);
+    };
+    let (space, borrowed) = server_space(server, &cases, args)?;
+    let measured = measure_cases(args, &cases, Some((server, space)));
+    if let Some(borrowed) = borrowed {
+        let (offset, bytes) = (borrowed.space.offset, borrowed.space.bytes);
+        let region = borrowed.space.region;
+        match borrowed.give_back(server) {
+            Ok(true) => eprintln!(
+                "gave back bytes [{offset}, {}) of data.{region}",
+                offset + bytes
+            ),
+            // The measurements are good either way; only the space is lost.
+            Ok(false) => eprintln!(
+                "note: bytes [{offset}, {}) of data.{region} stay allocated, unused: the \
+                 server allocated space after them during the run",
+                offset + bytes
+            ),
+            Err(e) => eprintln!(
+                "warning: bytes [{offset}, {}) of data.{region} stay allocated, unused: \
+                 giving them back failed: {e:#}",
+                offset + bytes
+            ),
+        }
+    }
+    let mut rows = measured?;
+    rows.push(memcpy_reference(phase)?);
+    Ok(rows)
+}
+
+/// Where the runs against a separately started memory server go. Anything that writes
+/// goes to space allocated from the server's allocation cursors as a table's space
+/// is, so that the tables of a cluster using the server are never touched; READs alone
+/// go to the start of its first data region, which they do not change.
+fn server_space(
+    server: &ServerTarget,
+    cases: &[Case],
+    args: &FabricArgs,
+) -> Result<(Space, Option<Borrowed>)> {
+    let need = cases
+        .iter()
+        .map(|c| c.slice_bytes(args.batch) * args.threads as u64)
+        .max()
+        .unwrap_or(0);
+    if !cases.iter().any(|c| c.op.writes()) {
+        let data = server.regions.data[0];
+        return Ok((
+            Space {
+                data,
+                offset: 0,
+                len: data.len,
+            },
+            None,
+        ));
+    }
+    let borrowed = Borrowed::claim(server, need)?;
+    let space = Space {
+        data: borrowed.space.data,
+        offset: borrowed.space.offset,
+        len: borrowed.space.bytes,
+    };
+    eprintln!(
+        "measuring in bytes [{}, {}) of data.{}, allocated from the server's free space \
+         (no table uses them) until the end of the run",
+        space.offset,
+        space.offset + space.len,
+        borrowed.space.region
+    );
+    Ok((space, Some(borrowed)))
+}
+
+/// Bytes of a separately started memory server that a run's requests go to.
+#[derive(Clone, Copy, Debug)]
+struct Space {
+    data: RemoteRegion,
+    offset: u64,
+    len: u64,
+}
+
+/// Space borrowed from a memory server ([`txn::catalog::borrow`]) and the connection
+/// that gives it back.
+struct Borrowed {
+    conn: txn::conn::Conn,
+    qpn: u32,
+    space: txn::catalog::Allocation,
+}
+
+impl Borrowed {
+    fn claim(server: &ServerTarget, bytes: u64) -> Result<Borrowed> {
+        let addr = &server.address;
+        let cq = server.client.create_cq(16)?;
+        let (qp, info) = server
+            .control
+            .connect_qp_with_config(&*server.client, &QpConfig::rc(&cq))
+            .with_context(|| format!("connecting a queue pair to the memory server at {addr}"))?;
+        let borrowed = txn::conn::Conn::new(&*server.client, qp, cq, 64 << 10)
+            .map_err(anyhow::Error::from)
+            .and_then(|mut conn| {
+                let space = txn::catalog::borrow(&mut conn, &server.regions, bytes)?;
+                Ok((conn, space))
+            });
+        match borrowed {
+            Ok((conn, space)) => Ok(Borrowed {
+                conn,
+                qpn: info.qpn,
+                space,
+            }),
+            Err(e) => {
+                let _ = server.control.disconnect_qp(info.qpn);
+                match e.downcast_ref::<txn::catalog::CatalogError>() {
+                    Some(txn::catalog::CatalogError::ServerFull { regions, .. }) => bail!(
+                        "the memory server at {addr} has no {bytes} bytes free for write, \
+                         cas and fetch_add in its {regions} data region(s) (space a cluster \
+                         allocated there is never written); measure with --ops read, or \
+                         with fewer --threads or a smaller --batch"
+                    ),
+                    _ => Err(e.context(format!(
+                        "cannot allocate space for write, cas and fetch_add on the memory \
+                         server at {addr}; --ops read still measures it"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Zeroes the space and returns it to the server's free space if nothing was
+    /// allocated after it; whether it was.
+    fn give_back(mut self, server: &ServerTarget) -> Result<bool> {
+        let given = txn::catalog::give_back(&mut self.conn, &server.regions, &self.space);
+        server.control.disconnect_qp(self.qpn)?;
+        Ok(given?)
+    }
+}
+
+/// Every (case, threads, backend) measurement, in order; with `server`, the run's own
+/// backend is measured there.
+fn measure_cases(
+    args: &FabricArgs,
+    cases: &[Case],
+    server: Option<(&ServerTarget, Space)>,
+) -> Result<Vec<Row>> {
     let backends = measured_backends(args.backend);
     let total = cases.len() * args.threads as usize * backends.len() + 1;
     let phase = Duration::from_millis(args.duration_ms);
     let mut rows = Vec::with_capacity(total);
-    for case in &cases {
+    for case in cases {
         for threads in 1..=args.threads {
             // Back to back, so that both backends see the machine in the same state.
             for &backend in &backends {
@@ -259,7 +427,7 @@ fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
                     case.op.name(),
                     case.bytes
                 );
-                let target = server.as_ref().filter(|_| backend == args.backend);
+                let target = server.filter(|_| backend == args.backend);
                 let row =
                     measure(args, backend, target, *case, threads, phase).with_context(|| {
                         format!(
@@ -278,21 +446,20 @@ fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
         "[{total:>2}/{total}] memcpy {} MiB, 1 thread…",
         MEMCPY_BYTES >> 20
     );
-    rows.push(memcpy_reference(phase)?);
     Ok(rows)
 }
 
 fn measure(
     args: &FabricArgs,
     backend: BackendKind,
-    server: Option<&ServerTarget>,
+    server: Option<(&ServerTarget, Space)>,
     case: Case,
     threads: u32,
     phase: Duration,
 ) -> Result<Row> {
     let nodes;
     let target = match server {
-        Some(server) => Target::Server(server),
+        Some((server, space)) => Target::Server(server, space),
         None => {
             nodes = backend::nodes(backend, args.cost)?;
             Target::InProcess(&nodes)
@@ -300,7 +467,7 @@ fn measure(
     };
     let setup = Setup::new(&target, case, threads, args.batch)?;
     let measured = setup.run(phase);
-    if let Target::Server(server) = target {
+    if let Target::Server(server, _) = target {
         // The server's queue pairs are per measurement; the session would end them
         // only at exit.
         for qpn in &setup.server_qpns {
@@ -374,8 +541,8 @@ impl Flow {
 enum Target<'a> {
     /// A fresh pair of nodes in this process.
     InProcess(&'a Nodes),
-    /// A memory server started separately (`--connect`).
-    Server(&'a ServerTarget),
+    /// A memory server started separately (`--connect`), and where in it.
+    Server(&'a ServerTarget, Space),
 }
 
 /// The server's end of a pair, when it is in this process (it posts the receives of
@@ -416,25 +583,24 @@ impl Setup {
     fn new(target: &Target<'_>, case: Case, threads: u32, batch: u32) -> Result<Setup> {
         let send_recv = case.op == OpKind::SendRecv;
         let recv_slots = if send_recv { batch * RECV_BATCHES } else { 1 };
-        let slots = if send_recv { recv_slots } else { batch };
-        let slice = slots as u64 * case.bytes as u64;
-        let (server_region, remote_region, client) = match target {
+        let slice = case.slice_bytes(batch);
+        let (server_region, remote_region, start, client) = match target {
             Target::InProcess(nodes) => {
                 let region = nodes
                     .server
                     .register(slice * threads as u64, Access::ALL)
                     .context("registering the server region")?;
                 let remote = region.remote();
-                (Some(region), remote, nodes.client.clone())
+                (Some(region), remote, 0, nodes.client.clone())
             }
-            Target::Server(server) => {
+            Target::Server(server, space) => {
                 ensure!(
-                    server.region.len >= slice * threads as u64,
+                    space.len >= slice * threads as u64,
                     "the server's data region has {} bytes; this case needs {}",
-                    server.region.len,
+                    space.len,
                     slice * threads as u64
                 );
-                (None, server.region, server.client.clone())
+                (None, space.data, space.offset, server.client.clone())
             }
         };
         let send_depth = batch * PIPELINE_DEPTH;
@@ -464,7 +630,7 @@ impl Setup {
                     };
                     (client_qp, Some(server))
                 }
-                Target::Server(server) => {
+                Target::Server(server, _) => {
                     let (qp, info) = server
                         .control
                         .connect_qp_with_config(&*server.client, &tune(QpConfig::rc(&client_cq)))
@@ -487,7 +653,7 @@ impl Setup {
                 client_cq,
                 server,
                 local,
-                remote: remote_region.at(base),
+                remote: remote_region.at(start + base),
                 base,
                 flow: Flow::default(),
             };

@@ -5,6 +5,7 @@ mod common;
 
 use serde_json::Value;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// Runs `namdb bench txn ARGS`, which must succeed; its stdout.
 fn bench(args: &[&str]) -> String {
@@ -107,6 +108,37 @@ fn list_append_history_verifies() {
     verifies(&history);
 }
 
+/// Runs `namdb ARGS` and returns its standard error, killing it if it has not finished
+/// within `limit`: a bad argument that hangs the run must fail the test, not hang it.
+fn stderr_within(args: &[&str], limit: Duration) -> (std::process::ExitStatus, String) {
+    use std::io::{Read, Seek};
+    // A file rather than a pipe, which a chatty child could fill while nobody reads it.
+    let mut err = tempfile::tempfile().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(std::process::Stdio::null())
+        .stderr(err.try_clone().unwrap())
+        .spawn()
+        .expect("namdb runs");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            let _ = child.wait();
+            panic!("namdb {args:?} still ran after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut text = String::new();
+    err.rewind().unwrap();
+    err.read_to_string(&mut text).unwrap();
+    (status, text)
+}
+
 #[test]
 fn bad_arguments_are_refused_clearly() {
     for (args, says) in [
@@ -115,6 +147,29 @@ fn bad_arguments_are_refused_clearly() {
         (vec!["--duration", "1e12"], "at most 86400 s"),
         (vec!["--workload", "tpcc"], "tpcc"),
         (vec!["--keys", "1"], "--keys"),
+        // Used to load the keys and then hang, sampling NaN forever.
+        (
+            vec![
+                "--dist",
+                "zipf",
+                "--zipf-theta",
+                "inf",
+                "--keys",
+                "100",
+                "--duration",
+                "0.5",
+            ],
+            "--zipf-theta must be a positive finite number, got inf",
+        ),
+        (
+            vec!["--dist", "zipf", "--zipf-theta", "NaN"],
+            "--zipf-theta",
+        ),
+        (vec!["--dist", "zipf", "--zipf-theta", "0"], "--zipf-theta"),
+        (vec!["--read-ratio", "NaN"], "--read-ratio"),
+        (vec!["--read-ratio", "inf"], "--read-ratio"),
+        (vec!["--duration", "inf"], "--duration"),
+        (vec!["--duration", "NaN"], "--duration"),
         // Terabytes of table: refused before anything is mapped or loaded (100 M
         // keys once loaded at a few hundred keys a second toward the OOM killer).
         (
@@ -124,9 +179,8 @@ fn bad_arguments_are_refused_clearly() {
     ] {
         let mut all = vec!["bench", "txn"];
         all.extend_from_slice(&args);
-        let out = common::namdb(Path::new("."), &all);
-        assert!(!out.status.success(), "{args:?} accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let (status, err) = stderr_within(&all, Duration::from_secs(30));
+        assert!(!status.success(), "{args:?} accepted");
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }

@@ -257,9 +257,12 @@ pub fn run(args: &TxnArgs) -> Result<()> {
         "--duration must be at most {} s (a day)",
         crate::tpcw_cmd::MAX_SECONDS
     );
+    // Infinity passes `> 0` but makes every Zipf sample NaN, which its rejection
+    // sampler never accepts: the run would hang after loading.
     ensure!(
-        args.dist == Dist::Uniform || args.zipf_theta > 0.0,
-        "--zipf-theta must be positive"
+        args.dist == Dist::Uniform || (args.zipf_theta > 0.0 && args.zipf_theta.is_finite()),
+        "--zipf-theta must be a positive finite number, got {}",
+        args.zipf_theta
     );
     if let Some(file) = &args.cluster {
         return finish(&super::txn_grpc::run(args, file)?, args);

@@ -6,6 +6,7 @@ mod bench;
 mod chaos_cmd;
 mod cluster_cmd;
 mod compute_node_cmd;
+mod interrupt;
 mod kv_cmd;
 mod memory_server_cmd;
 mod metrics;

@@ -184,3 +184,55 @@ fn bad_arguments_are_refused_clearly() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// The entries of `dir`.
+fn entries(dir: &Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect()
+}
+
+#[test]
+fn an_interrupted_run_leaves_no_temporary_directory() {
+    let long_run = ["bench", "txn", "--keys", "1000", "--duration", "60"];
+    let tmp = tempfile::tempdir().unwrap();
+    // shm's socket directory goes on Ctrl-C, with the shell's status for it.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(long_run)
+        .args(["--backend", "shm"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while entries(tmp.path()).is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(30), "no directory");
+        assert_eq!(child.try_wait().unwrap(), None, "ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(entries(tmp.path()), Vec::<std::ffi::OsString>::new());
+
+    // Other backends make no directory at all, so even SIGKILL leaves nothing.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(long_run)
+        .args(["--backend", "sim"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(child.try_wait().unwrap(), None, "ended early");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(entries(tmp.path()), Vec::<std::ffi::OsString>::new());
+}

@@ -298,3 +298,60 @@ fn bench_verify_generates_and_checks_a_history() {
     assert!(stdout.contains("verify: 3000 transactions ("), "{stdout}");
     assert!(stdout.contains("median of 2"), "{stdout}");
 }
+
+#[test]
+fn bench_verify_keeps_its_history_only_where_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("h.jsonl");
+    let out = namdb(&[
+        "bench",
+        "verify",
+        "--txns",
+        "2000",
+        "--runs",
+        "1",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let kept = namdb(&["verify", history.to_str().unwrap()]);
+    assert_eq!(kept.status.code(), Some(0), "{}", text(&kept.stderr));
+    assert!(text(&kept.stdout).contains("verdict: VALID"));
+
+    // Interrupted while it writes hundreds of megabytes: nothing stays behind.
+    let tmp = tempfile::tempdir().unwrap();
+    let stderr = tempfile::NamedTempFile::new().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["bench", "verify", "--txns", "3000000", "--runs", "1"])
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::null())
+        .stderr(stderr.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(stderr.path())
+        .unwrap()
+        .contains("generating")
+    {
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "no sign of generation: {}",
+            std::fs::read_to_string(stderr.path()).unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Well into the generation, whose file is then megabytes long.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(child.try_wait().unwrap(), None, "finished too soon");
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    child.wait().unwrap();
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

@@ -145,7 +145,6 @@ pub(super) const BANK_BALANCE: i64 = 1000;
 
 type HistoryRecorder = Recorder<JsonlWriter<BufWriter<File>>>;
 
-/// Devices of the embedded cluster for a backend: sockets (shm) live in `dir`.
 /// The benchmark's table: every key, with room for an eighth more (list-append inserts).
 /// Each server holds a partition, with its own index sized for the partition's keys:
 /// a bucket per key on average, which on the default two servers is what every
@@ -183,7 +182,8 @@ fn ensure_table_fits(args: &TxnArgs) -> Result<()> {
     )
 }
 
-fn cluster_options(args: &TxnArgs, dir: &tempfile::TempDir) -> Result<Options> {
+/// The embedded cluster for a backend; shm's sockets live in `sockets`.
+fn cluster_options(args: &TxnArgs, sockets: Option<&std::path::Path>) -> Result<Options> {
     ensure_table_fits(args)?;
     // Each server holds its share of the table's blocks and index, with room to spare
     // for the oracle and alignment.
@@ -201,8 +201,9 @@ fn cluster_options(args: &TxnArgs, dir: &tempfile::TempDir) -> Result<Options> {
     match args.backend {
         BackendKind::Sim => {}
         BackendKind::Shm => {
+            let dir = sockets.context("the shm backend needs a directory for its sockets")?;
             options.devices = Some(compute_node::memory_servers::shm_devices(
-                dir.path().to_path_buf(),
+                dir.to_path_buf(),
                 token.to_vec(),
             ));
         }
@@ -267,11 +268,23 @@ pub fn run(args: &TxnArgs) -> Result<()> {
     if let Some(file) = &args.cluster {
         return finish(&super::txn_grpc::run(args, file)?, args);
     }
-    let dir = tempfile::Builder::new()
-        .prefix("namdb-bench-txn-")
-        .tempdir()
-        .context("creating a directory for the cluster's sockets")?;
-    let db = Database::embedded(cluster_options(args, &dir)?)?;
+    // Only shm needs a directory, so a run on another backend leaves nothing behind
+    // even when killed with SIGKILL; shm's goes on Ctrl-C too.
+    let sockets = match args.backend {
+        BackendKind::Shm => {
+            let dir = tempfile::Builder::new()
+                .prefix("namdb-bench-txn-")
+                .tempdir()
+                .context("creating a directory for the cluster's sockets")?;
+            let registered = crate::interrupt::remove_on_interrupt(dir.path())?;
+            Some((dir, registered))
+        }
+        _ => None,
+    };
+    let db = Database::embedded(cluster_options(
+        args,
+        sockets.as_ref().map(|(dir, _)| dir.path()),
+    )?)?;
     let table = db.create_table(table_spec(args))?;
     let recorder = match &args.history {
         Some(path) => Some(Recorder::new(JsonlWriter::new(BufWriter::new(

@@ -5,12 +5,16 @@
 //! action at a time so transactions overlap, writes it as JSON Lines, then times
 //! `--runs` complete checks of the file exactly as `namdb verify` does them: read and
 //! index, white-box, black-box. Reports each run and the median.
+//!
+//! Without `--history` the file is unlinked from the start (`tempfile::tempfile`): it
+//! holds hundreds of megabytes, and an interrupted or killed run must not leave them
+//! in the temporary directory.
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
-use std::fs::{self, File};
-use std::io::{BufReader, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, BufWriter, Seek, Write};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use verify::anomaly::Findings;
 use verify::history::JsonlWriter;
@@ -37,7 +41,7 @@ pub struct VerifyBenchArgs {
     /// Seed of the generating workload.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Keep the generated history at FILE (by default a temporary file, removed after).
+    /// Keep the generated history at FILE (by default an unlinked temporary file).
     #[arg(long, value_name = "FILE")]
     pub history: Option<PathBuf>,
 }
@@ -50,30 +54,33 @@ struct Timing {
 }
 
 pub fn run(args: &VerifyBenchArgs) -> Result<()> {
-    let (path, keep) = match &args.history {
-        Some(path) => (path.clone(), true),
+    let (file, name) = match &args.history {
+        Some(path) => (
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+            path.display().to_string(),
+        ),
         None => (
-            std::env::temp_dir().join(format!("namdb-bench-verify-{}.jsonl", std::process::id())),
-            false,
+            tempfile::tempfile().context("cannot create a temporary file for the history")?,
+            "an unlinked temporary file".to_string(),
         ),
     };
-    let result = generate(args, &path).and_then(|bytes| measure(args, &path, bytes));
-    if !keep {
-        let _ = fs::remove_file(&path);
-    }
-    result
+    let bytes = generate(args, &file, &name)?;
+    measure(args, &file, &name, bytes)
 }
 
-/// Writes the history; returns its size in bytes.
-fn generate(args: &VerifyBenchArgs, path: &Path) -> Result<u64> {
+/// Writes the history to `file`; returns its size in bytes.
+fn generate(args: &VerifyBenchArgs, file: &File, name: &str) -> Result<u64> {
     eprintln!(
-        "generating {} transactions over {} sessions into {}…",
-        args.txns,
-        args.sessions,
-        path.display()
+        "generating {} transactions over {} sessions into {name}…",
+        args.txns, args.sessions,
     );
     let started = Instant::now();
-    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let recorder = Recorder::new(JsonlWriter::new(BufWriter::with_capacity(1 << 20, file)));
     let config = RunConfig {
         sessions: args.sessions as usize,
@@ -86,8 +93,11 @@ fn generate(args: &VerifyBenchArgs, path: &Path) -> Result<u64> {
         .into_sink()
         .into_inner()
         .flush()
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    let bytes = fs::metadata(path)?.len();
+        .with_context(|| format!("cannot write {name}"))?;
+    let bytes = file
+        .metadata()
+        .with_context(|| format!("cannot read the size of {name}"))?
+        .len();
     eprintln!(
         "generated in {:.1} s: {} committed, {} aborted; {:.0} MB",
         started.elapsed().as_secs_f64(),
@@ -98,16 +108,17 @@ fn generate(args: &VerifyBenchArgs, path: &Path) -> Result<u64> {
     Ok(bytes)
 }
 
-fn measure(args: &VerifyBenchArgs, path: &Path, bytes: u64) -> Result<()> {
+fn measure(args: &VerifyBenchArgs, mut file: &File, name: &str, bytes: u64) -> Result<()> {
     let mut timings = Vec::with_capacity(args.runs as usize);
     for run in 1..=args.runs {
         let started = Instant::now();
-        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        file.rewind()
+            .with_context(|| format!("cannot read back {name}"))?;
         let index = load_jsonl(
             BufReader::with_capacity(1 << 20, file),
             Findings::DEFAULT_EXAMPLES,
         )
-        .with_context(|| format!("cannot read back {}", path.display()))?;
+        .with_context(|| format!("cannot read back {name}"))?;
         let load = started.elapsed();
         let report = report::check(&index, Model::SnapshotIsolation);
         let total = started.elapsed();

@@ -161,7 +161,21 @@ pub fn session(given: Option<PathBuf>) -> Result<(tokio::runtime::Runtime, Nodes
     Ok((runtime, nodes, client))
 }
 
+/// `kv`'s exit status when the command failed, as opposed to 1 for a get of a key that
+/// has none, so that a script tells "absent" from "could not tell" (grep's convention).
+const FAILED: u8 = 2;
+
 pub fn run(args: KvArgs) -> Result<ExitCode> {
+    match run_command(args) {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("{}", crate::error_report(&e));
+            Ok(ExitCode::from(FAILED))
+        }
+    }
+}
+
+fn run_command(args: KvArgs) -> Result<ExitCode> {
     let (runtime, _, client) = session(args.cluster)?;
     let timeout = args.timeout;
     runtime

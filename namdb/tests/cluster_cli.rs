@@ -86,8 +86,9 @@ fn a_local_cluster_serves_kv_commands_and_metrics_and_comes_down() {
         ok(cwd, &["kv", "scan", "--from", "20"]),
         "20\t0x00ff0a\n21\t0x74776f0a6c696e6573\n"
     );
+    // A failure is status 2, "not found" 1: a script tells them apart.
     let bad = namdb(cwd, &["kv", "put", "22", "--hex", "xyz"]);
-    assert!(!bad.status.success());
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("is not hex"), "{}", stderr(&bad));
     // The file named explicitly, from elsewhere.
     let file = c.file();
@@ -146,7 +147,7 @@ fn a_local_cluster_serves_kv_commands_and_metrics_and_comes_down() {
 fn kv_without_a_cluster_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let o = namdb(dir.path(), &["kv", "get", "1"]);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("no cluster file"), "{}", stderr(&o));
 }
 

@@ -47,6 +47,15 @@ pub enum ConnectError {
         backend: String,
         hint: &'static str,
     },
+    #[error(
+        "the memory servers at {first_addr} and {other_addr} are both node {node}: the same \
+         server listed twice (under two names), or two servers started with the same --node"
+    )]
+    SharedNodeId {
+        node: u32,
+        first_addr: String,
+        other_addr: String,
+    },
     #[error("cannot resolve {addr}: {why}")]
     Resolve { addr: String, why: String },
     #[error("io: {0}")]
@@ -237,9 +246,21 @@ pub fn connect(
         .to_string();
     let mut servers = Vec::with_capacity(addrs.len());
     let mut backend: Option<String> = None;
+    // A fabric peer is named by its node id: two servers sharing one would have one's
+    // queue pairs taken for the other's.
+    let mut nodes: Vec<(u32, String)> = Vec::with_capacity(addrs.len());
     for spec in addrs {
         let (addr, control) = connect_server(spec, token)?;
         let addr = &addr;
+        let node = control.server().node.0;
+        if let Some((_, first_addr)) = nodes.iter().find(|(n, _)| *n == node) {
+            return Err(ConnectError::SharedNodeId {
+                node,
+                first_addr: first_addr.clone(),
+                other_addr: addr.clone(),
+            });
+        }
+        nodes.push((node, addr.clone()));
         let served = control.server().backend.clone();
         match &backend {
             None => backend = Some(served),

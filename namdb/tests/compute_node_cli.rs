@@ -373,3 +373,29 @@ fn bad_memory_server_lists_and_worker_counts_are_refused_up_front() {
         assert!(!err.contains("cannot reach"), "{err}");
     }
 }
+
+#[test]
+fn memory_servers_sharing_a_node_id_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = token_file(&dir);
+    // Two servers started with the same --node, and one server under two names: tcp
+    // took the second for the first, silently.
+    let a = ServerProcess::start("tcp", &token_file, &["--size", "16MiB", "--node", "7"]);
+    let b = ServerProcess::start("tcp", &token_file, &["--size", "16MiB", "--node", "7"]);
+    let port = a.control.rsplit_once(':').unwrap().1;
+    for servers in [
+        format!("{},{}", a.control, b.control),
+        format!("{},localhost:{port}", a.control),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["compute-node", "--listen", "127.0.0.1:0"])
+            .args(["--memory-servers", &servers])
+            .arg("--token-file")
+            .arg(&token_file)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{servers}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("are both node 7"), "{servers}: {err}");
+    }
+}

@@ -242,12 +242,14 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
             Workdir::Kept(d.clone())
         }
-        None => Workdir::Temp(
-            tempfile::Builder::new()
+        None => {
+            let dir = tempfile::Builder::new()
                 .prefix("namdb-tpcw-")
                 .tempdir()
-                .context("creating a directory for the processes")?,
-        ),
+                .context("creating a directory for the processes")?;
+            let _on_interrupt = crate::interrupt::remove_on_interrupt(dir.path())?;
+            Workdir::Temp { dir, _on_interrupt }
+        }
     };
     let clients = client_counts(args);
     if args.system.contains(&SystemKind::Postgres) && args.postgres.is_none() {
@@ -434,14 +436,19 @@ fn client_counts(args: &TpcwArgs) -> Vec<usize> {
 }
 
 enum Workdir {
-    Temp(tempfile::TempDir),
+    /// Removed when dropped, and on Ctrl-C (the memory servers it holds the logs and
+    /// sockets of stop with their parent).
+    Temp {
+        dir: tempfile::TempDir,
+        _on_interrupt: crate::interrupt::Registered,
+    },
     Kept(PathBuf),
 }
 
 impl Workdir {
     fn path(&self) -> &Path {
         match self {
-            Workdir::Temp(t) => t.path(),
+            Workdir::Temp { dir, .. } => dir.path(),
             Workdir::Kept(p) => p,
         }
     }

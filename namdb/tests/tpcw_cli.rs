@@ -396,3 +396,30 @@ fn memory_servers_stop_when_the_run_is_killed() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn an_interrupted_run_leaves_no_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let entries = || std::fs::read_dir(tmp.path()).unwrap().count();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["tpcw", "--items", "1000", "--ebs", "1", "--duration", "60"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while entries() == 0 {
+        assert!(started.elapsed().as_secs() < 30, "no directory");
+        assert_eq!(child.try_wait().unwrap(), None, "ended early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(entries(), 0, "the run's directory is left");
+}

@@ -301,6 +301,8 @@ pub fn run_processes<R: DeserializeOwned>(
         .prefix("namdb-nodes-")
         .tempdir()
         .context("creating a directory for the node sockets")?;
+    // The node processes end with their parent; their sockets must go with it too.
+    let _registered = crate::interrupt::remove_on_interrupt(dir.path())?;
     let token = hex::encode(rand::random::<[u8; 32]>());
     let (tx, rx) = mpsc::channel();
     let launch = Launch {

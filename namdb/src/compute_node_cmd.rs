@@ -21,7 +21,7 @@ pub struct ComputeNodeArgs {
     #[arg(long, value_name = "ADDR,…", value_delimiter = ',', required = true)]
     pub memory_servers: Vec<String>,
     /// Address of the gRPC API, host:port (port 0 picks a free port).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr)]
     pub listen: SocketAddr,
     /// File holding the cluster token (`namdb token generate FILE` makes one).
     #[arg(long, value_name = "FILE")]
@@ -44,7 +44,7 @@ pub struct ComputeNodeArgs {
     pub gid_index: Option<u8>,
     /// Serve Prometheus metrics (plain HTTP, GET /metrics) on host:port; port 0 picks a
     /// free port, printed as `metrics listening on ADDR`.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr)]
     pub metrics_listen: Option<SocketAddr>,
 }
 
@@ -74,6 +74,25 @@ fn options(args: &ComputeNodeArgs, token: &ClusterToken) -> Result<txn::Options>
         })),
         ..txn::Options::default()
     })
+}
+
+/// An address to listen on: `IP:PORT`, or `HOST:PORT` with a name the resolver knows
+/// (`localhost:7000`), taking its first IPv4 address if it has one.
+pub(crate) fn parse_listen_addr(input: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = input.parse() {
+        return Ok(addr);
+    }
+    let addrs: Vec<_> = input
+        .to_socket_addrs()
+        .map_err(|e| format!("`{input}` is not a host:port address ({e})"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("`{input}` names no address"))
 }
 
 /// A duration: a whole number with a unit of ms, s or m (a bare number is seconds).
@@ -186,6 +205,19 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_addresses_take_host_names() {
+        assert_eq!(
+            parse_listen_addr("localhost:0").unwrap(),
+            "127.0.0.1:0".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("127.0.0.2:7").unwrap(),
+            "127.0.0.2:7".parse().unwrap()
+        );
+        assert!(parse_listen_addr("localhost").is_err());
+    }
 
     #[test]
     fn durations_take_units() {

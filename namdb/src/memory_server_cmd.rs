@@ -20,7 +20,7 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct MemoryServerArgs {
     /// Address of the gRPC control plane, host:port (port 0 picks a free port).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::compute_node_cmd::parse_listen_addr)]
     pub listen: SocketAddr,
     /// Fabric backend of the data path.
     #[arg(long, value_enum)]
@@ -39,7 +39,7 @@ pub struct MemoryServerArgs {
     /// dial to resynchronise a queue pair after an error), host:port, which peers dial:
     /// by default the control plane's host with a free port. With `--listen 0.0.0.0:…`
     /// name this host's reachable address here (e.g. 10.0.0.5:0).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::compute_node_cmd::parse_listen_addr)]
     pub data_listen: Option<SocketAddr>,
     /// shm only: the Unix socket peers reach the data path at; by default
     /// `namdb-memory-server-<pid>.sock` in the temporary directory.
@@ -68,7 +68,7 @@ pub struct MemoryServerArgs {
     pub pin_memory: bool,
     /// Serve Prometheus metrics (plain HTTP, GET /metrics) on host:port; port 0 picks a
     /// free port, printed as `metrics listening on ADDR`.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::compute_node_cmd::parse_listen_addr)]
     pub metrics_listen: Option<SocketAddr>,
     /// Keep the regions durable in DIR (created if missing): clients' Persist requests
     /// are journaled there, and a restart restores what they persisted. DIR must have

@@ -213,11 +213,7 @@ fn an_interrupted_run_leaves_no_temporary_directory() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    common::send_signal(child.id(), "-INT");
     assert_eq!(child.wait().unwrap().code(), Some(130));
     assert_eq!(entries(tmp.path()), Vec::<std::ffi::OsString>::new());
 

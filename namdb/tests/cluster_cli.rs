@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Cluster, alive, namdb, ok, processes_naming, stderr, stdout};
+use common::{Cluster, alive, namdb, ok, processes_naming, send_signal, stderr, stdout};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -172,17 +172,10 @@ fn a_cluster_on_tcp_with_two_compute_nodes_comes_up_and_down() {
     // A stopped compute node still accepts connections but never answers: kv goes on
     // to the next one (it waited for its whole --timeout, then blamed the memory
     // servers).
-    let first = c.json()["compute_nodes"][0]["pid"]
-        .as_u64()
-        .unwrap()
-        .to_string();
-    let signal = |sig: &str| {
-        let status = Command::new("kill").args([sig, &first]).status().unwrap();
-        assert!(status.success());
-    };
-    signal("-STOP");
+    let first = c.json()["compute_nodes"][0]["pid"].as_u64().unwrap() as u32;
+    send_signal(first, "-STOP");
     let got = namdb(c.cwd(), &["kv", "--timeout", "20s", "get", "1"]);
-    signal("-CONT");
+    send_signal(first, "-CONT");
     assert!(got.status.success(), "{}", stderr(&got));
     assert_eq!(stdout(&got), "one\n");
     // A second `up` in the same directory refuses.
@@ -250,11 +243,7 @@ fn an_interrupted_up_stops_the_processes_it_started() {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let kill = Command::new("kill")
-        .args(["-INT", &up.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    send_signal(up.id(), "-INT");
     let o = up.wait_with_output().unwrap();
     assert!(!o.status.success(), "{}", stdout(&o));
     assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
@@ -512,13 +501,7 @@ fn a_memory_server_restarted_without_its_data_is_reported_lost() {
         .collect();
     let listen = argv.iter().position(|a| a == "--listen").unwrap() + 1;
     argv[listen] = address;
-    assert!(
-        Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    send_signal(pid, "-9");
     while alive(pid) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

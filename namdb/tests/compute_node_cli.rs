@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::ServerProcess;
+use common::{ServerProcess, send_signal};
 use compute_node::client::{Client, Txn};
 use compute_node::proto::health_response::Status as Health;
 use memory_server::ClusterToken;
@@ -317,11 +317,7 @@ async fn a_vanished_client_leaves_nothing_locked() {
 #[test]
 fn sigterm_stops_the_compute_node_cleanly() {
     let mut c = cluster(1);
-    let status = Command::new("kill")
-        .args(["-TERM", &c.compute.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    send_signal(c.compute.child.id(), "-TERM");
     let exit = c.compute.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
     let err = c.compute.stderr();

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::start_server;
+use common::{send_signal, start_server};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -282,11 +282,7 @@ fn serve_another_process_then_stop(
     );
     assert_eq!(local.load_u64(0).unwrap(), 8);
 
-    let status = Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    send_signal(server.child.id(), "-TERM");
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
     let err = server.stderr();

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{alive, namdb, ok, parent_of, processes_naming, stderr};
+use common::{alive, namdb, ok, parent_of, processes_naming, send_signal, stderr};
 use serde_json::Value;
 
 /// A small database: fast to load, and small enough that stocks restock often.
@@ -415,11 +415,7 @@ fn an_interrupted_run_leaves_no_directory() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    send_signal(child.id(), "-INT");
     assert_eq!(child.wait().unwrap().code(), Some(130));
     assert_eq!(entries(), 0, "the run's directory is left");
 }

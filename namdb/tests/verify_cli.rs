@@ -1,6 +1,8 @@
 //! `namdb verify` and `namdb bench verify` as a user runs them: the built binary on
 //! history files, its exit status, its report and its error messages.
 
+mod common;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -343,11 +345,7 @@ fn bench_verify_keeps_its_history_only_where_asked() {
     // Well into the generation, whose file is then megabytes long.
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert_eq!(child.try_wait().unwrap(), None, "finished too soon");
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    common::send_signal(child.id(), "-INT");
     child.wait().unwrap();
     let left: Vec<_> = std::fs::read_dir(tmp.path())
         .unwrap()

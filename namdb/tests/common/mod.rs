@@ -332,3 +332,12 @@ pub fn processes_naming(arg: impl AsRef<std::ffi::OsStr>) -> Vec<u32> {
         })
         .collect()
 }
+
+/// Sends `signal` (`"-INT"`, `"-9"`, …) to `pid` with kill(1).
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}: {status}");
+}

@@ -118,6 +118,7 @@ mod tests {
             (
                 TxnError::Conflict {
                     table: 1,
+                    name: "t".into(),
                     key: 2,
                     why: "first committer wins",
                 },
@@ -126,19 +127,25 @@ mod tests {
             (
                 TxnError::SnapshotTooOld {
                     table: 1,
+                    name: "t".into(),
                     key: 2,
                     rid: 3,
                 },
                 Code::Aborted,
             ),
             (
-                TxnError::DuplicateKey { table: 1, key: 2 },
+                TxnError::DuplicateKey {
+                    table: 1,
+                    name: "t".into(),
+                    key: 2,
+                },
                 Code::AlreadyExists,
             ),
             (TxnError::NotFound("table t".into()), Code::NotFound),
             (
                 TxnError::TableFull {
                     table: 1,
+                    name: "t".into(),
                     capacity: 8,
                 },
                 Code::ResourceExhausted,
@@ -183,11 +190,12 @@ mod tests {
     fn messages_say_what_became_of_the_transaction() {
         let conflict = TxnError::Conflict {
             table: 1,
+            name: "t".into(),
             key: 7,
             why: "first committer wins",
         };
         let s = status_of(&conflict, Fate::Aborted);
-        assert!(s.message().contains("key 7"), "{}", s.message());
+        assert!(s.message().contains("table t key 7"), "{}", s.message());
         assert!(s.message().contains("retryable"), "{}", s.message());
         let too_large = TxnError::Layout(LayoutError::ValueTooLarge { len: 9, cap: 8 });
         assert!(keeps_transaction(&too_large));

@@ -271,8 +271,8 @@ fn map_err(e: TxnError) -> Error {
             Error::aborted(AbortReason::SnapshotTooOld, e.to_string())
         }
         TxnError::DuplicateKey { .. } => Error::aborted(AbortReason::DuplicateKey, e.to_string()),
-        TxnError::TableFull { table, capacity } => Error::System(format!(
-            "table {table} is full ({capacity} records): the run added more rows than the \
+        TxnError::TableFull { name, capacity, .. } => Error::System(format!(
+            "table {name} is full ({capacity} records): the run added more rows than the \
              room it was sized for; run for less time or give more room"
         )),
         e => Error::System(e.to_string()),

@@ -11,21 +11,32 @@ use timestamp::OracleError;
 pub enum TxnError {
     /// The transaction lost a write-write conflict (first committer wins, or a record
     /// it writes was locked or changed since it was read) and was aborted.
-    #[error("conflict on table {table} key {key}: {why}")]
+    /// (`table` is the table's id; `name` its name, which the message gives.)
+    #[error("conflict on table {name} key {key}: {why}")]
     Conflict {
         table: u32,
+        name: String,
         key: u64,
         why: &'static str,
     },
     /// No version of the record old enough for the snapshot is kept any more.
-    #[error("snapshot {rid} too old for table {table} key {key}")]
-    SnapshotTooOld { table: u32, key: u64, rid: u64 },
-    #[error("key {key} already exists in table {table}")]
-    DuplicateKey { table: u32, key: u64 },
+    #[error("snapshot {rid} too old for table {name} key {key}")]
+    SnapshotTooOld {
+        table: u32,
+        name: String,
+        key: u64,
+        rid: u64,
+    },
+    #[error("key {key} already exists in table {name}")]
+    DuplicateKey { table: u32, name: String, key: u64 },
     #[error("not found: {0}")]
     NotFound(String),
-    #[error("table {table} is full ({capacity} blocks)")]
-    TableFull { table: u32, capacity: u64 },
+    #[error("table {name} is full ({capacity} records)")]
+    TableFull {
+        table: u32,
+        name: String,
+        capacity: u64,
+    },
     #[error("invalid request: {0}")]
     Invalid(String),
     #[error("the transaction already ended")]

@@ -468,6 +468,7 @@ impl<'w> AsyncTransaction<'w> {
                     VisibleRaw::Version { .. } | VisibleRaw::Absent => Ok(None),
                     VisibleRaw::TooOld => Err(TxnError::SnapshotTooOld {
                         table: table.id,
+                        name: table.name.clone(),
                         key,
                         rid,
                     }),
@@ -487,6 +488,7 @@ impl<'w> AsyncTransaction<'w> {
         if self.get(table, key).await?.is_some() {
             return Err(TxnError::DuplicateKey {
                 table: table.id,
+                name: table.name.clone(),
                 key,
             });
         }
@@ -550,6 +552,7 @@ impl<'w> AsyncTransaction<'w> {
             if visible_value(seen, &self.p().bytes, table, *key, rid)?.is_some() {
                 return Err(TxnError::DuplicateKey {
                     table: table.id,
+                    name: table.name.clone(),
                     key: *key,
                 });
             }
@@ -692,6 +695,7 @@ impl<'w> AsyncTransaction<'w> {
                     Visible::Absent => Ok(()),
                     Visible::TooOld => Err(TxnError::SnapshotTooOld {
                         table: table.id,
+                        name: table.name.clone(),
                         key,
                         rid,
                     }),
@@ -850,6 +854,7 @@ impl<'w> AsyncTransaction<'w> {
                 });
                 return Err(TxnError::Conflict {
                     table: w.table.id,
+                    name: w.table.name.clone(),
                     key: w.key,
                     why: "first committer wins: written after the snapshot",
                 });
@@ -984,6 +989,7 @@ fn visible_value(
             VisibleRaw::Absent => Ok(None),
             VisibleRaw::TooOld => Err(TxnError::SnapshotTooOld {
                 table: table.id,
+                name: table.name.clone(),
                 key,
                 rid,
             }),
@@ -1060,6 +1066,7 @@ async fn fetch(
             if start.elapsed() > LOCK_PATIENCE {
                 return Err(TxnError::Conflict {
                     table: table.id,
+                    name: table.name.clone(),
                     key: keys[missing[0]],
                     why: "index slot pending too long",
                 });
@@ -1120,6 +1127,7 @@ async fn fetch(
             worker.suspect_holder(holder);
             return Err(TxnError::Conflict {
                 table: table.id,
+                name: table.name.clone(),
                 key: keys[i],
                 why: "record locked too long",
             });
@@ -1206,6 +1214,7 @@ pub(crate) async fn read_block(
                     worker.suspect_holder(holder);
                     return Err(TxnError::Conflict {
                         table: table.id,
+                        name: table.name.clone(),
                         key,
                         why: "record locked too long",
                     });
@@ -1304,11 +1313,13 @@ fn duplicate_error(w: &Write) -> TxnError {
     if w.insert {
         TxnError::DuplicateKey {
             table: w.table.id,
+            name: w.table.name.clone(),
             key: w.key,
         }
     } else {
         TxnError::Conflict {
             table: w.table.id,
+            name: w.table.name.clone(),
             key: w.key,
             why: "inserted concurrently",
         }
@@ -1457,6 +1468,7 @@ async fn run_commit(
             if i >= p.capacity {
                 return Err(TxnError::TableFull {
                     table: w.table.id,
+                    name: w.table.name.clone(),
                     capacity: w.table.capacity(),
                 });
             }
@@ -1609,13 +1621,14 @@ async fn run_commit(
                     worker.suspect_holder(found.cid);
                 }
                 if conflict.is_none() {
-                    conflict = Some((w.table.id, w.key));
+                    conflict = Some((&w.table, w.key));
                 }
             }
         }
         if let Some((table, key)) = conflict {
             return Err(TxnError::Conflict {
-                table,
+                table: table.id,
+                name: table.name.clone(),
                 key,
                 why: "record locked or changed since it was read",
             });

@@ -525,6 +525,9 @@ fn inserts_checked_at_commit_find_duplicates_and_race_cleanly() {
         matches!(dup, Err(TxnError::DuplicateKey { key: 5, .. })),
         "{dup:?}"
     );
+    // Named as its user named it, not by the catalog's id.
+    let said = dup.unwrap_err().to_string();
+    assert_eq!(said, "key 5 already exists in table t");
     // Two concurrent inserters of one new key: exactly one commits.
     let racers = worker.run_coroutines(2, |i| {
         let (worker, t) = (&worker, &t);

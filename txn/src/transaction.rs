@@ -238,7 +238,6 @@ struct CommitRoom {
     /// The insert step, which reuses the buffer before the lock step: each new block
     /// staged whole, and its index claim's result.
     insert_step: u64,
-    writes: u64,
     inserts: u64,
 }
 
@@ -249,7 +248,6 @@ impl CommitRoom {
             record_words: 4,
             other: 0,
             insert_step: 0,
-            writes: 0,
             inserts: 0,
         }
     }
@@ -271,17 +269,16 @@ impl CommitRoom {
             }
             None => {}
         }
-        self.writes += 1;
     }
 
-    fn check(&self, have: u64) -> Result<()> {
+    fn check(&self, have: u64, writes: usize) -> Result<()> {
         let need = (self.other + self.record_words * 8).max(self.insert_step);
         if need > have {
             return Err(TxnError::Invalid(format!(
                 "write set too large: committing {} writes ({} of them new keys) needs {need} \
                  bytes of buffer, and a transaction has {have} (Options::scratch_bytes): \
                  split it into smaller transactions",
-                self.writes, self.inserts
+                writes, self.inserts
             )));
         }
         Ok(())
@@ -861,7 +858,7 @@ impl<'w> AsyncTransaction<'w> {
             }
             room.add(w, seen);
         }
-        if let Err(e) = room.check(self.p().buffer.len()) {
+        if let Err(e) = room.check(self.p().buffer.len(), self.p().writes.len()) {
             worker.count(|s| s.aborted += 1);
             return Err(e);
         }

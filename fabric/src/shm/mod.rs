@@ -229,12 +229,11 @@ fn listen(path: &Path) -> Result<UnixListener> {
                     path.display()
                 )));
             }
-            match UnixStream::connect(path) {
-                Err(c) if c.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    std::fs::remove_file(path).map_err(fail)?;
-                    UnixListener::bind(path).map_err(fail)
-                }
-                _ => Err(fail(e)),
+            if is_dead_socket(path) {
+                std::fs::remove_file(path).map_err(fail)?;
+                UnixListener::bind(path).map_err(fail)
+            } else {
+                Err(fail(e))
             }
         }
         Err(e) => Err(fail(e)),

@@ -13,7 +13,9 @@
 //!    unchanged, so a kept block is never half written or locked), and for inserts the
 //!    arena counters and index buckets;
 //! 3. the commit's log ring space is reused only after that, so a record stays in its
-//!    ring until everything it wrote is durable.
+//!    ring until everything it wrote is durable. A dead holder's ring is reused after
+//!    its recovery, which persists every block the ring's records wrote first, and
+//!    every ring after a restart repair of server 0, which does the same.
 //!
 //! After a restart, the restart recovery that `Database::open` runs rolls forward
 //! every record whose installs a restarted server may have lost, and starts the

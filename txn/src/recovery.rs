@@ -18,6 +18,13 @@
 //! fence already decided the slot's undecided timestamps, so the prefix moves on;
 //! readers wait for the locks meanwhile, as they would for a slow install.
 //!
+//! A commit persists its installs only after all of them (durable servers), so a
+//! holder that died installing may have left installs that are visible, built on by
+//! later commits, and not durable. Before the guard says clean (the ring may then be
+//! reused, and no record says those writes exist), every block the ring's records
+//! wrote is persisted as it is now, with the index bucket and arena counter of the
+//! ones a record inserted ([`Written`]).
+//!
 //! The log ring is read before the scan: the slot's next holder overwrites it only
 //! after recovery ended (the guard word, see [`crate::commitlog`]), and a lock found
 //! after that point cannot belong to the dead holder. Exactly one node resolves a
@@ -227,6 +234,10 @@ fn recover(
         finished_at: SystemTime::now(),
     };
     let mut plan = crate::durable::PersistPlan::default();
+    let written = Written::by(records.values());
+    // Blocks the records wrote that another holder has locked: (table, part, addr,
+    // key, kind, header as scanned).
+    let mut busy = Vec::new();
     for table in tables {
         for part in 0..table.partitions.len() {
             let mut held = Vec::new();
@@ -234,6 +245,12 @@ fn recover(
                 let h = Header::decode(word);
                 if h.locked && h.cid % slots == slot as u64 {
                     held.push((addr, h.cid, raw.to_vec()));
+                } else if let Some((key, kind)) = written.get(table.id, part, addr) {
+                    if h.locked {
+                        busy.push((table.clone(), part, addr, key, kind, word));
+                    } else {
+                        add_written(&mut plan, table, part, addr, key, kind);
+                    }
                 }
                 Ok(())
             })?;
@@ -248,6 +265,25 @@ fn recover(
                 crate::transaction::add_insert(&mut plan, table, part, addr, key);
             }
         }
+    }
+    // A lock another holder took on a block the records wrote ends in its commit's
+    // persist, in its recovery's, or (an abort, which persists nothing) in the header
+    // put back: wait for that, so the block is persisted here. Aborts happen before a
+    // commit logs, within its lease; a lock held longer is a commit past its log
+    // record or a holder that is fenced, and either persists the block.
+    let deadline = Instant::now() + 2 * db.shared.options.oracle.lease_timeout;
+    while !busy.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+        let mut still = Vec::with_capacity(busy.len());
+        for (table, part, addr, key, kind, word) in busy {
+            let p = &table.partitions[part];
+            if conns[p.server].read_word(p.data.at(addr))? == word {
+                still.push((table, part, addr, key, kind, word));
+            } else {
+                add_written(&mut plan, &table, part, addr, key, kind);
+            }
+        }
+        busy = still;
     }
     db.shared.durability.persist_blocking(plan)?;
     report.took = started.elapsed();
@@ -264,6 +300,54 @@ fn recover(
         );
     }
     Ok(report)
+}
+
+/// The blocks a set of log records wrote, by (table, partition, address): the key,
+/// and whether a record inserted it (else the kind of some write of it).
+///
+/// A commit persists its installs only once all of them are done, so a holder that
+/// died installing leaves some installed, visible and built on, but not durable; and
+/// once its slot's ring is reused, no record says they must be. Whoever resolves a
+/// dead holder (or repairs a restart, which frees every ring) persists every block
+/// its records wrote first, as they are now.
+pub(crate) struct Written(HashMap<(u32, usize, u64), (u64, EntryKind)>);
+
+impl Written {
+    pub(crate) fn by<'a>(records: impl Iterator<Item = &'a LogRecord>) -> Written {
+        let mut written = HashMap::new();
+        for e in records.flat_map(|r| &r.entries) {
+            written
+                .entry((e.table, e.part as usize, e.addr))
+                .and_modify(|(_, kind)| {
+                    // An insert's index entry is persisted whatever came after it.
+                    if e.kind == EntryKind::Insert {
+                        *kind = EntryKind::Insert;
+                    }
+                })
+                .or_insert((e.key, e.kind));
+        }
+        Written(written)
+    }
+
+    pub(crate) fn get(&self, table: u32, part: usize, addr: u64) -> Option<(u64, EntryKind)> {
+        self.0.get(&(table, part, addr)).copied()
+    }
+}
+
+/// Adds block `addr` to `plan`, with what makes it reachable if a record inserted it.
+pub(crate) fn add_written(
+    plan: &mut crate::durable::PersistPlan,
+    table: &Table,
+    part: usize,
+    addr: u64,
+    key: u64,
+    kind: EntryKind,
+) {
+    if kind == EntryKind::Insert {
+        crate::transaction::add_insert(plan, table, part, addr, key);
+    } else {
+        crate::transaction::add_block(plan, table, part, addr);
+    }
 }
 
 /// Resolves one lock held by `cid` on block `addr` (bytes `raw` as read, locked):

@@ -40,7 +40,7 @@ use crate::durable::PersistPlan;
 use crate::error::{Result, TxnError};
 use crate::index::RemoteIndex;
 use crate::layout::{self, Block, Header, VERSIONS_OFFSET};
-use crate::recovery::{nonce, resolve, scan_headers};
+use crate::recovery::{Written, add_written, nonce, resolve, scan_headers};
 use crate::store::{Database, Table};
 use crate::transaction::{add_block, add_insert};
 use std::collections::HashMap;
@@ -197,6 +197,9 @@ fn repair(db: &Database, restarted: &[usize]) -> Result<RestartReport> {
     let mut max_cid = records.last().map_or(0, |r| r.cid);
     if server0 {
         let by_cid: HashMap<u64, &LogRecord> = records.iter().map(|r| (r.cid, r)).collect();
+        // Every ring is free for reuse after this, so what the records wrote on the
+        // servers that kept their memory is persisted too (see [`Written`]).
+        let written = Written::by(records.iter());
         for table in tables.values() {
             for part in 0..table.partitions.len() {
                 let mut held = Vec::new();
@@ -206,6 +209,8 @@ fn repair(db: &Database, restarted: &[usize]) -> Result<RestartReport> {
                         max_cid = max_cid.max(h.cid);
                         if h.locked {
                             held.push((addr, h.cid, raw.to_vec()));
+                        } else if let Some((key, kind)) = written.get(table.id, part, addr) {
+                            add_written(&mut plan, table, part, addr, key, kind);
                         }
                         Ok(())
                     })?;

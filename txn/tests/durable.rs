@@ -561,3 +561,192 @@ fn a_cluster_mixing_durable_and_volatile_servers_is_refused() {
         "{err}"
     );
 }
+
+/// Runs `shape` on a thread of its own, dying halfway through installing the commit:
+/// the first half of its writes is installed (visible, unlocked) but not persisted,
+/// the rest still locked. Returns the dead commit's slot and CID.
+fn die_mid_install(
+    db: &Database,
+    t: &Arc<Table>,
+    shape: fn(&mut txn::Transaction<'_>, &Arc<Table>),
+) -> (u32, u64) {
+    let (db2, t2) = (db.clone(), t.clone());
+    std::thread::spawn(move || {
+        let mut client = db2.client().unwrap();
+        txn::crash::panic_at_on_this_thread("mid-install").unwrap();
+        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let mut x = client.begin().unwrap();
+            shape(&mut x, &t2);
+            x.commit()
+        }));
+        assert!(died.is_err(), "the crash point did not fire");
+        std::mem::forget(client);
+    })
+    .join()
+    .unwrap();
+    dead_record(db)
+}
+
+/// The slot and CID of the log record that inserts key 100 (the dead commit's).
+fn dead_record(db: &Database) -> (u32, u64) {
+    (0..4)
+        .find_map(|slot| {
+            txn::recovery::read_log(db, slot)
+                .unwrap()
+                .into_values()
+                .find(|r| r.entries.iter().any(|e| e.key == 100))
+                .map(|r| (slot, r.cid))
+        })
+        .expect("the dead commit's log record")
+}
+
+/// New workers claim slots and commit until slot `slot`'s ring no longer holds `cid`.
+fn reuse_ring(db: &Database, t: &Arc<Table>, slot: u32, cid: u64) {
+    let mut workers = Vec::new();
+    let mut key = 5000;
+    while txn::recovery::read_log(db, slot)
+        .unwrap()
+        .contains_key(&cid)
+    {
+        assert!(workers.len() < 16, "slot {slot} was never reused");
+        let mut c = db.client().unwrap();
+        key += 1;
+        c.run(3, |x| x.insert(t, key, val(1))).unwrap();
+        workers.push(c);
+    }
+    std::mem::forget(workers);
+}
+
+fn values(db: &Database, keys: &[u64]) -> Vec<(u64, Option<i64>)> {
+    let t = db.table("accounts").unwrap();
+    let mut c = db.client().unwrap();
+    let mut x = c.begin().unwrap();
+    keys.iter()
+        .map(|&k| (k, x.get(&t, k).unwrap().map(|v| num(Some(v)))))
+        .collect()
+}
+
+/// A node dies halfway through installing a commit; another node's recovery finishes
+/// it, and the slot's next holder then reuses the log ring, so the record is gone. The
+/// half installed before the crash must be durable by then: a restart of every server
+/// afterwards keeps the whole commit.
+#[test]
+fn a_commit_recovered_mid_install_is_durable_before_its_log_record_is_reused() {
+    type Shape = fn(&mut txn::Transaction<'_>, &Arc<Table>);
+    let transfer: Shape = |x, t| {
+        x.put(t, 1, val(90)).unwrap();
+        x.put(t, 2, val(110)).unwrap();
+        x.insert(t, 100, val(7)).unwrap();
+    };
+    // Inserts only: the first half installed is a new key, reachable through an index
+    // bucket no later update of the key persists.
+    let two_inserts: Shape = |x, t| {
+        x.insert(t, 100, val(7)).unwrap();
+        x.insert(t, 101, val(8)).unwrap();
+    };
+    for (name, shape, expected) in [
+        (
+            "transfer",
+            transfer,
+            vec![(1, Some(90)), (2, Some(110)), (100, Some(7))],
+        ),
+        (
+            "two inserts",
+            two_inserts,
+            vec![(100, Some(7)), (101, Some(8))],
+        ),
+    ] {
+        let mut cluster = Cluster::new(2);
+        {
+            let db = cluster.open();
+            let t = accounts(&db);
+            let mut other = db.client().unwrap();
+            other
+                .run(0, |x| {
+                    x.insert(&t, 1, val(100))?;
+                    x.insert(&t, 2, val(100))
+                })
+                .unwrap();
+            let (slot, cid) = die_mid_install(&db, &t, shape);
+            // The other worker commits and ticks until its fence recovers the dead one.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            let mut key = 1000;
+            while db.recoveries().is_empty() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{name}: never recovered"
+                );
+                key += 1;
+                other.run(3, |x| x.insert(&t, key, val(1))).unwrap();
+                other.tick().unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let report = db.recoveries()[0].clone();
+            assert_eq!(report.slot, slot, "{name}");
+            assert!(report.rolled_forward > 0, "{name}: {report:?}");
+            reuse_ring(&db, &t, slot, cid);
+            std::mem::forget(other);
+            std::mem::forget(db);
+        }
+        cluster.restart(&[0, 1]);
+        let db = cluster.open();
+        let keys: Vec<u64> = expected.iter().map(|&(k, _)| k).collect();
+        assert_eq!(
+            values(&db, &keys),
+            expected,
+            "{name}: after a restart of every server"
+        );
+    }
+}
+
+/// The same with a failover instead of a recovery: server 0 (the oracle's and the
+/// log's) restarts while the dead commit is half installed on server 1. The repair
+/// frees every ring, so what the record wrote on server 1 must be durable before: a
+/// later restart of server 1 keeps it.
+#[test]
+fn a_commit_repaired_mid_install_stays_durable_on_the_server_that_kept_its_memory() {
+    let mut cluster = Cluster::new(2);
+    let (on_1, on_0);
+    {
+        let db = cluster.open();
+        let t = accounts(&db);
+        let server_of = |key: u64| t.partitions[t.partition_of(key)].server;
+        on_1 = (1..).find(|&k| server_of(k) == 1).unwrap();
+        on_0 = (1..).find(|&k| server_of(k) == 0).unwrap();
+        db.client()
+            .unwrap()
+            .run(0, |x| {
+                x.insert(&t, on_1, val(100))?;
+                x.insert(&t, on_0, val(100))
+            })
+            .unwrap();
+        // The first write (installed before the crash) is on server 1.
+        static KEYS: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+        KEYS.set((on_1, on_0)).unwrap();
+        die_mid_install(&db, &t, |x, t| {
+            let &(on_1, on_0) = KEYS.get().unwrap();
+            x.put(t, on_1, val(90)).unwrap();
+            x.put(t, on_0, val(110)).unwrap();
+            x.insert(t, 100, val(7)).unwrap();
+        });
+        std::mem::forget(db);
+    }
+    cluster.restart(&[0]);
+    {
+        let db = cluster.open();
+        let report = db.restart_report().expect("a restart recovery ran");
+        assert!(report.locks_rolled_forward > 0, "{report:?}");
+        let t = db.table("accounts").unwrap();
+        // The record survived server 0's restart.
+        let (slot, cid) = dead_record(&db);
+        reuse_ring(&db, &t, slot, cid);
+        std::mem::forget(db);
+    }
+    cluster.restart(&[1]);
+    let db = cluster.open();
+    assert_eq!(
+        values(&db, &[on_1, on_0, 100]),
+        vec![(on_1, Some(90)), (on_0, Some(110)), (100, Some(7))],
+        "after server 1 restarted too"
+    );
+}

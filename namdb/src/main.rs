@@ -187,7 +187,7 @@ fn run() -> Result<ExitCode> {
         Command::Cluster(cmd) => cluster_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Kv(args) => kv_cmd::run(args),
         Command::ComputeNode(args) => compute_node_cmd::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Shell(args) => shell_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Shell(args) => shell_cmd::run(args),
         Command::Tpcw(args) => tpcw_cmd::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Twopc(cmd) => twopc_cmd::run(cmd).map(|()| ExitCode::SUCCESS),

@@ -9,6 +9,7 @@ use clap::Args;
 use compute_node::client::{Client, Txn};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 pub struct ShellArgs {
@@ -132,10 +133,15 @@ async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Lin
     Ok(())
 }
 
-pub fn run(args: ShellArgs) -> Result<()> {
+/// The exit status of a script (input that is not a terminal) in which a line failed,
+/// as `kv`'s for a failed command.
+const SCRIPT_FAILED: u8 = 2;
+
+pub fn run(args: ShellArgs) -> Result<ExitCode> {
     let (runtime, nodes, mut client) = session(args.cluster)?;
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
+    let mut failed_lines: Vec<usize> = Vec::new();
     let mut open = None;
     let mut input = stdin.lock();
     let mut bytes = Vec::new();
@@ -152,6 +158,7 @@ pub fn run(args: ShellArgs) -> Result<()> {
         // of the input still runs.
         let Ok(line) = std::str::from_utf8(&bytes) else {
             eprintln!("error: line {number} is not UTF-8 text; skipped");
+            failed_lines.push(number);
             continue;
         };
         match parse(line) {
@@ -159,6 +166,7 @@ pub fn run(args: ShellArgs) -> Result<()> {
             Ok(parsed) => {
                 if let Err(e) = runtime.block_on(execute(&client, &args.table, &mut open, parsed)) {
                     eprintln!("error: {e:#}");
+                    failed_lines.push(number);
                     // A compute node that died or hangs: go on with another.
                     if !runtime.block_on(answers(&client)) {
                         match runtime.block_on(nodes.connect()) {
@@ -176,14 +184,36 @@ pub fn run(args: ShellArgs) -> Result<()> {
                     }
                 }
             }
-            Err(msg) => eprintln!("error: {msg}"),
+            Err(msg) => {
+                eprintln!("error: line {number}: {msg}");
+                failed_lines.push(number);
+            }
         }
     }
     if let Some(t) = open {
         let _ = runtime.block_on(client.abort(t));
         println!("aborted the open transaction");
     }
-    Ok(())
+    if interactive || failed_lines.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("{}", failure_summary(&failed_lines));
+    Ok(ExitCode::from(SCRIPT_FAILED))
+}
+
+/// What a script's end says when lines of it failed.
+fn failure_summary(lines: &[usize]) -> String {
+    const LISTED: usize = 10;
+    let mut listed: Vec<String> = lines.iter().take(LISTED).map(|n| n.to_string()).collect();
+    if lines.len() > LISTED {
+        listed.push(format!("and {} more", lines.len() - LISTED));
+    }
+    let noun = if lines.len() == 1 { "line" } else { "lines" };
+    format!(
+        "namdb shell: {} {noun} failed ({})",
+        lines.len(),
+        listed.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -226,5 +256,14 @@ mod tests {
         assert!(parse("put 1").unwrap_err().contains("value"));
         assert!(parse("get 1 2").unwrap_err().contains("too many"));
         assert!(parse("frobnicate").unwrap_err().contains("help"));
+    }
+
+    #[test]
+    fn a_failed_script_names_its_failed_lines() {
+        assert_eq!(failure_summary(&[4]), "namdb shell: 1 line failed (4)");
+        assert_eq!(
+            failure_summary(&(1..=12).collect::<Vec<_>>()),
+            "namdb shell: 12 lines failed (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, and 2 more)"
+        );
     }
 }

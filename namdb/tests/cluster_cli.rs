@@ -295,7 +295,8 @@ fn the_shell_runs_single_commands_and_explicit_transactions() {
                   del 1\nget 1\nbegin\nput 5 z\n";
     shell.stdin.take().unwrap().write_all(script).unwrap();
     let o = shell.wait_with_output().unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    // A script with failed lines says which, and exits as a failed `kv` does.
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert_eq!(
         stdout(&o),
         "a b\nbegun\nx\naborted\nbegun\ncommitted\n1\ta b\n3\ty\nbegun\n\
@@ -306,6 +307,10 @@ fn the_shell_runs_single_commands_and_explicit_transactions() {
     assert!(said.contains("`nosuch` is not a key"), "{said}");
     assert!(said.contains("line 10 is not UTF-8 text"), "{said}");
     assert!(said.contains("not found: key 1"), "{said}");
+    assert!(
+        said.ends_with("namdb shell: 2 lines failed (10, 11)\n"),
+        "{said}"
+    );
     // The open transaction at the end of input was aborted.
     let missing = namdb(c.cwd(), &["kv", "get", "5"]);
     assert_eq!(missing.status.code(), Some(1));

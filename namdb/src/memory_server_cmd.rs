@@ -125,8 +125,37 @@ pub enum ServerBackend {
     Verbs,
 }
 
+/// Refuses a flag the chosen backend would ignore: a server that silently runs
+/// without the address or device it was told to use is found out only when peers
+/// cannot reach it.
+fn check_backend_flags(args: &MemoryServerArgs) -> Result<()> {
+    use ServerBackend::*;
+    let backend = format!("{:?}", args.backend).to_lowercase();
+    let flags: [(&str, bool, &[ServerBackend]); 4] = [
+        ("--data-listen", args.data_listen.is_some(), &[Tcp, Verbs]),
+        ("--socket", args.socket.is_some(), &[Shm]),
+        ("--rdma-device", args.rdma_device.is_some(), &[Verbs]),
+        ("--gid-index", args.gid_index.is_some(), &[Verbs]),
+    ];
+    for (flag, given, takes) in flags {
+        if given && !takes.contains(&args.backend) {
+            let which: Vec<String> = takes
+                .iter()
+                .map(|b| format!("{b:?}").to_lowercase())
+                .collect();
+            bail!(
+                "{flag} is for the {} backend{}, and this server runs --backend {backend}",
+                which.join(" and "),
+                if which.len() > 1 { "s" } else { "" },
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The device for `backend`, or why there is none. A new backend is one arm here.
 fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Device>> {
+    check_backend_flags(args)?;
     let node = NodeId(args.node.unwrap_or_else(rand::random));
     match args.backend {
         ServerBackend::Sim => bail!(

@@ -320,3 +320,54 @@ fn a_wildcard_data_path_is_refused_with_the_fix() {
     );
     assert!(out.stdout.is_empty(), "nothing claims to be listening");
 }
+
+#[test]
+fn a_flag_the_backend_would_ignore_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_file(&dir, GOOD_TOKEN, 0o600);
+    let token = path.to_str().unwrap();
+    for (backend, flag, value, says) in [
+        (
+            "shm",
+            "--data-listen",
+            "127.0.0.1:0",
+            "--data-listen is for the tcp and verbs backends, and this server runs --backend shm",
+        ),
+        (
+            "tcp",
+            "--socket",
+            "/tmp/x.sock",
+            "--socket is for the shm backend, and this server runs --backend tcp",
+        ),
+        (
+            "tcp",
+            "--rdma-device",
+            "rxe0",
+            "--rdma-device is for the verbs backend",
+        ),
+        (
+            "shm",
+            "--gid-index",
+            "1",
+            "--gid-index is for the verbs backend",
+        ),
+    ] {
+        let out = namdb(&[
+            "memory-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            backend,
+            "--size",
+            "1MiB",
+            "--token-file",
+            token,
+            flag,
+            value,
+        ]);
+        assert!(!out.status.success(), "{backend} {flag}");
+        let err = stderr(&out);
+        assert!(err.contains(says), "{backend} {flag}: {err}");
+        assert!(out.stdout.is_empty(), "nothing claims to be listening");
+    }
+}

@@ -209,11 +209,84 @@ pub fn alive(pid: u32) -> bool {
 /// Whether `pid` is still the process the cluster started: alive, and its command
 /// line names the cluster's token file (so a reused pid is never signalled).
 fn ours(pid: u32, token_file: &Path) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
+    alive(pid) && cluster_member(pid, token_file).is_some()
+}
+
+/// A namdb memory server or compute node of the cluster whose token file is
+/// `token_file` (its command line names that file, relative to its working directory or
+/// not): its command (`memory-server` or `compute-node`) and `--listen` address (empty
+/// if it has none).
+fn cluster_member(pid: u32, token_file: &Path) -> Option<(String, String)> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let is_server = |a: &[u8]| a == b"memory-server" || a == b"compute-node";
+    if !args.get(1).is_some_and(|a| is_server(a)) {
+        return None;
+    }
+    let value_of = |flag: &str| -> Option<String> {
+        let flag = flag.as_bytes();
+        args.iter().enumerate().find_map(|(i, a)| {
+            if *a == flag {
+                args.get(i + 1)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            } else {
+                a.strip_prefix(flag)
+                    .and_then(|rest| rest.strip_prefix(b"="))
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            }
+        })
     };
-    let token = token_file.as_os_str().as_encoded_bytes();
-    alive(pid) && cmdline.split(|&b| b == 0).any(|arg| arg == token)
+    let named = PathBuf::from(value_of("--token-file")?);
+    let resolved = if named.is_absolute() {
+        named
+    } else {
+        std::fs::read_link(format!("/proc/{pid}/cwd"))
+            .ok()?
+            .join(named)
+    };
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    same(&resolved, token_file).then(|| {
+        (
+            String::from_utf8_lossy(args[1]).into_owned(),
+            value_of("--listen").unwrap_or_default(),
+        )
+    })
+}
+
+/// This cluster's memory servers and compute nodes running under pids the cluster file
+/// does not record (started again by hand after one of its processes died), each as
+/// the recorded entry of the same `--listen` address with its pid, or, if none
+/// matches, under a name of its own.
+fn started_by_hand(file: &ClusterFile) -> Vec<ProcessEntry> {
+    let recorded: Vec<u32> = file.processes().map(|p| p.pid).collect();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found: Vec<ProcessEntry> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| !recorded.contains(pid) && *pid != std::process::id() && alive(*pid))
+        .filter_map(|pid| {
+            let (command, listen) = cluster_member(pid, &file.token_file)?;
+            Some(match file.processes().find(|p| p.address == listen) {
+                Some(entry) => ProcessEntry {
+                    pid,
+                    ..entry.clone()
+                },
+                None => ProcessEntry {
+                    name: format!("a {command} of this cluster (--listen {listen})"),
+                    pid,
+                    address: listen,
+                    log: PathBuf::from(format!("/proc/{pid}/fd/2")),
+                    metrics: None,
+                },
+            })
+        })
+        .collect();
+    found.sort_by_key(|p| p.pid);
+    found
 }
 
 fn signal(pid: u32, signal: rustix::process::Signal) {
@@ -568,7 +641,14 @@ fn down(dir: &Path) -> Result<()> {
         .processes()
         .filter(|p| ours(p.pid, &file.token_file))
         .count();
-    let killed = stop_all(file.processes(), &file.token_file);
+    let by_hand = started_by_hand(&file);
+    for p in &by_hand {
+        println!(
+            "{} runs as pid {}, started by hand; stopping it too",
+            p.name, p.pid
+        );
+    }
+    let killed = stop_all(file.processes().chain(&by_hand), &file.token_file);
     for name in &killed {
         println!(
             "{name} did not stop within {} s of SIGTERM; killed it (SIGKILL)",
@@ -597,6 +677,7 @@ fn status(dir: &Path) -> Result<()> {
     let Some((_, file)) = existing(dir, "no cluster")? else {
         return Ok(());
     };
+    let by_hand = started_by_hand(&file);
     for p in file
         .memory_servers
         .iter()
@@ -604,9 +685,11 @@ fn status(dir: &Path) -> Result<()> {
         .chain(&file.compute_nodes)
     {
         let state = if ours(p.pid, &file.token_file) {
-            "alive"
+            "alive".to_string()
+        } else if let Some(h) = by_hand.iter().find(|h| h.name == p.name) {
+            format!("alive as pid {}, started by hand", h.pid)
         } else {
-            "not running"
+            "not running".to_string()
         };
         let metrics = p
             .metrics
@@ -620,6 +703,12 @@ fn status(dir: &Path) -> Result<()> {
             p.address,
             p.log.display()
         );
+    }
+    for h in by_hand
+        .iter()
+        .filter(|h| !file.processes().any(|p| p.name == h.name))
+    {
+        println!("{} pid {} alive, started by hand", h.name, h.pid);
     }
     Ok(())
 }

@@ -537,3 +537,80 @@ fn a_memory_server_restarted_without_its_data_is_reported_lost() {
     assert!(said.contains("no longer holds the cluster"), "{said}");
     assert!(said.contains("--data-dir"), "{said}");
 }
+
+/// A compute node killed and started again by hand (its own command line, the token
+/// file named relative to the working directory) is this cluster's: `status` shows it
+/// alive under its new pid, and `down` stops it.
+#[test]
+fn a_process_restarted_by_hand_is_seen_and_stopped() {
+    let c = Cluster::up(&[
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--compute-nodes",
+        "1",
+    ]);
+    let json = c.json();
+    let node = &json["compute_nodes"][0];
+    let old_pid = node["pid"].as_u64().unwrap() as u32;
+    let address = node["address"].as_str().unwrap().to_string();
+    let cmdline = std::fs::read(format!("/proc/{old_pid}/cmdline")).unwrap();
+    let mut args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .skip(1)
+        .map(|a| String::from_utf8(a.to_vec()).unwrap())
+        .collect();
+    for (i, a) in args.clone().iter().enumerate() {
+        match a.as_str() {
+            "--listen" => args[i + 1] = address.clone(),
+            "--token-file" => args[i + 1] = "namdb-cluster/token".into(),
+            _ => {}
+        }
+    }
+    send_signal(old_pid, "-9");
+    while alive(old_pid) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let log = std::fs::File::create(c.cwd().join("by-hand.log")).unwrap();
+    let mut by_hand = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(c.cwd())
+        .args(&args)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_to_string(c.cwd().join("by-hand.log"))
+        .unwrap()
+        .contains("listening on")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never listened"
+        );
+        assert!(by_hand.try_wait().unwrap().is_none(), "the node exited");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let new_pid = by_hand.id();
+    let status = ok(c.cwd(), &["cluster", "status"]);
+    assert!(
+        status.contains(&format!(
+            "compute-node-0 pid {old_pid} {address} alive as pid {new_pid}, started by hand"
+        )),
+        "{status}"
+    );
+    let down = ok(c.cwd(), &["cluster", "down"]);
+    assert!(
+        down.contains(&format!(
+            "compute-node-0 runs as pid {new_pid}, started by hand; stopping it too"
+        )),
+        "{down}"
+    );
+    // `down` waited for it to exit.
+    assert!(
+        by_hand.try_wait().unwrap().is_some(),
+        "pid {new_pid} still runs"
+    );
+}

@@ -225,6 +225,7 @@ impl Device for RemoteDevice {
             },
             kind: config.kind,
             send_queue_depth: config.max_send_wr,
+            _cqs: [config.send_cq.clone(), config.recv_cq.clone()],
         }))
     }
 }
@@ -309,6 +310,9 @@ struct RemoteQp {
     endpoint: QpEndpoint,
     kind: QpKind,
     send_queue_depth: u32,
+    /// Its completion queues, destroyed only after it: the server refuses to destroy
+    /// one a queue pair still uses (fields drop after `Drop::drop` ran).
+    _cqs: [Arc<dyn CompletionQueue>; 2],
 }
 
 impl QueuePair for RemoteQp {

@@ -271,8 +271,9 @@ impl ControlRpc for ControlService {
         .await
         .map_err(|e| Status::internal(format!("connect task failed: {e}")))??;
         let server_qpn = qp.endpoint().qpn;
+        // The server's own completion queue, which no session id names.
         session
-            .add_qp(qp, self.state.max_qps_per_session)
+            .add_qp(qp, [0, 0], self.state.max_qps_per_session)
             .map_err(|e| match e {
                 SessionError::Ended => Status::unauthenticated(e.to_string()),
                 _ => Status::resource_exhausted(e.to_string()),

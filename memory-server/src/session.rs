@@ -57,7 +57,8 @@ impl FromStr for SessionId {
 struct SessionState {
     expires: Instant,
     ended: bool,
-    qps: HashMap<u32, Arc<dyn QueuePair>>,
+    /// Each queue pair with the ids of its send and receive completion queues.
+    qps: HashMap<u32, (Arc<dyn QueuePair>, [u32; 2])>,
     /// By id, which only this session uses: ids are not the device's.
     cqs: HashMap<u32, Arc<dyn CompletionQueue>>,
     next_cq: u32,
@@ -115,6 +116,8 @@ pub(crate) enum SessionError {
         "{len} more bytes would take the session's regions past {max} bytes, the most one session may register"
     )]
     TooManyBytes { len: u64, max: u64 },
+    #[error("completion queue {cq} is in use by queue pair {qpn}; destroy the queue pair first")]
+    CqInUse { cq: u32, qpn: u32 },
 }
 
 impl Session {
@@ -123,8 +126,14 @@ impl Session {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps `qp` alive for as long as the session, unless the session has ended.
-    pub fn add_qp(&self, qp: Arc<dyn QueuePair>, max: usize) -> Result<(), SessionError> {
+    /// Keeps `qp`, whose completion queues are the session's `cqs` (send, receive),
+    /// alive for as long as the session, unless the session has ended.
+    pub fn add_qp(
+        &self,
+        qp: Arc<dyn QueuePair>,
+        cqs: [u32; 2],
+        max: usize,
+    ) -> Result<(), SessionError> {
         let mut st = self.lock();
         if st.ended {
             return Err(SessionError::Ended);
@@ -132,7 +141,7 @@ impl Session {
         if st.qps.len() >= max {
             return Err(SessionError::TooManyQps(max));
         }
-        st.qps.insert(qp.endpoint().qpn, qp);
+        st.qps.insert(qp.endpoint().qpn, (qp, cqs));
         Ok(())
     }
 
@@ -143,7 +152,7 @@ impl Session {
     }
 
     pub fn qp(&self, qpn: u32) -> Option<Arc<dyn QueuePair>> {
-        self.lock().qps.get(&qpn).cloned()
+        self.lock().qps.get(&qpn).map(|(qp, _)| qp.clone())
     }
 
     /// Keeps `cq` for as long as the session and returns the id that names it.
@@ -166,9 +175,16 @@ impl Session {
     }
 
     /// Forgets one of the session's completion queues; false if it has no such one.
-    pub fn remove_cq(&self, id: u32) -> bool {
-        let cq = self.lock().cqs.remove(&id);
-        cq.is_some()
+    /// One a queue pair of the session still uses is refused, as verbs refuses it
+    /// (EBUSY): its completions would have nowhere to go.
+    pub fn remove_cq(&self, id: u32) -> Result<bool, SessionError> {
+        let mut st = self.lock();
+        if let Some((&qpn, _)) = st.qps.iter().find(|(_, (_, cqs))| cqs.contains(&id)) {
+            return Err(SessionError::CqInUse { cq: id, qpn });
+        }
+        let cq = st.cqs.remove(&id);
+        drop(st);
+        Ok(cq.is_some())
     }
 
     /// Whether a region of `len` bytes would fit: checked before the memory is
@@ -340,8 +356,8 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fabric::Device;
     use fabric::sim::{SimConfig, SimNetwork};
+    use fabric::{Device, QpConfig};
 
     fn qp(dev: &dyn Device) -> Arc<dyn QueuePair> {
         let cq = dev.create_cq(4).unwrap();
@@ -384,15 +400,15 @@ mod tests {
         let s = sessions.open(None, now).unwrap();
         let q = qp(&*dev);
         let weak = Arc::downgrade(&q);
-        s.add_qp(q, 4).unwrap();
-        s.add_qp(qp(&*dev), 4).unwrap();
+        s.add_qp(q, [0, 0], 4).unwrap();
+        s.add_qp(qp(&*dev), [0, 0], 4).unwrap();
         assert_eq!(sessions.counts(), (1, 2));
         assert!(weak.upgrade().is_some());
         assert_eq!(sessions.end(s.id), Some(2));
         assert!(weak.upgrade().is_none(), "the queue pair was dropped");
         assert_eq!(sessions.end(s.id), None);
         // A handler still holding the ended session cannot attach new queue pairs.
-        assert_eq!(s.add_qp(qp(&*dev), 4), Err(SessionError::Ended));
+        assert_eq!(s.add_qp(qp(&*dev), [0, 0], 4), Err(SessionError::Ended));
     }
 
     #[test]
@@ -402,7 +418,7 @@ mod tests {
         let sessions = Sessions::new(Duration::from_secs(10), 8);
         let t0 = Instant::now();
         let old = sessions.open(None, t0).unwrap();
-        old.add_qp(qp(&*dev), 4).unwrap();
+        old.add_qp(qp(&*dev), [0, 0], 4).unwrap();
         let young = sessions.open(None, t0 + Duration::from_secs(5)).unwrap();
         assert_eq!(sessions.reap(t0 + Duration::from_secs(11)), (1, 1));
         assert!(
@@ -433,7 +449,15 @@ mod tests {
             s.add_cq(dev.create_cq(4).unwrap(), limits.cqs).err(),
             Some(SessionError::TooManyCqs(1))
         );
-        assert!(s.remove_cq(id) && !s.remove_cq(id));
+        // A queue pair using it keeps it until the queue pair goes.
+        let q = dev.create_qp(&QpConfig::rc(&s.cq(id).unwrap())).unwrap();
+        let qpn = q.endpoint().qpn;
+        s.add_qp(q, [id, id], 4).unwrap();
+        assert_eq!(s.remove_cq(id), Err(SessionError::CqInUse { cq: id, qpn }));
+        assert!(s.cq(id).is_some());
+        assert!(s.remove_qp(qpn));
+        assert_eq!(s.remove_cq(id), Ok(true));
+        assert_eq!(s.remove_cq(id), Ok(false));
         assert_ne!(
             s.add_cq(dev.create_cq(4).unwrap(), 1),
             Ok(id),
@@ -480,8 +504,11 @@ mod tests {
             sessions.open(None, now),
             Err(SessionError::TooManySessions(2))
         ));
-        s.add_qp(qp(&*dev), 1).unwrap();
-        assert_eq!(s.add_qp(qp(&*dev), 1), Err(SessionError::TooManyQps(1)));
+        s.add_qp(qp(&*dev), [0, 0], 1).unwrap();
+        assert_eq!(
+            s.add_qp(qp(&*dev), [0, 0], 1),
+            Err(SessionError::TooManyQps(1))
+        );
         let qpn = s.lock().qps.keys().copied().next().unwrap();
         assert!(s.remove_qp(qpn));
         assert!(!s.remove_qp(qpn));

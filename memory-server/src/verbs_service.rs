@@ -32,6 +32,7 @@ type Reply<T> = Result<Response<T>, Status>;
 fn session_status(e: SessionError) -> Status {
     match e {
         SessionError::Ended => Status::unauthenticated(e.to_string()),
+        SessionError::CqInUse { .. } => Status::failed_precondition(e.to_string()),
         _ => Status::resource_exhausted(e.to_string()),
     }
 }
@@ -179,7 +180,8 @@ impl RemoteVerbs for VerbsService {
     ) -> Reply<proto::DestroyCqResponse> {
         let session = self.open(Rpc::DestroyCq, &req)?;
         let id = req.get_ref().cq;
-        removed(session.remove_cq(id), || {
+        let found = session.remove_cq(id).map_err(session_status)?;
+        removed(found, || {
             format!("this session has no completion queue {id}")
         })?;
         Ok(Response::new(proto::DestroyCqResponse {}))
@@ -232,7 +234,11 @@ impl RemoteVerbs for VerbsService {
         let qp = device_call(move || device.create_qp(&config)).await?;
         let qpn = qp.endpoint().qpn;
         session
-            .add_qp(qp, self.state.max_qps_per_session)
+            .add_qp(
+                qp,
+                [body.send_cq, body.recv_cq],
+                self.state.max_qps_per_session,
+            )
             .map_err(session_status)?;
         Ok(Response::new(proto::CreateQpResponse { qpn }))
     }

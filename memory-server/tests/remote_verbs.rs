@@ -359,6 +359,28 @@ fn requests_the_service_cannot_read_are_invalid_arguments() {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(status.message(), "PostSend: wrs[1]: `op` is missing");
     assert!(status.details().is_empty(), "not a device error");
+
+    // A completion queue goes only after the queue pairs that use it, as in verbs.
+    let cq_stub = stub.clone();
+    let destroy_cq = || {
+        rt.block_on(
+            cq_stub
+                .clone()
+                .destroy_cq(in_session(proto::DestroyCqRequest { cq }, &client)),
+        )
+    };
+    let status = destroy_cq().unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        status.message(),
+        format!(
+            "completion queue {cq} is in use by queue pair {qpn}; destroy the queue pair first"
+        )
+    );
+    rt.block_on(stub.destroy_qp(in_session(proto::DestroyQpRequest { qpn }, &client)))
+        .unwrap();
+    destroy_cq().unwrap();
+    assert_eq!(destroy_cq().unwrap_err().code(), Code::NotFound);
     drop(client);
 }
 

@@ -165,6 +165,22 @@ impl Pool {
     /// Starts `workers` threads on `db`; transactions idle for `idle_timeout` are
     /// aborted.
     pub fn start(db: &Database, workers: usize, idle_timeout: Duration) -> txn::Result<Pool> {
+        Pool::start_with(db, workers, false, idle_timeout)
+    }
+
+    /// As [`Pool::start`], but with fewer workers (at least one) if the oracle has no
+    /// free slot for all of them: each worker holds a slot, and the slots (fixed when
+    /// the cluster was set up) are shared by every compute node.
+    pub fn start_up_to(db: &Database, workers: usize, idle_timeout: Duration) -> txn::Result<Pool> {
+        Pool::start_with(db, workers, true, idle_timeout)
+    }
+
+    fn start_with(
+        db: &Database,
+        workers: usize,
+        fewer_ok: bool,
+        idle_timeout: Duration,
+    ) -> txn::Result<Pool> {
         if workers == 0 || workers > MAX_WORKERS {
             return Err(TxnError::Invalid(format!(
                 "a compute node runs 1 to {MAX_WORKERS} workers, not {workers}"
@@ -202,6 +218,29 @@ impl Pool {
             pool.threads.push(thread);
             match ready_rx.recv() {
                 Ok(Ok(())) => {}
+                Ok(Err(TxnError::Oracle(timestamp::OracleError::NoFreeSlot { slots }))) => {
+                    // The thread ended without a worker.
+                    pool.senders.pop();
+                    if let Some(t) = pool.threads.pop() {
+                        let _ = t.join();
+                    }
+                    if fewer_ok && index > 0 {
+                        tracing::warn!(
+                            started = index,
+                            asked = workers,
+                            slots,
+                            "the oracle's slots are all held: running fewer workers"
+                        );
+                        return Ok(pool);
+                    }
+                    return Err(TxnError::Invalid(format!(
+                        "cannot start worker {} of {workers}: all {slots} slots of the oracle \
+                         are held ({index} by this node, the rest by other compute nodes, or \
+                         for a moment by workers that just died); each worker holds one, so \
+                         run fewer workers (--workers) or fewer compute nodes",
+                        index + 1
+                    )));
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     return Err(TxnError::Invalid(format!(
@@ -730,6 +769,31 @@ mod tests {
             key,
             reply,
         })
+    }
+
+    #[test]
+    fn workers_beyond_the_oracles_slots_are_refused_or_left_out() {
+        let db = Database::embedded(txn::Options {
+            slots: 4,
+            ..txn::Options::default()
+        })
+        .unwrap();
+        let err = Pool::start(&db, 5, Duration::from_secs(30))
+            .err()
+            .expect("5 workers on 4 slots");
+        assert!(
+            err.to_string().contains(
+                "cannot start worker 5 of 5: all 4 slots of the oracle are held (4 by this node"
+            ),
+            "{err}"
+        );
+        // The refused pool's workers gave their slots back.
+        let pool = Pool::start_up_to(&db, 5, Duration::from_secs(30)).unwrap();
+        assert_eq!(pool.workers(), 4);
+        let err = Pool::start_up_to(&db, 5, Duration::from_secs(30))
+            .err()
+            .expect("no slot at all");
+        assert!(err.to_string().contains("(0 by this node"), "{err}");
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct Config {
     pub token: ClusterToken,
     pub options: txn::Options,
     pub workers: usize,
+    /// Start fewer workers (at least one) if the oracle has no free slot for all.
+    pub fewer_workers_ok: bool,
     pub idle_timeout: Duration,
 }
 
@@ -60,11 +62,12 @@ pub struct Live {
 impl Live {
     fn open(config: &Config) -> Result<Live, ReconnectError> {
         let cluster = connect(&config.addrs, &config.token, config.options.clone())?;
-        let pool = Arc::new(Pool::start(
-            &cluster.db,
-            config.workers,
-            config.idle_timeout,
-        )?);
+        let start = if config.fewer_workers_ok {
+            Pool::start_up_to
+        } else {
+            Pool::start
+        };
+        let pool = Arc::new(start(&cluster.db, config.workers, config.idle_timeout)?);
         let boots = cluster.servers.iter().map(|s| s.boot()).collect();
         Ok(Live {
             pool,

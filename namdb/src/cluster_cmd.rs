@@ -81,9 +81,11 @@ pub struct UpArgs {
     #[arg(long, value_name = "M", default_value_t = 2,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_PROCESSES))]
     pub memory_servers: usize,
-    /// Compute-node processes to start.
+    /// Compute-node processes to start: at most 16, the oracle's slots, which their
+    /// workers share evenly (one worker per core at most).
     #[arg(long, value_name = "C", default_value_t = 1,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_PROCESSES))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(1..=txn::DEFAULT_SLOTS as u64))]
     pub compute_nodes: usize,
     /// Fabric backend of the memory servers.
     #[arg(long, value_enum)]
@@ -514,6 +516,10 @@ fn up(args: &UpArgs) -> Result<()> {
             None => e.address.clone(),
         })
         .collect();
+    // Each worker holds an oracle slot: the nodes share them evenly, so the last one
+    // started finds its share free.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = (txn::DEFAULT_SLOTS as usize / args.compute_nodes).clamp(1, cores);
     // One at a time: the first opens the database on the memory servers.
     for i in 0..args.compute_nodes {
         check_interrupted()?;
@@ -521,7 +527,12 @@ fn up(args: &UpArgs) -> Result<()> {
             &dir,
             "compute-node",
             i,
-            &["--memory-servers", &addrs.join(",")],
+            &[
+                "--memory-servers",
+                &addrs.join(","),
+                "--workers",
+                &workers.to_string(),
+            ],
         )?;
     }
     let (memory, compute): (Vec<_>, Vec<_>) = guard

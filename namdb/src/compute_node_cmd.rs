@@ -26,7 +26,9 @@ pub struct ComputeNodeArgs {
     /// File holding the cluster token (`namdb token generate FILE` makes one).
     #[arg(long, value_name = "FILE")]
     pub token_file: PathBuf,
-    /// Worker threads running transactions; one per core by default.
+    /// Worker threads running transactions; by default one per core, or fewer if the
+    /// cluster's oracle has no free slot for them (each worker holds one of its 16
+    /// slots, shared by every compute node).
     #[arg(long, value_name = "N",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
               .range(1..=compute_node::pool::MAX_WORKERS as u64))]
@@ -149,6 +151,7 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
         token: token.clone(),
         options: options(&args, &token)?,
         workers,
+        fewer_workers_ok: args.workers.is_none(),
         idle_timeout: args.txn_timeout,
     })
     .context("cannot open the database on the memory servers")?;
@@ -183,9 +186,10 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
         let signal = memory_server::listen_for_signals()?;
         // The one line a script waits for (and, with port 0, learns the port from).
         println!(
-            "compute node listening on {} ({} workers, {} memory servers, backend {})",
+            "compute node listening on {} ({} worker{}, {} memory servers, backend {})",
             server.local_addr(),
-            workers,
+            node.workers(),
+            if node.workers() == 1 { "" } else { "s" },
             node.servers(),
             node.backend()
         );

@@ -614,3 +614,28 @@ fn a_process_restarted_by_hand_is_seen_and_stopped() {
         "pid {new_pid} still runs"
     );
 }
+
+/// Every worker holds one of the oracle's 16 slots: 16 compute nodes share them, one
+/// worker each, and all of them serve.
+#[test]
+fn as_many_compute_nodes_as_the_oracle_has_slots_come_up() {
+    let c = Cluster::up(&[
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--compute-nodes",
+        "16",
+    ]);
+    let json = c.json();
+    let nodes = json["compute_nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 16);
+    for node in nodes {
+        let log = std::fs::read_to_string(node["log"].as_str().unwrap()).unwrap();
+        assert!(log.contains("(1 worker, 2 memory servers"), "{log}");
+    }
+    ok(c.cwd(), &["kv", "put", "3", "three"]);
+    assert_eq!(ok(c.cwd(), &["kv", "get", "3"]), "three\n");
+    let o = namdb(c.cwd(), &["cluster", "up", "--compute-nodes", "17"]);
+    assert!(stderr(&o).contains("17 is not in 1..=16"), "{}", stderr(&o));
+}

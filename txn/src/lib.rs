@@ -57,6 +57,8 @@ pub use error::{Result, TxnError};
 pub use recovery::{LockedRecord, RecoveryReport};
 pub use restart::RestartReport;
 pub use snapshot::{Snapshot, Stripe};
-pub use store::{Database, DeviceFactory, MemoryServerLink, Options, Partition, Table};
+pub use store::{
+    DEFAULT_SLOTS, Database, DeviceFactory, MemoryServerLink, Options, Partition, Table,
+};
 pub use transaction::{AsyncTransaction, Suspended, Transaction};
 pub use worker::{Client, ClientStats, Worker};

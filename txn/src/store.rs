@@ -98,6 +98,10 @@ impl Table {
 /// in one directory).
 pub type DeviceFactory = Arc<dyn Fn() -> Result<Arc<dyn Device>> + Send + Sync>;
 
+/// Oracle slots of a cluster set up with default options: each worker of every compute
+/// node holds one.
+pub const DEFAULT_SLOTS: u32 = 16;
+
 /// Options of a database.
 #[derive(Clone)]
 pub struct Options {
@@ -141,7 +145,7 @@ impl Default for Options {
             servers: 1,
             server_bytes: 256 << 20,
             catalog_wait: std::time::Duration::from_secs(10),
-            slots: 16,
+            slots: DEFAULT_SLOTS,
             oracle: OracleConfig::default(),
             wait_visible: true,
             scratch_bytes: 256 << 10,

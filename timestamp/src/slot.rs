@@ -416,6 +416,31 @@ impl SlotHandle {
         Ok(handle)
     }
 
+    /// As [`SlotHandle::register_at`], but if every slot is owned, waits up to the
+    /// lease timeout for one whose holder is gone, fences it and claims it (the
+    /// holder's unfinished work is then the caller's to resolve, as a fencer's is).
+    #[allow(clippy::too_many_arguments)]
+    pub fn register_taking_over_at(
+        device: &dyn Device,
+        qp: Arc<dyn QueuePair>,
+        cq: Arc<dyn CompletionQueue>,
+        region: RemoteRegion,
+        base: u64,
+        config: OracleConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SlotHandle> {
+        let handle = Self::observe_at(device, qp, cq, region, base, config, clock)?;
+        match handle.claim() {
+            Err(OracleError::NoFreeSlot { .. }) => {
+                handle.take_over_lapsed()?;
+            }
+            other => {
+                other?;
+            }
+        }
+        Ok(handle)
+    }
+
     /// Opens the oracle as [`SlotHandle::register_at`] does, but claims no slot: an
     /// observer, for read-only work such as analytical scans. It takes read timestamps
     /// and its ticks help the prefix along (skipping for free slots, fencing stalled
@@ -568,32 +593,103 @@ impl SlotHandle {
                 }
             }
             for i in 0..n {
-                let slot = first + i;
-                let Some((mine, start, posted)) = self.try_claim(slot, words[2 * i as usize])?
-                else {
-                    continue;
-                };
-                let beat = self.restart_heartbeat(slot)?;
-                let mut st = self.st.borrow_mut();
-                st.beat = beat;
-                st.slot = slot;
-                st.status = Status::Active;
-                st.lease = mine;
-                st.cursor = start;
-                st.inherited_below = start;
-                st.pending.clear();
-                st.confirmed_at = posted;
-                st.renewed_at = posted;
-                st.next_tick = posted;
-                st.last_gap = None;
-                st.watch = None;
-                st.leases[slot as usize] = mine;
-                st.rebuild_free_bits();
-                return Ok(slot);
+                if self.claim_slot(first + i, words[2 * i as usize])? {
+                    return Ok(first + i);
+                }
             }
             first += n;
         }
         Err(OracleError::NoFreeSlot { slots })
+    }
+
+    /// Claims `slot`, whose lease word was read as `word`, if it is free or fenced,
+    /// and makes it this handle's.
+    fn claim_slot(&self, slot: u32, word: u64) -> Result<bool> {
+        let Some((mine, start, posted)) = self.try_claim(slot, word)? else {
+            return Ok(false);
+        };
+        let beat = self.restart_heartbeat(slot)?;
+        let mut st = self.st.borrow_mut();
+        st.beat = beat;
+        st.slot = slot;
+        st.status = Status::Active;
+        st.lease = mine;
+        st.cursor = start;
+        st.inherited_below = start;
+        st.pending.clear();
+        st.confirmed_at = posted;
+        st.renewed_at = posted;
+        st.next_tick = posted;
+        st.last_gap = None;
+        st.watch = None;
+        st.leases[slot as usize] = mine;
+        st.rebuild_free_bits();
+        Ok(true)
+    }
+
+    /// Every slot's lease word and heartbeat.
+    fn read_entries(&self) -> Result<Vec<(u64, u64)>> {
+        let slots = self.layout.slots();
+        let per_read = (BUFFER_BYTES as u64 / SLOT_BYTES) as u32;
+        let mut out = Vec::with_capacity(slots as usize);
+        let mut first = 0;
+        while first < slots {
+            let n = per_read.min(slots - first);
+            let mut entries = [0u64; (BUFFER_BYTES / 8) as usize];
+            let words = &mut entries[..2 * n as usize];
+            self.link.read(self.layout.lease_offset(first), words)?;
+            out.extend(words.chunks_exact(2).map(|e| (e[0], e[1])));
+            first += n;
+        }
+        Ok(out)
+    }
+
+    /// With every slot owned, watches them for `lease_timeout` of this handle's clock
+    /// and fences and claims the first whose lease and heartbeat stayed unchanged (its
+    /// holder is gone: a live one renews every quarter of that), or claims one that
+    /// came free meanwhile. Fencing is otherwise left to ticks of live holders, which
+    /// fence a slot once it stalls the prefix; when every holder died (a node in a
+    /// crash loop, its new processes dying before their first ticks) no tick is left
+    /// to do it, and without this no worker could ever start again.
+    fn take_over_lapsed(&self) -> Result<u32> {
+        let watched = self.read_entries()?;
+        let since = self.clock.now();
+        let started = std::time::Instant::now();
+        let pause = (self.config.lease_timeout / 8).clamp(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(20),
+        );
+        // A clock that does not move (a test's) must not hold the caller for ever.
+        let give_up = self.config.lease_timeout * 4 + std::time::Duration::from_secs(1);
+        while started.elapsed() < give_up {
+            std::thread::sleep(pause);
+            let now = self.read_entries()?;
+            for (slot, &(word, _)) in now.iter().enumerate() {
+                self.st.borrow_mut().note_lease(slot as u32, word);
+                if Lease::decode(word)?.state != SlotState::Owned
+                    && self.claim_slot(slot as u32, word)?
+                {
+                    return Ok(slot as u32);
+                }
+            }
+            if self.clock.now().saturating_sub(since) < self.config.lease_timeout {
+                continue;
+            }
+            for (slot, (&(word, beat), &seen)) in now.iter().zip(&watched).enumerate() {
+                if (word, beat) != seen || Lease::decode(word)?.state != SlotState::Owned {
+                    continue;
+                }
+                if let Some(taken) = self.fence(slot as u32, word, beat)?
+                    && self.claim_slot(slot as u32, taken.encode())?
+                {
+                    return Ok(slot as u32);
+                }
+            }
+            break;
+        }
+        Err(OracleError::NoFreeSlot {
+            slots: self.layout.slots(),
+        })
     }
 
     /// CASes `slot`'s lease from `word` (as read) to owned, unless it is owned; read
@@ -1541,7 +1637,6 @@ impl SlotHandle {
         now: Duration,
         watch: fn(&mut State) -> &mut Option<Watch>,
     ) -> Result<Option<Lease>> {
-        let lease = Lease::decode(word)?;
         if beat & BEAT_FENCED == 0 {
             let mut st = self.st.borrow_mut();
             let w = watch(&mut st);
@@ -1562,7 +1657,16 @@ impl SlotHandle {
                 }
             }
             *w = None;
-            drop(st);
+        }
+        self.fence(owner, word, beat)
+    }
+
+    /// Fences `owner`'s slot, whose lease entry was read as `word` and `beat`, now
+    /// (the caller saw it unchanged for the lease timeout): see
+    /// [`SlotHandle::fence_if_lapsed`]. Returns the lease the fence left.
+    fn fence(&self, owner: u32, word: u64, beat: u64) -> Result<Option<Lease>> {
+        let lease = Lease::decode(word)?;
+        if beat & BEAT_FENCED == 0 {
             let off = self.layout.heartbeat_offset(owner);
             if self.link.cas(off, beat, beat | BEAT_FENCED)? != beat {
                 return Ok(None);

@@ -163,10 +163,12 @@ impl Worker {
             &ocq,
             timestamp::MIN_SEND_QUEUE * 2,
         )?;
+        // A worker takes over a slot whose holder is gone if none is free: the
+        // holder's commits are then resolved by adopt_slot below.
         let open = if read_only {
             SlotHandle::observe_at
         } else {
-            SlotHandle::register_at
+            SlotHandle::register_taking_over_at
         };
         let slot = open(
             device.as_ref(),

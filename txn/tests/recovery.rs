@@ -205,3 +205,90 @@ fn committed_records_are_in_the_log_and_clean_exits_leave_no_work() {
     assert!(db.recoveries().is_empty());
     assert!(db.locked_records().unwrap().is_empty());
 }
+
+/// Every oracle slot is held by a dead worker and no live holder is left to fence
+/// them (a node in a crash loop): a new worker takes a slot over once its holder was
+/// silent for the lease timeout, and resolves what the holder left.
+#[test]
+fn a_new_worker_takes_over_a_slot_when_every_holder_is_gone() {
+    let db = Database::embedded(Options {
+        slots: 2,
+        oracle: timestamp::OracleConfig {
+            tick_interval: Duration::from_millis(2),
+            lease_timeout: Duration::from_millis(80),
+            ..timestamp::OracleConfig::default()
+        },
+        wait_visible: false,
+        ..Options::default()
+    })
+    .unwrap();
+    let t = db
+        .create_table(TableSpec {
+            name: "accounts".into(),
+            versions: 4,
+            value_cap: 16,
+            capacity: 256,
+            partitions: 0,
+            placement: txn::Placement::RoundRobin,
+            index: IndexShape {
+                buckets: 32,
+                slots: 8,
+            },
+        })
+        .unwrap();
+    db.client()
+        .unwrap()
+        .run(0, |x| {
+            x.insert(&t, 1, val(100))?;
+            x.insert(&t, 2, val(100))
+        })
+        .unwrap();
+    // One holder dies halfway through installing a commit, the other idle.
+    die_at(&db, &t, "mid-install");
+    std::mem::forget(db.client().unwrap());
+    assert!(!db.locked_records().unwrap().is_empty());
+    let mut first = db.client().expect("a slot taken over");
+    // The second takes the other slot over while the first ticks, as a live worker
+    // does (a holder that stays silent for the lease timeout counts as gone).
+    let taking = {
+        let db = db.clone();
+        std::thread::spawn(move || db.client())
+    };
+    while !taking.is_finished() {
+        first.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut second = taking.join().unwrap().expect("the other slot taken over");
+    assert!(
+        db.locked_records().unwrap().is_empty(),
+        "the dead commit resolved"
+    );
+    let mut x = first.begin().unwrap();
+    assert_eq!(
+        (
+            num(x.get(&t, 1).unwrap()),
+            num(x.get(&t, 2).unwrap()),
+            num(x.get(&t, 100).unwrap())
+        ),
+        (90, 110, 7)
+    );
+    drop(x);
+    first.run(3, |x| x.put(&t, 1, val(1))).unwrap();
+    second.run(3, |x| x.put(&t, 2, val(2))).unwrap();
+    // With both slots held by live workers, a third is refused.
+    let refused = {
+        let db = db.clone();
+        std::thread::spawn(move || db.client().map(drop))
+    };
+    while !refused.is_finished() {
+        first.tick().unwrap();
+        second.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(matches!(
+        refused.join().unwrap(),
+        Err(txn::TxnError::Oracle(timestamp::OracleError::NoFreeSlot {
+            slots: 2
+        }))
+    ));
+}

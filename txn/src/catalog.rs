@@ -43,9 +43,9 @@
 //!
 //! A partition's space is one allocation in one data region: the arena (a bump counter
 //! word, then the blocks; block i at `arena_offset + 8 + i · block_bytes`), then, from
-//! the next 64-byte boundary, its index (`IndexShape::region_bytes`). Space is never
-//! freed or reused, and data regions start zeroed, so freshly allocated space is an
-//! empty arena and an empty index.
+//! the next 64-byte boundary, its index (`IndexShape::region_bytes`). A table's space
+//! is never freed or reused, and data regions start zeroed, so freshly allocated space
+//! is an empty arena and an empty index.
 //!
 //! # Concurrency
 //!
@@ -70,15 +70,30 @@
 //!   cursor grows (but for the one exception below), and each success owns
 //!   `[c, c + size)`: ranges never overlap.
 //!   CAS rather than FETCH_ADD so that a request that does not fit leaves the cursor
-//!   alone (a smaller one may still fit) and the error is clean. The exception:
+//!   alone (a smaller one may still fit) and the error is clean. The exceptions:
 //!   space [`borrow`]ed by a tool is zeroed and then given back by a CAS from its end
 //!   to its start, which succeeds only while it is still the last allocation, so
-//!   everything past a cursor stays unowned and zero.
+//!   everything past a cursor stays unowned and zero; and a table creation that fails
+//!   before its entry is published gives back its space the same way (nothing wrote
+//!   into it, so it needs no zeroing; nobody else knows of it).
 //! - **Table ids**: entries are claimed by CAS of their claim word from 0, in order: a
 //!   node claims entry i only after reading entries 0..i as claimed. So claimed entries
 //!   form a prefix (a reader stops at the first free one), and exactly one node owns
 //!   each entry: two creators never share an id. The body is WRITten and published by
 //!   a CAS `claimed → complete` in the same doorbell; readers use complete entries only.
+//! - **Space before the claim.** Entries are never freed (a claimed entry going back to
+//!   free would break the prefix; and one handed to a second creator could still
+//!   receive the body WRITE of a stalled first one, which lands even though its
+//!   publishing CAS then fails). So a creation first checks the name (the scan below,
+//!   up to the first free entry), then checks every partition's room on every server
+//!   from the cursors (reads only: a table that does not fit is refused with nothing
+//!   allocated and no entry taken), allocates all partitions (a concurrent allocation
+//!   that took the room meanwhile makes it give back the ones it got), and only then
+//!   claims an entry and publishes. Round robin is from the id it expected (the first
+//!   free entry it read); if another creator claims that one first, the table lands on
+//!   a later id with that placement. A creator that loses a race for its name gives
+//!   its space back, which succeeds unless something was allocated after it in the
+//!   same region (then that space leaks).
 //! - **Unique names**: the claim word carries a 30-bit hash of the name, so the name's
 //!   claim is atomic with the id's. A creator, scanning entries in order before
 //!   claiming, compares every entry of the same hash: complete → it reads the name and
@@ -91,9 +106,13 @@
 //! - **A creator that dies** after claiming leaves a claimed entry: readers skip it,
 //!   and a creator of the same name waits [`CatalogOptions::wait`], then CASes it to
 //!   abandoned. If that creator was only slow, its publishing CAS (from `claimed`)
-//!   fails and it gets [`CatalogError::CreateLost`]: uniqueness holds either way. A
-//!   creator whose allocation fails abandons its own claim. Space allocated for
-//!   abandoned entries leaks (no garbage collection yet).
+//!   fails and it gets [`CatalogError::CreateLost`]: uniqueness holds either way, and
+//!   the slow creator gives its space back (its entry stays abandoned, so nobody
+//!   reads the body it wrote). A creator whose publish fails with a fabric error
+//!   cannot know whether it published: it abandons its claim (a CAS that fails if it
+//!   did publish) and keeps the space. Entries of dead or stalled creators are used
+//!   up for good, as is the space of a dead one (no garbage collection yet), but only
+//!   those: no failure to allocate takes an entry.
 //!
 //! Everything read is validated (record, checksum, name hash, shapes, bounds within the
 //! regions the caller gave): corruption is [`CatalogError::Corrupt`] or
@@ -212,12 +231,19 @@ pub enum CatalogError {
     #[error("the catalog is full: {0} tables")]
     CatalogFull(u32),
     #[error(
-        "memory server {server} has no room for {bytes} bytes in any of its {regions} data regions"
+        "memory server {server} has no room for {}: the roomiest of its {regions} data regions has {free} bytes free",
+        room_wanted(.partitions, .bytes)
     )]
     ServerFull {
         server: u32,
+        /// One allocation (a partition's arena and index), rounded up to [`ALIGN`].
         bytes: u64,
+        /// How many of them the server was to hold (a table may put several
+        /// partitions on one server).
+        partitions: u32,
         regions: usize,
+        /// The most free bytes in one of its data regions when it was checked.
+        free: u64,
     },
     #[error(
         "the creation of table {0} stalled and was abandoned by another node; nothing was created, retry"
@@ -232,6 +258,13 @@ pub enum CatalogError {
 }
 
 pub type Result<T, E = CatalogError> = std::result::Result<T, E>;
+
+fn room_wanted(partitions: &u32, bytes: &u64) -> String {
+    match partitions {
+        1 => format!("{bytes} bytes"),
+        n => format!("{n} partitions of {bytes} bytes each"),
+    }
+}
 
 /// One memory server as a compute node knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -612,18 +645,15 @@ fn allocate(
             )));
         }
     };
+    let mut free = 0;
     for (r, data) in s.data.iter().enumerate() {
         let region = r as u32;
         let at = cursor_at(servers, server, region);
         let mut cursor = read_words(&mut conns[server as usize], at, 1)?[0];
         loop {
-            if !cursor.is_multiple_of(ALIGN) || cursor > data.len {
-                return Err(CatalogError::Corrupt(format!(
-                    "the cursor of server {server} data.{r} is {cursor}, in a region of {} bytes",
-                    data.len
-                )));
-            }
+            check_cursor(server, r, cursor, data)?;
             if data.len - cursor < size {
+                free = free.max(data.len - cursor);
                 break;
             }
             let old = try_bump(conns, servers, server, region, cursor, size)?;
@@ -642,8 +672,141 @@ fn allocate(
     Err(CatalogError::ServerFull {
         server,
         bytes: size,
+        partitions: 1,
         regions: s.data.len(),
+        free,
     })
+}
+
+fn check_cursor(server: u32, region: usize, cursor: u64, data: &RemoteRegion) -> Result<()> {
+    if !cursor.is_multiple_of(ALIGN) || cursor > data.len {
+        return Err(CatalogError::Corrupt(format!(
+            "the cursor of server {server} data.{region} is {cursor}, in a region of {} bytes",
+            data.len
+        )));
+    }
+    Ok(())
+}
+
+/// The cursors of server `server`'s data regions, in order (a scratch-full per READ).
+fn read_cursors(conn: &mut Conn, servers: &[ServerRegions], server: u32) -> Result<Vec<u64>> {
+    let regions = servers[server as usize].data.len();
+    let per_read = (conn.scratch().len() / 8) as usize;
+    let mut out = Vec::with_capacity(regions);
+    while out.len() < regions {
+        let n = per_read.min(regions - out.len());
+        let at = cursor_at(servers, server, out.len() as u32);
+        out.extend(read_words(conn, at, n)?);
+    }
+    for (r, (&cursor, data)) in out.iter().zip(&servers[server as usize].data).enumerate() {
+        check_cursor(server, r, cursor, data)?;
+    }
+    Ok(out)
+}
+
+/// Whether `count` allocations of `size` bytes (rounded) each would fit server
+/// `server` as its cursors are now, placed as [`allocate`] places them (each in the
+/// first region with room): `ServerFull` if not. Only reads: a creation refused here
+/// has allocated nothing, not even on the servers that have room.
+fn check_room(
+    conns: &mut [Conn],
+    servers: &[ServerRegions],
+    server: u32,
+    count: u32,
+    size: u64,
+) -> Result<()> {
+    let mut cursors = read_cursors(&mut conns[server as usize], servers, server)?;
+    let data = &servers[server as usize].data;
+    let free = |cursors: &[u64]| -> u64 {
+        cursors
+            .iter()
+            .zip(data)
+            .map(|(c, d)| d.len - c)
+            .max()
+            .unwrap_or(0)
+    };
+    let roomiest = free(&cursors);
+    for _ in 0..count {
+        match cursors
+            .iter_mut()
+            .zip(data)
+            .find(|(c, d)| d.len - **c >= size)
+        {
+            Some((c, _)) => *c += size,
+            None => {
+                return Err(CatalogError::ServerFull {
+                    server,
+                    bytes: size,
+                    partitions: count,
+                    regions: data.len(),
+                    free: roomiest,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Allocates `size` bytes on each server of `placement` (one allocation per entry),
+/// all or nothing: every server's room is checked first ([`check_room`]), so a
+/// creation that does not fit allocates nothing; if a concurrent allocation takes the
+/// room between the check and an allocation, the ones already made are given back
+/// ([`untake`]) before the error returns.
+fn reserve(
+    conns: &mut [Conn],
+    servers: &[ServerRegions],
+    placement: &[u32],
+    size: u64,
+) -> Result<Vec<Allocation>> {
+    let mut counts = std::collections::BTreeMap::<u32, u32>::new();
+    for &s in placement {
+        *counts.entry(s).or_default() += 1;
+    }
+    for (&server, &count) in &counts {
+        check_room(conns, servers, server, count, size)?;
+    }
+    let mut spaces = Vec::with_capacity(placement.len());
+    for &server in placement {
+        match allocate(conns, servers, server, size) {
+            Ok(space) => spaces.push(space),
+            Err(e) => {
+                untake(conns, servers, &spaces);
+                return Err(match e {
+                    CatalogError::ServerFull {
+                        server,
+                        bytes,
+                        regions,
+                        free,
+                        ..
+                    } => CatalogError::ServerFull {
+                        server,
+                        bytes,
+                        partitions: counts[&server],
+                        regions,
+                        free,
+                    },
+                    e => e,
+                });
+            }
+        }
+    }
+    Ok(spaces)
+}
+
+/// Gives back `spaces` of a creation that failed before anyone could learn of them
+/// (never published): each region's cursor is moved back over its space by a CAS
+/// from the space's end to its start, last allocation first, so it succeeds exactly
+/// while nothing was allocated after it, as in [`give_back`]. Unlike there, nothing
+/// is zeroed: the catalog never writes into a table's space, only the table's users
+/// do once it is published, so the space is still as zero as it was past the cursor.
+/// Space that cannot be given back stays allocated, unused (it leaks, as before).
+/// Best effort: errors are ignored, the creation's own error is what matters.
+fn untake(conns: &mut [Conn], servers: &[ServerRegions], spaces: &[Allocation]) {
+    for space in spaces.iter().rev() {
+        let at = cursor_at(servers, space.server, space.region);
+        let end = space.offset + space.bytes;
+        let _ = cas(&mut conns[space.server as usize], at, end, space.offset);
+    }
 }
 
 // ---- borrowed space ----
@@ -1128,11 +1291,14 @@ impl Catalog {
         cas(conn, self.entry_at(id), seen, next)
     }
 
-    /// Claims the first free entry for `name`, after checking every earlier one of the
-    /// same name hash (see the module doc): the entry's id.
-    fn claim_for(&self, conn: &mut Conn, name: &str, mine: u64) -> Result<u64> {
+    /// The first free entry from `from` on, for a creation of `name`, after checking
+    /// every entry before it of the same name hash (see the module doc): a complete one
+    /// of that name is `TableExists`, an in-progress one is waited for (and abandoned
+    /// once stalled for `wait`). Entries `..from` must have been checked so already;
+    /// entries never become free again, so that check still holds.
+    fn first_free(&self, conn: &mut Conn, name: &str, from: u64) -> Result<u64> {
         let hash = name_hash(name);
-        let mut id = 0;
+        let mut id = from;
         // The last value seen of entry `id`'s claim word, and since when it is unchanged
         // (while it is an in-progress claim of the same hash).
         let mut seen: Option<u64> = None;
@@ -1147,13 +1313,7 @@ impl Catalog {
             };
             let kind = claim_kind(word);
             if kind == Claim::Free {
-                let old = self.try_claim(conn, id, 0, mine)?;
-                if old == 0 {
-                    return Ok(id);
-                }
-                seen = Some(old);
-                since = Instant::now();
-                continue;
+                return Ok(id);
             }
             if kind == Claim::Abandoned || claim_hash(word) != hash {
                 id += 1;
@@ -1186,55 +1346,89 @@ impl Catalog {
         }
     }
 
-    /// Creates a table: claims an id (unique name), allocates each partition's arena
-    /// and index on its server, and publishes the entry.
-    pub fn create_table(&self, conns: &mut [Conn], spec: &TableSpec) -> Result<TableDef> {
-        check_conns(conns, &self.servers)?;
-        let plan = Plan::new(spec, self.servers.len())?;
-        let hash = name_hash(&spec.name);
-        let claimed = encode_claim(Claim::Claimed, hash, self.token);
-        let id = self.claim_for(&mut conns[0], &spec.name, claimed)?;
-        match self.fill(conns, spec, &plan, id, claimed) {
-            Ok(def) => Ok(def),
-            Err(e) => {
-                if !matches!(e, CatalogError::CreateLost(_)) {
-                    // Frees the name; if someone abandoned the claim already, this
-                    // CAS fails harmlessly.
-                    let abandoned = encode_claim(Claim::Abandoned, hash, self.token);
-                    let _ = self.try_claim(&mut conns[0], id, claimed, abandoned);
-                }
-                Err(e)
+    /// Claims the first free entry from `from` on for `name` (`from` as in
+    /// [`Catalog::first_free`]): the entry's id.
+    fn claim_for(&self, conn: &mut Conn, name: &str, mine: u64, from: u64) -> Result<u64> {
+        let mut id = from;
+        loop {
+            id = self.first_free(conn, name, id)?;
+            if self.try_claim(conn, id, 0, mine)? == 0 {
+                return Ok(id);
             }
+            // Taken since it was read: look at what took it (a claim of the same
+            // name is waited for), then go on from there.
         }
     }
 
-    /// Allocates the partitions of claimed entry `id` and publishes it.
+    /// The server of each partition of `spec` for a table of id `id`.
+    fn placement(&self, spec: &TableSpec, id: u64) -> Vec<u32> {
+        let n = self.servers.len() as u64;
+        (0..spec.partitions)
+            .map(|p| match &spec.placement {
+                Placement::RoundRobin => ((id + p as u64) % n) as u32,
+                Placement::Servers(s) => s[p as usize],
+            })
+            .collect()
+    }
+
+    /// Creates a table: checks the name and finds the id it expects, allocates every
+    /// partition's arena and index (all or nothing), then claims an id (unique name)
+    /// and publishes the entry.
+    ///
+    /// Space comes before the claim so that a table that does not fit fails before it
+    /// takes a catalog entry: entries are never freed, because claimed entries must stay
+    /// a prefix and because a stalled creator whose claim was abandoned may still WRITE
+    /// its body into the entry (its publishing CAS then fails, but the WRITE lands), so
+    /// an entry handed to someone else could be overwritten. Only creators that die or
+    /// stall between claim and publish (a few round trips) use entries up.
+    pub fn create_table(&self, conns: &mut [Conn], spec: &TableSpec) -> Result<TableDef> {
+        check_conns(conns, &self.servers)?;
+        let plan = Plan::new(spec, self.servers.len())?;
+        let claimed = encode_claim(Claim::Claimed, name_hash(&spec.name), self.token);
+        // Round robin from the id this creation expects. Under contention the claim may
+        // land on a later entry, and the table keeps this placement: each partition's
+        // server is in its entry, the rule is only a way to spread tables.
+        let expected = self.first_free(&mut conns[0], &spec.name, 0)?;
+        let spaces = reserve(
+            conns,
+            &self.servers,
+            &self.placement(spec, expected),
+            plan.chunk,
+        )?;
+        let id = match self.claim_for(&mut conns[0], &spec.name, claimed, expected) {
+            Ok(id) => id,
+            Err(e) => {
+                // Nothing published: nobody knows of the space.
+                untake(conns, &self.servers, &spaces);
+                return Err(e);
+            }
+        };
+        self.fill(conns, spec, &plan, &spaces, id, claimed)
+    }
+
+    /// Publishes claimed entry `id` with the partitions in `spaces`; on failure gives
+    /// the space back if the entry is certainly not published.
     fn fill(
         &self,
         conns: &mut [Conn],
         spec: &TableSpec,
         plan: &Plan,
+        spaces: &[Allocation],
         id: u64,
         claimed: u64,
     ) -> Result<TableDef> {
-        let n = self.servers.len() as u64;
-        let mut partitions = Vec::with_capacity(spec.partitions as usize);
-        for p in 0..spec.partitions {
-            let server = match &spec.placement {
-                Placement::RoundRobin => ((id + p as u64) % n) as u32,
-                Placement::Servers(s) => s[p as usize],
-            };
-            let space = allocate(conns, &self.servers, server, plan.chunk)?;
-            partitions.push(PartitionDef {
-                server,
+        let partitions = spaces
+            .iter()
+            .map(|space| PartitionDef {
+                server: space.server,
                 region: space.region,
                 data: space.data,
                 arena_offset: space.offset,
                 capacity: plan.per_part,
                 index_offset: space.offset + plan.index_at,
                 index: spec.index,
-            });
-        }
+            })
+            .collect();
         let def = TableDef {
             id: id as u32,
             name: spec.name.clone(),
@@ -1249,11 +1443,23 @@ impl Catalog {
             offset: entry.offset + 8,
             ..entry
         };
-        let old = write_then_cas(&mut conns[0], body, &words[1..], entry, claimed, complete)?;
-        if old != claimed {
-            return Err(CatalogError::CreateLost(spec.name.clone()));
+        match write_then_cas(&mut conns[0], body, &words[1..], entry, claimed, complete) {
+            Ok(old) if old == claimed => Ok(def),
+            Ok(_) => {
+                // Someone abandoned the claim: the entry stays abandoned (readers skip
+                // it), so the body just written points nowhere anyone looks.
+                untake(conns, &self.servers, spaces);
+                Err(CatalogError::CreateLost(spec.name.clone()))
+            }
+            Err(e) => {
+                // Whether the publish happened is unknown, so the space stays. Frees
+                // the name if it did not; if it did, or someone abandoned the claim
+                // already, this CAS fails harmlessly.
+                let abandoned = encode_claim(Claim::Abandoned, claim_hash(claimed), self.token);
+                let _ = self.try_claim(&mut conns[0], id, claimed, abandoned);
+                Err(e)
+            }
         }
-        Ok(def)
     }
 }
 
@@ -1467,15 +1673,21 @@ mod tests {
     impl Cluster {
         /// `servers` servers, each with `regions` data regions of `bytes` bytes.
         fn new(servers: usize, regions: usize, bytes: u64) -> Cluster {
+            Cluster::sized(regions, &vec![bytes; servers])
+        }
+
+        /// A server per entry of `bytes`, with `regions` data regions of that many bytes.
+        fn sized(regions: usize, bytes: &[u64]) -> Cluster {
             let net = SimNetwork::new(SimConfig::default());
-            let devices: Vec<Arc<dyn Device>> = (0..servers).map(|_| net.add_node() as _).collect();
+            let devices: Vec<Arc<dyn Device>> = bytes.iter().map(|_| net.add_node() as _).collect();
             let catalogs = devices
                 .iter()
                 .map(|d| d.register(CATALOG, Access::ALL).unwrap())
                 .collect();
             let data = devices
                 .iter()
-                .map(|d| {
+                .zip(bytes)
+                .map(|(d, &bytes)| {
                     (0..regions)
                         .map(|_| d.register(bytes, Access::ALL).unwrap())
                         .collect()
@@ -1781,30 +1993,141 @@ mod tests {
 
     #[test]
     fn a_stalled_claim_of_the_same_name_is_abandoned_and_its_creator_loses() {
-        let c = Cluster::new(1, 1, 1 << 20);
+        let c = Cluster::new(2, 1, 1 << 20);
         let (mut a, mut b) = (c.node(), c.node());
         let cat_a = c.open(&mut a).unwrap();
         let mut cat_b = c.open(&mut b).unwrap();
         cat_b.wait = Duration::from_millis(1);
-        // a claims "x" and stalls before publishing.
-        let s = spec("x", 1);
-        let plan = Plan::new(&s, 1).unwrap();
+        // a allocates "x" on server 0, claims it, and stalls before publishing.
+        let mut s = spec("x", 1);
+        s.placement = Placement::Servers(vec![0]);
+        let plan = Plan::new(&s, 2).unwrap();
+        let before = c.cursor(0, 0);
         let claimed = encode_claim(Claim::Claimed, name_hash("x"), cat_a.token);
-        let id = cat_a.claim_for(&mut a[0], "x", claimed).unwrap();
+        let expected = cat_a.first_free(&mut a[0], "x", 0).unwrap();
+        let placement = cat_a.placement(&s, expected);
+        let spaces = reserve(&mut a, &c.regions(), &placement, plan.chunk).unwrap();
+        let id = cat_a.claim_for(&mut a[0], "x", claimed, expected).unwrap();
+        assert_eq!(c.cursor(0, 0), before + plan.chunk.next_multiple_of(ALIGN));
         assert!(
             cat_b.tables(&mut b).unwrap().is_empty(),
             "readers skip claims"
         );
-        // b gives up waiting, abandons a's claim and creates "x" itself.
+        // b gives up waiting, abandons a's claim and creates "x" itself, on server 1.
+        s.placement = Placement::Servers(vec![1]);
         let t = cat_b.create_table(&mut b, &s).unwrap();
         assert_eq!(t.id, id as u32 + 1);
-        // a wakes up: its publish fails, and "x" stays b's.
+        // a wakes up: its publish fails, "x" stays b's, and a's space is given back.
         assert!(matches!(
-            cat_a.fill(&mut a, &s, &plan, id, claimed),
+            cat_a.fill(&mut a, &s, &plan, &spaces, id, claimed),
             Err(CatalogError::CreateLost(_))
         ));
+        assert_eq!(c.cursor(0, 0), before);
         assert_eq!(cat_a.tables(&mut a).unwrap(), vec![t.clone()]);
         assert_eq!(cat_a.table(&mut a, "x").unwrap(), t);
+    }
+
+    /// The tester's report: thousands of creations too large for the cluster used up
+    /// the 960 entries (each took one and abandoned it), and the catalog was full for
+    /// good. A refused creation now takes no entry and allocates nothing.
+    #[test]
+    fn refused_creations_take_no_catalog_entry() {
+        let c = Cluster::new(2, 1, 64 << 10);
+        let mut conns = c.node();
+        let cat = c.open(&mut conns).unwrap();
+        let cursors = (c.cursor(0, 0), c.cursor(1, 0));
+        let tables = cat.max_tables();
+        assert_eq!(tables, 960);
+        let mut big = spec("f", 2);
+        big.capacity = 1 << 20;
+        for i in 0..tables + 40 {
+            big.name = format!("f{i}");
+            match cat.create_table(&mut conns, &big) {
+                Err(CatalogError::ServerFull { .. }) => {}
+                other => panic!("creation {i}: {other:?}"),
+            }
+        }
+        assert_eq!((c.cursor(0, 0), c.cursor(1, 0)), cursors);
+        assert_eq!(c.catalogs[0].load_u64(TABLES).unwrap(), 0, "entry 0 free");
+        let t = cat.create_table(&mut conns, &spec("small", 2)).unwrap();
+        assert_eq!(t.id, 0);
+        assert_eq!(cat.tables(&mut conns).unwrap(), vec![t]);
+    }
+
+    /// The tester's second report: a table whose partitions fit one server but not the
+    /// other kept the space it got on the first, so a later table that needed that
+    /// server's whole room failed with no table existing.
+    #[test]
+    fn a_refused_creation_allocates_nothing() {
+        // Server 0 holds the oracle and the commit log (~100 KiB); server 1 is smaller
+        // than what is left of server 0.
+        let c = Cluster::sized(1, &[1 << 20, 256 << 10]);
+        let mut conns = c.node();
+        let cat = c.open(&mut conns).unwrap();
+        let room0 = (1 << 20) - c.cursor(0, 0);
+        assert!(room0 > 600 << 10, "{room0}");
+        // A table of one block per partition: its chunk is its index and a block.
+        let sized = |name: &str, placement: Vec<u32>, chunk: u64| {
+            let mut s = spec(name, placement.len() as u32);
+            s.capacity = placement.len() as u64;
+            s.index = IndexShape {
+                buckets: 1,
+                slots: 1,
+            };
+            let base = Plan::new(&s, 2).unwrap().chunk;
+            s.index.buckets += (chunk - base) / 16;
+            s.placement = Placement::Servers(placement);
+            assert_eq!(Plan::new(&s, 2).unwrap().chunk, chunk);
+            s
+        };
+        // Partition 0 fits server 0, partition 1 does not fit server 1.
+        let wide = sized("wide", vec![0, 1], 300 << 10);
+        let err = cat.create_table(&mut conns, &wide).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CatalogError::ServerFull {
+                    server: 1,
+                    bytes: 307_200,
+                    partitions: 1,
+                    free: 262_144,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("memory server 1 has no room for 307200 bytes")
+                && msg.contains("262144 bytes free"),
+            "{msg}"
+        );
+        assert_eq!(c.cursor(0, 0), (1 << 20) - room0, "nothing allocated");
+        assert_eq!(c.catalogs[0].load_u64(TABLES).unwrap(), 0, "entry 0 free");
+        // Two partitions that each fit server 0 but not both together.
+        let two = sized("two", vec![0, 0], room0 / 2 + 64);
+        let err = cat.create_table(&mut conns, &two).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CatalogError::ServerFull {
+                    server: 0,
+                    partitions: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("2 partitions of"), "{err}");
+        assert_eq!(c.cursor(0, 0), (1 << 20) - room0, "nothing allocated");
+        // A table that needs server 0's whole room.
+        let whole = sized("whole", vec![0], room0);
+        let t = cat.create_table(&mut conns, &whole).unwrap();
+        assert_eq!((t.id, t.partitions[0].server), (0, 0));
+        assert_eq!(c.cursor(0, 0), 1 << 20);
+        // And server 1's.
+        let rest = sized("rest", vec![1], 256 << 10);
+        assert_eq!(cat.create_table(&mut conns, &rest).unwrap().id, 1);
     }
 
     #[test]
@@ -1927,7 +2250,9 @@ mod tests {
                 Err(CatalogError::ServerFull {
                     server: 1,
                     bytes: 16_000,
+                    partitions: 1,
                     regions: 2,
+                    free: 1536,
                 }) => break,
                 Err(e) => panic!("{e}"),
             }
@@ -1966,7 +2291,7 @@ mod tests {
         big.capacity = 4;
         big.index.buckets = 1;
         let t = cat.create_table(&mut conns, &big).unwrap();
-        assert_eq!(t.id, 1, "entry 0 was abandoned");
+        assert_eq!(t.id, 0, "the refused creation took no entry");
         assert!(matches!(
             cat.allocate(&mut conns, 5, 64),
             Err(CatalogError::Invalid(_))

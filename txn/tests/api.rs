@@ -428,6 +428,38 @@ fn bad_input_is_a_clear_error_and_changes_nothing() {
 /// refused before the commit takes a timestamp: nothing changes, and the worker goes
 /// on. (Found at the install step instead, past the log record, the commit was left
 /// half installed and its worker out of service.)
+/// A tester's report: thousands of creations too large for the cluster each took a
+/// catalog entry for good, until even a tiny table was refused with "the catalog is
+/// full: 960 tables". A refused creation now takes no entry and no space.
+#[test]
+fn tables_too_large_for_the_servers_are_refused_without_filling_the_catalog() {
+    let db = Database::embedded(Options {
+        server_bytes: 16 << 20,
+        ..options(2)
+    })
+    .unwrap();
+    for i in 0..1000 {
+        let err = db
+            .create_table(TableSpec::new(&format!("f{i}"), 256, 200_000))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TxnError::Catalog(txn::catalog::CatalogError::ServerFull { .. })
+            ),
+            "creation {i}: {err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("has no room for") && msg.contains("bytes free"),
+            "{msg}"
+        );
+    }
+    let t = db.create_table(TableSpec::new("tiny", 8, 10)).unwrap();
+    assert_eq!(t.id, 0);
+    assert_eq!(db.tables().unwrap().len(), 1);
+}
+
 #[test]
 fn a_write_set_too_large_for_the_buffer_is_refused_before_it_commits() {
     let db = Database::embedded(Options {

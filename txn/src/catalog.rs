@@ -717,15 +717,12 @@ fn check_room(
 ) -> Result<()> {
     let mut cursors = read_cursors(&mut conns[server as usize], servers, server)?;
     let data = &servers[server as usize].data;
-    let free = |cursors: &[u64]| -> u64 {
-        cursors
-            .iter()
-            .zip(data)
-            .map(|(c, d)| d.len - c)
-            .max()
-            .unwrap_or(0)
-    };
-    let roomiest = free(&cursors);
+    let roomiest = cursors
+        .iter()
+        .zip(data)
+        .map(|(c, d)| d.len - c)
+        .max()
+        .unwrap_or(0);
     for _ in 0..count {
         match cursors
             .iter_mut()

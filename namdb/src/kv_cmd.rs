@@ -170,7 +170,8 @@ pub fn run(args: KvArgs) -> Result<ExitCode> {
         Ok(code) => Ok(code),
         Err(e) => {
             eprintln!("{}", crate::error_report(&e));
-            Ok(ExitCode::from(FAILED))
+            let unknown = e.downcast_ref::<OutcomeUnknown>().is_some();
+            Ok(ExitCode::from(if unknown { UNKNOWN } else { FAILED }))
         }
     }
 }
@@ -178,26 +179,48 @@ pub fn run(args: KvArgs) -> Result<ExitCode> {
 fn run_command(args: KvArgs) -> Result<ExitCode> {
     let (runtime, _, client) = session(args.cluster)?;
     let timeout = args.timeout;
+    let committing = std::sync::atomic::AtomicBool::new(false);
     runtime
         .block_on(async {
-            tokio::time::timeout(timeout, autocommit(&client, &args.table, args.command)).await
+            tokio::time::timeout(
+                timeout,
+                autocommit_marking(&client, &args.table, args.command, &committing),
+            )
+            .await
         })
         .unwrap_or_else(|_| {
-            // The compute node aborts the transaction once it has been idle for its
-            // --txn-timeout.
-            bail!(
+            let why = format!(
                 "no answer from the compute node within {timeout:?}: it or a memory server \
                  may be stopped or overloaded (`namdb cluster status` shows which processes run)"
-            )
+            );
+            if committing.load(std::sync::atomic::Ordering::Relaxed) {
+                // The commit was sent: it may finish after we gave up.
+                return Err(anyhow::Error::new(OutcomeUnknown(why)));
+            }
+            // The compute node aborts the transaction once it has been idle for its
+            // --txn-timeout.
+            bail!("{why}")
         })
 }
 
 /// Runs `command` in a transaction of its own: committed if it succeeds, else aborted.
 pub async fn autocommit(client: &Client, table: &str, command: KvCommand) -> Result<ExitCode> {
+    let committing = std::sync::atomic::AtomicBool::new(false);
+    autocommit_marking(client, table, command, &committing).await
+}
+
+/// As [`autocommit`], setting `committing` once the commit is sent.
+async fn autocommit_marking(
+    client: &Client,
+    table: &str,
+    command: KvCommand,
+    committing: &std::sync::atomic::AtomicBool,
+) -> Result<ExitCode> {
     let t = client.begin().await.map_err(|s| failed("begin", &s))?;
     match one(client, t, table, command).await {
         Ok(code) => {
-            client.commit(t).await.map_err(|s| failed("commit", &s))?;
+            committing.store(true, std::sync::atomic::Ordering::Relaxed);
+            client.commit(t).await.map_err(|s| commit_failed(&s))?;
             Ok(code)
         }
         Err(e) => {
@@ -216,6 +239,37 @@ pub async fn autocommit(client: &Client, table: &str, command: KvCommand) -> Res
 pub fn failed(what: &str, s: &Status) -> anyhow::Error {
     anyhow::anyhow!("{what} failed: {} ({:?})", s.message(), s.code())
 }
+
+/// A commit whose outcome nobody can tell: it may have taken effect, so it must never
+/// be retried as if it had been aborted (the compute node answers UNKNOWN, or no answer
+/// came after it was sent).
+#[derive(Debug)]
+pub struct OutcomeUnknown(pub String);
+
+impl std::fmt::Display for OutcomeUnknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the commit's outcome is unknown: {}; it may have taken effect, so read the \
+             key before writing it again",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for OutcomeUnknown {}
+
+/// A failed commit's error: [`OutcomeUnknown`] for UNKNOWN, else as [`failed`].
+pub fn commit_failed(s: &Status) -> anyhow::Error {
+    if s.code() == tonic::Code::Unknown {
+        anyhow::Error::new(OutcomeUnknown(s.message().to_string()))
+    } else {
+        failed("commit", s)
+    }
+}
+
+/// `kv`'s exit status when a commit's outcome is unknown.
+const UNKNOWN: u8 = 3;
 
 /// Runs `command` in `t`; `Ok(1)` for a get of a key that has none.
 pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Result<ExitCode> {
@@ -264,6 +318,27 @@ pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_commit_is_told_apart_from_a_failed_one() {
+        let unknown = commit_failed(&Status::unknown(
+            "commit 7 is committed, but the mark failed",
+        ));
+        let told = unknown.downcast_ref::<OutcomeUnknown>().expect("unknown");
+        assert!(
+            told.to_string().starts_with(
+                "the commit's outcome is unknown: commit 7 is committed, but the mark failed; \
+                 it may have taken effect"
+            ),
+            "{told}"
+        );
+        let aborted = commit_failed(&Status::aborted("conflict on table kv key 7"));
+        assert!(aborted.downcast_ref::<OutcomeUnknown>().is_none());
+        assert_eq!(
+            aborted.to_string(),
+            "commit failed: conflict on table kv key 7 (Aborted)"
+        );
+    }
 
     #[test]
     fn values_show_as_text_or_hex() {

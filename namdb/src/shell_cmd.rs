@@ -3,7 +3,7 @@
 //! holds every command until `commit` or `abort`.
 
 use crate::cluster_cmd::DEFAULT_TABLE;
-use crate::kv_cmd::{KvCommand, answers, autocommit, failed, one, session};
+use crate::kv_cmd::{KvCommand, answers, autocommit, commit_failed, failed, one, session};
 use anyhow::Result;
 use clap::Args;
 use compute_node::client::{Client, Txn};
@@ -119,7 +119,7 @@ async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Lin
         (Line::Commit | Line::Abort, None) => anyhow::bail!("no transaction is open"),
         (Line::Commit, Some(t)) => {
             *open = None;
-            client.commit(t).await.map_err(|s| failed("commit", &s))?;
+            client.commit(t).await.map_err(|s| commit_failed(&s))?;
             println!("committed");
         }
         (Line::Abort, Some(t)) => {

@@ -25,6 +25,14 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an HTTP/2 PING checks that the server still answers, and how long its
+/// answer may take: a server stopped (SIGSTOP) or wedged keeps its TCP connection
+/// open, so without this every call to it, and whoever waits on that call (a commit's
+/// persist, a compute node's lease renewal), hung until it went on. Generous, because
+/// a call may rightly take long (a Persist waits for its guard words and the backup)
+/// and a loaded host answers late; the PING measures the server, not the call.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -199,6 +207,9 @@ impl Client {
                 source,
             })?
             .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         let channel = endpoint
             .connect()

@@ -371,3 +371,29 @@ fn a_flag_the_backend_would_ignore_is_refused() {
         assert!(out.stdout.is_empty(), "nothing claims to be listening");
     }
 }
+
+/// A memory server stopped with SIGSTOP keeps its connections open but answers
+/// nothing: a call to it fails (the HTTP/2 keep-alive finds it silent) instead of
+/// hanging until the server goes on.
+#[test]
+fn a_call_to_a_stopped_memory_server_fails_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_file(&dir, GOOD_TOKEN, 0o600);
+    let server = start_server("tcp", &path);
+    let token = memory_server::ClusterToken::from_file(&path).unwrap();
+    let client = memory_server::blocking::Client::connect(&server.control, &token).unwrap();
+    client.keep_alive().unwrap();
+    let pid = server.child.id();
+    send_signal(pid, "-STOP");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(client.keep_alive());
+    });
+    let answer = rx.recv_timeout(std::time::Duration::from_secs(120));
+    send_signal(pid, "-CONT");
+    let err = answer
+        .expect("the call to the stopped server still hangs after 120 s")
+        .expect_err("a stopped server answered");
+    let said = err.to_string();
+    assert!(!said.is_empty(), "{said}");
+}

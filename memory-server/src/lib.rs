@@ -45,7 +45,10 @@ pub mod proto {
 }
 
 pub use client::{Client, ClientError, PersistRange, RemoteEndpointInfo, ServerInfo};
-pub use durable::{DurabilityConfig, MAX_PERSIST_BYTES, PersistError, RestoreReport};
+pub use durable::{
+    DurabilityConfig, MAX_PERSIST_BYTES, PersistError, Promotion, RestoreReport, lock_data_dir,
+    recorded_promotion,
+};
 pub use persister::{MAX_PERSISTS_IN_FLIGHT, PersistStatus, Persister, Ticket};
 pub use regions::{
     CATALOG_BYTES, CATALOG_REGION, DEFAULT_REGION_SIZE, PlanError, RegionDirectory, RegionInfo,

@@ -112,6 +112,7 @@ impl Replicator {
         token: &ClusterToken,
         regions: &[ServedRegion],
         primary_boot: u64,
+        primary_epoch: u64,
         durable: bool,
     ) -> Result<Replicator, String> {
         let client = Client::connect(addr, token)
@@ -128,6 +129,7 @@ impl Replicator {
                 })
                 .collect(),
             primary_boot,
+            primary_epoch,
         };
         let clean = rpc
             .replica_attach(with_session(attach, &header))
@@ -318,6 +320,9 @@ struct BackupInner {
     stream: Option<SessionId>,
     next_seq: u64,
     primary_boot: u64,
+    /// The replication epoch of the data it holds (its data directory's, or 0), or of
+    /// the primary it accepted since, or its promotion's.
+    epoch: u64,
     /// Region memory is all zero.
     clean: bool,
 }
@@ -325,13 +330,14 @@ struct BackupInner {
 const NOT_PROMOTED: &str = "this memory server is a backup; promote it first";
 
 impl Backup {
-    pub fn new(clean: bool) -> Backup {
+    pub fn new(clean: bool, epoch: u64) -> Backup {
         Backup {
             inner: Mutex::new(BackupInner {
                 promoted: None,
                 stream: None,
                 next_seq: 1,
                 primary_boot: 0,
+                epoch,
                 clean,
             }),
         }
@@ -354,11 +360,15 @@ impl Backup {
         }
     }
 
+    /// Accepts a primary's stream (the newest attach wins) and answers whether region
+    /// memory is all zero. Blocks on disk IO (a durable backup records the primary's
+    /// epoch).
     pub fn attach(
         &self,
         session: SessionId,
         ours: &[ServedRegion],
         req: &proto::ReplicaAttachRequest,
+        durable: Option<&Durable>,
     ) -> Result<bool, Status> {
         let theirs: Vec<(&str, u64)> = req
             .regions
@@ -396,6 +406,29 @@ impl Backup {
             return Err(Status::failed_precondition(
                 "this backup has been promoted: it takes no primary's stream any more",
             ));
+        }
+        // The primary's state transfer overwrites all of this backup's memory: from a
+        // primary of an older epoch (one that failed over to a backup since, like a
+        // restarted old primary), that would replace acknowledged data with older data.
+        if req.primary_epoch < inner.epoch {
+            return Err(Status::failed_precondition(format!(
+                "this backup holds data of replication epoch {}, newer than the attaching \
+                 primary's (epoch {}): that primary's data predates a failover this backup's \
+                 data went through, and its state transfer would overwrite newer data with \
+                 older. Start this backup's data directory as the primary (without --backup) \
+                 and give it the other server as its backup (--backup-at)",
+                inner.epoch, req.primary_epoch
+            )));
+        }
+        // Recorded before the stream changes anything, so that a restarted backup
+        // still knows which data it took.
+        if req.primary_epoch != inner.epoch {
+            if let Some(d) = durable {
+                d.record_epoch(req.primary_epoch).map_err(|e| {
+                    Status::internal(format!("cannot record the primary's epoch: {e}"))
+                })?;
+            }
+            inner.epoch = req.primary_epoch;
         }
         inner.stream = Some(session);
         inner.next_seq = 1;
@@ -486,7 +519,9 @@ impl Backup {
 
     /// Promotes the backup (idempotent): the boot becomes one more than the larger of
     /// its own and its last primary's, so that it differs from every boot a client saw
-    /// from either; recorded in the data directory if there is one. Blocks on disk IO.
+    /// from either, and the epoch likewise; with a data directory, the promotion is
+    /// recorded there (atomically, fsynced) before this returns, so that the directory
+    /// refuses to start as a backup again. Blocks on disk IO.
     pub fn promote(&self, durable: Option<&Durable>) -> Result<u64, Status> {
         let mut inner = self.lock();
         if let Some(boot) = inner.promoted {
@@ -494,20 +529,28 @@ impl Backup {
         }
         let own = durable.map_or(0, |d| d.boot());
         let boot = own.max(inner.primary_boot) + 1;
+        let epoch = inner.epoch + 1;
         if let Some(d) = durable {
-            d.set_boot(boot)
-                .map_err(|e| Status::internal(format!("cannot record the new boot: {e}")))?;
+            d.record_promotion(boot, epoch)
+                .map_err(|e| Status::internal(format!("cannot record the promotion: {e}")))?;
         }
         inner.promoted = Some(boot);
+        inner.epoch = epoch;
         inner.stream = None;
         if durable.is_none() {
             tracing::warn!(
                 boot,
+                epoch,
                 "promoted without a data directory: Persist is acknowledged from now on \
                  with this process's memory as the only copy"
             );
         } else {
-            tracing::info!(boot, "promoted: serving compute nodes");
+            tracing::info!(
+                boot,
+                epoch,
+                "promoted: serving compute nodes; recorded in the data directory, which \
+                 must restart as a primary (without --backup)"
+            );
         }
         Ok(boot)
     }

@@ -108,6 +108,25 @@ pub enum ServerError {
     Replication(String),
 }
 
+/// Refuses to start a backup on a data directory that records a promotion: that
+/// directory holds the newest copy of its data, and the state transfer of the primary
+/// attaching to it (its old primary, restarted) would overwrite it with older data.
+fn refuse_promoted_backup(dir: &std::path::Path) -> Result<(), ServerError> {
+    match crate::durable::recorded_promotion(dir).map_err(ServerError::Durability)? {
+        None => Ok(()),
+        Some(p) => Err(ServerError::Durability(format!(
+            "the data directory {} was promoted to primary on {} (replication epoch {}): it \
+             holds data newer than its old primary's, which would overwrite it if it started \
+             as a backup. Start it without --backup, as the primary, and give it a new \
+             backup with --backup-at (its old primary's data directory will do: a backup \
+             receives the primary's whole state)",
+            dir.display(),
+            p.at_utc(),
+            p.epoch
+        ))),
+    }
+}
+
 /// A running memory server. Dropping it stops the control plane and destroys its queue
 /// pairs; [`MemoryServer::shutdown`] does the same and waits for it.
 pub struct MemoryServer {
@@ -129,6 +148,9 @@ impl MemoryServer {
             return Err(ServerError::Lease);
         }
         let backend = device.backend();
+        if let (Replication::Backup, Some(d)) = (&config.replication, &config.durability) {
+            refuse_promoted_backup(&d.dir)?;
+        }
         // Allocation reserves every page (fallocate; with `pin_memory` it also backs
         // them) and registration may pin memory: seconds for large servers, so it runs
         // off the async workers.
@@ -177,11 +199,37 @@ impl MemoryServer {
         let replica = match &config.replication {
             Replication::Primary { backup_at } => {
                 let boot = durable.as_ref().map_or(1, |d| d.boot());
-                Some(
-                    Replicator::start(backup_at, &config.token, &served, boot, durable.is_some())
-                        .await
-                        .map_err(ServerError::Replication)?,
+                let epoch = durable.as_ref().map_or(0, |d| d.epoch());
+                let replica = Replicator::start(
+                    backup_at,
+                    &config.token,
+                    &served,
+                    boot,
+                    epoch,
+                    durable.is_some(),
                 )
+                .await
+                .map_err(ServerError::Replication)?;
+                // The backup holds this server's whole state now, and every Persist
+                // from here on reaches it before it is acknowledged: this directory
+                // no longer holds the only copy of newer data.
+                if let Some(d) = durable.clone().filter(|d| d.promotion().is_some()) {
+                    tokio::task::spawn_blocking(move || d.clear_promotion())
+                        .await
+                        .map_err(|e| ServerError::Task(format!("recording failed: {e}")))?
+                        .map_err(|e| {
+                            ServerError::Durability(format!(
+                                "cannot record that the backup holds this promoted server's \
+                                 state: {e}"
+                            ))
+                        })?;
+                    tracing::info!(
+                        backup = backup_at.as_str(),
+                        "this promoted server's backup holds its whole state: the promotion \
+                         is no longer recorded"
+                    );
+                }
+                Some(replica)
             }
             _ => None,
         };
@@ -190,6 +238,7 @@ impl MemoryServer {
                 durable
                     .as_ref()
                     .is_none_or(|d| d.report().base_bytes == 0 && d.report().entries == 0),
+                durable.as_ref().map_or(0, |d| d.epoch()),
             )
         });
         let guard_wait = config

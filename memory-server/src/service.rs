@@ -419,9 +419,17 @@ impl ControlRpc for ControlService {
         req: Request<proto::ReplicaAttachRequest>,
     ) -> Result<Response<proto::ReplicaAttachResponse>, Status> {
         let session = self.state.session(&req)?;
-        let backup = self.backup()?;
-        let clean = backup.attach(session.id, &self.state.regions, req.get_ref())?;
-        tracing::info!(peer = ?session.peer, primary_boot = req.get_ref().primary_boot, "primary attached");
+        self.backup()?;
+        let (boot, epoch) = (req.get_ref().primary_boot, req.get_ref().primary_epoch);
+        let (state, id) = (self.state.clone(), session.id);
+        // A durable backup records the primary's epoch: disk IO, not on an async worker.
+        let clean = tokio::task::spawn_blocking(move || {
+            let backup = state.backup.as_ref().expect("checked above");
+            backup.attach(id, &state.regions, req.get_ref(), state.durable.as_deref())
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the attach task failed: {e}")))??;
+        tracing::info!(peer = ?session.peer, primary_boot = boot, primary_epoch = epoch, "primary attached");
         Ok(Response::new(proto::ReplicaAttachResponse { clean }))
     }
 

@@ -336,3 +336,142 @@ async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state()
     assert_eq!(reader.read(rat, 0, 3), b"new");
     assert_eq!(reader.read(rat, 200, 5), b"after");
 }
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// The failover a `cluster down` + `cluster up` used to undo: a promoted backup's
+/// directory started as a backup again took its stale old primary's state transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_directory_never_takes_its_old_primarys_state() {
+    let dirs = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (dirs.path().join("a"), dirs.path().join("b"));
+    let (b, bnet) = start_durable(&b_dir, Replication::Backup).await.unwrap();
+    let (a, anet) = start_durable(
+        &a_dir,
+        Replication::Primary {
+            backup_at: b.local_addr().to_string(),
+        },
+    )
+    .await
+    .unwrap();
+    let node = Node::connect(&a, &anet, &token()).await;
+    let (rkey, at) = node.data(0).await;
+    node.write(at, 0, b"before");
+    node.client
+        .persist(&[PersistRange::new(rkey, 0, 6)])
+        .await
+        .unwrap();
+
+    // The primary fails over to its backup, which acknowledges a newer value.
+    let bclient = Client::connect(&b.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    bclient.promote().await.unwrap();
+    let promoted = Node::connect(&b, &bnet, &token()).await;
+    let (brkey, bat) = promoted.data(0).await;
+    promoted.write(bat, 0, b"after!");
+    promoted
+        .client
+        .persist(&[PersistRange::new(brkey, 0, 6)])
+        .await
+        .unwrap();
+    // The fenced old primary journals what it can no longer acknowledge.
+    node.write(at, 4096, b"unacknowledged");
+    let err = node
+        .client
+        .persist(&[PersistRange::new(rkey, 4096, 14)])
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.code(), Some(Code::Unavailable), "{err}");
+    drop((node, promoted, bclient));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+    // The old primary's directory as it is now: epoch 0, "before" persisted.
+    let stale_dir = dirs.path().join("stale");
+    copy_dir(&a_dir, &stale_dir);
+
+    // The promoted directory refuses to be a backup again (this is what lost the data:
+    // the old primary's attach would have overwritten "after!" with "before").
+    let err = start_durable(&b_dir, Replication::Backup)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "the data directory {} was promoted to primary on ",
+            b_dir.display()
+        )) && err.contains("Start it without --backup, as the primary")
+            && err.contains("--backup-at"),
+        "{err}"
+    );
+
+    // Roles swapped: the old primary's directory as the backup takes the promoted
+    // server's whole state, zero pieces included (its unacknowledged write goes).
+    let (a2, a2net) = start_durable(&a_dir, Replication::Backup).await.unwrap();
+    let (b2, b2net) = start_durable(
+        &b_dir,
+        Replication::Primary {
+            backup_at: a2.local_addr().to_string(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(b2.role(), Role::Primary);
+    let writer = Node::connect(&b2, &b2net, &token()).await;
+    let (wrkey, wat) = writer.data(0).await;
+    assert_eq!(writer.read(wat, 0, 6), b"after!");
+    writer.write(wat, 8, b"again");
+    writer
+        .client
+        .persist(&[PersistRange::new(wrkey, 8, 5)])
+        .await
+        .unwrap();
+    let a2client = Client::connect(&a2.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    a2client.promote().await.unwrap();
+    let reader = Node::connect(&a2, &a2net, &token()).await;
+    let (_, rat) = reader.data(0).await;
+    assert_eq!(reader.read(rat, 0, 6), b"after!");
+    assert_eq!(reader.read(rat, 8, 5), b"again");
+    assert_eq!(reader.read(rat, 4096, 14), [0; 14]);
+    drop((writer, reader, a2client));
+    b2.shutdown().await.unwrap();
+    a2.shutdown().await.unwrap();
+
+    // Its backup held its whole state, so the primary's directory no longer records
+    // the promotion and may be a backup again; but its data is of a later epoch than
+    // the stale copy of the old primary's, which it refuses.
+    let (b3, b3net) = start_durable(&b_dir, Replication::Backup).await.unwrap();
+    let err = start_durable(
+        &stale_dir,
+        Replication::Primary {
+            backup_at: b3.local_addr().to_string(),
+        },
+    )
+    .await
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("refused to attach")
+            && err.contains("replication epoch 1, newer than the attaching primary's (epoch 0)"),
+        "{err}"
+    );
+    let b3client = Client::connect(&b3.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    b3client.promote().await.unwrap();
+    let reader = Node::connect(&b3, &b3net, &token()).await;
+    let (_, rat) = reader.data(0).await;
+    assert_eq!(reader.read(rat, 0, 6), b"after!");
+    assert_eq!(reader.read(rat, 8, 5), b"again");
+}

@@ -15,6 +15,13 @@
 //!
 //! `applied_journal`/`applied_seq` say which journal (and its last batch) the base
 //! files already hold; journals numbered above it are replayed on start.
+//!
+//! Two optional lines follow `applied_seq` in directories that took part in a
+//! failover (written only then, so that every other directory reads as before):
+//! `epoch N`, the replication epoch of the data (how many promotions its history
+//! went through), and `promoted SECONDS`, present from the promotion of a backup on
+//! this directory (Unix time) until, started as a primary, it has handed its whole
+//! state to a new backup. See DEVELOPERS.md ("Replication").
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -32,6 +39,16 @@ pub(crate) struct Meta {
     pub applied_journal: u64,
     /// The sequence number of the last batch in the base files (0: none).
     pub applied_seq: u64,
+    /// The replication epoch of the data (0: it never went through a promotion). A
+    /// promotion makes it one more than the larger of the backup's and its primary's;
+    /// a backup takes its primary's when the primary attaches. A backup refuses a
+    /// primary of a lower epoch: that primary's data is older than its own.
+    pub epoch: u64,
+    /// When a backup on this directory was promoted (Unix seconds), until it has
+    /// handed its whole state to a new backup as a primary. While it is set, this
+    /// directory holds the only copy of data newer than its old primary's, and a
+    /// server refuses to start on it as a backup.
+    pub promoted: Option<u64>,
     /// `(name, len)` of every region, in plan order.
     pub regions: Vec<(String, u64)>,
 }
@@ -42,6 +59,12 @@ impl Meta {
             "{HEADER}\nformat {FORMAT}\nboot {}\napplied_journal {}\napplied_seq {}\n",
             self.boot, self.applied_journal, self.applied_seq
         );
+        if self.epoch != 0 {
+            s.push_str(&format!("epoch {}\n", self.epoch));
+        }
+        if let Some(at) = self.promoted {
+            s.push_str(&format!("promoted {at}\n"));
+        }
         for (name, len) in &self.regions {
             s.push_str(&format!("region {name} {len}\n"));
         }
@@ -70,9 +93,18 @@ impl Meta {
         let applied_journal = field("applied_journal")?;
         let applied_seq = field("applied_seq")?;
         let mut regions = Vec::new();
+        let (mut epoch, mut promoted) = (0, None);
         for line in lines {
             let mut parts = line.split(' ');
+            let number = |v: &str| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("bad number in `{line}`"))
+            };
             match (parts.next(), parts.next(), parts.next(), parts.next()) {
+                (Some("epoch"), Some(v), None, None) if regions.is_empty() => epoch = number(v)?,
+                (Some("promoted"), Some(v), None, None) if regions.is_empty() => {
+                    promoted = Some(number(v)?)
+                }
                 (Some("region"), Some(name), Some(len), None) if !name.is_empty() => {
                     let len = len
                         .parse()
@@ -89,6 +121,8 @@ impl Meta {
             boot,
             applied_journal,
             applied_seq,
+            epoch,
+            promoted,
             regions,
         })
     }
@@ -166,6 +200,8 @@ mod tests {
             boot: 3,
             applied_journal: 7,
             applied_seq: 1234,
+            epoch: 0,
+            promoted: None,
             regions: vec![("catalog".into(), 1 << 20), ("data.0".into(), 4096)],
         }
     }
@@ -186,6 +222,25 @@ mod tests {
         assert!(Meta::parse(&cut).unwrap_err().contains("region data.0"));
         let no_boot = text.replace("boot 3\n", "");
         assert!(Meta::parse(&no_boot).is_err());
+        // A directory that never saw a failover is written as before; one that did
+        // round-trips its epoch and promotion.
+        assert!(
+            !text.contains("epoch") && !text.contains("promoted"),
+            "{text}"
+        );
+        let failed_over = Meta {
+            epoch: 2,
+            promoted: Some(1_700_000_000),
+            ..m
+        };
+        let text = failed_over.encode();
+        assert!(
+            text.contains("\nepoch 2\npromoted 1700000000\nregion "),
+            "{text}"
+        );
+        assert_eq!(Meta::parse(&text).unwrap(), failed_over);
+        let bad = text.replace("promoted 1700000000", "promoted soon");
+        assert!(Meta::parse(&bad).unwrap_err().contains("promoted soon"));
     }
 
     #[test]

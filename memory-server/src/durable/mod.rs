@@ -82,6 +82,58 @@ pub struct RestoreReport {
     pub elapsed: Duration,
 }
 
+/// A promotion recorded in a data directory: a backup on it was promoted and has not
+/// yet handed its whole state to a new backup, so it holds data newer than its old
+/// primary's directory. See DEVELOPERS.md ("Replication").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Promotion {
+    /// The replication epoch the promotion gave the data: one more than the larger of
+    /// the backup's and its primary's.
+    pub epoch: u64,
+    /// When (Unix seconds).
+    pub at_unix: u64,
+}
+
+impl Promotion {
+    fn new(epoch: u64, at_unix: u64) -> Promotion {
+        Promotion { epoch, at_unix }
+    }
+
+    /// The time of the promotion as `YYYY-MM-DD HH:MM:SS UTC`.
+    pub fn at_utc(&self) -> String {
+        let (days, secs) = (self.at_unix / 86_400, self.at_unix % 86_400);
+        // Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
+        let z = days as i64 + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        format!(
+            "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60
+        )
+    }
+}
+
+/// The promotion the data directory `dir` records, if any (`None` too when it holds
+/// no metadata yet). Reads the metadata file only; takes no lock.
+pub fn recorded_promotion(dir: &Path) -> Result<Option<Promotion>, String> {
+    Ok(Meta::read(dir)?.and_then(|m| m.promoted.map(|at| Promotion::new(m.epoch, at))))
+}
+
+/// Takes the lock a memory server holds on its data directory `dir` (which must
+/// exist), so that no server starts on it while the returned file is open; an error
+/// if a server uses it now.
+pub fn lock_data_dir(dir: &Path) -> Result<File, String> {
+    lock(dir)
+}
+
 /// Why a Persist was refused or failed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum PersistError {
@@ -212,6 +264,8 @@ impl Durable {
                     boot: 1,
                     applied_journal: 0,
                     applied_seq: 0,
+                    epoch: 0,
+                    promoted: None,
                     regions: planned,
                 };
                 meta.write(&dir)
@@ -406,20 +460,69 @@ impl Durable {
         Ok(wait)
     }
 
-    /// Records a new boot (a promoted backup's) in the metadata file, durably.
-    pub fn set_boot(&self, boot: u64) -> Result<(), String> {
-        let mut state = self
-            .shared
+    /// The replication epoch of the data in force (see [`Promotion`]).
+    pub fn epoch(&self) -> u64 {
+        self.state().meta.epoch
+    }
+
+    /// The promotion the directory records, if any.
+    pub fn promotion(&self) -> Option<Promotion> {
+        let meta = &self.state().meta;
+        meta.promoted.map(|at| Promotion::new(meta.epoch, at))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, CheckpointState> {
+        self.shared
             .checkpoint
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the metadata in force and writes it, durably (written, fsynced and
+    /// renamed into place before this returns). Blocks on disk IO.
+    fn update_meta(&self, change: impl FnOnce(&mut Meta)) -> Result<(), String> {
+        let mut state = self.state();
         let mut meta = state.meta.clone();
-        meta.boot = boot;
+        change(&mut meta);
         meta.write(&self.shared.dir)
             .map_err(|e| format!("{}: {e}", self.shared.dir.display()))?;
+        self.boot.store(meta.boot, Ordering::SeqCst);
         state.meta = meta;
-        self.boot.store(boot, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Records a backup's promotion: its new boot, its new epoch and the time, in one
+    /// atomic metadata update, so that a restart knows this directory holds data newer
+    /// than its old primary's (and refuses to be a backup again).
+    pub fn record_promotion(&self, boot: u64, epoch: u64) -> Result<Promotion, String> {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.update_meta(|m| {
+            m.boot = boot;
+            m.epoch = epoch;
+            m.promoted = Some(at);
+        })?;
+        Ok(Promotion::new(epoch, at))
+    }
+
+    /// Records the epoch of a primary this backup accepted, before its stream changes
+    /// anything (a later attach compares against it).
+    pub fn record_epoch(&self, epoch: u64) -> Result<(), String> {
+        if self.epoch() == epoch {
+            return Ok(());
+        }
+        self.update_meta(|m| m.epoch = epoch)
+    }
+
+    /// Forgets the promotion once a backup holds this primary's whole state: from then
+    /// on the backup has every byte this directory has, so it no longer holds the only
+    /// newer copy (and the backup, if it is promoted in turn, records its own).
+    pub fn clear_promotion(&self) -> Result<(), String> {
+        if self.state().meta.promoted.is_none() {
+            return Ok(());
+        }
+        self.update_meta(|m| m.promoted = None)
     }
 
     /// Applies the journal to the base files now (what the checkpointer does every
@@ -748,6 +851,14 @@ fn lock(dir: &Path) -> Result<File, String> {
 mod tests {
     use super::*;
     use fabric::sim::{SimConfig, SimNetwork};
+
+    #[test]
+    fn promotion_times_read_as_utc_dates() {
+        let at = |s| Promotion::new(1, s).at_utc();
+        assert_eq!(at(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(at(1_700_000_000), "2023-11-14 22:13:20 UTC");
+        assert_eq!(at(951_868_799), "2000-02-29 23:59:59 UTC");
+    }
 
     fn plan() -> RegionPlan {
         RegionPlan::new(8192, 4096).unwrap()

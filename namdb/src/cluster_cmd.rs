@@ -451,6 +451,15 @@ fn up(args: &UpArgs) -> Result<()> {
         memory_server::generate_token_file(&token_file)?;
     }
     let token = ClusterToken::from_file(&token_file)?;
+    // Before anything starts on the data directories: a backup promoted in the last
+    // run holds memory server i's newest data and must come back as its primary.
+    if let Some(data_dir) = &args.data_dir {
+        for i in 0..args.memory_servers {
+            if let Some(line) = settle_failover(data_dir, i)? {
+                println!("{line}");
+            }
+        }
+    }
     let mut guard = StartedGuard {
         started: Vec::new(),
         token_file: token_file.clone(),
@@ -611,6 +620,136 @@ pub(crate) fn memory_server_data_dir(data_dir: &Path, i: usize) -> PathBuf {
     data_dir.join(format!("memory-server-{i}"))
 }
 
+/// `dir` with `suffix` appended to its last component.
+fn suffixed(dir: &Path, suffix: &str) -> PathBuf {
+    let mut s = dir.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// After a failover, memory server `i`'s newest data is in its backup's directory
+/// (DATA_DIR/memory-server-i-backup, which records the promotion), and its primary's
+/// directory holds older data: started as they are, the old primary's state transfer
+/// would overwrite the newer data (and the promoted directory refuses to be a
+/// backup). This swaps the two directories' names, so that the promoted one is
+/// memory server i's primary again and the old primary's becomes its backup, which the
+/// primary's attach then overwrites whole (it is not clean: every piece is sent, zeros
+/// included). Returns the line to print when it did something.
+///
+/// The swap is three renames (`memory-server-i` to `memory-server-i.swapping`, the
+/// backup's to `memory-server-i`, the `.swapping` one to the backup's), each made
+/// durable (fsync of DATA_DIR) before the next. Which directory is the primary's never
+/// depends on where the swap stopped: it is the one that records the promotion, which
+/// moves with it, and each name holds at most one directory at any moment. An
+/// interrupted swap is finished here on the next `up` (before anything else), from
+/// whichever of the two intermediate states it is in; a state the swap cannot have
+/// left (a directory under all three names, or under neither primary nor backup name)
+/// is refused rather than guessed at. Both directories are locked (the memory server's
+/// own data-directory lock) while they are renamed, so no server uses them meanwhile.
+fn settle_failover(data_dir: &Path, i: usize) -> Result<Option<String>> {
+    let primary = memory_server_data_dir(data_dir, i);
+    let backup = suffixed(&primary, "-backup");
+    let transit = suffixed(&primary, ".swapping");
+    let parent = primary.parent().unwrap_or(Path::new("."));
+    let rename = |from: &Path, to: &Path| -> Result<()> {
+        std::fs::rename(from, to)
+            .with_context(|| format!("cannot rename {} to {}", from.display(), to.display()))?;
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("cannot sync the directory {}", parent.display()))
+    };
+    let lock = |dir: &Path| -> Result<Option<File>> {
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        memory_server::lock_data_dir(dir)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    };
+    let promotion = |dir: &Path| -> Result<Option<memory_server::Promotion>> {
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        memory_server::recorded_promotion(dir).map_err(|e| anyhow::anyhow!("{e}"))
+    };
+    let mut done = None;
+    if transit.exists() {
+        let _locks = [lock(&transit)?, lock(&primary)?, lock(&backup)?];
+        match (primary.exists(), backup.exists()) {
+            // Stopped after the first rename.
+            (false, true) => {
+                rename(&backup, &primary)?;
+                rename(&transit, &backup)?;
+            }
+            // Stopped after the second.
+            (true, false) => rename(&transit, &backup)?,
+            _ => bail!(
+                "{} is left from an interrupted swap of {} and {} (after a failover), but \
+                 {}: this is no state the swap leaves, so it cannot be finished safely. The \
+                 directory that records a promotion (its `meta` has a `promoted` line) holds \
+                 the newest data: name it {}, name the old primary's {}, and run `cluster \
+                 up` again",
+                transit.display(),
+                primary.display(),
+                backup.display(),
+                if primary.exists() {
+                    "both of those exist too"
+                } else {
+                    "neither of those exists"
+                },
+                primary.display(),
+                backup.display()
+            ),
+        }
+        done = Some(format!(
+            "memory-server-{i}: finished an interrupted swap: {} is the primary's data \
+             directory (promoted after a failover), {} the backup's",
+            primary.display(),
+            backup.display()
+        ));
+    }
+    let promoted = match (promotion(&primary)?, promotion(&backup)?) {
+        (_, None) => return Ok(done),
+        (None, Some(p)) => p,
+        (Some(p), Some(b)) => bail!(
+            "both {} (promoted on {}, replication epoch {}) and {} (promoted on {}, epoch {}) \
+             record a promotion, so neither may start as the backup: the one of the higher \
+             epoch holds the newer data (its primary stopped before recording that its \
+             backup held its state). Move the other directory out of {} (a fresh backup \
+             directory is created and receives a full copy) and name the newer one {}",
+            primary.display(),
+            p.at_utc(),
+            p.epoch,
+            backup.display(),
+            b.at_utc(),
+            b.epoch,
+            data_dir.display(),
+            primary.display()
+        ),
+    };
+    let _locks = [lock(&primary)?, lock(&backup)?];
+    let old_primary = primary.exists();
+    if old_primary {
+        rename(&primary, &transit)?;
+    }
+    rename(&backup, &primary)?;
+    if old_primary {
+        rename(&transit, &backup)?;
+    }
+    Ok(Some(format!(
+        "memory-server-{i}: {} was promoted to primary on {} (its primary failed); swapped \
+         it with {}: it is memory-server-{i}'s data directory now{}",
+        backup.display(),
+        promoted.at_utc(),
+        primary.display(),
+        if old_primary {
+            ", and the old primary's becomes the backup's, which receives a full copy"
+        } else {
+            ""
+        }
+    )))
+}
+
 /// SIGTERM to each of `entries` still ours, then waits; SIGKILL to those left after
 /// [`STOP_TIMEOUT`]. Returns the names of the processes killed.
 pub(crate) fn stop_all<'a>(
@@ -760,5 +899,100 @@ mod tests {
         file.write(&path).unwrap();
         assert_eq!(ClusterFile::read(&path).unwrap(), file);
         assert!(std::fs::read_to_string(&path).unwrap().contains("\"shm\""));
+    }
+
+    /// A data directory holding only a metadata file (promoted or not) and a file
+    /// that says whose it is.
+    fn data_dir(dir: &Path, whose: &str, promoted: bool) {
+        std::fs::create_dir_all(dir).unwrap();
+        let promotion = if promoted {
+            "epoch 1\npromoted 1700000000\n"
+        } else {
+            ""
+        };
+        std::fs::write(
+            dir.join("meta"),
+            format!(
+                "namdb memory-server data directory\nformat 1\nboot 2\napplied_journal 0\n\
+                 applied_seq 0\n{promotion}region catalog 1048576\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.join("whose"), whose).unwrap();
+    }
+
+    fn whose(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("whose")).unwrap_or_else(|_| "absent".into())
+    }
+
+    #[test]
+    fn a_promoted_backup_directory_becomes_the_primarys_even_after_an_interrupted_swap() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, b, t) = (
+            d.path().join("memory-server-0"),
+            d.path().join("memory-server-0-backup"),
+            d.path().join("memory-server-0.swapping"),
+        );
+        let state = || (whose(&p), whose(&b), t.exists());
+        let swapped = || ("promoted".to_string(), "old".to_string(), false);
+
+        // Nothing promoted: nothing moves, nothing is said.
+        data_dir(&p, "old", false);
+        data_dir(&b, "promoted", false);
+        assert_eq!(settle_failover(d.path(), 0).unwrap(), None);
+        assert_eq!(state(), ("old".into(), "promoted".into(), false));
+
+        // The backup was promoted: the names swap, once.
+        data_dir(&b, "promoted", true);
+        let line = settle_failover(d.path(), 0).unwrap().unwrap();
+        assert!(
+            line.contains("was promoted to primary on 2023-11-14 22:13:20 UTC")
+                && line.contains("receives a full copy"),
+            "{line}"
+        );
+        assert_eq!(state(), swapped());
+        assert_eq!(settle_failover(d.path(), 0).unwrap(), None);
+        assert_eq!(state(), swapped());
+
+        // Interrupted after the second rename (the old primary's directory in
+        // transit, the promoted one at the primary's name), then after the first (the
+        // promoted one still at the backup's name).
+        std::fs::rename(&b, &t).unwrap();
+        let line = settle_failover(d.path(), 0).unwrap().unwrap();
+        assert!(line.contains("finished an interrupted swap"), "{line}");
+        assert_eq!(state(), swapped());
+        std::fs::rename(&b, &t).unwrap();
+        std::fs::rename(&p, &b).unwrap();
+        let line = settle_failover(d.path(), 0).unwrap().unwrap();
+        assert!(line.contains("finished an interrupted swap"), "{line}");
+        assert_eq!(state(), swapped());
+
+        // A state no swap leaves is refused, not guessed at.
+        data_dir(&t, "stray", false);
+        let err = settle_failover(d.path(), 0).unwrap_err().to_string();
+        assert!(err.contains("both of those exist too"), "{err}");
+        std::fs::remove_dir_all(&t).unwrap();
+
+        // Both promoted: refused, naming both.
+        data_dir(&b, "old", true);
+        let err = settle_failover(d.path(), 0).unwrap_err().to_string();
+        assert!(err.contains("record a promotion"), "{err}");
+        std::fs::remove_dir_all(&b).unwrap();
+
+        // No old primary's directory: the promoted one just takes the primary's name.
+        std::fs::rename(&p, &b).unwrap();
+        let line = settle_failover(d.path(), 0).unwrap().unwrap();
+        assert!(!line.contains("full copy"), "{line}");
+        assert_eq!((whose(&p), b.exists()), ("promoted".into(), false));
+
+        // A server running on a directory stops the swap.
+        std::fs::rename(&p, &b).unwrap();
+        data_dir(&p, "old", false);
+        let held = memory_server::lock_data_dir(&p).unwrap();
+        let err = settle_failover(d.path(), 0).unwrap_err().to_string();
+        assert!(err.contains("in use by another memory server"), "{err}");
+        drop(held);
+        settle_failover(d.path(), 0).unwrap().unwrap();
+        assert_eq!(state(), swapped());
     }
 }

@@ -638,4 +638,86 @@ fn as_many_compute_nodes_as_the_oracle_has_slots_come_up() {
     assert_eq!(ok(c.cwd(), &["kv", "get", "3"]), "three\n");
     let o = namdb(c.cwd(), &["cluster", "up", "--compute-nodes", "17"]);
     assert!(stderr(&o).contains("17 is not in 1..=16"), "{}", stderr(&o));
+
+/// A tester's report: after a failover to memory-server-1's backup, `cluster down` and
+/// `cluster up` brought the dead primary's directory back as the primary, and its
+/// state transfer overwrote the promoted backup's newer data: acknowledged writes were
+/// lost without a word.
+#[test]
+fn writes_acknowledged_after_a_failover_survive_cluster_down_and_up() {
+    let args = [
+        "--backend",
+        "tcp",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+        "--replicas",
+        "2",
+        "--data-dir",
+        "data",
+    ];
+    let c = Cluster::up(&args);
+    let cwd = c.cwd();
+    for k in 1..=10 {
+        ok(cwd, &["kv", "put", &k.to_string(), "before"]);
+    }
+    let pid = c.json()["memory_servers"][1]["pid"].as_u64().unwrap() as u32;
+    send_signal(pid, "-9");
+    while alive(pid) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The compute node promotes memory-server-1's backup and goes on (a command that
+    // meets the failover may fail: it is tried again until acknowledged).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    for k in 1..=10 {
+        let argv = ["kv", "put", &k.to_string(), "after", "--timeout", "20s"];
+        loop {
+            let o = namdb(cwd, &argv);
+            if o.status.success() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{argv:?}: {}",
+                stderr(&o)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    ok(cwd, &["cluster", "down"]);
+    let mut up = vec!["cluster", "up"];
+    up.extend_from_slice(&args);
+    let said = ok(cwd, &up);
+    let all_after: String = (1..=10).map(|k| format!("{k}\tafter\n")).collect();
+    assert_eq!(ok(cwd, &["kv", "scan"]), all_after);
+    let swapped: Vec<&str> = said.lines().filter(|l| l.contains("promoted")).collect();
+    assert_eq!(swapped.len(), 1, "{said}");
+    assert!(
+        swapped[0].starts_with("memory-server-1: ")
+            && swapped[0].contains("memory-server-1-backup was promoted to primary on")
+            && swapped[0].contains("receives a full copy"),
+        "{said}"
+    );
+    // The cluster works, replicated again: memory-server-1's primary (the promoted
+    // directory) attached the old primary's directory as its backup.
+    ok(cwd, &["kv", "put", "11", "new"]);
+    assert_eq!(ok(cwd, &["kv", "get", "11"]), "new\n");
+    let json = c.json();
+    let log = std::fs::read_to_string(json["memory_servers"][1]["log"].as_str().unwrap()).unwrap();
+    let attached = format!(
+        "primary of backup {}",
+        json["memory_server_backups"][1]["address"]
+            .as_str()
+            .unwrap()
+    );
+    assert!(log.contains(&attached), "{log}");
+    // A second restart changes nothing more (the promotion is no longer recorded once
+    // the backup held the promoted server's whole state).
+    ok(cwd, &["cluster", "down"]);
+    let said = ok(cwd, &up);
+    assert!(!said.contains("promoted"), "{said}");
+    let mut all = all_after;
+    all.push_str("11\tnew\n");
+    assert_eq!(ok(cwd, &["kv", "scan"]), all);
 }

@@ -111,7 +111,9 @@ pub struct UpArgs {
     /// (`memory-server-i-backup`, `--backup`; with --data-dir in
     /// DATA_DIR/memory-server-i-backup) and the primary with `--backup-at` it, and gives
     /// compute nodes `PRIMARY|BACKUP` addresses, so a compute node that cannot reach a
-    /// primary promotes its backup.
+    /// primary promotes its backup. With --data-dir, a backup's directory promoted in
+    /// an earlier run is swapped with its primary's first (the promoted data serves as
+    /// the primary, the old primary's directory becomes the backup).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub replicas: u8,
 }

@@ -82,7 +82,8 @@ pub struct MemoryServerArgs {
     /// Serve as a backup: apply the replication stream of the primary that attaches
     /// (started with --backup-at this server's --listen address), refuse compute nodes
     /// until promoted (a compute node promotes it when the primary is unreachable).
-    /// Same --size and --region-size as the primary.
+    /// Same --size and --region-size as the primary. A --data-dir that was promoted
+    /// is refused: restart it as the primary, without --backup.
     #[arg(long, conflicts_with = "backup_at")]
     pub backup: bool,
     /// Replicate to the backup at ADDR (its control-plane host:port): attach and copy

@@ -745,7 +745,8 @@ fn settle_failover(data_dir: &Path, i: usize) -> Result<Option<String>> {
         promoted.at_utc(),
         primary.display(),
         if old_primary {
-            ", and the old primary's becomes the backup's, which receives a full copy"
+            ", and the old primary's becomes the backup's (a backup started on it receives \
+             a full copy)"
         } else {
             ""
         }

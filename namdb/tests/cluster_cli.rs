@@ -638,6 +638,7 @@ fn as_many_compute_nodes_as_the_oracle_has_slots_come_up() {
     assert_eq!(ok(c.cwd(), &["kv", "get", "3"]), "three\n");
     let o = namdb(c.cwd(), &["cluster", "up", "--compute-nodes", "17"]);
     assert!(stderr(&o).contains("17 is not in 1..=16"), "{}", stderr(&o));
+}
 
 /// A tester's report: after a failover to memory-server-1's backup, `cluster down` and
 /// `cluster up` brought the dead primary's directory back as the primary, and its

@@ -22,9 +22,24 @@ fn num(v: Option<Vec<u8>>) -> i64 {
 }
 
 fn cluster() -> (Database, Arc<Table>) {
+    let (db, t) = database(16);
+    let mut c = db.client().unwrap();
+    c.run(0, |x| {
+        for k in 0..8 {
+            x.insert(&t, k, val(100))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    (db, t)
+}
+
+/// Two servers, `slots` oracle slots, short leases, and an empty accounts table.
+fn database(slots: u32) -> (Database, Arc<Table>) {
     let db = Database::embedded(Options {
         servers: 2,
         server_bytes: 64 << 20,
+        slots,
         oracle: timestamp::OracleConfig {
             tick_interval: Duration::from_millis(2),
             lease_timeout: Duration::from_millis(80),
@@ -48,14 +63,6 @@ fn cluster() -> (Database, Arc<Table>) {
             },
         })
         .unwrap();
-    let mut c = db.client().unwrap();
-    c.run(0, |x| {
-        for k in 0..8 {
-            x.insert(&t, k, val(100))?;
-        }
-        Ok(())
-    })
-    .unwrap();
     (db, t)
 }
 
@@ -211,31 +218,7 @@ fn committed_records_are_in_the_log_and_clean_exits_leave_no_work() {
 /// silent for the lease timeout, and resolves what the holder left.
 #[test]
 fn a_new_worker_takes_over_a_slot_when_every_holder_is_gone() {
-    let db = Database::embedded(Options {
-        slots: 2,
-        oracle: timestamp::OracleConfig {
-            tick_interval: Duration::from_millis(2),
-            lease_timeout: Duration::from_millis(80),
-            ..timestamp::OracleConfig::default()
-        },
-        wait_visible: false,
-        ..Options::default()
-    })
-    .unwrap();
-    let t = db
-        .create_table(TableSpec {
-            name: "accounts".into(),
-            versions: 4,
-            value_cap: 16,
-            capacity: 256,
-            partitions: 0,
-            placement: txn::Placement::RoundRobin,
-            index: IndexShape {
-                buckets: 32,
-                slots: 8,
-            },
-        })
-        .unwrap();
+    let (db, t) = database(2);
     db.client()
         .unwrap()
         .run(0, |x| {

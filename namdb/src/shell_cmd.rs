@@ -165,7 +165,7 @@ pub fn run(args: ShellArgs) -> Result<ExitCode> {
             Ok(Line::Quit) => break,
             Ok(parsed) => {
                 if let Err(e) = runtime.block_on(execute(&client, &args.table, &mut open, parsed)) {
-                    eprintln!("error: {e:#}");
+                    eprintln!("error: line {number}: {e:#}");
                     failed_lines.push(number);
                     // A compute node that died or hangs: go on with another.
                     if !runtime.block_on(answers(&client)) {

@@ -2,7 +2,7 @@
 //! anomalies with explained examples, and counts.
 //!
 //! Exit status: 0 valid, 1 the history violates the model, 2 the history could not be
-//! read (the message names the line), 3 inconclusive: nothing forbidden was found, but
+//! read (the message names the line) or holds no transaction, 3 inconclusive: nothing forbidden was found, but
 //! part of the history could not be checked (a cycle search ran out of budget, or
 //! register reads without timestamps, which only their values could be checked for).
 
@@ -82,6 +82,14 @@ fn load(args: &VerifyArgs) -> Result<HistoryIndex> {
             .with_context(|| format!("cannot open {}", args.file.display()))?;
         Box::new(BufReader::with_capacity(1 << 20, file))
     };
-    load_jsonl(input, args.examples)
-        .with_context(|| format!("{} is not a usable history", args.file.display()))
+    let index = load_jsonl(input, args.examples)
+        .with_context(|| format!("{} is not a usable history", args.file.display()))?;
+    // An empty history passes every check vacuously: a wrong path or an unflushed
+    // recording must not read as "valid".
+    anyhow::ensure!(
+        index.stats().txns > 0,
+        "{} holds no transactions: there is nothing to check",
+        args.file.display()
+    );
+    Ok(index)
 }

@@ -152,6 +152,16 @@ fn a_repeated_id_and_a_missing_file_are_clear_errors() {
         "{stderr}"
     );
 
+    // Nothing to check is not a valid history.
+    let empty = TempHistory::new("empty", &["", "   "]);
+    let out = namdb(&["verify", empty.path()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("holds no transactions: there is nothing to check"),
+        "{stderr}"
+    );
+
     let out = namdb(&["verify", "/nonexistent/history.jsonl"]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");

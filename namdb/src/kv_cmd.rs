@@ -91,10 +91,17 @@ pub fn show(value: &[u8]) -> String {
 
 /// Whether the compute node of `client` answers a health check in time.
 pub async fn answers(client: &Client) -> bool {
-    matches!(
-        tokio::time::timeout(ANSWER_WAIT, client.health()).await,
-        Ok(Ok(_))
-    )
+    health_check(client).await.is_ok()
+}
+
+/// The compute node's health check: why it failed, if it did (no answer in time, or an
+/// answer refusing us, e.g. a cluster file naming another cluster's token).
+async fn health_check(client: &Client) -> Result<()> {
+    match tokio::time::timeout(ANSWER_WAIT, client.health()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(s)) => Err(failed("its health check", &s)),
+        Err(_) => bail!("it did not answer a health check within {ANSWER_WAIT:?}"),
+    }
 }
 
 /// How long a compute node has to answer a health check before the next one is tried:
@@ -127,9 +134,7 @@ impl Nodes {
         for node in &self.file.compute_nodes {
             let answered = async {
                 let client = Client::connect(&node.address, &self.token).await?;
-                if !answers(&client).await {
-                    bail!("it did not answer a health check within {ANSWER_WAIT:?}");
-                }
+                health_check(&client).await?;
                 Ok::<_, anyhow::Error>(client)
             };
             match answered.await {

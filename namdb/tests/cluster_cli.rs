@@ -722,3 +722,27 @@ fn writes_acknowledged_after_a_failover_survive_cluster_down_and_up() {
     all.push_str("11\tnew\n");
     assert_eq!(ok(cwd, &["kv", "scan"]), all);
 }
+
+/// A cluster file naming another cluster's token: `kv` says the node refused the
+/// token, not that it did not answer.
+#[test]
+fn a_cluster_file_with_the_wrong_token_says_so() {
+    let c = Cluster::up(&["--backend", "shm", "--size", "16MiB"]);
+    let other = c.cwd().join("other.token");
+    std::fs::write(&other, "ab".repeat(32)).unwrap();
+    std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut json = c.json();
+    json["token_file"] = serde_json::Value::String(other.display().to_string());
+    let bad = c.cwd().join("bad.json");
+    std::fs::write(&bad, json.to_string()).unwrap();
+    let o = namdb(
+        c.cwd(),
+        &["kv", "get", "1", "--cluster", bad.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("its health check failed: wrong credentials"),
+        "{}",
+        stderr(&o)
+    );
+}

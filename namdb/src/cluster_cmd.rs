@@ -194,7 +194,13 @@ pub fn run(cmd: ClusterCommand) -> Result<()> {
     match cmd {
         ClusterCommand::Up(args) => up(&args),
         ClusterCommand::Down(d) => down(&d.dir),
-        ClusterCommand::Status(d) => status(&d.dir),
+        ClusterCommand::Status(d) => {
+            if !status(&d.dir)? {
+                // As `kv`'s failure: a script can tell a degraded cluster.
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -826,23 +832,48 @@ fn down(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn status(dir: &Path) -> Result<()> {
+/// Whether process `pid` is stopped (SIGSTOP, or a debugger): alive, answering nothing.
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "T" || state == "t")
+    })
+}
+
+/// Prints each process's state; false if one of them does not run (or is stopped).
+fn status(dir: &Path) -> Result<bool> {
     let Some((_, file)) = existing(dir, "no cluster")? else {
-        return Ok(());
+        return Ok(true);
     };
     let by_hand = started_by_hand(&file);
+    let mut down = 0;
+    let mut total = 0;
     for p in file
         .memory_servers
         .iter()
         .chain(&file.memory_server_backups)
         .chain(&file.compute_nodes)
     {
-        let state = if ours(p.pid, &file.token_file) {
-            "alive".to_string()
-        } else if let Some(h) = by_hand.iter().find(|h| h.name == p.name) {
-            format!("alive as pid {}, started by hand", h.pid)
+        total += 1;
+        let running = if ours(p.pid, &file.token_file) {
+            Some((p.pid, String::new()))
         } else {
-            "not running".to_string()
+            by_hand
+                .iter()
+                .find(|h| h.name == p.name)
+                .map(|h| (h.pid, format!(" as pid {}, started by hand", h.pid)))
+        };
+        let state = match running {
+            Some((pid, _)) if stopped(pid) => {
+                down += 1;
+                format!("stopped (SIGSTOP: it answers nothing; `kill -CONT {pid}` resumes it)")
+            }
+            Some((_, how)) => format!("alive{how}"),
+            None => {
+                down += 1;
+                "not running".to_string()
+            }
         };
         let metrics = p
             .metrics
@@ -863,7 +894,10 @@ fn status(dir: &Path) -> Result<()> {
     {
         println!("{} pid {} alive, started by hand", h.name, h.pid);
     }
-    Ok(())
+    if down > 0 {
+        println!("{down} of {total} processes are not running");
+    }
+    Ok(down == 0)
 }
 
 #[cfg(test)]

@@ -569,10 +569,30 @@ fn a_process_restarted_by_hand_is_seen_and_stopped() {
             _ => {}
         }
     }
+    // A stopped memory server answers nothing: `status` says so and fails.
+    let server = json["memory_servers"][0]["pid"].as_u64().unwrap() as u32;
+    send_signal(server, "-STOP");
+    let o = namdb(c.cwd(), &["cluster", "status"]);
+    send_signal(server, "-CONT");
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(&format!(
+            "stopped (SIGSTOP: it answers nothing; `kill -CONT {server}`"
+        )),
+        "{}",
+        stdout(&o)
+    );
     send_signal(old_pid, "-9");
     while alive(old_pid) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    let o = namdb(c.cwd(), &["cluster", "status"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).ends_with("1 of 3 processes are not running\n"),
+        "{}",
+        stdout(&o)
+    );
     let log = std::fs::File::create(c.cwd().join("by-hand.log")).unwrap();
     let mut by_hand = Command::new(env!("CARGO_BIN_EXE_namdb"))
         .current_dir(c.cwd())

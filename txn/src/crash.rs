@@ -39,13 +39,14 @@ static ARMED: AtomicBool = AtomicBool::new(false);
 /// Per point: the probability scaled to `u64::MAX` (0 = never).
 static THRESHOLDS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
 static RNG: AtomicU64 = AtomicU64::new(0x853c_49e6_748f_ea9b);
-/// For in-process tests: the thread (an id of ours, not 0) whose next pass of the
-/// armed point panics instead of aborting the process.
-static PANIC_THREAD: AtomicU64 = AtomicU64::new(0);
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+/// For in-process tests: points are armed per thread ([`panic_at_on_this_thread`]),
+/// and none aborts the process. Set once for good: tests running in parallel in one
+/// process each arm their own thread, and one firing must not disarm another.
+static PANIC_MODE: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
-    static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+    /// The point whose next pass panics on this thread (tests).
+    static PANIC_AT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 /// Arms the points of `spec` (`POINT:PROBABILITY,…`, POINT a name of [`POINTS`] or
@@ -123,23 +124,17 @@ pub fn panic_at_on_this_thread(name: &str) -> Result<(), String> {
         .iter()
         .position(|&x| x == name)
         .ok_or_else(|| format!("unknown crash point `{name}`"))?;
-    for (j, cell) in THRESHOLDS.iter().enumerate() {
-        cell.store(if j == i { u64::MAX } else { 0 }, Ordering::Relaxed);
-    }
-    PANIC_THREAD.store(THREAD.with(|t| *t), Ordering::Relaxed);
+    PANIC_AT.with(|p| p.set(Some(i)));
+    PANIC_MODE.store(true, Ordering::Relaxed);
     ARMED.store(true, Ordering::Relaxed);
     Ok(())
 }
 
 #[cold]
 fn maybe_die(point: CrashPoint) {
-    let panic_thread = PANIC_THREAD.load(Ordering::Relaxed);
-    if panic_thread != 0 {
-        if THREAD.with(|t| *t) == panic_thread
-            && THRESHOLDS[point as usize].load(Ordering::Relaxed) > 0
-        {
-            ARMED.store(false, Ordering::Relaxed);
-            PANIC_THREAD.store(0, Ordering::Relaxed);
+    if PANIC_MODE.load(Ordering::Relaxed) {
+        if PANIC_AT.with(|p| p.get()) == Some(point as usize) {
+            PANIC_AT.with(|p| p.set(None));
             panic!("crash point {} (test)", POINTS[point as usize]);
         }
         return;

@@ -82,7 +82,10 @@ fn die_at(db: &Database, t: &Arc<Table>, point: &'static str) {
             x.insert(&t, 100, val(7)).unwrap();
             x.commit()
         }));
-        assert!(died.is_err(), "the crash point {point} did not fire");
+        assert!(
+            died.is_err(),
+            "the crash point {point} did not fire: {died:?}"
+        );
         // A dead node releases nothing.
         std::mem::forget(client);
     })

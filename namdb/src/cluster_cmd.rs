@@ -28,7 +28,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// threads and memory, and a host runs out of both long before this.
 const MAX_PROCESSES: u64 = 64;
 
-/// Set by SIGINT or SIGTERM once [`catch_interrupts`] ran. The processes `up` starts
+/// Set by SIGINT, SIGTERM or SIGHUP once [`catch_interrupts`] ran. The processes `up` starts
 /// are detached (a terminal's Ctrl-C does not reach them), so `up` must stop them
 /// itself when interrupted, before the cluster file that names them is written.
 fn interrupted() -> &'static Arc<AtomicBool> {
@@ -36,15 +36,20 @@ fn interrupted() -> &'static Arc<AtomicBool> {
     FLAG.get_or_init(|| Arc::new(AtomicBool::new(false)))
 }
 
-/// Turns SIGINT and SIGTERM into [`interrupted`]; a second one ends the process at
-/// once, as without the handler.
+/// Turns SIGINT, SIGTERM and SIGHUP (the terminal closed) into [`interrupted`]; a
+/// second one ends the process at once, with the shell's status for it, as without
+/// the handler.
 fn catch_interrupts() -> Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    for signal in [SIGINT, SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(interrupted()))
-            .context("cannot handle SIGINT and SIGTERM")?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    for signal in [SIGINT, SIGTERM, SIGHUP] {
+        signal_hook::flag::register_conditional_shutdown(
+            signal,
+            128 + signal,
+            Arc::clone(interrupted()),
+        )
+        .context("cannot handle SIGINT, SIGTERM and SIGHUP")?;
         signal_hook::flag::register(signal, Arc::clone(interrupted()))
-            .context("cannot handle SIGINT and SIGTERM")?;
+            .context("cannot handle SIGINT, SIGTERM and SIGHUP")?;
     }
     Ok(())
 }

@@ -224,6 +224,13 @@ fn a_cluster_on_tcp_with_two_compute_nodes_comes_up_and_down() {
 
 #[test]
 fn an_interrupted_up_stops_the_processes_it_started() {
+    // Ctrl-C, and the terminal closing.
+    for signal in ["-INT", "-HUP"] {
+        interrupt_up(signal);
+    }
+}
+
+fn interrupt_up(signal: &str) {
     let dir = tempfile::tempdir().unwrap();
     let up = Command::new(env!("CARGO_BIN_EXE_namdb"))
         .current_dir(dir.path())
@@ -243,15 +250,19 @@ fn an_interrupted_up_stops_the_processes_it_started() {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    send_signal(up.id(), "-INT");
+    send_signal(up.id(), signal);
     let o = up.wait_with_output().unwrap();
-    assert!(!o.status.success(), "{}", stdout(&o));
-    assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
+    assert!(!o.status.success(), "{signal}: {}", stdout(&o));
+    assert!(
+        stderr(&o).contains("interrupted"),
+        "{signal}: {}",
+        stderr(&o)
+    );
     let cluster_dir = dir.path().join("namdb-cluster");
     assert!(!cluster_dir.join("cluster.json").exists());
     let token = std::fs::canonicalize(cluster_dir.join("token")).unwrap();
     let left = processes_naming(&token);
-    assert!(left.is_empty(), "still running: {left:?}");
+    assert!(left.is_empty(), "{signal}: still running: {left:?}");
 }
 
 #[test]

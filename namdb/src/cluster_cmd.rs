@@ -175,9 +175,13 @@ impl ClusterFile {
             .with_context(|| format!("{} is not a namdb cluster file", path.display()))
     }
 
+    /// Written to a temporary file and renamed over `path`: a crash or a full disk
+    /// never leaves a cut-short cluster file naming half the processes.
     fn write(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(path, text + "\n")
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, text + "\n")
+            .and_then(|()| std::fs::rename(&tmp, path))
             .with_context(|| format!("cannot write the cluster file {}", path.display()))
     }
 
@@ -797,7 +801,58 @@ fn existing(dir: &Path, none: &str) -> Result<Option<(PathBuf, ClusterFile)>> {
     Ok(Some((path, file)))
 }
 
+/// Stops what a cluster file that cannot be read would have named: the memory servers
+/// and compute nodes whose command line names `DIR/token`, the token file `up` makes
+/// there. The unreadable file is kept beside, renamed, for whoever wants to look.
+fn down_unreadable(dir: &Path, path: &Path, why: &anyhow::Error) -> Result<()> {
+    let token_file = dir.join("token");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Err(anyhow::anyhow!("{why:#}"));
+    };
+    let found: Vec<ProcessEntry> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| alive(pid))
+        .filter_map(|pid| {
+            let (command, listen) = cluster_member(pid, &token_file)?;
+            Some(ProcessEntry {
+                name: format!("{command} at {listen}"),
+                pid,
+                address: listen,
+                log: PathBuf::new(),
+                metrics: None,
+            })
+        })
+        .collect();
+    let kept = path.with_extension("json.unreadable");
+    std::fs::rename(path, &kept)
+        .with_context(|| format!("cannot move the cluster file {} aside", path.display()))?;
+    println!(
+        "the cluster file cannot be read ({why:#}); it is kept as {}",
+        kept.display()
+    );
+    let killed = stop_all(found.iter(), &token_file);
+    for name in &killed {
+        println!(
+            "{name} did not stop within {} s of SIGTERM; killed it (SIGKILL)",
+            STOP_TIMEOUT.as_secs()
+        );
+    }
+    println!(
+        "cluster down ({} process{} naming {} stopped)",
+        found.len(),
+        if found.len() == 1 { "" } else { "es" },
+        token_file.display()
+    );
+    Ok(())
+}
+
 fn down(dir: &Path) -> Result<()> {
+    let path = dir.join(CLUSTER_FILE);
+    if path.exists()
+        && let Err(why) = ClusterFile::read(&path)
+    {
+        return down_unreadable(dir, &path, &why);
+    }
     let Some((path, file)) = existing(dir, "no cluster to stop")? else {
         return Ok(());
     };

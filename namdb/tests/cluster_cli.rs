@@ -777,3 +777,29 @@ fn a_cluster_file_with_the_wrong_token_says_so() {
         stderr(&o)
     );
 }
+
+/// A cluster file cut short (a full disk, a stray edit): `down` still stops the
+/// cluster's processes, found by the token file they name, and keeps the file aside.
+#[test]
+fn down_stops_the_processes_of_an_unreadable_cluster_file() {
+    let c = Cluster::up(&["--backend", "shm", "--size", "16MiB"]);
+    let token = std::fs::canonicalize(c.cwd().join("namdb-cluster/token")).unwrap();
+    assert_eq!(processes_naming(&token).len(), 3);
+    let text = std::fs::read_to_string(c.file()).unwrap();
+    std::fs::write(c.file(), &text[..text.len() / 2]).unwrap();
+    let said = ok(c.cwd(), &["cluster", "down"]);
+    assert!(said.contains("the cluster file cannot be read"), "{said}");
+    assert!(said.contains("cluster down (3 processes naming"), "{said}");
+    assert!(processes_naming(&token).is_empty());
+    assert!(!c.file().exists());
+    assert!(
+        c.cwd()
+            .join("namdb-cluster/cluster.json.unreadable")
+            .exists()
+    );
+    // And a new cluster comes up in its place.
+    ok(
+        c.cwd(),
+        &["cluster", "up", "--backend", "shm", "--size", "16MiB"],
+    );
+}

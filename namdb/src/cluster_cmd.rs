@@ -281,15 +281,11 @@ fn cluster_member(pid: u32, token_file: &Path) -> Option<(String, String)> {
 /// matches, under a name of its own.
 fn started_by_hand(file: &ClusterFile) -> Vec<ProcessEntry> {
     let recorded: Vec<u32> = file.processes().map(|p| p.pid).collect();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut found: Vec<ProcessEntry> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| !recorded.contains(pid) && *pid != std::process::id() && alive(*pid))
-        .filter_map(|pid| {
-            let (command, listen) = cluster_member(pid, &file.token_file)?;
-            Some(match file.processes().find(|p| p.address == listen) {
+    cluster_members(&file.token_file)
+        .into_iter()
+        .filter(|(pid, _, _)| !recorded.contains(pid))
+        .map(
+            |(pid, command, listen)| match file.processes().find(|p| p.address == listen) {
                 Some(entry) => ProcessEntry {
                     pid,
                     ..entry.clone()
@@ -301,11 +297,37 @@ fn started_by_hand(file: &ClusterFile) -> Vec<ProcessEntry> {
                     log: PathBuf::from(format!("/proc/{pid}/fd/2")),
                     metrics: None,
                 },
-            })
+            },
+        )
+        .collect()
+}
+
+/// Every running memory server and compute node naming `token_file` (see
+/// [`cluster_member`]), by pid: (pid, command, `--listen` address).
+fn cluster_members(token_file: &Path) -> Vec<(u32, String, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found: Vec<(u32, String, String)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != std::process::id() && alive(pid))
+        .filter_map(|pid| {
+            let (command, listen) = cluster_member(pid, token_file)?;
+            Some((pid, command, listen))
         })
         .collect();
-    found.sort_by_key(|p| p.pid);
+    found.sort_by_key(|&(pid, _, _)| pid);
     found
+}
+
+/// Says which processes `down` had to SIGKILL.
+fn report_killed(killed: &[String]) {
+    for name in killed {
+        println!(
+            "{name} did not stop within {} s of SIGTERM; killed it (SIGKILL)",
+            STOP_TIMEOUT.as_secs()
+        );
+    }
 }
 
 fn signal(pid: u32, signal: rustix::process::Signal) {
@@ -806,21 +828,14 @@ fn existing(dir: &Path, none: &str) -> Result<Option<(PathBuf, ClusterFile)>> {
 /// there. The unreadable file is kept beside, renamed, for whoever wants to look.
 fn down_unreadable(dir: &Path, path: &Path, why: &anyhow::Error) -> Result<()> {
     let token_file = dir.join("token");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Err(anyhow::anyhow!("{why:#}"));
-    };
-    let found: Vec<ProcessEntry> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| alive(pid))
-        .filter_map(|pid| {
-            let (command, listen) = cluster_member(pid, &token_file)?;
-            Some(ProcessEntry {
-                name: format!("{command} at {listen}"),
-                pid,
-                address: listen,
-                log: PathBuf::new(),
-                metrics: None,
-            })
+    let found: Vec<ProcessEntry> = cluster_members(&token_file)
+        .into_iter()
+        .map(|(pid, command, listen)| ProcessEntry {
+            name: format!("{command} at {listen}"),
+            pid,
+            address: listen,
+            log: PathBuf::new(),
+            metrics: None,
         })
         .collect();
     let kept = path.with_extension("json.unreadable");
@@ -830,13 +845,7 @@ fn down_unreadable(dir: &Path, path: &Path, why: &anyhow::Error) -> Result<()> {
         "the cluster file cannot be read ({why:#}); it is kept as {}",
         kept.display()
     );
-    let killed = stop_all(found.iter(), &token_file);
-    for name in &killed {
-        println!(
-            "{name} did not stop within {} s of SIGTERM; killed it (SIGKILL)",
-            STOP_TIMEOUT.as_secs()
-        );
-    }
+    report_killed(&stop_all(found.iter(), &token_file));
     println!(
         "cluster down ({} process{} naming {} stopped)",
         found.len(),
@@ -848,13 +857,13 @@ fn down_unreadable(dir: &Path, path: &Path, why: &anyhow::Error) -> Result<()> {
 
 fn down(dir: &Path) -> Result<()> {
     let path = dir.join(CLUSTER_FILE);
-    if path.exists()
-        && let Err(why) = ClusterFile::read(&path)
-    {
-        return down_unreadable(dir, &path, &why);
-    }
-    let Some((path, file)) = existing(dir, "no cluster to stop")? else {
+    if !path.exists() {
+        println!("no cluster to stop: {} does not exist", path.display());
         return Ok(());
+    }
+    let file = match ClusterFile::read(&path) {
+        Ok(file) => file,
+        Err(why) => return down_unreadable(dir, &path, &why),
     };
     let running = file
         .processes()
@@ -867,13 +876,10 @@ fn down(dir: &Path) -> Result<()> {
             p.name, p.pid
         );
     }
-    let killed = stop_all(file.processes().chain(&by_hand), &file.token_file);
-    for name in &killed {
-        println!(
-            "{name} did not stop within {} s of SIGTERM; killed it (SIGKILL)",
-            STOP_TIMEOUT.as_secs()
-        );
-    }
+    report_killed(&stop_all(
+        file.processes().chain(&by_hand),
+        &file.token_file,
+    ));
     std::fs::remove_file(&path)
         .with_context(|| format!("cannot remove the cluster file {}", path.display()))?;
     let gone = file.processes().count() - running;

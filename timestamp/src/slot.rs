@@ -486,8 +486,10 @@ impl SlotHandle {
     /// worth of buffers) and records every slot's lease: at registration, and when a
     /// tick finds a slot free or fenced that this handle still took for owned (one
     /// stale sighting suggests others are stale too, as when nodes leave together).
-    fn refresh_leases(&self) -> Result<()> {
+    /// Returns each slot's lease word and heartbeat.
+    fn refresh_leases(&self) -> Result<Vec<(u64, u64)>> {
         let slots = self.layout.slots();
+        let mut table = Vec::with_capacity(slots as usize);
         let per_read = (BUFFER_BYTES as u64 / SLOT_BYTES) as u32;
         let batch = self.link.idle_buffers().max(1) as u32;
         let mut first = 0;
@@ -505,9 +507,10 @@ impl SlotHandle {
             let mut entries = vec![0u64; 2 * (at - first) as usize];
             self.link.run(&ops, &mut entries)?;
             self.st.borrow_mut().note_table(first, &entries);
+            table.extend(entries.chunks_exact(2).map(|e| (e[0], e[1])));
             first = at;
         }
-        Ok(())
+        Ok(table)
     }
 
     pub fn layout(&self) -> Layout {
@@ -627,23 +630,6 @@ impl SlotHandle {
         Ok(true)
     }
 
-    /// Every slot's lease word and heartbeat.
-    fn read_entries(&self) -> Result<Vec<(u64, u64)>> {
-        let slots = self.layout.slots();
-        let per_read = (BUFFER_BYTES as u64 / SLOT_BYTES) as u32;
-        let mut out = Vec::with_capacity(slots as usize);
-        let mut first = 0;
-        while first < slots {
-            let n = per_read.min(slots - first);
-            let mut entries = [0u64; (BUFFER_BYTES / 8) as usize];
-            let words = &mut entries[..2 * n as usize];
-            self.link.read(self.layout.lease_offset(first), words)?;
-            out.extend(words.chunks_exact(2).map(|e| (e[0], e[1])));
-            first += n;
-        }
-        Ok(out)
-    }
-
     /// With every slot owned, watches them for `lease_timeout` of this handle's clock
     /// and fences and claims the first whose lease and heartbeat stayed unchanged (its
     /// holder is gone: a live one renews every quarter of that), or claims one that
@@ -652,7 +638,7 @@ impl SlotHandle {
     /// crash loop, its new processes dying before their first ticks) no tick is left
     /// to do it, and without this no worker could ever start again.
     fn take_over_lapsed(&self) -> Result<u32> {
-        let watched = self.read_entries()?;
+        let watched = self.refresh_leases()?;
         let since = self.clock.now();
         let started = std::time::Instant::now();
         let pause = (self.config.lease_timeout / 8).clamp(
@@ -663,9 +649,8 @@ impl SlotHandle {
         let give_up = self.config.lease_timeout * 4 + std::time::Duration::from_secs(1);
         while started.elapsed() < give_up {
             std::thread::sleep(pause);
-            let now = self.read_entries()?;
+            let now = self.refresh_leases()?;
             for (slot, &(word, _)) in now.iter().enumerate() {
-                self.st.borrow_mut().note_lease(slot as u32, word);
                 if Lease::decode(word)?.state != SlotState::Owned
                     && self.claim_slot(slot as u32, word)?
                 {

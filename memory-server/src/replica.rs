@@ -16,7 +16,7 @@ use crate::proto::{self, memory_server_client::MemoryServerClient};
 use crate::regions::ServedRegion;
 use crate::session::{SESSION_METADATA, SessionId};
 use crate::token::ClusterToken;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -104,23 +104,126 @@ fn unavailable(addr: &str, what: impl std::fmt::Display) -> String {
     format!("backup at {addr} {what}")
 }
 
-impl Replicator {
-    /// Attaches to the backup at `addr` and copies every region to it; returns once
-    /// the backup holds what `regions` hold. Call before anyone can write the regions.
-    pub async fn start(
+/// Why the stream stopped.
+#[derive(Debug, Clone)]
+enum Failure {
+    /// The backup refused this primary (it was promoted, another primary attached
+    /// since, or it holds newer data): for good, since this primary is no longer the
+    /// one whose state the backup should hold.
+    Fenced(String),
+    /// The backup did not answer, failed, or lost this primary's session (it
+    /// restarted): a new attach may succeed.
+    Lost(String),
+}
+
+impl Failure {
+    fn from_status(addr: &str, what: &str, s: &Status) -> Failure {
+        let why = unavailable(
+            addr,
+            format_args!("{what}: {} ({:?})", s.message(), s.code()),
+        );
+        if s.code() == tonic::Code::FailedPrecondition {
+            Failure::Fenced(why)
+        } else {
+            Failure::Lost(why)
+        }
+    }
+
+    fn why(&self) -> &str {
+        match self {
+            Failure::Fenced(why) | Failure::Lost(why) => why,
+        }
+    }
+
+    /// What a Persist refused because of it says.
+    fn persist_error(&self) -> String {
+        match self {
+            Failure::Fenced(why) => format!(
+                "{why}; this primary acknowledges no Persist any more (its backup serves, or \
+                 holds newer data)"
+            ),
+            Failure::Lost(why) => format!(
+                "{why}; no Persist is acknowledged until the backup answers again (this \
+                 primary attaches to it again by itself, every {RETRY_EVERY:?})"
+            ),
+        }
+    }
+}
+
+/// How often a primary whose backup stopped answering tries to attach again.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// How long one such attempt may take to connect and attach.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Persist entry bytes acknowledged and held for the backup while a new attach's
+/// transfer runs; beyond it the attempt is given up (and made again later).
+const MAX_BACKLOG: usize = 256 << 20;
+
+/// Where the backup is and what this primary tells it at attach.
+struct Link {
+    addr: String,
+    token: ClusterToken,
+    regions: Arc<Vec<ServedRegion>>,
+    boot: u64,
+    epoch: u64,
+}
+
+/// An attached stream.
+struct Stream {
+    rpc: MemoryServerClient<Channel>,
+    header: AsciiMetadataValue,
+    /// The last batch's number.
+    seq: u64,
+    /// Holds the session (its renewals) for the stream's lifetime.
+    _client: Client,
+}
+
+impl Stream {
+    /// Sends one batch and waits until the backup applied (and journaled) it.
+    async fn apply(
+        &mut self,
         addr: &str,
-        token: &ClusterToken,
-        regions: &[ServedRegion],
-        primary_boot: u64,
-        primary_epoch: u64,
-        durable: bool,
-    ) -> Result<Replicator, String> {
-        let client = Client::connect(addr, token)
-            .await
-            .map_err(|e| unavailable(addr, format_args!("cannot be reached: {e}")))?;
+        entries: Vec<u8>,
+        count: u32,
+        synced: bool,
+    ) -> Result<(), Failure> {
+        self.seq += 1;
+        let req = with_session(
+            proto::ReplicaApplyRequest {
+                seq: self.seq,
+                count,
+                entries,
+                synced,
+            },
+            &self.header,
+        );
+        match tokio::time::timeout(APPLY_TIMEOUT, self.rpc.replica_apply(req)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(s)) => Err(Failure::from_status(
+                addr,
+                "failed the replication stream",
+                &s,
+            )),
+            Err(_) => Err(Failure::Lost(unavailable(
+                addr,
+                format_args!("did not apply a batch within {APPLY_TIMEOUT:?}"),
+            ))),
+        }
+    }
+}
+
+impl Link {
+    /// Attaches this primary's stream: from then on the backup cannot be promoted until
+    /// a batch says it holds the whole state. Answers whether the backup's memory is
+    /// all zero.
+    async fn attach(&self) -> Result<(Stream, bool), Failure> {
+        let addr = &self.addr;
+        let client = Client::connect(addr, &self.token).await.map_err(|e| {
+            Failure::Lost(unavailable(addr, format_args!("cannot be reached: {e}")))
+        })?;
         let (mut rpc, header) = client.rpc_parts();
         let attach = proto::ReplicaAttachRequest {
-            regions: regions
+            regions: self
+                .regions
                 .iter()
                 .map(|r| proto::Region {
                     name: r.info.name.clone(),
@@ -128,15 +231,178 @@ impl Replicator {
                     ..Default::default()
                 })
                 .collect(),
-            primary_boot,
-            primary_epoch,
+            primary_boot: self.boot,
+            primary_epoch: self.epoch,
         };
         let clean = rpc
             .replica_attach(with_session(attach, &header))
             .await
-            .map_err(|s| unavailable(addr, format_args!("refused to attach: {}", s.message())))?
+            .map_err(|s| Failure::from_status(addr, "refused to attach", &s))?
             .into_inner()
             .clean;
+        Ok((
+            Stream {
+                rpc,
+                header,
+                seq: 0,
+                _client: client,
+            },
+            clean,
+        ))
+    }
+
+    /// Copies every region to the backup (region memory as it is now, which the
+    /// Persists queued meanwhile then bring up to date; a clean backup needs no zeros),
+    /// as batches of the stream. Answers the bytes sent.
+    async fn transfer(&self, stream: &mut Stream, clean: bool) -> Result<u64, Failure> {
+        let addr = &self.addr;
+        let mut buf = Vec::new();
+        let mut count = 0;
+        let mut piece = vec![0u8; TRANSFER_PIECE as usize];
+        let mut sent = 0u64;
+        for (i, r) in self.regions.iter().enumerate() {
+            let len = r.info.remote.len;
+            let mut offset = 0;
+            while offset < len {
+                let n = TRANSFER_PIECE.min(len - offset) as usize;
+                r.region
+                    .read(offset, &mut piece[..n])
+                    .map_err(|e| Failure::Lost(format!("reading region `{}`: {e}", r.info.name)))?;
+                if !(clean && piece[..n].iter().all(|&b| b == 0)) {
+                    journal::push_entry_header(&mut buf, i as u32, offset, n as u32);
+                    buf.extend_from_slice(&piece[..n]);
+                    count += 1;
+                    sent += n as u64;
+                }
+                if buf.len() >= SHIP_TARGET {
+                    stream
+                        .apply(addr, std::mem::take(&mut buf), count, false)
+                        .await?;
+                    count = 0;
+                }
+                offset += n as u64;
+            }
+        }
+        if count > 0 {
+            stream.apply(addr, buf, count, false).await?;
+        }
+        Ok(sent)
+    }
+
+    /// Attaches again to a backup that stopped answering and copies the whole state to
+    /// it. Persists queued meanwhile are acknowledged at once, since the attach made
+    /// the backup unpromotable until it is synced (so nothing acknowledged can be lost
+    /// by a promotion), and sent after the transfer.
+    async fn reattach(
+        &self,
+        rx: &mut mpsc::UnboundedReceiver<Shipment>,
+    ) -> Result<Stream, Failure> {
+        let (mut stream, clean) = tokio::time::timeout(ATTACH_TIMEOUT, self.attach())
+            .await
+            .map_err(|_| {
+                Failure::Lost(unavailable(
+                    &self.addr,
+                    format_args!("did not attach within {ATTACH_TIMEOUT:?}"),
+                ))
+            })??;
+        tracing::warn!(
+            backup = self.addr.as_str(),
+            "backup attached again: copying the whole state to it; until it holds that, \
+             Persists are acknowledged with this primary as their only copy"
+        );
+        let mut backlog = Backlog::default();
+        let sent = acking(rx, &mut backlog, self.transfer(&mut stream, clean)).await?;
+        while !backlog.entries.is_empty() {
+            let (entries, count) = backlog.take();
+            acking(
+                rx,
+                &mut backlog,
+                stream.apply(&self.addr, entries, count, false),
+            )
+            .await?;
+        }
+        // Persists queued from here on wait for the backup again.
+        stream.apply(&self.addr, Vec::new(), 0, true).await?;
+        tracing::info!(
+            backup = self.addr.as_str(),
+            bytes = sent,
+            "backup holds this primary's whole state again: Persists are acknowledged \
+             once it has them"
+        );
+        Ok(stream)
+    }
+}
+
+/// Persists acknowledged during a new attach's transfer, for the backup after it.
+#[derive(Default)]
+struct Backlog {
+    entries: Vec<u8>,
+    count: u32,
+}
+
+impl Backlog {
+    fn take(&mut self) -> (Vec<u8>, u32) {
+        (
+            std::mem::take(&mut self.entries),
+            std::mem::take(&mut self.count),
+        )
+    }
+}
+
+/// Runs `work` while acknowledging every Persist queued meanwhile and keeping its
+/// entries in `backlog`.
+async fn acking<T>(
+    rx: &mut mpsc::UnboundedReceiver<Shipment>,
+    backlog: &mut Backlog,
+    work: impl std::future::Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut work => return done,
+            got = rx.recv() => {
+                let Some(s) = got else {
+                    return Err(Failure::Lost("the server is stopping".into()));
+                };
+                if backlog.entries.len() + s.entries.len() > MAX_BACKLOG
+                    || backlog.count.checked_add(s.count).is_none()
+                {
+                    let _ = s.reply.send(Err("the backup's state transfer fell too far \
+                        behind this primary's Persists; it starts again"
+                        .into()));
+                    return Err(Failure::Lost(format!(
+                        "more than {} MiB of Persists queued during the state transfer",
+                        MAX_BACKLOG >> 20
+                    )));
+                }
+                backlog.entries.extend_from_slice(&s.entries);
+                backlog.count += s.count;
+                let _ = s.reply.send(Ok(()));
+            }
+        }
+    }
+}
+
+impl Replicator {
+    /// Attaches to the backup at `addr` and copies every region to it; returns once
+    /// the backup holds what `regions` hold. Call before anyone can write the regions.
+    pub async fn start(
+        addr: &str,
+        token: &ClusterToken,
+        regions: Arc<Vec<ServedRegion>>,
+        primary_boot: u64,
+        primary_epoch: u64,
+        durable: bool,
+    ) -> Result<Replicator, String> {
+        let link = Link {
+            addr: addr.to_string(),
+            token: token.clone(),
+            regions,
+            boot: primary_boot,
+            epoch: primary_epoch,
+        };
+        let (mut stream, clean) = link.attach().await.map_err(|f| f.why().to_string())?;
         if !clean && !durable {
             return Err(format!(
                 "the backup at {addr} holds state from an earlier primary, and this primary has \
@@ -147,52 +413,21 @@ impl Replicator {
         }
         // A restored durable primary sends what it restored; a clean backup needs no
         // zeros (nothing but this transfer and the stream ever writes its memory).
-        let mut seq = 0;
-        let mut buf = Vec::new();
-        let mut count = 0;
-        let mut piece = vec![0u8; TRANSFER_PIECE as usize];
-        let mut sent = 0u64;
-        for (i, r) in regions.iter().enumerate() {
-            let len = r.info.remote.len;
-            let mut offset = 0;
-            while offset < len {
-                let n = TRANSFER_PIECE.min(len - offset) as usize;
-                r.region
-                    .read(offset, &mut piece[..n])
-                    .map_err(|e| format!("reading region `{}`: {e}", r.info.name))?;
-                if !(clean && piece[..n].iter().all(|&b| b == 0)) {
-                    journal::push_entry_header(&mut buf, i as u32, offset, n as u32);
-                    buf.extend_from_slice(&piece[..n]);
-                    count += 1;
-                    sent += n as u64;
-                }
-                if buf.len() >= SHIP_TARGET {
-                    seq += 1;
-                    apply(
-                        &mut rpc,
-                        &header,
-                        addr,
-                        seq,
-                        std::mem::take(&mut buf),
-                        count,
-                    )
-                    .await?;
-                    count = 0;
-                }
-                offset += n as u64;
-            }
-        }
-        if count > 0 {
-            seq += 1;
-            apply(&mut rpc, &header, addr, seq, buf, count).await?;
-        }
+        let sent = link
+            .transfer(&mut stream, clean)
+            .await
+            .map_err(|f| f.why().to_string())?;
+        stream
+            .apply(addr, Vec::new(), 0, true)
+            .await
+            .map_err(|f| f.why().to_string())?;
         tracing::info!(
             backup = addr,
             bytes = sent,
             "backup attached: state transferred"
         );
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(ship(client, addr.to_string(), seq, rx));
+        let task = tokio::spawn(ship(link, stream, rx));
         Ok(Replicator {
             tx,
             order: Mutex::new(()),
@@ -225,86 +460,97 @@ fn with_session<T>(message: T, header: &AsciiMetadataValue) -> Request<T> {
     req
 }
 
-async fn apply(
-    rpc: &mut MemoryServerClient<Channel>,
-    header: &AsciiMetadataValue,
-    addr: &str,
-    seq: u64,
-    entries: Vec<u8>,
-    count: u32,
-) -> Result<(), String> {
-    let req = with_session(
-        proto::ReplicaApplyRequest {
-            seq,
-            count,
-            entries,
-        },
-        header,
-    );
-    match tokio::time::timeout(APPLY_TIMEOUT, rpc.replica_apply(req)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(s)) => Err(unavailable(
-            addr,
-            format_args!(
-                "failed the replication stream: {} ({:?})",
-                s.message(),
-                s.code()
-            ),
-        )),
-        Err(_) => Err(unavailable(
-            addr,
-            format_args!("did not apply a batch within {APPLY_TIMEOUT:?}"),
-        )),
+/// The next shipment and every one queued behind it, up to [`SHIP_TARGET`] bytes:
+/// `None` once the primary stops.
+async fn next_batch(rx: &mut mpsc::UnboundedReceiver<Shipment>) -> Option<Vec<Shipment>> {
+    let first = rx.recv().await?;
+    let mut size = first.entries.len();
+    let mut batch = vec![first];
+    while size < SHIP_TARGET {
+        match rx.try_recv() {
+            Ok(s) => {
+                size += s.entries.len();
+                batch.push(s);
+            }
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
+fn answer(batch: Vec<Shipment>, result: &Result<(), String>) {
+    for s in batch {
+        let _ = s.reply.send(result.clone());
     }
 }
 
 /// The stream: one ReplicaApply at a time, in queue order, each carrying every
-/// Persist queued meanwhile. After a failure nothing more is acknowledged: the backup
-/// may or may not hold the failed batch, so the stream cannot go on (a restart of the
-/// primary attaches afresh).
-async fn ship(
-    client: Client,
-    addr: String,
-    mut seq: u64,
-    mut rx: mpsc::UnboundedReceiver<Shipment>,
-) {
-    let (mut rpc, header) = client.rpc_parts();
-    let mut failed: Option<String> = None;
-    while let Some(first) = rx.recv().await {
-        let mut size = first.entries.len();
-        let mut batch = vec![first];
-        while size < SHIP_TARGET {
-            match rx.try_recv() {
-                Ok(s) => {
-                    size += s.entries.len();
-                    batch.push(s);
+/// Persist queued meanwhile. After a failure nothing is acknowledged (the backup may
+/// or may not hold the failed batch, and may be promoted with what it holds) until a
+/// new attach, tried every [`RETRY_EVERY`], has made the backup unpromotable; then
+/// the whole state is copied again. A fenced primary never attaches again.
+async fn ship(link: Link, stream: Stream, mut rx: mpsc::UnboundedReceiver<Shipment>) {
+    let mut stream = Ok(stream);
+    // The next attach attempt (kept across the Persists answered meanwhile).
+    let mut next_try = tokio::time::Instant::now();
+    loop {
+        match &mut stream {
+            Ok(s) => {
+                let Some(batch) = next_batch(&mut rx).await else {
+                    break;
+                };
+                let mut entries = Vec::with_capacity(batch.iter().map(|s| s.entries.len()).sum());
+                let mut count = 0;
+                for s in &batch {
+                    entries.extend_from_slice(&s.entries);
+                    count += s.count;
                 }
-                Err(_) => break,
+                match s.apply(&link.addr, entries, count, false).await {
+                    Ok(()) => answer(batch, &Ok(())),
+                    Err(failure) => {
+                        let why = failure.persist_error();
+                        tracing::error!("{why}");
+                        answer(batch, &Err(why));
+                        stream = Err(failure);
+                        next_try = tokio::time::Instant::now() + RETRY_EVERY;
+                    }
+                }
             }
-        }
-        if failed.is_none() {
-            let mut entries = Vec::with_capacity(size);
-            let mut count = 0;
-            for s in &batch {
-                entries.extend_from_slice(&s.entries);
-                count += s.count;
+            Err(failure @ Failure::Fenced(_)) => {
+                let Some(batch) = next_batch(&mut rx).await else {
+                    break;
+                };
+                answer(batch, &Err(failure.persist_error()));
             }
-            seq += 1;
-            if let Err(why) = apply(&mut rpc, &header, &addr, seq, entries, count).await {
-                let why = format!(
-                    "{why}; no Persist is acknowledged until this primary restarts with a \
-                     working backup"
-                );
-                tracing::error!("{why}");
-                failed = Some(why);
+            Err(Failure::Lost(_)) => {
+                let queued = tokio::select! {
+                    got = next_batch(&mut rx) => Some(got),
+                    () = tokio::time::sleep_until(next_try) => None,
+                };
+                match queued {
+                    Some(None) => break,
+                    Some(Some(batch)) => {
+                        let why = stream.as_ref().err().expect("failed").persist_error();
+                        answer(batch, &Err(why));
+                    }
+                    None => match link.reattach(&mut rx).await {
+                        Ok(s) => stream = Ok(s),
+                        Err(failure) => {
+                            if Some(failure.why()) != stream.as_ref().err().map(Failure::why) {
+                                tracing::warn!(
+                                    backup = link.addr.as_str(),
+                                    "attaching to the backup again failed: {}",
+                                    failure.why()
+                                );
+                            }
+                            stream = Err(failure);
+                            next_try = tokio::time::Instant::now() + RETRY_EVERY;
+                        }
+                    },
+                }
             }
-        }
-        let result = failed.clone().map_or(Ok(()), Err);
-        for s in batch {
-            let _ = s.reply.send(result.clone());
         }
     }
-    drop(client);
 }
 
 /// A backup's side of the stream.
@@ -325,6 +571,11 @@ struct BackupInner {
     epoch: u64,
     /// Region memory is all zero.
     clean: bool,
+    /// The attached primary's whole state is here (its stream said so): promotion
+    /// loses nothing it acknowledged. False from start and from every attach until
+    /// then, since a primary may have acknowledged Persists without this backup while
+    /// it was down or before the transfer finished.
+    synced: bool,
 }
 
 const NOT_PROMOTED: &str = "this memory server is a backup; promote it first";
@@ -339,6 +590,7 @@ impl Backup {
                 primary_boot: 0,
                 epoch,
                 clean,
+                synced: false,
             }),
         }
     }
@@ -431,6 +683,7 @@ impl Backup {
             inner.epoch = req.primary_epoch;
         }
         inner.stream = Some(session);
+        inner.synced = false;
         inner.next_seq = 1;
         inner.primary_boot = req.primary_boot;
         Ok(inner.clean)
@@ -509,11 +762,13 @@ impl Backup {
                 .map_err(|e| Status::internal(format!("writing region `{}`: {e}", r.info.name)))?;
         }
         let wait = durable
+            .filter(|_| req.count > 0)
             .map(|d| d.journal_entries(req.entries, req.count, bytes))
             .transpose()
             .map_err(|e| Status::unavailable(e.to_string()))?;
         inner.next_seq += 1;
-        inner.clean = false;
+        inner.clean &= req.count == 0;
+        inner.synced |= req.synced;
         Ok(wait)
     }
 
@@ -526,6 +781,21 @@ impl Backup {
         let mut inner = self.lock();
         if let Some(boot) = inner.promoted {
             return Ok(boot);
+        }
+        if !inner.synced {
+            return Err(Status::failed_precondition(if inner.stream.is_some() {
+                "this backup does not hold its primary's whole state yet (the primary's \
+                 state transfer has not finished): promoting it would lose what the \
+                 primary acknowledged. Promote it once the primary's log says \
+                 \"backup attached\", or restart the primary"
+            } else {
+                "this backup has not received its primary's state since it started: \
+                 promoting it would lose what the primary acknowledged meanwhile. Restart \
+                 the primary (it attaches to this backup and copies its state), or, if the \
+                 primary is gone for good and this backup has a data directory, start that \
+                 directory as the primary (without --backup), knowing it holds only what \
+                 was persisted before this backup stopped"
+            }));
         }
         let own = durable.map_or(0, |d| d.boot());
         let boot = own.max(inner.primary_boot) + 1;

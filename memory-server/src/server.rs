@@ -174,7 +174,7 @@ impl MemoryServer {
                     .map(|d| Durable::open(&d, &plan, &served).map(Arc::new))
                     .transpose()
                     .map_err(ServerError::Durability)?;
-                Ok((served, durable))
+                Ok((Arc::new(served), durable))
             })
             .await
             .map_err(|e| ServerError::Task(format!("region allocation failed: {e}")))??
@@ -203,7 +203,7 @@ impl MemoryServer {
                 let replica = Replicator::start(
                     backup_at,
                     &config.token,
-                    &served,
+                    served.clone(),
                     boot,
                     epoch,
                     durable.is_some(),

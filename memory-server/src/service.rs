@@ -21,7 +21,7 @@ pub(crate) struct ServerState {
     /// The completion queue of every server-side queue pair. The server never posts, so
     /// it only ever sees completions if a peer SENDs to a receive it will never post.
     pub cq: Arc<dyn CompletionQueue>,
-    pub regions: Vec<ServedRegion>,
+    pub regions: Arc<Vec<ServedRegion>>,
     pub directory: RegionDirectory,
     pub auth: Authenticator,
     pub sessions: Sessions,

@@ -25,10 +25,18 @@ async fn start(
     data_bytes: u64,
     replication: Replication,
 ) -> Result<(MemoryServer, SimNetwork), ServerError> {
+    start_at("127.0.0.1:0".parse().unwrap(), data_bytes, replication).await
+}
+
+async fn start_at(
+    listen: std::net::SocketAddr,
+    data_bytes: u64,
+    replication: Replication,
+) -> Result<(MemoryServer, SimNetwork), ServerError> {
     let net = SimNetwork::new(SimConfig::default());
     let device: Arc<dyn Device> = net.add_node();
     let plan = RegionPlan::new(data_bytes, REGION_BYTES).unwrap();
-    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), plan, token());
+    let mut config = ServerConfig::new(listen, plan, token());
     config.replication = replication;
     let server = MemoryServer::start(config, device).await?;
     Ok((server, net))
@@ -224,6 +232,92 @@ async fn a_dead_backup_fails_persists_with_a_clear_error() {
     assert!(err.contains(&format!("backup at {addr}")), "{err}");
 }
 
+/// Persists `range` until one is acknowledged, for at most 30 s.
+async fn persist_until_acknowledged(node: &Node, range: PersistRange) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match node.client.persist(&[range]).await {
+            Ok(_) => return,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let (code, _) = code_and_message(&e);
+                assert_eq!(code, Some(Code::Unavailable), "{e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no Persist acknowledged within 30 s: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_started_again_is_attached_again_and_persists_resume() {
+    let (primary, pnet, backup, _bnet) = pair().await;
+    let addr = backup.local_addr();
+    let node = Node::connect(&primary, &pnet, &token()).await;
+    let (rkey, at) = node.data(0).await;
+    node.write(at, 0, b"before");
+    node.client
+        .persist(&[PersistRange::new(rkey, 0, 6)])
+        .await
+        .unwrap();
+    backup.shutdown().await.unwrap();
+    node.write(at, 100, b"while down");
+    let (code, msg) = code_and_message(
+        &node
+            .client
+            .persist(&[PersistRange::new(rkey, 100, 10)])
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(code, Some(Code::Unavailable), "{msg}");
+    assert!(msg.contains("attaches to it again by itself"), "{msg}");
+
+    // A new backup process at the same address: empty, and not promotable until the
+    // primary has copied its state there.
+    let (again, anet) = start_at(addr, 64 << 10, Replication::Backup).await.unwrap();
+    persist_until_acknowledged(&node, PersistRange::new(rkey, 100, 10)).await;
+    node.write(at, 200, b"after");
+    node.client
+        .persist(&[PersistRange::new(rkey, 200, 5)])
+        .await
+        .unwrap();
+    drop(node);
+    primary.shutdown().await.unwrap();
+
+    let client = Client::connect(&addr.to_string(), &token()).await.unwrap();
+    client.promote().await.unwrap();
+    let promoted = Node::connect(&again, &anet, &token()).await;
+    let (_, bat) = promoted.data(0).await;
+    assert_eq!(promoted.read(bat, 0, 6), b"before", "the state transfer");
+    assert_eq!(promoted.read(bat, 100, 10), b"while down");
+    assert_eq!(promoted.read(bat, 200, 5), b"after", "the stream after it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_is_not_promoted_before_it_holds_its_primarys_state() {
+    let (backup, _bnet) = start(64 << 10, Replication::Backup).await.unwrap();
+    let client = Client::connect(&backup.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    let (code, msg) = code_and_message(&client.promote().await.err().unwrap());
+    assert_eq!(code, Some(Code::FailedPrecondition), "{msg}");
+    assert!(
+        msg.contains("has not received its primary's state since it started"),
+        "{msg}"
+    );
+    assert_eq!(client.server().role, Role::Backup);
+    // Once a primary attached and copied its state, it can be.
+    let (_primary, _pnet) = start(
+        64 << 10,
+        Replication::Primary {
+            backup_at: backup.local_addr().to_string(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(client.promote().await.unwrap(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standalone_server_is_no_backup() {
     let (standalone, _net) = start(64 << 10, Replication::Standalone).await.unwrap();
@@ -306,6 +400,24 @@ async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state()
     );
     assert_eq!(code, Some(Code::Unavailable), "{msg}");
     assert!(msg.contains("superseded"), "{msg}");
+    // For good: the superseded primary never attaches again (which would in turn
+    // supersede the new one), however long it waits.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (code, msg) = code_and_message(
+        &node
+            .client
+            .persist(&[PersistRange::new(rkey, 100, 11)])
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(code, Some(Code::Unavailable), "{msg}");
+    assert!(msg.contains("acknowledges no Persist any more"), "{msg}");
+    fresh
+        .client
+        .persist(&[PersistRange::new(rkey2, 0, 3)])
+        .await
+        .unwrap();
 
     let client = Client::connect(&backup.local_addr().to_string(), &token())
         .await
@@ -466,11 +578,19 @@ async fn a_promoted_directory_never_takes_its_old_primarys_state() {
             && err.contains("replication epoch 1, newer than the attaching primary's (epoch 0)"),
         "{err}"
     );
+    // No primary copied its state to this process, so it is not promoted (its primary
+    // may have acknowledged more since); its directory starts as a server instead.
     let b3client = Client::connect(&b3.local_addr().to_string(), &token())
         .await
         .unwrap();
-    b3client.promote().await.unwrap();
-    let reader = Node::connect(&b3, &b3net, &token()).await;
+    let (code, msg) = code_and_message(&b3client.promote().await.err().unwrap());
+    assert_eq!(code, Some(Code::FailedPrecondition), "{msg}");
+    drop((b3client, b3net));
+    b3.shutdown().await.unwrap();
+    let (b4, b4net) = start_durable(&b_dir, Replication::Standalone)
+        .await
+        .unwrap();
+    let reader = Node::connect(&b4, &b4net, &token()).await;
     let (_, rat) = reader.data(0).await;
     assert_eq!(reader.read(rat, 0, 6), b"after!");
     assert_eq!(reader.read(rat, 8, 5), b"again");

@@ -71,6 +71,22 @@ pub enum ClusterCommand {
     Down(DirArg),
     /// Say which processes of the cluster file are alive.
     Status(DirArg),
+    /// Start a process of the cluster file again that is not running (it died or was
+    /// killed), with the command line `up` gave it, at its recorded address. A dead
+    /// backup restarted this way is attached again by its primary, which copies its
+    /// state there; a memory server restarted without its data refuses to start if its
+    /// backup holds state (promote the backup instead).
+    Restart(RestartArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RestartArgs {
+    /// The process, as `cluster status` names it (`memory-server-0`,
+    /// `memory-server-0-backup`, `compute-node-1`, …).
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    #[command(flatten)]
+    pub dir: DirArg,
 }
 
 #[derive(Args, Debug)]
@@ -153,6 +169,9 @@ pub struct ProcessEntry {
     /// The Prometheus endpoint (`http://ADDR/metrics`), if it serves one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// Its namdb arguments (`memory-server --listen …`), for `cluster restart`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
 }
 
 /// `DIR/cluster.json`.
@@ -203,6 +222,7 @@ pub fn run(cmd: ClusterCommand) -> Result<()> {
     match cmd {
         ClusterCommand::Up(args) => up(&args),
         ClusterCommand::Down(d) => down(&d.dir),
+        ClusterCommand::Restart(r) => restart(&r.dir.dir, &r.name),
         ClusterCommand::Status(d) => {
             if !status(&d.dir)? {
                 // As `kv`'s failure: a script can tell a degraded cluster.
@@ -296,6 +316,7 @@ fn started_by_hand(file: &ClusterFile) -> Vec<ProcessEntry> {
                     address: listen,
                     log: PathBuf::from(format!("/proc/{pid}/fd/2")),
                     metrics: None,
+                    args: Vec::new(),
                 },
             },
         )
@@ -395,6 +416,7 @@ pub(crate) fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Resu
         address: String::new(),
         log: log.to_path_buf(),
         metrics: None,
+        args: args.to_vec(),
     };
     let deadline = Instant::now() + START_TIMEOUT;
     let prefix = format!("{what} listening on ");
@@ -836,6 +858,7 @@ fn down_unreadable(dir: &Path, path: &Path, why: &anyhow::Error) -> Result<()> {
             address: listen,
             log: PathBuf::new(),
             metrics: None,
+            args: Vec::new(),
         })
         .collect();
     let kept = path.with_extension("json.unreadable");
@@ -907,6 +930,92 @@ fn stopped(pid: u32) -> bool {
     })
 }
 
+/// ` --dir DIR` for a command about the cluster in `dir`, unless that is the default.
+fn dir_flag(dir: &Path) -> String {
+    if dir == Path::new(DEFAULT_DIR) {
+        String::new()
+    } else {
+        format!(" --dir {}", dir.display())
+    }
+}
+
+/// `args` with the value of `--listen` replaced by `address`.
+fn listening_at(args: &[String], address: &str) -> Vec<String> {
+    let mut out = args.to_vec();
+    if let Some(i) = out.iter().position(|a| a == "--listen")
+        && let Some(value) = out.get_mut(i + 1)
+    {
+        *value = address.to_string();
+    }
+    out
+}
+
+/// Starts the process `name` of the cluster file in `dir` again, at its address, and
+/// records its new pid. Its previous log is kept beside the new one.
+fn restart(dir: &Path, name: &str) -> Result<()> {
+    let path = dir.join(CLUSTER_FILE);
+    if !path.exists() {
+        bail!(
+            "no cluster: {} does not exist (start one with `namdb cluster up`)",
+            path.display()
+        );
+    }
+    let mut file = ClusterFile::read(&path)?;
+    let by_hand = started_by_hand(&file);
+    let token_file = file.token_file.clone();
+    let names: Vec<String> = file.processes().map(|p| p.name.clone()).collect();
+    let Some(entry) = file
+        .memory_servers
+        .iter_mut()
+        .chain(&mut file.memory_server_backups)
+        .chain(&mut file.compute_nodes)
+        .find(|p| p.name == name)
+    else {
+        bail!(
+            "the cluster in {} has no process named `{name}`; its processes are {}",
+            dir.display(),
+            names.join(", ")
+        );
+    };
+    if ours(entry.pid, &token_file) {
+        bail!(
+            "{name} is running (pid {}); stop it first to start it again",
+            entry.pid
+        );
+    }
+    if let Some(h) = by_hand.iter().find(|h| h.name == name) {
+        bail!(
+            "{name} is running as pid {}, started by hand; stop it first to start it again",
+            h.pid
+        );
+    }
+    let Some(command) = entry.args.first().cloned() else {
+        bail!(
+            "the cluster file {} does not record {name}'s command line (an older namdb \
+             wrote it): start the cluster again (`namdb cluster down`, then `up`)",
+            path.display()
+        );
+    };
+    let args = listening_at(&entry.args, &entry.address);
+    if entry.log.exists() {
+        let previous = entry.log.with_extension("previous.log");
+        std::fs::rename(&entry.log, &previous)
+            .with_context(|| format!("cannot keep {}'s previous log aside", entry.log.display()))?;
+        println!("{name}'s previous log is kept as {}", previous.display());
+    }
+    let started = spawn(name, &command.replace('-', " "), &args, &entry.log)?;
+    let (pid, address) = (started.pid, started.address.clone());
+    // The recorded arguments keep `--listen` as up gave it, so that the next restart
+    // replaces it the same way.
+    *entry = ProcessEntry {
+        args: entry.args.clone(),
+        ..started
+    };
+    file.write(&path)?;
+    println!("{name} started again as pid {pid}, listening on {address}");
+    Ok(())
+}
+
 /// Prints each process's state; false if one of them does not run (or is stopped).
 fn status(dir: &Path) -> Result<bool> {
     let Some((_, file)) = existing(dir, "no cluster")? else {
@@ -938,7 +1047,11 @@ fn status(dir: &Path) -> Result<bool> {
             Some((_, how)) => format!("alive{how}"),
             None => {
                 down += 1;
-                "not running".to_string()
+                format!(
+                    "not running (`namdb cluster restart {}{}` starts it again)",
+                    p.name,
+                    dir_flag(dir)
+                )
             }
         };
         let metrics = p
@@ -986,6 +1099,11 @@ mod tests {
             address: "127.0.0.1:1".into(),
             log: dir.path().join("m.log"),
             metrics: Some("127.0.0.1:2".into()),
+            args: vec![
+                "memory-server".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+            ],
         };
         let file = ClusterFile {
             token_file: dir.path().join("token"),
@@ -1002,6 +1120,17 @@ mod tests {
         file.write(&path).unwrap();
         assert_eq!(ClusterFile::read(&path).unwrap(), file);
         assert!(std::fs::read_to_string(&path).unwrap().contains("\"shm\""));
+    }
+
+    #[test]
+    fn a_restart_listens_at_the_recorded_address() {
+        let args: Vec<String> = ["memory-server", "--listen", "127.0.0.1:0", "--backup"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            listening_at(&args, "127.0.0.1:7700"),
+            ["memory-server", "--listen", "127.0.0.1:7700", "--backup"]
+        );
     }
 
     /// A data directory holding only a metadata file (promoted or not) and a file

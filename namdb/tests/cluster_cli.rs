@@ -754,6 +754,121 @@ fn writes_acknowledged_after_a_failover_survive_cluster_down_and_up() {
     assert_eq!(ok(cwd, &["kv", "scan"]), all);
 }
 
+/// Runs `kv ARGS` until it succeeds (a command that meets a failover or a re-attach
+/// may fail), for at most 60 s; answers its standard output.
+fn kv_until_ok(cwd: &std::path::Path, args: &[&str]) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut argv = vec!["kv", "--timeout", "20s"];
+    argv.extend_from_slice(args);
+    loop {
+        let o = namdb(cwd, &argv);
+        if o.status.success() {
+            return stdout(&o);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{argv:?}: {}",
+            stderr(&o)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// A dead backup stops writes only until `cluster restart` starts it again: its
+/// primary attaches to the new process by itself and copies its state there, so the
+/// backup can take over afterwards with every acknowledged write.
+#[test]
+fn a_backup_restarted_after_it_died_takes_the_primarys_state_and_writes_resume() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "1",
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+        "--replicas",
+        "2",
+    ]);
+    let cwd = c.cwd();
+    ok(cwd, &["kv", "put", "1", "before"]);
+    let backup = c.json()["memory_server_backups"][0].clone();
+    let pid = backup["pid"].as_u64().unwrap() as u32;
+    send_signal(pid, "-9");
+    while alive(pid) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Nothing is acknowledged with one copy while the backup is gone.
+    let o = namdb(cwd, &["kv", "put", "2", "while down"]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(stderr(&o).contains("backup at"), "{}", stderr(&o));
+    let o = namdb(cwd, &["cluster", "status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).contains(
+            "memory-server-0-backup pid {pid} {} not running (`namdb cluster restart \
+             memory-server-0-backup` starts it again)"
+                .replace("{pid}", &pid.to_string())
+                .replace("{}", backup["address"].as_str().unwrap())
+                .as_str()
+        ),
+        "{}",
+        stdout(&o)
+    );
+
+    // Wrong names and running processes are refused, naming what there is.
+    let o = namdb(cwd, &["cluster", "restart", "memory-server-7"]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("no process named `memory-server-7`")
+            && stderr(&o).contains("memory-server-0-backup"),
+        "{}",
+        stderr(&o)
+    );
+    let o = namdb(cwd, &["cluster", "restart", "memory-server-0"]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("memory-server-0 is running"),
+        "{}",
+        stderr(&o)
+    );
+
+    let said = ok(cwd, &["cluster", "restart", "memory-server-0-backup"]);
+    assert!(
+        said.contains(&format!(
+            "listening on {}",
+            backup["address"].as_str().unwrap()
+        )),
+        "{said}"
+    );
+    let restarted = c.json()["memory_server_backups"][0]["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    assert!(restarted != pid && alive(restarted));
+    ok(cwd, &["cluster", "status"]);
+    kv_until_ok(cwd, &["put", "3", "after"]);
+
+    // The primary dies: the restarted backup takes over with every write.
+    let primary = c.json()["memory_servers"][0]["pid"].as_u64().unwrap() as u32;
+    send_signal(primary, "-9");
+    while alive(primary) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let scan = kv_until_ok(cwd, &["scan"]);
+    let rows: Vec<&str> = scan.lines().collect();
+    assert!(
+        rows.contains(&"1\tbefore") && rows.contains(&"3\tafter"),
+        "{scan}"
+    );
+    // The unacknowledged write may or may not be there, never half of it.
+    assert!(
+        rows.iter()
+            .all(|r| ["1\tbefore", "2\twhile down", "3\tafter"].contains(r)),
+        "{scan}"
+    );
+}
+
 /// A cluster file naming another cluster's token: `kv` says the node refused the
 /// token, not that it did not answer.
 #[test]

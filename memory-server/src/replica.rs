@@ -213,9 +213,9 @@ impl Stream {
 
 impl Link {
     /// Attaches this primary's stream: from then on the backup cannot be promoted until
-    /// a batch says it holds the whole state. Answers whether the backup's memory is
-    /// all zero.
-    async fn attach(&self) -> Result<(Stream, bool), Failure> {
+    /// a batch says it holds the whole state. Answers which pieces of the backup's
+    /// memory hold data.
+    async fn attach(&self) -> Result<(Stream, BackupPieces), Failure> {
         let addr = &self.addr;
         let client = Client::connect(addr, &self.token).await.map_err(|e| {
             Failure::Lost(unavailable(addr, format_args!("cannot be reached: {e}")))
@@ -233,13 +233,25 @@ impl Link {
                 .collect(),
             primary_boot: self.boot,
             primary_epoch: self.epoch,
+            piece_bytes: TRANSFER_PIECE,
         };
-        let clean = rpc
+        let answer = rpc
             .replica_attach(with_session(attach, &header))
             .await
             .map_err(|s| Failure::from_status(addr, "refused to attach", &s))?
-            .into_inner()
-            .clean;
+            .into_inner();
+        let pieces: u64 = self
+            .regions
+            .iter()
+            .map(|r| pieces_of(r.info.remote.len))
+            .sum();
+        let has_data = if answer.clean {
+            BackupPieces::AllZero
+        } else if answer.pieces_with_data.len() as u64 == pieces.div_ceil(8) {
+            BackupPieces::Known(answer.pieces_with_data)
+        } else {
+            BackupPieces::Unknown
+        };
         Ok((
             Stream {
                 rpc,
@@ -247,19 +259,20 @@ impl Link {
                 seq: 0,
                 _client: client,
             },
-            clean,
+            has_data,
         ))
     }
 
     /// Copies every region to the backup (region memory as it is now, which the
-    /// Persists queued meanwhile then bring up to date; a clean backup needs no zeros),
-    /// as batches of the stream. Answers the bytes sent.
-    async fn transfer(&self, stream: &mut Stream, clean: bool) -> Result<u64, Failure> {
+    /// Persists queued meanwhile then bring up to date; a piece zero on both sides is
+    /// skipped), as batches of the stream. Answers the bytes sent.
+    async fn transfer(&self, stream: &mut Stream, backup: &BackupPieces) -> Result<u64, Failure> {
         let addr = &self.addr;
         let mut buf = Vec::new();
         let mut count = 0;
         let mut piece = vec![0u8; TRANSFER_PIECE as usize];
         let mut sent = 0u64;
+        let mut index = 0u64;
         for (i, r) in self.regions.iter().enumerate() {
             let len = r.info.remote.len;
             let mut offset = 0;
@@ -268,7 +281,9 @@ impl Link {
                 r.region
                     .read(offset, &mut piece[..n])
                     .map_err(|e| Failure::Lost(format!("reading region `{}`: {e}", r.info.name)))?;
-                if !(clean && piece[..n].iter().all(|&b| b == 0)) {
+                let backup_zero = backup.is_zero(index);
+                index += 1;
+                if !(backup_zero && piece[..n].iter().all(|&b| b == 0)) {
                     journal::push_entry_header(&mut buf, i as u32, offset, n as u32);
                     buf.extend_from_slice(&piece[..n]);
                     count += 1;
@@ -297,7 +312,7 @@ impl Link {
         &self,
         rx: &mut mpsc::UnboundedReceiver<Shipment>,
     ) -> Result<Stream, Failure> {
-        let (mut stream, clean) = tokio::time::timeout(ATTACH_TIMEOUT, self.attach())
+        let (mut stream, backup) = tokio::time::timeout(ATTACH_TIMEOUT, self.attach())
             .await
             .map_err(|_| {
                 Failure::Lost(unavailable(
@@ -311,7 +326,7 @@ impl Link {
              Persists are acknowledged with this primary as their only copy"
         );
         let mut backlog = Backlog::default();
-        let sent = acking(rx, &mut backlog, self.transfer(&mut stream, clean)).await?;
+        let sent = acking(rx, &mut backlog, self.transfer(&mut stream, &backup)).await?;
         while !backlog.entries.is_empty() {
             let (entries, count) = backlog.take();
             acking(
@@ -331,6 +346,60 @@ impl Link {
         );
         Ok(stream)
     }
+}
+
+/// Transfer pieces of a region of `len` bytes.
+fn pieces_of(len: u64) -> u64 {
+    len.div_ceil(TRANSFER_PIECE)
+}
+
+/// Which transfer pieces of the backup's memory hold data, as its attach answered.
+enum BackupPieces {
+    /// None (it is clean).
+    AllZero,
+    /// Bit i set: piece i (counted over the regions in plan order) holds data.
+    Known(Vec<u8>),
+    /// It did not say: every piece may.
+    Unknown,
+}
+
+impl BackupPieces {
+    fn is_zero(&self, piece: u64) -> bool {
+        match self {
+            BackupPieces::AllZero => true,
+            BackupPieces::Known(bits) => bits[(piece / 8) as usize] & (1 << (piece % 8)) == 0,
+            BackupPieces::Unknown => false,
+        }
+    }
+}
+
+/// The pieces of `piece_bytes` of `regions` that hold a nonzero byte, as the attach
+/// answer's bitmap. Reads all region memory: call with the backup's lock held, so no
+/// batch changes it meanwhile.
+fn pieces_with_data(regions: &[ServedRegion], piece_bytes: u64) -> Result<Vec<u8>, Status> {
+    let total: u64 = regions
+        .iter()
+        .map(|r| r.info.remote.len.div_ceil(piece_bytes))
+        .sum();
+    let mut bits = vec![0u8; total.div_ceil(8) as usize];
+    let mut piece = vec![0u8; piece_bytes as usize];
+    let mut index = 0u64;
+    for r in regions {
+        let len = r.info.remote.len;
+        let mut offset = 0;
+        while offset < len {
+            let n = piece_bytes.min(len - offset) as usize;
+            r.region
+                .read(offset, &mut piece[..n])
+                .map_err(|e| Status::internal(format!("reading region `{}`: {e}", r.info.name)))?;
+            if piece[..n].iter().any(|&b| b != 0) {
+                bits[(index / 8) as usize] |= 1 << (index % 8);
+            }
+            index += 1;
+            offset += n as u64;
+        }
+    }
+    Ok(bits)
 }
 
 /// Persists acknowledged during a new attach's transfer, for the backup after it.
@@ -402,8 +471,8 @@ impl Replicator {
             boot: primary_boot,
             epoch: primary_epoch,
         };
-        let (mut stream, clean) = link.attach().await.map_err(|f| f.why().to_string())?;
-        if !clean && !durable {
+        let (mut stream, backup) = link.attach().await.map_err(|f| f.why().to_string())?;
+        if !matches!(backup, BackupPieces::AllZero) && !durable {
             return Err(format!(
                 "the backup at {addr} holds state from an earlier primary, and this primary has \
                  no data directory (its memory is empty): attaching would overwrite the only \
@@ -414,7 +483,7 @@ impl Replicator {
         // A restored durable primary sends what it restored; a clean backup needs no
         // zeros (nothing but this transfer and the stream ever writes its memory).
         let sent = link
-            .transfer(&mut stream, clean)
+            .transfer(&mut stream, &backup)
             .await
             .map_err(|f| f.why().to_string())?;
         stream
@@ -613,15 +682,15 @@ impl Backup {
     }
 
     /// Accepts a primary's stream (the newest attach wins) and answers whether region
-    /// memory is all zero. Blocks on disk IO (a durable backup records the primary's
-    /// epoch).
+    /// memory is all zero and, if not, which pieces hold data. Blocks on disk IO (a
+    /// durable backup records the primary's epoch) and reads region memory.
     pub fn attach(
         &self,
         session: SessionId,
         ours: &[ServedRegion],
         req: &proto::ReplicaAttachRequest,
         durable: Option<&Durable>,
-    ) -> Result<bool, Status> {
+    ) -> Result<proto::ReplicaAttachResponse, Status> {
         let theirs: Vec<(&str, u64)> = req
             .regions
             .iter()
@@ -682,11 +751,20 @@ impl Backup {
             }
             inner.epoch = req.primary_epoch;
         }
+        // A piece size that would make a huge bitmap (or none) gets no bitmap.
+        let pieces_with_data = if inner.clean || !(4096..=1 << 30).contains(&req.piece_bytes) {
+            Vec::new()
+        } else {
+            pieces_with_data(ours, req.piece_bytes)?
+        };
         inner.stream = Some(session);
         inner.synced = false;
         inner.next_seq = 1;
         inner.primary_boot = req.primary_boot;
-        Ok(inner.clean)
+        Ok(proto::ReplicaAttachResponse {
+            clean: inner.clean,
+            pieces_with_data,
+        })
     }
 
     /// Applies one batch into region memory and queues it for the journal (if any);

@@ -423,14 +423,14 @@ impl ControlRpc for ControlService {
         let (boot, epoch) = (req.get_ref().primary_boot, req.get_ref().primary_epoch);
         let (state, id) = (self.state.clone(), session.id);
         // A durable backup records the primary's epoch: disk IO, not on an async worker.
-        let clean = tokio::task::spawn_blocking(move || {
+        let answer = tokio::task::spawn_blocking(move || {
             let backup = state.backup.as_ref().expect("checked above");
             backup.attach(id, &state.regions, req.get_ref(), state.durable.as_deref())
         })
         .await
         .map_err(|e| Status::internal(format!("the attach task failed: {e}")))??;
         tracing::info!(peer = ?session.peer, primary_boot = boot, primary_epoch = epoch, "primary attached");
-        Ok(Response::new(proto::ReplicaAttachResponse { clean }))
+        Ok(Response::new(answer))
     }
 
     async fn replica_apply(

@@ -134,7 +134,8 @@ pub struct ChaosArgs {
     pub no_server_restarts: bool,
     /// Copies of each memory server: 2 gives each a backup process (`--backup`) that
     /// its primary streams to; memory-server episodes then kill a primary for good
-    /// (failover) instead of restarting it.
+    /// (failover) instead of restarting it, or kill a backup and start it again (its
+    /// primary copies its state to it again), server 0's before its failover.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub replicas: u8,
 }
@@ -178,6 +179,13 @@ fn parse_seconds(input: &str) -> Result<f64, String> {
     }
     Ok(s)
 }
+
+/// An armed node whose point has not fired keeps it armed up to this many times its
+/// planned window before the plan's restart disarms it; the rest of the plan (and the
+/// run's end) slips by the wait. Commits that insert reach the insert points only a few
+/// times a second, and after a backup's restart the nodes commit again only once
+/// their broken workers are replaced: one window sometimes saw none.
+const CRASH_PATIENCE: u32 = 3;
 
 /// The bank every process of a run uses.
 fn bank() -> Bank {
@@ -453,7 +461,8 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     .map_err(anyhow::Error::msg)?;
     eprintln!(
         "chaos: seed {seed}; {} nodes × {} sessions, {} {} memory servers, {} s; plan: {} kills, \
-         {} armed crashes, {} pauses, {} memory-server restarts, {} failovers; files in {}",
+         {} armed crashes, {} pauses, {} memory-server restarts, {} failovers, {} backup \
+         restarts; files in {}",
         args.nodes,
         args.sessions,
         match args.replicas {
@@ -467,6 +476,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         plan.count("pause"),
         plan.count("server_restart"),
         plan.count("server_failover"),
+        plan.count("backup_restart"),
         dir.display()
     );
     let config = ChaosConfig {
@@ -581,6 +591,8 @@ struct Harness<'a> {
     servers: Vec<crate::cluster_cmd::ProcessEntry>,
     /// With `--replicas 2`: each server's backup process.
     backups: Vec<crate::cluster_cmd::ProcessEntry>,
+    /// Per backup: how many times it was started (its socket and log are numbered).
+    backup_starts: Vec<u32>,
     /// Fixed control-plane ports, so a restarted server is where the nodes look: the
     /// primaries', then the backups'.
     ports: Vec<u16>,
@@ -645,6 +657,7 @@ impl<'a> Harness<'a> {
             seed,
             servers: Vec::new(),
             backups: Vec::new(),
+            backup_starts: Vec::new(),
             ports: Vec::new(),
             addrs: Vec::new(),
             failed_over: vec![false; args.servers as usize],
@@ -1042,16 +1055,45 @@ impl<'a> Harness<'a> {
 
     fn start_backup(&mut self, i: usize, port: u16) -> Result<()> {
         let name = format!("memory-server-{i}-backup");
+        if self.backup_starts.len() <= i {
+            self.backup_starts.resize(i + 1, 0);
+        }
+        self.backup_starts[i] += 1;
+        let start = self.backup_starts[i];
+        let suffix = match start {
+            1 => String::new(),
+            n => format!(".{n}"),
+        };
         let mut argv = self.server_argv(&name, port);
         argv.insert(1, "--backup".into());
-        // Once promoted it serves queue pairs: on a socket of its own.
+        // Once promoted it serves queue pairs: on a socket of its own, one per start
+        // (a killed process leaves its socket file behind).
         if self.args.backend == ChaosBackend::Shm {
             argv.push("--socket".into());
-            argv.push(self.dir.join(format!("{name}.sock")).display().to_string());
+            argv.push(
+                self.dir
+                    .join(format!("{name}{suffix}.sock"))
+                    .display()
+                    .to_string(),
+            );
         }
-        let log = self.dir.join(format!("{name}.log"));
+        let log = self.dir.join(format!("{name}{suffix}.log"));
         let entry = crate::cluster_cmd::spawn(&name, "memory server", &argv, &log)?;
-        self.backups.push(entry);
+        match self.backups.get_mut(i) {
+            Some(e) => *e = entry,
+            None => self.backups.push(entry),
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs memory server `i`'s backup and waits for it to be gone.
+    fn kill_backup(&mut self, i: usize) -> Result<()> {
+        let raw = self.backups[i].pid as i32;
+        let pid = rustix::process::Pid::from_raw(raw).context("a backup has no pid")?;
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL)
+            .with_context(|| format!("cannot kill memory server {i}'s backup"))?;
+        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty())
+            .with_context(|| format!("cannot wait for memory server {i}'s backup"))?;
         Ok(())
     }
 
@@ -1310,7 +1352,9 @@ impl<'a> Harness<'a> {
         match action {
             // Only once every node runs (again) after the last episode, so that the
             // kill hits running work.
-            Action::KillMemoryServer { .. } | Action::FailoverMemoryServer { .. } => {
+            Action::KillMemoryServer { .. }
+            | Action::FailoverMemoryServer { .. }
+            | Action::KillBackup { .. } => {
                 return self
                     .nodes
                     .iter()
@@ -1318,7 +1362,7 @@ impl<'a> Harness<'a> {
                     .find(|(_, p)| p.as_ref().is_none_or(|p| p.ready_at.is_none()))
                     .map(|(n, _)| format!("compute node {n} is not ready"));
             }
-            Action::RestartMemoryServer { .. } => return None,
+            Action::RestartMemoryServer { .. } | Action::RestartBackup { .. } => return None,
             _ => {}
         }
         let p = self.nodes[n].as_ref()?;
@@ -1328,7 +1372,7 @@ impl<'a> Harness<'a> {
             }
             Action::Restart { .. } => match (&p.armed, p.ready_at) {
                 (Some(_), None) => Some(format!("armed compute node {n} is not ready")),
-                (Some(point), Some(ready)) => (ready.elapsed() < p.window)
+                (Some(point), Some(ready)) => (ready.elapsed() < p.window * CRASH_PATIENCE)
                     .then(|| format!("compute node {n} may still crash at {point}")),
                 _ => None,
             },
@@ -1496,6 +1540,20 @@ impl<'a> Harness<'a> {
                     commits_resumed_after_ms: None,
                 });
                 format!("killed primary boot {boot} for good; its backup takes over")
+            }
+            Action::KillBackup { server } => {
+                if self.failed_over[*server] || self.backups.get(*server).is_none() {
+                    bail!("memory server {server} has no backup to kill");
+                }
+                self.kill_backup(*server)?;
+                self.counts.backup_kills += 1;
+                "killed its backup: commits on it fail until the backup is back".into()
+            }
+            Action::RestartBackup { server } => {
+                let port = self.ports[self.args.servers as usize + *server];
+                self.start_backup(*server, port)?;
+                self.counts.backup_restarts += 1;
+                "its backup listening again (the primary attaches and copies its state)".into()
             }
             Action::RestartMemoryServer { server } => {
                 if self.failed_over[*server] {

@@ -28,12 +28,12 @@ fn text(o: &Output) -> String {
 fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_passes() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("chaos.json");
-    // 25 s is what the plan needs to arm all six crash points and fail the memory
-    // server over with a 250 ms lease.
+    // 30 s is what the plan needs to arm all six crash points, restart the memory
+    // server's backup and fail the server over with a 250 ms lease.
     let o = namdb(&[
         "chaos",
         "--duration",
-        "25",
+        "30",
         "--nodes",
         "2",
         "--servers",
@@ -77,6 +77,11 @@ fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_pass
     // and came back on the backup, and the first to reopen promoted it and repaired
     // what the failover lost (the promoted backup's boot is new). Never restarted.
     assert_eq!(actions["server_failovers"], 1, "{actions}");
+    // Before that, its backup was killed and started again, and its primary copied
+    // its state there while commits went on: the failover found every write on it.
+    assert_eq!(actions["backup_kills"], 1, "{actions}");
+    assert_eq!(actions["backup_restarts"], 1, "{actions}");
+    assert!(out.contains("1 backup kills, 1 backup restarts"), "{out}");
     assert_eq!(actions["server_kills"], 0, "{actions}");
     assert_eq!(actions["server_restarts"], 0, "{actions}");
     assert!(actions["reconnects"].as_u64().unwrap() >= 2, "{actions}");

@@ -111,11 +111,14 @@ impl TxnStore for TxnKv {
     }
 
     fn begin(&self, session: &mut Session) -> Result<Self::Txn, StoreError> {
-        let client = session
-            .client
-            .take()
-            .ok_or_else(|| StoreError::Other("session already in a transaction".into()))?;
-        let mut client = client;
+        // None only after a broken worker could not be replaced (below): try again.
+        let mut client = match session.client.take() {
+            Some(client) => client,
+            None => self
+                .db
+                .client()
+                .map_err(|e| StoreError::Other(format!("no worker for this session: {e}")))?,
+        };
         let begun = client.begin().map(|t| (t.rid(), t.suspend()));
         match begun {
             Ok((rid, state)) => Ok(Txn {
@@ -123,6 +126,15 @@ impl TxnStore for TxnKv {
                 rid,
                 state: Some(state),
             }),
+            Err(TxnError::Broken(why)) => {
+                // A broken worker (a commit it could not finish, left to recovery)
+                // never begins again: the session goes on with a new one, and the old
+                // one's slot lapses and is recovered. If no new worker can be had yet,
+                // the next begin tries again.
+                drop(client);
+                session.client = self.db.client().ok();
+                Err(StoreError::Other(format!("worker broken ({why})")))
+            }
             Err(e) => {
                 session.client = Some(client);
                 Err(map(e))

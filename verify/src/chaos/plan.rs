@@ -30,6 +30,12 @@
 //!   dead; the nodes lose it and, started again, connect to its backup (promoting it).
 //!   Nothing re-replicates a promoted backup, so a server fails over at most once and
 //!   has no server episode after that: its one copy must stay up.
+//! - **backup restart** (replicated servers): `KillBackup` SIGKILLs a server's backup,
+//!   which stops that server's Persists (so commits on it fail), and `RestartBackup`
+//!   starts it again 1–2 lease timeouts later; its primary attaches to it again and
+//!   copies its whole state while commits go on. A run of [`SERVER_RESTARTS_FROM`] or
+//!   more does this to server 0 before its failover, so that the failover finds a
+//!   backup that was re-synced under load.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -67,6 +73,10 @@ pub enum Action {
     /// SIGKILL the primary of replicated memory server `server` for good: its backup
     /// serves from then on.
     FailoverMemoryServer { server: usize },
+    /// SIGKILL the backup of replicated memory server `server`.
+    KillBackup { server: usize },
+    /// Start the (dead) backup of memory server `server` again, at its address.
+    RestartBackup { server: usize },
 }
 
 impl Action {
@@ -79,7 +89,9 @@ impl Action {
             | Action::Pause { node, .. } => node,
             Action::KillMemoryServer { server }
             | Action::RestartMemoryServer { server }
-            | Action::FailoverMemoryServer { server } => server,
+            | Action::FailoverMemoryServer { server }
+            | Action::KillBackup { server }
+            | Action::RestartBackup { server } => server,
         }
     }
 
@@ -90,6 +102,8 @@ impl Action {
             Action::KillMemoryServer { .. }
                 | Action::RestartMemoryServer { .. }
                 | Action::FailoverMemoryServer { .. }
+                | Action::KillBackup { .. }
+                | Action::RestartBackup { .. }
         )
     }
 
@@ -103,6 +117,8 @@ impl Action {
             Action::KillMemoryServer { .. } => "server_kill",
             Action::RestartMemoryServer { .. } => "server_restart",
             Action::FailoverMemoryServer { .. } => "server_failover",
+            Action::KillBackup { .. } => "backup_kill",
+            Action::RestartBackup { .. } => "backup_restart",
         }
     }
 }
@@ -156,6 +172,8 @@ enum Kind {
     Crash,
     /// A restart of this memory server, or its failover.
     Server(usize),
+    /// A kill and restart of this replicated memory server's backup.
+    Backup(usize),
 }
 
 /// Episode timing, all derived from the lease timeout.
@@ -191,6 +209,13 @@ impl Timing {
         self.lease * 2 + Duration::from_millis(1500)
     }
 
+    /// After a backup restart: the primary attaches again (it retries every second),
+    /// copies its state, and the nodes' broken workers are replaced and their commits
+    /// recovered before commits flow again.
+    fn backup_rejoin(&self) -> Duration {
+        self.server_rejoin() + Duration::from_secs(2)
+    }
+
     /// How long an armed node gets, once ready, to reach its crash point.
     fn crash_window(&self) -> Duration {
         (self.lease * 4).max(Duration::from_secs(1))
@@ -224,6 +249,7 @@ impl Timing {
             Kind::Pause => self.lease / 2,
             Kind::Crash => self.longest_restart_delay() * 2 + self.crash_window(),
             Kind::Server(_) => self.lease * 2 + self.server_rejoin(),
+            Kind::Backup(_) => self.lease * 2 + self.backup_rejoin(),
         };
         episode + self.longest_settle()
     }
@@ -260,13 +286,24 @@ impl FaultPlan {
             if config.servers > 1 {
                 must.push(Kind::Server(rng.random_range(1..config.servers)));
             }
+            if config.failover {
+                must.push(Kind::Backup(0));
+            }
         }
         must.shuffle(&mut rng);
+        // Server 0's backup restart comes before its failover, which leaves no backup.
+        let backup = must.iter().position(|&k| k == Kind::Backup(0));
+        let failover = must.iter().position(|&k| k == Kind::Server(0));
+        if let (Some(b), Some(f)) = (backup, failover)
+            && b > f
+        {
+            must.swap(b, f);
+        }
         // Guaranteed server restarts keep their time: other episodes that would eat
         // into it are dropped instead.
         let mut reserved: Duration = must
             .iter()
-            .filter(|k| matches!(k, Kind::Server(_)))
+            .filter(|k| matches!(k, Kind::Server(_) | Kind::Backup(_)))
             .map(|&k| timing.longest(k))
             .sum();
         let full_coverage = timing.warmup()
@@ -291,6 +328,8 @@ impl FaultPlan {
                         // A failed-over server has one copy left: no episode kills it.
                         if failed_over[server] {
                             Kind::Kill
+                        } else if config.failover && rng.random_bool(0.5) {
+                            Kind::Backup(server)
                         } else {
                             Kind::Server(server)
                         }
@@ -300,11 +339,11 @@ impl FaultPlan {
                 },
             };
             let kept = match kind {
-                Kind::Server(_) => Duration::ZERO,
+                Kind::Server(_) | Kind::Backup(_) => Duration::ZERO,
                 _ => reserved,
             };
             if t + timing.longest(kind) + kept > end {
-                if let Kind::Server(_) = kind {
+                if let Kind::Server(_) | Kind::Backup(_) = kind {
                     reserved = reserved.saturating_sub(timing.longest(kind));
                 }
                 if kind == Kind::Crash && next_point < points.len() {
@@ -321,6 +360,22 @@ impl FaultPlan {
             let node = rng.random_range(0..config.nodes);
             let at = |t: Duration| t.as_millis() as u64;
             match kind {
+                Kind::Backup(server) => {
+                    reserved = reserved.saturating_sub(timing.longest(kind));
+                    if failed_over[server] {
+                        continue;
+                    }
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::KillBackup { server },
+                    });
+                    t += timing.server_down(&mut rng);
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::RestartBackup { server },
+                    });
+                    t += timing.backup_rejoin();
+                }
                 Kind::Server(server) => {
                     // Random restarts come once the guaranteed ones are placed, when
                     // nothing is reserved any more.
@@ -454,6 +509,7 @@ mod tests {
     fn replay(plan: &FaultPlan, config: &PlanConfig) {
         let mut down = vec![false; config.nodes];
         let mut server_down = vec![false; config.servers];
+        let mut backup_down = vec![false; config.servers];
         let mut failed_over = vec![false; config.servers];
         let mut last_at = 0;
         for p in &plan.actions {
@@ -466,6 +522,7 @@ mod tests {
             } else {
                 assert!(node < config.nodes);
                 assert!(server_down.iter().all(|d| !d), "one episode at a time");
+                assert!(backup_down.iter().all(|d| !d), "one episode at a time");
             }
             if p.action.on_server() {
                 assert!(!failed_over[node], "nothing acts on a failed-over server");
@@ -475,7 +532,19 @@ mod tests {
                     assert!(config.failover, "failovers only with backups");
                     assert!(down.iter().all(|d| !d), "one episode at a time");
                     assert!(server_down.iter().all(|d| !d), "one episode at a time");
+                    assert!(backup_down.iter().all(|d| !d), "one episode at a time");
                     failed_over[node] = true;
+                }
+                Action::KillBackup { .. } => {
+                    assert!(config.failover, "only replicated servers have backups");
+                    assert!(down.iter().all(|d| !d), "one episode at a time");
+                    assert!(server_down.iter().all(|d| !d), "one episode at a time");
+                    assert!(backup_down.iter().all(|d| !d), "one episode at a time");
+                    backup_down[node] = true;
+                }
+                Action::RestartBackup { .. } => {
+                    assert!(backup_down[node]);
+                    backup_down[node] = false;
                 }
                 Action::KillMemoryServer { .. } => {
                     assert!(!config.failover, "replicated servers fail over instead");
@@ -507,7 +576,7 @@ mod tests {
         }
         assert!(down.iter().all(|d| !d), "every node runs at the end");
         assert!(
-            server_down.iter().all(|d| !d),
+            server_down.iter().all(|d| !d) && backup_down.iter().all(|d| !d),
             "every server runs at the end"
         );
     }
@@ -573,6 +642,15 @@ mod tests {
                 assert_eq!(plan.count("server_kill"), 0, "{plan:?}");
                 let mut failed = failovers(&plan);
                 assert!(failed.contains(&0), "{plan:?}");
+                // Server 0's backup is killed and restarted before its failover.
+                let at = |name: &str| {
+                    plan.actions
+                        .iter()
+                        .position(|p| p.action.name() == name && p.action.node() == 0)
+                };
+                let restarted = at("backup_restart").expect("server 0's backup restarted");
+                assert!(restarted < at("server_failover").unwrap(), "{plan:?}");
+                assert_eq!(plan.count("backup_kill"), plan.count("backup_restart"));
                 if servers > 1 {
                     assert!(failed.iter().any(|&s| s > 0), "{plan:?}");
                 }

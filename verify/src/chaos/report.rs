@@ -56,6 +56,12 @@ pub struct ActionCounts {
     /// over).
     #[serde(default)]
     pub server_failovers: u64,
+    /// SIGKILLs of backups of replicated memory servers.
+    #[serde(default)]
+    pub backup_kills: u64,
+    /// Backups started again (their primary attached to them again).
+    #[serde(default)]
+    pub backup_restarts: u64,
     /// Compute nodes that lost a memory server and were started again once it was
     /// back.
     #[serde(default)]
@@ -397,7 +403,8 @@ impl fmt::Display for ChaosReport {
         writeln!(
             f,
             "faults: {} kills, {} crashes armed ({} fired), {} pauses, {} restarts; {} memory-server \
-             kills, {} memory-server restarts, {} failovers ({} node reconnects)",
+             kills, {} memory-server restarts, {} failovers ({} node reconnects); {} backup \
+             kills, {} backup restarts",
             a.kills,
             a.crashes_armed,
             a.crashes_fired,
@@ -406,7 +413,9 @@ impl fmt::Display for ChaosReport {
             a.server_kills,
             a.server_restarts,
             a.server_failovers,
-            a.reconnects
+            a.reconnects,
+            a.backup_kills,
+            a.backup_restarts
         )?;
         for (point, n) in &self.crash_points {
             writeln!(

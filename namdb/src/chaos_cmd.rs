@@ -772,9 +772,14 @@ impl<'a> Harness<'a> {
         while self.nodes.iter().flatten().any(|p| p.ready_at.is_none()) {
             self.poll();
             if self.nodes.iter().any(Option::is_none) {
+                let problems: Vec<String> = self
+                    .problems
+                    .iter()
+                    .map(|p| format!("  {}", p.replace('\n', "\n    ")))
+                    .collect();
                 bail!(
                     "a compute node died while starting:\n{}",
-                    self.problems.join("\n")
+                    problems.join("\n")
                 );
             }
             if waiting.elapsed() > START_TIMEOUT {
@@ -985,6 +990,7 @@ impl<'a> Harness<'a> {
             server_restarts,
             server_restart_summary,
             throughput,
+            elapsed_s: Some(end_ns.saturating_sub(self.t0_ns) as f64 / 1e9),
             history,
             checks: results,
             passed: violations.is_empty(),

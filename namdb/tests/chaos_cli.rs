@@ -151,6 +151,10 @@ fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_pass
         "{throughput}"
     );
     assert!(report["history"]["committed"].as_u64().unwrap() > 1000);
+    // The length measured, at least the one asked for.
+    let elapsed = report["elapsed_s"].as_f64().unwrap();
+    assert!(elapsed >= 25.0, "{elapsed}");
+    assert!(out.contains(&format!(" ran {elapsed:.1} s")), "{out}");
 }
 
 #[test]

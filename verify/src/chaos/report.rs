@@ -110,6 +110,8 @@ pub struct Throughput {
     pub bucket_ms: u64,
     /// Transactions committed in each bucket, from the moment every node was ready.
     pub committed: Vec<u64>,
+    /// 0 when most buckets have no commit: then there is no baseline, and the dips'
+    /// `ratio` and `stalled_ms` (and the figures over them) are empty.
     pub median_per_bucket: f64,
     pub dips: Vec<Dip>,
     /// The lowest `ratio` of all dips.
@@ -125,10 +127,12 @@ pub struct Dip {
     pub at_ms: f64,
     pub cause: String,
     pub min_bucket: u64,
-    pub ratio: f64,
+    /// `min_bucket` over the median; none when the median is 0 (no baseline).
+    pub ratio: Option<f64>,
     /// Time, in the two seconds after the death, in buckets under a tenth of the
-    /// median: how long the cluster as a whole nearly stopped.
-    pub stalled_ms: u64,
+    /// median: how long the cluster as a whole nearly stopped; none when the median is
+    /// 0.
+    pub stalled_ms: Option<u64>,
 }
 
 /// A memory server killed and started again (or, `failover`, its primary killed and its
@@ -251,6 +255,11 @@ pub struct ChaosReport {
     #[serde(default)]
     pub server_restart_summary: ServerRestartSummary,
     pub throughput: Throughput,
+    /// How long the faults and workload really ran, from the moment every node was
+    /// ready (`config.duration_s` asked; a slow start of a node, waited for, makes it
+    /// longer).
+    #[serde(default)]
+    pub elapsed_s: Option<f64>,
     pub history: HistorySummary,
     pub checks: Vec<CheckResult>,
     /// Everything that makes the run fail: failed checks and harness problems (a node
@@ -313,21 +322,23 @@ impl Throughput {
                     .iter()
                     .filter(|&&c| (c as f64) < median_per_bucket / 10.0)
                     .count() as u64;
+                // A median of 0 is no baseline: nothing is a dip or a stall against it.
+                let baseline = median_per_bucket > 0.0;
                 Some(Dip {
                     at_ms: d.at_ms,
                     cause: d.cause.clone(),
                     min_bucket,
-                    ratio: if median_per_bucket > 0.0 {
-                        min_bucket as f64 / median_per_bucket
-                    } else {
-                        0.0
-                    },
-                    stalled_ms: stalled * bucket_ms,
+                    ratio: baseline.then(|| min_bucket as f64 / median_per_bucket),
+                    stalled_ms: baseline.then_some(stalled * bucket_ms),
                 })
             })
             .collect();
-        let worst_dip_ratio = dips.iter().map(|d| d.ratio).min_by(f64::total_cmp);
-        let mut stalls: Vec<f64> = dips.iter().map(|d| d.stalled_ms as f64).collect();
+        let worst_dip_ratio = dips.iter().filter_map(|d| d.ratio).min_by(f64::total_cmp);
+        let mut stalls: Vec<f64> = dips
+            .iter()
+            .filter_map(|d| d.stalled_ms)
+            .map(|s| s as f64)
+            .collect();
         let stall_max_ms = stalls.iter().copied().max_by(f64::total_cmp);
         Throughput {
             bucket_ms,
@@ -383,18 +394,37 @@ fn ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.1} ms"))
 }
 
+/// Writes `text` after `prefix`, and each of its further lines (a node's log tail in a
+/// problem) two spaces further in than the first, so it reads as part of the report.
+fn indented(f: &mut fmt::Formatter, prefix: &str, text: &str) -> fmt::Result {
+    let mut lines = text.lines();
+    writeln!(f, "{prefix}{}", lines.next().unwrap_or_default())?;
+    let indent = " ".repeat(prefix.chars().count() + 2);
+    for line in lines {
+        writeln!(f, "{indent}{line}")?;
+    }
+    Ok(())
+}
+
 impl fmt::Display for ChaosReport {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let c = &self.config;
+        // What ran, and what was asked when that differs (a node slow to start).
+        let length = match self.elapsed_s {
+            Some(s) if (s - c.duration_s).abs() >= 0.05 => {
+                format!("ran {s:.1} s (asked for {} s)", c.duration_s)
+            }
+            Some(s) => format!("ran {s:.1} s"),
+            None => format!("{} s asked", c.duration_s),
+        };
         writeln!(
             f,
-            "chaos: {} compute nodes × {} sessions, {} {} memory servers, {:.0} s, lease {} ms, \
+            "chaos: {} compute nodes × {} sessions, {} {} memory servers, {length}, lease {} ms, \
              seed {}, workloads {}",
             c.nodes,
             c.sessions_per_node,
             c.servers,
             c.backend,
-            c.duration_s,
             c.lease_ms,
             c.seed,
             c.workloads.join(",")
@@ -495,22 +525,33 @@ impl fmt::Display for ChaosReport {
         }
         let t = &self.throughput;
         let total: u64 = t.committed.iter().sum();
-        writeln!(
-            f,
-            "throughput: {total} commits, median {:.0} per {} ms ({:.0}/s); worst dip in the \
-             second after a death: {}",
-            t.median_per_bucket,
-            t.bucket_ms,
-            t.median_per_bucket * 1000.0 / t.bucket_ms.max(1) as f64,
-            t.worst_dip_ratio
-                .map_or("-".into(), |r| format!("{:.0}% of the median", r * 100.0))
-        )?;
-        writeln!(
-            f,
-            "  after a death, under a tenth of the median for: median {}, max {}",
-            ms(t.stall_median_ms),
-            ms(t.stall_max_ms)
-        )?;
+        if t.median_per_bucket > 0.0 {
+            writeln!(
+                f,
+                "throughput: {total} commits, median {:.0} per {} ms ({:.0}/s); worst dip in the \
+                 second after a death: {}",
+                t.median_per_bucket,
+                t.bucket_ms,
+                t.median_per_bucket * 1000.0 / t.bucket_ms.max(1) as f64,
+                t.worst_dip_ratio
+                    .map_or("-".into(), |r| format!("{:.0}% of the median", r * 100.0))
+            )?;
+            writeln!(
+                f,
+                "  after a death, under a tenth of the median for: median {}, max {}",
+                ms(t.stall_median_ms),
+                ms(t.stall_max_ms)
+            )?;
+        } else {
+            let empty = t.committed.iter().filter(|&&c| c == 0).count();
+            writeln!(
+                f,
+                "throughput: {total} commits; {empty} of {} buckets of {} ms had none, so the \
+                 median is 0 and there is no baseline to measure dips after deaths against",
+                t.committed.len(),
+                t.bucket_ms
+            )?;
+        }
         let h = &self.history;
         writeln!(
             f,
@@ -523,11 +564,11 @@ impl fmt::Display for ChaosReport {
             let verdict = if check.passed { "PASS" } else { "FAIL" };
             writeln!(f, "  {verdict}  {:<20} {}", check.name, check.summary)?;
             for line in &check.details {
-                writeln!(f, "        {line}")?;
+                indented(f, "        ", line)?;
             }
         }
         for note in &self.notes {
-            writeln!(f, "note: {note}")?;
+            indented(f, "note: ", note)?;
         }
         if self.passed {
             writeln!(f, "verdict: PASSED")
@@ -538,7 +579,7 @@ impl fmt::Display for ChaosReport {
                 self.violations.len()
             )?;
             for v in &self.violations {
-                writeln!(f, "  - {v}")?;
+                indented(f, "  - ", v)?;
             }
             Ok(())
         }
@@ -608,13 +649,117 @@ mod tests {
         let t = Throughput::new(counts, 100, &[death(1100.0), death(2500.0)]);
         assert_eq!(t.median_per_bucket, 10.0);
         assert_eq!(t.dips[0].min_bucket, 0);
-        assert_eq!(t.dips[0].ratio, 0.0);
+        assert_eq!(t.dips[0].ratio, Some(0.0));
         assert_eq!(t.dips[1].min_bucket, 10);
         assert_eq!(t.worst_dip_ratio, Some(0.0));
-        assert_eq!((t.dips[0].stalled_ms, t.dips[1].stalled_ms), (200, 0));
+        assert_eq!(
+            (t.dips[0].stalled_ms, t.dips[1].stalled_ms),
+            (Some(200), Some(0))
+        );
         assert_eq!(
             (t.stall_median_ms, t.stall_max_ms),
             (Some(100.0), Some(200.0))
+        );
+    }
+
+    #[test]
+    fn without_commits_in_most_buckets_there_is_no_baseline_for_dips() {
+        // Commits in 4 buckets of 10: the median bucket has none.
+        let mut committed = vec![0u64; 10];
+        committed[..4].fill(7);
+        let t = Throughput::new(committed, 100, &[death(200.0)]);
+        assert_eq!(t.median_per_bucket, 0.0);
+        assert_eq!(t.dips.len(), 1);
+        assert_eq!(t.dips[0].min_bucket, 0);
+        assert_eq!((t.dips[0].ratio, t.dips[0].stalled_ms), (None, None));
+        assert_eq!(t.worst_dip_ratio, None);
+        assert_eq!((t.stall_median_ms, t.stall_max_ms), (None, None));
+        let json = serde_json::to_value(&t).unwrap();
+        assert!(json["dips"][0]["ratio"].is_null(), "{json}");
+        assert!(json["dips"][0]["stalled_ms"].is_null(), "{json}");
+        assert!(json["worst_dip_ratio"].is_null(), "{json}");
+        let text = report(t).to_string();
+        assert!(
+            text.contains(
+                "throughput: 28 commits; 6 of 10 buckets of 100 ms had none, so the median is 0 \
+                 and there is no baseline"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("% of the median"), "{text}");
+        assert!(!text.contains("under a tenth"), "{text}");
+    }
+
+    fn report(throughput: Throughput) -> ChaosReport {
+        ChaosReport {
+            config: ChaosConfig {
+                duration_s: 2.0,
+                nodes: 1,
+                sessions_per_node: 2,
+                servers: 1,
+                backend: "shm".into(),
+                seed: 1,
+                workloads: vec!["bank".into()],
+                lease_ms: 250,
+            },
+            plan: FaultPlan {
+                seed: 1,
+                actions: Vec::new(),
+                uncovered_points: Vec::new(),
+                full_coverage_ms: 0,
+            },
+            executed: Vec::new(),
+            actions: ActionCounts::default(),
+            crash_points: BTreeMap::new(),
+            deaths: vec![death(200.0)],
+            recoveries: RecoverySummary::default(),
+            server_restarts: Vec::new(),
+            server_restart_summary: ServerRestartSummary::default(),
+            throughput,
+            elapsed_s: Some(2.0),
+            history: HistorySummary::default(),
+            checks: Vec::new(),
+            violations: Vec::new(),
+            notes: Vec::new(),
+            passed: true,
+        }
+    }
+
+    #[test]
+    fn the_report_gives_the_measured_length_and_indents_log_tails() {
+        let mut r = report(Throughput::new(vec![10; 20], 100, &[]));
+        assert!(r.to_string().contains(" ran 2.0 s, lease"), "{r}");
+        // A node slow to start: the run is longer than asked.
+        r.elapsed_s = Some(3.46);
+        assert!(
+            r.to_string().contains(" ran 3.5 s (asked for 2 s), lease"),
+            "{r}"
+        );
+        r.checks.push(CheckResult::from_problems(
+            "harness",
+            "not every node started".into(),
+            vec!["compute node 0 exited unexpectedly; its log n0.log ends:\nfirst\nlast".into()],
+        ));
+        r.violations
+            .push("harness: 1 problem(s)\nsecond line".into());
+        r.passed = false;
+        let text = r.to_string();
+        assert!(
+            text.contains(
+                "\n        compute node 0 exited unexpectedly; its log n0.log ends:\n          \
+                 first\n          last\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n  - harness: 1 problem(s)\n      second line\n"),
+            "{text}"
+        );
+        // Every line of the report but the first is indented or starts with a heading.
+        assert!(
+            text.lines()
+                .all(|l| !l.starts_with("first") && !l.starts_with("last")),
+            "{text}"
         );
     }
 

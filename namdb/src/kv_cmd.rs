@@ -81,10 +81,12 @@ fn cluster_file(given: Option<PathBuf>) -> Result<PathBuf> {
 }
 
 /// A value as text when it is printable UTF-8, else as hex (`0x…`): a newline or a
-/// tab printed raw would break the one-row-a-line `KEY<TAB>VALUE` output.
+/// tab printed raw would break the one-row-a-line `KEY<TAB>VALUE` output. Text that
+/// itself starts with `0x` is shown as hex too, so that output starting with `0x` is
+/// always hex: the text `0xff` shows as `0x30786666`, the byte 0xff as `0xff`.
 pub fn show(value: &[u8]) -> String {
     match std::str::from_utf8(value) {
-        Ok(s) if !s.chars().any(char::is_control) => s.to_string(),
+        Ok(s) if !s.chars().any(char::is_control) && !s.starts_with("0x") => s.to_string(),
         _ => format!("0x{}", hex::encode(value)),
     }
 }
@@ -354,6 +356,18 @@ mod tests {
         assert_eq!(show(b"two\nlines"), "0x74776f0a6c696e6573");
         assert_eq!(show(b"a\tb"), "0x610962");
         assert_eq!(show(b"\x01"), "0x01");
+    }
+
+    #[test]
+    fn text_that_looks_like_hex_is_not_shown_as_the_bytes_it_spells() {
+        assert_eq!(show(&[0xff]), "0xff");
+        assert_eq!(show(b"0xff"), "0x30786666");
+        assert_ne!(show(b"0xff"), show(&[0xff]));
+        assert_eq!(show(b"0x"), "0x3078");
+        // Only the prefix the output uses is ambiguous.
+        assert_eq!(show(b"0XFF"), "0XFF");
+        assert_eq!(show(b"ff"), "ff");
+        assert_eq!(show(b"x0xff"), "x0xff");
     }
 
     #[test]

@@ -82,12 +82,15 @@ fn a_local_cluster_serves_kv_commands_and_metrics_and_comes_down() {
     ok(cwd, &["kv", "put", "20", "--hex", "0x00ff0a"]);
     assert_eq!(ok(cwd, &["kv", "get", "20"]), "0x00ff0a\n");
     ok(cwd, &["kv", "put", "21", "two\nlines"]);
+    // Text that starts with 0x comes out as hex, told apart from the byte it spells.
+    ok(cwd, &["kv", "put", "22", "0xff"]);
+    ok(cwd, &["kv", "put", "23", "--hex", "ff"]);
     assert_eq!(
         ok(cwd, &["kv", "scan", "--from", "20"]),
-        "20\t0x00ff0a\n21\t0x74776f0a6c696e6573\n"
+        "20\t0x00ff0a\n21\t0x74776f0a6c696e6573\n22\t0x30786666\n23\t0xff\n"
     );
     // A failure is status 2, "not found" 1: a script tells them apart.
-    let bad = namdb(cwd, &["kv", "put", "22", "--hex", "xyz"]);
+    let bad = namdb(cwd, &["kv", "put", "24", "--hex", "xyz"]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("is not hex"), "{}", stderr(&bad));
     // The file named explicitly, from elsewhere.
@@ -112,8 +115,8 @@ fn a_local_cluster_serves_kv_commands_and_metrics_and_comes_down() {
     let commits = sample(&text, "namdb_commits_total").expect("a commit counter");
     assert!(commits >= 4.0, "{text}");
     assert!(
-        // 7, 9, 12, 20 and 21; the put of bad hex never left the command.
-        sample(&text, "namdb_rpcs_total{method=\"Put\"}") == Some(5.0),
+        // 7, 9, 12 and 20 to 23; the put of bad hex never left the command.
+        sample(&text, "namdb_rpcs_total{method=\"Put\"}") == Some(7.0),
         "{text}"
     );
     assert!(

@@ -312,6 +312,24 @@ fn bench_verify_generates_and_checks_a_history() {
 }
 
 #[test]
+fn bench_verify_refuses_a_history_larger_than_the_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["bench", "verify", "--txns", "18446744073709551615"])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("a history of 18446744073709551615 transactions needs about"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("use at most about --txns "), "{stderr}");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+#[test]
 fn bench_verify_keeps_its_history_only_where_asked() {
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("h.jsonl");

@@ -53,7 +53,60 @@ struct Timing {
     total: Duration,
 }
 
+/// Bytes of JSON Lines per generated transaction, with room to spare: 1 M transactions
+/// over 8 sessions wrote 287 MB (more sessions abort more and write less).
+const HISTORY_BYTES_PER_TXN: u64 = 320;
+/// Peak memory per transaction, with room to spare: checking 1 M peaked at 393 MB
+/// resident (the index).
+const MEMORY_BYTES_PER_TXN: u64 = 450;
+
+/// Refuses, before anything is written, a history that would not fit on the disk it
+/// goes to (`--history`'s directory, else the temporary directory) or whose check
+/// would not fit in memory, naming the most transactions that fit.
+fn ensure_history_fits(args: &VerifyBenchArgs) -> Result<()> {
+    let dir = match &args.history {
+        Some(path) => match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
+        None => std::env::temp_dir(),
+    };
+    // A directory that cannot be examined is left to the file's creation to report.
+    if let Ok(fs) = rustix::fs::statvfs(&dir) {
+        let avail = fs.f_bavail.saturating_mul(fs.f_frsize);
+        let total = fs.f_blocks.saturating_mul(fs.f_frsize);
+        disk_fits(args.txns, avail, total, &dir.display().to_string())?;
+    }
+    crate::bench::ensure_data_fits(
+        &format!("checking a history of {} transactions", args.txns),
+        args.txns.saturating_mul(MEMORY_BYTES_PER_TXN),
+        args.txns,
+        "transactions (--txns)",
+    )
+}
+
+/// Whether a history of `txns` transactions fits in the `avail` bytes free of a file
+/// system of `total` bytes (in `place`), keeping a twentieth of it (at most 1 GiB)
+/// free for everything else.
+fn disk_fits(txns: u64, avail: u64, total: u64, place: &str) -> Result<()> {
+    let need = txns.saturating_mul(HISTORY_BYTES_PER_TXN);
+    let keep = (total / 20).min(1 << 30);
+    let usable = avail.saturating_sub(keep);
+    if need <= usable {
+        return Ok(());
+    }
+    bail!(
+        "a history of {txns} transactions needs about {} MiB on disk, but {place} has {} MiB \
+         free (and {} MiB of it is kept free): use at most about --txns {}",
+        need >> 20,
+        avail >> 20,
+        keep >> 20,
+        usable / HISTORY_BYTES_PER_TXN
+    )
+}
+
 pub fn run(args: &VerifyBenchArgs) -> Result<()> {
+    ensure_history_fits(args)?;
     let (file, name) = match &args.history {
         Some(path) => (
             OpenOptions::new()
@@ -160,4 +213,34 @@ fn measure(args: &VerifyBenchArgs, mut file: &File, name: &str, bytes: u64) -> R
         args.txns as f64 / median.total.as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_history_larger_than_the_free_disk_is_refused_naming_what_fits() {
+        const GIB: u64 = 1 << 30;
+        // 1 M transactions on a 100 GiB disk with 10 GiB free.
+        assert!(disk_fits(1_000_000, 10 * GIB, 100 * GIB, "/tmp").is_ok());
+        let e = disk_fits(u64::MAX, 10 * GIB, 100 * GIB, "/tmp")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("needs about 17592186044415 MiB on disk, but /tmp has 10240 MiB free"),
+            "{e}"
+        );
+        // 9 GiB usable, a GiB kept free.
+        assert!(
+            e.ends_with(&format!("use at most about --txns {}", 9 * GIB / 320)),
+            "{e}"
+        );
+        let fits = 9 * GIB / HISTORY_BYTES_PER_TXN;
+        assert!(disk_fits(fits, 10 * GIB, 100 * GIB, "/tmp").is_ok());
+        assert!(disk_fits(fits + 1, 10 * GIB, 100 * GIB, "/tmp").is_err());
+        // A small file system keeps a twentieth free.
+        assert!(disk_fits(1000, 5 << 20, 100 << 20, "/small").is_err());
+        assert!(disk_fits(1000, 6 << 20, 100 << 20, "/small").is_ok());
+    }
 }

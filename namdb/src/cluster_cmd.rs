@@ -120,7 +120,8 @@ pub struct UpArgs {
     #[arg(long, value_name = "N", default_value_t = 16384,
           value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
     pub table_capacity: u64,
-    /// Largest value of the `kv` table, in bytes.
+    /// Largest value of the `kv` table, in bytes (at most 16360: a compute node's
+    /// transaction holds 4 versions of a record in a quarter of its 256 KiB buffer).
     #[arg(long, value_name = "BYTES", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=16 << 20))]
     pub value_cap: u32,
@@ -466,6 +467,23 @@ pub(crate) fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Resu
     }
 }
 
+/// Refuses, before anything starts, a `--value-cap` the compute nodes' transactions
+/// cannot hold (they run with txn's default buffer).
+pub(crate) fn check_value_cap(value_cap: u32) -> Result<()> {
+    let versions = txn::TableSpec::new(DEFAULT_TABLE, value_cap, 1).versions;
+    let options = txn::Options::default();
+    let largest = options.largest_value_cap(versions);
+    if value_cap > largest {
+        bail!(
+            "--value-cap {value_cap} is too large: a compute node's transaction holds values \
+             of up to {largest} bytes (the {versions} versions of a record must fit a quarter \
+             of its {} KiB buffer)",
+            options.scratch_bytes >> 10
+        );
+    }
+    Ok(())
+}
+
 /// The last lines of a log, for an error message.
 pub(crate) fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
@@ -476,6 +494,7 @@ fn up(args: &UpArgs) -> Result<()> {
     if args.memory_servers == 0 || args.compute_nodes == 0 {
         bail!("a cluster needs at least one memory server and one compute node");
     }
+    check_value_cap(args.value_cap)?;
     if args.dir.dir.exists() && !args.dir.dir.is_dir() {
         bail!("{} is not a directory", args.dir.dir.display());
     }

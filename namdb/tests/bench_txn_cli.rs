@@ -108,6 +108,25 @@ fn list_append_history_verifies() {
     verifies(&history);
 }
 
+#[test]
+fn values_larger_than_txns_default_buffer_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    bench(&[
+        "--keys",
+        "100",
+        "--value-size",
+        "65536",
+        "--duration",
+        "0.3",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["committed"].as_u64().unwrap() > 0, "{v}");
+}
+
 /// Runs `namdb ARGS` and returns its standard error, killing it if it has not finished
 /// within `limit`: a bad argument that hangs the run must fail the test, not hang it.
 fn stderr_within(args: &[&str], limit: Duration) -> (std::process::ExitStatus, String) {
@@ -175,6 +194,17 @@ fn bad_arguments_are_refused_clearly() {
         (
             vec!["--keys", "100000000", "--value-size", "65536"],
             "use at most about",
+        ),
+        // A cluster's compute nodes run with txn's default buffer.
+        (
+            vec![
+                "--cluster",
+                "/nonexistent/cluster.json",
+                "--value-size",
+                "20000",
+            ],
+            "--value-size 20000 is too large for --cluster: a compute node's transaction \
+             holds values of up to 16360 bytes",
         ),
     ] {
         let mut all = vec!["bench", "txn"];

@@ -155,6 +155,35 @@ fn kv_without_a_cluster_says_so() {
 }
 
 #[test]
+fn a_value_cap_the_compute_nodes_cannot_hold_is_refused_in_terms_of_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = namdb(
+        dir.path(),
+        &[
+            "cluster",
+            "up",
+            "--memory-servers",
+            "1",
+            "--compute-nodes",
+            "1",
+            "--backend",
+            "shm",
+            "--value-cap",
+            "20000",
+        ],
+    );
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("--value-cap 20000 is too large: a compute node's transaction holds values of up to 16360 bytes"),
+        "{err}"
+    );
+    assert!(!err.contains("scratch_bytes"), "{err}");
+    // Refused before anything started.
+    assert!(!dir.path().join("namdb-cluster").exists(), "{err}");
+}
+
+#[test]
 fn a_cluster_on_tcp_with_two_compute_nodes_comes_up_and_down() {
     let c = Cluster::up(&[
         "--memory-servers",

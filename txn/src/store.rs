@@ -155,6 +155,39 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// The largest `value_cap` of a table keeping `versions` versions that these
+    /// options' transactions hold: [`Database::create_table`] wants a block (and 8
+    /// bytes) in a quarter of a transaction's buffer, `scratch_bytes`.
+    pub fn largest_value_cap(&self, versions: u32) -> u32 {
+        let room = self.scratch_bytes / 4;
+        let fits =
+            |cap: u32| BlockShape::new(versions, cap).is_ok_and(|s| s.block_bytes() + 8 <= room);
+        if !fits(0) {
+            return 0;
+        }
+        let (mut lo, mut hi) = (0u32, u32::MAX);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// The `scratch_bytes` (at least the default, a multiple of 4 KiB) whose
+    /// transactions hold a table's blocks of `shape`. A commit's log record holds its
+    /// write set: `log_bytes_per_slot` should be at least as large.
+    pub fn scratch_bytes_for(shape: BlockShape) -> u64 {
+        (4 * (shape.block_bytes() + 8))
+            .next_multiple_of(4 << 10)
+            .max(Options::default().scratch_bytes)
+    }
+}
+
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Options")
@@ -406,10 +439,21 @@ impl Database {
             return Err(TxnError::Invalid("a table needs a capacity".into()));
         }
         let scratch = self.shared.options.scratch_bytes;
-        if spec.index.bucket_bytes() > scratch / 4 || shape.block_bytes() + 8 > scratch / 4 {
+        if spec.index.bucket_bytes() > scratch / 4 {
             return Err(TxnError::Invalid(format!(
-                "a bucket ({} bytes) or block ({} bytes) must fit a quarter of a transaction's buffer ({scratch} bytes, Options::scratch_bytes)",
+                "an index bucket ({} bytes) must fit a quarter of a transaction's buffer \
+                 ({scratch} bytes, Options::scratch_bytes)",
                 spec.index.bucket_bytes(),
+            )));
+        }
+        if shape.block_bytes() + 8 > scratch / 4 {
+            return Err(TxnError::Invalid(format!(
+                "values of up to {} bytes are too large: a transaction here holds values of \
+                 up to {} bytes in a table of {} versions (a block of {} bytes must fit a \
+                 quarter of its {scratch}-byte buffer, Options::scratch_bytes)",
+                spec.value_cap,
+                self.shared.options.largest_value_cap(spec.versions),
+                spec.versions,
                 shape.block_bytes()
             )));
         }

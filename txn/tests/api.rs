@@ -461,6 +461,45 @@ fn tables_too_large_for_the_servers_are_refused_without_filling_the_catalog() {
 }
 
 #[test]
+fn values_too_large_for_a_transactions_buffer_are_refused_naming_the_largest_that_fits() {
+    let db = Database::embedded(options(1)).unwrap();
+    let largest = Options::default().largest_value_cap(4);
+    // 4 versions of 16 KiB and their words must fit a quarter of 256 KiB.
+    assert_eq!(largest, 16360);
+    db.create_table(TableSpec::new("largest", largest, 10))
+        .unwrap();
+    let err = db
+        .create_table(TableSpec::new("over", largest + 8, 10))
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(
+            "values of up to 16368 bytes are too large: a transaction here holds values of up \
+             to 16360 bytes in a table of 4 versions"
+        ),
+        "{msg}"
+    );
+    // A buffer sized for the table's blocks holds them.
+    let shape = txn::layout::BlockShape::new(4, 256 << 10).unwrap();
+    let big = Database::embedded(Options {
+        scratch_bytes: Options::scratch_bytes_for(shape),
+        log_bytes_per_slot: Options::scratch_bytes_for(shape)
+            .max(Options::default().log_bytes_per_slot),
+        ..options(1)
+    })
+    .unwrap();
+    assert!(big.options().largest_value_cap(4) >= 256 << 10);
+    let t = big
+        .create_table(TableSpec::new("big", 256 << 10, 4))
+        .unwrap();
+    let mut c = big.client().unwrap();
+    let value = vec![7u8; 256 << 10];
+    c.run(3, |txn| txn.put(&t, 1, value.clone())).unwrap();
+    let mut txn = c.begin().unwrap();
+    assert_eq!(txn.get(&t, 1).unwrap(), Some(value));
+}
+
+#[test]
 fn a_write_set_too_large_for_the_buffer_is_refused_before_it_commits() {
     let db = Database::embedded(Options {
         scratch_bytes: 32 << 10,

@@ -188,13 +188,24 @@ fn cluster_options(args: &TxnArgs, sockets: Option<&std::path::Path>) -> Result<
     // Each server holds its share of the table's blocks and index, with room to spare
     // for the oracle and alignment.
     let table_bytes = table_bytes(args)?;
-    let per_server = table_bytes / args.servers as u64 + table_bytes / 8 + (16 << 20);
+    // A transaction's buffer, and a slot's commit-log area, hold a block of the table
+    // (values over about 16 KiB outgrow txn's defaults).
+    let spec = table_spec(args);
+    let scratch_bytes =
+        Options::scratch_bytes_for(txn::layout::BlockShape::new(spec.versions, spec.value_cap)?);
+    let log_bytes_per_slot = Options::default().log_bytes_per_slot.max(scratch_bytes);
+    let per_server = table_bytes / args.servers as u64
+        + table_bytes / 8
+        + (16 << 20)
+        + u64::from(args.threads) * log_bytes_per_slot;
     let mut options = Options {
         servers: args.servers as usize,
         server_bytes: per_server,
         // One slot per worker, plus the loader's (freed before the run starts).
         slots: args.threads,
         wait_visible: !args.no_wait_visible,
+        scratch_bytes,
+        log_bytes_per_slot,
         ..Options::default()
     };
     let token: [u8; 32] = rand::random();

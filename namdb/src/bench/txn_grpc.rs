@@ -47,6 +47,14 @@ pub fn run(args: &TxnArgs, file: &Path) -> Result<Report> {
         "--history cannot be recorded through gRPC (the API does not return the versions \
          reads saw); run without --cluster"
     );
+    let largest =
+        txn::Options::default().largest_value_cap(txn::TableSpec::new(TABLE, 8, 1).versions);
+    ensure!(
+        value_cap(args) <= largest,
+        "--value-size {} is too large for --cluster: a compute node's transaction holds values \
+         of up to {largest} bytes",
+        args.value_size
+    );
     let cluster = ClusterFile::read(file)?;
     ensure!(
         !cluster.compute_nodes.is_empty(),

@@ -243,6 +243,19 @@ async fn transactions_admin_and_bad_requests_through_a_compute_node_process() {
         "unknown",
     );
 
+    // A Begin after a timestamp no commit can have returned says so at once, rather
+    // than blaming another node after a wait.
+    let far = client
+        .rpc()
+        .begin(compute_node::proto::BeginRequest { after: u64::MAX })
+        .await;
+    let s = expect_code(
+        far,
+        Code::InvalidArgument,
+        "beyond every timestamp the oracle has handed out",
+    );
+    assert!(!s.message().contains("another compute node"), "{s:?}");
+
     // An idle transaction expires.
     let t = client.begin().await.unwrap();
     client.put(t, TABLE, 4, b"four".to_vec()).await.unwrap();

@@ -535,6 +535,19 @@ impl Worker {
                 read?
             };
             self.count(|s| s.oracle_reads += 1);
+            // No holder hands out a timestamp more than V/2 past its known prefix (the
+            // oracle's wrap margin), and this read began after the call: a `min` past
+            // that was never handed out, so no commit returned it, and waiting for it
+            // would blame whichever slot the prefix waits for.
+            let reach = self.slot.layout().bits() / 2;
+            if min > rid.saturating_add(reach + 1) {
+                return Err(TxnError::Invalid(format!(
+                    "timestamp {min} (the commit to begin after) is beyond every timestamp \
+                     the oracle has handed out: the newest visible is {rid}, and none is \
+                     handed out more than {reach} past that; pass a commit timestamp a \
+                     commit returned, or 0"
+                )));
+            }
             if rid < min {
                 // The prefix waits for other threads' slots. After a run of fruitless
                 // reads, give the CPU away: on a host with more runnable threads than

@@ -500,6 +500,36 @@ fn values_too_large_for_a_transactions_buffer_are_refused_naming_the_largest_tha
 }
 
 #[test]
+fn beginning_after_a_timestamp_never_handed_out_says_so_at_once() {
+    let db = visible_db(1);
+    let t = table(&db, 1, 100);
+    let mut c = db.client().unwrap();
+    let ((), cid) = c.run(3, |txn| txn.put(&t, 1, val(1))).unwrap();
+    let cid = cid.unwrap();
+    for far in [cid + (1 << 30), u64::MAX] {
+        let started = std::time::Instant::now();
+        let err = match c.begin_after(far) {
+            Ok(_) => panic!("began after {far}"),
+            Err(e) => e,
+        };
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+        let msg = err.to_string();
+        assert!(matches!(err, TxnError::Invalid(_)), "{msg}");
+        assert!(
+            msg.contains(&format!(
+                "timestamp {far} (the commit to begin after) is beyond every timestamp the \
+                 oracle has handed out"
+            )),
+            "{msg}"
+        );
+        assert!(!msg.contains("another compute node"), "{msg}");
+    }
+    // A timestamp a commit returned is fine.
+    let mut txn = c.begin_after(cid).unwrap();
+    assert_eq!(txn.get(&t, 1).unwrap(), Some(val(1)));
+}
+
+#[test]
 fn a_write_set_too_large_for_the_buffer_is_refused_before_it_commits() {
     let db = Database::embedded(Options {
         scratch_bytes: 32 << 10,

@@ -109,6 +109,53 @@ fn list_append_history_verifies() {
 }
 
 #[test]
+fn list_append_on_few_keys_sizes_its_lists_and_stops_when_one_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    // 100 keys used to fill their 8-element lists at once and measure nothing but
+    // "list full" aborts; the lists are now sized for the keys.
+    bench(&[
+        "--workload",
+        "list-append",
+        "--keys",
+        "100",
+        "--duration",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["committed"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["aborts"]["list_full"].as_u64().unwrap() <= 16, "{v}");
+    match v["stopped_early"].as_str() {
+        None => assert_eq!(v["seconds"].as_f64().unwrap(), 0.9, "{v}"),
+        Some(why) => assert!(why.starts_with("a list was full (2048 elements"), "{v}"),
+    }
+    // Lists too small for the run: full within the warm-up, nothing measured, and said.
+    let (status, err) = stderr_within(
+        &[
+            "bench",
+            "txn",
+            "--workload",
+            "list-append",
+            "--keys",
+            "100",
+            "--value-size",
+            "64",
+            "--duration",
+            "10",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("a list was full (8 elements, the most --value-size 64 holds) after")
+            && err.contains("within the 1.00 s warm-up, so nothing was measured"),
+        "{err}"
+    );
+}
+
+#[test]
 fn values_larger_than_txns_default_buffer_run() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");

@@ -10,7 +10,10 @@
 //! - `bank`: a transfer between two accounts (or, with probability `--read-ratio`, a
 //!   read of two); at the end a scan checks that the money is all there.
 //! - `list-append`: one to three operations on random keys, each a read (probability
-//!   `--read-ratio`) or an append of a unique element, as verify's list-append.
+//!   `--read-ratio`) or an append of a unique element, as verify's list-append. A list
+//!   holds `--value-size` / 8 elements (by default as many as a table of
+//!   [`LIST_TABLE_BYTES`] holds, up to 2048); the run stops when an append finds its
+//!   list full, since from then on it would measure nothing but failed appends.
 //!
 //! `--history FILE` records every transaction in verify's JSON Lines format (check it
 //! with `namdb verify FILE`). Throughput and latency count the transactions that
@@ -80,10 +83,12 @@ pub struct TxnArgs {
     /// Seconds to run.
     #[arg(long, value_name = "S", default_value_t = 5.0)]
     pub duration: f64,
-    /// Bytes per value (for list-append: the largest list, 8 bytes per element).
-    #[arg(long, value_name = "BYTES", default_value_t = 64,
+    /// Bytes per value: 64 by default. For list-append, the largest list (8 bytes per
+    /// element), by default sized for --keys (as many as 256 MiB of table holds, from
+    /// 64 bytes to 16 KiB); the run stops when a list is full.
+    #[arg(long, value_name = "BYTES",
           value_parser = clap::value_parser!(u32).range(8..=65536))]
-    pub value_size: u32,
+    pub value_size: Option<u32>,
     /// Memory servers of the embedded cluster (tables are partitioned over them).
     #[arg(long, value_name = "M", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -139,6 +144,9 @@ pub struct Report {
     pub oracle_reads_per_txn: Option<f64>,
     /// For bank: whether the money summed to the initial total at the end.
     pub invariant_ok: Option<bool>,
+    /// For list-append: why the run stopped before its --duration (a list was full),
+    /// and `seconds` is then the time measured until it did.
+    pub stopped_early: Option<String>,
 }
 
 pub(super) const BANK_BALANCE: i64 = 1000;
@@ -246,12 +254,27 @@ fn cluster_options(args: &TxnArgs, sockets: Option<&std::path::Path>) -> Result<
     Ok(options)
 }
 
+/// Bytes of table (all versions of every key's list) that list-append's lists are
+/// sized to by default.
+pub const LIST_TABLE_BYTES: u64 = 256 << 20;
+
 pub(super) fn value_cap(args: &TxnArgs) -> u32 {
     match args.workload {
-        Workload::Ycsb => args.value_size,
+        Workload::Ycsb => args.value_size.unwrap_or(64),
         Workload::Bank => 8,
-        Workload::ListAppend => args.value_size,
+        Workload::ListAppend => args.value_size.unwrap_or_else(|| {
+            let capacity = args.keys + args.keys / 8 + 64;
+            let versions = u64::from(TableSpec::new("bench", 8, 1).versions);
+            // Each version also has two words of its own.
+            let per_version = LIST_TABLE_BYTES / (capacity * versions);
+            (per_version.saturating_sub(16) / 8 * 8).clamp(64, 16 << 10) as u32
+        }),
     }
+}
+
+/// Elements a list-append list holds.
+fn list_elements(args: &TxnArgs) -> u32 {
+    value_cap(args) / 8
 }
 
 pub fn run(args: &TxnArgs) -> Result<()> {
@@ -305,6 +328,14 @@ pub fn run(args: &TxnArgs) -> Result<()> {
     };
     if args.workload != Workload::ListAppend {
         load(&db, &table, args, recorder.as_ref())?;
+    } else {
+        eprintln!(
+            "list-append: each of the {} lists holds up to {} elements (--value-size {}); \
+             the run stops when an append finds its list full",
+            args.keys,
+            list_elements(args),
+            value_cap(args)
+        );
     }
     let report = drive(&db, &table, args, recorder.as_ref())?;
     if let Some(r) = recorder {
@@ -333,7 +364,7 @@ pub(super) fn finish(report: &Report, args: &TxnArgs) -> Result<()> {
 pub(super) fn initial_value(args: &TxnArgs) -> Vec<u8> {
     match args.workload {
         Workload::Ycsb => {
-            let mut v = vec![0u8; args.value_size as usize];
+            let mut v = vec![0u8; value_cap(args) as usize];
             v[..8].copy_from_slice(&0u64.to_le_bytes());
             v
         }
@@ -492,6 +523,7 @@ impl Tally {
             oracle_reads_per_txn: oracle_reads
                 .then(|| self.oracle_reads as f64 / committed.max(1) as f64),
             invariant_ok,
+            stopped_early: None,
         }
     }
 }
@@ -544,10 +576,14 @@ fn drive(
     let duration = Duration::from_secs_f64(args.duration);
     let warmup = warmup(duration);
     let barrier = Barrier::new(args.threads as usize);
+    let run_start = Instant::now();
+    // When an append first found its list full, and what to tell the user: the run
+    // stops there, since every later transaction appending to that list would fail.
+    let full: std::sync::OnceLock<(Instant, String)> = std::sync::OnceLock::new();
     let results: Vec<Result<Tally>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..args.threads)
             .map(|t| {
-                let (picker, barrier) = (&picker, &barrier);
+                let (picker, barrier, full) = (&picker, &barrier, &full);
                 s.spawn(move || -> Result<Tally> {
                     let worker = db.worker()?;
                     barrier.wait();
@@ -566,7 +602,7 @@ fn drive(
                             // One clock read per transaction: its end is the next one's start.
                             let mut now = Instant::now();
                             loop {
-                                if now >= end {
+                                if now >= end || full.get().is_some() {
                                     return Ok::<(), TxnError>(());
                                 }
                                 if now >= measure_from && reads_before.get().is_none() {
@@ -614,7 +650,21 @@ fn drive(
                                             }
                                             TxnError::Layout(
                                                 txn::layout::LayoutError::ValueTooLarge { .. },
-                                            ) => &mut r.aborts.list_full,
+                                            ) => {
+                                                let _ = full.set((
+                                                    finished,
+                                                    format!(
+                                                        "a list was full ({} elements, the \
+                                                         most --value-size {} holds) after \
+                                                         {:.2} s: give more --keys or a \
+                                                         larger --value-size to run longer",
+                                                        list_elements(args),
+                                                        value_cap(args),
+                                                        (finished - run_start).as_secs_f64()
+                                                    ),
+                                                ));
+                                                &mut r.aborts.list_full
+                                            }
                                             _ => return Err(e),
                                         };
                                         if counted {
@@ -652,19 +702,33 @@ fn drive(
     for r in results {
         total.add(&r?)?;
     }
-    let seconds = (duration - warmup).as_secs_f64();
+    let stopped = full.into_inner();
+    let seconds = match &stopped {
+        Some((at, why)) => {
+            if *at <= run_start + warmup {
+                bail!(
+                    "{why}; that was within the {:.2} s warm-up, so nothing was measured",
+                    warmup.as_secs_f64()
+                );
+            }
+            at.duration_since(run_start + warmup).as_secs_f64()
+        }
+        None => (duration - warmup).as_secs_f64(),
+    };
     let invariant_ok = match args.workload {
         Workload::Bank => Some(bank_total(db, table)? == BANK_BALANCE * args.keys as i64),
         _ => None,
     };
-    Ok(total.report(
+    let mut report = total.report(
         args,
         args.backend.name().to_string(),
         args.servers,
         seconds,
         true,
         invariant_ok,
-    ))
+    );
+    report.stopped_early = stopped.map(|(_, why)| why);
+    Ok(report)
 }
 
 pub(super) fn counter(value: &[u8]) -> i64 {
@@ -798,8 +862,11 @@ fn print(r: &Report, args: &TxnArgs) {
         r.committed,
         r.txn_per_sec,
         r.seconds,
-        args.duration - r.seconds
+        warmup(Duration::from_secs_f64(args.duration)).as_secs_f64()
     );
+    if let Some(why) = &r.stopped_early {
+        println!("  stopped early: {why}");
+    }
     println!(
         "  aborted   {:>12}   abort rate {:.2}%  (conflict {}, duplicate key {}, snapshot too old {}, list full {})",
         r.aborted,
@@ -848,6 +915,34 @@ mod tests {
 
     fn args(line: &[&str]) -> TxnArgs {
         Cli::parse_from(std::iter::once("txn").chain(line.iter().copied())).args
+    }
+
+    #[test]
+    fn list_append_sizes_its_lists_for_the_keys_unless_told() {
+        let cap = |line: &[&str]| value_cap(&args(line));
+        assert_eq!(
+            cap(&["--workload", "list-append", "--keys", "100"]),
+            16 << 10
+        );
+        assert_eq!(cap(&["--workload", "list-append", "--keys", "100000"]), 576);
+        assert_eq!(
+            cap(&["--workload", "list-append", "--keys", "100000000"]),
+            64
+        );
+        assert_eq!(
+            cap(&[
+                "--workload",
+                "list-append",
+                "--keys",
+                "100",
+                "--value-size",
+                "64"
+            ]),
+            64
+        );
+        assert_eq!(cap(&[]), 64);
+        assert_eq!(cap(&["--value-size", "128"]), 128);
+        assert_eq!(cap(&["--workload", "bank"]), 8);
     }
 
     /// Every server's partition has its own index: sized for its share of the keys,

@@ -53,7 +53,7 @@ pub fn run(args: &TxnArgs, file: &Path) -> Result<Report> {
         value_cap(args) <= largest,
         "--value-size {} is too large for --cluster: a compute node's transaction holds values \
          of up to {largest} bytes",
-        args.value_size
+        value_cap(args)
     );
     let cluster = ClusterFile::read(file)?;
     ensure!(

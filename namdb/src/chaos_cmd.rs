@@ -216,7 +216,7 @@ fn table_bytes(spec: &txn::TableSpec, servers: u64) -> Result<u64> {
     let block = txn::layout::BlockShape::new(spec.versions, spec.value_cap)
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .block_bytes();
-    Ok(spec.capacity * block + spec.index.region_bytes() * servers)
+    Ok(spec.blocks_on(servers as u32) * block + spec.index.region_bytes() * servers)
 }
 
 // ----- the chaos node

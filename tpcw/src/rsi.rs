@@ -197,7 +197,7 @@ pub fn table_bytes(
             .buckets
             .saturating_mul(spec.index.bucket_bytes())
             .saturating_mul(servers as u64);
-        let blocks = spec.capacity.saturating_mul(block);
+        let blocks = spec.blocks_on(servers).saturating_mul(block);
         let loaded = scale.rows(rel).min(spec.capacity).saturating_mul(block);
         bytes.total = bytes.total.saturating_add(blocks).saturating_add(index);
         bytes.touched_from_the_start = bytes

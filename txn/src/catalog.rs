@@ -33,7 +33,8 @@
 //!     10           versions | value_cap << 32
 //!     11           capacity (blocks, whole table)
 //!     12           partitions P (1..=32)
-//!     13           blocks per partition, ceil(capacity / P)
+//!     13           blocks per partition, `blocks_per_partition(capacity, P)` (the
+//!                  even share ceil(capacity / P) in catalogs of earlier versions)
 //!     14, 15       index buckets, index slots (per partition)
 //!     16           checksum of words 1..128 (this word taken as 0)
 //!     17 + 3p      partition p: server | data region << 32, arena offset, index offset
@@ -372,6 +373,33 @@ impl TableSpec {
             placement: Placement::RoundRobin,
         }
     }
+
+    /// Blocks the table's arenas take over all partitions (see
+    /// [`blocks_per_partition`]) when created on `servers` memory servers.
+    pub fn blocks_on(&self, servers: u32) -> u64 {
+        let partitions = match self.partitions {
+            0 => servers.max(1),
+            p => p,
+        };
+        blocks_per_partition(self.capacity, partitions).saturating_mul(u64::from(partitions))
+    }
+}
+
+/// Blocks each of `partitions` partitions gets for a table of `capacity` records.
+/// Keys go to partitions by hash, so `capacity` distinct keys do not split evenly:
+/// an even share, `ceil(capacity / partitions)`, made a table of 16384 refuse inserts
+/// (`TableFull`) at about 16200 keys. Each partition gets four standard deviations
+/// of the binomial count over its even share (3% at 16384 keys over 2 partitions), so
+/// that `capacity` keys fit but for odds of about 3e-5 per partition.
+pub fn blocks_per_partition(capacity: u64, partitions: u32) -> u64 {
+    let p = u64::from(partitions.max(1));
+    let share = capacity.div_ceil(p);
+    if p == 1 {
+        return share;
+    }
+    let mean = capacity as f64 / p as f64;
+    let sd = (mean * (1.0 - 1.0 / p as f64)).sqrt();
+    share.saturating_add((4.0 * sd).ceil() as u64 + 1)
 }
 
 /// A table as the catalog describes it.
@@ -380,7 +408,7 @@ pub struct TableDef {
     pub id: u32,
     pub name: String,
     pub shape: BlockShape,
-    /// Blocks, over all partitions (each partition has `ceil(capacity / P)`).
+    /// Records it was made for (each partition has [`blocks_per_partition`] blocks).
     pub capacity: u64,
     pub partitions: Vec<PartitionDef>,
 }
@@ -1519,7 +1547,7 @@ impl Plan {
                 spec.index.buckets, spec.index.slots
             ))
         })?;
-        let per_part = spec.capacity.div_ceil(spec.partitions as u64);
+        let per_part = blocks_per_partition(spec.capacity, spec.partitions);
         let index_at = arena_bytes(shape, per_part)
             .and_then(round_up)
             .ok_or_else(too_large)?;
@@ -1594,7 +1622,11 @@ fn decode_entry(id: u64, w: &[u64], servers: &[ServerRegions]) -> Result<TableDe
         return Err(bad(format!("{count} partitions")));
     }
     let (capacity, per_part) = (w[W_CAPACITY], w[W_PER_PART]);
-    if capacity == 0 || per_part != capacity.div_ceil(count) {
+    // Catalogs written before partitions got headroom hold the even share.
+    if capacity == 0
+        || per_part < capacity.div_ceil(count)
+        || per_part > blocks_per_partition(capacity, count as u32)
+    {
         return Err(bad(format!(
             "capacity {capacity}, {per_part} per partition"
         )));
@@ -1646,6 +1678,43 @@ fn decode_entry(id: u64, w: &[u64], servers: &[ServerRegions]) -> Result<TableDe
         capacity,
         partitions,
     })
+}
+
+#[cfg(test)]
+mod headroom_tests {
+    use super::blocks_per_partition;
+
+    #[test]
+    fn one_partition_gets_the_capacity_and_more_get_headroom_over_an_even_share() {
+        assert_eq!(blocks_per_partition(16384, 1), 16384);
+        // Mean 8192, standard deviation 64: 4σ is 256, plus one.
+        assert_eq!(blocks_per_partition(16384, 2), 8192 + 256 + 1);
+        assert_eq!(blocks_per_partition(1, 32), 1 + 1 + 1);
+        assert_eq!(blocks_per_partition(u64::MAX, 1), u64::MAX);
+        assert!(blocks_per_partition(u64::MAX, 2) > u64::MAX / 2);
+    }
+
+    /// The keys a table of `capacity` is made for, hashed to partitions as the store
+    /// does, fit: the even share did not (the tester's 16384 keys over 2 partitions).
+    #[test]
+    fn the_keys_a_table_is_made_for_fit_its_partitions() {
+        let count = |capacity: u64, parts: u64, offset: u64| {
+            let mut per = vec![0u64; parts as usize];
+            for key in offset..offset + capacity {
+                per[((crate::index::mix(key) >> 32) % parts) as usize] += 1;
+            }
+            per.into_iter().max().unwrap()
+        };
+        let mut even_share_overflowed = false;
+        for (capacity, parts) in [(16384, 2), (1000, 3), (100_000, 5), (64, 2)] {
+            for offset in [0, 1 << 20, 1 << 40] {
+                let most = count(capacity, parts, offset);
+                assert!(most <= blocks_per_partition(capacity, parts as u32));
+                even_share_overflowed |= most > capacity.div_ceil(parts);
+            }
+        }
+        assert!(even_share_overflowed);
+    }
 }
 
 #[cfg(test)]
@@ -2308,7 +2377,8 @@ mod tests {
             vec![1, 2, 0, 1, 2, 0],
             "round robin from the table id"
         );
-        assert_eq!(t.partitions[0].capacity, 17, "ceil(100 / 6)");
+        // ceil(100 / 6) and four standard deviations of the binomial count.
+        assert_eq!(t.partitions[0].capacity, 17 + 15 + 1);
         let mut placed = spec("placed", 2);
         placed.placement = Placement::Servers(vec![2, 2]);
         let p = cat_a.create_table(&mut a, &placed).unwrap();

@@ -105,6 +105,8 @@ pub struct ServerInfo {
     pub boot: u64,
     /// What the server is in replication.
     pub role: crate::Role,
+    /// A backup holding its primary's whole state (one that can be promoted).
+    pub synced: bool,
 }
 
 /// A byte range of a region for [`Client::persist`].
@@ -272,6 +274,7 @@ impl Client {
                 durable: hello.durable,
                 boot: hello.boot,
                 role: crate::Role::from_proto(hello.role),
+                synced: hello.synced,
             },
             lease,
             keepalive,

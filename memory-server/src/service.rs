@@ -164,6 +164,7 @@ impl ControlRpc for ControlService {
             durable: self.state.durable(),
             boot: self.state.boot(),
             role: self.state.role().to_proto() as i32,
+            synced: self.state.backup.as_ref().is_some_and(Backup::synced),
         }))
     }
 

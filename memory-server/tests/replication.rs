@@ -306,6 +306,7 @@ async fn a_backup_is_not_promoted_before_it_holds_its_primarys_state() {
         "{msg}"
     );
     assert_eq!(client.server().role, Role::Backup);
+    assert!(!client.server().synced, "Hello says it cannot be promoted");
     // Once a primary attached and copied its state, it can be.
     let (_primary, _pnet) = start(
         64 << 10,
@@ -315,6 +316,10 @@ async fn a_backup_is_not_promoted_before_it_holds_its_primarys_state() {
     )
     .await
     .unwrap();
+    let again = Client::connect(&backup.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    assert!(again.server().synced);
     assert_eq!(client.promote().await.unwrap(), 2);
 }
 

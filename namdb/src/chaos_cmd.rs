@@ -593,6 +593,10 @@ struct Harness<'a> {
     backups: Vec<crate::cluster_cmd::ProcessEntry>,
     /// Per backup: how many times it was started (its socket and log are numbered).
     backup_starts: Vec<u32>,
+    /// Per backup: seen holding its primary's whole state since its last start.
+    backup_synced: Vec<bool>,
+    /// When a backup's state was last asked (at most every 100 ms while waiting).
+    backup_asked: Option<Instant>,
     /// Fixed control-plane ports, so a restarted server is where the nodes look: the
     /// primaries', then the backups'.
     ports: Vec<u16>,
@@ -658,6 +662,8 @@ impl<'a> Harness<'a> {
             servers: Vec::new(),
             backups: Vec::new(),
             backup_starts: Vec::new(),
+            backup_synced: Vec::new(),
+            backup_asked: None,
             ports: Vec::new(),
             addrs: Vec::new(),
             failed_over: vec![false; args.servers as usize],
@@ -1089,7 +1095,36 @@ impl<'a> Harness<'a> {
             Some(e) => *e = entry,
             None => self.backups.push(entry),
         }
+        if self.backup_synced.len() <= i {
+            self.backup_synced.resize(i + 1, false);
+        }
+        self.backup_synced[i] = false;
         Ok(())
+    }
+
+    /// Whether memory server `i`'s backup holds its primary's whole state (its Hello
+    /// says so): a failover before that would find it refusing Promote, and the nodes
+    /// could not come back. Asked at most every 100 ms; once seen, remembered until
+    /// the backup starts again.
+    fn backup_synced(&mut self, i: usize) -> bool {
+        if self.backup_synced.get(i).copied().unwrap_or(true) {
+            return true;
+        }
+        if self
+            .backup_asked
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
+        {
+            return false;
+        }
+        self.backup_asked = Some(Instant::now());
+        let synced = ClusterToken::from_file(&self.token_file)
+            .ok()
+            .and_then(|token| {
+                memory_server::blocking::Client::connect(&self.backups[i].address, &token).ok()
+            })
+            .is_some_and(|c| c.server().synced);
+        self.backup_synced[i] = synced;
+        synced
     }
 
     /// SIGKILLs memory server `i`'s backup and waits for it to be gone.
@@ -1353,8 +1388,16 @@ impl<'a> Harness<'a> {
     }
 
     /// Why `action` cannot run yet, if it cannot.
-    fn blocked(&self, action: &Action) -> Option<String> {
+    fn blocked(&mut self, action: &Action) -> Option<String> {
         let n = action.node();
+        if let Action::FailoverMemoryServer { server } | Action::KillBackup { server } = *action
+            && server < self.backups.len()
+            && !self.backup_synced(server)
+        {
+            return Some(format!(
+                "memory server {server}'s backup does not hold its primary's state yet"
+            ));
+        }
         match action {
             // Only once every node runs (again) after the last episode, so that the
             // kill hits running work.

@@ -270,34 +270,25 @@ impl Link {
         let addr = &self.addr;
         let mut buf = Vec::new();
         let mut count = 0;
-        let mut piece = vec![0u8; TRANSFER_PIECE as usize];
-        let zeros = vec![0u8; TRANSFER_PIECE as usize];
         let mut sent = 0u64;
-        let mut index = 0u64;
-        for (i, r) in self.regions.iter().enumerate() {
-            let len = r.info.remote.len;
-            let mut offset = 0;
-            while offset < len {
-                let n = TRANSFER_PIECE.min(len - offset) as usize;
-                r.region
-                    .read(offset, &mut piece[..n])
-                    .map_err(|e| Failure::Lost(format!("reading region `{}`: {e}", r.info.name)))?;
-                let backup_zero = backup.is_zero(index);
-                index += 1;
-                // A slice comparison is a memcmp, fast in debug builds too.
-                if !(backup_zero && piece[..n] == zeros[..n]) {
-                    journal::push_entry_header(&mut buf, i as u32, offset, n as u32);
-                    buf.extend_from_slice(&piece[..n]);
-                    count += 1;
-                    sent += n as u64;
-                }
-                if buf.len() >= SHIP_TARGET {
-                    stream
-                        .apply(addr, std::mem::take(&mut buf), count, false)
-                        .await?;
-                    count = 0;
-                }
-                offset += n as u64;
+        let mut pieces = PieceReader::new(&self.regions, TRANSFER_PIECE);
+        while let Some(piece) = pieces.next_piece().map_err(Failure::Lost)? {
+            if !(backup.is_zero(piece.index) && piece.zero) {
+                journal::push_entry_header(
+                    &mut buf,
+                    piece.region,
+                    piece.offset,
+                    piece.bytes.len() as u32,
+                );
+                buf.extend_from_slice(piece.bytes);
+                count += 1;
+                sent += piece.bytes.len() as u64;
+            }
+            if buf.len() >= SHIP_TARGET {
+                stream
+                    .apply(addr, std::mem::take(&mut buf), count, false)
+                    .await?;
+                count = 0;
             }
         }
         if count > 0 {
@@ -350,6 +341,68 @@ impl Link {
     }
 }
 
+/// Reads the regions piece by piece, in plan order.
+struct PieceReader<'a> {
+    regions: &'a [ServedRegion],
+    piece_bytes: u64,
+    region: usize,
+    offset: u64,
+    index: u64,
+    buf: Vec<u8>,
+    zeros: Vec<u8>,
+}
+
+/// One piece: where it is, its number over all regions, its bytes.
+struct Piece<'b> {
+    region: u32,
+    offset: u64,
+    index: u64,
+    bytes: &'b [u8],
+    zero: bool,
+}
+
+impl<'a> PieceReader<'a> {
+    fn new(regions: &'a [ServedRegion], piece_bytes: u64) -> PieceReader<'a> {
+        PieceReader {
+            regions,
+            piece_bytes,
+            region: 0,
+            offset: 0,
+            index: 0,
+            buf: vec![0u8; piece_bytes as usize],
+            zeros: vec![0u8; piece_bytes as usize],
+        }
+    }
+
+    /// The next piece, `None` after the last region's last.
+    fn next_piece(&mut self) -> Result<Option<Piece<'_>>, String> {
+        while let Some(r) = self.regions.get(self.region) {
+            let len = r.info.remote.len;
+            if self.offset >= len {
+                self.region += 1;
+                self.offset = 0;
+                continue;
+            }
+            let n = self.piece_bytes.min(len - self.offset) as usize;
+            let offset = self.offset;
+            r.region
+                .read(offset, &mut self.buf[..n])
+                .map_err(|e| format!("reading region `{}`: {e}", r.info.name))?;
+            self.offset += n as u64;
+            self.index += 1;
+            return Ok(Some(Piece {
+                region: self.region as u32,
+                offset,
+                index: self.index - 1,
+                // A slice comparison is a memcmp, fast in debug builds too.
+                zero: self.buf[..n] == self.zeros[..n],
+                bytes: &self.buf[..n],
+            }));
+        }
+        Ok(None)
+    }
+}
+
 /// Transfer pieces of a region of `len` bytes.
 fn pieces_of(len: u64) -> u64 {
     len.div_ceil(TRANSFER_PIECE)
@@ -384,22 +437,10 @@ fn pieces_with_data(regions: &[ServedRegion], piece_bytes: u64) -> Result<Vec<u8
         .map(|r| r.info.remote.len.div_ceil(piece_bytes))
         .sum();
     let mut bits = vec![0u8; total.div_ceil(8) as usize];
-    let mut piece = vec![0u8; piece_bytes as usize];
-    let zeros = vec![0u8; piece_bytes as usize];
-    let mut index = 0u64;
-    for r in regions {
-        let len = r.info.remote.len;
-        let mut offset = 0;
-        while offset < len {
-            let n = piece_bytes.min(len - offset) as usize;
-            r.region
-                .read(offset, &mut piece[..n])
-                .map_err(|e| Status::internal(format!("reading region `{}`: {e}", r.info.name)))?;
-            if piece[..n] != zeros[..n] {
-                bits[(index / 8) as usize] |= 1 << (index % 8);
-            }
-            index += 1;
-            offset += n as u64;
+    let mut pieces = PieceReader::new(regions, piece_bytes);
+    while let Some(piece) = pieces.next_piece().map_err(Status::internal)? {
+        if !piece.zero {
+            bits[(piece.index / 8) as usize] |= 1 << (piece.index % 8);
         }
     }
     Ok(bits)

@@ -60,6 +60,11 @@ fn code_and_message(e: &ClientError) -> (Option<Code>, String) {
     (e.code(), e.to_string())
 }
 
+/// The code and message of a Persist of `range` that must fail.
+async fn refused(node: &Node, range: PersistRange) -> (Option<Code>, String) {
+    code_and_message(&node.client.persist(&[range]).await.err().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() {
     let (primary, pnet, backup, bnet) = pair().await;
@@ -140,14 +145,7 @@ async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() 
 
     // The old primary can acknowledge nothing any more.
     node.write(at, 64, b"late");
-    let (code, msg) = code_and_message(
-        &node
-            .client
-            .persist(&[PersistRange::new(rkey, 64, 4)])
-            .await
-            .err()
-            .unwrap(),
-    );
+    let (code, msg) = refused(&node, PersistRange::new(rkey, 64, 4)).await;
     assert_eq!(code, Some(Code::Unavailable), "{msg}");
     assert!(
         msg.contains(&format!("backup at {}", backup.local_addr())) && msg.contains("promoted"),
@@ -198,25 +196,11 @@ async fn a_dead_backup_fails_persists_with_a_clear_error() {
         .await
         .unwrap();
     backup.shutdown().await.unwrap();
-    let (code, msg) = code_and_message(
-        &node
-            .client
-            .persist(&[PersistRange::new(rkey, 0, 8)])
-            .await
-            .err()
-            .unwrap(),
-    );
+    let (code, msg) = refused(&node, PersistRange::new(rkey, 0, 8)).await;
     assert_eq!(code, Some(Code::Unavailable), "{msg}");
     assert!(msg.contains(&format!("backup at {addr}")), "{msg}");
     // And it stays failed: the backup may or may not hold the failed batch.
-    let (code, _) = code_and_message(
-        &node
-            .client
-            .persist(&[PersistRange::new(rkey, 8, 8)])
-            .await
-            .err()
-            .unwrap(),
-    );
+    let (code, _) = refused(&node, PersistRange::new(rkey, 8, 8)).await;
     assert_eq!(code, Some(Code::Unavailable));
     // A primary whose backup cannot be reached does not start at all.
     let err = start(
@@ -261,14 +245,7 @@ async fn a_backup_started_again_is_attached_again_and_persists_resume() {
         .unwrap();
     backup.shutdown().await.unwrap();
     node.write(at, 100, b"while down");
-    let (code, msg) = code_and_message(
-        &node
-            .client
-            .persist(&[PersistRange::new(rkey, 100, 10)])
-            .await
-            .err()
-            .unwrap(),
-    );
+    let (code, msg) = refused(&node, PersistRange::new(rkey, 100, 10)).await;
     assert_eq!(code, Some(Code::Unavailable), "{msg}");
     assert!(msg.contains("attaches to it again by itself"), "{msg}");
 
@@ -395,27 +372,13 @@ async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state()
         .await
         .unwrap();
     // The old primary's stream is superseded: nothing more is acknowledged there.
-    let (code, msg) = code_and_message(
-        &node
-            .client
-            .persist(&[PersistRange::new(rkey, 100, 11)])
-            .await
-            .err()
-            .unwrap(),
-    );
+    let (code, msg) = refused(&node, PersistRange::new(rkey, 100, 11)).await;
     assert_eq!(code, Some(Code::Unavailable), "{msg}");
     assert!(msg.contains("superseded"), "{msg}");
     // For good: the superseded primary never attaches again (which would in turn
     // supersede the new one), however long it waits.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (code, msg) = code_and_message(
-        &node
-            .client
-            .persist(&[PersistRange::new(rkey, 100, 11)])
-            .await
-            .err()
-            .unwrap(),
-    );
+    let (code, msg) = refused(&node, PersistRange::new(rkey, 100, 11)).await;
     assert_eq!(code, Some(Code::Unavailable), "{msg}");
     assert!(msg.contains("acknowledges no Persist any more"), "{msg}");
     fresh

@@ -73,6 +73,9 @@ pub struct Table {
     pub name: String,
     pub shape: BlockShape,
     pub partitions: Vec<Partition>,
+    /// The records it was made for (its partitions' blocks hold more: headroom for
+    /// keys that hash unevenly).
+    records: u64,
 }
 
 impl Table {
@@ -87,9 +90,10 @@ impl Table {
         self.partitions[p].arena + 8 + i * self.shape.block_bytes()
     }
 
-    /// Blocks over all partitions.
+    /// The records it was made for (`TableSpec::capacity`): that many distinct keys
+    /// fit, however they hash to its partitions.
     pub fn capacity(&self) -> u64 {
-        self.partitions.iter().map(|p| p.capacity).sum()
+        self.records
     }
 }
 
@@ -543,6 +547,7 @@ impl Table {
             id: def.id,
             name: def.name,
             shape: def.shape,
+            records: def.capacity,
             partitions: def
                 .partitions
                 .iter()

@@ -144,7 +144,17 @@ fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_pass
         ]
     );
     let throughput = &report["throughput"];
-    assert!(throughput["median_per_bucket"].as_f64().unwrap() > 0.0);
+    // Commits come in bursts (lock waits, the backup's outage, node restarts): in some
+    // runs most 100 ms buckets hold none. Then there is no baseline, and no dip
+    // figure pretends otherwise.
+    let median = throughput["median_per_bucket"].as_f64().unwrap();
+    assert!(median >= 0.0, "{throughput}");
+    for dip in throughput["dips"].as_array().unwrap() {
+        assert_eq!(dip["ratio"].is_null(), median == 0.0, "{throughput}");
+    }
+    if median == 0.0 {
+        assert!(out.contains("there is no baseline"), "{out}");
+    }
     assert_eq!(
         throughput["dips"].as_array().unwrap().len(),
         deaths.len(),

@@ -240,11 +240,7 @@ impl Link {
             .await
             .map_err(|s| Failure::from_status(addr, "refused to attach", &s))?
             .into_inner();
-        let pieces: u64 = self
-            .regions
-            .iter()
-            .map(|r| pieces_of(r.info.remote.len))
-            .sum();
+        let pieces = piece_count(&self.regions, TRANSFER_PIECE);
         let has_data = if answer.clean {
             BackupPieces::AllZero
         } else if answer.pieces_with_data.len() as u64 == pieces.div_ceil(8) {
@@ -320,8 +316,7 @@ impl Link {
         );
         let mut backlog = Backlog::default();
         let sent = acking(rx, &mut backlog, self.transfer(&mut stream, &backup)).await?;
-        while !backlog.entries.is_empty() {
-            let (entries, count) = backlog.take();
+        while let Some((entries, count)) = backlog.take_batch() {
             acking(
                 rx,
                 &mut backlog,
@@ -403,9 +398,12 @@ impl<'a> PieceReader<'a> {
     }
 }
 
-/// Transfer pieces of a region of `len` bytes.
-fn pieces_of(len: u64) -> u64 {
-    len.div_ceil(TRANSFER_PIECE)
+/// Pieces of `piece_bytes` over all of `regions` (each region's last may be short).
+fn piece_count(regions: &[ServedRegion], piece_bytes: u64) -> u64 {
+    regions
+        .iter()
+        .map(|r| r.info.remote.len.div_ceil(piece_bytes))
+        .sum()
 }
 
 /// Which transfer pieces of the backup's memory hold data, as its attach answered.
@@ -432,11 +430,7 @@ impl BackupPieces {
 /// answer's bitmap. Reads all region memory: call with the backup's lock held, so no
 /// batch changes it meanwhile.
 fn pieces_with_data(regions: &[ServedRegion], piece_bytes: u64) -> Result<Vec<u8>, Status> {
-    let total: u64 = regions
-        .iter()
-        .map(|r| r.info.remote.len.div_ceil(piece_bytes))
-        .sum();
-    let mut bits = vec![0u8; total.div_ceil(8) as usize];
+    let mut bits = vec![0u8; piece_count(regions, piece_bytes).div_ceil(8) as usize];
     let mut pieces = PieceReader::new(regions, piece_bytes);
     while let Some(piece) = pieces.next_piece().map_err(Status::internal)? {
         if !piece.zero {
@@ -449,17 +443,39 @@ fn pieces_with_data(regions: &[ServedRegion], piece_bytes: u64) -> Result<Vec<u8
 /// Persists acknowledged during a new attach's transfer, for the backup after it.
 #[derive(Default)]
 struct Backlog {
-    entries: Vec<u8>,
-    count: u32,
+    /// Each Persist's entries and their count, in the copies' order.
+    queued: std::collections::VecDeque<(Vec<u8>, u32)>,
+    bytes: usize,
 }
 
 impl Backlog {
-    fn take(&mut self) -> (Vec<u8>, u32) {
-        (
-            std::mem::take(&mut self.entries),
-            std::mem::take(&mut self.count),
-        )
+    /// The oldest Persists, up to [`SHIP_TARGET`] bytes (at least one), joined as one
+    /// batch of the stream: a batch stays within the backup's decoding limit however
+    /// much queued up.
+    fn take_batch(&mut self) -> Option<(Vec<u8>, u32)> {
+        let mut batch: Vec<(Vec<u8>, u32)> = Vec::new();
+        let mut size = 0;
+        while let Some((entries, _)) = self.queued.front()
+            && (batch.is_empty() || size + entries.len() <= SHIP_TARGET)
+        {
+            let (entries, count) = self.queued.pop_front().expect("just seen");
+            size += entries.len();
+            self.bytes -= entries.len();
+            batch.push((entries, count));
+        }
+        (!batch.is_empty()).then(|| join(batch.iter().map(|(e, c)| (e.as_slice(), *c))))
     }
+}
+
+/// Persists' entries joined into one batch, with their total count.
+fn join<'e>(parts: impl Iterator<Item = (&'e [u8], u32)> + Clone) -> (Vec<u8>, u32) {
+    let mut entries = Vec::with_capacity(parts.clone().map(|(e, _)| e.len()).sum());
+    let mut count = 0;
+    for (e, c) in parts {
+        entries.extend_from_slice(e);
+        count += c;
+    }
+    (entries, count)
 }
 
 /// Runs `work` while acknowledging every Persist queued meanwhile and keeping its
@@ -478,9 +494,7 @@ async fn acking<T>(
                 let Some(s) = got else {
                     return Err(Failure::Lost("the server is stopping".into()));
                 };
-                if backlog.entries.len() + s.entries.len() > MAX_BACKLOG
-                    || backlog.count.checked_add(s.count).is_none()
-                {
+                if backlog.bytes + s.entries.len() > MAX_BACKLOG {
                     let _ = s.reply.send(Err("the backup's state transfer fell too far \
                         behind this primary's Persists; it starts again"
                         .into()));
@@ -489,8 +503,8 @@ async fn acking<T>(
                         MAX_BACKLOG >> 20
                     )));
                 }
-                backlog.entries.extend_from_slice(&s.entries);
-                backlog.count += s.count;
+                backlog.bytes += s.entries.len();
+                backlog.queued.push_back((s.entries, s.count));
                 let _ = s.reply.send(Ok(()));
             }
         }
@@ -612,12 +626,7 @@ async fn ship(link: Link, stream: Stream, mut rx: mpsc::UnboundedReceiver<Shipme
                 let Some(batch) = next_batch(&mut rx).await else {
                     break;
                 };
-                let mut entries = Vec::with_capacity(batch.iter().map(|s| s.entries.len()).sum());
-                let mut count = 0;
-                for s in &batch {
-                    entries.extend_from_slice(&s.entries);
-                    count += s.count;
-                }
+                let (entries, count) = join(batch.iter().map(|s| (s.entries.as_slice(), s.count)));
                 match s.apply(&link.addr, entries, count, false).await {
                     Ok(()) => answer(batch, &Ok(())),
                     Err(failure) => {
@@ -635,21 +644,19 @@ async fn ship(link: Link, stream: Stream, mut rx: mpsc::UnboundedReceiver<Shipme
                 };
                 answer(batch, &Err(failure.persist_error()));
             }
-            Err(Failure::Lost(_)) => {
+            Err(lost @ Failure::Lost(_)) => {
+                let (refusal, last) = (lost.persist_error(), lost.why().to_string());
                 let queued = tokio::select! {
                     got = next_batch(&mut rx) => Some(got),
                     () = tokio::time::sleep_until(next_try) => None,
                 };
                 match queued {
                     Some(None) => break,
-                    Some(Some(batch)) => {
-                        let why = stream.as_ref().err().expect("failed").persist_error();
-                        answer(batch, &Err(why));
-                    }
+                    Some(Some(batch)) => answer(batch, &Err(refusal)),
                     None => match link.reattach(&mut rx).await {
                         Ok(s) => stream = Ok(s),
                         Err(failure) => {
-                            if Some(failure.why()) != stream.as_ref().err().map(Failure::why) {
+                            if failure.why() != last {
                                 tracing::warn!(
                                     backup = link.addr.as_str(),
                                     "attaching to the backup again failed: {}",
@@ -951,5 +958,41 @@ impl Backup {
             );
         }
         Ok(boot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What queued up during a transfer goes out in order, in batches the backup's
+    /// decoding limit takes (a 256 MiB backlog sent as one batch would be refused).
+    #[test]
+    fn a_backlog_goes_out_in_order_in_stream_sized_batches() {
+        let mut backlog = Backlog::default();
+        let persist = |tag: u8, len: usize| (vec![tag; len], 1u32);
+        let sizes = [SHIP_TARGET / 2, SHIP_TARGET / 2, 1, 3 * SHIP_TARGET, 10];
+        for (i, &len) in sizes.iter().enumerate() {
+            let (entries, count) = persist(i as u8, len);
+            backlog.bytes += entries.len();
+            backlog.queued.push_back((entries, count));
+        }
+        let mut batches = Vec::new();
+        while let Some(batch) = backlog.take_batch() {
+            batches.push(batch);
+        }
+        assert_eq!(backlog.bytes, 0);
+        let shapes: Vec<(usize, u32)> = batches.iter().map(|(e, c)| (e.len(), *c)).collect();
+        assert_eq!(
+            shapes,
+            [(SHIP_TARGET, 2), (1, 1), (3 * SHIP_TARGET, 1), (10, 1)],
+            "a Persist larger than a batch goes alone, and whole"
+        );
+        let tags: Vec<u8> = batches
+            .iter()
+            .flat_map(|(e, _)| e.iter().copied())
+            .collect();
+        assert!(tags.is_sorted(), "in the copies' order");
+        assert!(batches.iter().all(|(e, _)| e.len() <= MAX_APPLY_BYTES));
     }
 }

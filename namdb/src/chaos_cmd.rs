@@ -187,6 +187,20 @@ fn parse_seconds(input: &str) -> Result<f64, String> {
 /// their broken workers are replaced: one window sometimes saw none.
 const CRASH_PATIENCE: u32 = 3;
 
+/// SIGKILLs `process`, a child of the harness never waited for since it started, and
+/// reaps it, which also tells that its port and files are released. Returns when it
+/// was signalled.
+fn kill_and_reap(process: &crate::cluster_cmd::ProcessEntry, what: &str) -> Result<Instant> {
+    let pid = rustix::process::Pid::from_raw(process.pid as i32)
+        .with_context(|| format!("{what} has no pid"))?;
+    let killed = Instant::now();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL)
+        .with_context(|| format!("cannot kill {what}"))?;
+    rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty())
+        .with_context(|| format!("cannot wait for {what}"))?;
+    Ok(killed)
+}
+
 /// The bank every process of a run uses.
 fn bank() -> Bank {
     Bank {
@@ -587,6 +601,7 @@ struct Harness<'a> {
     dir: PathBuf,
     exe: PathBuf,
     token_file: PathBuf,
+    token: ClusterToken,
     seed: u64,
     servers: Vec<crate::cluster_cmd::ProcessEntry>,
     /// With `--replicas 2`: each server's backup process.
@@ -652,12 +667,14 @@ impl<'a> Harness<'a> {
             std::fs::remove_file(&token_file)?;
         }
         memory_server::generate_token_file(&token_file)?;
+        let token = ClusterToken::from_file(&token_file)?;
         Ok(Harness {
             args,
             workloads,
             dir: dir.to_path_buf(),
             exe: std::env::current_exe().context("cannot find the namdb executable")?,
             token_file,
+            token,
             seed,
             servers: Vec::new(),
             backups: Vec::new(),
@@ -735,7 +752,7 @@ impl<'a> Harness<'a> {
         for i in 0..self.args.servers as usize {
             self.start_memory_server(i)?;
         }
-        let token = ClusterToken::from_file(&self.token_file)?;
+        let token = self.token.clone();
         // Every session of every incarnation alive at once, twice over (a restarted
         // node may come back before its old slots are fenced), and the harness's own.
         let slots = self.args.nodes * self.args.sessions * 2 + 4;
@@ -1117,25 +1134,11 @@ impl<'a> Harness<'a> {
             return false;
         }
         self.backup_asked = Some(Instant::now());
-        let synced = ClusterToken::from_file(&self.token_file)
-            .ok()
-            .and_then(|token| {
-                memory_server::blocking::Client::connect(&self.backups[i].address, &token).ok()
-            })
-            .is_some_and(|c| c.server().synced);
+        let synced =
+            memory_server::blocking::Client::connect(&self.backups[i].address, &self.token)
+                .is_ok_and(|c| c.server().synced);
         self.backup_synced[i] = synced;
         synced
-    }
-
-    /// SIGKILLs memory server `i`'s backup and waits for it to be gone.
-    fn kill_backup(&mut self, i: usize) -> Result<()> {
-        let raw = self.backups[i].pid as i32;
-        let pid = rustix::process::Pid::from_raw(raw).context("a backup has no pid")?;
-        rustix::process::kill_process(pid, rustix::process::Signal::KILL)
-            .with_context(|| format!("cannot kill memory server {i}'s backup"))?;
-        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty())
-            .with_context(|| format!("cannot wait for memory server {i}'s backup"))?;
-        Ok(())
     }
 
     /// Starts memory server `i` (again) on its data directory and fixed port; the
@@ -1188,15 +1191,7 @@ impl<'a> Harness<'a> {
     /// SIGKILLs memory server `i` and waits for it to be gone; returns when it was
     /// signalled (tearing down its memory takes a while after that).
     fn kill_memory_server(&mut self, i: usize) -> Result<Instant> {
-        let raw = self.servers[i].pid as i32;
-        let pid = rustix::process::Pid::from_raw(raw).context("a memory server has no pid")?;
-        let killed = Instant::now();
-        rustix::process::kill_process(pid, rustix::process::Signal::KILL)
-            .with_context(|| format!("cannot kill memory server {i}"))?;
-        // Our child (never waited for since it started): reaping it also tells us its
-        // port and files are released.
-        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty())
-            .with_context(|| format!("cannot wait for memory server {i}"))?;
+        let killed = kill_and_reap(&self.servers[i], &format!("memory server {i}"))?;
         self.servers_down[i] = true;
         self.last_server_kill = Some(killed);
         Ok(killed)
@@ -1594,7 +1589,10 @@ impl<'a> Harness<'a> {
                 if self.failed_over[*server] || self.backups.get(*server).is_none() {
                     bail!("memory server {server} has no backup to kill");
                 }
-                self.kill_backup(*server)?;
+                kill_and_reap(
+                    &self.backups[*server],
+                    &format!("memory server {server}'s backup"),
+                )?;
                 self.counts.backup_kills += 1;
                 "killed its backup: commits on it fail until the backup is back".into()
             }

@@ -733,21 +733,8 @@ fn writes_acknowledged_after_a_failover_survive_cluster_down_and_up() {
     }
     // The compute node promotes memory-server-1's backup and goes on (a command that
     // meets the failover may fail: it is tried again until acknowledged).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     for k in 1..=10 {
-        let argv = ["kv", "put", &k.to_string(), "after", "--timeout", "20s"];
-        loop {
-            let o = namdb(cwd, &argv);
-            if o.status.success() {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{argv:?}: {}",
-                stderr(&o)
-            );
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
+        kv_until_ok(cwd, &["put", &k.to_string(), "after"]);
     }
     ok(cwd, &["cluster", "down"]);
     let mut up = vec!["cluster", "up"];

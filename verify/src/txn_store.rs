@@ -111,7 +111,8 @@ impl TxnStore for TxnKv {
     }
 
     fn begin(&self, session: &mut Session) -> Result<Self::Txn, StoreError> {
-        // None only after a broken worker could not be replaced (below): try again.
+        // None after a broken worker was dropped (below): the session goes on with a
+        // new one.
         let mut client = match session.client.take() {
             Some(client) => client,
             None => self
@@ -128,11 +129,9 @@ impl TxnStore for TxnKv {
             }),
             Err(TxnError::Broken(why)) => {
                 // A broken worker (a commit it could not finish, left to recovery)
-                // never begins again: the session goes on with a new one, and the old
-                // one's slot lapses and is recovered. If no new worker can be had yet,
-                // the next begin tries again.
+                // never begins again: dropped, its slot lapses and is recovered, and
+                // the next begin opens a new one.
                 drop(client);
-                session.client = self.db.client().ok();
                 Err(StoreError::Other(format!("worker broken ({why})")))
             }
             Err(e) => {

@@ -62,6 +62,27 @@ impl Conn {
         wc.status == WcStatus::Success
     }
 
+    /// Writes `len` bytes of `byte` at `offset`, through the local buffer.
+    fn fill(&self, offset: u64, len: u64, byte: u8) {
+        let chunk = self.local.len().min(len);
+        self.local.write(0, &vec![byte; chunk as usize]).unwrap();
+        let mut done = 0;
+        while done < len {
+            let n = chunk.min(len - done);
+            let wc = exec(
+                &self.qp,
+                &self.cq,
+                SendWr::write(
+                    3,
+                    Src::Buf(self.local.buf(0, n as u32)),
+                    self.data.at(offset + done),
+                ),
+            );
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            done += n;
+        }
+    }
+
     fn read(&self, offset: u64, len: u32) -> Vec<u8> {
         let wc = exec(
             &self.qp,
@@ -206,4 +227,124 @@ fn kill_9_in_the_middle_of_persisting_loses_nothing_acknowledged() {
         );
     }
     drop(server);
+}
+
+/// A tmpfs of `bytes`, mounted in a mount namespace of its own (so nothing is left
+/// mounted if the test dies), reached from here through `/proc/PID/root`. Needs root.
+struct SmallDisk {
+    holder: std::process::Child,
+    /// The tmpfs, as this process (and the servers it starts) reach it.
+    path: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(at: &Path, bytes: u64) -> SmallDisk {
+        use std::io::BufRead;
+        let script = format!(
+            "mount -t tmpfs -o size={bytes} namdb-test '{}' && echo mounted && exec sleep 3600",
+            at.display()
+        );
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare (util-linux)");
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "mounted", "could not mount a tmpfs at {at:?}");
+        let path =
+            Path::new(&format!("/proc/{}/root", holder.id())).join(at.strip_prefix("/").unwrap());
+        SmallDisk { holder, path }
+    }
+
+    /// Fills the disk with a file `name`, until the kernel refuses more.
+    fn fill(&self, name: &str) {
+        use std::io::Write;
+        let mut file = std::fs::File::create(self.path.join(name)).unwrap();
+        let block = vec![0u8; 64 << 10];
+        loop {
+            match file.write(&block) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(28), "filling the disk: {e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+#[test]
+fn a_full_disk_fails_persists_until_space_comes_back_and_loses_nothing_acknowledged() {
+    if !is_root() {
+        // CI runs as root; a developer's unprivileged run cannot mount the small disk.
+        eprintln!("skipped: mounting a small tmpfs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let token = ClusterToken::from_file(&token_file).unwrap();
+    let disk = SmallDisk::mount(dir.path(), 8 << 20);
+    let data_dir = disk.path.join("data");
+    // No checkpoint during the test: the journal alone must carry every Persist.
+    let mut server = start(&token_file, &data_dir, &["--checkpoint-interval", "3600"]);
+    let conn = Conn::open(&server, &token);
+    let rkey = conn.data.rkey;
+    let persist = |offset: u64, len: u64| {
+        conn.client
+            .persist(&[PersistRange::new(rkey, offset, len)])
+            .map_err(|e| e.to_string())
+    };
+    const LEN: u64 = 64 << 10;
+
+    conn.fill(0, LEN, 1);
+    assert_eq!(persist(0, LEN), Ok(LEN));
+
+    disk.fill("filler");
+    conn.fill(LEN, LEN, 2);
+    let err = persist(LEN, LEN).expect_err("a Persist on a full disk");
+    assert!(
+        err.contains("No space left") && err.contains("tries again"),
+        "{err}"
+    );
+    // Still full: refused again, for the same reason (not "failed earlier").
+    conn.fill(2 * LEN, LEN, 3);
+    let err = persist(2 * LEN, LEN).expect_err("a Persist on a disk still full");
+    assert!(err.contains("No space left"), "{err}");
+
+    std::fs::remove_file(disk.path.join("filler")).unwrap();
+    assert_eq!(persist(LEN, LEN), Ok(LEN), "space is back");
+    conn.fill(3 * LEN, LEN, 4);
+    assert_eq!(persist(3 * LEN, LEN), Ok(LEN));
+    server.kill_9();
+    drop(conn);
+
+    // The journal holds the batches before and after the failed ones, with nothing torn
+    // in between: the restart takes all of them.
+    let server = start(&token_file, &data_dir, &[]);
+    assert!(server.line.contains("restored (boot 2"), "{}", server.line);
+    let conn = Conn::open(&server, &token);
+    assert_eq!(conn.read(0, 4096), vec![1; 4096]);
+    assert_eq!(conn.read(LEN + LEN - 4096, 4096), vec![2; 4096]);
+    assert_eq!(conn.read(3 * LEN, 4096), vec![4; 4096]);
+    // Never acknowledged: not restored.
+    assert_eq!(conn.read(2 * LEN, 4096), vec![0; 4096]);
 }

@@ -25,7 +25,7 @@
 
 use crate::durable::meta::sync_dir;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -389,20 +389,44 @@ pub(crate) enum Msg {
 
 /// The journal thread's state: the open journal and where the sequence stands.
 pub(crate) struct Writer {
-    pub dir: PathBuf,
-    pub file: File,
-    pub number: u64,
-    pub next_seq: u64,
+    dir: PathBuf,
+    file: File,
+    number: u64,
+    next_seq: u64,
     /// Batches in the current file; an empty journal is not worth rotating.
-    pub batches_in_file: u64,
-    pub counters: Arc<Counters>,
-    /// Set after a failed write or fsync: the file's tail and the page cache can no
-    /// longer be trusted, so nothing more is acknowledged until a restart replays the
-    /// journal (which cuts the failed batch as a torn tail).
-    pub failed: Option<String>,
+    batches_in_file: u64,
+    counters: Arc<Counters>,
+    /// Bytes of the current file known to be on disk: its header and every batch
+    /// acknowledged in it. A failed batch is cut back to here.
+    durable_len: u64,
+    /// Set when a failed batch could not be cut off the file: its tail can no longer
+    /// be trusted, so nothing more is acknowledged until a restart replays the journal
+    /// (which cuts the failed batch as a torn tail).
+    failed: Option<String>,
 }
 
 impl Writer {
+    /// The writer of `file`, journal `number` just made by [`create`], whose first
+    /// batch gets sequence number `next_seq`.
+    pub fn new(
+        dir: &Path,
+        file: File,
+        number: u64,
+        next_seq: u64,
+        counters: Arc<Counters>,
+    ) -> Writer {
+        Writer {
+            dir: dir.to_path_buf(),
+            file,
+            number,
+            next_seq,
+            batches_in_file: 0,
+            counters,
+            durable_len: FILE_HEADER_LEN,
+            failed: None,
+        }
+    }
+
     /// Serves `rx` until every sender is gone.
     pub fn run(mut self, rx: mpsc::Receiver<Msg>) {
         let mut buf = Vec::new();
@@ -468,6 +492,7 @@ impl Writer {
             Ok(()) => {
                 self.next_seq += 1;
                 self.batches_in_file += 1;
+                self.durable_len += buf.len() as u64;
                 for p in batch {
                     self.counters.bytes.fetch_add(p.bytes, Ordering::Relaxed);
                     let _ = p.reply.send(Ok(p.bytes));
@@ -478,17 +503,44 @@ impl Writer {
                     "writing journal {} failed: {e}",
                     path(&self.dir, self.number).display()
                 );
-                tracing::error!("{why}; no further Persist is acknowledged until restart");
+                // A full disk is the usual cause, and space can come back: with the
+                // failed batch cut off, the file again ends at its last acknowledged
+                // batch, so the next batch may go after it (a restart would find no
+                // torn batch in the middle). The batch's sequence number is reused:
+                // it is not in the file.
+                let why = match self.cut_back() {
+                    Ok(()) => {
+                        tracing::error!(
+                            "{why}; the failed batch was cut off the journal, and the next Persist tries again"
+                        );
+                        format!(
+                            "{why} (nothing of this Persist was acknowledged; the next one tries again)"
+                        )
+                    }
+                    Err(cut) => {
+                        let why = format!("{why}, and cutting the failed batch off failed: {cut}");
+                        tracing::error!("{why}; no further Persist is acknowledged until restart");
+                        self.failed = Some(why.clone());
+                        why
+                    }
+                };
                 for p in batch {
                     let _ = p.reply.send(Err(why.clone()));
                 }
-                self.failed = Some(why);
             }
         }
         // Keep the buffer from pinning a batch's worth of memory while idle.
         if buf.capacity() > 4 << 20 {
             *buf = Vec::new();
         }
+    }
+
+    /// Truncates the current file to its acknowledged batches, durably, and puts the
+    /// write position at its end.
+    fn cut_back(&mut self) -> io::Result<()> {
+        self.file.set_len(self.durable_len)?;
+        self.file.seek(SeekFrom::Start(self.durable_len))?;
+        self.file.sync_all()
     }
 
     fn rotate(&mut self) -> Result<Rotated, String> {
@@ -511,6 +563,7 @@ impl Writer {
         let closed = std::mem::replace(&mut self.number, next);
         self.file = file;
         self.batches_in_file = 0;
+        self.durable_len = FILE_HEADER_LEN;
         Ok(Rotated {
             closed: Some(closed),
             active: next,
@@ -659,15 +712,13 @@ mod tests {
     fn the_writer_group_commits_and_rotates_after_what_came_before() {
         let dir = tempfile::tempdir().unwrap();
         let counters = Arc::new(Counters::default());
-        let writer = Writer {
-            dir: dir.path().to_path_buf(),
-            file: create(dir.path(), 1).unwrap(),
-            number: 1,
-            next_seq: 1,
-            batches_in_file: 0,
-            counters: counters.clone(),
-            failed: None,
-        };
+        let writer = Writer::new(
+            dir.path(),
+            create(dir.path(), 1).unwrap(),
+            1,
+            1,
+            counters.clone(),
+        );
         let (tx, rx) = mpsc::channel();
         let mut replies = Vec::new();
         // Queued before the thread starts, so one batch takes them all.
@@ -714,15 +765,7 @@ mod tests {
         drop(create(dir.path(), 1).unwrap());
         // Read-only: every write fails, as on a full or failing disk.
         let file = File::open(path(dir.path(), 1)).unwrap();
-        let writer = Writer {
-            dir: dir.path().to_path_buf(),
-            file,
-            number: 1,
-            next_seq: 1,
-            batches_in_file: 0,
-            counters: Arc::new(Counters::default()),
-            failed: None,
-        };
+        let writer = Writer::new(dir.path(), file, 1, 1, Arc::new(Counters::default()));
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || writer.run(rx));
         let send = |tx: &mpsc::Sender<Msg>| {

@@ -347,15 +347,7 @@ impl Durable {
 
         let counters = Arc::new(journal::Counters::default());
         let (tx, rx) = mpsc::channel();
-        let writer = Writer {
-            dir: dir.clone(),
-            file,
-            number: active,
-            next_seq,
-            batches_in_file: 0,
-            counters: counters.clone(),
-            failed: None,
-        };
+        let writer = Writer::new(&dir, file, active, next_seq, counters.clone());
         let writer = std::thread::Builder::new()
             .name("namdb-journal".into())
             .spawn(move || writer.run(rx))

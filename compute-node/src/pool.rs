@@ -266,15 +266,32 @@ impl Pool {
             .map_err(|_| Status::unavailable(format!("worker {worker} has stopped")))
     }
 
-    /// Hands a Begin to the next worker (round robin).
-    pub(crate) fn begin(
-        &self,
-        after: u64,
-    ) -> Result<oneshot::Receiver<Result<Begun, Status>>, Status> {
-        let worker = self.next.fetch_add(1, Ordering::Relaxed) % self.workers();
-        let (reply, rx) = oneshot::channel();
-        self.send(worker, Job::Begin { after, reply })?;
-        Ok(rx)
+    /// Begins a transaction on the next worker (round robin) that has room for one. A
+    /// worker holding [`MAX_OPEN_PER_WORKER`] is passed over: otherwise one full worker
+    /// (a client that leaks transactions there) failed every n-th Begin of the node
+    /// while the others had room. RESOURCE_EXHAUSTED only when every worker is full.
+    pub(crate) async fn begin(&self, after: u64) -> Result<Begun, Status> {
+        let workers = self.workers();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        for i in 0..workers {
+            let worker = (first + i) % workers;
+            let (reply, rx) = oneshot::channel();
+            self.send(worker, Job::Begin { after, reply })?;
+            let begun = rx
+                .await
+                .map_err(|_| Status::unavailable("the worker stopped before answering"))?;
+            match begun {
+                // Begin answers RESOURCE_EXHAUSTED for a full worker only.
+                Err(s) if s.code() == tonic::Code::ResourceExhausted => {}
+                other => return other,
+            }
+        }
+        Err(Status::resource_exhausted(format!(
+            "every worker of this compute node ({workers}) holds {MAX_OPEN_PER_WORKER} open \
+             transactions, the most each keeps: commit or abort some (idle ones expire after \
+             {:?})",
+            self.idle_timeout
+        )))
     }
 
     /// Hands a request of transaction `handle` to the worker it lives on.
@@ -753,6 +770,10 @@ mod tests {
         wait(rx)
     }
 
+    fn begin(pool: &Pool) -> Result<Begun, Status> {
+        futures::executor::block_on(pool.begin(0))
+    }
+
     fn put(pool: &Pool, h: u64, key: u64, v: &[u8]) -> Result<(), Status> {
         op(pool, h, |reply| Op::Write {
             table: "t".into(),
@@ -818,14 +839,14 @@ mod tests {
     #[test]
     fn a_transaction_spans_requests_and_commits() {
         let (_db, _t, pool) = pool(Duration::from_secs(30));
-        let a = wait(pool.begin(0).unwrap()).unwrap();
+        let a = begin(&pool).unwrap();
         put(&pool, a.handle, 1, b"one").unwrap();
         assert_eq!(get(&pool, a.handle, 1).unwrap(), Some(b"one".to_vec()));
         let cid = op(&pool, a.handle, |reply| Op::Commit { reply }).unwrap();
         assert!(cid.is_some());
         let err = get(&pool, a.handle, 1).unwrap_err();
         assert_eq!(err.code(), tonic::Code::NotFound);
-        let b = wait(pool.begin(0).unwrap()).unwrap();
+        let b = begin(&pool).unwrap();
         assert_eq!(get(&pool, b.handle, 1).unwrap(), Some(b"one".to_vec()));
         let stats = futures::executor::block_on(pool.stats()).unwrap();
         assert_eq!((stats.begun, stats.open, stats.txn.committed), (2, 1, 1));
@@ -845,7 +866,7 @@ mod tests {
         .unwrap();
         db.create_table(txn::TableSpec::new("t", 16, 1024)).unwrap();
         let pool = Pool::start(&db, 1, Duration::from_secs(30)).unwrap();
-        let a = wait(pool.begin(0).unwrap()).unwrap();
+        let a = begin(&pool).unwrap();
         put(&pool, a.handle, 1, b"one").unwrap();
         db.fail_next_commit_after_log();
         let err =
@@ -869,7 +890,7 @@ mod tests {
                 Instant::now() < deadline,
                 "no replacement, or the commit was never recovered: {stats:?}"
             );
-            if let Ok(b) = wait(pool.begin(0).unwrap()) {
+            if let Ok(b) = begin(&pool) {
                 key += 1;
                 if put(&pool, b.handle, key, b"x").is_ok() {
                     let _ = op(&pool, b.handle, |reply| Op::Commit { reply });
@@ -877,7 +898,7 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        let c = wait(pool.begin(0).unwrap()).unwrap();
+        let c = begin(&pool).unwrap();
         assert_eq!(get(&pool, c.handle, 1).unwrap(), Some(b"one".to_vec()));
         let stats = futures::executor::block_on(pool.stats()).unwrap();
         assert_eq!(stats.replaced_workers, 1);
@@ -891,7 +912,7 @@ mod tests {
     #[test]
     fn idle_transactions_expire() {
         let (_db, _t, pool) = pool(Duration::from_millis(50));
-        let a = wait(pool.begin(0).unwrap()).unwrap();
+        let a = begin(&pool).unwrap();
         put(&pool, a.handle, 2, b"x").unwrap();
         std::thread::sleep(Duration::from_millis(200));
         let err = get(&pool, a.handle, 2).unwrap_err();
@@ -905,20 +926,42 @@ mod tests {
         let db = Database::embedded(txn::Options::default()).unwrap();
         let pool = Pool::start(&db, 1, Duration::from_secs(30)).unwrap();
         let open: Vec<u64> = (0..MAX_OPEN_PER_WORKER)
-            .map(|_| wait(pool.begin(0).unwrap()).unwrap().handle)
+            .map(|_| begin(&pool).unwrap().handle)
             .collect();
-        let err = wait(pool.begin(0).unwrap()).unwrap_err();
+        let err = begin(&pool).unwrap_err();
         assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
         assert!(err.message().contains("commit or abort some"), "{err:?}");
         op(&pool, open[0], |reply| Op::Abort { reply }).unwrap();
-        wait(pool.begin(0).unwrap()).unwrap();
+        begin(&pool).unwrap();
+        pool.shutdown();
+    }
+
+    #[test]
+    fn begin_passes_over_a_full_worker() {
+        let db = Database::embedded(txn::Options::default()).unwrap();
+        let pool = Pool::start(&db, 2, Duration::from_secs(30)).unwrap();
+        let open: Vec<u64> = (0..2 * MAX_OPEN_PER_WORKER)
+            .map(|_| begin(&pool).unwrap().handle)
+            .collect();
+        // Worker 0 stays full; worker 1 has room again.
+        for &h in open.iter().filter(|&&h| worker_of(h) == 1) {
+            op(&pool, h, |reply| Op::Abort { reply }).unwrap();
+        }
+        for _ in 0..MAX_OPEN_PER_WORKER {
+            let b = begin(&pool).expect("a worker has room");
+            assert_eq!(worker_of(b.handle), 1);
+        }
+        // Every worker full: refused, saying what to do.
+        let err = begin(&pool).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+        assert!(err.message().contains("commit or abort some"), "{err:?}");
         pool.shutdown();
     }
 
     #[test]
     fn bad_arguments_leave_the_transaction_open() {
         let (_db, _t, pool) = pool(Duration::from_secs(30));
-        let a = wait(pool.begin(0).unwrap()).unwrap();
+        let a = begin(&pool).unwrap();
         let err = put(&pool, a.handle, u64::MAX, b"x").unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         let err = put(&pool, a.handle, 3, &[0; 17]).unwrap_err();

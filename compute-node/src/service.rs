@@ -110,11 +110,7 @@ impl Compute for ComputeService {
     ) -> Result<Response<proto::BeginResponse>, Status> {
         self.metrics.rpc("Begin");
         let live = self.node.live()?;
-        let rx = live.pool.begin(req.into_inner().after)?;
-        let begun = rx
-            .await
-            .map_err(|_| Status::unavailable("the worker stopped before answering"))
-            .and_then(|r| r);
+        let begun = live.pool.begin(req.into_inner().after).await;
         if let Err(status) = &begun {
             self.node.note(status);
         }

@@ -51,7 +51,10 @@ fn key(word: Option<&str>) -> Result<u64, String> {
 }
 
 fn parse(line: &str) -> Result<Line, String> {
-    let line = line.trim();
+    // Only the line's end is cut off, not trailing blanks: they belong to a put's value
+    // ("the rest of the line"), which a `trim` shortened without a word.
+    let line = line.strip_suffix('\n').unwrap_or(line);
+    let line = line.strip_suffix('\r').unwrap_or(line).trim_start();
     let (command, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
     let mut words = rest.split_whitespace();
     if line.starts_with('#') {
@@ -256,6 +259,25 @@ mod tests {
         assert!(parse("put 1").unwrap_err().contains("value"));
         assert!(parse("get 1 2").unwrap_err().contains("too many"));
         assert!(parse("frobnicate").unwrap_err().contains("help"));
+    }
+
+    #[test]
+    fn a_put_keeps_the_rest_of_the_line_whole() {
+        let put = |value: &str| {
+            Ok(Line::Kv(KvCommand::Put {
+                key: 1,
+                value: value.into(),
+                hex: false,
+            }))
+        };
+        // Only the line's end is not the value's: trailing blanks are.
+        assert_eq!(parse("put 1 a  \n"), put("a  "));
+        assert_eq!(parse("put 1 a\t\r\n"), put("a\t"));
+        assert_eq!(parse("put 1 a b\r\n"), put("a b"));
+        assert_eq!(parse("put 1 a"), put("a"));
+        assert!(parse("put 1   \n").unwrap_err().contains("value"));
+        assert_eq!(parse("get 7 \r\n"), Ok(Line::Kv(KvCommand::Get { key: 7 })));
+        assert_eq!(parse("  # put 1 x  \n"), Ok(Line::Empty));
     }
 
     #[test]

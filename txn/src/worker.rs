@@ -503,7 +503,7 @@ impl Worker {
                 && start.get_or_insert_with(Instant::now).elapsed() > RID_PATIENCE
             {
                 return Err(TxnError::Invalid(format!(
-                    "the read timestamp stayed at {}, below {min}, for {RID_PATIENCE:?}: another compute node's slot stalls the oracle",
+                    "the read timestamp stayed at {}, below {min}, for {RID_PATIENCE:?}: either nothing committed at {min} or later (a Begin's `after` must be a commit timestamp this cluster returned), or another compute node's slot stalls the oracle",
                     self.rids.borrow().rid
                 )));
             }

@@ -247,6 +247,20 @@ pub fn failed(what: &str, s: &Status) -> anyhow::Error {
     anyhow::anyhow!("{what} failed: {} ({:?})", s.message(), s.code())
 }
 
+/// A failed put's error, as [`failed`], saying where a too small value cap comes from.
+fn put_failed(table: &str, s: &Status) -> anyhow::Error {
+    let e = failed("put", s);
+    if s.code() == tonic::Code::InvalidArgument && s.message().contains("value cap") {
+        e.context(format!(
+            "table `{table}` takes no larger values: a table's value cap is fixed when it is \
+             made, and `namdb cluster up --value-cap BYTES` sets the `kv` table's (256 unless \
+             given)"
+        ))
+    } else {
+        e
+    }
+}
+
 /// A commit whose outcome nobody can tell: it may have taken effect, so it must never
 /// be retried as if it had been aborted (the compute node answers UNKNOWN, or no answer
 /// came after it was sent).
@@ -301,7 +315,7 @@ pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Re
             client
                 .put(t, table, key, bytes)
                 .await
-                .map_err(|s| failed("put", &s))?
+                .map_err(|s| put_failed(table, &s))?
         }
         KvCommand::Delete { key } => client
             .delete(t, table, key)
@@ -325,6 +339,20 @@ pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_over_the_cap_says_where_the_cap_comes_from() {
+        let too_large =
+            txn::TxnError::Layout(txn::layout::LayoutError::ValueTooLarge { len: 300, cap: 256 });
+        let s = Status::invalid_argument(too_large.to_string());
+        let report = crate::error_report(&put_failed("kv", &s));
+        assert!(
+            report.contains("300 bytes") && report.contains("--value-cap"),
+            "{report}"
+        );
+        let other = crate::error_report(&put_failed("kv", &Status::invalid_argument("no table")));
+        assert!(!other.contains("--value-cap"), "{other}");
+    }
 
     #[test]
     fn an_unknown_commit_is_told_apart_from_a_failed_one() {

@@ -206,7 +206,9 @@ pub enum LayoutError {
     Size { got: usize, want: u64 },
     #[error("version {index} is malformed: {why}")]
     Malformed { index: u32, why: String },
-    #[error("value of {len} bytes exceeds the table's {cap}")]
+    #[error(
+        "value of {len} bytes exceeds the table's value cap of {cap} bytes, fixed when the table was created"
+    )]
     ValueTooLarge { len: usize, cap: u32 },
     #[error("{count} versions do not fit a block of {cap}")]
     TooManyVersions { count: usize, cap: u32 },

@@ -216,7 +216,7 @@ impl Area {
         let at = self.next;
         if at + bytes > self.len {
             return Err(TxnError::Invalid(format!(
-                "the transaction needs more than its {}-byte buffer (Options::scratch_bytes): write set too large",
+                "write set too large: the transaction needs more than its {}-byte buffer (Options::scratch_bytes); split it into smaller transactions",
                 self.len
             )));
         }

@@ -983,6 +983,7 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
     let by_hand = started_by_hand(&file);
     let token_file = file.token_file.clone();
     let names: Vec<String> = file.processes().map(|p| p.name.clone()).collect();
+    let primary = file.memory_servers.iter().any(|p| p.name == name);
     let Some(entry) = file
         .memory_servers
         .iter_mut()
@@ -1016,6 +1017,17 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
         );
     };
     let args = listening_at(&entry.args, &entry.address);
+    let kept = |flag: &str| entry.args.iter().any(|a| a == flag);
+    if primary && !kept("--data-dir") && !kept("--backup-at") {
+        // Its memory was the only copy: starting it again cannot bring that back, and a
+        // user who expects it to should hear so before, not from the next `kv`.
+        eprintln!(
+            "warning: {name} keeps no data directory and has no backup, so what it held was \
+             lost with its process: it starts empty, and the compute nodes refuse it (\"it \
+             holds no cluster\"). To start over, run `namdb cluster down`, then `namdb \
+             cluster up` (with --data-dir DIR or --replicas 2, to survive this next time)."
+        );
+    }
     if entry.log.exists() {
         let previous = entry.log.with_extension("previous.log");
         std::fs::rename(&entry.log, &previous)

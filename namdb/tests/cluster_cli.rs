@@ -853,7 +853,11 @@ fn a_backup_restarted_after_it_died_takes_the_primarys_state_and_writes_resume()
         stderr(&o)
     );
 
-    let said = ok(cwd, &["cluster", "restart", "memory-server-0-backup"]);
+    let o = namdb(cwd, &["cluster", "restart", "memory-server-0-backup"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A backup gets its primary's state: nothing to warn of.
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+    let said = stdout(&o);
     assert!(
         said.contains(&format!(
             "listening on {}",
@@ -936,4 +940,38 @@ fn down_stops_the_processes_of_an_unreadable_cluster_file() {
         c.cwd(),
         &["cluster", "up", "--backend", "shm", "--size", "16MiB"],
     );
+}
+
+/// A memory server with neither a data directory nor a backup held the only copy of
+/// its data in its memory: `cluster restart` starts it again, but says first that what
+/// it held is gone and how to start over, rather than leaving that to the next `kv`.
+#[test]
+fn restarting_a_memory_server_that_kept_nothing_says_its_data_is_gone() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "2",
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+    ]);
+    let cwd = c.cwd();
+    ok(cwd, &["kv", "put", "1", "x"]);
+    let pid = c.json()["memory_servers"][1]["pid"].as_u64().unwrap() as u32;
+    send_signal(pid, "-9");
+    while alive(pid) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = namdb(cwd, &["cluster", "restart", "memory-server-1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let said = stderr(&o);
+    assert!(
+        said.contains("warning: memory-server-1 keeps no data directory and has no backup")
+            && said.contains("lost with its process")
+            && said.contains("namdb cluster down"),
+        "{said}"
+    );
+    assert!(stdout(&o).contains("started again"), "{}", stdout(&o));
 }

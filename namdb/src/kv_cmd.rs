@@ -53,6 +53,62 @@ pub enum KvCommand {
         #[arg(long, value_name = "N", default_value_t = 0)]
         limit: u64,
     },
+    /// List the cluster's tables: name, records, largest value, partitions.
+    Tables,
+    /// Create table NAME (outside any transaction); use it with `--table NAME`.
+    CreateTable {
+        name: String,
+        /// Records it is made for (distinct keys, deleted ones included until reused).
+        #[arg(long, value_name = "N", default_value_t = 16384,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        capacity: u64,
+        /// Largest value, in bytes; fixed for the table's life.
+        #[arg(long, value_name = "BYTES", default_value_t = 256,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        value_cap: u32,
+    },
+}
+
+impl KvCommand {
+    /// Whether this command works on the catalog rather than in a transaction.
+    fn is_catalog(&self) -> bool {
+        matches!(self, KvCommand::Tables | KvCommand::CreateTable { .. })
+    }
+}
+
+/// Runs a catalog command ([`KvCommand::is_catalog`]).
+async fn catalog(client: &Client, command: KvCommand) -> Result<ExitCode> {
+    match command {
+        KvCommand::Tables => {
+            let tables = client
+                .list_tables()
+                .await
+                .map_err(|s| failed("list tables", &s))?;
+            println!("table\trecords\tvalue cap\tpartitions");
+            for t in tables {
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    t.name, t.capacity, t.value_cap, t.partitions
+                );
+            }
+        }
+        KvCommand::CreateTable {
+            name,
+            capacity,
+            value_cap,
+        } => {
+            let t = client
+                .create_table(&name, value_cap, capacity)
+                .await
+                .map_err(|s| failed("create table", &s))?;
+            println!(
+                "created table {} for {} records of up to {} bytes, in {} partitions",
+                t.name, t.capacity, t.value_cap, t.partitions
+            );
+        }
+        other => bail!("`{other:?}` runs in a transaction, not on the catalog"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A small runtime for a command's few RPCs.
@@ -223,6 +279,9 @@ async fn autocommit_marking(
     command: KvCommand,
     committing: &std::sync::atomic::AtomicBool,
 ) -> Result<ExitCode> {
+    if command.is_catalog() {
+        return catalog(client, command).await;
+    }
     let t = client.begin().await.map_err(|s| failed("begin", &s))?;
     match one(client, t, table, command).await {
         Ok(code) => {
@@ -331,6 +390,9 @@ pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Re
                     println!("{}\t{}", row.key, show(&row.value));
                 }
             }
+        }
+        KvCommand::Tables | KvCommand::CreateTable { .. } => {
+            bail!("listing or creating tables does not run inside a transaction: run it on its own")
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -975,3 +975,66 @@ fn restarting_a_memory_server_that_kept_nothing_says_its_data_is_gone() {
     );
     assert!(stdout(&o).contains("started again"), "{}", stdout(&o));
 }
+
+/// `kv tables` and `kv create-table`: a second table made from the command line takes
+/// `kv --table`, keeps its own value cap, and a name is taken once.
+#[test]
+fn kv_creates_and_lists_tables() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "2",
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+    ]);
+    let cwd = c.cwd();
+    let said = ok(
+        cwd,
+        &[
+            "kv",
+            "create-table",
+            "small",
+            "--capacity",
+            "100",
+            "--value-cap",
+            "8",
+        ],
+    );
+    assert!(
+        said.contains("created table small for 100 records of up to 8 bytes"),
+        "{said}"
+    );
+    let o = namdb(cwd, &["kv", "create-table", "small"]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(stderr(&o).contains("small"), "{}", stderr(&o));
+
+    let listed = ok(cwd, &["kv", "tables"]);
+    let rows: Vec<&str> = listed.lines().collect();
+    assert_eq!(rows[0], "table\trecords\tvalue cap\tpartitions", "{listed}");
+    assert!(
+        rows.iter().any(|r| r.starts_with("kv\t1024\t256\t")),
+        "{listed}"
+    );
+    assert!(
+        rows.iter().any(|r| r.starts_with("small\t100\t8\t")),
+        "{listed}"
+    );
+
+    ok(cwd, &["kv", "--table", "small", "put", "1", "eight..."]);
+    assert_eq!(
+        ok(cwd, &["kv", "--table", "small", "get", "1"]),
+        "eight...\n"
+    );
+    // The kv table does not have the key; the small one refuses a value over its cap.
+    assert_eq!(namdb(cwd, &["kv", "get", "1"]).status.code(), Some(1));
+    let o = namdb(cwd, &["kv", "--table", "small", "put", "2", "nine....."]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("value cap of 8 bytes") && stderr(&o).contains("table `small`"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -186,6 +186,13 @@ fn parse_seconds(input: &str) -> Result<f64, String> {
 /// times a second, and after a backup's restart the nodes commit again only once
 /// their broken workers are replaced: one window sometimes saw none.
 const CRASH_PATIENCE: u32 = 3;
+/// Past [`CRASH_PATIENCE`], a node that has committed fewer than
+/// [`CRASH_PATIENCE_COMMITS`] transactions since it was ready stays armed, up to this
+/// many windows: on a loaded machine, or while the cluster stalls (a backup outage),
+/// a node can spend its whole time in few commits and pass no insert at all (CI saw
+/// after-insert-blocks miss this way), while time alone says nothing of its chances.
+const CRASH_PATIENCE_MAX: u32 = 10;
+const CRASH_PATIENCE_COMMITS: u64 = 150;
 
 /// SIGKILLs `process`, a child of the harness never waited for since it started, and
 /// reaps it, which also tells that its port and files are released. Returns when it
@@ -546,6 +553,8 @@ struct NodeProc {
     /// How long, once ready, an armed node gets to reach its point.
     window: Duration,
     ready_at: Option<Instant>,
+    /// Transactions this incarnation committed since it was ready.
+    committed_since_ready: u64,
     paused_until: Option<Instant>,
     started: Instant,
     tail: Tail,
@@ -1247,6 +1256,7 @@ impl<'a> Harness<'a> {
             armed: armed.map(|(p, _, _)| p.to_string()),
             window: armed.map_or(Duration::ZERO, |(_, _, w)| w),
             ready_at: None,
+            committed_since_ready: 0,
             paused_until: None,
             started: Instant::now(),
             tail: Tail::new(events),
@@ -1298,6 +1308,7 @@ impl<'a> Harness<'a> {
                 NodeEvent::Done { txn } | NodeEvent::Pending { txn } => {
                     if txn.status == Status::Committed {
                         self.committed += 1;
+                        p.committed_since_ready += 1;
                     }
                     for op in &txn.ops {
                         if let Op::Append { key, .. } = op
@@ -1416,8 +1427,13 @@ impl<'a> Harness<'a> {
             }
             Action::Restart { .. } => match (&p.armed, p.ready_at) {
                 (Some(_), None) => Some(format!("armed compute node {n} is not ready")),
-                (Some(point), Some(ready)) => (ready.elapsed() < p.window * CRASH_PATIENCE)
-                    .then(|| format!("compute node {n} may still crash at {point}")),
+                (Some(point), Some(ready)) => {
+                    let waited = ready.elapsed();
+                    let patient = waited < p.window * CRASH_PATIENCE
+                        || (p.committed_since_ready < CRASH_PATIENCE_COMMITS
+                            && waited < p.window * CRASH_PATIENCE_MAX);
+                    patient.then(|| format!("compute node {n} may still crash at {point}"))
+                }
                 _ => None,
             },
             _ => None,

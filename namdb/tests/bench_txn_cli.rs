@@ -83,6 +83,35 @@ fn bank_on_shm_keeps_its_money_and_its_history_verifies() {
     verifies(&history);
 }
 
+/// More keys than one load transaction takes: the loader's transactions run
+/// concurrently, and the history once put them all in one session, which `namdb
+/// verify` rejected as a session not seeing its own commit.
+#[test]
+fn a_history_loaded_by_many_transactions_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("h.jsonl");
+    bench(&[
+        "--workload",
+        "bank",
+        "--keys",
+        "2000",
+        "--duration",
+        "0.3",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    let loads = std::fs::read_to_string(&history)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(r#""value":1000"#))
+        .count();
+    assert!(
+        loads > 1,
+        "{loads} load transactions: the test needs several"
+    );
+    verifies(&history);
+}
+
 #[test]
 fn list_append_history_verifies() {
     let dir = tempfile::tempdir().unwrap();

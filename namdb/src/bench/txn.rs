@@ -373,8 +373,11 @@ pub(super) fn initial_value(args: &TxnArgs) -> Vec<u8> {
     }
 }
 
+/// Loader transactions in flight.
+const LOAD_COROUTINES: usize = 16;
+
 /// Inserts every key (up to 64 per transaction, as many as a transaction's buffer
-/// holds), 16 transactions in flight; recorded in the history, so that the checkers
+/// holds), [`LOAD_COROUTINES`] transactions in flight; recorded in the history, so that the checkers
 /// know where the first values came from. (Lists start absent: nothing to load.)
 fn load(
     db: &Database,
@@ -386,13 +389,17 @@ fn load(
     let value = initial_value(args);
     let block = table.shape.block_bytes() + 64;
     let per_txn = (db.options().scratch_bytes / 2 / block).clamp(1, 64);
-    // The loader's session id in the history: after every benchmark client's.
-    let session = args.threads as u64 * args.coroutines as u64;
+    // The loaders' session ids in the history: after every benchmark client's, one per
+    // coroutine. A session is sequential, and the coroutines' transactions overlap:
+    // under one id, each began before its predecessor in the session committed, which
+    // the checker rightly reports as a session that did not see its own writes.
+    let first_session = args.threads as u64 * args.coroutines as u64;
     let chunks = args.keys.div_ceil(per_txn);
     let next = std::cell::Cell::new(0u64);
     let started = Instant::now();
     let last_print = std::cell::Cell::new(Instant::now());
-    let results = worker.run_coroutines(16, |_| {
+    let results = worker.run_coroutines(LOAD_COROUTINES, |c| {
+        let session = first_session + c as u64;
         let (worker, next, value, last_print) = (&worker, &next, &value, &last_print);
         Box::pin(async move {
             loop {

@@ -192,23 +192,71 @@ impl ThreadTally {
 
 type HistoryRecorder = Recorder<JsonlWriter<Vec<u8>>>;
 
-/// Commits counted across threads for the progress line, published in batches.
+/// Commits and aborts so far, warm-up included, for the progress lines.
 struct Progress {
-    committed: AtomicU64,
-    aborted: AtomicU64,
+    /// One per client thread, each on its own cache line, counted at every commit and
+    /// abort: one shared counter would be contended. Counts published in batches (256
+    /// commits a client) left a slow run's lines at zero and put the warm-up's commits
+    /// into the first measured line's rate.
+    threads: Vec<ThreadCounts>,
     /// Set when the run stops before its end: clients stop at their next interaction.
     stop: AtomicBool,
 }
 
-const PUBLISH_EVERY: u64 = 256;
+#[derive(Default)]
+#[repr(align(128))]
+struct ThreadCounts {
+    committed: AtomicU64,
+    aborted: AtomicU64,
+}
 
 impl Progress {
-    /// Adds a client's unpublished counts and zeroes them.
-    fn publish(&self, commits: &mut u64, aborts: &mut u64) {
-        self.committed
-            .fetch_add(std::mem::take(commits), Ordering::Relaxed);
-        self.aborted
-            .fetch_add(std::mem::take(aborts), Ordering::Relaxed);
+    fn new(threads: usize) -> Progress {
+        Progress {
+            threads: (0..threads).map(|_| ThreadCounts::default()).collect(),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn committed(&self) -> u64 {
+        self.threads
+            .iter()
+            .map(|t| t.committed.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn aborted(&self) -> u64 {
+        self.threads
+            .iter()
+            .map(|t| t.aborted.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// A progress line: counts since the run began, warm-up included.
+#[derive(Clone, Debug)]
+pub struct ProgressLine {
+    /// Since the clients started.
+    pub at: Duration,
+    /// Whether the line covers the warm-up (it then covers nothing else).
+    pub warmup: bool,
+    /// Commits per second since the previous line.
+    pub rate: f64,
+    pub committed: u64,
+    pub aborted: u64,
+}
+
+impl std::fmt::Display for ProgressLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "  {:5.1} s{}  {:>10.0} txn/s  committed {}  aborted {}",
+            self.at.as_secs_f64(),
+            if self.warmup { " (warm-up)" } else { "" },
+            self.rate,
+            self.committed,
+            self.aborted,
+        )
     }
 }
 
@@ -269,6 +317,24 @@ pub fn run_beside<S: System>(
     ledger: &mut Ledger,
     rewrites: &ItemRewrites,
 ) -> Result<RunReport> {
+    let mut print = |line: &ProgressLine| {
+        if config.progress {
+            eprintln!("{line}");
+        }
+    };
+    run_observed(system, scale, config, ledger, rewrites, &mut print)
+}
+
+/// [`run_beside`], handing each progress line to `on_line` (whatever
+/// [`RunConfig::progress`] says) instead of printing it.
+pub fn run_observed<S: System>(
+    system: &S,
+    scale: &Scale,
+    config: &RunConfig,
+    ledger: &mut Ledger,
+    rewrites: &ItemRewrites,
+    on_line: &mut dyn FnMut(&ProgressLine),
+) -> Result<RunReport> {
     if config.clients == 0 {
         return Err(Error::System("a run needs at least one client".into()));
     }
@@ -290,11 +356,7 @@ pub fn run_beside<S: System>(
         .weights()
         .iter()
         .any(|&(i, w)| i == Interaction::BestSellers && w > 0.0);
-    let progress = Progress {
-        committed: AtomicU64::new(0),
-        aborted: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
-    };
+    let progress = Progress::new(threads);
     // Set before the clients start: with no warm-up their first interactions count.
     let measuring = AtomicBool::new(config.warmup.is_zero());
     let barrier = Barrier::new(threads + 1);
@@ -339,6 +401,7 @@ pub fn run_beside<S: System>(
                                 tally,
                                 recorder,
                                 progress,
+                                &progress.threads[t],
                                 measuring,
                             )
                             .await;
@@ -355,7 +418,7 @@ pub fn run_beside<S: System>(
             .collect();
         barrier.wait();
         *started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        stopped = watch(config, &progress, &measuring);
+        stopped = watch(config, &progress, &measuring, on_line);
         handles
             .into_iter()
             .map(|h| {
@@ -452,6 +515,7 @@ fn watch(
     config: &RunConfig,
     progress: &Progress,
     measuring: &AtomicBool,
+    on_line: &mut dyn FnMut(&ProgressLine),
 ) -> Option<(Duration, String)> {
     /// How often the host's memory is looked at: a run on the sim grows by about
     /// 200 MiB a second.
@@ -489,21 +553,20 @@ fn watch(
             .min(if warm { end } else { start + config.warmup });
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         let now = Instant::now();
-        let committed = progress.committed.load(Ordering::Relaxed);
+        let committed = progress.committed();
         let due = progress_line(
             last.0.duration_since(start),
             now.duration_since(start),
             config.warmup,
         );
-        if let (true, Some(in_warmup)) = (config.progress, due) {
-            let rate = (committed - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
-            eprintln!(
-                "  {:5.1} s{}  {:>10.0} txn/s  committed {committed}  aborted {}",
-                now.duration_since(start).as_secs_f64(),
-                if in_warmup { " (warm-up)" } else { "" },
-                rate,
-                progress.aborted.load(Ordering::Relaxed),
-            );
+        if let Some(in_warmup) = due {
+            on_line(&ProgressLine {
+                at: now.duration_since(start),
+                warmup: in_warmup,
+                rate: (committed - last.1) as f64 / now.duration_since(last.0).as_secs_f64(),
+                committed,
+                aborted: progress.aborted(),
+            });
             last = (now, committed);
         }
     }
@@ -529,11 +592,11 @@ async fn client_loop<E: Engine>(
     tally: &RefCell<ThreadTally>,
     recorder: Option<&HistoryRecorder>,
     progress: &Progress,
+    counts: &ThreadCounts,
     measuring: &AtomicBool,
 ) -> Result<()> {
     let picker = config.mix.picker();
     let end = start + config.warmup + config.duration;
-    let (mut unpublished_commits, mut unpublished_aborts) = (0u64, 0u64);
     let mut now = Instant::now();
     while now < end && !progress.stop.load(Ordering::Relaxed) {
         let kind = picker.pick(&mut client.rng);
@@ -580,12 +643,12 @@ async fn client_loop<E: Engine>(
                     } else {
                         now = Instant::now();
                     }
-                    unpublished_commits += 1;
+                    counts.committed.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
                 Err(Error::Aborted { reason, .. }) => {
                     aborts += 1;
-                    unpublished_aborts += 1;
+                    counts.aborted.fetch_add(1, Ordering::Relaxed);
                     if measured {
                         *tally.borrow_mut().aborts.entry(reason).or_default() += 1;
                     }
@@ -608,11 +671,7 @@ async fn client_loop<E: Engine>(
                 Err(e) => return Err(e),
             }
         }
-        if unpublished_commits >= PUBLISH_EVERY {
-            progress.publish(&mut unpublished_commits, &mut unpublished_aborts);
-        }
     }
-    progress.publish(&mut unpublished_commits, &mut unpublished_aborts);
     Ok(())
 }
 

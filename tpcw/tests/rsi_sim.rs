@@ -187,6 +187,8 @@ enum Fault {
     /// Writes of items (a client's; the runner's checks only read) wait 5 ms, then
     /// abort as a conflict.
     ItemWritesConflict,
+    /// Commits wait 20 ms first: a slow system, whose clients commit a few times each.
+    SlowCommits,
 }
 
 /// RSI with `fault` injected; counts the calls it slowed or failed.
@@ -261,6 +263,10 @@ impl Engine for InjectedEngine {
         })
     }
     async fn commit<'a>(&'a self, txn: InjectedTxn<'a>) -> Result<Committed> {
+        if let Fault::SlowCommits = self.fault {
+            self.faulted.fetch_add(1, Ordering::Relaxed);
+            pause(Duration::from_millis(20)).await;
+        }
         self.engine.commit(txn.txn).await
     }
     fn abort<'a>(&'a self, txn: InjectedTxn<'a>) {
@@ -365,6 +371,39 @@ fn an_interaction_that_always_aborts_does_not_hold_the_run_open() {
     );
     assert!(report.checks.stock_conserved, "{report:?}");
     assert!(injected.faulted.load(Ordering::Relaxed) < 10_000);
+}
+
+/// The progress lines count every commit and abort at once. Clients used to publish
+/// their counts every 256 commits, so the lines of a slow system (PostgreSQL, tcp,
+/// durable) said 0 txn/s, and the warm-up's commits showed up in the first measured
+/// line's rate.
+#[test]
+fn progress_lines_count_the_commits_of_a_slow_system() {
+    let scale = Scale::new(1000, 1, 1024).unwrap();
+    let rsi = system(&scale, 1.0);
+    let injected = Injected::new(&rsi, Fault::SlowCommits);
+    let config = RunConfig {
+        warmup: Duration::from_millis(400),
+        duration: Duration::from_millis(300),
+        ..config(Mix::Checkout, 4)
+    };
+    let mut lines = Vec::new();
+    let report = runner::run_observed(
+        &injected,
+        &scale,
+        &config,
+        &mut Ledger::default(),
+        &Default::default(),
+        &mut |line| lines.push(line.clone()),
+    )
+    .unwrap();
+    let warmup = lines
+        .iter()
+        .find(|l| l.warmup)
+        .unwrap_or_else(|| panic!("no warm-up line: {lines:?}"));
+    assert!(warmup.committed > 0, "{lines:?}");
+    // The clients committed a few times each, far from 256.
+    assert!(injected.faulted.load(Ordering::Relaxed) < 256, "{report:?}");
 }
 
 /// A run that finds the host low on memory stops its clients and reports what it

@@ -314,6 +314,9 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
             &series,
         )
         .map_err(anyhow::Error::msg)?;
+        if let Some(plot) = plot {
+            plot.drawn();
+        }
         println!("plot: {}", args.svg.display());
     }
     let failed: Vec<String> = reports
@@ -397,6 +400,9 @@ struct PlotOut {
     path: PathBuf,
     /// Whether this run created the file, so a failed run removes only what it made.
     created: bool,
+    /// Until the plot is drawn, a Ctrl-C removes the file this run created, as
+    /// [`JsonOut`] does.
+    on_interrupt: Option<crate::interrupt::Registered>,
 }
 
 impl PlotOut {
@@ -408,10 +414,21 @@ impl PlotOut {
             .truncate(false)
             .open(path)
             .with_context(|| format!("cannot open the --svg plot file {}", path.display()))?;
+        let on_interrupt = if existed {
+            None
+        } else {
+            Some(crate::interrupt::remove_on_interrupt(path)?)
+        };
         Ok(PlotOut {
             path: path.to_owned(),
             created: !existed,
+            on_interrupt,
         })
+    }
+
+    /// The plot is drawn: keep it whatever happens next.
+    fn drawn(mut self) {
+        self.on_interrupt.take();
     }
 
     fn discard(&self) {

@@ -419,3 +419,62 @@ fn an_interrupted_run_leaves_no_directory() {
     assert_eq!(child.wait().unwrap().code(), Some(130));
     assert_eq!(entries(), 0, "the run's directory is left");
 }
+
+/// The `--json` and `--svg` files are created when the run starts (so a bad path fails
+/// at once); a Ctrl-C used to leave them behind, empty.
+#[test]
+fn an_interrupted_run_removes_the_output_files_it_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (json, svg) = (tmp.path().join("out.json"), tmp.path().join("out.svg"));
+    let existing = tmp.path().join("existing.json");
+    std::fs::write(&existing, "earlier results\n").unwrap();
+    let mut children = Vec::new();
+    for out in [
+        vec![
+            "--json",
+            json.to_str().unwrap(),
+            "--sweep",
+            "--svg",
+            svg.to_str().unwrap(),
+        ],
+        vec!["--json", existing.to_str().unwrap()],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["tpcw", "--items", "1000", "--ebs", "1", "--duration", "20"])
+            .args(out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Once the clients run, the files have long been opened.
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+        let mut seen = Vec::new();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            let started = line.contains("clients for 20 s");
+            seen.push(line);
+            if started {
+                break;
+            }
+        }
+        assert!(
+            seen.last().is_some_and(|l| l.contains("clients for 20 s")),
+            "the run never started: {seen:?}"
+        );
+        // Read on: a closed pipe would fail the run's next progress line.
+        std::thread::spawn(move || lines.for_each(drop));
+        send_signal(child.id(), "-INT");
+        children.push(child);
+    }
+    for mut child in children {
+        assert_eq!(child.wait().unwrap().code(), Some(130));
+    }
+    assert!(!json.exists(), "the created --json is left");
+    assert!(!svg.exists(), "the created --svg is left");
+    assert_eq!(
+        std::fs::read_to_string(&existing).unwrap(),
+        "earlier results\n",
+        "an existing --json must be left as it was"
+    );
+}

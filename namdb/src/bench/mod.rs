@@ -65,6 +65,9 @@ pub struct JsonOut {
     file: File,
     /// Whether this run created the file, so a failed run removes only what it made.
     created: bool,
+    /// Until the results are written, a Ctrl-C removes the file this run created:
+    /// otherwise an interrupted run leaves an empty file where results were expected.
+    on_interrupt: std::sync::Mutex<Option<crate::interrupt::Registered>>,
 }
 
 impl JsonOut {
@@ -78,10 +81,16 @@ impl JsonOut {
             .truncate(false)
             .open(path)
             .with_context(|| format!("cannot open JSON output file {}", path.display()))?;
+        let on_interrupt = if existed {
+            None
+        } else {
+            Some(crate::interrupt::remove_on_interrupt(path)?)
+        };
         Ok(JsonOut {
             path: path.to_owned(),
             file,
             created: !existed,
+            on_interrupt: std::sync::Mutex::new(on_interrupt),
         })
     }
 
@@ -102,6 +111,11 @@ impl JsonOut {
         serde_json::to_writer_pretty(&mut out, value).with_context(context)?;
         out.write_all(b"\n").with_context(context)?;
         out.flush().with_context(context)?;
+        // The file holds results now: keep it whatever happens next.
+        self.on_interrupt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         Ok(())
     }
 

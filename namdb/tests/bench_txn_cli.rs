@@ -291,6 +291,30 @@ fn bad_arguments_are_refused_clearly() {
     }
 }
 
+/// A `--json` that cannot be written fails the command before the run, not after it
+/// (as the other benchmarks and `tpcw` do): the run's figures were lost.
+#[test]
+fn an_unwritable_json_path_fails_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("no-such-directory").join("r.json");
+    let (status, err) = stderr_within(
+        &[
+            "bench",
+            "txn",
+            "--keys",
+            "1000",
+            "--duration",
+            "0.3",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("cannot open JSON output file"), "{err}");
+    assert!(!err.contains("loaded"), "the keys were loaded first: {err}");
+}
+
 /// The entries of `dir`.
 fn entries(dir: &Path) -> Vec<std::ffi::OsString> {
     std::fs::read_dir(dir)

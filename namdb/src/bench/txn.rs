@@ -20,6 +20,7 @@
 //! finished after the warm-up (the first tenth of the run, at most one second).
 
 use crate::backend::BackendKind;
+use crate::bench::JsonOut;
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
 use fabric::Device;
@@ -299,8 +300,18 @@ pub fn run(args: &TxnArgs) -> Result<()> {
         "--zipf-theta must be a positive finite number, got {}",
         args.zipf_theta
     );
+    // Opened before the run, as the other benchmarks do: a bad path used to fail only
+    // after the whole run, its results lost.
+    let json = JsonOut::open_opt(args.json.as_deref())?;
+    let report = JsonOut::unless_failed(json.as_ref(), measure(args))?;
+    finish(&report, args, json.as_ref())
+}
+
+/// Loads the keys and runs the workload: on the embedded cluster, or through gRPC on
+/// `--cluster`'s.
+fn measure(args: &TxnArgs) -> Result<Report> {
     if let Some(file) = &args.cluster {
-        return finish(&super::txn_grpc::run(args, file)?, args);
+        return super::txn_grpc::run(args, file);
     }
     // Only shm needs a directory, so a run on another backend leaves nothing behind
     // even when killed with SIGKILL; shm's goes on Ctrl-C too.
@@ -345,15 +356,14 @@ pub fn run(args: &TxnArgs) -> Result<()> {
             .flush()
             .context("writing the history")?;
     }
-    finish(&report, args)
+    Ok(report)
 }
 
 /// Prints the report, writes `--json`, and fails if the bank lost money.
-pub(super) fn finish(report: &Report, args: &TxnArgs) -> Result<()> {
+fn finish(report: &Report, args: &TxnArgs, json: Option<&JsonOut>) -> Result<()> {
     print(report, args);
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+    if let Some(json) = json {
+        json.write(report)?;
     }
     if report.invariant_ok == Some(false) {
         bail!("the bank's money does not add up: a transaction was lost or torn");

@@ -43,7 +43,34 @@ pub struct Nodes {
     pub server: Arc<dyn Device>,
     pub client: Arc<dyn Device>,
     /// Where the nodes' sockets live, removed after them.
-    _sockets: Option<tempfile::TempDir>,
+    _sockets: Option<SocketDir>,
+}
+
+/// A temporary directory for shm sockets, removed when dropped and also on Ctrl-C or
+/// SIGTERM: without a handler those end the process before any destructor runs, and
+/// the directory and its sockets stayed in the temporary directory.
+struct SocketDir {
+    // Dropped in this order: removed first, so a signal in between finds nothing left.
+    dir: tempfile::TempDir,
+    _on_interrupt: crate::interrupt::Registered,
+}
+
+impl SocketDir {
+    fn new(prefix: &str) -> Result<SocketDir> {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .context("creating a directory for the shm sockets")?;
+        let on_interrupt = crate::interrupt::remove_on_interrupt(dir.path())?;
+        Ok(SocketDir {
+            dir,
+            _on_interrupt: on_interrupt,
+        })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
 }
 
 /// Brings up a fresh pair of nodes. Fresh per call, so that state a backend keeps per
@@ -142,10 +169,7 @@ fn tcp_nodes() -> Result<Nodes> {
 }
 
 fn shm_nodes() -> Result<Nodes> {
-    let dir = tempfile::Builder::new()
-        .prefix("namdb-shm-")
-        .tempdir()
-        .context("creating a directory for the shm sockets")?;
+    let dir = SocketDir::new("namdb-shm-")?;
     // Both devices live in this process, so a fresh random token is the cluster's.
     let token: [u8; 32] = rand::random();
     let server: Arc<dyn Device> = ShmDevice::bind(dir.path().join("server.sock"), &token)?;
@@ -177,7 +201,7 @@ pub struct ServerTarget {
     pub control: memory_server::blocking::Client,
     pub regions: txn::ServerRegions,
     pub address: String,
-    _sockets: Option<tempfile::TempDir>,
+    _sockets: Option<SocketDir>,
 }
 
 /// Connects to the memory server at `addr` (its gRPC control plane) with the token in
@@ -223,10 +247,7 @@ pub fn connect_server(
             (device, None)
         }
         BackendKind::Shm => {
-            let dir = tempfile::Builder::new()
-                .prefix("namdb-bench-")
-                .tempdir()
-                .context("creating a directory for the client socket")?;
+            let dir = SocketDir::new("namdb-bench-")?;
             let device = ShmDevice::bind(dir.path().join("client.sock"), token.secret())?;
             (device, Some(dir))
         }

@@ -46,32 +46,9 @@ pub struct Nodes {
     _sockets: Option<SocketDir>,
 }
 
-/// A temporary directory for shm sockets, removed when dropped and also on Ctrl-C or
-/// SIGTERM: without a handler those end the process before any destructor runs, and
-/// the directory and its sockets stayed in the temporary directory.
-struct SocketDir {
-    // Dropped in this order: removed first, so a signal in between finds nothing left.
-    dir: tempfile::TempDir,
-    _on_interrupt: crate::interrupt::Registered,
-}
-
-impl SocketDir {
-    fn new(prefix: &str) -> Result<SocketDir> {
-        let dir = tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir()
-            .context("creating a directory for the shm sockets")?;
-        let on_interrupt = crate::interrupt::remove_on_interrupt(dir.path())?;
-        Ok(SocketDir {
-            dir,
-            _on_interrupt: on_interrupt,
-        })
-    }
-
-    fn path(&self) -> &std::path::Path {
-        self.dir.path()
-    }
-}
+/// shm sockets' directory: removed on Ctrl-C or SIGTERM too, which end the process
+/// before any destructor runs (the directory and its sockets stayed behind).
+type SocketDir = crate::interrupt::TempDir;
 
 /// Brings up a fresh pair of nodes. Fresh per call, so that state a backend keeps per
 /// node (e.g. the cost model's port schedule) does not leak from one use to the next.

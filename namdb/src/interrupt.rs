@@ -80,3 +80,29 @@ pub fn remove_on_interrupt(path: &Path) -> Result<Registered> {
         .insert(id, path.to_path_buf());
     Ok(Registered(id))
 }
+
+/// A fresh temporary directory, named `PREFIX…`, removed when dropped and, unlike a
+/// bare `tempfile::TempDir`, also when SIGINT or SIGTERM ends the process.
+pub struct TempDir {
+    // Dropped in this order: removed first, so a signal in between finds nothing left.
+    dir: tempfile::TempDir,
+    _registered: Registered,
+}
+
+impl TempDir {
+    pub fn new(prefix: &str) -> Result<TempDir> {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .with_context(|| format!("cannot create a temporary directory {prefix}…"))?;
+        let registered = remove_on_interrupt(dir.path())?;
+        Ok(TempDir {
+            dir,
+            _registered: registered,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}

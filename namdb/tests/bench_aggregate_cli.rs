@@ -233,3 +233,54 @@ fn bad_arguments_are_clear_errors() {
         assert!(t.contains(want), "{args:?}: {t}");
     }
 }
+
+/// The directory for DuckDB's column files (the whole data set) is made before the
+/// runs; a Ctrl-C used to leave it behind, as a hidden `.tmpXXXXXX`.
+#[test]
+fn an_interrupted_run_leaves_no_temporary_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let entries = || {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect::<Vec<_>>()
+    };
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "bench",
+            "aggregate",
+            "--tuples",
+            "4000000",
+            "--groups",
+            "10",
+        ])
+        .args(["--repeat", "5"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let generating = line.contains("generating");
+        seen.push(line);
+        if generating {
+            break;
+        }
+    }
+    assert!(
+        seen.last().is_some_and(|l| l.contains("generating")),
+        "the run never started: {seen:?}"
+    );
+    assert!(
+        !entries().is_empty(),
+        "no directory was made before the runs"
+    );
+    // Read on: a closed pipe would fail the run's next progress line.
+    std::thread::spawn(move || lines.for_each(drop));
+    common::send_signal(child.id(), "-INT");
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(entries(), Vec::<std::ffi::OsString>::new(), "left behind");
+}

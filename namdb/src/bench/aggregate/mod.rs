@@ -536,7 +536,8 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
     let json = JsonOut::open_opt(args.json.as_deref())?;
     let nodes = args.nodes as usize;
     let duckdb_threads = args.duckdb_threads.unwrap_or(nodes * args.threads as usize);
-    let scratch = tempfile::tempdir().context("a directory for DuckDB's column files")?;
+    // Removed on Ctrl-C too: DuckDB's column files are the whole data set.
+    let scratch = crate::interrupt::TempDir::new("namdb-aggregate-duckdb-")?;
     let measured = (|| -> Result<(Vec<Row>, Option<String>)> {
         let mut rows = Vec::new();
         let mut duckdb_version = None;

@@ -463,10 +463,8 @@ fn duckdb_run(
         sk.extend(s.iter().map(|t| t[0] as i64));
         sv.extend(s.iter().map(|t| t[1] as i64));
     }
-    let dir = tempfile::Builder::new()
-        .prefix("namdb-join-duckdb-")
-        .tempdir()
-        .context("creating a directory for DuckDB's columns")?;
+    // Removed on Ctrl-C too: DuckDB's column files are the whole data set.
+    let dir = crate::interrupt::TempDir::new("namdb-join-duckdb-")?;
     duckdb::run(
         dir.path(),
         &[

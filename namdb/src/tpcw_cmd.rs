@@ -93,8 +93,14 @@ pub struct TpcwArgs {
     /// clients (`--svg`).
     #[arg(long)]
     pub sweep: bool,
-    /// Where `--sweep` draws its plot.
-    #[arg(long, value_name = "FILE", default_value = "tpcw-sweep.svg")]
+    /// Where `--sweep` draws its plot. Only a sweep draws one, so without `--sweep` it
+    /// is refused rather than silently ignored.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "tpcw-sweep.svg",
+        requires = "sweep"
+    )]
     pub svg: PathBuf,
     /// Start RSI's memory servers with a data directory each (under `--dir`), so
     /// every commit is persisted before it is acknowledged (shm and tcp only).

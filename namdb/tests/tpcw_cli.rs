@@ -289,6 +289,11 @@ fn bad_arguments_are_clear_errors() {
             vec!["tpcw", "--duration", "1e-12"],
             "--duration must be at least a millisecond",
         ),
+        // Only a sweep draws a plot: `--svg` alone once ran and drew nothing.
+        (
+            vec!["tpcw", "--svg", "plot.svg"],
+            "the following required arguments were not provided:\n  --sweep",
+        ),
         // Output paths are opened before the runs, which once ran whole before
         // failing to write.
         (

@@ -1091,14 +1091,25 @@ fn print_summary(args: &TpcwArgs, reports: &[RunReport]) {
             .filter(|b| b.system != "rsi" && b.clients == r.clients && b.txn_per_sec > 0.0)
         {
             println!(
-                "rsi ({}) / {} at {} clients: {:.1}x",
+                "rsi ({}) / {} at {} clients: {}",
                 r.backend,
                 b.system,
                 r.clients,
-                r.txn_per_sec / b.txn_per_sec
+                times(r.txn_per_sec / b.txn_per_sec)
             );
         }
     }
+}
+
+/// A ratio to at least two significant digits: with one decimal, durable RSI at 96
+/// txn/s against 2PC's 4 363 printed as "0.0x".
+fn times(ratio: f64) -> String {
+    let decimals = if ratio > 0.0 && ratio.is_finite() {
+        (1.0 - ratio.log10().floor()).clamp(1.0, 6.0) as usize
+    } else {
+        1
+    };
+    format!("{ratio:.decimals$}x")
 }
 
 fn checks_line(r: &RunReport) -> String {
@@ -1125,6 +1136,15 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: TpcwArgs,
+    }
+
+    #[test]
+    fn ratios_keep_two_significant_digits() {
+        assert_eq!(times(96.0 / 4363.0), "0.022x");
+        assert_eq!(times(0.39), "0.39x");
+        assert_eq!(times(5.6), "5.6x");
+        assert_eq!(times(15.24), "15.2x");
+        assert_eq!(times(0.0), "0.0x");
     }
 
     #[test]

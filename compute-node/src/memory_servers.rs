@@ -173,6 +173,14 @@ pub struct RemoteCluster {
     _sockets: tempfile::TempDir,
 }
 
+impl RemoteCluster {
+    /// The directory of this process's shm sockets, removed when the cluster is
+    /// dropped: a caller that handles SIGINT (which skips destructors) removes it too.
+    pub fn sockets_dir(&self) -> &std::path::Path {
+        self._sockets.path()
+    }
+}
+
 /// A session with one logical memory server given as `PRIMARY` or `PRIMARY|BACKUP`
 /// (control-plane addresses): the primary if it answers, else the backup, promoted
 /// (which fences the primary: it can acknowledge no Persist any more). A primary that

@@ -769,6 +769,8 @@ fn start_rsi(
                 .collect();
             let remote = compute_node::connect(&addrs, &token, options)
                 .context("connecting to the memory servers")?;
+            // Outside the run's directory, so not removed with it on Ctrl-C.
+            let sockets_on_interrupt = crate::interrupt::remove_on_interrupt(remote.sockets_dir())?;
             huge_page_hint(&remote.servers);
             let backend = if remote.db.is_durable() {
                 format!("{}+durable", remote.backend)
@@ -776,7 +778,12 @@ fn start_rsi(
                 remote.backend.clone()
             };
             let db = remote.db.clone();
-            Rsi::new(db, backend, room, Box::new((remote, servers_up)))
+            Rsi::new(
+                db,
+                backend,
+                room,
+                Box::new((remote, servers_up, sockets_on_interrupt)),
+            )
         }
     };
     system.create_tables_with(scale, &versions)?;

@@ -483,3 +483,51 @@ fn an_interrupted_run_removes_the_output_files_it_created() {
         "an existing --json must be left as it was"
     );
 }
+
+/// On memory-server processes, this process's shm sockets live in a directory of the
+/// compute-node library's (`namdb-compute-PID-…`), outside the run's: a Ctrl-C left
+/// it behind until a later run swept it.
+#[test]
+fn an_interrupted_run_on_memory_server_processes_leaves_no_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ours = || {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            // The memory servers remove their own sockets as they end, after us.
+            .filter(|name| !name.starts_with("namdb-memory-server-"))
+            .collect::<Vec<_>>()
+    };
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["tpcw", "--backend", "shm", "--items", "1000", "--ebs", "1"])
+        .args(["--duration", "20"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let started = line.contains("clients for 20 s");
+        seen.push(line);
+        if started {
+            break;
+        }
+    }
+    assert!(
+        seen.last().is_some_and(|l| l.contains("clients for 20 s")),
+        "the run never started: {seen:?}"
+    );
+    assert!(
+        ours().iter().any(|n| n.starts_with("namdb-compute-")),
+        "no sockets directory: {:?}",
+        ours()
+    );
+    // Read on: a closed pipe would fail the run's next progress line.
+    std::thread::spawn(move || lines.for_each(drop));
+    send_signal(child.id(), "-INT");
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(ours(), Vec::<String>::new(), "left behind");
+}

@@ -284,6 +284,11 @@ fn bad_arguments_are_clear_errors() {
             vec!["tpcw", "--duration", "0"],
             "--duration must be at least a millisecond",
         ),
+        // Once told that it was shorter than a millisecond.
+        (
+            vec!["tpcw", "--duration", "inf"],
+            "at most 86400 s (a day), got inf",
+        ),
         // Measured as zero seconds, it printed NaN txn/s.
         (
             vec!["tpcw", "--duration", "1e-12"],
@@ -339,7 +344,7 @@ fn bad_arguments_are_clear_errors() {
         // allocating it.
         (
             vec!["tpcw", "--duration", "1e12"],
-            "--duration must be at most 86400 s",
+            "and at most 86400 s (a day), got 1000000000000",
         ),
         (vec!["tpcw", "--warmup", "nan"], "--warmup must be between"),
         // A day of room: indexes of terabytes, touched from the start. Refused before

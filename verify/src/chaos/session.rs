@@ -61,11 +61,16 @@ pub struct Clock {
 }
 
 impl Default for Clock {
+    /// A clock on the process's one base: every clock of a process reads the same
+    /// time. Each used to take its own (the wall clock, then the monotonic one), and a
+    /// thread preempted between the two put its sessions microseconds off the others':
+    /// a session's begin then seemed to follow another's commit it had in fact
+    /// preceded, a false real-time anomaly (seen in CI on a loaded machine).
     fn default() -> Self {
-        Clock {
-            epoch_ns: unix_ns(SystemTime::now()),
-            started: Instant::now(),
-        }
+        static BASE: std::sync::OnceLock<(u64, Instant)> = std::sync::OnceLock::new();
+        let &(epoch_ns, started) =
+            BASE.get_or_init(|| (unix_ns(SystemTime::now()), Instant::now()));
+        Clock { epoch_ns, started }
     }
 }
 
@@ -390,6 +395,16 @@ mod tests {
         let index = HistoryIndex::from_txns(txns.clone()).expect("indexes");
         let si = checks::snapshot_isolation(&txns, &index);
         assert!(si.passed, "{si:?}");
+    }
+
+    #[test]
+    fn every_clock_of_a_process_reads_the_same_time() {
+        let a = Clock::default();
+        std::thread::sleep(Duration::from_millis(2));
+        let b = std::thread::spawn(Clock::default).join().expect("a clock");
+        assert_eq!((a.epoch_ns, a.started), (b.epoch_ns, b.started));
+        let (x, y) = (a.now_ns(), b.now_ns());
+        assert!(x <= y, "{x} then {y}");
     }
 
     #[test]

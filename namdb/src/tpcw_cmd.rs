@@ -186,10 +186,12 @@ struct HtapSummary {
     analytics: tpcw::htap::HtapReport,
 }
 
-/// The longest `--duration` and `--warmup` taken (also by `bench txn`): a day.
 /// Clients the scratch PostgreSQL of `scripts/postgres.sh` takes.
 const SCRATCH_POSTGRES_CLIENTS: usize = 290;
+/// The longest `--duration` and `--warmup` taken (also by `bench txn`): a day.
 pub(crate) const MAX_SECONDS: f64 = 86_400.0;
+/// [`MAX_SECONDS`] for the benchmarks that take `--duration-ms`.
+pub(crate) const MAX_MILLIS: u64 = 86_400_000;
 
 pub fn run(args: &TpcwArgs) -> Result<()> {
     // As `bench txn`: a shorter run measures next to nothing, and one under a

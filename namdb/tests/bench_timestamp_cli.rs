@@ -48,6 +48,34 @@ fn short_run_writes_the_json_fields() {
 }
 
 #[test]
+fn a_duration_over_a_day_is_refused() {
+    for bench in ["timestamp", "fabric"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["bench", bench, "--duration-ms", "18446744073709551614"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the namdb binary runs");
+        // Taken, it would run for ever: give it a while to refuse, then fail.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while child.try_wait().expect("waits").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("bench {bench} took --duration-ms 2^64-2 and ran");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("its output");
+        assert!(!out.status.success(), "bench {bench} ran");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--duration-ms") && stderr.contains("86400000"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
 fn more_threads_than_slots_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
         .args(["bench", "timestamp", "--slots", "1", "--threads", "2"])

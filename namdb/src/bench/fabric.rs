@@ -78,8 +78,9 @@ pub struct FabricArgs {
           value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: u32,
     /// Length of each phase (throughput, then latency) of each measurement.
+    /// At most a day, as every benchmark's duration.
     #[arg(long, value_name = "MS", default_value_t = 300,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=crate::tpcw_cmd::MAX_MILLIS))]
     pub duration_ms: u64,
     /// Only these operations (comma-separated or repeated); all by default.
     #[arg(long, value_enum, value_delimiter = ',')]

@@ -69,8 +69,9 @@ pub struct TimestampArgs {
     #[arg(long)]
     pub wait: bool,
     /// Length of the run.
+    /// At most a day, as every benchmark's duration.
     #[arg(long, value_name = "MS", default_value_t = 1000,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=crate::tpcw_cmd::MAX_MILLIS))]
     pub duration_ms: u64,
     /// Also write the result to FILE as a JSON object.
     #[arg(long, value_name = "FILE")]

@@ -957,25 +957,28 @@ fn print_htap(h: &HtapSummary, mix: Mix) {
         "{:<15} {:>7} {:>10} {:>10} {:>10}",
         "query", "count", "per s", "p50 ms", "p99 ms"
     );
+    // A query that never ran has no latency: a dash, not 0.0.
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
     println!(
-        "{:<15} {:>7} {:>10.2} {:>10.1} {:>10.1}",
+        "{:<15} {:>7} {:>10.2} {:>10} {:>10}",
         "best sellers",
         a.best_sellers,
         a.best_sellers as f64 / a.seconds,
-        a.best_sellers_p50_ms,
-        a.best_sellers_p99_ms
+        ms(a.best_sellers_p50_ms),
+        ms(a.best_sellers_p99_ms)
     );
     println!(
-        "{:<15} {:>7} {:>10.2} {:>10.1} {:>10.1}",
+        "{:<15} {:>7} {:>10.2} {:>10} {:>10}",
         "related items",
         a.related_updates,
         a.related_updates as f64 / a.seconds,
-        a.related_p50_ms,
-        a.related_p99_ms
+        ms(a.related_p50_ms),
+        ms(a.related_p99_ms)
     );
     println!(
-        "{} analytics nodes: {:.2} queries/s, {:.0} rows scanned/s ({:.0} MB/s read), {} blocks re-read, {} retries at a fresh snapshot; Best Sellers checked against a single node: {} of {} equal",
+        "{} analytics node{}: {:.2} queries/s, {:.0} rows scanned/s ({:.0} MB/s read), {} blocks re-read, {} retries at a fresh snapshot; Best Sellers checked against a single node: {} of {} equal",
         a.nodes,
+        if a.nodes == 1 { "" } else { "s" },
         a.queries_per_sec,
         a.rows_scanned_per_sec,
         a.bytes_read as f64 / a.seconds / 1e6,

@@ -103,6 +103,12 @@ impl Default for HtapConfig {
     }
 }
 
+/// Quantile `q` of a histogram of microseconds, in milliseconds; `None` when it is
+/// empty (hdrhistogram answers 0 then, which read as an instant query).
+fn quantile_ms(h: &Histogram<u64>, q: f64) -> Option<f64> {
+    (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0)
+}
+
 /// What the analytics side of a run did.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct HtapReport {
@@ -111,10 +117,11 @@ pub struct HtapReport {
     pub best_sellers: u64,
     pub related_updates: u64,
     pub queries_per_sec: f64,
-    pub best_sellers_p50_ms: f64,
-    pub best_sellers_p99_ms: f64,
-    pub related_p50_ms: f64,
-    pub related_p99_ms: f64,
+    /// Latencies: `None` (JSON null) when no such query ran, not a made-up 0.
+    pub best_sellers_p50_ms: Option<f64>,
+    pub best_sellers_p99_ms: Option<f64>,
+    pub related_p50_ms: Option<f64>,
+    pub related_p99_ms: Option<f64>,
     /// Blocks the scans decoded, over all nodes, per second of the run.
     pub rows_scanned_per_sec: f64,
     pub blocks_scanned: u64,
@@ -594,7 +601,7 @@ pub fn run_analytics(
         }
     }
     let zero = zero.expect("node 0 reports");
-    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let ms = quantile_ms;
     report.best_sellers = zero.best_sellers.len();
     report.related_updates = zero.related.len();
     report.queries_per_sec = (report.best_sellers + report.related_updates) as f64 / seconds;
@@ -750,6 +757,15 @@ fn node_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_query_that_never_ran_has_no_latency() {
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        assert_eq!(quantile_ms(&h, 0.5), None);
+        h.record(2500).unwrap();
+        // 2500 µs, within the histogram's three significant digits.
+        assert!(quantile_ms(&h, 0.5).is_some_and(|ms| (ms - 2.5).abs() < 0.01));
+    }
 
     #[test]
     fn newest_keeps_the_latest_orders_by_date_then_id() {

@@ -88,6 +88,7 @@ fn best_sellers_and_related_items_run_beside_checkouts() {
     // only a written one can hold its own best-selling partners. At least the query
     // ran and its transaction committed.
     assert!(analytics.related_updates >= 1, "{analytics:?}");
+    assert!(analytics.best_sellers_p50_ms.is_some() && analytics.related_p99_ms.is_some());
     let mut client = rsi.database().client().unwrap();
     // Round 1 is a related round (one Best Sellers per update); its item is
     // 1 + (1 * 7919) % 1000 = 920.

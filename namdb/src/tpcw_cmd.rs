@@ -158,6 +158,10 @@ pub struct TpcwArgs {
     /// computation on the same snapshot (0: never).
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub htap_check_every: u64,
+    /// Under `--htap`, Best Sellers queries run between two related-items updates.
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub htap_best_sellers_per_related: u32,
     /// The script that installs and starts PostgreSQL.
     #[arg(long, value_name = "FILE", default_value_os_t = tpcw::postgres::Postgres::default_script())]
     pub postgres_script: PathBuf,
@@ -872,6 +876,7 @@ fn load_and_run_htap(
     let htap_config = tpcw::htap::HtapConfig {
         nodes: args.analytics_nodes as usize,
         check_every: args.htap_check_every,
+        best_sellers_per_related: args.htap_best_sellers_per_related,
         ..tpcw::htap::HtapConfig::default()
     };
     eprintln!("reading the item subjects");

@@ -8,7 +8,7 @@
 //! checked after every run (see `tpcw::runner`).
 
 use crate::backend::BackendKind;
-use crate::bench::JsonOut;
+use crate::bench::{JsonOut, OutputFile};
 use crate::cluster_cmd::{ProcessEntry, spawn, stop_all};
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
@@ -195,7 +195,7 @@ const SCRATCH_POSTGRES_CLIENTS: usize = 290;
 /// The longest `--duration` and `--warmup` taken (also by `bench txn`): a day.
 pub(crate) const MAX_SECONDS: f64 = 86_400.0;
 /// [`MAX_SECONDS`] for the benchmarks that take `--duration-ms`.
-pub(crate) const MAX_MILLIS: u64 = 86_400_000;
+pub(crate) const MAX_MILLIS: u64 = MAX_SECONDS as u64 * 1000;
 
 pub fn run(args: &TpcwArgs) -> Result<()> {
     // As `bench txn`: a shorter run measures next to nothing, and one under a
@@ -275,7 +275,11 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         );
     }
     let json = JsonOut::open_opt(args.json.as_deref())?;
-    let plot = args.sweep.then(|| PlotOut::open(&args.svg)).transpose()?;
+    // Claimed before the runs as `--json` is: a bad path fails at once.
+    let plot = args
+        .sweep
+        .then(|| OutputFile::claim(&args.svg, "the --svg plot file"))
+        .transpose()?;
     let ran = run_systems(args, &scale, &clients, dir.path());
     if let (Err(_), Some(plot)) = (&ran, &plot) {
         plot.discard();
@@ -325,8 +329,8 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
             &series,
         )
         .map_err(anyhow::Error::msg)?;
-        if let Some(plot) = plot {
-            plot.drawn();
+        if let Some(plot) = &plot {
+            plot.keep();
         }
         println!("plot: {}", args.svg.display());
     }
@@ -403,51 +407,6 @@ fn run_systems(
         reports.extend(runs);
     }
     Ok((reports, htap))
-}
-
-/// A sweep's `--svg`, opened before the runs as `--json` is ([`JsonOut::open`]): a
-/// bad path fails at once, not after the runs.
-struct PlotOut {
-    path: PathBuf,
-    /// Whether this run created the file, so a failed run removes only what it made.
-    created: bool,
-    /// Until the plot is drawn, a Ctrl-C removes the file this run created, as
-    /// [`JsonOut`] does.
-    on_interrupt: Option<crate::interrupt::Registered>,
-}
-
-impl PlotOut {
-    fn open(path: &Path) -> Result<PlotOut> {
-        let existed = path.exists();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .with_context(|| format!("cannot open the --svg plot file {}", path.display()))?;
-        let on_interrupt = if existed {
-            None
-        } else {
-            Some(crate::interrupt::remove_on_interrupt(path)?)
-        };
-        Ok(PlotOut {
-            path: path.to_owned(),
-            created: !existed,
-            on_interrupt,
-        })
-    }
-
-    /// The plot is drawn: keep it whatever happens next.
-    fn drawn(mut self) {
-        self.on_interrupt.take();
-    }
-
-    fn discard(&self) {
-        if self.created {
-            // Best effort: the run's own error is what the user needs to see.
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
 }
 
 /// The client counts of the runs: `--clients`, or powers of two up to it.

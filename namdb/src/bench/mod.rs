@@ -59,34 +59,36 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     }
 }
 
-/// A `--json` output file: checked when the run starts, written when it ends.
-pub struct JsonOut {
+/// An output file a run claims when it starts and fills when it ends (`--json`, a
+/// sweep's `--svg`): opened, created if need be, without truncating, so a bad path
+/// fails at once, not after a long run, and a failed run leaves earlier results in
+/// place. A file this run created is removed if the run fails ([`Self::discard`]) or a
+/// Ctrl-C ends it before the file is kept ([`Self::keep`]): otherwise an empty file
+/// stays where results were expected.
+pub struct OutputFile {
     path: PathBuf,
     file: File,
     /// Whether this run created the file, so a failed run removes only what it made.
     created: bool,
-    /// Until the results are written, a Ctrl-C removes the file this run created:
-    /// otherwise an interrupted run leaves an empty file where results were expected.
     on_interrupt: std::sync::Mutex<Option<crate::interrupt::Registered>>,
 }
 
-impl JsonOut {
-    /// Opens (creating) `path` without truncating it: a bad path fails at once, not
-    /// after a long run, and a failed run leaves earlier results in place.
-    pub fn open(path: &Path) -> Result<JsonOut> {
+impl OutputFile {
+    /// Claims `path`; `what` names it in the error ("JSON output file").
+    pub fn claim(path: &Path, what: &str) -> Result<OutputFile> {
         let existed = path.exists();
         let file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)
-            .with_context(|| format!("cannot open JSON output file {}", path.display()))?;
+            .with_context(|| format!("cannot open {what} {}", path.display()))?;
         let on_interrupt = if existed {
             None
         } else {
             Some(crate::interrupt::remove_on_interrupt(path)?)
         };
-        Ok(JsonOut {
+        Ok(OutputFile {
             path: path.to_owned(),
             file,
             created: !existed,
@@ -94,29 +96,16 @@ impl JsonOut {
         })
     }
 
-    /// [`Self::open`] for an optional `--json`.
-    pub fn open_opt(path: Option<&Path>) -> Result<Option<JsonOut>> {
-        path.map(JsonOut::open).transpose()
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Replaces the file's contents with `value`, pretty-printed.
-    pub fn write<T: Serialize + ?Sized>(&self, value: &T) -> Result<()> {
-        let context = || format!("cannot write JSON output file {}", self.path.display());
-        self.file.set_len(0).with_context(context)?;
-        let mut out = BufWriter::new(&self.file);
-        serde_json::to_writer_pretty(&mut out, value).with_context(context)?;
-        out.write_all(b"\n").with_context(context)?;
-        out.flush().with_context(context)?;
-        // The file holds results now: keep it whatever happens next.
+    /// The file holds results now: keep it whatever happens next.
+    pub fn keep(&self) {
         self.on_interrupt
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        Ok(())
     }
 
     /// Removes the file if this run created it: for a run that failed.
@@ -125,6 +114,42 @@ impl JsonOut {
             // Best effort: the run's own error is what the user needs to see.
             let _ = fs::remove_file(&self.path);
         }
+    }
+}
+
+/// A `--json` output file: checked when the run starts, written when it ends.
+pub struct JsonOut(OutputFile);
+
+impl JsonOut {
+    /// Claims `path` ([`OutputFile::claim`]).
+    pub fn open(path: &Path) -> Result<JsonOut> {
+        OutputFile::claim(path, "JSON output file").map(JsonOut)
+    }
+
+    /// [`Self::open`] for an optional `--json`.
+    pub fn open_opt(path: Option<&Path>) -> Result<Option<JsonOut>> {
+        path.map(JsonOut::open).transpose()
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// Replaces the file's contents with `value`, pretty-printed.
+    pub fn write<T: Serialize + ?Sized>(&self, value: &T) -> Result<()> {
+        let context = || format!("cannot write JSON output file {}", self.path().display());
+        self.0.file.set_len(0).with_context(context)?;
+        let mut out = BufWriter::new(&self.0.file);
+        serde_json::to_writer_pretty(&mut out, value).with_context(context)?;
+        out.write_all(b"\n").with_context(context)?;
+        out.flush().with_context(context)?;
+        self.0.keep();
+        Ok(())
+    }
+
+    /// Removes the file if this run created it: for a run that failed.
+    pub fn discard(&self) {
+        self.0.discard();
     }
 
     /// `result`, after discarding `out` if it is an error.

@@ -159,15 +159,21 @@ pub(crate) fn last_decided_except(
 }
 
 /// Per word of a window read from `start`, the bits of the undecided timestamps in
-/// `[from, upto]` that `may_skip` allows: `(index in words, mask)` for the words with
+/// `[from, upto]` that the rule allows: `(index in words, mask)` for the words with
 /// any. `from` must be at or after `start`; only bits inside the window count.
+///
+/// The rule sees a word at a time, `allow(base, candidates)` with bit b standing for
+/// timestamp `base + b`, and returns the candidates it allows (other bits it returns
+/// are ignored): the read path runs this on every read timestamp that finds a gap,
+/// and a word at a time lets the rule hold its state once per word instead of per
+/// bit ([`each_timestamp`] adapts a rule on single timestamps).
 pub(crate) fn skippable(
     bits: u64,
     start: u64,
     words: &[u64],
     from: u64,
     upto: u64,
-    may_skip: impl Fn(u64) -> bool,
+    allow: impl Fn(u64, u64) -> u64,
 ) -> Vec<(usize, u64)> {
     let odd = odd_round(bits, start);
     let mut out = Vec::new();
@@ -176,24 +182,44 @@ pub(crate) fn skippable(
         if base > upto {
             break;
         }
-        let undecided = !decided_bits(word, odd);
-        let mut mask = 0u64;
-        for b in 0..64u64 {
-            let t = base + b;
-            if t >= from
-                && t <= upto
-                && (base % bits) + b < bits
-                && undecided & (1 << b) != 0
-                && may_skip(t)
-            {
-                mask |= 1 << b;
-            }
+        let Some(in_range) = bit_range(
+            from.saturating_sub(base),
+            (upto - base).min(bits - 1 - base % bits),
+        ) else {
+            continue;
+        };
+        let candidates = !decided_bits(word, odd) & in_range;
+        if candidates == 0 {
+            continue;
         }
+        let mask = allow(base, candidates) & candidates;
         if mask != 0 {
             out.push((i, mask));
         }
     }
     out
+}
+
+/// A word-at-a-time rule for [`skippable`] from a rule on single timestamps.
+pub(crate) fn each_timestamp(may_skip: impl Fn(u64) -> bool) -> impl Fn(u64, u64) -> u64 {
+    move |base, candidates| {
+        let mut rest = candidates;
+        let mut mask = 0u64;
+        while rest != 0 {
+            let b = rest.trailing_zeros();
+            rest &= rest - 1;
+            if may_skip(base + u64::from(b)) {
+                mask |= 1 << b;
+            }
+        }
+        mask
+    }
+}
+
+/// The bits `lo..=hi` of a word, clipped to its 64 bits; `None` when that is empty.
+fn bit_range(lo: u64, hi: u64) -> Option<u64> {
+    let hi = hi.min(63);
+    (lo <= hi).then(|| (u64::MAX >> (63 - hi)) & (u64::MAX << lo))
 }
 
 /// The first timestamp after a window of `words` words read from `start`.
@@ -338,13 +364,13 @@ mod tests {
         let cells: Vec<(u64, bool)> = (0..200).map(|t| (t, t < 10 || t == 14)).collect();
         let words = render(bits, &cells);
         // Slot 2 of 4 from 10 to 70: 10 (word 0), 18.., 14 is decided.
-        let plan = skippable(bits, 3, &words, 10, 70, |t| t % 4 == 2);
+        let plan = skippable(bits, 3, &words, 10, 70, each_timestamp(|t| t % 4 == 2));
         let want0 = (10..64)
             .filter(|t| t % 4 == 2 && *t != 14)
             .fold(0u64, |m, t| m | 1 << t);
         assert_eq!(plan, vec![(0, want0), (1, 1 << (66 - 64) | 1 << (70 - 64))]);
         // The last word holds positions 192..199 only.
-        let plan = skippable(bits, 190, &words[2..], 190, 400, |_| true);
+        let plan = skippable(bits, 190, &words[2..], 190, 400, |_, all| all);
         assert_eq!(plan, vec![(0, 0b11 << 62), (1, 0xff)]);
     }
 
@@ -353,6 +379,73 @@ mod tests {
         // V = 8, S = 2: slot 1 owns 1, 3, 5, 7 | 9, 11 (round 1).
         let m = own_masks(8, 2, 1, 11);
         assert_eq!(m, vec![(0, 0b1010_1010, false), (0, 0b0000_1010, true)]);
+    }
+
+    /// `skippable` by its definition, one bit at a time.
+    fn skippable_bit_by_bit(
+        bits: u64,
+        start: u64,
+        words: &[u64],
+        from: u64,
+        upto: u64,
+        may_skip: impl Fn(u64) -> bool,
+    ) -> Vec<(usize, u64)> {
+        let odd = odd_round(bits, start);
+        let mut out = Vec::new();
+        for (i, &word) in words.iter().enumerate() {
+            let base = word_base(bits, start, i);
+            if base > upto {
+                break;
+            }
+            let undecided = !decided_bits(word, odd);
+            let mut mask = 0u64;
+            for b in 0..64u64 {
+                let t = base + b;
+                if t >= from
+                    && t <= upto
+                    && (base % bits) + b < bits
+                    && undecided & (1 << b) != 0
+                    && may_skip(t)
+                {
+                    mask |= 1 << b;
+                }
+            }
+            if mask != 0 {
+                out.push((i, mask));
+            }
+        }
+        out
+    }
+
+    proptest! {
+        /// The masked `skippable` plans exactly the bits its definition names, for
+        /// any window, range and rule, including windows that end mid-word at V.
+        #[test]
+        fn skippable_matches_its_definition(
+            bits in 8u64..300,
+            round in 0u64..4,
+            decided in proptest::collection::vec(any::<bool>(), 300),
+            start_off in 0u64..300,
+            from_off in 0u64..400,
+            len in 0u64..400,
+            max_words in 1u64..6,
+            modulus in 1u64..5,
+        ) {
+            let base = round * bits;
+            let cells: Vec<(u64, bool)> =
+                (0..bits).map(|i| (base + i, decided[i as usize])).collect();
+            let words = render(bits, &cells);
+            let start = base + start_off % bits;
+            let (w0, n) = window_words(bits, start, max_words);
+            let window = &words[w0 as usize..(w0 + n) as usize];
+            let from = start + from_off % (bits + 64);
+            let upto = from + len;
+            let rule = |t: u64| t % modulus != 0;
+            prop_assert_eq!(
+                skippable(bits, start, window, from, upto, each_timestamp(rule)),
+                skippable_bit_by_bit(bits, start, window, from, upto, rule)
+            );
+        }
     }
 
     proptest! {

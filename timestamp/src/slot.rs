@@ -312,6 +312,32 @@ impl State {
         }
     }
 
+    /// The bits of `candidates` (bit b standing for timestamp `base + b`) below their
+    /// slot's [`State::cas_bound`]: the skip plan's rule, a word at a time, since the
+    /// read path asks it about every timestamp it skips for others (thousands per
+    /// read timestamp that skips, with a single client).
+    fn below_cas_bounds(&self, base: u64, candidates: u64) -> u64 {
+        let s = self.leases.len() as u64;
+        let mut rest = candidates;
+        let mut allowed = 0u64;
+        // The slot of the last bit looked at, carried forward bit by bit: a division
+        // per candidate cost more than the rest of the plan.
+        let (mut slot, mut at) = (base % s, 0u64);
+        while rest != 0 {
+            let b = u64::from(rest.trailing_zeros());
+            rest &= rest - 1;
+            slot += b - at;
+            at = b;
+            while slot >= s {
+                slot -= s;
+            }
+            if base + b < self.cas_bound(slot as u32) {
+                allowed |= 1 << b;
+            }
+        }
+        allowed
+    }
+
     fn rebuild_free_bits(&mut self) {
         let s = self.leases.len() as u64;
         for r in 0..s {
@@ -1114,8 +1140,9 @@ impl SlotHandle {
         }
         self.raise_free_horizons(gap, limit)?;
         let w0 = (start % v) / 64;
-        let may_skip = |t: u64| t < self.st.borrow().cas_bound((t % s) as u32);
-        let mut plan = cells::skippable(v, start, words, gap, limit, may_skip);
+        let allow =
+            |base: u64, candidates: u64| self.st.borrow().below_cas_bounds(base, candidates);
+        let mut plan = cells::skippable(v, start, words, gap, limit, allow);
         let mut skipped = 0;
         // A CAS that lost to another skipper's or a holder's decision in its word
         // learns the word and tries again, a few times.
@@ -1146,7 +1173,7 @@ impl SlotHandle {
                     }
                 }
             }
-            plan = cells::skippable(v, start, words, gap, limit, may_skip);
+            plan = cells::skippable(v, start, words, gap, limit, allow);
             plan.retain(|(i, _)| lost.contains(i));
         }
         if skipped == 0 {
@@ -1890,5 +1917,41 @@ impl SlotHandle {
     /// registered with).
     pub fn oracle(&self) -> RemoteRegion {
         self.link.remote()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The word-at-a-time rule allows exactly the candidates below their slot's
+        /// CAS bound, for slot counts below and above a word's 64 bits.
+        #[test]
+        fn below_cas_bounds_matches_cas_bound_per_timestamp(
+            slots in 1u32..200,
+            word in 0u64..48,
+            candidates in any::<u64>(),
+            horizons in proptest::collection::vec((0u8..3, 0u64..40), 200),
+        ) {
+            let layout = Layout::new(64 * 64, slots).unwrap();
+            let mut st = State::unclaimed(&[0; HEADER_WORDS], layout);
+            for (slot, lease) in st.leases.iter_mut().enumerate() {
+                let (state, horizon) = horizons[slot];
+                lease.state = match state {
+                    0 => SlotState::Free,
+                    1 => SlotState::Owned,
+                    _ => SlotState::Fenced,
+                };
+                lease.horizon = horizon;
+            }
+            let base = word * 64;
+            let want = (0..64u64)
+                .filter(|&b| candidates & (1 << b) != 0)
+                .filter(|&b| base + b < st.cas_bound(((base + b) % u64::from(slots)) as u32))
+                .fold(0u64, |m, b| m | 1 << b);
+            prop_assert_eq!(st.below_cas_bounds(base, candidates), want);
+        }
     }
 }

@@ -56,7 +56,11 @@ impl Client {
             .connect()
             .await?;
         Ok(Client {
-            rpc: ComputeClient::with_interceptor(channel, AddBearer(bearer(token))),
+            // The node's answers fit this (crate::limits); said here so the two cannot
+            // drift apart. Requests are not limited here: one too large gets the
+            // node's answer, which says what to do.
+            rpc: ComputeClient::with_interceptor(channel, AddBearer(bearer(token)))
+                .max_decoding_message_size(crate::limits::MAX_MESSAGE_BYTES),
             last_commit: Default::default(),
         })
     }

@@ -10,12 +10,14 @@
 //!   [`auth`] on every call and [`status`] mapping transaction errors to status codes.
 //! - [`reconnect`]: the database and pool the API serves from, replaced when a memory
 //!   server restarts or fails over.
+//! - [`limits`]: the size of the API's messages.
 //! - [`client`]: a Rust client of the API.
 //!
 //! See DEVELOPERS.md ("compute node") for the decisions behind them.
 
 pub mod auth;
 pub mod client;
+pub mod limits;
 pub mod memory_servers;
 pub mod metrics;
 pub mod pool;

@@ -618,6 +618,7 @@ impl Local {
             Op::BatchGet { table, keys, reply } => {
                 let result = async {
                     let table = self.table(&table)?;
+                    check_batch(&table, keys.len())?;
                     keys.iter().try_for_each(|&k| check_key(k))?;
                     t.get_many(&table, &keys).await
                 }
@@ -745,6 +746,23 @@ fn check_key(key: u64) -> txn::Result<()> {
         return Err(TxnError::Invalid(
             "key 18446744073709551615 (u64::MAX) is reserved; keys are 0 to 2^64-2".into(),
         ));
+    }
+    Ok(())
+}
+
+/// Refuses a BatchGet whose answer might not fit one message (before reading anything,
+/// so that whether it fits does not depend on the data).
+fn check_batch(table: &Table, keys: usize) -> txn::Result<()> {
+    let most = crate::limits::batch_get_keys(table.shape.value_cap);
+    if keys > most {
+        return Err(TxnError::Invalid(format!(
+            "a BatchGet of {keys} keys is too many for table {}: with values of up to {} \
+             bytes, its answer must fit the {} MiB message limit, which holds {most} keys; \
+             ask in several calls",
+            table.name,
+            table.shape.value_cap,
+            crate::limits::MAX_MESSAGE_BYTES >> 20
+        )));
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! then stop taking calls, let the running ones finish, and abort what is open.
 
 use crate::auth::Authenticate;
+use crate::limits::{ExplainLimits, MAX_MESSAGE_BYTES};
 use crate::metrics::Metrics;
 use crate::proto::compute_server::ComputeServer;
 use crate::reconnect::Node;
@@ -13,6 +14,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 
 /// How long shutdown waits for in-flight RPCs before closing connections anyway.
@@ -66,8 +68,12 @@ impl Server {
             .with_nodelay(Some(true))
             .with_keepalive(Some(Duration::from_secs(60)));
         let metrics = Arc::new(Metrics::default());
-        let service = ComputeServer::with_interceptor(
-            ComputeService::new(node, metrics.clone()),
+        let service = InterceptedService::new(
+            ExplainLimits(
+                ComputeServer::new(ComputeService::new(node, metrics.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            ),
             Authenticate::new(token),
         );
         let (tx, rx) = oneshot::channel::<()>();

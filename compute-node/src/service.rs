@@ -14,10 +14,6 @@ use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 use txn::{Database, Table, TableSpec};
 
-/// Rows per Scan message: large enough that framing costs little, small enough that
-/// a message stays far below gRPC's 4 MiB default limit for modest values.
-const SCAN_BATCH: usize = 256;
-
 /// The package this node serves, announced by Health.
 pub const PROTOCOL: &str = "namdb.compute.v1";
 
@@ -210,20 +206,11 @@ impl Compute for ComputeService {
             })
             .await?;
         // The worker reads the snapshot in one go (txn's scan); the rows then go out in
-        // batches, in key order, without holding the worker.
-        let batches: Vec<Result<proto::ScanResponse, Status>> = rows
-            .chunks(SCAN_BATCH)
-            .map(|chunk| {
-                Ok(proto::ScanResponse {
-                    rows: chunk
-                        .iter()
-                        .map(|(key, value)| proto::Row {
-                            key: *key,
-                            value: value.clone(),
-                        })
-                        .collect(),
-                })
-            })
+        // batches, in key order, without holding the worker, each within any client's
+        // message limit.
+        let batches: Vec<Result<proto::ScanResponse, Status>> = crate::limits::scan_batches(rows)
+            .into_iter()
+            .map(Ok)
             .collect();
         Ok(Response::new(Box::pin(futures::stream::iter(batches))))
     }

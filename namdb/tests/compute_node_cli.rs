@@ -32,16 +32,20 @@ fn token_file(dir: &tempfile::TempDir) -> PathBuf {
 }
 
 fn cluster(memory_servers: usize) -> Cluster {
+    cluster_of(memory_servers, "16MiB", "300ms")
+}
+
+fn cluster_of(memory_servers: usize, size: &str, txn_timeout: &str) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let token_file = token_file(&dir);
     let memory: Vec<ServerProcess> = (0..memory_servers)
-        .map(|_| ServerProcess::start("shm", &token_file, &["--size", "16MiB"]))
+        .map(|_| ServerProcess::start("shm", &token_file, &["--size", size]))
         .collect();
     let addrs: Vec<String> = memory.iter().map(|s| s.control.clone()).collect();
     let compute = ServerProcess::compute_node(
         &addrs,
         &token_file,
-        &["--workers", "2", "--txn-timeout", "300ms"],
+        &["--workers", "2", "--txn-timeout", txn_timeout],
     );
     assert!(compute.line.contains("2 workers"), "{}", compute.line);
     Cluster {
@@ -281,6 +285,112 @@ async fn transactions_admin_and_bad_requests_through_a_compute_node_process() {
         Code::Unauthenticated,
         "wrong credentials",
     );
+}
+
+/// gRPC libraries refuse messages over 4 MiB by default: a request that large is told
+/// what to do and leaves its transaction open, and the node's answers stay under the
+/// limit however large the table's values are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_answers_near_the_grpc_message_limit() {
+    // Messages of megabytes take a while in a debug build: the transaction must not
+    // expire between them.
+    let c = cluster_of(1, "64MiB", "30s");
+    let client = c.client().await;
+    client.create_table(TABLE, VALUE_CAP, 64).await.unwrap();
+    let t = client.begin().await.unwrap();
+    client.put(t, TABLE, 1, b"kept".to_vec()).await.unwrap();
+    let s = expect_code(
+        client.put(t, TABLE, 2, vec![b'x'; 5 << 20]).await,
+        Code::InvalidArgument,
+        "limit of 4194304 bytes",
+    );
+    assert!(s.message().contains("value cap"), "{}", s.message());
+    assert!(s.message().contains("still open"), "{}", s.message());
+    // Keys of 10-byte varints: a request of 5 MB.
+    expect_code(
+        client
+            .batch_get(t, TABLE, &vec![1 << 63; 500_000])
+            .await
+            .map(|v| v.len()),
+        Code::InvalidArgument,
+        "limit of 4194304 bytes",
+    );
+    // A small request whose answer could exceed the limit.
+    let most = compute_node::limits::batch_get_keys(VALUE_CAP);
+    expect_code(
+        client
+            .batch_get(t, TABLE, &vec![1; most + 1])
+            .await
+            .map(|v| v.len()),
+        Code::InvalidArgument,
+        "ask in several calls",
+    );
+    assert_eq!(
+        client
+            .batch_get(t, TABLE, &vec![1; most])
+            .await
+            .unwrap()
+            .len(),
+        most
+    );
+    // The transaction went on through every refusal.
+    client.commit(t).await.unwrap();
+    let t = client.begin().await.unwrap();
+    assert_eq!(
+        client.get(t, TABLE, 1).await.unwrap(),
+        Some(b"kept".to_vec())
+    );
+    client.abort(t).await.unwrap();
+
+    // The largest values a table may have: a scan of 6 MiB comes in messages under the
+    // limit, and a BatchGet of as many keys as its answer holds works.
+    let cap = txn::Options::default().largest_value_cap(1);
+    let info = client
+        .rpc()
+        .create_table(compute_node::proto::CreateTableRequest {
+            name: "wide".into(),
+            value_cap: cap,
+            capacity: 128,
+            versions: 1,
+            partitions: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.value_cap, cap);
+    let rows = (6 << 20) / cap as u64 + 1;
+    for key in 0..rows {
+        let t = client.begin().await.unwrap();
+        client
+            .put(t, "wide", key, vec![key as u8; cap as usize])
+            .await
+            .unwrap();
+        client.commit(t).await.unwrap();
+    }
+    let t = client.begin().await.unwrap();
+    let scanned = client.scan(t, "wide").await.unwrap();
+    assert_eq!(scanned.len() as u64, rows);
+    assert!(
+        scanned
+            .iter()
+            .enumerate()
+            .all(|(i, (k, v))| *k == i as u64 && *v == vec![i as u8; cap as usize])
+    );
+    let most = compute_node::limits::batch_get_keys(cap);
+    assert!((most as u64) < rows, "{most} keys");
+    let keys: Vec<u64> = (0..most as u64).collect();
+    let got = client.batch_get(t, "wide", &keys).await.unwrap();
+    assert!(
+        got.iter()
+            .all(|v| v.as_ref().map(Vec::len) == Some(cap as usize))
+    );
+    let all: Vec<u64> = (0..rows).collect();
+    expect_code(
+        client.batch_get(t, "wide", &all).await.map(|v| v.len()),
+        Code::InvalidArgument,
+        "ask in several calls",
+    );
+    client.commit(t).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -106,8 +106,9 @@ async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Lin
         }
         (Line::Kv(cmd), Some(t)) => {
             if let Err(e) = one(client, t, table, cmd).await {
-                // A failure that keeps the transaction says so (see the .proto).
-                if !format!("{e}").contains("still open") {
+                // A failure that keeps the transaction says so (see the .proto), in
+                // the status, under any context `one` added.
+                if !format!("{e:#}").contains("still open") {
                     *open = None;
                     return Err(e.context("the transaction has ended"));
                 }

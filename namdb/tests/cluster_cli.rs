@@ -357,6 +357,43 @@ fn the_shell_runs_single_commands_and_explicit_transactions() {
     // The open transaction at the end of input was aborted.
     let missing = namdb(c.cwd(), &["kv", "get", "5"]);
     assert_eq!(missing.status.code(), Some(1));
+
+    // Puts refused for their size, over the table's value cap (256) or over the gRPC
+    // message limit (4 MiB), leave the transaction open: the others commit.
+    let mut shell = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(c.cwd())
+        .arg("shell")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut script = b"begin\nput 20 first\nput 21 ".to_vec();
+    script.extend(vec![b'v'; 300]);
+    script.extend(b"\nput 22 ");
+    script.extend(vec![b'w'; 5 << 20]);
+    script.extend(b"\nput 23 last\ncommit\n");
+    let mut stdin = shell.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&script));
+    let o = shell.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    let said = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{said}");
+    assert_eq!(stdout(&o), "begun\ncommitted\n", "{said}");
+    assert!(
+        said.contains("exceeds the table's value cap of 256 bytes"),
+        "{said}"
+    );
+    assert!(said.contains("limit of 4194304 bytes (4 MiB)"), "{said}");
+    assert!(!said.contains("has ended"), "{said}");
+    assert!(
+        said.ends_with("namdb shell: 2 lines failed (3, 4)\n"),
+        "{said}"
+    );
+    for (key, value) in [("20", "first\n"), ("23", "last\n")] {
+        let o = namdb(c.cwd(), &["kv", "get", key]);
+        assert_eq!(stdout(&o), value, "{}", stderr(&o));
+    }
 }
 
 #[test]

@@ -992,8 +992,9 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
         .find(|p| p.name == name)
     else {
         bail!(
-            "the cluster in {} has no process named `{name}`; its processes are {}",
+            "the cluster in {} has no process named `{}`; its processes are {}",
             dir.display(),
+            txn::echo(name),
             names.join(", ")
         );
     };

@@ -310,10 +310,15 @@ pub fn failed(what: &str, s: &Status) -> anyhow::Error {
 fn put_failed(table: &str, s: &Status) -> anyhow::Error {
     let e = failed("put", s);
     if s.code() == tonic::Code::InvalidArgument && s.message().contains("value cap") {
+        let made_by = if table == DEFAULT_TABLE {
+            "`namdb cluster up --value-cap BYTES` sets the `kv` table's (256 unless given)"
+        } else {
+            "`namdb kv create-table NAME --value-cap BYTES` makes a table with a larger one"
+        };
         e.context(format!(
-            "table `{table}` takes no larger values: a table's value cap is fixed when it is \
-             made, and `namdb cluster up --value-cap BYTES` sets the `kv` table's (256 unless \
-             given)"
+            "table `{}` takes no larger values: a table's value cap is fixed when it is \
+             made, and {made_by}",
+            txn::echo(table)
         ))
     } else {
         e
@@ -357,7 +362,7 @@ pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Re
         KvCommand::Get { key } => match client.get(t, table, key).await {
             Ok(Some(value)) => println!("{}", show(&value)),
             Ok(None) => {
-                eprintln!("not found: key {key} in table {table}");
+                eprintln!("not found: key {key} in table {}", txn::echo(table));
                 return Ok(ExitCode::from(1));
             }
             Err(s) => return Err(failed("get", &s)),
@@ -366,7 +371,10 @@ pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Re
             let bytes = if hex {
                 let digits = value.strip_prefix("0x").unwrap_or(&value);
                 hex::decode(digits).with_context(|| {
-                    format!("--hex: `{value}` is not hex (two digits a byte, e.g. 00ff10)")
+                    format!(
+                        "--hex: `{}` is not hex (two digits a byte, e.g. 00ff10)",
+                        txn::echo(&value)
+                    )
                 })?
             } else {
                 value.into_bytes()
@@ -414,6 +422,14 @@ mod tests {
         );
         let other = crate::error_report(&put_failed("kv", &Status::invalid_argument("no table")));
         assert!(!other.contains("--value-cap"), "{other}");
+        let made = crate::error_report(&put_failed("other", &s));
+        assert!(made.contains("kv create-table NAME --value-cap"), "{made}");
+        // A table name is shown bounded, however long it is.
+        let long = crate::error_report(&put_failed(&"t".repeat(10_000), &s));
+        assert!(
+            long.len() < 1_000 && long.contains("(10000 bytes)"),
+            "{long}"
+        );
     }
 
     #[test]

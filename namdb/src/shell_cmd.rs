@@ -47,7 +47,7 @@ enum Line {
 fn key(word: Option<&str>) -> Result<u64, String> {
     let word = word.ok_or("a key is missing")?;
     word.parse()
-        .map_err(|_| format!("`{word}` is not a key (a whole number)"))
+        .map_err(|_| format!("`{}` is not a key (a whole number)", txn::echo(word)))
 }
 
 fn parse(line: &str) -> Result<Line, String> {
@@ -90,10 +90,18 @@ fn parse(line: &str) -> Result<Line, String> {
         "abort" => Line::Abort,
         "help" | "?" => Line::Help,
         "quit" | "exit" => Line::Quit,
-        other => return Err(format!("unknown command `{other}`; `help` lists them")),
+        other => {
+            return Err(format!(
+                "unknown command `{}`; `help` lists them",
+                txn::echo(other)
+            ));
+        }
     };
     match words.next() {
-        Some(extra) => Err(format!("`{extra}` is one word too many for `{command}`")),
+        Some(extra) => Err(format!(
+            "`{}` is one word too many for `{command}`",
+            txn::echo(extra)
+        )),
         None => Ok(parsed),
     }
 }
@@ -260,6 +268,18 @@ mod tests {
         assert!(parse("put 1").unwrap_err().contains("value"));
         assert!(parse("get 1 2").unwrap_err().contains("too many"));
         assert!(parse("frobnicate").unwrap_err().contains("help"));
+    }
+
+    #[test]
+    fn words_of_any_length_are_shown_bounded() {
+        let long = "x".repeat(100_000);
+        for line in [format!("get {long}"), long.clone(), format!("get 1 {long}")] {
+            let said = parse(&line).unwrap_err();
+            assert!(
+                said.len() < 300 && said.contains("(100000 bytes)"),
+                "{said}"
+            );
+        }
     }
 
     #[test]

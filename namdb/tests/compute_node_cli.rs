@@ -203,6 +203,26 @@ async fn transactions_admin_and_bad_requests_through_a_compute_node_process() {
     // Bad requests get their status and leave the transaction open.
     let s = expect_code(client.get(t, "nosuch", 1).await, Code::NotFound, "nosuch");
     assert!(s.message().contains("still open"), "{s:?}");
+    // A name no table can have (at most 64 bytes) is shown cut short.
+    let long = "n".repeat(10_000);
+    let s = expect_code(
+        client.get(t, &long, 1).await,
+        Code::NotFound,
+        "table names have at most 64 bytes",
+    );
+    assert!(
+        s.message().len() < 300 && s.message().contains("… (10000 bytes)"),
+        "{s:?}"
+    );
+    assert!(s.message().contains("still open"), "{s:?}");
+    for name in [long.as_str(), &"n".repeat(65)] {
+        let s = expect_code(
+            client.create_table(name, VALUE_CAP, 16).await,
+            Code::InvalidArgument,
+            "a table name has 1 to 64 bytes",
+        );
+        assert!(s.message().len() < 300, "{s:?}");
+    }
     expect_code(
         client
             .put(t, TABLE, 3, vec![0; VALUE_CAP as usize + 1])

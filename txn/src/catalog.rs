@@ -225,9 +225,9 @@ pub enum CatalogError {
     ClusterLost { why: String },
     #[error("invalid: {0}")]
     Invalid(String),
-    #[error("table {0} exists")]
+    #[error("table {} exists", crate::echo(.0))]
     TableExists(String),
-    #[error("table {0} not found")]
+    #[error("table {} not found", crate::echo(.0))]
     NotFound(String),
     #[error("the catalog is full: {0} tables")]
     CatalogFull(u32),
@@ -1501,7 +1501,8 @@ struct Plan {
 fn check_name(name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_NAME || name.contains('\0') {
         return Err(CatalogError::Invalid(format!(
-            "table name {name:?} must be 1..={MAX_NAME} bytes without NUL"
+            "a table name has 1 to {MAX_NAME} bytes without NUL, not `{}`",
+            crate::echo(name)
         )));
     }
     Ok(())

@@ -7,6 +7,29 @@ use fabric::FabricError;
 use thiserror::Error;
 use timestamp::OracleError;
 
+/// Characters of a client's input (a table name, a word of a command) an error message
+/// shows at most: every legal table name whole (at most
+/// [`MAX_NAME`](crate::catalog::MAX_NAME) bytes).
+pub const ECHO_CHARS: usize = 64;
+
+/// `input` as an error message shows it: control characters escaped, so the message
+/// stays one line, and cut after [`ECHO_CHARS`] characters with an ellipsis and its full
+/// length, so a megabyte of input does not make a megabyte of message.
+pub fn echo(input: &str) -> String {
+    let mut shown = String::new();
+    for c in input.chars().take(ECHO_CHARS) {
+        if c.is_control() {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    if input.chars().nth(ECHO_CHARS).is_some() {
+        shown.push_str(&format!("… ({} bytes)", input.len()));
+    }
+    shown
+}
+
 #[derive(Debug, Error)]
 pub enum TxnError {
     /// The transaction lost a write-write conflict (first committer wins, or a record
@@ -78,7 +101,7 @@ impl From<CatalogError> for TxnError {
         match e {
             CatalogError::Fabric(f) => TxnError::Fabric(f),
             CatalogError::Layout(l) => TxnError::Layout(l),
-            CatalogError::NotFound(name) => TxnError::NotFound(format!("table {name}")),
+            CatalogError::NotFound(name) => TxnError::NotFound(format!("table {}", echo(&name))),
             e => TxnError::Catalog(e),
         }
     }
@@ -105,3 +128,22 @@ impl TxnError {
 }
 
 pub type Result<T, E = TxnError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod echo_tests {
+    use super::*;
+
+    #[test]
+    fn echo_bounds_and_escapes_input() {
+        assert_eq!(echo("accounts"), "accounts");
+        assert_eq!(echo(""), "");
+        let name = "n".repeat(ECHO_CHARS);
+        assert_eq!(echo(&name), name);
+        let long = "é".repeat(10_000);
+        let shown = echo(&long);
+        assert_eq!(shown, format!("{}… (20000 bytes)", "é".repeat(ECHO_CHARS)));
+        assert_eq!(echo("a\nb\0"), "a\\nb\\u{0}");
+        // Escaping cannot make a message unbounded either.
+        assert!(echo(&"\u{1}".repeat(100_000)).len() < 64 * 8 + 32);
+    }
+}

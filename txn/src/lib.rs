@@ -53,7 +53,7 @@ mod worker;
 
 pub use catalog::{Placement, ServerRegions, TableSpec};
 pub use durable::{PersistRange, PersistStatus, Persistence};
-pub use error::{Result, TxnError};
+pub use error::{ECHO_CHARS, Result, TxnError, echo};
 pub use recovery::{LockedRecord, RecoveryReport};
 pub use restart::RestartReport;
 pub use snapshot::{Snapshot, Stripe};

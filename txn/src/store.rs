@@ -434,9 +434,12 @@ impl Database {
         let shape = BlockShape::new(spec.versions, spec.value_cap)?;
         if spec.name.is_empty() || spec.name.len() > crate::catalog::MAX_NAME {
             return Err(TxnError::Invalid(format!(
-                "a table name has 1 to {} bytes, got {:?}",
+                "a table name has 1 to {} bytes, not {}",
                 crate::catalog::MAX_NAME,
-                spec.name
+                match spec.name.len() {
+                    0 => "0".to_string(),
+                    n => format!("{n} (`{}`)", crate::echo(&spec.name)),
+                }
             )));
         }
         if spec.capacity == 0 {
@@ -484,6 +487,14 @@ impl Database {
 
     /// The table called `name`, from the catalog (created by any compute node).
     pub fn table(&self, name: &str) -> Result<Arc<Table>> {
+        // No table has such a name: said without reading the catalog.
+        if name.len() > crate::catalog::MAX_NAME {
+            return Err(TxnError::NotFound(format!(
+                "table {}: table names have at most {} bytes",
+                crate::echo(name),
+                crate::catalog::MAX_NAME
+            )));
+        }
         if let Some(t) = lock(&self.shared.tables)
             .iter()
             .flatten()
@@ -497,7 +508,9 @@ impl Database {
         };
         match def {
             Ok(def) => Ok(self.remember(def)),
-            Err(CatalogError::NotFound(_)) => Err(TxnError::NotFound(format!("table {name}"))),
+            Err(CatalogError::NotFound(_)) => {
+                Err(TxnError::NotFound(format!("table {}", crate::echo(name))))
+            }
             Err(e) => Err(e.into()),
         }
     }

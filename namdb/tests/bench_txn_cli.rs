@@ -137,6 +137,63 @@ fn list_append_history_verifies() {
     verifies(&history);
 }
 
+/// Commits acknowledged before they are visible break real-time order, as the flag
+/// says: the history says so in its first line, and verify skips only that check.
+#[test]
+fn a_no_wait_visible_history_verifies_without_the_real_time_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("h.jsonl");
+    let o = common::namdb_here(&[
+        "bench",
+        "txn",
+        "--workload",
+        "list-append",
+        "--keys",
+        "10",
+        "--coroutines",
+        "8",
+        "--duration",
+        "1",
+        "--no-wait-visible",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    assert!(
+        common::stderr(&o).contains("`namdb verify` skips its real-time check"),
+        "{}",
+        common::text(&o)
+    );
+    let recorded = std::fs::read_to_string(&history).unwrap();
+    let first: Value = serde_json::from_str(recorded.lines().next().unwrap()).unwrap();
+    assert_eq!(first["header"]["real_time"], Value::Bool(false), "{first}");
+    let said = common::ok(Path::new("."), &["verify", history.to_str().unwrap()]);
+    assert!(
+        said.contains("real-time order not checked")
+            && said.contains("--no-wait-visible")
+            && said
+                .contains("verdict: VALID under snapshot isolation (real-time order not checked)"),
+        "{said}"
+    );
+    // Every other check still ran: the transactions were all checked.
+    assert!(
+        !said.contains("white-box (system timestamps): skipped"),
+        "{said}"
+    );
+    let o = common::namdb_here(&[
+        "bench",
+        "txn",
+        "--cluster",
+        "nonexistent.json",
+        "--no-wait-visible",
+    ]);
+    assert!(
+        !o.status.success() && common::stderr(&o).contains("embedded cluster only"),
+        "{}",
+        common::text(&o)
+    );
+}
+
 #[test]
 fn list_append_on_few_keys_sizes_its_lists_and_stops_when_one_is_full() {
     let dir = tempfile::tempdir().unwrap();

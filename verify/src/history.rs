@@ -12,6 +12,13 @@
 //! would otherwise silently switch a check off. `rid`, `cid`, `begin_ns`, `end_ns`,
 //! `error` and a read's `version` are optional; without timestamps only the black-box
 //! checker and the value check of register reads have anything to work with.
+//!
+//! The first line may instead be a [`Header`], saying what the system that recorded the
+//! history promised; without one, it promised everything the checkers check:
+//!
+//! ```text
+//! {"header": {"real_time": false, "why": "recorded by namdb bench txn --no-wait-visible: …"}}
+//! ```
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
@@ -28,6 +35,33 @@ pub enum Status {
     /// The client never learnt the outcome (e.g. the commit timed out): its writes may or
     /// may not have taken effect.
     Unknown,
+}
+
+/// What a history's recorder promised, from its first line (`{"header": {…}}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Header {
+    /// Whether a transaction sees every commit that returned before it began. False
+    /// when commits were acknowledged before they were visible: the real-time check
+    /// is then skipped (and says so), every other check still runs.
+    pub real_time: bool,
+    /// Why, in words `namdb verify` repeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeaderLine {
+    header: Header,
+}
+
+/// Whether `line` is meant as a header: an object whose first key is `header`.
+fn looks_like_header(line: &[u8]) -> bool {
+    let trimmed = line.trim_ascii_start();
+    trimmed
+        .strip_prefix(b"{")
+        .is_some_and(|rest| rest.trim_ascii_start().starts_with(b"\"header\""))
 }
 
 /// One transaction of a history.
@@ -297,6 +331,9 @@ pub struct HistoryReader<R> {
     input: R,
     buf: Vec<u8>,
     line: u64,
+    /// A line other than a blank one was read: a header may no longer come.
+    started: bool,
+    header: Option<Header>,
 }
 
 impl<R: BufRead> HistoryReader<R> {
@@ -305,7 +342,14 @@ impl<R: BufRead> HistoryReader<R> {
             input,
             buf: Vec::new(),
             line: 0,
+            started: false,
+            header: None,
         }
+    }
+
+    /// The history's header, once the reader is past its first line.
+    pub fn header(&self) -> Option<&Header> {
+        self.header.as_ref()
     }
 
     /// The line the last transaction returned was read from.
@@ -333,6 +377,22 @@ impl<R: BufRead> Iterator for HistoryReader<R> {
             }
             if self.buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
+            }
+            let first = !std::mem::replace(&mut self.started, true);
+            if looks_like_header(&self.buf) {
+                if !first {
+                    return Some(Err(HistoryError::Invalid {
+                        line: self.line,
+                        message: "a header ({\"header\": …}) may only be the first line".into(),
+                    }));
+                }
+                match serde_json::from_slice::<HeaderLine>(&self.buf) {
+                    Ok(h) => {
+                        self.header = Some(h.header);
+                        continue;
+                    }
+                    Err(e) => return Some(Err(parse_error(self.line, &e))),
+                }
             }
             return Some(serde_json::from_slice(&self.buf).map_err(|e| parse_error(self.line, &e)));
         }
@@ -365,6 +425,17 @@ impl<W: Write> JsonlWriter<W> {
         JsonlWriter { out }
     }
 
+    /// Writes the header; before any transaction, since only the first line may be one.
+    pub fn write_header(&mut self, header: &Header) -> io::Result<()> {
+        serde_json::to_writer(
+            &mut self.out,
+            &HeaderLine {
+                header: header.clone(),
+            },
+        )?;
+        self.out.write_all(b"\n")
+    }
+
     pub fn write(&mut self, txn: &Txn) -> io::Result<()> {
         serde_json::to_writer(&mut self.out, txn)?;
         self.out.write_all(b"\n")
@@ -382,6 +453,40 @@ mod tests {
 
     fn parse_all(text: &str) -> Result<Vec<Txn>, HistoryError> {
         HistoryReader::new(text.as_bytes()).collect()
+    }
+
+    #[test]
+    fn a_header_is_read_from_the_first_line_only() {
+        let mut w = JsonlWriter::new(Vec::new());
+        let header = Header {
+            real_time: false,
+            why: Some("no wait".into()),
+        };
+        w.write_header(&header).unwrap();
+        w.write(&Txn::new(1, 1, Status::Committed)).unwrap();
+        let text = String::from_utf8(w.into_inner()).unwrap();
+        let input = format!("\n{text}");
+        let mut reader = HistoryReader::new(input.as_bytes());
+        let txns: Vec<Txn> = reader.by_ref().map(|t| t.unwrap()).collect();
+        assert_eq!(txns, [Txn::new(1, 1, Status::Committed)]);
+        assert_eq!(reader.header(), Some(&header));
+        // Not after a transaction.
+        let late = format!(
+            "{}\n{}",
+            r#"{"id": 1, "session": 1, "status": "committed"}"#, text
+        );
+        let e = parse_all(&late).unwrap_err();
+        assert!(e.to_string().contains("line 2: a header"), "{e}");
+        // As strict as a transaction.
+        let e = parse_all(r#"{"header": {"real_time": false, "realtime": true}}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `realtime`"), "{e}");
+        let e = parse_all(r#"{"header": {"why": "x"}}"#).unwrap_err();
+        assert!(e.to_string().contains("missing field `real_time`"), "{e}");
+        // A history without one has none.
+        let mut plain =
+            HistoryReader::new(&b"{\"id\": 1, \"session\": 1, \"status\": \"aborted\"}"[..]);
+        assert!(plain.next().unwrap().is_ok());
+        assert_eq!(plain.header(), None);
     }
 
     #[test]

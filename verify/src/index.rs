@@ -12,7 +12,7 @@
 //! the transaction's own earlier reads and writes of the key (`internal`).
 
 use crate::anomaly::{AnomalyKind, Explained, Findings, show_list};
-use crate::history::{HistoryError, HistoryReader, Op, ReadValue, Status, Txn};
+use crate::history::{Header, HistoryError, HistoryReader, Op, ReadValue, Status, Txn};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::BufRead;
 
@@ -124,6 +124,8 @@ pub struct HistoryIndex {
     /// `internal` and `incompatible-order` anomalies.
     pub(crate) findings: Findings,
     stats: HistoryStats,
+    /// What the recorder promised (the history's first line), if it said.
+    header: Option<Header>,
 }
 
 impl HistoryIndex {
@@ -144,6 +146,28 @@ impl HistoryIndex {
 
     pub fn stats(&self) -> &HistoryStats {
         &self.stats
+    }
+
+    pub fn header(&self) -> Option<&Header> {
+        self.header.as_ref()
+    }
+
+    /// Why the real-time check does not apply, if the recorder said it does not.
+    pub fn real_time_waived(&self) -> Option<String> {
+        match &self.header {
+            Some(h) if !h.real_time => Some(
+                h.why
+                    .clone()
+                    .unwrap_or_else(|| "its header says real_time: false".into()),
+            ),
+            _ => None,
+        }
+    }
+
+    /// The index with `header`, as a history whose first line it was.
+    pub fn with_header(mut self, header: Option<Header>) -> HistoryIndex {
+        self.header = header;
+        self
     }
 
     pub(crate) fn key_id(&self, name: &str) -> Option<u32> {
@@ -223,6 +247,7 @@ impl IndexBuilder {
                 appends: HashMap::new(),
                 findings: Findings::new(max_examples),
                 stats: HistoryStats::default(),
+                header: None,
             },
             key_ids: HashMap::new(),
             txn_ids: HashSet::new(),
@@ -569,7 +594,7 @@ pub fn load_jsonl(input: impl BufRead, max_examples: usize) -> Result<HistoryInd
             message: e.to_string(),
         })?;
     }
-    Ok(builder.finish())
+    Ok(builder.finish().with_header(reader.header().cloned()))
 }
 
 #[cfg(test)]

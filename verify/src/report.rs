@@ -135,14 +135,23 @@ impl fmt::Display for Report {
             s.writes
         )?;
         match &self.whitebox {
-            Ok(w) => writeln!(
-                f,
-                "white-box (system timestamps): {} reads checked against {} committed versions \
-                 [{:.2} s]",
-                w.reads_checked,
-                w.versions,
-                self.whitebox_time.as_secs_f64()
-            )?,
+            Ok(w) => {
+                writeln!(
+                    f,
+                    "white-box (system timestamps): {} reads checked against {} committed \
+                     versions [{:.2} s]",
+                    w.reads_checked,
+                    w.versions,
+                    self.whitebox_time.as_secs_f64()
+                )?;
+                if let Some(why) = &w.real_time_skipped {
+                    writeln!(
+                        f,
+                        "  real-time order not checked (a transaction need not see a commit \
+                         that returned before it began): {why}"
+                    )?;
+                }
+            }
             Err(reason) => writeln!(f, "white-box (system timestamps): skipped, {reason}")?,
         }
         if let Some(r) = &self.registers
@@ -221,7 +230,12 @@ impl fmt::Display for Report {
         if !counts.is_empty() {
             writeln!(f, "\ncounts: {}", counts.join(", "))?;
         }
-        let model = self.model.name();
+        let model = match &self.whitebox {
+            Ok(w) if w.real_time_skipped.is_some() => {
+                format!("{} (real-time order not checked)", self.model.name())
+            }
+            _ => self.model.name().to_string(),
+        };
         match self.verdict() {
             Verdict::Valid => writeln!(f, "verdict: VALID under {model}"),
             Verdict::Inconclusive => {

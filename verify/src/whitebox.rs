@@ -35,10 +35,14 @@ pub fn check(index: &HistoryIndex, findings: &mut Findings) -> Result<WhiteBoxSu
     checker.first_committer_wins();
     let reads = checker.reads();
     checker.sessions();
-    checker.real_time();
+    let real_time_skipped = index.real_time_waived();
+    if real_time_skipped.is_none() {
+        checker.real_time();
+    }
     Ok(WhiteBoxSummary {
         reads_checked: reads,
         versions: versions.iter().map(|v| v.cids.len() as u64).sum(),
+        real_time_skipped,
     })
 }
 
@@ -47,6 +51,9 @@ pub fn check(index: &HistoryIndex, findings: &mut Findings) -> Result<WhiteBoxSu
 pub struct WhiteBoxSummary {
     pub reads_checked: u64,
     pub versions: u64,
+    /// Why the real-time check did not run: the history's header said its recorder
+    /// acknowledged commits before they were visible.
+    pub real_time_skipped: Option<String>,
 }
 
 /// The white-box rules need a CID for every committed write and an RID for every read.
@@ -768,6 +775,37 @@ mod tests {
         let findings = run(txns);
         assert_eq!(kinds(&findings), vec![(AnomalyKind::RealTime, 1)]);
         assert!(first_summary(&findings).contains("after T5's commit (cid 3)"));
+    }
+
+    #[test]
+    fn a_header_without_real_time_skips_only_that_check() {
+        let mut txns = valid();
+        txns.push(ts(6, 9, Committed, 1, None, vec![r("x", reg(10))]));
+        txns[5].begin_ns = Some(1000);
+        // And a session that missed its own commit, which is still found.
+        txns.push(ts(7, 1, Committed, 0, None, vec![]));
+        txns[6].begin_ns = Some(2000);
+        let header = crate::history::Header {
+            real_time: false,
+            why: Some("commits returned before they were visible".into()),
+        };
+        let index = HistoryIndex::from_txns(txns)
+            .expect("indexes")
+            .with_header(Some(header));
+        let mut findings = Findings::default();
+        let summary = check(&index, &mut findings).expect("white-box runs");
+        assert_eq!(kinds(&findings), vec![(AnomalyKind::Session, 1)]);
+        assert_eq!(
+            summary.real_time_skipped.as_deref(),
+            Some("commits returned before they were visible")
+        );
+        let report = crate::report::check(&index, crate::report::Model::SnapshotIsolation);
+        let shown = report.to_string();
+        assert!(
+            shown.contains("real-time order not checked")
+                && shown.contains("before they were visible"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -43,6 +43,11 @@ pub fn run(args: &TxnArgs, file: &Path) -> Result<Report> {
          --cluster cannot record (the API does not return the versions reads saw)"
     );
     ensure!(
+        !args.no_wait_visible,
+        "--no-wait-visible applies to the embedded cluster only: a compute node's commits \
+         always wait until they are visible; run without --cluster"
+    );
+    ensure!(
         args.history.is_none(),
         "--history cannot be recorded through gRPC (the API does not return the versions \
          reads saw); run without --cluster"

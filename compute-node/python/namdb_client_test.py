@@ -145,6 +145,47 @@ def main():
     check(limited == [42, 1000, 1001], "scan with limit 3: %s" % limited)
     stub.Commit(pb.TxnRequest(txn=t), metadata=auth)
 
+    # Bad input as another language's client can send it: each refused with a status a
+    # user can act on, and the transaction left open.
+    t = stub.Begin(pb.BeginRequest(), metadata=auth).txn
+    code, details = status_of(
+        lambda: stub.Put(
+            pb.WriteRequest(txn=t, table=table, key=1, value=b"x" * (5 << 20)),
+            metadata=auth,
+        )
+    )
+    check(
+        code == grpc.StatusCode.INVALID_ARGUMENT and "4194304" in details,
+        "a 5 MiB put -> INVALID_ARGUMENT naming the limit (%s)" % details,
+    )
+    code, details = status_of(lambda: stub.Get(pb.GetRequest(txn=t, key=1), metadata=auth))
+    check(
+        code == grpc.StatusCode.INVALID_ARGUMENT and "empty" in details,
+        "no table -> INVALID_ARGUMENT (%s)" % details,
+    )
+    code, details = status_of(
+        lambda: stub.Get(pb.GetRequest(table=table, key=1), metadata=auth)
+    )
+    check(
+        code == grpc.StatusCode.NOT_FOUND and "`txn` set" in details,
+        "no txn -> NOT_FOUND asking whether txn is set (%s)" % details,
+    )
+    # A message the generated stubs would not send: field 2 (table) holding bytes that
+    # are not UTF-8.
+    raw_get = channel.unary_unary(
+        "/namdb.compute.v1.Compute/Get",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    code, details = status_of(lambda: raw_get(b"\x12\x02\xff\xfe", metadata=auth))
+    check(
+        code == grpc.StatusCode.INVALID_ARGUMENT and "GetRequest.table" in details,
+        "an undecodable request -> INVALID_ARGUMENT naming the field (%s)" % details,
+    )
+    got = stub.Get(pb.GetRequest(txn=t, table=table, key=42), metadata=auth)
+    check(got.found, "the transaction is still open after the bad requests")
+    stub.Abort(pb.TxnRequest(txn=t), metadata=auth)
+
     stats = stub.Stats(pb.StatsRequest(), metadata=auth)
     check(stats.conflicts >= 1, "stats count the conflict (%d)" % stats.conflicts)
 

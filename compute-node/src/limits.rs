@@ -1,9 +1,11 @@
-//! The size of the API's messages. gRPC libraries refuse a received message over 4 MiB
-//! unless told otherwise (tonic, grpcio, grpc-java, grpc-go alike), so the node keeps
-//! to that limit both ways: any client reads its answers with default settings, and a
-//! request over it, which no legal request is (a value is at most its table's value
-//! cap, far below it), gets an answer that says what to do instead of the codec's
-//! "decoded message length too large".
+//! The size of the API's messages, and what a client is told when the codec refuses
+//! one. gRPC libraries refuse a received message over 4 MiB unless told otherwise
+//! (tonic, grpcio, grpc-java, grpc-go alike), so the node keeps to that limit both ways:
+//! any client reads its answers with default settings, and a request over it, which no
+//! legal request is (a value is at most its table's value cap, far below it), gets an
+//! answer that says what to do instead of the codec's "decoded message length too
+//! large". A request that does not decode is the client's mistake: INVALID_ARGUMENT, not
+//! the codec's INTERNAL.
 
 use crate::proto;
 use std::pin::Pin;
@@ -75,40 +77,55 @@ pub fn too_large(found: Option<u64>) -> Status {
     ))
 }
 
-/// Replaces tonic's answer to a request over the decoding limit (OUT_OF_RANGE, "Error,
-/// decoded message length too large: found N bytes, …") in the trailers-only headers of
-/// `response` by [`too_large`]. The service itself never answers OUT_OF_RANGE.
+/// What a client is told when its request does not decode (`why`: prost's words, which
+/// name the field): a client's mistake, not the node's, which INTERNAL would suggest.
+pub fn undecodable(why: &str) -> Status {
+    Status::invalid_argument(format!(
+        "the request is not a valid namdb.compute.v1 message ({why}) and was not run; the \
+         transaction is still open: send messages built from compute.proto (strings UTF-8, \
+         each field of its declared type)"
+    ))
+}
+
+/// Replaces the codec's answers to a request it refused, in the trailers-only headers
+/// of `response`: over the decoding limit (OUT_OF_RANGE, "Error, decoded message length
+/// too large: found N bytes, …") by [`too_large`], and not decodable (INTERNAL, "failed
+/// to decode Protobuf message: …") by [`undecodable`]. The service itself never answers
+/// OUT_OF_RANGE, nor INTERNAL in those words.
 fn explain(response: &mut http::Response<Body>) {
+    const UNDECODABLE: &str = "failed to decode Protobuf message: ";
     let Some(status) = Status::from_header_map(response.headers()) else {
         return;
     };
-    if status.code() != Code::OutOfRange
-        || !status
-            .message()
-            .contains("decoded message length too large")
-    {
-        return;
-    }
-    let found = status
-        .message()
-        .split("found ")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok());
+    let message = status.message();
+    let clear = match status.code() {
+        Code::OutOfRange if message.contains("decoded message length too large") => {
+            let found = message
+                .split("found ")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|n| n.parse().ok());
+            too_large(found)
+        }
+        Code::Internal if message.starts_with(UNDECODABLE) => {
+            undecodable(&message[UNDECODABLE.len()..])
+        }
+        _ => return,
+    };
     // Headers made from a status's own words always encode.
-    let _ = too_large(found).add_header(response.headers_mut());
+    let _ = clear.add_header(response.headers_mut());
 }
 
-/// A gRPC service whose answers to over-limit requests say what to do (see
+/// A gRPC service whose answers to requests the codec refused say what to do (see
 /// [`explain`]).
 #[derive(Clone)]
-pub struct ExplainLimits<S>(pub S);
+pub struct ExplainCodec<S>(pub S);
 
-impl<S: NamedService> NamedService for ExplainLimits<S> {
+impl<S: NamedService> NamedService for ExplainCodec<S> {
     const NAME: &'static str = S::NAME;
 }
 
-impl<S, B> tonic::codegen::Service<http::Request<B>> for ExplainLimits<S>
+impl<S, B> tonic::codegen::Service<http::Request<B>> for ExplainCodec<S>
 where
     S: tonic::codegen::Service<http::Request<B>, Response = http::Response<Body>>,
     S::Future: Send + 'static,
@@ -208,7 +225,27 @@ mod tests {
             "{}",
             status.message()
         );
-        // Another status passes unchanged.
+        let mut response: http::Response<Body> = Status::internal(
+            "failed to decode Protobuf message: GetRequest.table: invalid string value: data is not UTF-8 encoded",
+        )
+        .into_http();
+        explain(&mut response);
+        let status = Status::from_header_map(response.headers()).unwrap();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(
+            status
+                .message()
+                .contains("(GetRequest.table: invalid string value")
+                && status.message().contains("compute.proto"),
+            "{}",
+            status.message()
+        );
+        // Another status passes unchanged, an INTERNAL of the service's too.
+        let mut other: http::Response<Body> =
+            Status::internal("a block does not decode").into_http();
+        explain(&mut other);
+        let status = Status::from_header_map(other.headers()).unwrap();
+        assert_eq!(status.code(), Code::Internal);
         let mut other: http::Response<Body> = Status::not_found("no table").into_http();
         explain(&mut other);
         let status = Status::from_header_map(other.headers()).unwrap();

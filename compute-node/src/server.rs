@@ -2,7 +2,7 @@
 //! then stop taking calls, let the running ones finish, and abort what is open.
 
 use crate::auth::Authenticate;
-use crate::limits::{ExplainLimits, MAX_MESSAGE_BYTES};
+use crate::limits::{ExplainCodec, MAX_MESSAGE_BYTES};
 use crate::metrics::Metrics;
 use crate::proto::compute_server::ComputeServer;
 use crate::reconnect::Node;
@@ -69,7 +69,7 @@ impl Server {
             .with_keepalive(Some(Duration::from_secs(60)));
         let metrics = Arc::new(Metrics::default());
         let service = InterceptedService::new(
-            ExplainLimits(
+            ExplainCodec(
                 ComputeServer::new(ComputeService::new(node, metrics.clone()))
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),

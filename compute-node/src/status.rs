@@ -102,8 +102,14 @@ pub fn status_of(e: &TxnError, fate: Fate) -> Status {
 
 /// The status of a transaction handle the node does not hold.
 pub fn unknown_transaction(handle: u64, idle_timeout: std::time::Duration) -> Status {
+    // 0 is what a request whose `txn` field was never set carries.
+    let unset = if handle == 0 {
+        " (is the request's `txn` set to the handle Begin returned?)"
+    } else {
+        ""
+    };
     Status::not_found(format!(
-        "unknown transaction {handle:#x}: it committed, aborted, expired after {idle_timeout:?} without a request, or never existed"
+        "unknown transaction {handle:#x}{unset}: it committed, aborted, expired after {idle_timeout:?} without a request, or never existed"
     ))
 }
 
@@ -218,5 +224,8 @@ mod tests {
         let s = unknown_transaction(0x12, std::time::Duration::from_millis(300));
         assert_eq!(s.code(), Code::NotFound);
         assert!(s.message().contains("expired"), "{}", s.message());
+        assert!(!s.message().contains("set"), "{}", s.message());
+        let s = unknown_transaction(0, std::time::Duration::from_millis(300));
+        assert!(s.message().contains("`txn` set"), "{}", s.message());
     }
 }

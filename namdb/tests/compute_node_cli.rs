@@ -215,6 +215,57 @@ async fn transactions_admin_and_bad_requests_through_a_compute_node_process() {
         "{s:?}"
     );
     assert!(s.message().contains("still open"), "{s:?}");
+    // Fields left unset: an empty table name, transaction 0.
+    expect_code(
+        client.get(t, "", 1).await,
+        Code::InvalidArgument,
+        "name is empty",
+    );
+    let unset = Txn {
+        handle: 0,
+        read_timestamp: 0,
+    };
+    expect_code(
+        client.get(unset, TABLE, 1).await,
+        Code::NotFound,
+        "`txn` set",
+    );
+    // Tables that cannot be made are refused in terms of what to change.
+    let create = |name: &str, value_cap: u32, capacity: u64, versions: u32| {
+        let rpc = client.rpc();
+        let request = compute_node::proto::CreateTableRequest {
+            name: name.into(),
+            value_cap,
+            capacity,
+            versions,
+            partitions: 0,
+        };
+        async move { rpc.clone().create_table(request).await }
+    };
+    for (name, value_cap, capacity, versions, says) in [
+        ("a\nb", 8, 16, 0, "without control characters"),
+        (
+            "t1",
+            u32::MAX,
+            16,
+            0,
+            "values of up to 4294967295 bytes are too large",
+        ),
+        ("t2", 8, 16, 1_000_000, "too large even for empty values"),
+        (
+            "t3",
+            8,
+            u64::MAX,
+            0,
+            "a capacity of 18446744073709551615 records is too large",
+        ),
+    ] {
+        expect_code(
+            create(name, value_cap, capacity, versions).await,
+            Code::InvalidArgument,
+            says,
+        );
+    }
     for name in [long.as_str(), &"n".repeat(65)] {
         let s = expect_code(
             client.create_table(name, VALUE_CAP, 16).await,

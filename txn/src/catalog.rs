@@ -1544,8 +1544,9 @@ impl Plan {
         let too_large = || CatalogError::Invalid(format!("table {} is too large", spec.name));
         let index_bytes = check_index(spec.index).ok_or_else(|| {
             CatalogError::Invalid(format!(
-                "index of {} buckets of {} slots",
-                spec.index.buckets, spec.index.slots
+                "a capacity of {} records is too large (its index would have {} buckets of {} \
+                 slots)",
+                spec.capacity, spec.index.buckets, spec.index.slots
             ))
         })?;
         let per_part = blocks_per_partition(spec.capacity, spec.partitions);

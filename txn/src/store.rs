@@ -431,7 +431,18 @@ impl Database {
     /// Creates a table in the catalog: its partitions' arenas and indexes are carved out
     /// of the memory servers' data regions. `partitions: 0` means one per server.
     pub fn create_table(&self, mut spec: TableSpec) -> Result<Arc<Table>> {
-        let shape = BlockShape::new(spec.versions, spec.value_cap)?;
+        if spec.versions == 0 {
+            BlockShape::new(spec.versions, spec.value_cap)?;
+        }
+        // Control characters (a newline, a tab) would garble every listing of tables
+        // (`namdb kv tables` is TAB-separated) and every message naming one.
+        if spec.name.chars().any(char::is_control) {
+            return Err(TxnError::Invalid(format!(
+                "a table name is text without control characters (a newline, a tab, NUL), \
+                 not `{}`",
+                crate::echo(&spec.name)
+            )));
+        }
         if spec.name.is_empty() || spec.name.len() > crate::catalog::MAX_NAME {
             return Err(TxnError::Invalid(format!(
                 "a table name has 1 to {} bytes, not {}",
@@ -453,15 +464,28 @@ impl Database {
                 spec.index.bucket_bytes(),
             )));
         }
-        if shape.block_bytes() + 8 > scratch / 4 {
+        // A shape too large to describe at all (a value cap near 4 GiB) is refused in
+        // the same words as one too large for the buffer: what the caller can change is
+        // the value cap.
+        let fits = |value_cap| {
+            BlockShape::new(spec.versions, value_cap)
+                .is_ok_and(|s| s.block_bytes() + 8 <= scratch / 4)
+        };
+        if !fits(spec.value_cap) {
+            if !fits(0) {
+                return Err(TxnError::Invalid(format!(
+                    "a table of {} versions is too large even for empty values: a block must \
+                     fit a quarter of a transaction's {scratch}-byte buffer \
+                     (Options::scratch_bytes); keep fewer versions (4 by default)",
+                    spec.versions
+                )));
+            }
+            let largest = self.shared.options.largest_value_cap(spec.versions);
             return Err(TxnError::Invalid(format!(
                 "values of up to {} bytes are too large: a transaction here holds values of \
-                 up to {} bytes in a table of {} versions (a block of {} bytes must fit a \
-                 quarter of its {scratch}-byte buffer, Options::scratch_bytes)",
-                spec.value_cap,
-                self.shared.options.largest_value_cap(spec.versions),
-                spec.versions,
-                shape.block_bytes()
+                 up to {largest} bytes in a table of {} versions (a block must fit a quarter \
+                 of its {scratch}-byte buffer, Options::scratch_bytes)",
+                spec.value_cap, spec.versions,
             )));
         }
         if spec.partitions == 0 {
@@ -488,6 +512,11 @@ impl Database {
     /// The table called `name`, from the catalog (created by any compute node).
     pub fn table(&self, name: &str) -> Result<Arc<Table>> {
         // No table has such a name: said without reading the catalog.
+        if name.is_empty() {
+            return Err(TxnError::Invalid(
+                "no table named: the table name is empty (unset?)".into(),
+            ));
+        }
         if name.len() > crate::catalog::MAX_NAME {
             return Err(TxnError::NotFound(format!(
                 "table {}: table names have at most {} bytes",

@@ -684,13 +684,19 @@ fn drive(
                                         }
                                     }
                                     Err(e) => {
-                                        let reason = match &e {
-                                            TxnError::Conflict { .. } => &mut r.aborts.conflict,
+                                        // The history records the kind, as verify's
+                                        // own workloads do: the message names the key
+                                        // and snapshot, and `namdb verify` counts
+                                        // aborts by their `error`.
+                                        let (reason, kind) = match &e {
+                                            TxnError::Conflict { .. } => {
+                                                (&mut r.aborts.conflict, "conflict")
+                                            }
                                             TxnError::DuplicateKey { .. } => {
-                                                &mut r.aborts.duplicate_key
+                                                (&mut r.aborts.duplicate_key, "duplicate_key")
                                             }
                                             TxnError::SnapshotTooOld { .. } => {
-                                                &mut r.aborts.snapshot_too_old
+                                                (&mut r.aborts.snapshot_too_old, "snapshot_too_old")
                                             }
                                             TxnError::Layout(
                                                 txn::layout::LayoutError::ValueTooLarge { .. },
@@ -707,7 +713,7 @@ fn drive(
                                                         (finished - run_start).as_secs_f64()
                                                     ),
                                                 ));
-                                                &mut r.aborts.list_full
+                                                (&mut r.aborts.list_full, "list_full")
                                             }
                                             _ => return Err(e),
                                         };
@@ -716,7 +722,7 @@ fn drive(
                                             r.aborted += 1;
                                         }
                                         if let (Some(rec), Some(record)) = (recorder, record) {
-                                            rec.aborted(record, &e.to_string()).map_err(|e| {
+                                            rec.aborted(record, kind).map_err(|e| {
                                                 TxnError::Invalid(format!("recording: {e}"))
                                             })?;
                                         }

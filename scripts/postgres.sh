@@ -12,7 +12,8 @@
 #                                               the server (and delete DIR with --remove)
 #
 # Layout of DIR: data/ (the cluster), server.log, port (the port of the last start) and
-# the server's Unix socket. The server listens on 127.0.0.1:PORT (default: a free port,
+# the server's Unix socket; namdb, which has this script built in, writes its copy there
+# too (postgres.sh) and runs that. The server listens on 127.0.0.1:PORT (default: a free port,
 # or the one it had last time), trusts every local connection, and has the superuser
 # `namdb` and the database `tpcw`: the connection string is
 #     host=127.0.0.1 port=PORT user=namdb dbname=tpcw

@@ -162,9 +162,11 @@ pub struct TpcwArgs {
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(0..=1000))]
     pub htap_best_sellers_per_related: u32,
-    /// The script that installs and starts PostgreSQL.
-    #[arg(long, value_name = "FILE", default_value_os_t = tpcw::postgres::Postgres::default_script())]
-    pub postgres_script: PathBuf,
+    /// The script that installs and starts PostgreSQL (default: the copy of
+    /// `scripts/postgres.sh` built into namdb, so an installed binary needs no source
+    /// tree).
+    #[arg(long, value_name = "FILE")]
+    pub postgres_script: Option<PathBuf>,
 }
 
 /// The JSON document of a `namdb tpcw` run.
@@ -389,9 +391,12 @@ fn run_systems(
                 let (system, _server) = match &args.postgres {
                     Some(conninfo) => (tpcw::postgres::Postgres::connect(conninfo)?, None),
                     None => {
-                        eprintln!("starting PostgreSQL ({})", args.postgres_script.display());
-                        let (pg, server) =
-                            tpcw::postgres::Postgres::start_scratch(&args.postgres_script)?;
+                        let script = args.postgres_script.clone().map_or(
+                            tpcw::postgres::Script::BuiltIn,
+                            tpcw::postgres::Script::File,
+                        );
+                        eprintln!("starting PostgreSQL ({script})");
+                        let (pg, server) = tpcw::postgres::Postgres::start_scratch(&script)?;
                         (pg, Some(server))
                     }
                 };

@@ -264,6 +264,45 @@ fn htap_labels_its_two_runs_and_checks_them() {
     );
 }
 
+/// The PostgreSQL script's default was a path into the source tree this binary was
+/// built from, which an installed binary has not: it is built in now, and runs from any
+/// current directory; `--postgres-script` still names another.
+#[test]
+fn postgres_starts_with_the_built_in_script_from_any_directory() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let help = ok(elsewhere.path(), &["tpcw", "--help"]);
+    let source_tree = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    assert!(
+        !help.contains(&source_tree.display().to_string()),
+        "--help names the source tree: {help}"
+    );
+    let o = namdb(
+        elsewhere.path(),
+        &args(&["--system", "postgres", "--clients", "2"]),
+    );
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("starting PostgreSQL (the built-in scripts/postgres.sh)"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(elsewhere.path()).unwrap().count(),
+        0,
+        "the run left files in its current directory"
+    );
+    let o = namdb(
+        elsewhere.path(),
+        &args(&["--system", "postgres", "--postgres-script", "missing.sh"]),
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("missing.sh start"), "{err}");
+    assert!(!err.contains("loading "), "{err}");
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();

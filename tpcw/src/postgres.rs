@@ -16,7 +16,8 @@
 //! `u32` columns are `INTEGER`, up to 2^31 − 1).
 //!
 //! [`Postgres::start_local`] and [`Postgres::start_scratch`] run a server through
-//! `scripts/postgres.sh` (see its header for the configuration) for the runner.
+//! `scripts/postgres.sh` (see its header for the configuration; built into the
+//! binary, [`Script::BuiltIn`]) for the runner.
 
 use crate::load::{UNITS, generated_rows};
 use crate::schema::*;
@@ -32,6 +33,30 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+
+/// `scripts/postgres.sh`, built in: a binary installed away from the source tree
+/// starts its server all the same.
+pub const BUILT_IN_SCRIPT: &str = include_str!("../../scripts/postgres.sh");
+
+/// The script that installs, starts and stops a local server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Script {
+    /// [`BUILT_IN_SCRIPT`], written into the server's directory as `postgres.sh` when
+    /// the server starts: removed with a scratch directory, so nothing is left behind
+    /// even when this process is killed (the script's watcher removes the directory).
+    BuiltIn,
+    /// A script file of the user's (e.g. a modified copy).
+    File(PathBuf),
+}
+
+impl std::fmt::Display for Script {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Script::BuiltIn => f.write_str("the built-in scripts/postgres.sh"),
+            Script::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
 
 /// A PostgreSQL database that holds (or will hold) the TPC-W tables.
 pub struct Postgres {
@@ -61,27 +86,22 @@ impl Postgres {
         Ok(postgres)
     }
 
-    /// Starts (or finds running) the server in `dir` with `script`
-    /// (`scripts/postgres.sh`) and connects to it. The server stops when the returned
-    /// [`LocalServer`] is dropped, or when this process exits without dropping it.
-    pub fn start_local(script: &Path, dir: &Path) -> Result<(Postgres, LocalServer)> {
+    /// Starts (or finds running) the server in `dir` with `script` and connects to it.
+    /// The server stops when the returned [`LocalServer`] is dropped, or when this
+    /// process exits without dropping it.
+    pub fn start_local(script: &Script, dir: &Path) -> Result<(Postgres, LocalServer)> {
         LocalServer::start(script, dir, false)
     }
 
     /// Like [`Postgres::start_local`], in a fresh temporary directory that is deleted
     /// when the server stops.
-    pub fn start_scratch(script: &Path) -> Result<(Postgres, LocalServer)> {
+    pub fn start_scratch(script: &Script) -> Result<(Postgres, LocalServer)> {
         let dir = tempfile::Builder::new()
             .prefix("namdb-postgres-")
             .tempdir()
             .map_err(|e| Error::System(format!("cannot make a temporary directory: {e}")))?
             .keep();
         LocalServer::start(script, &dir, true)
-    }
-
-    /// `scripts/postgres.sh` of the source tree this crate was built from.
-    pub fn default_script() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/postgres.sh")
     }
 
     /// Drops the ten tables if they exist and creates them empty, with their keys.
@@ -882,7 +902,18 @@ pub struct LocalServer {
 }
 
 impl LocalServer {
-    fn start(script: &Path, dir: &Path, remove_dir: bool) -> Result<(Postgres, LocalServer)> {
+    fn start(script: &Script, dir: &Path, remove_dir: bool) -> Result<(Postgres, LocalServer)> {
+        let script = match script {
+            Script::File(path) => path.clone(),
+            Script::BuiltIn => {
+                let path = dir.join("postgres.sh");
+                std::fs::create_dir_all(dir)
+                    .and_then(|()| std::fs::write(&path, BUILT_IN_SCRIPT))
+                    .map_err(|e| Error::System(format!("cannot write {}: {e}", path.display())))?;
+                path
+            }
+        };
+        let script = script.as_path();
         let output = Command::new("bash")
             .arg(script)
             .arg("start")

@@ -10,7 +10,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tpcw::generate;
 use tpcw::load::UNITS;
-use tpcw::postgres::{LocalServer, Postgres};
+use tpcw::postgres::{LocalServer, Postgres, Script};
 use tpcw::schema::*;
 use tpcw::system::{AbortReason, Engine, Error, Session, System};
 
@@ -22,8 +22,7 @@ struct Shared {
 fn server() -> &'static Shared {
     static SERVER: OnceLock<Result<Shared, String>> = OnceLock::new();
     let shared = SERVER.get_or_init(|| {
-        let (_, server) =
-            Postgres::start_scratch(&Postgres::default_script()).map_err(|e| e.to_string())?;
+        let (_, server) = Postgres::start_scratch(&Script::BuiltIn).map_err(|e| e.to_string())?;
         Ok(Shared {
             conn_str: server.connection_string().to_string(),
             _server: server,
@@ -637,7 +636,7 @@ fn bad_connections_give_clear_errors() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    match Postgres::start_local(&dir.path().join("missing.sh"), dir.path()) {
+    match Postgres::start_local(&Script::File(dir.path().join("missing.sh")), dir.path()) {
         Err(Error::System(message)) => {
             assert!(message.contains("missing.sh start"), "{message}")
         }

@@ -221,6 +221,9 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
     if args.system.contains(&SystemKind::TwoPc) {
         ensure_twopc_fits(&scale)?;
     }
+    if args.system.contains(&SystemKind::Postgres) && args.postgres.is_none() {
+        ensure_postgres_fits(&scale, &tpcw::postgres::scratch_parent())?;
+    }
     ensure!(
         !args.backend.is_empty(),
         "--backend needs at least one backend"
@@ -529,18 +532,7 @@ fn ensure_twopc_fits(scale: &Scale) -> Result<()> {
     if need <= usable {
         return Ok(());
     }
-    let with_ebs = |ebs| {
-        Scale::new(scale.items, ebs, scale.item_bytes)
-            .map(|s| tpcw::twopc::loaded_bytes(&s))
-            .map_err(anyhow::Error::msg)
-    };
-    // The population grows linearly with the browsers; the items' part is fixed.
-    let (one, two) = (with_ebs(1)?, with_ebs(2)?);
-    let per_eb = two.saturating_sub(one).max(1);
-    let hint = match usable.checked_sub(one) {
-        Some(left) => format!("--ebs {} or fewer fits", 1 + left / per_eb),
-        None => "use fewer --items".to_string(),
-    };
+    let hint = ebs_hint(scale, usable, tpcw::twopc::loaded_bytes)?;
     bail!(
         "2pc's resource managers would hold about {} MiB once loaded ({} items, {} EBs), \
          but this host has {} MiB available and a run keeps {} MiB free: {hint}",
@@ -549,6 +541,69 @@ fn ensure_twopc_fits(scale: &Scale) -> Result<()> {
         scale.ebs,
         host.available >> 20,
         host.reserve() >> 20
+    )
+}
+
+/// What fits in `usable` bytes when `bytes(scale)` do not: the most `--ebs` at
+/// `scale`'s items, or fewer items.
+fn ebs_hint(scale: &Scale, usable: u64, bytes: fn(&Scale) -> u64) -> Result<String> {
+    let fits = |ebs| {
+        Scale::new(scale.items, ebs, scale.item_bytes)
+            .map(|s| bytes(&s) <= usable)
+            .map_err(anyhow::Error::msg)
+    };
+    if !fits(1)? {
+        return Ok("use fewer --items".to_string());
+    }
+    // Bisected rather than extrapolated: the estimates sample the population, so they
+    // are not exactly linear in the browsers, and the hint must name a size that fits.
+    let (mut good, mut bad) = (1, scale.ebs.max(2));
+    while bad - good > 1 {
+        let mid = good + (bad - good) / 2;
+        if fits(mid)? {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    Ok(format!("--ebs {good} or fewer fits"))
+}
+
+/// Disk space a scratch PostgreSQL leaves free beside its database: a full disk stops
+/// the server mid-run, and the host needs room too.
+const POSTGRES_DISK_RESERVE: u64 = 1 << 30;
+
+/// Refuses, before a server starts, a scratch PostgreSQL run whose loaded database
+/// would not fit on the filesystem of `parent`, where its directory goes: the load
+/// would run for hours (at large `--ebs`) and end with a full disk.
+fn ensure_postgres_fits(scale: &Scale, parent: &Path) -> Result<()> {
+    // A filesystem that cannot say is let through, as a host without /proc/meminfo is.
+    let Ok(fs) = rustix::fs::statvfs(parent) else {
+        return Ok(());
+    };
+    let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+    postgres_fit(scale, parent, free)
+}
+
+/// [`ensure_postgres_fits`] with `free` bytes on `parent`'s filesystem.
+fn postgres_fit(scale: &Scale, parent: &Path, free: u64) -> Result<()> {
+    let usable = free.saturating_sub(POSTGRES_DISK_RESERVE);
+    let need = tpcw::postgres::loaded_bytes(scale);
+    if need <= usable {
+        return Ok(());
+    }
+    let hint = ebs_hint(scale, usable, tpcw::postgres::loaded_bytes)?;
+    bail!(
+        "PostgreSQL would take about {} MiB of disk once loaded ({} items, {} EBs, its \
+         write-ahead log included), but {} has {} MiB free and a run keeps {} MiB free: \
+         {hint}, or point TMPDIR at a roomier filesystem, or use --postgres with a server \
+         of your own",
+        need >> 20,
+        scale.items,
+        scale.ebs,
+        parent.display(),
+        free >> 20,
+        POSTGRES_DISK_RESERVE >> 20
     )
 }
 
@@ -1116,6 +1171,35 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: TpcwArgs,
+    }
+
+    #[test]
+    fn a_postgres_database_beyond_the_free_disk_is_refused_with_what_fits() {
+        let parent = Path::new("/scratch");
+        let small = Scale::new(1000, 1, 1024).unwrap();
+        postgres_fit(&small, parent, 100 << 30).unwrap();
+        // The tester's run: 288 M customers.
+        let huge = Scale::new(1000, 100_000, 1024).unwrap();
+        let err = postgres_fit(&huge, parent, 100 << 30)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/scratch has 102400 MiB free"), "{err}");
+        let ebs: u64 = err
+            .split("--ebs ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .expect("a number of EBs");
+        // What it names fits, and one more EB would not.
+        let fits =
+            |ebs| postgres_fit(&Scale::new(1000, ebs, 1024).unwrap(), parent, 100 << 30).is_ok();
+        assert!(ebs > 1 && fits(ebs), "{err}");
+        assert!(!fits(ebs + 1), "{err}");
+        // 1 GiB of disk holds no database: not even the write-ahead log fits.
+        let err = postgres_fit(&small, parent, 1 << 30)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("use fewer --items"), "{err}");
     }
 
     #[test]

@@ -403,6 +403,11 @@ fn bad_arguments_are_clear_errors() {
             vec!["tpcw", "--system", "2pc", "--ebs", "100000"],
             "EBs), but this host has",
         ),
+        // 288 M customers: refused before a server starts, not once the disk is full.
+        (
+            vec!["tpcw", "--system", "postgres", "--ebs", "100000"],
+            "write-ahead log included), but",
+        ),
     ] {
         let o = namdb(dir.path(), &bad);
         assert!(!o.status.success(), "{bad:?} succeeded");

@@ -21,6 +21,7 @@ pub struct Timing {
     pub load_ms: f64,
     /// Each timed run of the query (after one warm-up run).
     pub runs_ms: Vec<f64>,
+    /// The lower median of an even count: one of `runs_ms`.
     pub median_ms: f64,
     pub threads: usize,
     pub version: String,

@@ -184,6 +184,17 @@ pub fn ensure_data_fits(what: &str, need: u64, units: u64, unit: &str) -> Result
     )
 }
 
+/// Which of `runs` (each run's time) is the median: the lower median of an even
+/// count, so that a reported median is a run that happened and all its figures (phase
+/// times, setup, counts) can come from that one run. The mean of the two middle runs
+/// was no run: its phase times, each a mean of its own, did not sum to it. `None` for
+/// no runs.
+pub fn median_run(runs: &[f64]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by(|&a, &b| runs[a].total_cmp(&runs[b]));
+    order.get(runs.len().saturating_sub(1) / 2).copied()
+}
+
 /// Parses a comma-separated `--flag` list of names (`all` for every one of `all`),
 /// in the order given without repeats; an unknown name is an error, even beside `all`.
 pub fn parse_names<T>(flag: &str, names: &[String], all: &[T]) -> Result<Vec<T>>
@@ -251,6 +262,16 @@ mod tests {
         assert!(err.contains("--fruit") && err.contains("plum"), "{err}");
         assert!(parse(&[]).is_err());
         assert!(parse(&[" "]).is_err());
+    }
+
+    #[test]
+    fn the_median_run_is_a_run_the_lower_middle_one_of_an_even_count() {
+        assert_eq!(median_run(&[]), None);
+        assert_eq!(median_run(&[5.0]), Some(0));
+        assert_eq!(median_run(&[3.0, 1.0, 2.0]), Some(2));
+        // 2.0 and 3.0 in the middle: the lower, not their mean.
+        assert_eq!(median_run(&[4.0, 1.0, 3.0, 2.0]), Some(3));
+        assert_eq!(median_run(&[2.0, 2.0]), Some(0));
     }
 
     #[test]

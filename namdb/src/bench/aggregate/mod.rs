@@ -27,7 +27,7 @@
 pub mod node;
 
 use crate::backend::BackendKind;
-use crate::bench::{JsonOut, duckdb, ensure_data_fits, nodes, parse_names, plot};
+use crate::bench::{JsonOut, duckdb, ensure_data_fits, median_run, nodes, parse_names, plot};
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use node::{Job, NodeRun, STALL_LIMIT};
@@ -126,11 +126,12 @@ pub struct Row {
     pub threads: usize,
     /// All nodes' tuples.
     pub tuples: u64,
-    /// The median run.
+    /// The median run (the lower median of an even `--repeat`: a run that happened);
+    /// the row's other figures (setup, strategies, counts) are the same run's.
     pub runtime_ms: f64,
     pub runs_ms: Vec<f64>,
     pub tuples_per_sec: f64,
-    /// Opening the endpoints, the slowest node (0 for DuckDB).
+    /// Opening the endpoints in the median run, the slowest node (0 for DuckDB).
     pub setup_ms: f64,
     /// How the workers ended up aggregating: strategy → workers (over all nodes).
     pub strategies: BTreeMap<String, usize>,
@@ -284,15 +285,6 @@ pub fn fragment(seed: u64, rank: usize, tuples: u64, groups: u64) -> (Vec<u64>, 
     (keys, values)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// Every algorithm's runs at one group count: per algorithm, per run, per node.
 type Runs = Vec<Vec<Vec<NodeRun>>>;
 
@@ -401,14 +393,16 @@ fn row_of(
         runs_ms.push(slowest(&|o| o.runtime));
         setup_ms.push(slowest(&|o| o.setup));
     }
-    let last = runs.last().context("no run")?;
+    // Every figure of the row is the median run's.
+    let m = median_run(&runs_ms).context("no run")?;
+    let of_median = &runs[m];
     let mut strategies = BTreeMap::new();
-    for o in last {
+    for o in of_median {
         for s in &o.strategies {
             *strategies.entry(s.clone()).or_insert(0) += 1;
         }
     }
-    let runtime_ms = median(runs_ms.clone());
+    let runtime_ms = runs_ms[m];
     Ok(Row {
         algorithm: algorithm.name().into(),
         groups,
@@ -419,11 +413,11 @@ fn row_of(
         runtime_ms,
         runs_ms,
         tuples_per_sec: tuples as f64 / (runtime_ms / 1e3).max(1e-9),
-        setup_ms: median(setup_ms),
+        setup_ms: setup_ms[m],
         strategies,
-        sampled_groups: last.first().and_then(|o| o.sampled_groups),
-        raw_tuples_sent: last.iter().map(|o| o.raw_sent).sum(),
-        partials_sent: last.iter().map(|o| o.partials_sent).sum(),
+        sampled_groups: of_median.first().and_then(|o| o.sampled_groups),
+        raw_tuples_sent: of_median.iter().map(|o| o.raw_sent).sum(),
+        partials_sent: of_median.iter().map(|o| o.partials_sent).sum(),
         result_groups: want.groups as u64,
         verified: true,
     })
@@ -792,6 +786,40 @@ mod tests {
         );
         assert!(v.iter().all(|&v| v.unsigned_abs() <= VALUE_RANGE));
         assert_ne!(fragment(3, 0, 100, 10).0, k[..100].to_vec());
+    }
+
+    /// An even --repeat once reported the mean of the two middle runs, its setup the
+    /// mean of two other middle values, and its strategies and counts the last run's.
+    #[test]
+    fn the_row_of_an_even_count_is_the_lower_middle_run() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: AggregateArgs,
+        }
+        let args = <Cli as clap::Parser>::parse_from(["t", "--repeat", "4"]).args;
+        let run = |runtime: u64, setup: u64, strategy: &str, raw_sent: u64| NodeRun {
+            check: Check::default(),
+            runtime: Duration::from_millis(runtime),
+            setup: Duration::from_millis(setup),
+            strategies: vec![strategy.to_string()],
+            sampled_groups: None,
+            raw_sent,
+            partials_sent: 0,
+        };
+        // Runs (slowest node): 30, 10, 40, 20 ms.
+        let runs = vec![
+            vec![run(30, 1, "a", 1), run(5, 7, "a", 1)],
+            vec![run(10, 2, "b", 2), run(9, 2, "b", 2)],
+            vec![run(40, 3, "c", 3), run(1, 1, "c", 3)],
+            vec![run(2, 4, "d", 4), run(20, 5, "d", 4)],
+        ];
+        let row = row_of(&args, Algorithm::TwoPhase, 10, &runs, &Check::default()).unwrap();
+        assert_eq!(row.runs_ms, [30.0, 10.0, 40.0, 20.0]);
+        assert_eq!(row.runtime_ms, 20.0, "the lower middle run, not 25");
+        assert_eq!(row.setup_ms, 5.0, "that run's slowest setup");
+        assert_eq!(row.strategies, BTreeMap::from([("d".to_string(), 2)]));
+        assert_eq!(row.raw_tuples_sent, 8);
     }
 
     #[test]

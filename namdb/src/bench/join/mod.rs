@@ -22,13 +22,13 @@ use crate::backend::BackendKind;
 use crate::bench::duckdb::{self, Table};
 use crate::bench::nodes;
 use crate::bench::plot::{self, Axes, Series, XAxis};
-use crate::bench::{JsonOut, ensure_data_fits, parse_names};
+use crate::bench::{JsonOut, ensure_data_fits, median_run, parse_names};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use node::{Job, NodeOutput, STALL_LIMIT};
 use serde::Serialize;
 use shuffle::ops::join::cost::{self, CostParams, Workload};
-use shuffle::ops::join::{Algorithm, RowSummary};
+use shuffle::ops::join::{Algorithm, JoinStats, RowSummary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -93,7 +93,9 @@ pub struct Row {
     pub join: String,
     pub design: String,
     pub selectivity: f64,
-    /// The median run: slowest node's network pass + local join.
+    /// The median run (the lower median of an even `--repeat`: a run that happened):
+    /// its slowest node's network pass + local join. The row's other figures are the
+    /// same run's.
     pub runtime_ms: f64,
     pub runs_ms: Vec<f64>,
     /// R and S tuples of all nodes per second of runtime.
@@ -102,9 +104,11 @@ pub struct Row {
     pub predicted_ms: f64,
     pub predicted_network_ms: f64,
     pub predicted_memory_ms: f64,
-    /// Median over runs of the slowest node's network pass and local join.
+    /// The network pass and local join of the node that set the median run's time:
+    /// they sum to `runtime_ms`.
     pub partition_ms: f64,
     pub local_join_ms: f64,
+    /// The median run's slowest endpoint setup (not part of the runtime).
     pub setup_ms: f64,
     /// S tuples shipped, all nodes (after the Bloom filter).
     pub s_sent: u64,
@@ -140,13 +144,23 @@ pub struct Report {
     pub summary: Vec<String>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
+/// Of every node's repetitions (`per_node[node][rep]`), each run's time (its slowest
+/// node's network pass plus local join, in ms), the median run ([`median_run`]) and
+/// the stats of the node that set its time: their network pass and local join sum to
+/// the reported runtime.
+fn median_join_run<'a>(per_node: &[&'a [JoinStats]]) -> Option<(Vec<f64>, usize, &'a JoinStats)> {
+    let repeats = per_node.iter().map(|r| r.len()).min()?;
+    let slowest: Vec<&JoinStats> = (0..repeats)
+        .map(|rep| {
+            per_node
+                .iter()
+                .map(|r| &r[rep])
+                .max_by(|a, b| a.total_secs.total_cmp(&b.total_secs))
+        })
+        .collect::<Option<_>>()?;
+    let runs_ms: Vec<f64> = slowest.iter().map(|s| s.total_secs * 1e3).collect();
+    let m = median_run(&runs_ms)?;
+    Some((runs_ms, m, slowest[m]))
 }
 
 /// The hidden `namdb join-node` subcommand.
@@ -390,20 +404,14 @@ fn summarize(
                 })
         })
         .collect::<Result<_>>()?;
-    let repeats = per_node.iter().map(|r| r.stats.len()).min().unwrap_or(0);
-    ensure!(repeats > 0, "{algorithm} at {selectivity}: no runs");
-    let slowest = |rep: usize, f: fn(&shuffle::ops::join::JoinStats) -> f64| {
-        per_node
-            .iter()
-            .map(|r| f(&r.stats[rep]))
-            .fold(0.0, f64::max)
-            * 1e3
-    };
-    let runs_ms: Vec<f64> = (0..repeats).map(|i| slowest(i, |s| s.total_secs)).collect();
-    let runtime_ms = median(runs_ms.clone());
-    let first: Vec<_> = per_node.iter().map(|r| &r.stats[0]).collect();
-    let s_in: u64 = first.iter().map(|s| s.s_in).sum();
-    let s_sent: u64 = first.iter().map(|s| s.s_sent).sum();
+    let stats: Vec<&[JoinStats]> = per_node.iter().map(|r| &r.stats[..]).collect();
+    let (runs_ms, m, slowest) = median_join_run(&stats)
+        .with_context(|| format!("{algorithm} at {selectivity}: no runs"))?;
+    let runtime_ms = runs_ms[m];
+    // Every figure of the row is the median run's.
+    let of_median: Vec<_> = per_node.iter().map(|r| &r.stats[m]).collect();
+    let s_in: u64 = of_median.iter().map(|s| s.s_in).sum();
+    let s_sent: u64 = of_median.iter().map(|s| s.s_sent).sum();
     let nodes = outputs.len();
     let work = Workload {
         r_tuples: job.r_tuples as f64,
@@ -413,14 +421,14 @@ fn summarize(
         } else {
             s_sent as f64 / s_in as f64
         },
-        bloom_bytes: (first[0].bloom_words * 8 * nodes.saturating_sub(1)) as f64,
+        bloom_bytes: (of_median[0].bloom_words * 8 * nodes.saturating_sub(1)) as f64,
     };
     let predicted = cost::predict(params, algorithm, &work);
     let summary = merged_summary(outputs, algorithm, selectivity);
     let total = nodes as f64 * (args.r_tuples + args.s_tuples) as f64;
     Ok(Row {
         join: algorithm.name().into(),
-        design: first[0].design.clone(),
+        design: of_median[0].design.clone(),
         selectivity,
         runtime_ms,
         runs_ms,
@@ -428,17 +436,13 @@ fn summarize(
         predicted_ms: predicted.seconds * 1e3,
         predicted_network_ms: predicted.network_seconds * 1e3,
         predicted_memory_ms: predicted.memory_seconds * 1e3,
-        partition_ms: median(
-            (0..repeats)
-                .map(|i| slowest(i, |s| s.partition_secs))
-                .collect(),
-        ),
-        local_join_ms: median((0..repeats).map(|i| slowest(i, |s| s.join_secs)).collect()),
-        setup_ms: median((0..repeats).map(|i| slowest(i, |s| s.setup_secs)).collect()),
+        partition_ms: slowest.partition_secs * 1e3,
+        local_join_ms: slowest.join_secs * 1e3,
+        setup_ms: of_median.iter().map(|s| s.setup_secs).fold(0.0, f64::max) * 1e3,
         s_sent,
-        bytes_sent: first.iter().map(|s| s.bytes_sent).sum(),
-        partitions_per_node: first[0].partitions_per_node,
-        bloom_false_positive_rate: first[0].bloom_false_positive_rate,
+        bytes_sent: of_median.iter().map(|s| s.bytes_sent).sum(),
+        partitions_per_node: of_median[0].partitions_per_node,
+        bloom_false_positive_rate: of_median[0].bloom_false_positive_rate,
         rows: summary.count,
         r_sum: summary.r_sum,
         s_sum: summary.s_sum,
@@ -656,4 +660,52 @@ fn draw(dir: &Path, report: &Report) -> Result<Vec<PathBuf>> {
     .map_err(anyhow::Error::msg)?;
     files.push(path);
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(partition_ms: f64, join_ms: f64, setup_ms: f64) -> JoinStats {
+        JoinStats {
+            partition_secs: partition_ms / 1e3,
+            join_secs: join_ms / 1e3,
+            total_secs: (partition_ms + join_ms) / 1e3,
+            setup_secs: setup_ms / 1e3,
+            ..JoinStats::default()
+        }
+    }
+
+    /// An even --repeat once reported the mean of the two middle runs, and each phase
+    /// as the mean of its own middle runs: figures of no run, which did not add up.
+    #[test]
+    fn the_median_of_an_even_count_is_one_run_whose_phases_sum_to_it() {
+        // Runs (slowest node): 30, 10, 40, 20 ms; node 1 sets runs 0 and 3's time.
+        let node0 = [
+            stats(5.0, 5.0, 1.0),
+            stats(2.0, 8.0, 9.0),
+            stats(35.0, 5.0, 1.0),
+            stats(1.0, 1.0, 2.0),
+        ];
+        let node1 = [
+            stats(10.0, 20.0, 3.0),
+            stats(1.0, 1.0, 1.0),
+            stats(1.0, 1.0, 1.0),
+            stats(15.0, 5.0, 1.0),
+        ];
+        let (runs_ms, m, slowest) = median_join_run(&[&node0, &node1]).unwrap();
+        for (got, want) in runs_ms.iter().zip([30.0, 10.0, 40.0, 20.0]) {
+            assert!((got - want).abs() < 1e-9, "{runs_ms:?}");
+        }
+        // 20 ms, the lower of the middle two (not 25), from node 1's run 3.
+        assert_eq!(m, 3);
+        assert_eq!(slowest, &node1[3]);
+        let (p, j) = (slowest.partition_secs * 1e3, slowest.join_secs * 1e3);
+        assert!(
+            (p + j - runs_ms[m]).abs() < 1e-9,
+            "{p} + {j} != {}",
+            runs_ms[m]
+        );
+        assert_eq!(median_join_run(&[&node0, &[]]), None);
+    }
 }

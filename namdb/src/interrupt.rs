@@ -81,6 +81,30 @@ pub fn remove_on_interrupt(path: &Path) -> Result<Registered> {
     Ok(Registered(id))
 }
 
+/// Has the child that `command` starts killed (SIGKILL) when this process ends,
+/// however it ends: through the handler above on Ctrl-C or `kill -INT` of this process
+/// alone, or by `kill -9`. Without it the child runs on to its own end (a DuckDB query
+/// of minutes), holding its memory and cores. The kernel sends the signal when the
+/// *thread* that spawned the child ends, so spawn from a thread that waits for it.
+pub fn kill_with_parent(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = rustix::process::getpid();
+    // SAFETY: the hook runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed: prctl and getppid are plain system calls, and
+    // an Errno becomes an io::Error without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            // A parent that ended before the prctl sends nothing: give up rather than
+            // run orphaned.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(rustix::io::Errno::SRCH.into());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A fresh temporary directory, named `PREFIX…`, removed when dropped and, unlike a
 /// bare `tempfile::TempDir`, also when SIGINT or SIGTERM ends the process.
 pub struct TempDir {

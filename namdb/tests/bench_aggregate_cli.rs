@@ -284,3 +284,61 @@ fn an_interrupted_run_leaves_no_temporary_directory() {
     assert_eq!(child.wait().unwrap().code(), Some(130));
     assert_eq!(entries(), Vec::<std::ffi::OsString>::new(), "left behind");
 }
+
+/// `kill -INT` of the benchmark alone (not the terminal's Ctrl-C, which signals the
+/// whole process group) used to leave the DuckDB peer running until its query ended.
+/// The peer here is a stand-in script (`NAMDB_DUCKDB_SCRIPT`) that, as
+/// `scripts/duckdb.sh` does, execs a long-running process, so that it would outlive
+/// the test unless killed with its parent.
+#[test]
+fn the_duckdb_peer_dies_with_an_interrupted_run() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let marker = format!("namdb-test-duckdb-peer-{}", std::process::id());
+    let script = dir.path().join("peer.sh");
+    std::fs::write(
+        &script,
+        format!("#!/usr/bin/env bash\nexec -a {marker} sleep 600\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["bench", "aggregate", "--tuples", "1000", "--groups", "10"])
+        .args(["--algorithms", "two-phase", "--repeat", "1"])
+        .env("NAMDB_DUCKDB_SCRIPT", &script)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read on: a closed pipe would fail the run's progress lines.
+    let stderr = child.stderr.take().unwrap();
+    let said = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let peer = loop {
+        if let Some(&pid) = common::processes_naming(&marker).first() {
+            break pid;
+        }
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the peer never started: {}", said.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        common::parent_of(peer),
+        Some(child.id()),
+        "not the run's child"
+    );
+    common::send_signal(child.id(), "-INT");
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while common::alive(peer) {
+        if Instant::now() > deadline {
+            common::send_signal(peer, "-KILL");
+            panic!("the DuckDB peer {peer} outlived the interrupted run");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

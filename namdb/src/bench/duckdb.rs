@@ -87,6 +87,9 @@ pub fn run(
     cmd.args(["--query", query])
         .args(["--repeat", &repeat.to_string()])
         .args(["--threads", &threads.to_string()]);
+    // Interrupted, this process exits at once (crate::interrupt), and a query of
+    // minutes must not run on without it. Spawned and waited for on this thread.
+    crate::interrupt::kill_with_parent(&mut cmd);
     let out = cmd
         .output()
         .with_context(|| format!("running {}", script.display()))?;

@@ -146,10 +146,16 @@ pub struct TpcwArgs {
     pub postgres: Option<String>,
     /// HTAP (RSI only): while the clients run, analytics nodes repeat TPC-W Best
     /// Sellers and Admin Confirm's related-items update as distributed queries over
-    /// snapshot scans and the shuffle (`tpcw::htap`); a run without them comes first,
-    /// for comparison.
+    /// snapshot scans and the shuffle (`tpcw::htap`), compared with runs without them:
+    /// after an unreported warm-up run, `--htap-rounds` rounds of both, in alternating
+    /// order (alone, with, with, alone, …), and the median of each.
     #[arg(long)]
     pub htap: bool,
+    /// Under `--htap`, rounds of the two runs (the clients alone and beside the
+    /// analytics); the order alternates from round to round.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub htap_rounds: u32,
     /// Analytics nodes under `--htap` (one scanner thread each).
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=16))]
@@ -186,10 +192,19 @@ struct Output<'a> {
 struct HtapSummary {
     backend: String,
     clients: usize,
-    /// The clients' interactions without analytics, then beside them.
+    /// Rounds of the two runs, in alternating order after a warm-up run.
+    rounds: u32,
+    /// The clients' interactions without analytics, and beside them: each phase's
+    /// median run (the lower one of an even count).
     txn_per_sec_alone: f64,
     txn_per_sec_with_analytics: f64,
+    /// Every run of each phase, in the order they ran.
+    txn_per_sec_alone_runs: Vec<f64>,
+    txn_per_sec_with_analytics_runs: Vec<f64>,
+    /// The analytics beside the median run with them.
     analytics: tpcw::htap::HtapReport,
+    /// The analytics beside every run with them, in the order they ran.
+    analytics_runs: Vec<tpcw::htap::HtapReport>,
 }
 
 /// Clients the scratch PostgreSQL of `scripts/postgres.sh` takes.
@@ -654,8 +669,13 @@ fn start_rsi(
     clients: &[usize],
     dir: &Path,
 ) -> Result<Rsi> {
-    // An HTAP run measures the clients twice: alone, then beside the analytics.
-    let runs = if args.htap { 2 } else { clients.len() };
+    // An HTAP run measures the clients twice a round (alone, beside the analytics),
+    // after a warm-up run.
+    let runs = if args.htap {
+        2 * args.htap_rounds as usize + 1
+    } else {
+        clients.len()
+    };
     let seconds = runs as f64 * (args.duration + args.warmup);
     let versions = |rel: Rel| {
         if rel == Rel::Item && args.item_versions != 1 {
@@ -860,8 +880,27 @@ fn load_and_run<S: System>(
     Ok(reports)
 }
 
-/// Loads RSI, runs the clients alone, then again while analytics nodes run TPC-W's
-/// analytical queries (`tpcw::htap`) until the measured period ends.
+/// The phases of `rounds` rounds of an HTAP comparison, in the order they run: alone
+/// first in even rounds, with the analytics first in odd ones (alone, with, with,
+/// alone, …), so that whatever changes over the runs (the tables grow, the machine
+/// drifts) falls on both phases alike instead of always favouring the second.
+fn htap_order(rounds: u32) -> Vec<Phase> {
+    (0..rounds)
+        .flat_map(|round| {
+            if round % 2 == 0 {
+                [Phase::Alone, Phase::WithAnalytics]
+            } else {
+                [Phase::WithAnalytics, Phase::Alone]
+            }
+        })
+        .collect()
+}
+
+/// Loads RSI, runs the clients once unmeasured (the first run on freshly loaded
+/// tables and freshly mapped memory ran faster or slower than any after it), then
+/// `--htap-rounds` rounds of the clients alone and beside analytics nodes running
+/// TPC-W's analytical queries (`tpcw::htap`), in [`htap_order`]; the summary compares
+/// the two phases' median runs.
 fn load_and_run_htap(
     system: &Rsi,
     scale: &Scale,
@@ -881,16 +920,6 @@ fn load_and_run_htap(
         stop_below_available: runner::memory_floor(),
     };
     let mut ledger = Ledger::default();
-    eprintln!(
-        "rsi ({}): {} with {clients} clients, no analytics",
-        system.backend(),
-        args.mix.name()
-    );
-    let alone = RunReport {
-        phase: Some(Phase::Alone),
-        ..runner::run(system, scale, &config, &mut ledger)?
-    };
-    eprintln!("  {:.0} txn/s", alone.txn_per_sec);
     let tables = tpcw::htap::Tables::of(system.tables());
     let htap_config = tpcw::htap::HtapConfig {
         nodes: args.analytics_nodes as usize,
@@ -904,11 +933,108 @@ fn load_and_run_htap(
         tpcw::htap::item_subjects(&worker, &tables.item, &htap_config.scan)?
     };
     eprintln!(
-        "rsi ({}): {} with {clients} clients beside {} analytics nodes",
+        "rsi ({}): {} with {clients} clients, no analytics: a warm-up run, not reported",
         system.backend(),
-        args.mix.name(),
-        htap_config.nodes
+        args.mix.name()
     );
+    let warm_up = runner::run(system, scale, &config, &mut ledger)?;
+    eprintln!("  {:.0} txn/s (warm-up)", warm_up.txn_per_sec);
+    ensure!(
+        warm_up.checks_passed(),
+        "the checks of the warm-up run failed: {}",
+        checks_line(&warm_up)
+    );
+    let mut reports = Vec::new();
+    let mut analytics_of = Vec::new();
+    let order = htap_order(args.htap_rounds);
+    for (i, &phase) in order.iter().enumerate() {
+        eprintln!(
+            "rsi ({}): {} with {clients} clients, {} (run {} of {}, round {} of {})",
+            system.backend(),
+            args.mix.name(),
+            match phase {
+                Phase::Alone => "no analytics".to_string(),
+                Phase::WithAnalytics => format!(
+                    "beside {} analytics node{}",
+                    htap_config.nodes,
+                    if htap_config.nodes == 1 { "" } else { "s" }
+                ),
+            },
+            i + 1,
+            order.len(),
+            i / 2 + 1,
+            args.htap_rounds
+        );
+        let report = match phase {
+            Phase::Alone => {
+                let alone = runner::run(system, scale, &config, &mut ledger)?;
+                eprintln!("  {:.0} txn/s", alone.txn_per_sec);
+                alone
+            }
+            Phase::WithAnalytics => {
+                let (with, analytics) = run_beside_analytics(
+                    system,
+                    scale,
+                    &config,
+                    &mut ledger,
+                    &tables,
+                    &subjects,
+                    &htap_config,
+                )?;
+                analytics_of.push((reports.len(), analytics));
+                with
+            }
+        };
+        reports.push(RunReport {
+            phase: Some(phase),
+            ..report
+        });
+    }
+    let of_phase = |phase: Phase| -> Vec<usize> {
+        (0..reports.len())
+            .filter(|&i| reports[i].phase == Some(phase))
+            .collect()
+    };
+    // The median run of each phase (the lower one of an even count: a run that
+    // happened), and the analytics of the median run beside them.
+    let median = |runs: &[usize]| -> Result<usize> {
+        let tps: Vec<f64> = runs.iter().map(|&i| reports[i].txn_per_sec).collect();
+        crate::bench::median_run(&tps)
+            .map(|m| runs[m])
+            .context("an HTAP phase without runs")
+    };
+    let (alone, with) = (of_phase(Phase::Alone), of_phase(Phase::WithAnalytics));
+    let (alone_median, with_median) = (median(&alone)?, median(&with)?);
+    let analytics = analytics_of
+        .iter()
+        .find(|(i, _)| *i == with_median)
+        .map(|(_, a)| a.clone())
+        .context("the median run's analytics")?;
+    let summary = HtapSummary {
+        backend: system.backend(),
+        clients,
+        rounds: args.htap_rounds,
+        txn_per_sec_alone: reports[alone_median].txn_per_sec,
+        txn_per_sec_with_analytics: reports[with_median].txn_per_sec,
+        txn_per_sec_alone_runs: alone.iter().map(|&i| reports[i].txn_per_sec).collect(),
+        txn_per_sec_with_analytics_runs: with.iter().map(|&i| reports[i].txn_per_sec).collect(),
+        analytics,
+        analytics_runs: analytics_of.into_iter().map(|(_, a)| a).collect(),
+    };
+    Ok((reports, summary))
+}
+
+/// One run of the clients while the analytics nodes run until its measured period
+/// ends: the clients' report, and the analytics'.
+fn run_beside_analytics(
+    system: &Rsi,
+    scale: &Scale,
+    config: &RunConfig,
+    ledger: &mut Ledger,
+    tables: &tpcw::htap::Tables,
+    subjects: &std::collections::HashMap<u64, u8>,
+    htap_config: &tpcw::htap::HtapConfig,
+) -> Result<(RunReport, tpcw::htap::HtapReport)> {
     let stop = std::sync::atomic::AtomicBool::new(false);
     let run_done = std::sync::atomic::AtomicBool::new(false);
     let measured = config.warmup + config.duration;
@@ -917,9 +1043,9 @@ fn load_and_run_htap(
         let analytics = s.spawn(|| {
             tpcw::htap::run_analytics(
                 system.database(),
-                &tables,
-                &subjects,
-                &htap_config,
+                tables,
+                subjects,
+                htap_config,
                 &stop,
                 &rewrites,
             )
@@ -933,39 +1059,31 @@ fn load_and_run_htap(
             }
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
         });
-        let with = runner::run_beside(system, scale, &config, &mut ledger, &rewrites);
+        let with = runner::run_beside(system, scale, config, ledger, &rewrites);
         run_done.store(true, std::sync::atomic::Ordering::Relaxed);
         (
             with,
             analytics.join().expect("the analytics thread panicked"),
         )
     });
-    let with = RunReport {
-        phase: Some(Phase::WithAnalytics),
-        ..with?
-    };
-    let analytics = analytics?;
+    let (with, analytics) = (with?, analytics?);
     eprintln!(
         "  {:.0} txn/s; {:.2} queries/s, {:.0} rows scanned/s",
         with.txn_per_sec, analytics.queries_per_sec, analytics.rows_scanned_per_sec
     );
-    let summary = HtapSummary {
-        backend: system.backend(),
-        clients,
-        txn_per_sec_alone: alone.txn_per_sec,
-        txn_per_sec_with_analytics: with.txn_per_sec,
-        analytics,
-    };
-    Ok((vec![alone, with], summary))
+    Ok((with, analytics))
 }
 
 fn print_htap(h: &HtapSummary, mix: Mix) {
     let a = &h.analytics;
     println!();
     println!(
-        "HTAP (rsi, {}, {} clients): {} {:.0} txn/s {}, {:.0} txn/s {} ({:.2}x)",
+        "HTAP (rsi, {}, {} clients, median of {} run{} each, alternating after a warm-up \
+         run): {} {:.0} txn/s {}, {:.0} txn/s {} ({:.2}x)",
         h.backend,
         h.clients,
+        h.rounds,
+        if h.rounds == 1 { "" } else { "s" },
         mix.name(),
         h.txn_per_sec_alone,
         Phase::Alone.name(),
@@ -1200,6 +1318,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("use fewer --items"), "{err}");
+    }
+
+    /// The clients alone always ran first (on freshly mapped memory, and before the
+    /// tables grew): one small run reported them 1.21x faster beside the analytics.
+    #[test]
+    fn htap_rounds_alternate_which_phase_runs_first() {
+        use Phase::{Alone as A, WithAnalytics as W};
+        assert_eq!(htap_order(1), [A, W]);
+        assert_eq!(htap_order(2), [A, W, W, A]);
+        assert_eq!(htap_order(3), [A, W, W, A, A, W]);
+        // Over whole pairs of rounds, each phase runs as often first as second.
+        let order = htap_order(4);
+        let first = |p| order.chunks(2).filter(|r| r[0] == p).count();
+        assert_eq!(first(A), first(W));
+        let cli = Cli::parse_from(["t", "--htap"]);
+        assert_eq!(
+            htap_order(cli.args.htap_rounds),
+            [A, W, W, A],
+            "the default"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::regions::RegionDirectory;
 use crate::session::SessionId;
 use crate::stats::Stats;
 use crate::token::ClusterToken;
-use fabric::{CompletionQueue, Device, QpConfig, QueuePair};
+use fabric::{CompletionQueue, Device, QpConfig, QueuePair, RemoteRegion};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,6 +108,18 @@ impl Client {
     pub fn disconnect_qp(&self, server_qpn: u32) -> Result<(), ClientError> {
         let open = self.open();
         open.runtime.block_on(open.inner.disconnect_qp(server_qpn))
+    }
+
+    /// See [`crate::Client::borrow_region`].
+    pub fn borrow_region(&self, len: u64) -> Result<RemoteRegion, ClientError> {
+        let open = self.open();
+        open.runtime.block_on(open.inner.borrow_region(len))
+    }
+
+    /// See [`crate::Client::return_region`].
+    pub fn return_region(&self, region: &RemoteRegion) -> Result<(), ClientError> {
+        let open = self.open();
+        open.runtime.block_on(open.inner.return_region(region))
     }
 
     pub fn keep_alive(&self) -> Result<(), ClientError> {

@@ -415,6 +415,44 @@ impl Client {
         Ok(())
     }
 
+    /// A fresh region of `len` bytes (a multiple of 8) on the server that belongs to
+    /// this session: no table or other client uses it, and the server frees it on
+    /// [`Client::return_region`] or when the session ends, even if this process is
+    /// killed (its lease runs out then).
+    pub async fn borrow_region(&self, len: u64) -> Result<RemoteRegion, ClientError> {
+        let reply = self
+            .rpc
+            .clone()
+            .borrow_region(self.request(proto::BorrowRegionRequest { len }))
+            .await
+            .map_err(rpc_error("BorrowRegion"))?
+            .into_inner();
+        let r = reply.region.ok_or_else(|| {
+            ClientError::Protocol("BorrowRegion answered without a region".into())
+        })?;
+        if r.node != self.server.node.0 || r.len != len {
+            return Err(ClientError::Protocol(format!(
+                "BorrowRegion answered {} bytes on node {} for {len} bytes on {}",
+                r.len, r.node, self.server.node
+            )));
+        }
+        Ok(RemoteRegion {
+            node: NodeId(r.node),
+            rkey: r.rkey,
+            len: r.len,
+        })
+    }
+
+    /// Frees a region [`Client::borrow_region`] gave this session.
+    pub async fn return_region(&self, region: &RemoteRegion) -> Result<(), ClientError> {
+        self.rpc
+            .clone()
+            .return_region(self.request(proto::ReturnRegionRequest { rkey: region.rkey }))
+            .await
+            .map_err(rpc_error("ReturnRegion"))?;
+        Ok(())
+    }
+
     /// Renews the lease now (the background renewal does this on its own).
     pub async fn keep_alive(&self) -> Result<(), ClientError> {
         self.rpc
@@ -451,6 +489,7 @@ impl Client {
             journal_fsyncs: s.journal_fsyncs,
             checkpoints: s.checkpoints,
             last_checkpoint: Duration::from_micros(s.last_checkpoint_us),
+            session_region_bytes: s.session_region_bytes,
         })
     }
 

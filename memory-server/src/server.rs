@@ -40,7 +40,8 @@ pub struct ServerConfig {
     /// server's device (register memory, create and post on queue pairs). For
     /// conformance testing and diagnostics; off by default.
     pub allow_remote_verbs: bool,
-    /// The most bytes one session may register through remote verbs.
+    /// The most bytes of regions one session may hold: borrowed (BorrowRegion) and
+    /// registered through remote verbs.
     pub remote_verbs_bytes: u64,
     /// Keep region contents on disk (Persist, restore on start); `None`, the default,
     /// keeps nothing and refuses Persist.
@@ -278,6 +279,7 @@ impl MemoryServer {
             counters: Counters::default(),
             started: Instant::now(),
             max_qps_per_session: config.max_qps_per_session,
+            pin_memory: config.pin_memory,
             allow_remote_verbs: config.allow_remote_verbs,
             verbs_limits: ObjectLimits {
                 cqs: verbs_service::MAX_CQS_PER_SESSION,

@@ -28,6 +28,8 @@ pub(crate) struct ServerState {
     pub counters: Counters,
     pub started: Instant,
     pub max_qps_per_session: usize,
+    /// Whether borrowed regions get every page backed at once, as the data regions.
+    pub pin_memory: bool,
     /// Whether the remote-verbs service drives the device for clients.
     pub allow_remote_verbs: bool,
     /// What a session may create through remote verbs.
@@ -71,7 +73,7 @@ impl ServerState {
     }
 
     pub fn stats(&self) -> Stats {
-        let (sessions, queue_pairs) = self.sessions.counts();
+        let (sessions, queue_pairs, session_region_bytes) = self.sessions.counts();
         let durable = self.durable.as_ref().map(|d| (d.boot(), d.counters()));
         let count = |f: fn(&journal::Counters) -> &AtomicU64| {
             durable.map_or(0, |(_, c)| f(c).load(Ordering::Relaxed))
@@ -94,6 +96,7 @@ impl ServerState {
             journal_fsyncs: count(|c| &c.fsyncs),
             checkpoints: count(|c| &c.checkpoints),
             last_checkpoint: Duration::from_micros(count(|c| &c.last_checkpoint_us)),
+            session_region_bytes,
         }
     }
 
@@ -126,6 +129,13 @@ pub(crate) struct ControlService {
 impl ControlService {
     pub fn new(state: Arc<ServerState>) -> ControlService {
         ControlService { state }
+    }
+}
+
+fn session_status(e: SessionError) -> Status {
+    match e {
+        SessionError::Ended => Status::unauthenticated(e.to_string()),
+        _ => Status::resource_exhausted(e.to_string()),
     }
 }
 
@@ -349,7 +359,68 @@ impl ControlRpc for ControlService {
             journal_fsyncs: s.journal_fsyncs,
             checkpoints: s.checkpoints,
             last_checkpoint_us: s.last_checkpoint.as_micros() as u64,
+            session_region_bytes: s.session_region_bytes,
         }))
+    }
+
+    async fn borrow_region(
+        &self,
+        req: Request<proto::BorrowRegionRequest>,
+    ) -> Result<Response<proto::BorrowRegionResponse>, Status> {
+        self.state.counters.rpc(Rpc::BorrowRegion);
+        let session = self.state.session(&req)?;
+        if let Some(b) = &self.state.backup {
+            b.check_serving()?;
+        }
+        let len = req.get_ref().len;
+        if len == 0 || !len.is_multiple_of(8) {
+            return Err(Status::invalid_argument(format!(
+                "a borrowed region is a positive multiple of 8 bytes, not {len}"
+            )));
+        }
+        let limits = self.state.verbs_limits;
+        // Checked before the memory is allocated, so an oversized request costs nothing.
+        session.region_fits(len, &limits).map_err(session_status)?;
+        let (device, pin) = (self.state.device.clone(), self.state.pin_memory);
+        let region = tokio::task::spawn_blocking(move || {
+            let alloc = crate::regions::allocate("borrowed", len, pin)
+                .map_err(|e| Status::resource_exhausted(format!("allocating {len} bytes: {e}")))?;
+            device
+                .register_memory(alloc.memory, len, fabric::Access::ALL)
+                .map_err(|e| fabric_status(&format!("registering {len} bytes"), &e))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the allocation failed: {e}")))??;
+        let remote = region.remote();
+        session
+            .add_region(region, &limits)
+            .map_err(session_status)?;
+        tracing::info!(session = ?session.id, len, rkey = remote.rkey, "region borrowed");
+        Ok(Response::new(proto::BorrowRegionResponse {
+            region: Some(proto::Region {
+                name: "borrowed".into(),
+                node: remote.node.0,
+                rkey: remote.rkey,
+                len: remote.len,
+                access: fabric::Access::ALL.bits(),
+            }),
+        }))
+    }
+
+    async fn return_region(
+        &self,
+        req: Request<proto::ReturnRegionRequest>,
+    ) -> Result<Response<proto::ReturnRegionResponse>, Status> {
+        self.state.counters.rpc(Rpc::ReturnRegion);
+        let session = self.state.session(&req)?;
+        let rkey = req.get_ref().rkey;
+        if !session.remove_region_by_rkey(rkey) {
+            return Err(Status::not_found(format!(
+                "this session holds no region with rkey {rkey:#x}"
+            )));
+        }
+        tracing::info!(session = ?session.id, rkey, "region returned");
+        Ok(Response::new(proto::ReturnRegionResponse {}))
     }
 
     async fn persist(

@@ -216,8 +216,23 @@ impl Session {
         region.is_some()
     }
 
+    /// Deregisters the session's region whose rkey is `rkey`; false if it has none.
+    pub fn remove_region_by_rkey(&self, rkey: u32) -> bool {
+        let lkey = self
+            .lock()
+            .regions
+            .values()
+            .find(|r| r.rkey() == rkey)
+            .map(Region::lkey);
+        lkey.is_some_and(|lkey| self.remove_region(lkey))
+    }
+
     pub fn qp_count(&self) -> usize {
         self.lock().qps.len()
+    }
+
+    pub fn region_bytes(&self) -> u64 {
+        self.lock().region_bytes
     }
 
     /// Marks the session ended and destroys its objects; returns how many queue pairs.
@@ -346,10 +361,14 @@ impl Sessions {
         (all.len(), qps)
     }
 
-    /// (sessions, queue pairs) now.
-    pub fn counts(&self) -> (usize, usize) {
+    /// (sessions, queue pairs, bytes of session regions) now.
+    pub fn counts(&self) -> (usize, usize, u64) {
         let map = self.lock();
-        (map.len(), map.values().map(|s| s.qp_count()).sum())
+        (
+            map.len(),
+            map.values().map(|s| s.qp_count()).sum(),
+            map.values().map(|s| s.region_bytes()).sum(),
+        )
     }
 }
 
@@ -388,7 +407,7 @@ mod tests {
         // Renewed at t1, so still live at t0 + 15 s.
         assert!(sessions.touch(s.id, t0 + Duration::from_secs(15)).is_some());
         assert!(sessions.touch(s.id, t0 + Duration::from_secs(26)).is_none());
-        assert_eq!(sessions.counts(), (0, 0));
+        assert_eq!(sessions.counts(), (0, 0, 0));
     }
 
     #[test]
@@ -402,7 +421,7 @@ mod tests {
         let weak = Arc::downgrade(&q);
         s.add_qp(q, [0, 0], 4).unwrap();
         s.add_qp(qp(&*dev), [0, 0], 4).unwrap();
-        assert_eq!(sessions.counts(), (1, 2));
+        assert_eq!(sessions.counts(), (1, 2, 0));
         assert!(weak.upgrade().is_some());
         assert_eq!(sessions.end(s.id), Some(2));
         assert!(weak.upgrade().is_none(), "the queue pair was dropped");

@@ -16,6 +16,8 @@ pub(crate) enum Rpc {
     EndSession,
     Stats,
     Persist,
+    BorrowRegion,
+    ReturnRegion,
     DeviceInfo,
     AddPeer,
     RegisterRegion,
@@ -33,7 +35,7 @@ pub(crate) enum Rpc {
 }
 
 impl Rpc {
-    const ALL: [Rpc; 23] = [
+    const ALL: [Rpc; 25] = [
         Rpc::Hello,
         Rpc::Authenticate,
         Rpc::ListRegions,
@@ -43,6 +45,8 @@ impl Rpc {
         Rpc::EndSession,
         Rpc::Stats,
         Rpc::Persist,
+        Rpc::BorrowRegion,
+        Rpc::ReturnRegion,
         Rpc::DeviceInfo,
         Rpc::AddPeer,
         Rpc::RegisterRegion,
@@ -71,6 +75,8 @@ impl Rpc {
             Rpc::EndSession => "EndSession",
             Rpc::Stats => "Stats",
             Rpc::Persist => "Persist",
+            Rpc::BorrowRegion => "BorrowRegion",
+            Rpc::ReturnRegion => "ReturnRegion",
             Rpc::DeviceInfo => "DeviceInfo",
             Rpc::AddPeer => "AddPeer",
             Rpc::RegisterRegion => "RegisterRegion",
@@ -152,6 +158,9 @@ pub struct Stats {
     /// Checkpoints since start, and how long the last one took.
     pub checkpoints: u64,
     pub last_checkpoint: Duration,
+    /// Bytes of the regions live sessions hold (borrowed, or registered through remote
+    /// verbs), on top of `bytes_allocated`.
+    pub session_region_bytes: u64,
 }
 
 impl Stats {

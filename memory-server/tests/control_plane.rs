@@ -609,3 +609,66 @@ async fn unreachable_and_malformed_addresses_are_clear_errors() {
         .expect("malformed");
     assert!(matches!(err, ClientError::Address { .. }), "{err}");
 }
+
+/// A borrowed region is the session's: usable over the data path, listed nowhere,
+/// freed by ReturnRegion or by the end of the session, and refused past the session's
+/// byte limit before anything is allocated.
+#[tokio::test]
+async fn borrowed_regions_belong_to_the_session() {
+    let setup = Setup::start_with(|mut c| {
+        c.remote_verbs_bytes = 1 << 20;
+        c
+    })
+    .await;
+    let (dev, cq) = setup.node();
+    let local = dev.register(8, Access::LOCAL).unwrap();
+    let client = Client::connect(&setup.addr, &token()).await.unwrap();
+    let (qp, _) = client.connect_qp(&*dev, &cq).await.unwrap();
+    let region = client.borrow_region(4096).await.unwrap();
+    assert_eq!(region.len, 4096);
+    let listed = client.list_regions().await.unwrap();
+    assert!(
+        listed
+            .regions()
+            .iter()
+            .all(|r| r.remote.rkey != region.rkey)
+    );
+    assert_eq!(client.stats().await.unwrap().session_region_bytes, 4096);
+    local.store_u64(0, 0x5eed).unwrap();
+    ok(run(
+        &*qp,
+        &*cq,
+        SendWr::write(1, local.buf(0, 8), region.at(8)),
+    ));
+    local.store_u64(0, 0).unwrap();
+    ok(run(
+        &*qp,
+        &*cq,
+        SendWr::read(2, local.buf(0, 8), region.at(8)),
+    ));
+    assert_eq!(local.load_u64(0).unwrap(), 0x5eed);
+
+    for len in [0, 12, 2 << 20] {
+        let e = client.borrow_region(len).await.unwrap_err();
+        let want = if len == 2 << 20 {
+            Code::ResourceExhausted
+        } else {
+            Code::InvalidArgument
+        };
+        assert_eq!(e.code(), Some(want), "{len}: {e}");
+    }
+
+    client.return_region(&region).await.unwrap();
+    assert_eq!(client.stats().await.unwrap().session_region_bytes, 0);
+    let gone = run(&*qp, &*cq, SendWr::read(3, local.buf(0, 8), region.at(8)));
+    assert_eq!(gone.status, WcStatus::RemoteAccess);
+    let again = client.return_region(&region).await.unwrap_err();
+    assert_eq!(again.code(), Some(Code::NotFound));
+
+    // Not returned: the session's end frees it.
+    client.borrow_region(8192).await.unwrap();
+    client.close().await.unwrap();
+    let other = Client::connect(&setup.addr, &token()).await.unwrap();
+    let stats = other.stats().await.unwrap();
+    assert_eq!((stats.sessions, stats.session_region_bytes), (1, 0));
+}

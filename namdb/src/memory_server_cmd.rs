@@ -66,6 +66,11 @@ pub struct MemoryServerArgs {
     /// process touches it). Slower start, steadier latency.
     #[arg(long)]
     pub pin_memory: bool,
+    /// Seconds a client's session outlives its last RPC (clients renew it at a third of
+    /// this): how long a client that died (killed, or its host lost) keeps its queue
+    /// pairs and borrowed regions before the server frees them.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_secs)]
+    pub session_lease: Duration,
     /// Serve Prometheus metrics (plain HTTP, GET /metrics) on host:port; port 0 picks a
     /// free port, printed as `metrics listening on ADDR`.
     #[arg(long, value_name = "ADDR", value_parser = crate::compute_node_cmd::parse_listen_addr)]
@@ -217,6 +222,7 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
     let mut config = ServerConfig::new(args.listen, plan, token);
     config.allow_remote_verbs = args.allow_remote_verbs;
     config.pin_memory = args.pin_memory;
+    config.session_lease = args.session_lease;
     config.durability = args.data_dir.as_ref().map(|dir| DurabilityConfig {
         checkpoint_interval: args.checkpoint_interval,
         ..DurabilityConfig::new(dir)

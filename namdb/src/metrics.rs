@@ -115,6 +115,12 @@ pub fn memory_server_text(s: &memory_server::Stats) -> String {
             s.bytes_allocated,
         ),
         (
+            "namdb_memory_session_region_bytes",
+            "gauge",
+            "Bytes of the regions sessions hold (borrowed, remote verbs).",
+            s.session_region_bytes,
+        ),
+        (
             "namdb_memory_auth_failures_total",
             "counter",
             "Refused Authenticate calls.",

@@ -22,8 +22,9 @@
 //!
 //! With `--connect`, the server is a memory server started separately, perhaps serving
 //! a cluster: its tables must not be written. Runs that write (WRITE, CAS, FETCH_ADD)
-//! target space allocated like a table's ([`txn::catalog::borrow`]), zeroed and given
-//! back at the end; READs alone target the start of its first data region.
+//! target a region borrowed from the server for the run (`BorrowRegion`), which the
+//! server frees when the run's session ends, even if the run is killed; READs alone
+//! target the start of its first data region.
 //!
 //! Every completion status is checked; anything but success aborts with an error.
 
@@ -276,26 +277,15 @@ fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
     };
     let (space, borrowed) = server_space(server, &cases, args)?;
     let measured = measure_cases(args, &cases, Some((server, space)));
-    if let Some(borrowed) = borrowed {
-        let (offset, bytes) = (borrowed.space.offset, borrowed.space.bytes);
-        let region = borrowed.space.region;
-        match borrowed.give_back(server) {
-            Ok(true) => eprintln!(
-                "gave back bytes [{offset}, {}) of data.{region}",
-                offset + bytes
-            ),
-            // The measurements are good either way; only the space is lost.
-            Ok(false) => eprintln!(
-                "note: bytes [{offset}, {}) of data.{region} stay allocated, unused: the \
-                 server allocated space after them during the run",
-                offset + bytes
-            ),
-            Err(e) => eprintln!(
-                "warning: bytes [{offset}, {}) of data.{region} stay allocated, unused: \
-                 giving them back failed: {e:#}",
-                offset + bytes
-            ),
-        }
+    if let Some(region) = borrowed
+        && let Err(e) = server.control.return_region(&region)
+    {
+        // The measurements are good either way, and the server frees the region when
+        // this process's session ends.
+        eprintln!(
+            "warning: returning the borrowed region failed ({e}); the memory server frees \
+             it when this run's session ends"
+        );
     }
     let mut rows = measured?;
     rows.push(memcpy_reference(phase)?);
@@ -303,14 +293,15 @@ fn measure_all(args: &FabricArgs) -> Result<Vec<Row>> {
 }
 
 /// Where the runs against a separately started memory server go. Anything that writes
-/// goes to space allocated from the server's allocation cursors as a table's space
-/// is, so that the tables of a cluster using the server are never touched; READs alone
-/// go to the start of its first data region, which they do not change.
+/// goes to a region borrowed from the server for this run (`BorrowRegion`), so the
+/// tables of a cluster using the server are never touched, and the server frees it
+/// when the run ends, however it ends (killed, its session's lease runs out); READs
+/// alone go to the start of its first data region, which they do not change.
 fn server_space(
     server: &ServerTarget,
     cases: &[Case],
     args: &FabricArgs,
-) -> Result<(Space, Option<Borrowed>)> {
+) -> Result<(Space, Option<RemoteRegion>)> {
     let need = cases
         .iter()
         .map(|c| c.slice_bytes(args.batch) * args.threads as u64)
@@ -327,20 +318,31 @@ fn server_space(
             None,
         ));
     }
-    let borrowed = Borrowed::claim(server, need)?;
-    let space = Space {
-        data: borrowed.space.data,
-        offset: borrowed.space.offset,
-        len: borrowed.space.bytes,
-    };
+    let addr = &server.address;
+    let need = need.next_multiple_of(8);
+    let region = server.control.borrow_region(need).map_err(|e| {
+        let hint = if e.code() == Some(tonic::Code::ResourceExhausted) {
+            "measure with --ops read, or with fewer --threads or a smaller --batch"
+        } else {
+            "--ops read still measures it"
+        };
+        anyhow!(
+            "the memory server at {addr} lends no {need} bytes for write, cas and \
+             fetch_add: {e}; {hint}"
+        )
+    })?;
     eprintln!(
-        "measuring in bytes [{}, {}) of data.{}, allocated from the server's free space \
-         (no table uses them) until the end of the run",
-        space.offset,
-        space.offset + space.len,
-        borrowed.space.region
+        "measuring in a {need}-byte region borrowed from the memory server (no table \
+         uses it; the server frees it when this run ends or dies)"
     );
-    Ok((space, Some(borrowed)))
+    Ok((
+        Space {
+            data: region,
+            offset: 0,
+            len: region.len,
+        },
+        Some(region),
+    ))
 }
 
 /// Bytes of a separately started memory server that a run's requests go to.
@@ -349,61 +351,6 @@ struct Space {
     data: RemoteRegion,
     offset: u64,
     len: u64,
-}
-
-/// Space borrowed from a memory server ([`txn::catalog::borrow`]) and the connection
-/// that gives it back.
-struct Borrowed {
-    conn: txn::conn::Conn,
-    qpn: u32,
-    space: txn::catalog::Allocation,
-}
-
-impl Borrowed {
-    fn claim(server: &ServerTarget, bytes: u64) -> Result<Borrowed> {
-        let addr = &server.address;
-        let cq = server.client.create_cq(16)?;
-        let (qp, info) = server
-            .control
-            .connect_qp_with_config(&*server.client, &QpConfig::rc(&cq))
-            .with_context(|| format!("connecting a queue pair to the memory server at {addr}"))?;
-        let borrowed = txn::conn::Conn::new(&*server.client, qp, cq, 64 << 10)
-            .map_err(anyhow::Error::from)
-            .and_then(|mut conn| {
-                let space = txn::catalog::borrow(&mut conn, &server.regions, bytes)?;
-                Ok((conn, space))
-            });
-        match borrowed {
-            Ok((conn, space)) => Ok(Borrowed {
-                conn,
-                qpn: info.qpn,
-                space,
-            }),
-            Err(e) => {
-                let _ = server.control.disconnect_qp(info.qpn);
-                match e.downcast_ref::<txn::catalog::CatalogError>() {
-                    Some(txn::catalog::CatalogError::ServerFull { regions, .. }) => bail!(
-                        "the memory server at {addr} has no {bytes} bytes free for write, \
-                         cas and fetch_add in its {regions} data region(s) (space a cluster \
-                         allocated there is never written); measure with --ops read, or \
-                         with fewer --threads or a smaller --batch"
-                    ),
-                    _ => Err(e.context(format!(
-                        "cannot allocate space for write, cas and fetch_add on the memory \
-                         server at {addr}; --ops read still measures it"
-                    ))),
-                }
-            }
-        }
-    }
-
-    /// Zeroes the space and returns it to the server's free space if nothing was
-    /// allocated after it; whether it was.
-    fn give_back(mut self, server: &ServerTarget) -> Result<bool> {
-        let given = txn::catalog::give_back(&mut self.conn, &server.regions, &self.space);
-        server.control.disconnect_qp(self.qpn)?;
-        Ok(given?)
-    }
 }
 
 /// Every (case, threads, backend) measurement, in order; with `server`, the run's own

@@ -192,10 +192,15 @@ fn run() -> Result<ExitCode> {
         Command::Token(cmd) => token_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Twopc(cmd) => twopc_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::ShuffleNode(args) => {
+            bench::nodes::exit_with_parent(&args)?;
             bench::shuffle::procs::node_main(&args).map(|()| ExitCode::SUCCESS)
         }
-        Command::JoinNode(args) => bench::join::node_main(&args).map(|()| ExitCode::SUCCESS),
+        Command::JoinNode(args) => {
+            bench::nodes::exit_with_parent(&args)?;
+            bench::join::node_main(&args).map(|()| ExitCode::SUCCESS)
+        }
         Command::AggregateNode(args) => {
+            bench::nodes::exit_with_parent(&args)?;
             bench::aggregate::node_main(&args).map(|()| ExitCode::SUCCESS)
         }
         Command::Verify(args) => Ok(verify_cmd::run(&args)),

@@ -284,3 +284,55 @@ fn bad_arguments_are_refused_clearly() {
         assert!(t.contains(want), "{args:?}: {t}");
     }
 }
+
+/// A benchmark stopped by a signal only it receives (`kill PID`, `timeout`; a
+/// terminal's Ctrl-C reaches the whole process group) or killed outright runs no code
+/// to stop its node processes: they end on their own, and take the socket directory
+/// with them. (Before, they ran their job to the end, with nobody to read it.)
+#[test]
+fn node_processes_end_with_the_benchmark() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    for signal in ["-TERM", "-KILL"] {
+        let mut bench = Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["bench", "shuffle", "--backend", "shm", "--nodes", "2"])
+            .args(["--design", "SESQ/SR", "--baselines", "none"])
+            .args(["--pattern", "repartition", "--tuples", "5000000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let parent = bench.id();
+        let started = Instant::now();
+        let nodes = loop {
+            let nodes: Vec<u32> = common::processes_naming("shuffle-node")
+                .into_iter()
+                .filter(|&pid| common::parent_of(pid) == Some(parent))
+                .collect();
+            if nodes.len() == 2 {
+                break nodes;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "{signal}: the node processes did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", nodes[0])).unwrap();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let at = args.iter().position(|a| *a == b"--socket-dir").unwrap();
+        let dir = PathBuf::from(String::from_utf8(args[at + 1].to_vec()).unwrap());
+        assert!(dir.is_dir(), "{}", dir.display());
+        common::send_signal(parent, signal);
+        bench.wait().unwrap();
+        let stopped = Instant::now();
+        while nodes.iter().any(|&pid| common::alive(pid)) {
+            assert!(
+                stopped.elapsed() < Duration::from_secs(20),
+                "{signal}: node processes {nodes:?} outlived the benchmark"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!dir.exists(), "{signal}: {} left behind", dir.display());
+    }
+}

@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 
 const TOKEN_ENV: &str = "NAMDB_SHUFFLE_TOKEN";
 
+/// The pid of the benchmark process that started a node process.
+const PARENT_ENV: &str = "NAMDB_NODE_PARENT";
+
 /// How long the nodes may take to find each other.
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -84,6 +87,44 @@ fn allowed_cpus() -> Result<Vec<usize>> {
     Ok((0..CpuSet::MAX_CPU)
         .filter(|&c| allowed.is_set(c))
         .collect())
+}
+
+/// Ends this node process, and removes the socket directory, once the benchmark that
+/// started it is gone. A benchmark stopped by a signal only it received (`kill PID`,
+/// `timeout`, a CI job cancelled; a terminal's Ctrl-C reaches the nodes too) or killed
+/// with SIGKILL runs no code to stop its nodes, which otherwise ran their job to the
+/// end, minutes on a large one, with nobody to read the result. Nodes started by
+/// hand (no parent recorded) are left alone.
+pub fn exit_with_parent(args: &NodeArgs) -> Result<()> {
+    let Ok(parent) = std::env::var(PARENT_ENV) else {
+        return Ok(());
+    };
+    let parent: u32 = parent
+        .parse()
+        .with_context(|| format!("{PARENT_ENV} holds no pid: `{parent}`"))?;
+    // Reparented (to init or a subreaper) once the parent is gone.
+    let started_by_parent = move || {
+        rustix::process::getppid().is_some_and(|p| p.as_raw_nonzero().get() as u32 == parent)
+    };
+    ensure!(
+        started_by_parent(),
+        "the benchmark that started this node (pid {parent}) has exited"
+    );
+    let dir = args.socket_dir.clone();
+    std::thread::Builder::new()
+        .name("exit-with-parent".into())
+        .spawn(move || {
+            while started_by_parent() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            if let Some(dir) = dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            eprintln!("the benchmark that started this node (pid {parent}) has exited");
+            std::process::exit(1);
+        })
+        .context("starting the thread that watches the benchmark process")?;
+    Ok(())
 }
 
 /// A node process's exchange: rank 0 listens and prints its address, the others join.
@@ -229,6 +270,7 @@ fn spawn(l: &Launch<'_>, rank: usize, exchange: Option<SocketAddr>) -> Result<No
         .arg(dir)
         .args(["--job", job])
         .env(TOKEN_ENV, token)
+        .env(PARENT_ENV, std::process::id().to_string())
         // The report shows a failing node's error, not a backtrace of it.
         .env("RUST_BACKTRACE", "0")
         .env("RUST_LIB_BACKTRACE", "0")

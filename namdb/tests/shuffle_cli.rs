@@ -275,6 +275,16 @@ fn bad_arguments_are_refused_clearly() {
             &["--design", "none", "--baselines", "none"][..],
             "nothing to run",
         ),
+        // The sweep sets the message sizes: a --message-bytes beside it was ignored.
+        (
+            &["--sweep-message-sizes", "--message-bytes", "8192"][..],
+            "cannot be used with",
+        ),
+        // Named as what it is, not as --baselines none alone.
+        (
+            &["--design", "none", "--baselines", "tcp,none"][..],
+            "cannot be combined",
+        ),
     ] {
         let mut argv = vec!["bench", "shuffle"];
         argv.extend_from_slice(args);

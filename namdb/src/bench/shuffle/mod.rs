@@ -61,7 +61,7 @@ pub struct ShuffleArgs {
           value_parser = clap::value_parser!(u32).range(64..=(16 << 20)))]
     pub message_bytes: u32,
     /// Run every RC design and baseline at 4 KiB, 16 KiB, 64 KiB, 256 KiB and 1 MiB.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "message_bytes")]
     pub sweep_message_sizes: bool,
     /// Buffers in circulation: adaptive (§6.2) or bdp (fixed, bandwidth-delay product).
     #[arg(long, value_enum, default_value_t = BufferingArg::Adaptive)]
@@ -290,6 +290,12 @@ pub fn run(args: &ShuffleArgs) -> Result<()> {
         args.tuples,
         "tuples per node",
     )?;
+    if let Some(b) = &args.baselines
+        && b.contains(&BaselineArg::None)
+        && b.len() > 1
+    {
+        bail!("--baselines none cannot be combined with other baselines");
+    }
     if designs.is_empty()
         && args
             .baselines
@@ -300,12 +306,7 @@ pub fn run(args: &ShuffleArgs) -> Result<()> {
     }
     let (want_tcp, want_mpi, mpi_explicit) = match &args.baselines {
         None => (true, true, false),
-        Some(b) if b.contains(&BaselineArg::None) => {
-            if b.len() > 1 {
-                bail!("--baselines none cannot be combined with other baselines");
-            }
-            (false, false, false)
-        }
+        Some(b) if b.contains(&BaselineArg::None) => (false, false, false),
         Some(b) => (
             b.contains(&BaselineArg::Tcp),
             b.contains(&BaselineArg::Mpi),

@@ -346,3 +346,67 @@ fn node_processes_end_with_the_benchmark() {
         assert!(!dir.exists(), "{signal}: {} left behind", dir.display());
     }
 }
+
+/// The live children of `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| common::parent_of(p) == Some(pid) && common::alive(p))
+        .collect()
+}
+
+/// The MPI baseline's mpirun and its ranks end with the benchmark too, however it is
+/// stopped. (Before, a benchmark stopped by SIGTERM or SIGKILL left them running.)
+#[test]
+fn mpi_ends_with_the_benchmark() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mpi.sh");
+    if !Command::new(&script)
+        .arg("check")
+        .status()
+        .unwrap()
+        .success()
+    {
+        eprintln!("OpenMPI is not installed: no mpirun to stop");
+        return;
+    }
+    for signal in ["-TERM", "-KILL"] {
+        let mut bench = Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["bench", "shuffle", "--design", "none", "--baselines", "mpi"])
+            // Small messages: a run of about half a minute, which mpirun left alone
+            // finishes long after the limit below.
+            .args(["--tuples", "20000000", "--message-bytes", "128"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let (mpirun, ranks) = loop {
+            let mpirun = children_of(bench.id());
+            if let [mpirun] = mpirun[..] {
+                let ranks = children_of(mpirun);
+                if ranks.len() == 2 {
+                    break (mpirun, ranks);
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "{signal}: mpirun and its ranks did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        common::send_signal(bench.id(), signal);
+        bench.wait().unwrap();
+        let stopped = Instant::now();
+        let all: Vec<u32> = ranks.iter().copied().chain([mpirun]).collect();
+        while all.iter().any(|&pid| common::alive(pid)) {
+            assert!(
+                stopped.elapsed() < Duration::from_secs(10),
+                "{signal}: mpirun and its ranks {all:?} outlived the benchmark"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

@@ -57,13 +57,15 @@ pub fn run(
     seed: u64,
 ) -> Result<Vec<MpiLine>> {
     let script = script();
-    let out = Command::new(&script)
-        .arg("run")
+    let mut cmd = Command::new(&script);
+    cmd.arg("run")
         .arg(nodes.to_string())
         .args(["--tuples", &tuples.to_string()])
         .args(["--pattern", pattern])
         .args(["--message-bytes", &message_bytes.to_string()])
-        .args(["--seed", &seed.to_string()])
+        .args(["--seed", &seed.to_string()]);
+    end_with_this_process(&mut cmd);
+    let out = cmd
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -92,4 +94,26 @@ pub fn run(
         stderr.trim()
     );
     Ok(lines)
+}
+
+/// Has the child (mpirun: the script execs it) sent SIGTERM, on which mpirun stops its
+/// ranks, when this process ends. A benchmark stopped by a signal only it got (`kill
+/// PID`, `timeout`) or by SIGKILL runs no code to stop it, and mpirun and its ranks
+/// ran on to the end. The signal comes when the spawning thread ends, which waits for
+/// the child here.
+fn end_with_this_process(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (prctl, getppid); it neither allocates nor locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))?;
+            // A parent that died before the call above sends nothing: do not start.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(std::io::ErrorKind::Other.into());
+            }
+            Ok(())
+        });
+    }
 }

@@ -102,7 +102,20 @@ fn sim_designs_run_and_are_verified() {
         ["MEMQ/SR", "SESQ/SR", "MEMQ/SR", "SESQ/SR"],
         "{rows:?}"
     );
+    // The RC design sends messages of --message-bytes (64 KiB by default); the UD one
+    // datagrams of the MTU, whatever --message-bytes says.
+    let sizes: Vec<u64> = rows
+        .iter()
+        .map(|r| r["message_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [65536, 4096, 65536, 4096], "{rows:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("SESQ/SR") && l.contains(" 4 KiB ")),
+        "{stdout}"
+    );
     assert!(stdout.contains("repartition: best design"), "{stdout}");
     assert!(stdout.contains("broadcast: best design"), "{stdout}");
 }

@@ -248,8 +248,14 @@ fn patterns(p: PatternArg) -> Vec<Pattern> {
     }
 }
 
+/// The message sizes a design (`rc`) or baseline runs at. The UD designs send
+/// datagrams of at most [`fabric::UD_MTU`] bytes whatever `--message-bytes` says, so
+/// that is what their rows report and what their buffering and partitioning
+/// reference are sized for.
 fn sizes(args: &ShuffleArgs, rc: bool) -> Vec<u32> {
-    if args.sweep_message_sizes && rc {
+    if !rc {
+        vec![fabric::UD_MTU]
+    } else if args.sweep_message_sizes {
         SWEEP.to_vec()
     } else {
         vec![args.message_bytes]

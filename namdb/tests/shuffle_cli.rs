@@ -423,3 +423,45 @@ fn mpi_ends_with_the_benchmark() {
         }
     }
 }
+
+/// `--svg` is created when the run starts (a bad path fails at once); a run
+/// interrupted before its figures are drawn removes what it created, parents
+/// included, instead of leaving empty directories where figures were expected.
+#[test]
+fn an_interrupted_run_leaves_no_svg_directory() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("figures/shuffle");
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "bench",
+            "shuffle",
+            "--design",
+            "SESQ/SR",
+            "--baselines",
+            "none",
+        ])
+        .args(["--pattern", "repartition", "--tuples", "20000000", "--svg"])
+        .arg(&svg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    // Kept open until the end: a closed stderr would end the run with SIGPIPE's status.
+    let mut lines = BufReader::new(bench.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        said += &line;
+        if line.contains(" 1/1]") {
+            break;
+        }
+    }
+    assert!(svg.is_dir(), "{said}");
+    common::send_signal(bench.id(), "-INT");
+    said.extend(lines.map_while(Result::ok));
+    let status = bench.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{said}");
+    assert!(!dir.path().join("figures").exists());
+}

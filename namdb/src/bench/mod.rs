@@ -161,6 +161,71 @@ impl JsonOut {
     }
 }
 
+/// A `--svg` directory: created when the run starts, so a bad path fails at once, not
+/// after a long run. What this run created (the directory, and any parents it had to
+/// make) is removed again if the run fails ([`Self::unless_failed`]) or a Ctrl-C ends
+/// it before the figures are drawn ([`Self::keep`]), as [`OutputFile`] does for a
+/// file: otherwise an empty directory stays where figures were expected.
+pub struct SvgDir {
+    path: PathBuf,
+    /// The outermost directory this run created, if it created any.
+    created: Option<PathBuf>,
+    on_interrupt: std::sync::Mutex<Option<crate::interrupt::Registered>>,
+}
+
+impl SvgDir {
+    pub fn claim(path: &Path) -> Result<SvgDir> {
+        let created = path
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+            .last()
+            .map(Path::to_path_buf);
+        fs::create_dir_all(path)
+            .with_context(|| format!("cannot create the SVG directory {}", path.display()))?;
+        let on_interrupt = created
+            .as_deref()
+            .map(crate::interrupt::remove_on_interrupt)
+            .transpose()?;
+        Ok(SvgDir {
+            path: path.to_owned(),
+            created,
+            on_interrupt: std::sync::Mutex::new(on_interrupt),
+        })
+    }
+
+    /// [`Self::claim`] for an optional `--svg`.
+    pub fn claim_opt(path: Option<&Path>) -> Result<Option<SvgDir>> {
+        path.map(SvgDir::claim).transpose()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The figures are in: keep the directory whatever happens next.
+    pub fn keep(&self) {
+        self.on_interrupt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
+    /// `result`, after removing what this run created if it is an error.
+    pub fn unless_failed<T>(dir: Option<&SvgDir>, result: Result<T>) -> Result<T> {
+        if let (
+            Err(_),
+            Some(SvgDir {
+                created: Some(top), ..
+            }),
+        ) = (&result, dir)
+        {
+            // Best effort: the run's own error is what the user needs to see.
+            let _ = fs::remove_dir_all(top);
+        }
+        result
+    }
+}
+
 /// Refuses, before anything is generated, a run whose data alone would not fit in the
 /// memory this host has available (less [`::fabric::HostMemory::reserve`]): it would
 /// end in an allocation failure or the kernel's OOM killer, with nothing reported.

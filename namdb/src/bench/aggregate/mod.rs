@@ -27,7 +27,7 @@
 pub mod node;
 
 use crate::backend::BackendKind;
-use crate::bench::{JsonOut, duckdb, ensure_data_fits, median_run, nodes, parse_names, plot};
+use crate::bench::{JsonOut, SvgDir, duckdb, ensure_data_fits, median_run, nodes, parse_names, plot};
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use node::{Job, NodeRun, STALL_LIMIT};
@@ -523,10 +523,7 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
         args.tuples,
         "tuples per node",
     )?;
-    if let Some(dir) = &args.svg {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the SVG directory {}", dir.display()))?;
-    }
+    let svg = SvgDir::claim_opt(args.svg.as_deref())?;
     let json = JsonOut::open_opt(args.json.as_deref())?;
     let nodes = args.nodes as usize;
     let duckdb_threads = args.duckdb_threads.unwrap_or(nodes * args.threads as usize);
@@ -612,7 +609,8 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
         }
         Ok((rows, duckdb_version))
     })();
-    let (rows, duckdb_version) = JsonOut::unless_failed(json.as_ref(), measured)?;
+    let measured = JsonOut::unless_failed(json.as_ref(), measured);
+    let (rows, duckdb_version) = SvgDir::unless_failed(svg.as_ref(), measured)?;
     let summary: Vec<Summary> = counts.iter().map(|&g| summarize(g, &rows)).collect();
     if let Some(json) = &json {
         let report = Report {
@@ -632,9 +630,10 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
         json.write(&report)?;
         eprintln!("wrote {}", json.path().display());
     }
-    if let Some(dir) = &args.svg {
-        let f = draw(dir, args, &rows)?;
+    if let Some(svg) = &svg {
+        let f = SvgDir::unless_failed(Some(svg), draw(svg.path(), args, &rows))?;
         eprintln!("wrote {}", f.display());
+        svg.keep();
     }
     print_report(
         &mut std::io::stdout().lock(),

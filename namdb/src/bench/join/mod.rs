@@ -22,7 +22,7 @@ use crate::backend::BackendKind;
 use crate::bench::duckdb::{self, Table};
 use crate::bench::nodes;
 use crate::bench::plot::{self, Axes, Series, XAxis};
-use crate::bench::{JsonOut, ensure_data_fits, median_run, parse_names};
+use crate::bench::{JsonOut, SvgDir, ensure_data_fits, median_run, parse_names};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use node::{Job, NodeOutput, STALL_LIMIT};
@@ -204,20 +204,20 @@ pub fn run(args: &JoinArgs) -> Result<()> {
         args.r_tuples.max(args.s_tuples),
         "R or S tuples per node",
     )?;
-    if let Some(dir) = &args.svg {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the SVG directory {}", dir.display()))?;
-    }
+    let svg = SvgDir::claim_opt(args.svg.as_deref())?;
     let json = JsonOut::open_opt(args.json.as_deref())?;
-    let report = JsonOut::unless_failed(json.as_ref(), measure(args, &joins))?;
+    let report = JsonOut::unless_failed(json.as_ref(), measure(args, &joins));
+    let report = SvgDir::unless_failed(svg.as_ref(), report)?;
     if let Some(json) = &json {
         json.write(&report)?;
         eprintln!("wrote {}", json.path().display());
     }
-    if let Some(dir) = &args.svg {
-        for f in draw(dir, &report)? {
+    if let Some(svg) = &svg {
+        let dir = svg.path();
+        for f in SvgDir::unless_failed(Some(svg), draw(dir, &report))? {
             eprintln!("wrote {}", f.display());
         }
+        svg.keep();
     }
     print_report(&mut std::io::stdout().lock(), &report)
         .context("cannot print the report to stdout")?;

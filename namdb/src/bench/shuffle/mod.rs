@@ -18,7 +18,7 @@ mod plot;
 pub mod procs;
 
 use crate::backend::BackendKind;
-use crate::bench::{JsonOut, ensure_data_fits, parse_names};
+use crate::bench::{JsonOut, SvgDir, ensure_data_fits, parse_names};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use node::{Job, Method, NodeResult, Pattern};
@@ -331,20 +331,20 @@ pub fn run(args: &ShuffleArgs) -> Result<()> {
     } else {
         false
     };
-    if let Some(dir) = &args.svg {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the SVG directory {}", dir.display()))?;
-    }
+    let svg = SvgDir::claim_opt(args.svg.as_deref())?;
     let json = JsonOut::open_opt(args.json.as_deref())?;
-    let rows = JsonOut::unless_failed(json.as_ref(), measure(args, &designs, want_tcp, mpi_ok))?;
+    let rows = JsonOut::unless_failed(json.as_ref(), measure(args, &designs, want_tcp, mpi_ok));
+    let rows = SvgDir::unless_failed(svg.as_ref(), rows)?;
     if let Some(json) = &json {
         json.write(&rows)?;
         eprintln!("wrote {}", json.path().display());
     }
-    if let Some(dir) = &args.svg {
-        for f in draw(dir, args, &rows)? {
+    if let Some(svg) = &svg {
+        let dir = svg.path();
+        for f in SvgDir::unless_failed(Some(svg), draw(dir, args, &rows))? {
             eprintln!("wrote {}", f.display());
         }
+        svg.keep();
     }
     print_report(&mut std::io::stdout().lock(), args, &rows)
         .context("cannot print the report to stdout")?;

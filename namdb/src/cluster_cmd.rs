@@ -888,6 +888,7 @@ fn down_unreadable(dir: &Path, path: &Path, why: &anyhow::Error) -> Result<()> {
         kept.display()
     );
     report_killed(&stop_all(found.iter(), &token_file));
+    sweep_leftovers();
     println!(
         "cluster down ({} process{} naming {} stopped)",
         found.len(),
@@ -895,6 +896,16 @@ fn down_unreadable(dir: &Path, path: &Path, why: &anyhow::Error) -> Result<()> {
         token_file.display()
     );
     Ok(())
+}
+
+/// Removes the sockets that processes of a cluster killed by hand (SIGKILL, which
+/// runs no cleanup) left in the temporary directory: a memory server's and a compute
+/// node's are named by pid, and are otherwise swept only when another one starts.
+fn sweep_leftovers() {
+    let tmp = std::env::temp_dir();
+    for prefix in [crate::memory_server_cmd::SOCKET_PREFIX, "namdb-compute-"] {
+        fabric::shm::sweep_leftovers(&tmp, prefix);
+    }
 }
 
 fn down(dir: &Path) -> Result<()> {
@@ -922,6 +933,7 @@ fn down(dir: &Path) -> Result<()> {
         file.processes().chain(&by_hand),
         &file.token_file,
     ));
+    sweep_leftovers();
     std::fs::remove_file(&path)
         .with_context(|| format!("cannot remove the cluster file {}", path.display()))?;
     let gone = file.processes().count() - running;

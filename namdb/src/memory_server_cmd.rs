@@ -106,6 +106,10 @@ pub struct MemoryServerArgs {
     pub exit_with_parent: Option<u32>,
 }
 
+/// The default shm socket of a memory server is this, its pid and `.sock`, in the
+/// temporary directory: named by pid, so that leftovers of a killed one can be told.
+pub const SOCKET_PREFIX: &str = "namdb-memory-server-";
+
 /// Parses a positive number of seconds (fractions allowed).
 fn parse_secs(s: &str) -> Result<Duration, String> {
     match s.trim().parse::<f64>() {
@@ -183,9 +187,8 @@ fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Devic
         }
         ServerBackend::Shm => {
             let path = args.socket.clone().unwrap_or_else(|| {
-                let prefix = "namdb-memory-server-";
-                fabric::shm::sweep_leftovers(&std::env::temp_dir(), prefix);
-                std::env::temp_dir().join(format!("{prefix}{}.sock", std::process::id()))
+                fabric::shm::sweep_leftovers(&std::env::temp_dir(), SOCKET_PREFIX);
+                std::env::temp_dir().join(format!("{SOCKET_PREFIX}{}.sock", std::process::id()))
             });
             let device = ShmDevice::bind_as(&path, token.secret(), node)
                 .with_context(|| format!("cannot start the shm data path on {}", path.display()))?;

@@ -1075,3 +1075,63 @@ fn kv_creates_and_lists_tables() {
         stderr(&o)
     );
 }
+
+/// Processes of a cluster killed by hand (SIGKILL: no cleanup) leave their shm
+/// sockets in the temporary directory; `down` removes them.
+#[test]
+fn down_removes_what_killed_processes_left() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "1",
+        "--compute-nodes",
+        "1",
+        "--backend",
+        "shm",
+    ]);
+    let json = c.json();
+    let server = json["memory_servers"][0]["pid"].as_u64().unwrap() as u32;
+    let node = json["compute_nodes"][0]["pid"].as_u64().unwrap() as u32;
+    let tmp = std::env::temp_dir();
+    let socket = tmp.join(format!("namdb-memory-server-{server}.sock"));
+    let node_dirs = || -> Vec<PathBuf> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(&format!("namdb-compute-{node}-")))
+            })
+            .map(|e| e.path())
+            .collect()
+    };
+    assert!(socket.exists(), "{}", socket.display());
+    assert_eq!(node_dirs().len(), 1);
+    let mut sockets = vec![socket.clone()];
+    for dir in node_dirs() {
+        sockets.extend(std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()));
+    }
+    for pid in [server, node] {
+        send_signal(pid, "-9");
+    }
+    // Gone once nobody listens any more: the last of a killed process's threads may
+    // close its sockets a moment after the process shows as a zombie. (Another test's
+    // process starting meanwhile may have swept them already.)
+    let refused = |s: &PathBuf| {
+        use std::io::ErrorKind::{ConnectionRefused, NotFound};
+        matches!(std::os::unix::net::UnixStream::connect(s),
+                 Err(e) if matches!(e.kind(), ConnectionRefused | NotFound))
+    };
+    let killed = std::time::Instant::now();
+    while !sockets.iter().all(refused) {
+        assert!(
+            killed.elapsed() < std::time::Duration::from_secs(20),
+            "{sockets:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let down = ok(c.cwd(), &["cluster", "down"]);
+    assert!(down.contains("2 had exited already"), "{down}");
+    assert!(!socket.exists(), "{} left behind", socket.display());
+    assert_eq!(node_dirs(), Vec::<PathBuf>::new());
+}

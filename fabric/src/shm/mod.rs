@@ -175,6 +175,17 @@ fn is_dead_socket(path: &Path) -> bool {
         && matches!(UnixStream::connect(path), Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
+/// Whether process `pid` exists and is not a zombie: a killed process whose parent
+/// has exited stays a zombie for good under an init that reaps nothing (some
+/// containers' first process), and it runs no more than a reaped one.
+fn runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // "pid (comm) state …": comm may hold spaces and parentheses.
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !matches!(state.and_then(|s| s.chars().next()), Some('Z' | 'X'))
+    })
+}
+
 /// Removes what processes that are gone left in `dir`: entries named `PREFIX<pid>…`
 /// for a pid no process has, when they are sockets nobody listens on, or directories
 /// of such sockets (removed once empty). A process killed outright cannot remove its
@@ -193,7 +204,7 @@ pub fn sweep_leftovers(dir: &Path, prefix: &str) {
         let Ok(pid) = rest[..digits].parse::<u32>() else {
             continue;
         };
-        if Path::new(&format!("/proc/{pid}")).exists() {
+        if runs(pid) {
             continue;
         }
         let path = entry.path();

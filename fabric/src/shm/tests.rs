@@ -796,3 +796,25 @@ fn leftovers_of_processes_that_are_gone_are_swept_and_nothing_else() {
     assert_eq!(left, kept);
     drop(listening);
 }
+
+#[test]
+fn leftovers_of_zombies_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    // Exited and not waited for: a zombie, whose /proc entry stays until it is reaped.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    let stat = format!("/proc/{pid}/stat");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{pid} never became a zombie"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let leftover = dir.path().join(format!("x-{pid}.sock"));
+    drop(std::os::unix::net::UnixListener::bind(&leftover).unwrap());
+    super::sweep_leftovers(dir.path(), "x-");
+    assert!(!leftover.exists());
+    child.wait().unwrap();
+}

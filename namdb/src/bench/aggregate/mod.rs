@@ -27,7 +27,9 @@
 pub mod node;
 
 use crate::backend::BackendKind;
-use crate::bench::{JsonOut, SvgDir, duckdb, ensure_data_fits, median_run, nodes, parse_names, plot};
+use crate::bench::{
+    JsonOut, SvgDir, duckdb, ensure_data_fits, median_run, nodes, parse_names, plot,
+};
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use node::{Job, NodeRun, STALL_LIMIT};

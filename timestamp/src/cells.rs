@@ -166,7 +166,7 @@ pub(crate) fn last_decided_except(
 /// timestamp `base + b`, and returns the candidates it allows (other bits it returns
 /// are ignored): the read path runs this on every read timestamp that finds a gap,
 /// and a word at a time lets the rule hold its state once per word instead of per
-/// bit ([`each_timestamp`] adapts a rule on single timestamps).
+/// bit.
 pub(crate) fn skippable(
     bits: u64,
     start: u64,
@@ -198,22 +198,6 @@ pub(crate) fn skippable(
         }
     }
     out
-}
-
-/// A word-at-a-time rule for [`skippable`] from a rule on single timestamps.
-pub(crate) fn each_timestamp(may_skip: impl Fn(u64) -> bool) -> impl Fn(u64, u64) -> u64 {
-    move |base, candidates| {
-        let mut rest = candidates;
-        let mut mask = 0u64;
-        while rest != 0 {
-            let b = rest.trailing_zeros();
-            rest &= rest - 1;
-            if may_skip(base + u64::from(b)) {
-                mask |= 1 << b;
-            }
-        }
-        mask
-    }
 }
 
 /// The bits `lo..=hi` of a word, clipped to its 64 bits; `None` when that is empty.
@@ -381,6 +365,22 @@ mod tests {
         assert_eq!(m, vec![(0, 0b1010_1010, false), (0, 0b0000_1010, true)]);
     }
 
+    /// A word-at-a-time rule for [`skippable`] from a rule on single timestamps.
+    fn each_timestamp(may_skip: impl Fn(u64) -> bool) -> impl Fn(u64, u64) -> u64 {
+        move |base, candidates| {
+            let mut rest = candidates;
+            let mut mask = 0u64;
+            while rest != 0 {
+                let b = rest.trailing_zeros();
+                rest &= rest - 1;
+                if may_skip(base + u64::from(b)) {
+                    mask |= 1 << b;
+                }
+            }
+            mask
+        }
+    }
+
     /// `skippable` by its definition, one bit at a time.
     fn skippable_bit_by_bit(
         bits: u64,
@@ -440,7 +440,7 @@ mod tests {
             let window = &words[w0 as usize..(w0 + n) as usize];
             let from = start + from_off % (bits + 64);
             let upto = from + len;
-            let rule = |t: u64| t % modulus != 0;
+            let rule = |t: u64| !t.is_multiple_of(modulus);
             prop_assert_eq!(
                 skippable(bits, start, window, from, upto, each_timestamp(rule)),
                 skippable_bit_by_bit(bits, start, window, from, upto, rule)

@@ -821,9 +821,9 @@ fn reserve(
 /// Gives back `spaces` of a creation that failed before anyone could learn of them
 /// (never published): each region's cursor is moved back over its space by a CAS
 /// from the space's end to its start, last allocation first, so it succeeds exactly
-/// while nothing was allocated after it, as in [`give_back`]. Unlike there, nothing
-/// is zeroed: the catalog never writes into a table's space, only the table's users
-/// do once it is published, so the space is still as zero as it was past the cursor.
+/// while nothing was allocated after it. Nothing is zeroed: the catalog never writes
+/// into a table's space, only the table's users do once it is published, so the
+/// space is still as zero as it was past the cursor.
 /// Space that cannot be given back stays allocated, unused (it leaks, as before).
 /// Best effort: errors are ignored, the creation's own error is what matters.
 fn untake(conns: &mut [Conn], servers: &[ServerRegions], spaces: &[Allocation]) {
@@ -832,41 +832,6 @@ fn untake(conns: &mut [Conn], servers: &[ServerRegions], spaces: &[Allocation]) 
         let end = space.offset + space.bytes;
         let _ = cas(&mut conns[space.server as usize], at, end, space.offset);
     }
-}
-
-// ---- borrowed space ----
-
-/// Space of one memory server for a tool that must not disturb a cluster the server may
-/// belong to (`namdb bench fabric --connect` writes into it): allocated from the
-/// server's own cursors exactly as a table's space is, so no table, oracle or commit
-/// log ever overlaps it, whether or not a catalog was ever bootstrapped there. `conn`
-/// is connected to that server. Give it back with [`give_back`].
-pub fn borrow(conn: &mut Conn, server: &ServerRegions, bytes: u64) -> Result<Allocation> {
-    allocate(
-        std::slice::from_mut(conn),
-        std::slice::from_ref(server),
-        0,
-        bytes,
-    )
-}
-
-/// Zeroes `space` (from [`borrow`]) and moves its region's cursor back over it if it
-/// is still the last allocation there; returns whether it did. Zeroed first because
-/// space past a cursor must be zero (fresh allocations are empty arenas and indexes).
-/// Otherwise something was allocated after it, and it stays allocated, unused, like the
-/// space of an abandoned table: the cursor must never pass back over someone else's.
-pub fn give_back(conn: &mut Conn, server: &ServerRegions, space: &Allocation) -> Result<bool> {
-    let zeros = vec![0u8; conn.scratch().len().min(space.bytes) as usize];
-    let mut done = 0;
-    while done < space.bytes {
-        let n = zeros.len().min((space.bytes - done) as usize);
-        // `Conn::run` waits for each WRITE, so all are done before the CAS below.
-        conn.write_bytes(space.data.at(space.offset + done), &zeros[..n])?;
-        done += n as u64;
-    }
-    let end = space.offset + space.bytes;
-    let at = cursor_at(std::slice::from_ref(server), 0, space.region);
-    Ok(cas(conn, at, end, space.offset)? == end)
 }
 
 // ---- bootstrap ----
@@ -2263,45 +2228,6 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("made no progress"));
-    }
-
-    #[test]
-    fn borrowed_space_is_nobody_elses_and_comes_back_zeroed() {
-        let c = Cluster::new(2, 1, 1 << 20);
-        let mut conns = c.node();
-        let regions = c.regions();
-        // Before any bootstrap: the oracle is allocated after the borrowed space.
-        let early = borrow(&mut conns[0], &regions[0], 1000).unwrap();
-        assert_eq!((early.offset, early.bytes), (0, 1024));
-        let cat = c.open(&mut conns).unwrap();
-        assert!(cat.oracle().offset >= early.offset + early.bytes);
-        let table = cat.create_table(&mut conns, &spec("t", 2)).unwrap();
-
-        let space = borrow(&mut conns[1], &regions[1], 4096).unwrap();
-        let mut all = ranges(&cat, std::slice::from_ref(&table));
-        all.push((0, 0, early.offset, early.offset + early.bytes));
-        all.push((1, space.region, space.offset, space.offset + space.bytes));
-        assert_disjoint(all);
-        let before = c.cursor(1, 0);
-        assert_eq!(before, space.offset + space.bytes);
-        for at in (space.offset..before).step_by(8) {
-            c.data[1][0].store_u64(at, u64::MAX).unwrap();
-        }
-        assert!(give_back(&mut conns[1], &regions[1], &space).unwrap());
-        assert_eq!(c.cursor(1, 0), space.offset);
-        for at in (space.offset..before).step_by(8) {
-            assert_eq!(c.data[1][0].load_u64(at).unwrap(), 0, "byte {at}");
-        }
-
-        // Allocated after: it stays allocated, and the later allocation keeps its own.
-        assert!(!give_back(&mut conns[0], &regions[0], &early).unwrap());
-        let cursor = c.cursor(0, 0);
-        assert!(cursor > early.offset + early.bytes);
-        let more = cat.create_table(&mut conns, &spec("u", 2)).unwrap();
-        let mut all = ranges(&cat, &[table, more]);
-        all.push((0, 0, early.offset, early.offset + early.bytes));
-        assert_disjoint(all);
-        assert!(c.cursor(0, 0) > cursor);
     }
 
     #[test]

@@ -1066,8 +1066,7 @@ fn status(dir: &Path) -> Result<bool> {
         return Ok(true);
     };
     let by_hand = started_by_hand(&file);
-    let mut down = 0;
-    let mut total = 0;
+    let (mut not_running, mut paused, mut total) = (0, 0, 0);
     for p in file
         .memory_servers
         .iter()
@@ -1085,12 +1084,12 @@ fn status(dir: &Path) -> Result<bool> {
         };
         let state = match running {
             Some((pid, _)) if stopped(pid) => {
-                down += 1;
+                paused += 1;
                 format!("stopped (SIGSTOP: it answers nothing; `kill -CONT {pid}` resumes it)")
             }
             Some((_, how)) => format!("alive{how}"),
             None => {
-                down += 1;
+                not_running += 1;
                 format!(
                     "not running (`namdb cluster restart {}{}` starts it again)",
                     p.name,
@@ -1117,15 +1116,44 @@ fn status(dir: &Path) -> Result<bool> {
     {
         println!("{} pid {} alive, started by hand", h.name, h.pid);
     }
-    if down > 0 {
-        println!("{down} of {total} processes are not running");
+    let summary = status_summary(not_running, paused, total);
+    if !summary.is_empty() {
+        println!("{summary}");
     }
-    Ok(down == 0)
+    Ok(not_running + paused == 0)
+}
+
+/// The last line of `status`: how many processes do not run and how many are stopped,
+/// each counted as what it is; empty when all run.
+fn status_summary(not_running: usize, paused: usize, total: usize) -> String {
+    let is_are = |n: usize| if n == 1 { "is" } else { "are" };
+    let mut parts = Vec::new();
+    if not_running > 0 {
+        parts.push(format!("{not_running} {} not running", is_are(not_running)));
+    }
+    if paused > 0 {
+        parts.push(format!("{paused} {} stopped", is_are(paused)));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("of {total} processes, {}", parts.join(" and "))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_status_summary_counts_stopped_processes_as_stopped() {
+        assert_eq!(status_summary(0, 0, 3), "");
+        assert_eq!(status_summary(1, 0, 3), "of 3 processes, 1 is not running");
+        assert_eq!(status_summary(0, 1, 3), "of 3 processes, 1 is stopped");
+        assert_eq!(
+            status_summary(2, 1, 5),
+            "of 5 processes, 2 are not running and 1 is stopped"
+        );
+    }
 
     #[test]
     fn this_process_is_alive_and_a_free_pid_is_not() {

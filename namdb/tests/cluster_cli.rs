@@ -662,6 +662,11 @@ fn a_process_restarted_by_hand_is_seen_and_stopped() {
         "{}",
         stdout(&o)
     );
+    assert!(
+        stdout(&o).ends_with("of 3 processes, 1 is stopped\n"),
+        "{}",
+        stdout(&o)
+    );
     send_signal(old_pid, "-9");
     while alive(old_pid) {
         std::thread::sleep(std::time::Duration::from_millis(10));
@@ -669,7 +674,7 @@ fn a_process_restarted_by_hand_is_seen_and_stopped() {
     let o = namdb(c.cwd(), &["cluster", "status"]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(
-        stdout(&o).ends_with("1 of 3 processes are not running\n"),
+        stdout(&o).ends_with("of 3 processes, 1 is not running\n"),
         "{}",
         stdout(&o)
     );

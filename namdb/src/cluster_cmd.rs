@@ -10,7 +10,7 @@ use std::fs::{File, TryLockError};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -36,27 +36,57 @@ fn interrupted() -> &'static Arc<AtomicBool> {
     FLAG.get_or_init(|| Arc::new(AtomicBool::new(false)))
 }
 
+/// Which of those signals came (the last one), for the exit status.
+fn interrupting_signal() -> &'static Arc<AtomicUsize> {
+    static SIGNAL: OnceLock<Arc<AtomicUsize>> = OnceLock::new();
+    SIGNAL.get_or_init(|| Arc::new(AtomicUsize::new(0)))
+}
+
 /// Turns SIGINT, SIGTERM and SIGHUP (the terminal closed) into [`interrupted`]; a
 /// second one ends the process at once, with the shell's status for it, as without
 /// the handler.
 fn catch_interrupts() -> Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     for signal in [SIGINT, SIGTERM, SIGHUP] {
-        signal_hook::flag::register_conditional_shutdown(
-            signal,
-            128 + signal,
-            Arc::clone(interrupted()),
-        )
-        .context("cannot handle SIGINT, SIGTERM and SIGHUP")?;
-        signal_hook::flag::register(signal, Arc::clone(interrupted()))
-            .context("cannot handle SIGINT, SIGTERM and SIGHUP")?;
+        let register = || -> std::io::Result<()> {
+            signal_hook::flag::register_conditional_shutdown(
+                signal,
+                128 + signal,
+                Arc::clone(interrupted()),
+            )?;
+            signal_hook::flag::register_usize(
+                signal,
+                Arc::clone(interrupting_signal()),
+                signal as usize,
+            )?;
+            signal_hook::flag::register(signal, Arc::clone(interrupted()))?;
+            Ok(())
+        };
+        register().context("cannot handle SIGINT, SIGTERM and SIGHUP")?;
     }
     Ok(())
 }
 
+/// `up` stopped by a signal, after stopping what it had started: `main` exits with
+/// the shell's status for the signal (130 for Ctrl-C), as for a command without
+/// a handler.
+#[derive(Debug)]
+pub struct Interrupted {
+    pub signal: i32,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted: stopped the processes started so far")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
 fn check_interrupted() -> Result<()> {
     if interrupted().load(Ordering::Relaxed) {
-        bail!("interrupted: stopping the processes started so far");
+        let signal = interrupting_signal().load(Ordering::Relaxed) as i32;
+        return Err(Interrupted { signal }.into());
     }
     Ok(())
 }

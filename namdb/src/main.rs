@@ -94,6 +94,9 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{}", error_report(&e));
+            if let Some(stop) = e.downcast_ref::<cluster_cmd::Interrupted>() {
+                return ExitCode::from((128 + stop.signal) as u8);
+            }
             let backtrace = e.backtrace();
             if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
                 eprintln!("\nStack backtrace:\n{backtrace}");

@@ -1090,10 +1090,11 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Prints each process's state; false if one of them does not run (or is stopped).
+/// Prints each process's state; false if one of them does not run (or is stopped),
+/// or there is no cluster: a script's `status && …` must not go on with nothing up.
 fn status(dir: &Path) -> Result<bool> {
     let Some((_, file)) = existing(dir, "no cluster")? else {
-        return Ok(true);
+        return Ok(false);
     };
     let by_hand = started_by_hand(&file);
     let (mut not_running, mut paused, mut total) = (0, 0, 0);

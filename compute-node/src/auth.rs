@@ -51,7 +51,7 @@ impl Interceptor for Authenticate {
         let proof = value
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix(SCHEME))
+            .and_then(strip_scheme)
             .and_then(|h| hex::decode(h.trim()).ok())
             .ok_or_else(|| {
                 Status::unauthenticated(
@@ -66,6 +66,15 @@ impl Interceptor for Authenticate {
             ))
         }
     }
+}
+
+/// The credentials after the scheme, which HTTP compares without regard to case
+/// (RFC 9110 §11.1: `bearer` and `BEARER` are `Bearer`).
+fn strip_scheme(value: &str) -> Option<&str> {
+    let scheme = value.get(..SCHEME.len())?;
+    scheme
+        .eq_ignore_ascii_case(SCHEME)
+        .then(|| &value[SCHEME.len()..])
 }
 
 /// The client's side: adds the bearer value to every call.
@@ -107,6 +116,13 @@ mod tests {
         assert!(err.message().contains("wrong credentials"), "{err:?}");
         let err = call(&mut check, None).unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unauthenticated);
+        // The scheme's case does not matter, as in HTTP.
+        let hex = &good.to_str().unwrap()["Bearer ".len()..];
+        for scheme in ["bearer ", "BEARER "] {
+            assert!(call(&mut check, Some(&format!("{scheme}{hex}"))).is_ok());
+        }
+        let err = call(&mut check, Some(&format!("Basic {hex}"))).unwrap_err();
+        assert!(err.message().contains("malformed"), "{err:?}");
         let err = call(&mut check, Some("Bearer zz")).unwrap_err();
         assert!(err.message().contains("malformed"), "{err:?}");
         // The token itself is not a credential: only the derived value is.

@@ -245,43 +245,27 @@ fn an_interrupted_run_leaves_no_temporary_directory() {
             .map(|e| e.unwrap().file_name())
             .collect::<Vec<_>>()
     };
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args([
-            "bench",
-            "aggregate",
-            "--tuples",
-            "4000000",
-            "--groups",
-            "10",
-        ])
-        .args(["--repeat", "5"])
-        .env("TMPDIR", tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
-    let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        let generating = line.contains("generating");
-        seen.push(line);
-        if generating {
-            break;
-        }
-    }
-    assert!(
-        seen.last().is_some_and(|l| l.contains("generating")),
-        "the run never started: {seen:?}"
+    let code = common::interrupt_at_line(
+        std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args([
+                "bench",
+                "aggregate",
+                "--tuples",
+                "4000000",
+                "--groups",
+                "10",
+            ])
+            .args(["--repeat", "5"])
+            .env("TMPDIR", tmp.path()),
+        "generating",
+        || {
+            assert!(
+                !entries().is_empty(),
+                "no directory was made before the runs"
+            )
+        },
     );
-    assert!(
-        !entries().is_empty(),
-        "no directory was made before the runs"
-    );
-    // Read on: a closed pipe would fail the run's next progress line.
-    std::thread::spawn(move || lines.for_each(drop));
-    common::send_signal(child.id(), "-INT");
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(code, Some(130));
     assert_eq!(entries(), Vec::<std::ffi::OsString>::new(), "left behind");
 }
 
@@ -293,7 +277,7 @@ fn an_interrupted_run_leaves_no_temporary_directory() {
 #[test]
 fn the_duckdb_peer_dies_with_an_interrupted_run() {
     use std::os::unix::fs::PermissionsExt;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
     let marker = format!("namdb-test-duckdb-peer-{}", std::process::id());
     let script = dir.path().join("peer.sh");
@@ -308,37 +292,20 @@ fn the_duckdb_peer_dies_with_an_interrupted_run() {
         .args(["--algorithms", "two-phase", "--repeat", "1"])
         .env("NAMDB_DUCKDB_SCRIPT", &script)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Read on: a closed pipe would fail the run's progress lines.
-    let stderr = child.stderr.take().unwrap();
-    let said = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let peer = loop {
-        if let Some(&pid) = common::processes_naming(&marker).first() {
-            break pid;
-        }
-        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the peer never started: {}", said.join().unwrap());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut peer = None;
+    common::wait_while_running(&mut child, Duration::from_secs(120), "DuckDB peer", || {
+        peer = common::processes_naming(&marker).first().copied();
+        peer.is_some()
+    });
+    let peer = peer.unwrap();
     assert_eq!(
         common::parent_of(peer),
         Some(child.id()),
         "not the run's child"
     );
-    common::send_signal(child.id(), "-INT");
-    assert_eq!(child.wait().unwrap().code(), Some(130));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while common::alive(peer) {
-        if Instant::now() > deadline {
-            common::send_signal(peer, "-KILL");
-            panic!("the DuckDB peer {peer} outlived the interrupted run");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert_eq!(common::interrupt(&mut child), Some(130));
+    common::assert_ended(&[peer], Duration::from_secs(30), "the DuckDB peer");
 }

@@ -3,6 +3,8 @@
 use serde_json::Value;
 use std::process::Command;
 
+mod common;
+
 /// Runs `namdb bench timestamp ARGS`, which must succeed.
 fn bench(args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_namdb"))
@@ -99,26 +101,15 @@ fn commit_then_wait_times_visibility() {
 fn an_interrupted_shm_run_leaves_no_socket_directory() {
     let tmp = tempfile::tempdir().unwrap();
     let entries = || std::fs::read_dir(tmp.path()).unwrap().count();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args(["bench", "timestamp", "--backend", "shm"])
-        .args(["--duration-ms", "60000"])
-        .env("TMPDIR", tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while entries() == 0 {
-        assert!(started.elapsed().as_secs() < 30, "no socket directory");
-        assert_eq!(child.try_wait().unwrap(), None, "ended early");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let code = common::interrupt_when(
+        Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["bench", "timestamp", "--backend", "shm"])
+            .args(["--duration-ms", "60000"])
+            .env("TMPDIR", tmp.path()),
+        "socket directory",
+        || entries() > 0,
+        std::time::Duration::from_millis(200),
+    );
+    assert_eq!(code, Some(130));
     assert_eq!(entries(), 0, "the socket directory is left");
 }

@@ -408,23 +408,16 @@ fn an_interrupted_run_leaves_no_temporary_directory() {
     let long_run = ["bench", "txn", "--keys", "1000", "--duration", "60"];
     let tmp = tempfile::tempdir().unwrap();
     // shm's socket directory goes on Ctrl-C, with the shell's status for it.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args(long_run)
-        .args(["--backend", "shm"])
-        .env("TMPDIR", tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while entries(tmp.path()).is_empty() {
-        assert!(started.elapsed() < Duration::from_secs(30), "no directory");
-        assert_eq!(child.try_wait().unwrap(), None, "ended early");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    common::send_signal(child.id(), "-INT");
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let code = common::interrupt_when(
+        std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(long_run)
+            .args(["--backend", "shm"])
+            .env("TMPDIR", tmp.path()),
+        "directory",
+        || !entries(tmp.path()).is_empty(),
+        Duration::from_millis(300),
+    );
+    assert_eq!(code, Some(130));
     assert_eq!(entries(tmp.path()), Vec::<std::ffi::OsString>::new());
 
     // Other backends make no directory at all, so even SIGKILL leaves nothing.

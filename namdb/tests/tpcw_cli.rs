@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{alive, namdb, ok, parent_of, processes_naming, send_signal, stderr};
+use common::{
+    assert_ended, interrupt_at_line, interrupt_when, namdb, ok, parent_of, processes_naming, stderr,
+};
 use serde_json::Value;
 
 /// A small database: fast to load, and small enough that stocks restock often.
@@ -482,36 +484,22 @@ fn memory_servers_stop_when_the_run_is_killed() {
     // As the OOM killer or `kill -9` would: no chance to stop them.
     run.kill().unwrap();
     run.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while servers.iter().any(|&p| alive(p)) {
-        assert!(
-            Instant::now() < deadline,
-            "memory servers {servers:?} outlived the run that started them"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert_ended(&servers, Duration::from_secs(20), "memory servers");
 }
 
 #[test]
 fn an_interrupted_run_leaves_no_directory() {
     let tmp = tempfile::tempdir().unwrap();
     let entries = || std::fs::read_dir(tmp.path()).unwrap().count();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args(["tpcw", "--items", "1000", "--ebs", "1", "--duration", "60"])
-        .env("TMPDIR", tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while entries() == 0 {
-        assert!(started.elapsed().as_secs() < 30, "no directory");
-        assert_eq!(child.try_wait().unwrap(), None, "ended early");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    send_signal(child.id(), "-INT");
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let code = interrupt_when(
+        std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["tpcw", "--items", "1000", "--ebs", "1", "--duration", "60"])
+            .env("TMPDIR", tmp.path()),
+        "directory",
+        || entries() > 0,
+        std::time::Duration::from_millis(500),
+    );
+    assert_eq!(code, Some(130));
     assert_eq!(entries(), 0, "the run's directory is left");
 }
 
@@ -523,7 +511,6 @@ fn an_interrupted_run_removes_the_output_files_it_created() {
     let (json, svg) = (tmp.path().join("out.json"), tmp.path().join("out.svg"));
     let existing = tmp.path().join("existing.json");
     std::fs::write(&existing, "earlier results\n").unwrap();
-    let mut children = Vec::new();
     for out in [
         vec![
             "--json",
@@ -534,36 +521,15 @@ fn an_interrupted_run_removes_the_output_files_it_created() {
         ],
         vec!["--json", existing.to_str().unwrap()],
     ] {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
-            .args(["tpcw", "--items", "1000", "--ebs", "1", "--duration", "20"])
-            .args(out)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
         // Once the clients run, the files have long been opened.
-        let mut lines =
-            std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
-        let mut seen = Vec::new();
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            let started = line.contains("clients for 20 s");
-            seen.push(line);
-            if started {
-                break;
-            }
-        }
-        assert!(
-            seen.last().is_some_and(|l| l.contains("clients for 20 s")),
-            "the run never started: {seen:?}"
+        let code = interrupt_at_line(
+            std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+                .args(["tpcw", "--items", "1000", "--ebs", "1", "--duration", "20"])
+                .args(out),
+            "clients for 20 s",
+            || {},
         );
-        // Read on: a closed pipe would fail the run's next progress line.
-        std::thread::spawn(move || lines.for_each(drop));
-        send_signal(child.id(), "-INT");
-        children.push(child);
-    }
-    for mut child in children {
-        assert_eq!(child.wait().unwrap().code(), Some(130));
+        assert_eq!(code, Some(130));
     }
     assert!(!json.exists(), "the created --json is left");
     assert!(!svg.exists(), "the created --svg is left");
@@ -588,36 +554,20 @@ fn an_interrupted_run_on_memory_server_processes_leaves_no_directory() {
             .filter(|name| !name.starts_with("namdb-memory-server-"))
             .collect::<Vec<_>>()
     };
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args(["tpcw", "--backend", "shm", "--items", "1000", "--ebs", "1"])
-        .args(["--duration", "20"])
-        .env("TMPDIR", tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
-    let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        let started = line.contains("clients for 20 s");
-        seen.push(line);
-        if started {
-            break;
-        }
-    }
-    assert!(
-        seen.last().is_some_and(|l| l.contains("clients for 20 s")),
-        "the run never started: {seen:?}"
+    let code = interrupt_at_line(
+        std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["tpcw", "--backend", "shm", "--items", "1000", "--ebs", "1"])
+            .args(["--duration", "20"])
+            .env("TMPDIR", tmp.path()),
+        "clients for 20 s",
+        || {
+            assert!(
+                ours().iter().any(|n| n.starts_with("namdb-compute-")),
+                "no sockets directory: {:?}",
+                ours()
+            )
+        },
     );
-    assert!(
-        ours().iter().any(|n| n.starts_with("namdb-compute-")),
-        "no sockets directory: {:?}",
-        ours()
-    );
-    // Read on: a closed pipe would fail the run's next progress line.
-    std::thread::spawn(move || lines.for_each(drop));
-    send_signal(child.id(), "-INT");
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(code, Some(130));
     assert_eq!(ours(), Vec::<String>::new(), "left behind");
 }

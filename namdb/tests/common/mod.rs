@@ -341,3 +341,103 @@ pub fn send_signal(pid: u32, signal: &str) {
         .unwrap();
     assert!(status.success(), "kill {signal} {pid}: {status}");
 }
+
+/// Sends SIGINT to `child` alone (not its process group, as a terminal's Ctrl-C would)
+/// and returns its exit code.
+pub fn interrupt(child: &mut Child) -> Option<i32> {
+    send_signal(child.id(), "-INT");
+    child.wait().unwrap().code()
+}
+
+/// Reads `child`'s piped stderr up to the first line that contains `line` and returns
+/// the lines read; panics with them if the run ends first. The rest is read on a
+/// thread: a closed pipe would fail the run's next progress line.
+pub fn read_stderr_until(child: &mut Child, line: &str) -> Vec<String> {
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
+    let mut seen = Vec::new();
+    for read in lines.by_ref() {
+        let read = read.unwrap();
+        let found = read.contains(line);
+        seen.push(read);
+        if found {
+            break;
+        }
+    }
+    assert!(
+        seen.last().is_some_and(|l| l.contains(line)),
+        "the run never started: {seen:?}"
+    );
+    std::thread::spawn(move || lines.for_each(drop));
+    seen
+}
+
+/// Starts `run` (stdout to null, stderr read), waits for its stderr line that contains
+/// `line`, calls `then` (what must hold while it runs), interrupts it
+/// ([`interrupt`]) and returns its exit code.
+pub fn interrupt_at_line(run: &mut Command, line: &str, then: impl FnOnce()) -> Option<i32> {
+    let mut child = run
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    read_stderr_until(&mut child, line);
+    then();
+    interrupt(&mut child)
+}
+
+/// Polls `ready` until it holds, asserting meanwhile that `child` runs; panics naming
+/// `what` if it does not hold within `within`.
+pub fn wait_while_running(
+    child: &mut Child,
+    within: std::time::Duration,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) {
+    let started = std::time::Instant::now();
+    while !ready() {
+        if started.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no {what}");
+        }
+        assert_eq!(child.try_wait().unwrap(), None, "ended early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Starts `run` (its output to null), waits until `ready` holds ([`wait_while_running`],
+/// 30 s) and `settle` more, interrupts it ([`interrupt`]) and returns its exit code.
+pub fn interrupt_when(
+    run: &mut Command,
+    what: &str,
+    ready: impl FnMut() -> bool,
+    settle: std::time::Duration,
+) -> Option<i32> {
+    let mut child = run
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_while_running(&mut child, std::time::Duration::from_secs(30), what, ready);
+    std::thread::sleep(settle);
+    interrupt(&mut child)
+}
+
+/// Waits up to `within` for every one of `pids` to end; kills those left and panics
+/// naming `what` if any outlives it.
+pub fn assert_ended(pids: &[u32], within: std::time::Duration, what: &str) {
+    let deadline = std::time::Instant::now() + within;
+    while pids.iter().any(|&p| alive(p)) {
+        if std::time::Instant::now() > deadline {
+            let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+            for &p in &left {
+                // It may end in between.
+                let _ = Command::new("kill")
+                    .args(["-KILL", &p.to_string()])
+                    .status();
+            }
+            panic!("{what} {left:?} outlived the run");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -465,3 +465,56 @@ fn an_interrupted_run_leaves_no_svg_directory() {
     assert_eq!(status.code(), Some(130), "{said}");
     assert!(!dir.path().join("figures").exists());
 }
+
+/// The node processes of a run on shm used to outlive their parent: `kill -INT` of the
+/// benchmark alone (its handler exits at once) or its SIGKILL left them running their
+/// job, orphaned. Stopped here before the parent is signalled, so that on the old code
+/// they would stay (stopped) for ever rather than end with their job; the kernel's
+/// SIGKILL on the parent's death ends even a stopped process.
+#[test]
+fn node_processes_die_with_an_interrupted_or_killed_run() {
+    use std::time::Duration;
+    // A SIGKILL leaves the socket directory; it goes with this one.
+    let tmp = tempfile::tempdir().unwrap();
+    for signal in ["-INT", "-KILL"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args([
+                "bench",
+                "shuffle",
+                "--backend",
+                "shm",
+                "--design",
+                "MEMQ/SR",
+            ])
+            .args(["--baselines", "none", "--pattern", "repartition"])
+            .args(["--tuples", "4000000", "--repeat", "20"])
+            .env("TMPDIR", tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let (parent, mut nodes) = (child.id(), Vec::new());
+        common::wait_while_running(
+            &mut child,
+            Duration::from_secs(120),
+            "node processes",
+            || {
+                nodes = common::processes_naming("shuffle-node")
+                    .into_iter()
+                    .filter(|&pid| common::parent_of(pid) == Some(parent))
+                    .collect();
+                nodes.len() == 2
+            },
+        );
+        for &node in &nodes {
+            common::send_signal(node, "-STOP");
+        }
+        if signal == "-INT" {
+            assert_eq!(common::interrupt(&mut child), Some(130));
+        } else {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        common::assert_ended(&nodes, Duration::from_secs(30), "node processes");
+    }
+}

@@ -4,9 +4,10 @@
 # Usage: scripts/mpi.sh install        install OpenMPI (Debian: openmpi-bin,
 #                                      libopenmpi-dev) if mpicc or mpirun is missing
 #        scripts/mpi.sh check          exit 0 if mpicc and mpirun are on PATH, else 3
-#        scripts/mpi.sh build          compile mpi-shuffle.c (mpicc -O2) into
-#                                      $MPI_BUILD_DIR (default: target/mpi) if stale;
-#                                      prints the binary's path
+#        scripts/mpi.sh build          compile mpi-shuffle.c (beside this script;
+#                                      mpicc -O2) into $MPI_BUILD_DIR (default: mpi in
+#                                      namdb's cache directory) unless the binary there
+#                                      was built from the same source; prints its path
 #        scripts/mpi.sh run NP ARGS…   build, then run it on NP ranks of this host:
 #                                      mpirun -np NP --oversubscribe mpi-shuffle ARGS…
 #                                      (ARGS: --tuples X [--pattern repartition|broadcast|
@@ -15,14 +16,25 @@
 #
 # Ranks talk through shared memory (btl self,vader), the one transport a single host
 # needs; as root, mpirun needs --allow-run-as-root (set through the environment here).
+# namdb's cache directory: $NAMDB_CACHE_DIR, else $XDG_CACHE_HOME/namdb, else
+# ~/.cache/namdb. namdb has this script built in and writes it, with mpi-shuffle.c
+# beside it, into a directory of each run's.
 set -euo pipefail
 
 say() { printf '[mpi] %s\n' "$*" >&2; }
 die() { say "FAILED: $*"; exit 1; }
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-repo=$(cd "$(dirname "$0")/.." && pwd)
-build_dir=${MPI_BUILD_DIR:-$repo/target/mpi}
+here=$(cd "$(dirname "$0")" && pwd)
+build_dir() {
+    if [[ -n ${MPI_BUILD_DIR:-} ]]; then
+        echo "$MPI_BUILD_DIR"
+    elif [[ -n ${NAMDB_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-}}} ]]; then
+        echo "${NAMDB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/namdb}/mpi"
+    else
+        die "no directory to build in: set MPI_BUILD_DIR, NAMDB_CACHE_DIR or HOME"
+    fi
+}
 
 have_mpi() { command -v mpicc >/dev/null && command -v mpirun >/dev/null; }
 
@@ -38,11 +50,18 @@ install() {
 
 build() {
     have_mpi || die "OpenMPI is not installed (mpicc, mpirun); run: scripts/mpi.sh install"
-    mkdir -p "$build_dir"
-    local src=$repo/scripts/mpi-shuffle.c bin=$build_dir/mpi-shuffle
-    if [[ ! -x $bin || $src -nt $bin ]]; then
-        mpicc -O2 -o "$bin.tmp" "$src" || die "mpicc $src"
-        mv "$bin.tmp" "$bin"
+    local dir
+    dir=$(build_dir)
+    mkdir -p "$dir" || die "mkdir -p $dir"
+    local src=$here/mpi-shuffle.c bin=$dir/mpi-shuffle
+    # The source is written out afresh for every run, so its age says nothing: the
+    # copy kept beside the binary says what it was built from. Concurrent runs each
+    # build into their own temporary names and rename, so none runs a half-written one.
+    if [[ ! -x $bin ]] || ! cmp -s "$src" "$bin.c"; then
+        mpicc -O2 -o "$bin.tmp.$$" "$src" || die "mpicc $src"
+        cp "$src" "$bin.c.tmp.$$"
+        mv "$bin.tmp.$$" "$bin"
+        mv "$bin.c.tmp.$$" "$bin.c"
     fi
     echo "$bin"
 }

@@ -409,9 +409,9 @@ fn run_systems(
                 let (system, _server) = match &args.postgres {
                     Some(conninfo) => (tpcw::postgres::Postgres::connect(conninfo)?, None),
                     None => {
-                        let script = args.postgres_script.clone().map_or(
-                            tpcw::postgres::Script::BuiltIn,
-                            tpcw::postgres::Script::File,
+                        let script = tpcw::postgres::Script::file_or(
+                            args.postgres_script.clone(),
+                            &tpcw::postgres::BUILT_IN,
                         );
                         eprintln!("starting PostgreSQL ({script})");
                         let (pg, server) = tpcw::postgres::Postgres::start_scratch(&script)?;

@@ -7,6 +7,7 @@ mod common;
 
 use common::{namdb_here as namdb, text};
 use serde_json::Value;
+use std::path::{Path, PathBuf};
 
 const ALGORITHMS: [&str; 6] = [
     "two-phase",
@@ -308,4 +309,82 @@ fn the_duckdb_peer_dies_with_an_interrupted_run() {
     );
     assert_eq!(common::interrupt(&mut child), Some(130));
     common::assert_ended(&[peer], Duration::from_secs(30), "the DuckDB peer");
+}
+
+/// The DuckDB script used to be found in the source tree the binary was built from,
+/// and its venv in that tree's `target/`. Both come from the binary now and namdb's
+/// cache directory: run from a directory with no repository around, the peer uses the
+/// venv of the cache directory (`NAMDB_CACHE_DIR` here: a stand-in whose python
+/// leaves a mark and runs the tests' venv; or, with no venv yet, one the run makes
+/// there) and leaves nothing in its current directory.
+#[test]
+fn the_duckdb_peer_runs_from_anywhere_with_the_venv_of_the_cache_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let venv = std::env::var_os("NAMDB_DUCKDB_VENV")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("NAMDB_CACHE_DIR").map(|d| Path::new(&d).join("duckdb-venv")))
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| home.map(|h| h.join(".cache")))
+                .map(|c| c.join("namdb/duckdb-venv"))
+        })
+        .expect("HOME is set");
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, cache, scratch) = (
+        tmp.path().join("cwd"),
+        tmp.path().join("cache"),
+        tmp.path().join("tmp"),
+    );
+    for dir in [&cwd, &cache, &scratch] {
+        std::fs::create_dir(dir).unwrap();
+    }
+    let used = cache.join("duckdb-venv/used");
+    // Without a venv yet, the run makes one in the cache directory.
+    if venv.join("bin/python").exists() {
+        let python = cache.join("duckdb-venv/bin/python");
+        std::fs::create_dir_all(python.parent().unwrap()).unwrap();
+        std::fs::write(
+            &python,
+            format!(
+                "#!/bin/sh\ntouch '{}'\nexec '{}' \"$@\"\n",
+                used.display(),
+                venv.join("bin/python").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["bench", "aggregate", "--tuples", "1000", "--groups", "10"])
+        .args(["--algorithms", "two-phase", "--repeat", "1"])
+        .current_dir(&cwd)
+        .env("NAMDB_CACHE_DIR", &cache)
+        .env("TMPDIR", &scratch)
+        .env_remove("NAMDB_DUCKDB_VENV")
+        .env_remove("NAMDB_DUCKDB_SCRIPT")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("duckdb"), "{t}");
+    if venv.join("bin/python").exists() {
+        assert!(used.exists(), "the venv of the cache directory went unused");
+    } else {
+        assert!(
+            cache.join("duckdb-venv/bin/python").exists(),
+            "no venv was made in the cache directory"
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(&cwd).unwrap().count(),
+        0,
+        "left in its cwd"
+    );
+    assert_eq!(
+        std::fs::read_dir(&scratch).unwrap().count(),
+        0,
+        "left in TMPDIR"
+    );
 }

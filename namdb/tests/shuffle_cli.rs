@@ -209,15 +209,42 @@ fn shm_processes_run_every_built_design_and_the_tcp_baseline() {
     );
 }
 
+/// The MPI script and its C source used to be found in the source tree the binary was
+/// built from, and the program built into its `target/mpi`: an installed binary had
+/// neither. They are built in now; run from a directory with no repository around, the
+/// baseline builds into namdb's cache directory (`NAMDB_CACHE_DIR` here) and leaves
+/// nothing in its current directory, and no message or `--help` names the source tree.
 #[test]
-fn mpi_baseline_runs_or_says_openmpi_is_missing() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mpi.sh");
-    let installed = Command::new(&script)
+fn mpi_baseline_runs_from_anywhere_or_says_openmpi_is_missing() {
+    let source_tree = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let source_tree = source_tree.display().to_string();
+    let installed = Command::new(source_tree.clone() + "/scripts/mpi.sh")
         .arg("check")
         .status()
         .expect("scripts/mpi.sh runs")
         .success();
-    let (out, rows) = shuffle(&[
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, cache) = (tmp.path().join("cwd"), tmp.path().join("cache"));
+    std::fs::create_dir(&cwd).unwrap();
+    let namdb = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .current_dir(&cwd)
+            .env("NAMDB_CACHE_DIR", &cache)
+            .env_remove("MPI_BUILD_DIR")
+            .env_remove("NAMDB_MPI_SCRIPT")
+            .env("RUST_BACKTRACE", "0")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for bench in ["shuffle", "join", "aggregate"] {
+        let help = text(&namdb(&["bench", bench, "--help"]));
+        assert!(!help.contains(&source_tree), "bench {bench} --help: {help}");
+    }
+    let json = tmp.path().join("runs.json");
+    let out = namdb(&[
+        "bench",
+        "shuffle",
         "--design",
         "none",
         "--nodes",
@@ -226,17 +253,31 @@ fn mpi_baseline_runs_or_says_openmpi_is_missing() {
         "20000",
         "--baselines",
         "mpi",
+        "--json",
+        json.to_str().unwrap(),
     ]);
+    let t = text(&out);
+    assert!(!t.contains(&source_tree), "{t}");
     if installed {
-        let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
+        assert!(out.status.success(), "failed: {t}");
+        let rows: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         check_rows(&rows, 2, 1, 20000);
         assert_eq!(rows.len(), 2, "{rows:?}");
         assert!(rows.iter().all(|r| r["design"] == "mpi"));
+        assert!(
+            cache.join("mpi/mpi-shuffle").is_file(),
+            "not built in the cache"
+        );
     } else {
         assert!(!out.status.success());
-        let t = text(&out);
         assert!(t.contains("OpenMPI is not installed"), "{t}");
     }
+    assert_eq!(
+        std::fs::read_dir(&cwd).unwrap().count(),
+        0,
+        "left in its cwd"
+    );
 }
 
 #[test]

@@ -17,5 +17,6 @@ pub mod postgres;
 pub mod rsi;
 pub mod runner;
 pub mod schema;
+pub mod script;
 pub mod system;
 pub mod twopc;

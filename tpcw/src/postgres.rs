@@ -17,7 +17,7 @@
 //!
 //! [`Postgres::start_local`] and [`Postgres::start_scratch`] run a server through
 //! `scripts/postgres.sh` (see its header for the configuration; built into the
-//! binary, [`Script::BuiltIn`]) for the runner.
+//! binary, [`BUILT_IN`]) for the runner.
 
 use crate::load::{UNITS, generated_rows};
 use crate::schema::*;
@@ -34,29 +34,17 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// `scripts/postgres.sh`, built in: a binary installed away from the source tree
-/// starts its server all the same.
-pub const BUILT_IN_SCRIPT: &str = include_str!("../../scripts/postgres.sh");
+pub use crate::script::Script;
 
-/// The script that installs, starts and stops a local server.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Script {
-    /// [`BUILT_IN_SCRIPT`], written into the server's directory as `postgres.sh` when
-    /// the server starts: removed with a scratch directory, so nothing is left behind
-    /// even when this process is killed (the script's watcher removes the directory).
-    BuiltIn,
-    /// A script file of the user's (e.g. a modified copy).
-    File(PathBuf),
-}
-
-impl std::fmt::Display for Script {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Script::BuiltIn => f.write_str("the built-in scripts/postgres.sh"),
-            Script::File(path) => write!(f, "{}", path.display()),
-        }
-    }
-}
+/// `scripts/postgres.sh`, built in ([`Script::BuiltIn`]): written into the server's
+/// directory when the server starts, so it is removed with a scratch directory and
+/// nothing is left behind even when this process is killed (the script's watcher
+/// removes the directory).
+pub static BUILT_IN: crate::script::BuiltIn = crate::script::BuiltIn {
+    name: "postgres.sh",
+    text: include_str!("../../scripts/postgres.sh"),
+    beside: &[],
+};
 
 /// What a table takes per row beyond the row's encoded bytes: the tuple header and
 /// line pointer, alignment, the primary key's index entry and pages' free space.
@@ -929,19 +917,11 @@ pub struct LocalServer {
 
 impl LocalServer {
     fn start(script: &Script, dir: &Path, remove_dir: bool) -> Result<(Postgres, LocalServer)> {
-        let script = match script {
-            Script::File(path) => path.clone(),
-            Script::BuiltIn => {
-                let path = dir.join("postgres.sh");
-                std::fs::create_dir_all(dir)
-                    .and_then(|()| std::fs::write(&path, BUILT_IN_SCRIPT))
-                    .map_err(|e| Error::System(format!("cannot write {}: {e}", path.display())))?;
-                path
-            }
-        };
+        let (mut command, script) = script
+            .command(dir)
+            .map_err(|e| Error::System(e.to_string()))?;
         let script = script.as_path();
-        let output = Command::new("bash")
-            .arg(script)
+        let output = command
             .arg("start")
             .arg(dir)
             .stdin(Stdio::null())

@@ -22,7 +22,8 @@ struct Shared {
 fn server() -> &'static Shared {
     static SERVER: OnceLock<Result<Shared, String>> = OnceLock::new();
     let shared = SERVER.get_or_init(|| {
-        let (_, server) = Postgres::start_scratch(&Script::BuiltIn).map_err(|e| e.to_string())?;
+        let (_, server) = Postgres::start_scratch(&Script::BuiltIn(&tpcw::postgres::BUILT_IN))
+            .map_err(|e| e.to_string())?;
         Ok(Shared {
             conn_str: server.connection_string().to_string(),
             _server: server,

@@ -1,12 +1,12 @@
-//! The DuckDB peer of the analytics benchmarks: `scripts/duckdb.sh run …` loads tables
-//! from raw column files into DuckDB (from PyPI, in a venv the script makes) and times
-//! one SQL query on them (`scripts/duckdb_peer.py`).
+//! The DuckDB peer of the analytics benchmarks: `scripts/duckdb.sh run …` (built in,
+//! [`BUILT_IN`]) loads tables from raw column files into DuckDB (from PyPI, in a venv
+//! the script makes) and times one SQL query on them (`scripts/duckdb_peer.py`).
 
 use anyhow::{Context, Result, ensure};
 use serde::Deserialize;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use tpcw::script::{BuiltIn, Script};
 
 /// A table for DuckDB: named columns of 64-bit signed integers, all of one length.
 pub struct Table<'a> {
@@ -50,12 +50,24 @@ impl Timing {
     }
 }
 
-/// `scripts/duckdb.sh` of the source tree this binary was built from, or
-/// `$NAMDB_DUCKDB_SCRIPT`.
-pub fn script() -> PathBuf {
-    std::env::var_os("NAMDB_DUCKDB_SCRIPT").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/duckdb.sh"),
-        PathBuf::from,
+/// `scripts/duckdb.sh` and the peer it runs, built in: written into each run's
+/// directory, so an installed `namdb` needs no source tree. The script keeps its venv
+/// in namdb's cache directory (`$NAMDB_DUCKDB_VENV`, else `duckdb-venv` under
+/// `$NAMDB_CACHE_DIR`, `$XDG_CACHE_HOME/namdb` or `~/.cache/namdb`), made once.
+pub static BUILT_IN: BuiltIn = BuiltIn {
+    name: "duckdb.sh",
+    text: include_str!("../../../scripts/duckdb.sh"),
+    beside: &[(
+        "duckdb_peer.py",
+        include_str!("../../../scripts/duckdb_peer.py"),
+    )],
+};
+
+/// `$NAMDB_DUCKDB_SCRIPT` (run with bash), else [`BUILT_IN`].
+pub fn script() -> Script {
+    Script::file_or(
+        std::env::var_os("NAMDB_DUCKDB_SCRIPT").map(PathBuf::from),
+        &BUILT_IN,
     )
 }
 
@@ -69,8 +81,10 @@ pub fn run(
     threads: usize,
 ) -> Result<Timing> {
     let script = script();
-    ensure!(script.exists(), "{} is missing", script.display());
-    let mut cmd = Command::new(&script);
+    if let Script::File(path) = &script {
+        ensure!(path.exists(), "{} is missing", path.display());
+    }
+    let (mut cmd, path) = script.command(dir)?;
     cmd.arg("run");
     for table in tables {
         let mut spec = format!("{}=", table.name);
@@ -92,7 +106,7 @@ pub fn run(
     crate::interrupt::kill_with_parent(&mut cmd);
     let out = cmd
         .output()
-        .with_context(|| format!("running {}", script.display()))?;
+        .with_context(|| format!("running {}", path.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(

@@ -1,11 +1,12 @@
-//! The OpenMPI baseline: `scripts/mpi.sh run N …` runs `scripts/mpi-shuffle.c` on N
-//! ranks and prints one JSON line per pattern, parsed here into the same fields as the
-//! other runs.
+//! The OpenMPI baseline: `scripts/mpi.sh run N …` (built in, [`BUILT_IN`]) runs
+//! `scripts/mpi-shuffle.c` on N ranks and prints one JSON line per pattern, parsed here
+//! into the same fields as the other runs.
 
 use anyhow::{Context, Result, bail, ensure};
 use serde::Deserialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use tpcw::script::{BuiltIn, Script};
 
 /// What `mpi-shuffle` prints per pattern.
 #[derive(Clone, Debug, Deserialize)]
@@ -23,28 +24,51 @@ pub struct MpiLine {
     pub verified: bool,
 }
 
-/// `scripts/mpi.sh` of the source tree this binary was built from, or
-/// `$NAMDB_MPI_SCRIPT`.
-pub fn script() -> PathBuf {
-    std::env::var_os("NAMDB_MPI_SCRIPT").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/mpi.sh"),
-        PathBuf::from,
+/// `scripts/mpi.sh` and the program it builds, built in: written into a directory of
+/// each call's, so an installed `namdb` needs no source tree. The script keeps the
+/// compiled program in namdb's cache directory (`$MPI_BUILD_DIR`, else `mpi` under
+/// `$NAMDB_CACHE_DIR`, `$XDG_CACHE_HOME/namdb` or `~/.cache/namdb`), rebuilt only when
+/// the source differs from the one it was built from.
+pub static BUILT_IN: BuiltIn = BuiltIn {
+    name: "mpi.sh",
+    text: include_str!("../../../../scripts/mpi.sh"),
+    beside: &[(
+        "mpi-shuffle.c",
+        include_str!("../../../../scripts/mpi-shuffle.c"),
+    )],
+};
+
+/// `$NAMDB_MPI_SCRIPT` (run with bash), else [`BUILT_IN`].
+pub fn script() -> Script {
+    Script::file_or(
+        std::env::var_os("NAMDB_MPI_SCRIPT").map(PathBuf::from),
+        &BUILT_IN,
     )
+}
+
+/// `bash SCRIPT ARG`, with the built-in script written into `dir`.
+fn command(dir: &Path, arg: &str) -> Result<(Command, PathBuf)> {
+    let script = script();
+    if let Script::File(path) = &script {
+        ensure!(path.exists(), "{} is missing", path.display());
+    }
+    let (mut cmd, path) = script.command(dir)?;
+    cmd.arg(arg);
+    Ok((cmd, path))
 }
 
 /// `Ok(())` when OpenMPI can run here, else why not.
 pub fn available() -> Result<(), String> {
-    let script = script();
-    if !script.exists() {
-        return Err(format!("{} is missing", script.display()));
-    }
-    match Command::new(&script).arg("check").status() {
+    let dir = crate::interrupt::TempDir::new("namdb-mpi-").map_err(|e| format!("{e:#}"))?;
+    let (mut cmd, path) = command(dir.path(), "check").map_err(|e| format!("{e:#}"))?;
+    match cmd.status() {
         Ok(s) if s.success() => Ok(()),
-        Ok(_) => Err(format!(
-            "OpenMPI is not installed (no mpicc/mpirun on PATH); install it with `{} install`",
-            script.display()
-        )),
-        Err(e) => Err(format!("cannot run {}: {e}", script.display())),
+        Ok(_) => Err(
+            "OpenMPI is not installed (no mpicc/mpirun on PATH); install it (Debian: \
+             apt-get install openmpi-bin libopenmpi-dev, as scripts/mpi.sh install does)"
+                .into(),
+        ),
+        Err(e) => Err(format!("cannot run {}: {e}", path.display())),
     }
 }
 
@@ -56,10 +80,9 @@ pub fn run(
     message_bytes: u32,
     seed: u64,
 ) -> Result<Vec<MpiLine>> {
-    let script = script();
-    let mut cmd = Command::new(&script);
-    cmd.arg("run")
-        .arg(nodes.to_string())
+    let dir = crate::interrupt::TempDir::new("namdb-mpi-")?;
+    let (mut cmd, path) = command(dir.path(), "run")?;
+    cmd.arg(nodes.to_string())
         .args(["--tuples", &tuples.to_string()])
         .args(["--pattern", pattern])
         .args(["--message-bytes", &message_bytes.to_string()])
@@ -67,7 +90,7 @@ pub fn run(
     end_with_this_process(&mut cmd);
     let out = cmd
         .output()
-        .with_context(|| format!("running {}", script.display()))?;
+        .with_context(|| format!("running {}", path.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<MpiLine> = stdout

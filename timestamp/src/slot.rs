@@ -560,6 +560,16 @@ impl SlotHandle {
     pub fn outstanding(&self) -> usize {
         self.st.borrow().pending.len()
     }
+    /// Whether `ts` is a commit timestamp this handle handed out under its current
+    /// claim and has not marked: what [`SlotHandle::mark_many`] accepts. A timestamp
+    /// of an earlier claim (before a fence and [`SlotHandle::rejoin`]) is not: the
+    /// fence decided it.
+    pub fn is_outstanding(&self, ts: u64) -> bool {
+        let st = self.st.borrow();
+        st.pending
+            .binary_search_by_key(&ts, |&(t, _)| t)
+            .is_ok_and(|i| st.pending[i].1)
+    }
     /// The lease word this handle believes it holds (what it last wrote or confirmed).
     pub fn held_lease(&self) -> Lease {
         self.st.borrow().lease

@@ -300,8 +300,23 @@ impl Worker {
     }
 
     /// Posts every queued decision, in one doorbell.
+    ///
+    /// A decision queued under a slot claim that was fenced since (a commit that
+    /// finished while another coroutine found the fence and rejoined) is dropped: the
+    /// fence decided that timestamp, and `mark_many` refuses the whole batch for one
+    /// that is not outstanding. Sent along, it cost the batch's current decisions
+    /// too, and a timestamp handed out, never decided by its live holder, stalls
+    /// every reader of the oracle for good (found under load in `tpcw`'s tests).
     pub fn flush_marks(&self) -> Result<()> {
-        let marks = std::mem::take(&mut *self.marks.borrow_mut());
+        let mut marks = std::mem::take(&mut *self.marks.borrow_mut());
+        let queued = marks.len();
+        marks.retain(|&(cid, _)| self.slot.is_outstanding(cid));
+        if marks.len() < queued {
+            tracing::debug!(
+                dropped = queued - marks.len(),
+                "decisions of commits under a fenced slot claim, decided by the fence"
+            );
+        }
         if !marks.is_empty() {
             match self.slot.mark_many(&marks) {
                 // The fence decided the slot's timestamps, these among them, and its
@@ -772,5 +787,61 @@ impl Client {
     /// The highest commit timestamp of this session.
     pub fn last_cid(&self) -> u64 {
         self.last_cid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Options;
+    use std::time::{Duration, Instant};
+
+    /// A commit that finishes after another coroutine found its worker's slot fenced
+    /// and took a slot again queues a decision of the fenced claim. Flushed with the
+    /// decisions of the new claim, it made `mark_many` refuse them all, and the new
+    /// claim's timestamp stayed undecided under a live holder: every read timestamp
+    /// stopped there for good (`tpcw`'s tests under load: "the read timestamp stayed
+    /// at …, for 10s").
+    #[test]
+    fn a_decision_of_a_fenced_claim_does_not_cost_the_new_claims_decisions() {
+        let db = Database::embedded(Options {
+            servers: 1,
+            server_bytes: 16 << 20,
+            slots: 4,
+            oracle: timestamp::OracleConfig {
+                tick_interval: Duration::from_millis(2),
+                lease_timeout: Duration::from_millis(80),
+                ..timestamp::OracleConfig::default()
+            },
+            ..Options::default()
+        })
+        .unwrap();
+        let (worker, fencer) = (db.worker().unwrap(), db.worker().unwrap());
+        // A commit takes its timestamp; its worker then stops renewing (a starved
+        // thread) and the other worker fences its slot.
+        let (old, _) = worker.commit_timestamp().unwrap();
+        fencer.slot.suspect(worker.slot.slot());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while fencer.slot.tick().unwrap().fenced.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the stalled slot was never fenced"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Another coroutine finds the fence and takes a slot again; then the old
+        // commit finishes, and a commit under the new claim too.
+        worker.tick().unwrap();
+        assert!(worker.slot.is_active());
+        assert!(!worker.slot.is_outstanding(old));
+        worker.decide(old, Outcome::Committed);
+        let (new, _) = worker.commit_timestamp().unwrap();
+        worker.decide(new, Outcome::Committed);
+        worker.flush_marks().unwrap();
+        assert!(
+            !worker.slot.is_outstanding(new),
+            "commit {new} of the new claim was never decided"
+        );
+        assert_eq!(worker.slot.outstanding(), 0);
     }
 }

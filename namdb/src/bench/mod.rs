@@ -59,6 +59,49 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     }
 }
 
+/// What a run made at a path it claimed (an output file, or the outermost directory
+/// it had to create): removed if a Ctrl-C ends the run before [`Self::keep`], and by
+/// [`Self::discard`] if the run fails, so nothing empty stays where results were
+/// expected. Nothing is removed of what existed before the run.
+struct Created {
+    /// The path this run created, if it created one.
+    path: Option<PathBuf>,
+    on_interrupt: std::sync::Mutex<Option<crate::interrupt::Registered>>,
+}
+
+impl Created {
+    fn new(path: Option<PathBuf>) -> Result<Created> {
+        let on_interrupt = path
+            .as_deref()
+            .map(crate::interrupt::remove_on_interrupt)
+            .transpose()?;
+        Ok(Created {
+            path,
+            on_interrupt: std::sync::Mutex::new(on_interrupt),
+        })
+    }
+
+    /// The results are in: keep what was created whatever happens next.
+    fn keep(&self) {
+        self.on_interrupt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
+    /// Removes what this run created: for a run that failed.
+    fn discard(&self) {
+        if let Some(path) = &self.path {
+            // Best effort: the run's own error is what the user needs to see.
+            let _ = if path.is_dir() {
+                fs::remove_dir_all(path)
+            } else {
+                fs::remove_file(path)
+            };
+        }
+    }
+}
+
 /// An output file a run claims when it starts and fills when it ends (`--json`, a
 /// sweep's `--svg`): opened, created if need be, without truncating, so a bad path
 /// fails at once, not after a long run, and a failed run leaves earlier results in
@@ -68,9 +111,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
 pub struct OutputFile {
     path: PathBuf,
     file: File,
-    /// Whether this run created the file, so a failed run removes only what it made.
-    created: bool,
-    on_interrupt: std::sync::Mutex<Option<crate::interrupt::Registered>>,
+    created: Created,
 }
 
 impl OutputFile {
@@ -83,16 +124,10 @@ impl OutputFile {
             .truncate(false)
             .open(path)
             .with_context(|| format!("cannot open {what} {}", path.display()))?;
-        let on_interrupt = if existed {
-            None
-        } else {
-            Some(crate::interrupt::remove_on_interrupt(path)?)
-        };
         Ok(OutputFile {
             path: path.to_owned(),
             file,
-            created: !existed,
-            on_interrupt: std::sync::Mutex::new(on_interrupt),
+            created: Created::new((!existed).then(|| path.to_owned()))?,
         })
     }
 
@@ -102,18 +137,12 @@ impl OutputFile {
 
     /// The file holds results now: keep it whatever happens next.
     pub fn keep(&self) {
-        self.on_interrupt
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        self.created.keep();
     }
 
     /// Removes the file if this run created it: for a run that failed.
     pub fn discard(&self) {
-        if self.created {
-            // Best effort: the run's own error is what the user needs to see.
-            let _ = fs::remove_file(&self.path);
-        }
+        self.created.discard();
     }
 }
 
@@ -169,27 +198,21 @@ impl JsonOut {
 pub struct SvgDir {
     path: PathBuf,
     /// The outermost directory this run created, if it created any.
-    created: Option<PathBuf>,
-    on_interrupt: std::sync::Mutex<Option<crate::interrupt::Registered>>,
+    created: Created,
 }
 
 impl SvgDir {
     pub fn claim(path: &Path) -> Result<SvgDir> {
-        let created = path
+        let outermost_new = path
             .ancestors()
             .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
             .last()
             .map(Path::to_path_buf);
         fs::create_dir_all(path)
             .with_context(|| format!("cannot create the SVG directory {}", path.display()))?;
-        let on_interrupt = created
-            .as_deref()
-            .map(crate::interrupt::remove_on_interrupt)
-            .transpose()?;
         Ok(SvgDir {
             path: path.to_owned(),
-            created,
-            on_interrupt: std::sync::Mutex::new(on_interrupt),
+            created: Created::new(outermost_new)?,
         })
     }
 
@@ -204,23 +227,13 @@ impl SvgDir {
 
     /// The figures are in: keep the directory whatever happens next.
     pub fn keep(&self) {
-        self.on_interrupt
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        self.created.keep();
     }
 
     /// `result`, after removing what this run created if it is an error.
     pub fn unless_failed<T>(dir: Option<&SvgDir>, result: Result<T>) -> Result<T> {
-        if let (
-            Err(_),
-            Some(SvgDir {
-                created: Some(top), ..
-            }),
-        ) = (&result, dir)
-        {
-            // Best effort: the run's own error is what the user needs to see.
-            let _ = fs::remove_dir_all(top);
+        if let (Err(_), Some(dir)) = (&result, dir) {
+            dir.created.discard();
         }
         result
     }

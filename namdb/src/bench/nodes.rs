@@ -280,10 +280,6 @@ fn spawn(l: &Launch<'_>, rank: usize, exchange: Option<SocketAddr>) -> Result<No
     if let Some(addr) = exchange {
         cmd.args(["--exchange", &addr.to_string()]);
     }
-    // The interrupt handler exits at once and a SIGKILL runs no destructor: neither
-    // reaches `Procs`, and the nodes would run their job to its end, orphaned.
-    // `run_processes` spawns and waits for them on one thread, as the hook needs.
-    crate::interrupt::kill_with_parent(&mut cmd);
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting node process {rank}"))?;
@@ -347,8 +343,7 @@ pub fn run_processes<R: DeserializeOwned>(
         .prefix("namdb-nodes-")
         .tempdir()
         .context("creating a directory for the node sockets")?;
-    // The node processes end with their parent (`kill_with_parent`); their sockets
-    // must go with it too.
+    // The node processes end with their parent; their sockets must go with it too.
     let _registered = crate::interrupt::remove_on_interrupt(dir.path())?;
     let token = hex::encode(rand::random::<[u8; 32]>());
     let (tx, rx) = mpsc::channel();

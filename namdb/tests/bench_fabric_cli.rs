@@ -359,7 +359,6 @@ fn connect_to_a_running_cluster_leaves_its_data_alone() {
 /// this server the second run found no space left.)
 #[test]
 fn a_killed_connect_bench_leaves_no_space_behind() {
-    use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
@@ -402,17 +401,8 @@ fn a_killed_connect_bench_leaves_no_space_behind() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut said = String::new();
-        let mut lines = BufReader::new(bench.stderr.take().unwrap()).lines();
         // Killed once it measures, i.e. holds its space.
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            said += &line;
-            said.push('\n');
-            if line.contains("write 64 B") {
-                break;
-            }
-        }
+        let said = common::read_stderr_until(&mut bench, "write 64 B").join("\n");
         assert!(said.contains("region borrowed"), "run {run}: {said}");
         assert_eq!(control.stats().unwrap().session_region_bytes, 512 << 10);
         common::send_signal(bench.id(), "-9");

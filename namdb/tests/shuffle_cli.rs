@@ -470,39 +470,17 @@ fn mpi_ends_with_the_benchmark() {
 /// included, instead of leaving empty directories where figures were expected.
 #[test]
 fn an_interrupted_run_leaves_no_svg_directory() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("figures/shuffle");
-    let mut bench = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args([
-            "bench",
-            "shuffle",
-            "--design",
-            "SESQ/SR",
-            "--baselines",
-            "none",
-        ])
-        .args(["--pattern", "repartition", "--tuples", "20000000", "--svg"])
-        .arg(&svg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut said = String::new();
-    // Kept open until the end: a closed stderr would end the run with SIGPIPE's status.
-    let mut lines = BufReader::new(bench.stderr.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        said += &line;
-        if line.contains(" 1/1]") {
-            break;
-        }
-    }
-    assert!(svg.is_dir(), "{said}");
-    common::send_signal(bench.id(), "-INT");
-    said.extend(lines.map_while(Result::ok));
-    let status = bench.wait().unwrap();
-    assert_eq!(status.code(), Some(130), "{said}");
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_namdb"));
+    bench
+        .args(["bench", "shuffle", "--design", "SESQ/SR"])
+        .args(["--baselines", "none", "--pattern", "repartition"])
+        .args(["--tuples", "20000000", "--svg"])
+        .arg(&svg);
+    let status = common::interrupt_at_line(&mut bench, " 1/1]", || {
+        assert!(svg.is_dir(), "{} was not created", svg.display())
+    });
+    assert_eq!(status, Some(130));
     assert!(!dir.path().join("figures").exists());
 }

@@ -1052,7 +1052,10 @@ fn run_beside_analytics(
         });
         // The analytics stop with the measured period (or when the run ends early).
         s.spawn(|| {
-            let start = Instant::now();
+            let Some(start) = rewrites.wait_for_clients(&run_done) else {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            };
             while start.elapsed() < measured && !run_done.load(std::sync::atomic::Ordering::Relaxed)
             {
                 std::thread::sleep(Duration::from_millis(20));

@@ -511,7 +511,8 @@ pub fn write_related(
     Ok(())
 }
 
-/// Runs the analytics nodes until `stop` is set; returns what they did. `subjects`
+/// Runs the analytics nodes from when the clients of the run beside start (told by
+/// `rewrites`) until `stop` is set; returns what they did. `subjects`
 /// comes from [`item_subjects`], read before the checkouts start (ITEM keeps one
 /// version, so a scan of it beside checkouts would keep finding newer stocks). The
 /// related-items updates are logged in `rewrites`, for the history of the run beside
@@ -529,9 +530,15 @@ pub fn run_analytics(
             "HTAP needs at least one analytics node".into(),
         ));
     }
+    let Some(started) = rewrites.wait_for_clients(stop) else {
+        // The run beside failed before its clients started: nothing ran.
+        return Ok(HtapReport {
+            nodes: config.nodes,
+            ..HtapReport::default()
+        });
+    };
     let network = fabric::sim::SimNetwork::new(fabric::sim::SimConfig::default());
     let exchanges = LocalExchange::group(config.nodes, Duration::from_secs(60));
-    let started = Instant::now();
     let results: Vec<Result<(Option<NodeZero>, ScanStats)>> = std::thread::scope(|s| {
         let handles: Vec<_> = exchanges
             .into_iter()

@@ -27,7 +27,7 @@ use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::{Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use verify::history::{JsonlWriter, ReadValue};
 use verify::recorder::{Recorder, TxnRecord};
@@ -264,9 +264,16 @@ impl std::fmt::Display for ProgressLine {
 /// (HTAP's related-items update). Each is a new version of the item's stock: the
 /// run's history needs those of sampled items, or a later read naming that version
 /// names one the history never saw (`wrong-version`).
+///
+/// It also tells the writers when the clients start. ITEM keeps one version, so a
+/// writer that starts early rewrites the items the run's set-up reads (its Best
+/// Sellers prime, the sampled stocks), and under load that set-up ran out of
+/// attempts on `SnapshotTooOld`.
 #[derive(Default)]
 pub struct ItemRewrites {
     committed: Mutex<Vec<ItemRewrite>>,
+    clients_started: Mutex<Option<Instant>>,
+    clients_started_changed: Condvar,
 }
 
 /// One committed rewrite of an item row.
@@ -286,6 +293,37 @@ impl ItemRewrites {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(rewrite);
+    }
+
+    /// Waits until the clients of the run beside have started, and returns when they
+    /// did; `None` once `stop` is set first (the run failed in its set-up).
+    pub fn wait_for_clients(&self, stop: &AtomicBool) -> Option<Instant> {
+        let mut started = self
+            .clients_started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(at) = *started {
+                return Some(at);
+            }
+            if stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            // `stop` is set without this lock: look at it again now and then.
+            started = self
+                .clients_started_changed
+                .wait_timeout(started, Duration::from_millis(20))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn clients_started(&self, at: Instant) {
+        *self
+            .clients_started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(at);
+        self.clients_started_changed.notify_all();
     }
 
     fn snapshot(&self) -> Vec<ItemRewrite> {
@@ -417,7 +455,9 @@ pub fn run_observed<S: System>(
             })
             .collect();
         barrier.wait();
-        *started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let now = Instant::now();
+        *started.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+        rewrites.clients_started(now);
         stopped = watch(config, &progress, &measuring, on_line);
         handles
             .into_iter()

@@ -349,6 +349,53 @@ fn bad_arguments_are_refused_clearly() {
     }
 }
 
+/// A long run showed nothing between its header and its result, minutes of silence on
+/// a large fragment. The node processes now report their phase and the bytes they
+/// received, and the benchmark prints a line of them every `--progress-ms` (hidden;
+/// a second by default) on stderr while the run goes on.
+#[test]
+fn a_long_run_shows_its_progress_before_its_result() {
+    let (out, rows) = shuffle(&[
+        "--backend",
+        "shm",
+        "--design",
+        "MEMQ/WR",
+        "--baselines",
+        "none",
+        "--pattern",
+        "repartition",
+        "--tuples",
+        "500000",
+        "--progress-ms",
+        "20",
+    ]);
+    let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
+    check_rows(&rows, 2, 1, 500_000);
+    let stderr = common::stderr(&out);
+    let lines: Vec<&str> = stderr.lines().collect();
+    let header = lines.iter().position(|l| l.starts_with("[ 1/1]"));
+    let result = lines.iter().position(|l| l.contains("GB/s per node"));
+    let (Some(header), Some(result)) = (header, result) else {
+        panic!("no run header or result line: {stderr}");
+    };
+    let progress: Vec<&str> = lines[header + 1..result]
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| {
+            l.split_once(" s  ")
+                .is_some_and(|(t, _)| t.parse::<f64>().is_ok())
+        })
+        .collect();
+    assert!(!progress.is_empty(), "no progress line: {stderr}");
+    // The receivers' counts crossed the process boundary while they ran.
+    assert!(
+        progress.iter().any(|l| l.contains("shuffling: ")
+            && l.contains(" of 15.3 MiB received (")
+            && !l.contains("shuffling: 0.0 KiB")),
+        "no line of bytes received while shuffling: {stderr}"
+    );
+}
+
 /// A benchmark stopped by a signal only it receives (`kill PID`, `timeout`; a
 /// terminal's Ctrl-C reaches the whole process group) or killed outright runs no code
 /// to stop its node processes: they end on their own, and take the socket directory

@@ -339,6 +339,19 @@ pub fn run_processes<R: DeserializeOwned>(
     job: &str,
     grace: Duration,
 ) -> Result<Vec<R>> {
+    run_processes_watched(subcommand, backend, nodes, job, grace, &mut |_, _| {})
+}
+
+/// [`run_processes`], handing every other line a node prints on stdout (its rank and
+/// the line) to `on_line` as it arrives: a node's progress, say.
+pub fn run_processes_watched<R: DeserializeOwned>(
+    subcommand: &str,
+    backend: BackendKind,
+    nodes: usize,
+    job: &str,
+    grace: Duration,
+    on_line: &mut dyn FnMut(usize, &str),
+) -> Result<Vec<R>> {
     let dir = tempfile::Builder::new()
         .prefix("namdb-nodes-")
         .tempdir()
@@ -395,6 +408,8 @@ pub fn run_processes<R: DeserializeOwned>(
                     serde_json::from_str(json)
                         .with_context(|| format!("node {rank} printed a bad result"))?,
                 );
+            } else {
+                on_line(rank, &line);
             }
         }
         for p in &mut procs.0 {

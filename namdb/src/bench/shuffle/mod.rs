@@ -88,6 +88,10 @@ pub struct ShuffleArgs {
     /// Draw SVG plots into DIR (created if missing).
     #[arg(long, value_name = "DIR")]
     pub svg: Option<PathBuf>,
+    /// Milliseconds between the progress lines of a run (for tests).
+    #[arg(long, hide = true, default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub progress_ms: u64,
 }
 
 fn parse_notify(s: &str) -> Result<Notify, String> {
@@ -368,6 +372,7 @@ fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Resu
         message_bytes,
         buffering: buffering_name(args.buffering).into(),
         notify: args.notify.to_string(),
+        progress_ms: args.progress_ms,
     };
     let mut plans = Vec::new();
     for pattern in patterns(args.pattern) {

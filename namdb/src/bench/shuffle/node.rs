@@ -18,7 +18,7 @@ use shuffle::testing::{Checksum, tuple};
 use shuffle::{Buffering, EndpointConfig, Exchange, Groups, Node, Notify, Shuffle, receive_all};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,116 @@ pub struct Job {
     /// `adaptive` or `bdp`.
     pub buffering: String,
     pub notify: String,
+    /// How often a node process reports its [`Progress`] to the benchmark, in ms.
+    pub progress_ms: u64,
+}
+
+/// Where a node is in its run, for the progress lines of a long one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    /// Generating and permuting the fragment, its checksums, the memcpy and
+    /// partitioning references.
+    Preparing,
+    /// Opening the endpoints (connecting the sockets).
+    Opening,
+    Shuffling,
+    /// Gathering the checksums and checking what arrived.
+    Verifying,
+    Done,
+}
+
+impl Phase {
+    const ALL: [Phase; 5] = [
+        Phase::Preparing,
+        Phase::Opening,
+        Phase::Shuffling,
+        Phase::Verifying,
+        Phase::Done,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Preparing => "preparing the fragments",
+            Phase::Opening => "opening the endpoints",
+            Phase::Shuffling => "shuffling",
+            Phase::Verifying => "verifying",
+            Phase::Done => "done",
+        }
+    }
+}
+
+/// A node's progress: its phase and the payload bytes its receivers consumed so far.
+/// The receivers add a whole buffer's bytes at once, a relaxed add per buffer of
+/// hundreds of tuples, so counting costs the measured loop nothing it would notice.
+/// Read by the benchmark directly when the node is a thread, and reported by a node
+/// process as `progress PHASE BYTES` lines ([`report_progress`]).
+#[derive(Debug, Default)]
+pub struct Progress {
+    phase: AtomicU8,
+    received: AtomicU64,
+}
+
+impl Progress {
+    pub fn phase(&self) -> Phase {
+        Phase::ALL[usize::from(self.phase.load(Ordering::Relaxed)).min(Phase::ALL.len() - 1)]
+    }
+
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    pub fn enter(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Relaxed);
+    }
+
+    pub fn add(&self, bytes: u64) {
+        self.received.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The line a node process prints for the benchmark.
+    pub fn line(&self) -> String {
+        format!("progress {} {}", self.phase() as u8, self.received())
+    }
+
+    /// Takes in a node process's line (without `progress `); false if it is not one.
+    pub fn update_from(&self, line: &str) -> bool {
+        let mut words = line.split_whitespace();
+        let (Some(Ok(phase)), Some(Ok(received)), None) = (
+            words.next().map(str::parse::<u8>),
+            words.next().map(str::parse::<u64>),
+            words.next(),
+        ) else {
+            return false;
+        };
+        if usize::from(phase) >= Phase::ALL.len() {
+            return false;
+        }
+        self.phase.store(phase, Ordering::Relaxed);
+        self.received.store(received, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Prints `progress` on this node process's stdout every `every`, for as long as the
+/// process runs, from a thread of its own.
+pub fn report_progress(progress: Arc<Progress>, every: Duration) -> Result<()> {
+    std::thread::Builder::new()
+        .name("progress".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let mut out = std::io::stdout().lock();
+                if writeln!(out, "{}", progress.line())
+                    .and_then(|()| out.flush())
+                    .is_err()
+                {
+                    // Nobody reads the lines any more.
+                    return;
+                }
+            }
+        })
+        .context("starting the progress thread")?;
+    Ok(())
 }
 
 /// What one node measured.
@@ -198,10 +308,12 @@ pub fn run_node(
     job: &Job,
     exchange: Arc<dyn Exchange>,
     device: Option<Arc<dyn Device>>,
+    progress: &Progress,
 ) -> Result<NodeResult> {
     let rank = exchange.rank();
     let nodes = exchange.nodes();
     ensure!(job.threads >= 1, "threads must be at least 1");
+    progress.enter(Phase::Preparing);
     let frag = fragment(job.seed, rank, job.tuples);
     let sent = sent_checksums(&frag, job.pattern, nodes, rank);
 
@@ -210,15 +322,17 @@ pub fn run_node(
     barrier(&*exchange, "partition")?;
     let partition = partition_gb_per_sec(&frag, nodes, job.message_bytes);
 
+    progress.enter(Phase::Opening);
     let (outcome, pinned_bytes) = match &job.method {
         Method::Design(name) => {
             let device = device.context("a design needs a fabric device")?;
             let node = Node::join(device, exchange.clone(), PIN_LIMIT)?;
-            let outcome = run_design(job, name, &node, &frag)?;
+            let outcome = run_design(job, name, &node, &frag, progress)?;
             (outcome, node.pinned_bytes())
         }
-        Method::Tcp => (run_tcp(job, &*exchange, &frag)?, 0),
+        Method::Tcp => (run_tcp(job, &*exchange, &frag, progress)?, 0),
     };
+    progress.enter(Phase::Verifying);
     let Outcome {
         setup_ms,
         seconds,
@@ -256,6 +370,7 @@ pub fn run_node(
         want.sum,
         want.xor
     );
+    progress.enter(Phase::Done);
     Ok(NodeResult {
         rank,
         received_bytes: received.count * 16,
@@ -299,7 +414,13 @@ fn first_error<T>(results: impl IntoIterator<Item = std::thread::Result<Result<T
     first.map_or(Ok(()), Err)
 }
 
-fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<Outcome> {
+fn run_design(
+    job: &Job,
+    name: &str,
+    node: &Node,
+    frag: &[[u64; 2]],
+    progress: &Progress,
+) -> Result<Outcome> {
     let design: shuffle::Design = name.parse()?;
     let config = EndpointConfig {
         threads: job.threads,
@@ -319,6 +440,7 @@ fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<O
     let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     node.all_gather("start", &())?;
+    progress.enter(Phase::Shuffling);
     let start = Instant::now();
     let nodes = node.nodes();
     let received = Mutex::new(Checksum::default());
@@ -350,6 +472,7 @@ fn run_design(job: &Job, name: &str, node: &Node, frag: &[[u64; 2]]) -> Result<O
                     let mut odd = false;
                     receive_all(&*endpoint, |data| {
                         let words = data.payload();
+                        progress.add(words.len() as u64 * 8);
                         for t in words.chunks_exact(2) {
                             mine.add(t[0].load(Ordering::Relaxed), t[1].load(Ordering::Relaxed));
                         }
@@ -418,7 +541,7 @@ fn tuple_bytes(t: &[u64; 2], out: &mut Vec<u8>) {
 /// partition into per-destination buffers of `message_bytes` and write each full one
 /// to its destination's socket; receiver threads poll their share of the sockets.
 /// A node's own partition goes straight to its checksum.
-fn run_tcp(job: &Job, x: &dyn Exchange, frag: &[[u64; 2]]) -> Result<Outcome> {
+fn run_tcp(job: &Job, x: &dyn Exchange, frag: &[[u64; 2]], progress: &Progress) -> Result<Outcome> {
     let rank = x.rank();
     let nodes = x.nodes();
     let t0 = Instant::now();
@@ -455,6 +578,7 @@ fn run_tcp(job: &Job, x: &dyn Exchange, frag: &[[u64; 2]]) -> Result<Outcome> {
     let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     barrier(x, "tcp start")?;
+    progress.enter(Phase::Shuffling);
     let start = Instant::now();
     let message = (job.message_bytes as usize).max(16) / 16 * 16;
     let unfinished = AtomicUsize::new(job.threads);
@@ -518,6 +642,8 @@ fn run_tcp(job: &Job, x: &dyn Exchange, frag: &[[u64; 2]]) -> Result<Outcome> {
                             }
                         }
                     }
+                    // A node's own partition skips the sockets and counts at once.
+                    progress.add(local.count * 16);
                     received
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -539,7 +665,7 @@ fn run_tcp(job: &Job, x: &dyn Exchange, frag: &[[u64; 2]]) -> Result<Outcome> {
             .map(|sockets| {
                 let received = &received;
                 s.spawn(move || -> Result<()> {
-                    let mine = poll_sockets(sockets, message)?;
+                    let mine = poll_sockets(sockets, message, progress)?;
                     received
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -567,7 +693,7 @@ fn broadcast(writers: &[Option<Mutex<TcpStream>>], buf: &[u8]) -> Result<()> {
 }
 
 /// Reads every socket of `sockets` (non-blocking) to its end, consuming whole tuples.
-fn poll_sockets(sockets: Vec<TcpStream>, message: usize) -> Result<Checksum> {
+fn poll_sockets(sockets: Vec<TcpStream>, message: usize, progress: &Progress) -> Result<Checksum> {
     let mut sum = Checksum::default();
     // Per socket: bytes of a tuple split across reads.
     let mut open: Vec<(TcpStream, Vec<u8>)> = sockets
@@ -578,7 +704,7 @@ fn poll_sockets(sockets: Vec<TcpStream>, message: usize) -> Result<Checksum> {
     let mut idle = 0u32;
     let mut stalled = Instant::now();
     while !open.is_empty() {
-        let mut progress = false;
+        let mut moved = false;
         let mut i = 0;
         while i < open.len() {
             let (sock, carry) = &mut open[i];
@@ -588,12 +714,14 @@ fn poll_sockets(sockets: Vec<TcpStream>, message: usize) -> Result<Checksum> {
                 Ok(0) => {
                     ensure!(carry.is_empty(), "a peer's stream ended inside a tuple");
                     open.swap_remove(i);
-                    progress = true;
+                    moved = true;
                     continue;
                 }
                 Ok(got) => {
                     let total = n + got;
                     let whole = total / 16 * 16;
+                    // The carried bytes (under a tuple) were not counted before.
+                    progress.add(whole as u64);
                     for t in buf[..whole].chunks_exact(16) {
                         let a = u64::from_le_bytes(t[..8].try_into().expect("8 bytes"));
                         let b = u64::from_le_bytes(t[8..].try_into().expect("8 bytes"));
@@ -601,7 +729,7 @@ fn poll_sockets(sockets: Vec<TcpStream>, message: usize) -> Result<Checksum> {
                     }
                     carry.clear();
                     carry.extend_from_slice(&buf[whole..total]);
-                    progress = true;
+                    moved = true;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -609,7 +737,7 @@ fn poll_sockets(sockets: Vec<TcpStream>, message: usize) -> Result<Checksum> {
             }
             i += 1;
         }
-        if progress {
+        if moved {
             idle = 0;
             stalled = Instant::now();
         } else {
@@ -656,6 +784,7 @@ mod tests {
                 message_bytes: 1000,
                 buffering: "adaptive".into(),
                 notify: "cq".into(),
+                progress_ms: 1000,
             };
             let xs = LocalExchange::group(3, Duration::from_secs(20));
             let results: Vec<_> = std::thread::scope(|s| {
@@ -663,7 +792,7 @@ mod tests {
                     .into_iter()
                     .map(|x| {
                         let job = &job;
-                        s.spawn(move || run_node(job, Arc::new(x), None))
+                        s.spawn(move || run_node(job, Arc::new(x), None, &Progress::default()))
                     })
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()

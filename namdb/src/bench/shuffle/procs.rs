@@ -1,16 +1,25 @@
 //! Where the nodes of a shuffle run live: threads of this process on one sim network,
 //! or node processes (`namdb shuffle-node`, hidden) spawned from this executable, one
 //! per rank (see [`crate::bench::nodes`], which holds the machinery the multi-node
-//! benchmarks share). Each node prints a [`NodeResult`].
+//! benchmarks share). Each node prints a [`NodeResult`]. While a run goes on, its
+//! progress is printed on stderr (see [`Progress`]).
 
-use super::node::{Job, Method, NodeResult, STALL_LIMIT, run_node};
+use super::bytes_name;
+use super::node::{
+    Job, Method, NodeResult, Pattern, Phase, Progress, STALL_LIMIT, report_progress, run_node,
+};
 use crate::backend::BackendKind;
 use crate::bench::nodes;
 use anyhow::{Context, Result};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// `namdb shuffle-node`: one node process of `namdb bench shuffle`.
 pub use crate::bench::nodes::NodeArgs;
+
+/// The most a node process waits between its progress reports.
+const REPORT_EVERY: Duration = Duration::from_millis(250);
 
 /// The hidden `namdb shuffle-node` subcommand.
 pub fn node_main(args: &NodeArgs) -> Result<()> {
@@ -20,25 +29,150 @@ pub fn node_main(args: &NodeArgs) -> Result<()> {
         Method::Tcp => None,
         Method::Design(_) => Some(nodes::bind_device(args)?),
     };
-    nodes::print_result(&run_node(&job, exchange, device)?)
+    let progress = Arc::new(Progress::default());
+    report_progress(
+        progress.clone(),
+        REPORT_EVERY.min(Duration::from_millis(job.progress_ms.max(1))),
+    )?;
+    nodes::print_result(&run_node(&job, exchange, device, &progress)?)
 }
 
 /// Runs `job` on `nodes` nodes of `backend` and returns what each measured, by rank.
+/// Prints a progress line on stderr every `job.progress_ms` until the run ends.
 pub fn run(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<NodeResult>> {
-    match backend {
-        BackendKind::Sim => nodes::run_threads(nodes, |exchange, device| {
-            let device = match job.method {
-                Method::Design(_) => Some(device),
-                Method::Tcp => None,
-            };
-            run_node(job, exchange, device)
-        }),
-        _ => nodes::run_processes(
-            "shuffle-node",
-            backend,
-            nodes,
-            &serde_json::to_string(job)?,
-            STALL_LIMIT + Duration::from_secs(5),
-        ),
+    let progress: Vec<Progress> = (0..nodes).map(|_| Progress::default()).collect();
+    let every = Duration::from_millis(job.progress_ms.max(1));
+    let (stop, stopped) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let progress = &progress;
+        s.spawn(move || {
+            let start = Instant::now();
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                eprintln!("{}", progress_line(start.elapsed(), progress, job, nodes));
+            }
+        });
+        let results = match backend {
+            BackendKind::Sim => nodes::run_threads(nodes, |exchange, device| {
+                let device = match job.method {
+                    Method::Design(_) => Some(device),
+                    Method::Tcp => None,
+                };
+                let mine = &progress[exchange.rank()];
+                run_node(job, exchange, device, mine)
+            }),
+            _ => nodes::run_processes_watched(
+                "shuffle-node",
+                backend,
+                nodes,
+                &serde_json::to_string(job)?,
+                STALL_LIMIT + Duration::from_secs(5),
+                &mut |rank, line| {
+                    if let (Some(report), Some(p)) =
+                        (line.strip_prefix("progress "), progress.get(rank))
+                    {
+                        p.update_from(report);
+                    }
+                },
+            ),
+        };
+        drop(stop);
+        results
+    })
+}
+
+/// Payload bytes all nodes receive in a run of `job` on `nodes` nodes.
+fn expected_bytes(job: &Job, nodes: usize) -> u64 {
+    let per_node = job.tuples * 16;
+    let nodes = nodes as u64;
+    match job.pattern {
+        Pattern::Repartition => nodes * per_node,
+        Pattern::Broadcast => nodes * nodes.saturating_sub(1) * per_node,
+    }
+}
+
+/// A progress line: time since the run started, the phase of the node furthest
+/// behind, and the bytes received by all nodes so far.
+fn progress_line(at: Duration, progress: &[Progress], job: &Job, nodes: usize) -> String {
+    let phase = progress
+        .iter()
+        .map(Progress::phase)
+        .min()
+        .unwrap_or(Phase::Done);
+    let received: u64 = progress.iter().map(Progress::received).sum();
+    let mut line = format!("        {:5.1} s  {}", at.as_secs_f64(), phase.name());
+    if received > 0 || phase >= Phase::Shuffling {
+        let expected = expected_bytes(job, nodes);
+        line.push_str(&format!(
+            ": {} of {} received ({:.0}%)",
+            bytes_name(received),
+            bytes_name(expected),
+            100.0 * received as f64 / expected.max(1) as f64
+        ));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(pattern: Pattern) -> Job {
+        Job {
+            method: Method::Tcp,
+            pattern,
+            threads: 1,
+            tuples: 1 << 20,
+            seed: 7,
+            message_bytes: 1 << 16,
+            buffering: "adaptive".into(),
+            notify: "cq".into(),
+            progress_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn a_node_process_progress_report_reads_back_as_it_was() {
+        let node = Progress::default();
+        node.enter(Phase::Shuffling);
+        node.add(12345);
+        let line = node.line();
+        let report = line.strip_prefix("progress ").expect("a progress line");
+        let parent = Progress::default();
+        assert!(parent.update_from(report));
+        assert_eq!(
+            (parent.phase(), parent.received()),
+            (Phase::Shuffling, 12345)
+        );
+        for bad in ["", "2", "2 x", "9 1", "2 1 1", "-1 5"] {
+            assert!(!parent.update_from(bad), "{bad:?}");
+        }
+        assert_eq!(
+            (parent.phase(), parent.received()),
+            (Phase::Shuffling, 12345)
+        );
+    }
+
+    #[test]
+    fn the_line_shows_the_slowest_phase_and_the_bytes_received_of_all() {
+        let nodes: Vec<Progress> = (0..2).map(|_| Progress::default()).collect();
+        let at = Duration::from_millis(1500);
+        let repartition = job(Pattern::Repartition);
+        assert_eq!(
+            progress_line(at, &nodes, &repartition, 2),
+            "          1.5 s  preparing the fragments"
+        );
+        nodes[0].enter(Phase::Shuffling);
+        nodes[0].add(8 << 20);
+        nodes[1].enter(Phase::Opening);
+        assert_eq!(
+            progress_line(at, &nodes, &repartition, 2),
+            "          1.5 s  opening the endpoints: 8.0 MiB of 32.0 MiB received (25%)"
+        );
+        nodes[1].enter(Phase::Shuffling);
+        nodes[1].add(8 << 20);
+        assert_eq!(
+            progress_line(at, &nodes, &job(Pattern::Broadcast), 2),
+            "          1.5 s  shuffling: 16.0 MiB of 32.0 MiB received (50%)"
+        );
     }
 }

@@ -202,6 +202,7 @@ fn shm_processes_run_every_built_design_and_the_tcp_baseline() {
     for r in rows.iter().filter(|r| r["design"] != "tcp") {
         assert_eq!(r["backend"], "shm", "{r}");
     }
+    assert!(rows.iter().all(|r| r["transport"].is_null()), "{rows:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("design") && stdout.contains("tcp"),
@@ -265,6 +266,12 @@ fn mpi_baseline_runs_from_anywhere_or_says_openmpi_is_missing() {
         check_rows(&rows, 2, 1, 20000);
         assert_eq!(rows.len(), 2, "{rows:?}");
         assert!(rows.iter().all(|r| r["design"] == "mpi"));
+        // A backend the designs' rows also name (it was OpenMPI's `vader`, which no
+        // other row does); the transport beside it.
+        for r in &rows {
+            assert_eq!(r["backend"], "shm", "{r}");
+            assert_eq!(r["transport"], "vader", "{r}");
+        }
         assert!(
             cache.join("mpi/mpi-shuffle").is_file(),
             "not built in the cache"

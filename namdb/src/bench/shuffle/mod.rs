@@ -123,9 +123,12 @@ pub enum BaselineArg {
 pub struct Row {
     /// A design's paper name, or `tcp` / `mpi` for the baselines.
     pub design: String,
-    /// The fabric backend; `loopback` for the TCP baseline, `vader` (OpenMPI's shared
-    /// memory transport) for MPI.
+    /// The fabric backend; `loopback` for the TCP baseline, `shm` for MPI, whose ranks
+    /// talk through shared memory whatever `--backend` says.
     pub backend: String,
+    /// MPI's transport beneath `backend`: `vader`, OpenMPI's shared-memory BTL
+    /// (`None` for the other rows).
+    pub transport: Option<String>,
     pub pattern: &'static str,
     pub nodes: usize,
     pub threads: usize,
@@ -180,6 +183,7 @@ fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResul
             Method::Tcp => "loopback".into(),
             Method::Design(_) => args.backend.name().into(),
         },
+        transport: None,
         pattern: job.pattern.name(),
         nodes: results.len(),
         threads: job.threads,
@@ -462,9 +466,11 @@ fn measure_plan(
                 PatternArg::Both => "both",
             };
             eprintln!(
-                "[{:>2}/{total}] mpi {pattern}, {} messages, {nodes} ranks…",
+                "[{:>2}/{total}] mpi {pattern}, {} messages, {nodes} ranks on {} (OpenMPI's {})…",
                 i + 1,
-                size_name(message_bytes)
+                size_name(message_bytes),
+                mpi::BACKEND,
+                mpi::TRANSPORT
             );
             let lines = mpi::run(nodes, args.tuples, pattern, message_bytes, args.seed)?;
             for l in lines {
@@ -482,7 +488,8 @@ fn measure_plan(
                 );
                 rows.push(Row {
                     design: "mpi".into(),
-                    backend: "vader".into(),
+                    backend: mpi::BACKEND.into(),
+                    transport: Some(mpi::TRANSPORT.into()),
                     pattern: pattern.name(),
                     nodes: l.nodes,
                     threads: l.threads,

@@ -8,6 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use tpcw::script::{BuiltIn, Script};
 
+/// The OpenMPI transport (BTL) the ranks move the data through: `scripts/mpi.sh run`
+/// sets `OMPI_MCA_btl=self,vader`, OpenMPI's shared-memory transport, so the rows are
+/// comparable with the designs' on the `shm` backend.
+pub const TRANSPORT: &str = "vader";
+
+/// The fabric backend [`TRANSPORT`] corresponds to.
+pub const BACKEND: &str = "shm";
+
 /// What `mpi-shuffle` prints per pattern.
 #[derive(Clone, Debug, Deserialize)]
 pub struct MpiLine {

@@ -164,8 +164,72 @@ fn error_report(e: &anyhow::Error) -> String {
     out
 }
 
+/// Prints clap's error for a command line it rejected (or the help or version asked
+/// for) and returns the exit status clap gives it. Every argument the message quotes is
+/// shown as [`txn::echo`] shows client input: clap quotes a rejected value whole, and
+/// so does many a value parser's error beneath it (`namdb kv get` with a 10 000-character
+/// key printed all of it back).
+fn clap_error(e: &clap::Error) -> ExitCode {
+    let code = ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+    if !e.use_stderr() {
+        // --help and --version: nothing of the user's is quoted.
+        let _ = e.print();
+        return code;
+    }
+    use std::io::IsTerminal;
+    let rendered = e.render();
+    let message = if std::io::stderr().is_terminal() {
+        rendered.ansi().to_string()
+    } else {
+        rendered.to_string()
+    };
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    eprint!("{}", bound_echoed_args(&message, &args));
+    code
+}
+
+/// `message` with every argument of `args` it quotes that [`txn::echo`] would cut or
+/// escape replaced by what `echo` shows: the argument as given, the value of a
+/// `--flag=VALUE`, and their `{:?}` forms (the parsers' errors quote so).
+fn bound_echoed_args(message: &str, args: &[String]) -> String {
+    let mut quoted: Vec<(String, String)> = Vec::new();
+    for arg in args {
+        let mut forms = vec![arg.as_str()];
+        if arg.starts_with('-')
+            && let Some((_, value)) = arg.split_once('=')
+        {
+            forms.push(value);
+        }
+        for form in forms {
+            let shown = txn::echo(form);
+            if shown == form {
+                continue;
+            }
+            let debug = format!("{form:?}");
+            let inner = &debug[1..debug.len() - 1];
+            if inner != form {
+                quoted.push((inner.to_string(), shown.clone()));
+            }
+            quoted.push((form.to_string(), shown));
+        }
+    }
+    // Longest first, so that a value is not cut inside the argument holding it.
+    quoted.sort_by_key(|(raw, _)| std::cmp::Reverse(raw.len()));
+    let mut out = message.to_string();
+    for (raw, shown) in quoted {
+        out = out.replace(&raw, &shown);
+    }
+    out
+}
+
 fn run() -> Result<ExitCode> {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return Ok(clap_error(&e)),
+    };
     // Logs go to stderr so that stdout carries only the report a command prints. Quiet
     // by default; `RUST_LOG=namdb=debug` shows what each measurement set up. A server
     // logs its lifecycle (start, sessions, stop) by default.
@@ -235,6 +299,33 @@ mod tests {
         );
     }
     use clap::CommandFactory;
+
+    #[test]
+    fn a_rejected_value_is_quoted_as_client_input_is() {
+        let long = "7".repeat(63) + &"x".repeat(9_937);
+        let args = ["kv".to_string(), "get".to_string(), long.clone()];
+        let e = Cli::try_parse_from(std::iter::once("namdb".to_string()).chain(args.clone()))
+            .expect_err("not a key");
+        let whole = e.render().to_string();
+        assert!(whole.contains(&long), "clap quotes it whole: {whole}");
+        let bounded = bound_echoed_args(&whole, &args);
+        assert!(!bounded.contains(&long[..65]), "{bounded}");
+        assert!(bounded.contains(&txn::echo(&long)), "{bounded}");
+        assert!(bounded.contains("… (10000 bytes)"), "{bounded}");
+        assert!(bounded.len() < 400, "{bounded}");
+        // The value of --flag=VALUE, and a value a parser's error quotes as `{:?}`.
+        let with_tab = format!("{}\t", "z".repeat(70));
+        let message = format!("error: invalid value '{with_tab}': unknown {with_tab:?}");
+        let bounded = bound_echoed_args(&message, &[format!("--notify={with_tab}")]);
+        let shown = txn::echo(&with_tab);
+        assert_eq!(
+            bounded,
+            format!("error: invalid value '{shown}': unknown \"{shown}\"")
+        );
+        // Short arguments and the rest of the message stay as they were.
+        let message = "error: unexpected argument '--nodse' found";
+        assert_eq!(bound_echoed_args(message, &["--nodse".into()]), message);
+    }
 
     #[test]
     fn cli_definition_is_consistent() {

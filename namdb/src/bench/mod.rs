@@ -288,7 +288,10 @@ where
             every = true;
             continue;
         }
-        let name: T = n.parse().with_context(|| format!("--{flag}"))?;
+        // The parsers' errors quote the name whole; a user's 10 000 characters are cut.
+        let name: T = n.parse().map_err(|e: T::Err| {
+            anyhow::anyhow!("--{flag}: {}", e.to_string().replace(n, &::txn::echo(n)))
+        })?;
         if !out.contains(&name) {
             out.push(name);
         }
@@ -340,6 +343,10 @@ mod tests {
         assert!(err.contains("--fruit") && err.contains("plum"), "{err}");
         assert!(parse(&[]).is_err());
         assert!(parse(&[" "]).is_err());
+        let long = "plum".repeat(2_500);
+        let err = format!("{:#}", parse(&[&long]).unwrap_err());
+        assert!(err.contains(&::txn::echo(&long)), "{err}");
+        assert!(err.len() < 200, "the name is quoted whole: {err}");
     }
 
     #[test]

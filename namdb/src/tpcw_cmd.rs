@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tpcw::htap::Phase;
 use tpcw::interactions::Mix;
 use tpcw::rsi::{Room, Rsi};
-use tpcw::runner::{self, Ledger, RunConfig, RunReport};
+use tpcw::runner::{self, DiskFloor, Ledger, RunConfig, RunReport};
 use tpcw::schema::{Rel, Scale};
 use tpcw::system::System;
 
@@ -173,6 +173,10 @@ pub struct TpcwArgs {
     /// tree).
     #[arg(long, value_name = "FILE")]
     pub postgres_script: Option<PathBuf>,
+    /// A run on a scratch PostgreSQL stops early when its database's filesystem has
+    /// fewer MiB free than this (for tests: the default is what the start keeps free).
+    #[arg(long, hide = true, value_name = "MIB", default_value_t = POSTGRES_DISK_RESERVE >> 20)]
+    pub postgres_disk_floor_mib: u64,
 }
 
 /// The JSON document of a `namdb tpcw` run.
@@ -406,7 +410,7 @@ fn run_systems(
                 runs
             }
             SystemKind::Postgres => {
-                let (system, _server) = match &args.postgres {
+                let (system, server) = match &args.postgres {
                     Some(conninfo) => (tpcw::postgres::Postgres::connect(conninfo)?, None),
                     None => {
                         let script = tpcw::postgres::Script::file_or(
@@ -418,7 +422,13 @@ fn run_systems(
                         (pg, Some(server))
                     }
                 };
-                load_and_run(&system, scale, args, clients)?
+                // A server of the user's own may be on another host: its disk is not
+                // this process's to watch.
+                let disk = server.as_ref().map(|server| DiskFloor {
+                    dir: server.dir().to_path_buf(),
+                    bytes: args.postgres_disk_floor_mib.saturating_mul(1 << 20),
+                });
+                load_and_run_watching(&system, scale, args, clients, disk)?
             }
             SystemKind::TwoPc => {
                 let exe = std::env::current_exe().context("locating the namdb binary")?;
@@ -841,6 +851,17 @@ fn load_and_run<S: System>(
     args: &TpcwArgs,
     clients: &[usize],
 ) -> Result<Vec<RunReport>> {
+    load_and_run_watching(system, scale, args, clients, None)
+}
+
+/// [`load_and_run`], each run stopping early when `disk`'s filesystem runs low.
+fn load_and_run_watching<S: System>(
+    system: &S,
+    scale: &Scale,
+    args: &TpcwArgs,
+    clients: &[usize],
+    disk: Option<DiskFloor>,
+) -> Result<Vec<RunReport>> {
     load(system, scale)?;
     let mut ledger = Ledger::default();
     let mut reports = Vec::new();
@@ -855,6 +876,7 @@ fn load_and_run<S: System>(
             progress: true,
             seed: args.seed,
             stop_below_available: runner::memory_floor(),
+            stop_below_free_disk: disk.clone(),
         };
         eprintln!(
             "{} ({}): {} with {n} clients for {} s after {} s of warm-up",
@@ -918,6 +940,7 @@ fn load_and_run_htap(
         progress: true,
         seed: args.seed,
         stop_below_available: runner::memory_floor(),
+        stop_below_free_disk: None,
     };
     let mut ledger = Ledger::default();
     let tables = tpcw::htap::Tables::of(system.tables());

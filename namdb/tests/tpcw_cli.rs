@@ -341,6 +341,61 @@ fn postgres_starts_with_the_built_in_script_from_any_directory() {
     assert!(!err.contains("loading "), "{err}");
 }
 
+/// The start refuses a scratch PostgreSQL whose loaded database would not fit the
+/// disk, but a long run's orders and order lines grow it further: the run watches the
+/// free space of the database's directory and stops early, reporting what it measured,
+/// below a floor (1 GiB; a hidden flag sets one no disk clears, so the first look stops
+/// the run without filling the disk). Before, it ran on until the disk was full.
+#[test]
+fn a_postgres_run_stops_early_when_its_disk_runs_low() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let out = ok(
+        dir.path(),
+        &[
+            "tpcw",
+            "--system",
+            "postgres",
+            "--items",
+            "1000",
+            "--ebs",
+            "1",
+            "--warmup",
+            "0",
+            "--duration",
+            "600",
+            "--clients",
+            "2",
+            "--postgres-disk-floor-mib",
+            "1099511627776",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let run = &runs(&json)[0];
+    let why = run["stopped_early"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{run}"));
+    assert!(why.contains("stopped after"), "{why}");
+    assert!(
+        why.contains("the disk of ") && why.contains("ran low"),
+        "{why}"
+    );
+    assert!(
+        why.contains("namdb-postgres-"),
+        "not the database's directory: {why}"
+    );
+    assert!(run["seconds"].as_f64().unwrap() < 600.0, "{run}");
+    // Checked, whatever the clients committed before the first look stopped them.
+    assert_eq!(run["checks"]["stock_conserved"], true, "{run}");
+    assert_eq!(run["checks"]["orders_present"], true, "{run}");
+    assert!(
+        out.contains("note: postgres (tcp) at 2 clients stopped after"),
+        "{out}"
+    );
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -51,6 +51,34 @@ pub struct RunConfig {
     /// floor). RSI's tables grow with every order, and the OOM killer would take the
     /// whole process, results and all.
     pub stop_below_available: u64,
+    /// Stop the run early, and report what it measured, when the filesystem of this
+    /// directory has fewer free bytes than this: a scratch PostgreSQL's database grows
+    /// with every order, and a full disk stops the server mid-run.
+    pub stop_below_free_disk: Option<DiskFloor>,
+}
+
+/// A directory whose filesystem must keep `bytes` free while a run goes on.
+#[derive(Clone, Debug)]
+pub struct DiskFloor {
+    pub dir: std::path::PathBuf,
+    pub bytes: u64,
+}
+
+impl DiskFloor {
+    /// Why the run must stop, if the filesystem has fewer than `bytes` free now. A
+    /// filesystem that cannot say is let through, as a host without /proc/meminfo is.
+    fn breached(&self) -> Option<String> {
+        let fs = rustix::fs::statvfs(&self.dir).ok()?;
+        let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+        (free < self.bytes).then(|| {
+            format!(
+                "the disk of {} ran low ({} MiB free, the run stops below {} MiB)",
+                self.dir.display(),
+                free >> 20,
+                self.bytes >> 20
+            )
+        })
+    }
 }
 
 /// What the runs against one database have done since its load: the sales of committed
@@ -549,16 +577,16 @@ pub fn memory_floor() -> u64 {
 }
 
 /// Prints progress until the run ends, and flips `measuring` after the warm-up.
-/// Stops the run early when the host runs low on memory, returning how long it was
-/// measured and why.
+/// Stops the run early when the host runs low on memory or the database's disk runs
+/// low on space, returning how long it was measured and why.
 fn watch(
     config: &RunConfig,
     progress: &Progress,
     measuring: &AtomicBool,
     on_line: &mut dyn FnMut(&ProgressLine),
 ) -> Option<(Duration, String)> {
-    /// How often the host's memory is looked at: a run on the sim grows by about
-    /// 200 MiB a second.
+    /// How often the host's memory and the database's disk are looked at: a run on
+    /// the sim grows by about 200 MiB a second.
     const MEMORY_EVERY: Duration = Duration::from_millis(200);
     let start = Instant::now();
     let end = start + config.warmup + config.duration;
@@ -574,16 +602,26 @@ fn watch(
             warm = true;
             measuring.store(true, Ordering::Relaxed);
         }
-        if config.stop_below_available > 0
-            && let Some(memory) = fabric::HostMemory::now()
-            && memory.available < config.stop_below_available
-        {
+        let low_memory = (config.stop_below_available > 0)
+            .then(fabric::HostMemory::now)
+            .flatten()
+            .filter(|memory| memory.available < config.stop_below_available)
+            .map(|memory| {
+                format!(
+                    "the host ran low on memory ({} MiB available, the run stops below {} \
+                     MiB)",
+                    memory.available >> 20,
+                    config.stop_below_available >> 20
+                )
+            });
+        let low = low_memory.or_else(|| {
+            config
+                .stop_below_free_disk
+                .as_ref()
+                .and_then(DiskFloor::breached)
+        });
+        if let Some(why) = low {
             progress.stop.store(true, Ordering::Relaxed);
-            let why = format!(
-                "the host ran low on memory ({} MiB available, the run stops below {} MiB)",
-                memory.available >> 20,
-                config.stop_below_available >> 20
-            );
             eprintln!("  {why}: stopping the clients");
             return Some((now.saturating_duration_since(start + config.warmup), why));
         }

@@ -59,6 +59,7 @@ fn best_sellers_and_related_items_run_beside_checkouts() {
         progress: false,
         seed: 3,
         stop_below_available: 0,
+        stop_below_free_disk: None,
     };
     let rewrites = ItemRewrites::default();
     let (checkouts, analytics) = std::thread::scope(|s| {
@@ -125,6 +126,7 @@ fn a_writer_beside_a_run_starts_after_the_runs_set_up() {
         progress: false,
         seed: 5,
         stop_below_available: 0,
+        stop_below_free_disk: None,
     };
     let stop = AtomicBool::new(false);
     let rewrites = ItemRewrites::default();

@@ -64,6 +64,7 @@ fn config(mix: Mix, clients: usize) -> RunConfig {
         progress: false,
         seed: 42,
         stop_below_available: 0,
+        stop_below_free_disk: None,
     }
 }
 
@@ -457,6 +458,47 @@ fn a_run_stops_early_when_the_host_runs_low_on_memory() {
     assert!(err.to_string().contains("warm-up"), "{err}");
     // The next run, with room to spare, runs its whole duration.
     let report = runner::run(&rsi, &scale, &config(Mix::Checkout, 4), &mut ledger).unwrap();
+    assert_eq!(report.stopped_early, None);
+    assert!(report.committed > 0);
+}
+
+/// A run whose database's disk runs low stops its clients and reports what it
+/// measured, checked, as one low on memory does, rather than run on into a full disk
+/// (PostgreSQL's tables grow with every order; `namdb tpcw` watches its directory).
+#[test]
+fn a_run_stops_early_when_the_database_disk_runs_low() {
+    let scale = Scale::new(1000, 1, 1024).unwrap();
+    let rsi = system(&scale, 1.0);
+    let mut ledger = Ledger::default();
+    let dir = tempfile::tempdir().unwrap();
+    // More than any disk has: the first look stops the run.
+    let low = RunConfig {
+        stop_below_free_disk: Some(runner::DiskFloor {
+            dir: dir.path().to_path_buf(),
+            bytes: u64::MAX,
+        }),
+        warmup: Duration::ZERO,
+        duration: Duration::from_secs(60),
+        ..config(Mix::Checkout, 4)
+    };
+    let report = runner::run(&rsi, &scale, &low, &mut ledger).unwrap();
+    let why = report.stopped_early.as_deref().expect("stopped early");
+    assert!(
+        why.contains("the disk of") && why.contains("ran low"),
+        "{why}"
+    );
+    assert!(why.contains(&dir.path().display().to_string()), "{why}");
+    assert!(report.seconds < 60.0, "{report:?}");
+    assert!(report.checks.stock_conserved && report.checks.orders_present);
+    // A floor the disk clears lets the run take its whole duration.
+    let roomy = RunConfig {
+        stop_below_free_disk: Some(runner::DiskFloor {
+            dir: dir.path().to_path_buf(),
+            bytes: 1,
+        }),
+        ..config(Mix::Checkout, 4)
+    };
+    let report = runner::run(&rsi, &scale, &roomy, &mut ledger).unwrap();
     assert_eq!(report.stopped_early, None);
     assert!(report.committed > 0);
 }

@@ -101,6 +101,15 @@ impl RegionPlan {
     pub fn total_bytes(&self) -> u64 {
         self.regions.iter().map(|(_, len)| len).sum()
     }
+
+    /// Bytes of the data regions (`--size`): the catalog is not counted.
+    pub fn data_bytes(&self) -> u64 {
+        self.regions
+            .iter()
+            .filter(|(name, _)| name.starts_with(DATA_REGION_PREFIX))
+            .map(|(_, len)| len)
+            .sum()
+    }
 }
 
 /// A region as the directory publishes it.
@@ -316,6 +325,7 @@ mod tests {
         ];
         assert_eq!(plan.regions(), &expected[..]);
         assert_eq!(plan.total_bytes(), CATALOG_BYTES + (10 << 20));
+        assert_eq!(plan.data_bytes(), 10 << 20);
     }
 
     #[test]

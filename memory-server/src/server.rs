@@ -8,7 +8,7 @@ use crate::proto::remote_verbs_server::RemoteVerbsServer;
 use crate::regions::{self, AllocError, RegionDirectory, RegionPlan};
 use crate::replica::{Backup, MAX_APPLY_BYTES, Replication, Replicator, Role};
 use crate::service::{ControlService, ServerState};
-use crate::session::{ObjectLimits, Sessions};
+use crate::session::{BorrowLedger, ObjectLimits, Sessions};
 use crate::stats::{Counters, Stats};
 use crate::token::ClusterToken;
 use crate::verbs_service::{self, VerbsService};
@@ -43,6 +43,10 @@ pub struct ServerConfig {
     /// The most bytes of regions one session may hold: borrowed (BorrowRegion) and
     /// registered through remote verbs.
     pub remote_verbs_bytes: u64,
+    /// The most bytes all sessions together may hold in borrowed regions (BorrowRegion),
+    /// which are allocated on top of the data regions; `None`, the default, is half of
+    /// the data regions' size ([`ServerConfig::default_max_borrowed`]).
+    pub max_borrowed: Option<u64>,
     /// Keep region contents on disk (Persist, restore on start); `None`, the default,
     /// keeps nothing and refuses Persist.
     pub durability: Option<DurabilityConfig>,
@@ -71,10 +75,17 @@ impl ServerConfig {
             max_qps_per_session: Self::DEFAULT_MAX_QPS_PER_SESSION,
             allow_remote_verbs: false,
             remote_verbs_bytes: Self::DEFAULT_REMOTE_VERBS_BYTES,
+            max_borrowed: None,
             durability: None,
             replication: Replication::Standalone,
             pin_memory: false,
         }
+    }
+
+    /// Half of the data regions' size: borrowing can add at most half again to the
+    /// memory the server takes from its host, however many sessions borrow.
+    pub fn default_max_borrowed(plan: &RegionPlan) -> u64 {
+        plan.data_bytes() / 2
     }
 }
 
@@ -286,6 +297,11 @@ impl MemoryServer {
                 regions: verbs_service::MAX_REGIONS_PER_SESSION,
                 region_bytes: config.remote_verbs_bytes,
             },
+            borrowed: BorrowLedger::new(
+                config
+                    .max_borrowed
+                    .unwrap_or_else(|| ServerConfig::default_max_borrowed(&config.plan)),
+            ),
             durable,
             replica,
             backup,
@@ -326,6 +342,7 @@ impl MemoryServer {
             regions = stats.regions,
             bytes = stats.bytes_registered,
             huge_page_regions = stats.huge_page_regions,
+            max_borrowed = state.borrowed.max(),
             "memory server started"
         );
         Ok(MemoryServer {

@@ -7,7 +7,9 @@ use crate::durable::{Copier, Durable, PersistError, journal};
 use crate::proto::{self, memory_server_server::MemoryServer as ControlRpc};
 use crate::regions::{RegionDirectory, ServedRegion};
 use crate::replica::{Backup, Replicator, Role};
-use crate::session::{ObjectLimits, SESSION_METADATA, Session, SessionError, SessionId, Sessions};
+use crate::session::{
+    BorrowLedger, ObjectLimits, SESSION_METADATA, Session, SessionError, SessionId, Sessions,
+};
 use crate::stats::{Counters, Rpc, Stats};
 use fabric::{CompletionQueue, Device, FabricError, NodeId, QpConfig, QpEndpoint, QueuePair};
 use std::sync::Arc;
@@ -32,8 +34,10 @@ pub(crate) struct ServerState {
     pub pin_memory: bool,
     /// Whether the remote-verbs service drives the device for clients.
     pub allow_remote_verbs: bool,
-    /// What a session may create through remote verbs.
+    /// What a session may create through remote verbs (and borrow).
     pub verbs_limits: ObjectLimits,
+    /// What all sessions together have borrowed, against the server's cap.
+    pub borrowed: Arc<BorrowLedger>,
     /// The data directory, for servers that keep one.
     pub durable: Option<Arc<Durable>>,
     /// A replicated primary's stream to its backup.
@@ -330,8 +334,15 @@ impl ControlRpc for ControlService {
     ) -> Result<Response<proto::EndSessionResponse>, Status> {
         self.state.counters.rpc(Rpc::EndSession);
         let session = self.state.session(&req)?;
-        if let Some(qps) = self.state.sessions.end(session.id) {
-            tracing::info!(session = ?session.id, peer = ?session.peer, queue_pairs = qps, "session ended");
+        if let Some(held) = self.state.sessions.end(session.id) {
+            tracing::info!(
+                session = ?session.id,
+                peer = ?session.peer,
+                queue_pairs = held.queue_pairs,
+                regions = held.regions,
+                region_bytes = held.region_bytes,
+                "session ended"
+            );
         }
         Ok(Response::new(proto::EndSessionResponse {}))
     }
@@ -381,6 +392,7 @@ impl ControlRpc for ControlService {
         let limits = self.state.verbs_limits;
         // Checked before the memory is allocated, so an oversized request costs nothing.
         session.region_fits(len, &limits).map_err(session_status)?;
+        let loan = self.state.borrowed.lend(len).map_err(session_status)?;
         let (device, pin) = (self.state.device.clone(), self.state.pin_memory);
         let region = tokio::task::spawn_blocking(move || {
             let alloc = crate::regions::allocate("borrowed", len, pin)
@@ -393,7 +405,7 @@ impl ControlRpc for ControlService {
         .map_err(|e| Status::internal(format!("the allocation failed: {e}")))??;
         let remote = region.remote();
         session
-            .add_region(region, &limits)
+            .add_region(region, &limits, Some(loan))
             .map_err(session_status)?;
         tracing::info!(session = ?session.id, len, rkey = remote.rkey, "region borrowed");
         Ok(Response::new(proto::BorrowRegionResponse {

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The metadata entry that carries the session id.
@@ -63,8 +63,94 @@ struct SessionState {
     cqs: HashMap<u32, Arc<dyn CompletionQueue>>,
     next_cq: u32,
     /// By lkey.
-    regions: HashMap<u32, Region>,
+    regions: HashMap<u32, Held>,
     region_bytes: u64,
+}
+
+/// A region of a session, and its share of what the server lent if it was borrowed.
+struct Held {
+    region: Region,
+    /// Declared after the region, so it is dropped after it: the ledger never counts
+    /// memory as free while it is still registered.
+    loan: Option<Loan>,
+}
+
+/// Bytes all sessions together hold in borrowed regions (BorrowRegion), against the
+/// server's cap. The per-session limit alone let enough sessions take any amount of
+/// the host's memory.
+pub(crate) struct BorrowLedger {
+    /// (bytes, regions) lent now.
+    lent: Mutex<(u64, usize)>,
+    max: u64,
+}
+
+impl BorrowLedger {
+    pub fn new(max: u64) -> Arc<BorrowLedger> {
+        Arc::new(BorrowLedger {
+            lent: Mutex::new((0, 0)),
+            max,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (u64, usize)> {
+        // Every update is a single statement, so a poisoned lock holds valid state.
+        self.lent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// (bytes, regions) lent now.
+    #[cfg(test)]
+    pub fn lent(&self) -> (u64, usize) {
+        *self.lock()
+    }
+
+    /// Reserves `len` bytes before they are allocated; the reservation ends when the
+    /// loan is dropped (the region returned, its session ended, or the allocation
+    /// failed).
+    pub fn lend(self: &Arc<Self>, len: u64) -> Result<Loan, SessionError> {
+        let mut lent = self.lock();
+        match lent.0.checked_add(len) {
+            Some(total) if total <= self.max => {
+                *lent = (total, lent.1 + 1);
+                Ok(Loan {
+                    ledger: self.clone(),
+                    len,
+                })
+            }
+            _ => Err(SessionError::ServerBorrowCap {
+                len,
+                lent: lent.0,
+                regions: lent.1,
+                max: self.max,
+            }),
+        }
+    }
+}
+
+/// `len` bytes the server lent a session; given back when dropped.
+pub(crate) struct Loan {
+    ledger: Arc<BorrowLedger>,
+    len: u64,
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        let mut lent = self.ledger.lock();
+        *lent = (lent.0 - self.len, lent.1 - 1);
+    }
+}
+
+/// What a session held when it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ended {
+    pub queue_pairs: usize,
+    /// Regions of any kind (borrowed, registered through remote verbs).
+    pub regions: usize,
+    pub region_bytes: u64,
+    pub borrowed_bytes: u64,
 }
 
 impl SessionState {
@@ -118,6 +204,17 @@ pub(crate) enum SessionError {
     TooManyBytes { len: u64, max: u64 },
     #[error("completion queue {cq} is in use by queue pair {qpn}; destroy the queue pair first")]
     CqInUse { cq: u32, qpn: u32 },
+    #[error(
+        "{len} more bytes would take what this memory server lends past {max} bytes, its \
+         cap (memory-server --max-borrowed); sessions borrow {lent} bytes in {regions} \
+         regions now"
+    )]
+    ServerBorrowCap {
+        len: u64,
+        lent: u64,
+        regions: usize,
+        max: u64,
+    },
 }
 
 impl Session {
@@ -193,13 +290,19 @@ impl Session {
         self.lock().region_fits(len, limits)
     }
 
-    /// Keeps `region` registered for as long as the session; a refused one is
-    /// deregistered on return.
-    pub fn add_region(&self, region: Region, limits: &ObjectLimits) -> Result<(), SessionError> {
+    /// Keeps `region` registered for as long as the session, with `loan` if the server
+    /// lent it (BorrowRegion); a refused one is deregistered on return, and its loan
+    /// given back.
+    pub fn add_region(
+        &self,
+        region: Region,
+        limits: &ObjectLimits,
+        loan: Option<Loan>,
+    ) -> Result<(), SessionError> {
         let mut st = self.lock();
         st.region_fits(region.len(), limits)?;
         st.region_bytes += region.len();
-        st.regions.insert(region.lkey(), region);
+        st.regions.insert(region.lkey(), Held { region, loan });
         Ok(())
     }
 
@@ -209,7 +312,7 @@ impl Session {
             let mut st = self.lock();
             let region = st.regions.remove(&lkey);
             if let Some(r) = &region {
-                st.region_bytes -= r.len();
+                st.region_bytes -= r.region.len();
             }
             region
         };
@@ -222,8 +325,8 @@ impl Session {
             .lock()
             .regions
             .values()
-            .find(|r| r.rkey() == rkey)
-            .map(Region::lkey);
+            .find(|r| r.region.rkey() == rkey)
+            .map(|r| r.region.lkey());
         lkey.is_some_and(|lkey| self.remove_region(lkey))
     }
 
@@ -235,25 +338,33 @@ impl Session {
         self.lock().region_bytes
     }
 
-    /// Marks the session ended and destroys its objects; returns how many queue pairs.
-    fn end(&self) -> usize {
-        let (qps, cqs, regions) = {
+    /// Marks the session ended and destroys its objects; says what it held.
+    fn end(&self) -> Ended {
+        let (qps, cqs, regions, region_bytes) = {
             let mut st = self.lock();
             st.ended = true;
-            st.region_bytes = 0;
             (
                 std::mem::take(&mut st.qps),
                 std::mem::take(&mut st.cqs),
                 std::mem::take(&mut st.regions),
+                std::mem::take(&mut st.region_bytes),
             )
+        };
+        let ended = Ended {
+            queue_pairs: qps.len(),
+            regions: regions.len(),
+            region_bytes,
+            borrowed_bytes: regions
+                .values()
+                .filter_map(|r| r.loan.as_ref().map(|l| l.len))
+                .sum(),
         };
         // Dropped outside the lock, queue pairs first (they may use the rest):
         // destroying an object may take the device's locks.
-        let n = qps.len();
         drop(qps);
         drop(cqs);
         drop(regions);
-        n
+        ended
     }
 }
 
@@ -327,15 +438,14 @@ impl Sessions {
         Some(session)
     }
 
-    /// Ends a session; returns the number of queue pairs destroyed, or None if there
-    /// was no such session.
-    pub fn end(&self, id: SessionId) -> Option<usize> {
+    /// Ends a session; says what it held, or None if there was no such session.
+    pub fn end(&self, id: SessionId) -> Option<Ended> {
         let session = self.lock().remove(&id)?;
         Some(session.end())
     }
 
-    /// Ends every session whose lease has run out; returns (sessions, queue pairs).
-    pub fn reap(&self, now: Instant) -> (usize, usize) {
+    /// Ends every session whose lease has run out; says what each held.
+    pub fn reap(&self, now: Instant) -> Vec<Ended> {
         let expired: Vec<Arc<Session>> = {
             let mut map = self.lock();
             let ids: Vec<SessionId> = map
@@ -345,19 +455,30 @@ impl Sessions {
                 .collect();
             ids.iter().filter_map(|id| map.remove(id)).collect()
         };
-        let mut qps = 0;
-        for s in &expired {
-            let n = s.end();
-            tracing::info!(session = ?s.id, peer = ?s.peer, queue_pairs = n, "session lease expired");
-            qps += n;
-        }
-        (expired.len(), qps)
+        expired
+            .iter()
+            .map(|s| {
+                let held = s.end();
+                // What it held is what its peer (dead, most likely) kept from others
+                // until now: the figure to look at when memory ran short.
+                tracing::info!(
+                    session = ?s.id,
+                    peer = ?s.peer,
+                    queue_pairs = held.queue_pairs,
+                    regions = held.regions,
+                    region_bytes = held.region_bytes,
+                    borrowed_bytes = held.borrowed_bytes,
+                    "session lease expired"
+                );
+                held
+            })
+            .collect()
     }
 
     /// Ends every session (server shutdown); returns (sessions, queue pairs).
     pub fn end_all(&self) -> (usize, usize) {
         let all: Vec<Arc<Session>> = self.lock().drain().map(|(_, s)| s).collect();
-        let qps = all.iter().map(|s| s.end()).sum();
+        let qps = all.iter().map(|s| s.end().queue_pairs).sum();
         (all.len(), qps)
     }
 
@@ -423,9 +544,9 @@ mod tests {
         s.add_qp(qp(&*dev), [0, 0], 4).unwrap();
         assert_eq!(sessions.counts(), (1, 2, 0));
         assert!(weak.upgrade().is_some());
-        assert_eq!(sessions.end(s.id), Some(2));
+        assert_eq!(sessions.end(s.id).map(|e| e.queue_pairs), Some(2));
         assert!(weak.upgrade().is_none(), "the queue pair was dropped");
-        assert_eq!(sessions.end(s.id), None);
+        assert!(sessions.end(s.id).is_none());
         // A handler still holding the ended session cannot attach new queue pairs.
         assert_eq!(s.add_qp(qp(&*dev), [0, 0], 4), Err(SessionError::Ended));
     }
@@ -439,7 +560,9 @@ mod tests {
         let old = sessions.open(None, t0).unwrap();
         old.add_qp(qp(&*dev), [0, 0], 4).unwrap();
         let young = sessions.open(None, t0 + Duration::from_secs(5)).unwrap();
-        assert_eq!(sessions.reap(t0 + Duration::from_secs(11)), (1, 1));
+        let reaped = sessions.reap(t0 + Duration::from_secs(11));
+        assert_eq!(reaped.len(), 1);
+        assert_eq!(reaped[0].queue_pairs, 1);
         assert!(
             sessions
                 .touch(young.id, t0 + Duration::from_secs(12))
@@ -485,7 +608,7 @@ mod tests {
 
         let region = dev.register(48, fabric::Access::ALL).unwrap();
         let (lkey, weak) = (region.lkey(), Arc::downgrade(region.memory()));
-        s.add_region(region, &limits).unwrap();
+        s.add_region(region, &limits, None).unwrap();
         assert_eq!(
             s.region_fits(24, &limits),
             Err(SessionError::TooManyBytes { len: 24, max: 64 })
@@ -494,7 +617,7 @@ mod tests {
         assert!(s.remove_region(lkey) && !s.remove_region(lkey));
         s.region_fits(64, &limits).unwrap();
         for _ in 0..2 {
-            s.add_region(dev.register(8, fabric::Access::ALL).unwrap(), &limits)
+            s.add_region(dev.register(8, fabric::Access::ALL).unwrap(), &limits, None)
                 .unwrap();
         }
         assert_eq!(
@@ -507,7 +630,7 @@ mod tests {
         let weak = Arc::downgrade(kept.memory());
         sessions.end(s.id);
         assert_eq!(s.region_fits(0, &limits), Err(SessionError::Ended));
-        assert_eq!(s.add_region(kept, &limits), Err(SessionError::Ended));
+        assert_eq!(s.add_region(kept, &limits, None), Err(SessionError::Ended));
         assert!(weak.upgrade().is_none(), "a refused region is freed");
     }
 
@@ -532,5 +655,113 @@ mod tests {
         assert!(s.remove_qp(qpn));
         assert!(!s.remove_qp(qpn));
         assert_eq!(sessions.end_all(), (2, 0));
+    }
+
+    /// The cap is on all sessions together: two sessions each within their own limit
+    /// are refused past it, and whatever gives a region back (returning it, the
+    /// session's end, an allocation that failed) gives its bytes back to the ledger.
+    #[test]
+    fn borrowed_bytes_are_capped_across_sessions() {
+        let dev = SimNetwork::new(SimConfig::default()).add_node();
+        let sessions = Sessions::new(Duration::from_secs(10), 8);
+        let ledger = BorrowLedger::new(64);
+        let limits = ObjectLimits {
+            cqs: 1,
+            regions: 8,
+            region_bytes: 64,
+        };
+        let now = Instant::now();
+        let (a, b) = (
+            sessions.open(None, now).unwrap(),
+            sessions.open(None, now).unwrap(),
+        );
+        let borrow = |s: &Session, len: u64| -> Result<u32, SessionError> {
+            let loan = ledger.lend(len)?;
+            let region = dev.register(len, fabric::Access::ALL).unwrap();
+            let lkey = region.lkey();
+            s.add_region(region, &limits, Some(loan))?;
+            Ok(lkey)
+        };
+        let first = borrow(&a, 32).unwrap();
+        borrow(&b, 24).unwrap();
+        assert_eq!(ledger.lent(), (56, 2));
+        let refused = borrow(&b, 16).unwrap_err();
+        assert_eq!(
+            refused,
+            SessionError::ServerBorrowCap {
+                len: 16,
+                lent: 56,
+                regions: 2,
+                max: 64
+            }
+        );
+        let said = refused.to_string();
+        assert!(
+            said.contains("past 64 bytes") && said.contains("--max-borrowed"),
+            "{said}"
+        );
+        // A loan that never became a region (the allocation failed) is given back.
+        drop(ledger.lend(8).unwrap());
+        assert_eq!(ledger.lent(), (56, 2));
+
+        assert!(a.remove_region(first));
+        assert_eq!(ledger.lent(), (24, 1));
+        borrow(&a, 40).unwrap();
+        // Regions registered through remote verbs are the session's, not lent.
+        a.add_region(
+            dev.register(16, fabric::Access::ALL).unwrap(),
+            &limits,
+            None,
+        )
+        .unwrap();
+        assert_eq!(ledger.lent(), (64, 2));
+        let held = sessions.end(a.id).unwrap();
+        assert_eq!(
+            held,
+            Ended {
+                queue_pairs: 0,
+                regions: 2,
+                region_bytes: 56,
+                borrowed_bytes: 40
+            }
+        );
+        assert_eq!(ledger.lent(), (24, 1));
+        // A loan refused by the session (ended) is given back too.
+        assert!(borrow(&a, 8).is_err());
+        assert_eq!(ledger.lent(), (24, 1));
+    }
+
+    /// A reaped session says what it held, so the log line of a dead borrower shows
+    /// the space it kept until then.
+    #[test]
+    fn a_reaped_session_says_what_it_held() {
+        let dev = SimNetwork::new(SimConfig::default()).add_node();
+        let sessions = Sessions::new(Duration::from_secs(10), 8);
+        let ledger = BorrowLedger::new(1 << 20);
+        let limits = ObjectLimits {
+            cqs: 1,
+            regions: 8,
+            region_bytes: 1 << 20,
+        };
+        let t0 = Instant::now();
+        let s = sessions.open(None, t0).unwrap();
+        let loan = ledger.lend(4096).unwrap();
+        s.add_region(
+            dev.register(4096, fabric::Access::ALL).unwrap(),
+            &limits,
+            Some(loan),
+        )
+        .unwrap();
+        s.add_qp(qp(&*dev), [0, 0], 4).unwrap();
+        assert_eq!(
+            sessions.reap(t0 + Duration::from_secs(11)),
+            vec![Ended {
+                queue_pairs: 1,
+                regions: 1,
+                region_bytes: 4096,
+                borrowed_bytes: 4096
+            }]
+        );
+        assert_eq!(ledger.lent(), (0, 0));
     }
 }

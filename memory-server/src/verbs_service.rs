@@ -143,7 +143,7 @@ impl RemoteVerbs for VerbsService {
             len: region.len(),
         };
         session
-            .add_region(region, &limits)
+            .add_region(region, &limits, None)
             .map_err(session_status)?;
         Ok(Response::new(reply))
     }

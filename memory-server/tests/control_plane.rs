@@ -672,3 +672,34 @@ async fn borrowed_regions_belong_to_the_session() {
     let stats = other.stats().await.unwrap();
     assert_eq!((stats.sessions, stats.session_region_bytes), (1, 0));
 }
+
+/// Borrowing is capped across sessions (by default at half the data regions' size), so
+/// sessions each within their own limit cannot together take the host's memory; the
+/// refusal names the cap and what is borrowed, and whatever ends a loan gives its
+/// bytes back.
+#[tokio::test]
+async fn borrowing_is_capped_across_sessions() {
+    let setup = Setup::start().await;
+    let cap = DATA_BYTES / 2;
+    let a = Client::connect(&setup.addr, &token()).await.unwrap();
+    let b = Client::connect(&setup.addr, &token()).await.unwrap();
+    let held = a.borrow_region(24 << 10).await.unwrap();
+    let e = b.borrow_region(16 << 10).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::ResourceExhausted), "{e}");
+    let said = e.to_string();
+    assert!(
+        said.contains(&format!("past {cap} bytes"))
+            && said.contains("--max-borrowed")
+            && said.contains("borrow 24576 bytes in 1 regions"),
+        "{said}"
+    );
+    let small = b.borrow_region(8 << 10).await.unwrap();
+    b.return_region(&small).await.unwrap();
+    a.return_region(&held).await.unwrap();
+    b.borrow_region(16 << 10).await.unwrap();
+    a.borrow_region(16 << 10).await.unwrap();
+    // Its session's end gives b's share back.
+    b.close().await.unwrap();
+    a.borrow_region(16 << 10).await.unwrap();
+    assert_eq!(a.stats().await.unwrap().session_region_bytes, cap);
+}

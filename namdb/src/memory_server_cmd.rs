@@ -71,6 +71,11 @@ pub struct MemoryServerArgs {
     /// pairs and borrowed regions before the server frees them.
     #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_secs)]
     pub session_lease: Duration,
+    /// The most bytes all clients together may borrow (`namdb bench fabric --connect`
+    /// writes in a borrowed region), allocated on top of --size; half of --size by
+    /// default.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub max_borrowed: Option<u64>,
     /// Serve Prometheus metrics (plain HTTP, GET /metrics) on host:port; port 0 picks a
     /// free port, printed as `metrics listening on ADDR`.
     #[arg(long, value_name = "ADDR", value_parser = crate::compute_node_cmd::parse_listen_addr)]
@@ -226,6 +231,7 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
     config.allow_remote_verbs = args.allow_remote_verbs;
     config.pin_memory = args.pin_memory;
     config.session_lease = args.session_lease;
+    config.max_borrowed = args.max_borrowed;
     config.durability = args.data_dir.as_ref().map(|dir| DurabilityConfig {
         checkpoint_interval: args.checkpoint_interval,
         ..DurabilityConfig::new(dir)

@@ -367,11 +367,22 @@ fn a_killed_connect_bench_leaves_no_space_behind() {
             .status
             .success()
     );
-    // Room for one run's 512 KiB, not two.
-    let server =
-        common::ServerProcess::start("tcp", &token, &["--size", "768KiB", "--session-lease", "2"]);
+    // The server lends room for one run's 512 KiB, not two.
+    let mut server = common::ServerProcess::start(
+        "tcp",
+        &token,
+        &[
+            "--size",
+            "768KiB",
+            "--max-borrowed",
+            "768KiB",
+            "--session-lease",
+            "2",
+        ],
+    );
     let secret = memory_server::ClusterToken::from_file(&token).unwrap();
     let control = memory_server::blocking::Client::connect(&server.control, &secret).unwrap();
+    let addr = server.control.clone();
     let args = |ms: &str| {
         [
             "bench",
@@ -379,7 +390,7 @@ fn a_killed_connect_bench_leaves_no_space_behind() {
             "--backend",
             "tcp",
             "--connect",
-            &server.control,
+            &addr,
             "--token-file",
             token.to_str().unwrap(),
             "--ops",
@@ -419,8 +430,72 @@ fn a_killed_connect_bench_leaves_no_space_behind() {
             );
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
+        // The server says what the dead session kept until its lease ran out.
+        let expired = server
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("session lease expired"))
+            .map(String::from)
+            .collect::<Vec<_>>();
+        assert_eq!(expired.len(), run + 1, "{expired:?}");
+        assert!(
+            expired[run].contains("regions=1") && expired[run].contains("borrowed_bytes=524288"),
+            "{expired:?}"
+        );
     }
     let last = common::namdb_here(&args("20").each_ref().map(String::as_str));
     assert!(last.status.success(), "{}", common::text(&last));
     assert_eq!(control.stats().unwrap().session_region_bytes, 0);
+}
+
+/// All clients together borrow at most the server's cap (`--max-borrowed`), and a run
+/// refused by it says so and what to change.
+#[test]
+fn a_server_lends_no_more_than_its_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    assert!(
+        namdb(&["token", "generate", token.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let server =
+        common::ServerProcess::start("tcp", &token, &["--size", "4MiB", "--max-borrowed", "1MiB"]);
+    let bench = |batch: &str| {
+        namdb(&[
+            "bench",
+            "fabric",
+            "--backend",
+            "tcp",
+            "--connect",
+            &server.control,
+            "--token-file",
+            token.to_str().unwrap(),
+            "--ops",
+            "write",
+            "--threads",
+            "1",
+            "--batch",
+            batch,
+            "--duration-ms",
+            "20",
+        ])
+    };
+    // 32 × 64 KiB: 2 MiB, which one session may borrow, but not this server.
+    let refused = bench("32");
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("lends no 2097152 bytes")
+            && said.contains("past 1048576 bytes")
+            && said.contains("--max-borrowed")
+            && said.contains("smaller --batch"),
+        "{said}"
+    );
+    let fits = bench("16");
+    assert!(
+        fits.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
 }

@@ -525,6 +525,10 @@ fn up(args: &UpArgs) -> Result<()> {
         bail!("a cluster needs at least one memory server and one compute node");
     }
     check_value_cap(args.value_cap)?;
+    // What each memory server would refuse at its start, refused before any starts
+    // (they run with the default --region-size).
+    memory_server::RegionPlan::new(args.size, memory_server::DEFAULT_REGION_SIZE)
+        .context("no memory server can serve that --size")?;
     if args.dir.dir.exists() && !args.dir.dir.is_dir() {
         bail!("{} is not a directory", args.dir.dir.display());
     }

@@ -352,10 +352,22 @@ fn interrupt_up(signal: &str) {
 #[test]
 fn a_process_that_cannot_start_is_named_with_its_log() {
     let dir = tempfile::tempdir().unwrap();
-    // No memory server fits in a size of zero bytes.
+    // No memory server can keep its data in a file.
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("memory-server-0"), "not a directory").unwrap();
     let o = namdb(
         dir.path(),
-        &["cluster", "up", "--backend", "shm", "--size", "0"],
+        &[
+            "cluster",
+            "up",
+            "--backend",
+            "shm",
+            "--size",
+            "1MiB",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
     );
     assert!(!o.status.success());
     let said = stderr(&o);
@@ -364,6 +376,29 @@ fn a_process_that_cannot_start_is_named_with_its_log() {
         "{said}"
     );
     assert!(!dir.path().join("namdb-cluster/cluster.json").exists());
+}
+
+/// A size no memory server can serve is refused before anything starts (it used to be
+/// refused by the first memory server, once started), and nothing is left behind.
+#[test]
+fn a_size_no_memory_server_serves_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    for (size, why) in [("0", "at least 8 bytes"), ("1", "multiple of 8 bytes")] {
+        let o = namdb(
+            dir.path(),
+            &["cluster", "up", "--backend", "shm", "--size", size],
+        );
+        assert!(!o.status.success());
+        let said = stderr(&o);
+        assert!(
+            said.contains("--size") && said.contains(why) && !said.contains("memory-server-0"),
+            "{size}: {said}"
+        );
+        assert!(
+            !dir.path().join("namdb-cluster").exists(),
+            "{size}: nothing is created"
+        );
+    }
 }
 
 #[test]

@@ -29,6 +29,10 @@ pub mod status;
 /// The generated gRPC types and stubs of `proto/namdb/compute/v1/compute.proto`.
 pub mod proto {
     tonic::include_proto!("namdb.compute.v1");
+
+    /// The serialized `FileDescriptorSet` of the API.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
 }
 
 pub use memory_servers::{ConnectError, RemoteCluster, RemoteServer, connect};

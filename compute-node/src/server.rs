@@ -8,12 +8,14 @@ use crate::proto::compute_server::ComputeServer;
 use crate::reconnect::Node;
 use crate::service::ComputeService;
 use memory_server::ClusterToken;
+use memory_server::unknown_method::{Catalog, KnownMethods};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 
@@ -68,18 +70,28 @@ impl Server {
             .with_nodelay(Some(true))
             .with_keepalive(Some(Duration::from_secs(60)));
         let metrics = Arc::new(Metrics::default());
+        let catalog = Arc::new(Catalog::new(
+            crate::proto::FILE_DESCRIPTOR_SET,
+            "compute-node/proto",
+            &[crate::proto::compute_server::SERVICE_NAME],
+        ));
+        // Inside the authentication: only a caller holding the token learns more than
+        // that it lacks it.
         let service = InterceptedService::new(
-            ExplainCodec(
-                ComputeServer::new(ComputeService::new(node, metrics.clone()))
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            KnownMethods::new(
+                ExplainCodec(
+                    ComputeServer::new(ComputeService::new(node, metrics.clone()))
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                ),
+                catalog.clone(),
             ),
             Authenticate::new(token),
         );
         let (tx, rx) = oneshot::channel::<()>();
         let serve = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(service)
+                .add_routes(catalog.fallback(Routes::new(service)))
                 .serve_with_incoming_shutdown(incoming, async {
                     // A dropped sender (the server was dropped) also means stop.
                     let _ = rx.await;

@@ -34,6 +34,7 @@ mod service;
 mod session;
 mod stats;
 pub mod token;
+pub mod unknown_method;
 mod verbs_error;
 mod verbs_service;
 mod verbs_wire;
@@ -42,6 +43,10 @@ mod verbs_wire;
 /// and `remote_verbs.proto`.
 pub mod proto {
     tonic::include_proto!("namdb.memory_server.v1");
+
+    /// The serialized `FileDescriptorSet` of both files.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
 }
 
 pub use client::{Client, ClientError, PersistRange, RemoteEndpointInfo, ServerInfo};

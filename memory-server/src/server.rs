@@ -11,6 +11,7 @@ use crate::service::{ControlService, ServerState};
 use crate::session::{BorrowLedger, ObjectLimits, Sessions};
 use crate::stats::{Counters, Stats};
 use crate::token::ClusterToken;
+use crate::unknown_method::{Catalog, KnownMethods};
 use crate::verbs_service::{self, VerbsService};
 use fabric::{Device, FabricError, NodeId};
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 
 /// How long shutdown waits for in-flight RPCs before closing connections anyway.
@@ -318,10 +320,19 @@ impl MemoryServer {
             .max_decoding_message_size(MAX_APPLY_BYTES);
         // Always served, so that a client asking for it while it is off learns why.
         let verbs = RemoteVerbsServer::new(VerbsService::new(state.clone()));
+        let catalog = Arc::new(Catalog::new(
+            crate::proto::FILE_DESCRIPTOR_SET,
+            "memory-server/proto",
+            &[
+                crate::proto::memory_server_server::SERVICE_NAME,
+                crate::proto::remote_verbs_server::SERVICE_NAME,
+            ],
+        ));
+        let routes = Routes::new(KnownMethods::new(service, catalog.clone()))
+            .add_service(KnownMethods::new(verbs, catalog.clone()));
         let serve = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(service)
-                .add_service(verbs)
+                .add_routes(catalog.fallback(routes))
                 .serve_with_incoming_shutdown(incoming, async {
                     // A dropped sender (the server was dropped) also means stop.
                     let _ = rx.await;

@@ -703,3 +703,55 @@ async fn borrowing_is_capped_across_sessions() {
     a.borrow_region(16 << 10).await.unwrap();
     assert_eq!(a.stats().await.unwrap().session_region_bytes, cap);
 }
+
+/// A call of a method the server does not have (a misspelt name, another package, a
+/// hand-written client) is told what it called and what the server has, not tonic's
+/// bare UNIMPLEMENTED; the real methods still answer.
+#[tokio::test]
+async fn an_unknown_method_is_told_what_the_server_has() {
+    let setup = Setup::start().await;
+    let channel = Channel::from_shared(format!("http://{}", setup.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let call = |path: &'static str| {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        async move {
+            grpc.ready().await.unwrap();
+            grpc.unary::<proto::HelloRequest, proto::HelloResponse, _>(
+                Request::new(proto::HelloRequest {
+                    client_nonce: vec![7; 32],
+                }),
+                tonic::codegen::http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+        }
+    };
+    call("/namdb.memory_server.v1.MemoryServer/Hello")
+        .await
+        .expect("a served method answers");
+    let e = call("/namdb.memory_server.v1.MemoryServer/Helo")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    let said = e.message();
+    assert!(
+        said.contains("/namdb.memory_server.v1.MemoryServer/Helo")
+            && said.contains("Hello, Authenticate, ListRegions")
+            && said.contains("memory-server/proto/namdb/memory_server/v1/control.proto"),
+        "{said}"
+    );
+    // A service this server does not have at all (a compute node's).
+    let e = call("/namdb.compute.v1.Compute/Get").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    let said = e.message();
+    assert!(
+        said.contains("no service `namdb.compute.v1.Compute`")
+            && said.contains("namdb.memory_server.v1.MemoryServer (")
+            && said.contains("namdb.memory_server.v1.RemoteVerbs (")
+            && said.contains("remote_verbs.proto"),
+        "{said}"
+    );
+}

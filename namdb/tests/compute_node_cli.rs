@@ -589,3 +589,70 @@ fn memory_servers_sharing_a_node_id_are_refused() {
         assert!(err.contains("are both node 7"), "{servers}: {err}");
     }
 }
+
+/// A call of a method the node does not have, by a client holding the token, is told
+/// what it called and what the node has (tonic's own answer is an UNIMPLEMENTED with
+/// no message); a caller without the token learns only that it lacks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_method_is_told_what_the_node_has() {
+    use compute_node::proto::{HealthRequest, HealthResponse};
+    use tonic::codegen::http::uri::PathAndQuery;
+    let c = cluster(1);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", c.compute.control))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let bearer = compute_node::auth::bearer(&c.token);
+    let call = |path: &'static str, with_token: bool| {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        let mut request = tonic::Request::new(HealthRequest::default());
+        if with_token {
+            request
+                .metadata_mut()
+                .insert("authorization", bearer.clone());
+        }
+        async move {
+            grpc.ready().await.unwrap();
+            grpc.unary::<HealthRequest, HealthResponse, _>(
+                request,
+                PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+        }
+    };
+    call("/namdb.compute.v1.Compute/Health", true)
+        .await
+        .expect("a served method answers");
+    let said = expect_code(
+        call("/namdb.compute.v1.Compute/Helth", true).await,
+        Code::Unimplemented,
+        "/namdb.compute.v1.Compute/Helth",
+    );
+    assert!(
+        said.message().contains("Health")
+            && said
+                .message()
+                .contains("compute-node/proto/namdb/compute/v1/compute.proto"),
+        "{}",
+        said.message()
+    );
+    expect_code(
+        call("/namdb.compute.v1.Compute/Helth", false).await,
+        Code::Unauthenticated,
+        "authorization",
+    );
+    // A memory server's service, asked of the node.
+    let said = expect_code(
+        call("/namdb.memory_server.v1.MemoryServer/Hello", true).await,
+        Code::Unimplemented,
+        "no service `namdb.memory_server.v1.MemoryServer`",
+    );
+    assert!(
+        said.message()
+            .contains("namdb.compute.v1.Compute (compute-node/proto/"),
+        "{}",
+        said.message()
+    );
+}

@@ -10,8 +10,9 @@
 //!   its locks by then.
 //! - **crash**: `Kill`, then `Crash`: the node is started again with one commit-step
 //!   crash point armed, so it dies in the middle of that step of some commit; after
-//!   `window` (counted once the node is ready) `Restart` starts it unarmed, killing it
-//!   first if the point never fired.
+//!   `window` (counted once the node is ready; the executor may wait longer while the
+//!   node has had few chances to reach its point) `Restart` starts it unarmed, killing
+//!   it first if the point never fired.
 //! - **pause**: `Pause` (SIGSTOP, then SIGCONT `for` later), always shorter than half the
 //!   lease timeout. A node paused past its lease would be a zombie: fenced and recovered
 //!   while a doorbell it had already rung may still land. The lease makes that the
@@ -55,7 +56,7 @@ pub enum Action {
     /// Start the (dead) node with crash point `point` armed at `probability`: each
     /// commit that reaches the point aborts the process there with that probability.
     /// The plan's next action on the node waits until it died or has been ready for
-    /// `window_ms`.
+    /// `window_ms` (or longer, while it has had few chances to reach the point).
     Crash {
         node: usize,
         point: String,
@@ -124,12 +125,12 @@ impl Action {
 }
 
 /// The crash points only commits that create records pass.
-const INSERT_POINTS: [&str; 2] = ["after-insert-blocks", "after-index"];
+pub const INSERT_POINTS: [&str; 2] = ["after-insert-blocks", "after-index"];
 
 /// An action and when it is due, counted from the moment every node is ready. The
 /// executor may run it later (never earlier): a `Crash` holds its node's next action
-/// back until the point fired or its window passed, and actions on a node wait until it
-/// is ready.
+/// back until the point fired or its window passed (and its node had its chances at the
+/// point), and actions on a node wait until it is ready.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Planned {
     pub at_ms: u64,

@@ -232,11 +232,13 @@ impl SharedListAppend {
     /// The longest a list gets: a store value holds 32 words, and a transaction appends
     /// at most `max_ops` elements after its last read of a key.
     pub const LIMIT: usize = 24;
+    /// Keys a process appends to at once, from the first it has not seen full.
+    pub const ACTIVE_KEYS: u64 = 16;
 
     /// Starts at key number `first_key` (keys below it are taken to be full).
     pub fn new(incarnation: u64, first_key: u64) -> SharedListAppend {
         SharedListAppend {
-            active_keys: 16,
+            active_keys: Self::ACTIVE_KEYS,
             max_ops: 4,
             read_fraction: 0.4,
             abort_fraction: 0.03,

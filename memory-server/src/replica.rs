@@ -152,8 +152,14 @@ impl Failure {
 
 /// How often a primary whose backup stopped answering tries to attach again.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
-/// How long one such attempt may take to connect and attach.
-const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one such attempt may take to reach the backup (connect, authenticate).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the backup reached may take to answer the attach: it reads its whole
+/// memory first, for the pieces that hold data, which takes seconds per GiB in a debug
+/// build on a loaded machine. One 5 s bound for both cut off every attempt of a chaos
+/// run under load (its backup answered after 7 s), and each new attempt started the
+/// backup's reading over: the primary never attached again.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(120);
 /// Persist entry bytes acknowledged and held for the backup while a new attach's
 /// transfer runs; beyond it the attempt is given up (and made again later).
 const MAX_BACKLOG: usize = 256 << 20;
@@ -215,11 +221,24 @@ impl Link {
     /// Attaches this primary's stream: from then on the backup cannot be promoted until
     /// a batch says it holds the whole state. Answers which pieces of the backup's
     /// memory hold data.
-    async fn attach(&self) -> Result<(Stream, BackupPieces), Failure> {
+    /// `bounded`: an attach again, which gives up on a backup that does not answer
+    /// ([`CONNECT_TIMEOUT`], [`ATTACH_TIMEOUT`]) so that the next attempt can be made.
+    async fn attach(&self, bounded: bool) -> Result<(Stream, BackupPieces), Failure> {
         let addr = &self.addr;
-        let client = Client::connect(addr, &self.token).await.map_err(|e| {
-            Failure::Lost(unavailable(addr, format_args!("cannot be reached: {e}")))
-        })?;
+        let within = |limit: Duration| if bounded { limit } else { Duration::MAX };
+        let timed_out = |what: &str, limit: Duration| {
+            Failure::Lost(unavailable(
+                addr,
+                format_args!("did not {what} within {limit:?}"),
+            ))
+        };
+        let client =
+            tokio::time::timeout(within(CONNECT_TIMEOUT), Client::connect(addr, &self.token))
+                .await
+                .map_err(|_| timed_out("answer its connection", CONNECT_TIMEOUT))?
+                .map_err(|e| {
+                    Failure::Lost(unavailable(addr, format_args!("cannot be reached: {e}")))
+                })?;
         let (mut rpc, header) = client.rpc_parts();
         let attach = proto::ReplicaAttachRequest {
             regions: self
@@ -235,11 +254,14 @@ impl Link {
             primary_epoch: self.epoch,
             piece_bytes: TRANSFER_PIECE,
         };
-        let answer = rpc
-            .replica_attach(with_session(attach, &header))
-            .await
-            .map_err(|s| Failure::from_status(addr, "refused to attach", &s))?
-            .into_inner();
+        let answer = tokio::time::timeout(
+            within(ATTACH_TIMEOUT),
+            rpc.replica_attach(with_session(attach, &header)),
+        )
+        .await
+        .map_err(|_| timed_out("attach", ATTACH_TIMEOUT))?
+        .map_err(|s| Failure::from_status(addr, "refused to attach", &s))?
+        .into_inner();
         let pieces = piece_count(&self.regions, TRANSFER_PIECE);
         let has_data = if answer.clean {
             BackupPieces::AllZero
@@ -301,14 +323,7 @@ impl Link {
         &self,
         rx: &mut mpsc::UnboundedReceiver<Shipment>,
     ) -> Result<Stream, Failure> {
-        let (mut stream, backup) = tokio::time::timeout(ATTACH_TIMEOUT, self.attach())
-            .await
-            .map_err(|_| {
-                Failure::Lost(unavailable(
-                    &self.addr,
-                    format_args!("did not attach within {ATTACH_TIMEOUT:?}"),
-                ))
-            })??;
+        let (mut stream, backup) = self.attach(true).await?;
         tracing::warn!(
             backup = self.addr.as_str(),
             "backup attached again: copying the whole state to it; until it holds that, \
@@ -529,7 +544,7 @@ impl Replicator {
             boot: primary_boot,
             epoch: primary_epoch,
         };
-        let (mut stream, backup) = link.attach().await.map_err(|f| f.why().to_string())?;
+        let (mut stream, backup) = link.attach(false).await.map_err(|f| f.why().to_string())?;
         if !matches!(backup, BackupPieces::AllZero) && !durable {
             return Err(format!(
                 "the backup at {addr} holds state from an earlier primary, and this primary has \
@@ -748,6 +763,10 @@ impl Backup {
         req: &proto::ReplicaAttachRequest,
         durable: Option<&Durable>,
     ) -> Result<proto::ReplicaAttachResponse, Status> {
+        #[cfg(test)]
+        std::thread::sleep(Duration::from_millis(
+            tests::ATTACH_DELAY_MS.load(std::sync::atomic::Ordering::Relaxed),
+        ));
         let theirs: Vec<(&str, u64)> = req
             .regions
             .iter()
@@ -964,6 +983,80 @@ impl Backup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Client, ClusterToken, MemoryServer, PersistRange, RegionPlan, ServerConfig};
+    use std::sync::atomic::AtomicU64;
+
+    /// How long a backup of this process takes before it answers an attach: a
+    /// backup reading a large memory on a loaded machine.
+    pub(super) static ATTACH_DELAY_MS: AtomicU64 = AtomicU64::new(0);
+
+    /// A server and its network (kept for as long as the server runs).
+    async fn server(
+        listen: std::net::SocketAddr,
+        replication: Replication,
+    ) -> (MemoryServer, fabric::sim::SimNetwork) {
+        let net = fabric::sim::SimNetwork::new(fabric::sim::SimConfig::default());
+        let device: Arc<dyn fabric::Device> = net.add_node();
+        let plan = RegionPlan::new(64 << 10, 32 << 10).unwrap();
+        let token = ClusterToken::new("replica-unit-test-token").unwrap();
+        let mut config = ServerConfig::new(listen, plan, token);
+        config.replication = replication;
+        (MemoryServer::start(config, device).await.unwrap(), net)
+    }
+
+    /// A restarted backup that takes longer to answer the attach than the primary once
+    /// allowed for connecting and attaching together (5 s) is attached again, and
+    /// Persists resume: each cut-off attempt used to start the backup's work over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backup_slow_to_answer_its_attach_is_attached_again() {
+        let any = "127.0.0.1:0".parse().unwrap();
+        let (backup, _bnet) = server(any, Replication::Backup).await;
+        let addr = backup.local_addr();
+        let (primary, _pnet) = server(
+            any,
+            Replication::Primary {
+                backup_at: addr.to_string(),
+            },
+        )
+        .await;
+        let token = ClusterToken::new("replica-unit-test-token").unwrap();
+        let client = Client::connect(&primary.local_addr().to_string(), &token)
+            .await
+            .unwrap();
+        let rkey = client
+            .list_regions()
+            .await
+            .unwrap()
+            .get("data.0")
+            .unwrap()
+            .remote
+            .rkey;
+        let range = PersistRange::new(rkey, 0, 8);
+        client.persist(&[range]).await.unwrap();
+        backup.shutdown().await.unwrap();
+        assert!(
+            client.persist(&[range]).await.is_err(),
+            "the backup is down"
+        );
+
+        ATTACH_DELAY_MS.store(6000, std::sync::atomic::Ordering::Relaxed);
+        let (again, _anet) = server(addr, Replication::Backup).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match client.persist(&[range]).await {
+                Ok(_) => break,
+                Err(e) => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no Persist acknowledged within 60 s: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        ATTACH_DELAY_MS.store(0, std::sync::atomic::Ordering::Relaxed);
+        drop(client);
+        primary.shutdown().await.unwrap();
+        again.shutdown().await.unwrap();
+    }
 
     /// What queued up during a transfer goes out in order, in batches the backup's
     /// decoding limit takes (a 256 MiB backlog sent as one batch would be refused).

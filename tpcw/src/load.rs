@@ -4,7 +4,7 @@
 
 use crate::generate;
 use crate::schema::{Rel, Scale, order_line_key};
-use crate::system::{Engine, Error, Result, Session, System};
+use crate::system::{AbortReason, Engine, Error, Result, Session, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What is generated per id, and under which relation its progress counts: an order
@@ -142,9 +142,14 @@ pub fn load_through_transactions<S: System>(
 }
 
 /// Inserts `rows` in one transaction, retrying aborts (a loader has no conflicts
-/// unless the system is under other load; then it must still finish).
+/// unless the system is under other load; then it must still finish). A commit of
+/// unknown outcome (its worker fenced: under 4x load a loader thread starved past its
+/// lease, and the load failed) is tried again too. Recovery decides it all or
+/// nothing and no one else inserts these keys, so a retry that finds a row present
+/// finds the whole batch committed.
 async fn insert_all<E: Engine>(engine: &E, rows: &[(Rel, u64, Vec<u8>)]) -> Result<()> {
     let mut attempts = 0;
+    let mut unknown = false;
     loop {
         let mut txn = engine.begin(0).await?;
         let mut outcome = Ok(());
@@ -162,6 +167,14 @@ async fn insert_all<E: Engine>(engine: &E, rows: &[(Rel, u64, Vec<u8>)]) -> Resu
             }
         };
         match outcome {
+            Err(Error::Aborted {
+                reason: AbortReason::DuplicateKey,
+                ..
+            }) if unknown => return Ok(()),
+            Err(Error::Unknown(_)) if attempts < 100 => {
+                unknown = true;
+                attempts += 1;
+            }
             Err(Error::Aborted { .. }) if attempts < 100 => attempts += 1,
             other => return other,
         }

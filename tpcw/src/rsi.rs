@@ -271,6 +271,7 @@ fn map_err(e: TxnError) -> Error {
             Error::aborted(AbortReason::SnapshotTooOld, e.to_string())
         }
         TxnError::DuplicateKey { .. } => Error::aborted(AbortReason::DuplicateKey, e.to_string()),
+        TxnError::Fenced { .. } => Error::Unknown(e.to_string()),
         TxnError::TableFull { name, capacity, .. } => Error::System(format!(
             "table {name} is full ({capacity} records): the run added more rows than the \
              room it was sized for; run for less time or give more room"

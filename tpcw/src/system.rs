@@ -39,6 +39,12 @@ pub enum Error {
     /// Anything else (a dead server, a full table, a network error). Fatal.
     #[error("{0}")]
     System(String),
+    /// The client does not know whether its commit took effect: its worker was fenced
+    /// (a thread starved of CPU past its lease, under load) and recovery decides the
+    /// commit, all or nothing. Fatal to a run, whose ledger must know what committed;
+    /// the loader finds out by trying again.
+    #[error("{0}")]
+    Unknown(String),
 }
 
 impl Error {

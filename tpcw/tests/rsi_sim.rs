@@ -16,6 +16,20 @@ fn system(scale: &Scale, seconds: f64) -> Rsi {
 
 /// [`system`] with the versions of some relations overridden.
 fn system_with(scale: &Scale, seconds: f64, versions: &dyn Fn(Rel) -> Option<u32>) -> Rsi {
+    let rsi = unloaded(scale, seconds, versions);
+    let loaded = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    rsi.load(scale, &|rel, done, total| {
+        loaded.lock().unwrap().insert(rel, (done, total));
+    })
+    .unwrap();
+    let loaded = loaded.into_inner().unwrap();
+    assert_eq!(loaded[&Rel::Item], (scale.items, scale.items));
+    assert_eq!(loaded[&Rel::Orders], (scale.orders(), scale.orders()));
+    rsi
+}
+
+/// [`system_with`]'s tables, created and empty.
+fn unloaded(scale: &Scale, seconds: f64, versions: &dyn Fn(Rel) -> Option<u32>) -> Rsi {
     // Room for every mix the tests run: checkout makes the most orders, the ordering
     // mix the most of the rest.
     let (checkout, ordering) = (
@@ -42,14 +56,6 @@ fn system_with(scale: &Scale, seconds: f64, versions: &dyn Fn(Rel) -> Option<u32
     .unwrap();
     let mut rsi = Rsi::new(db, "sim".into(), room, Box::new(()));
     rsi.create_tables_with(scale, versions).unwrap();
-    let loaded = std::sync::Mutex::new(std::collections::BTreeMap::new());
-    rsi.load(scale, &|rel, done, total| {
-        loaded.lock().unwrap().insert(rel, (done, total));
-    })
-    .unwrap();
-    let loaded = loaded.into_inner().unwrap();
-    assert_eq!(loaded[&Rel::Item], (scale.items, scale.items));
-    assert_eq!(loaded[&Rel::Orders], (scale.orders(), scale.orders()));
     rsi
 }
 
@@ -208,6 +214,9 @@ enum Fault {
     ItemWritesConflict,
     /// Commits wait 20 ms first: a slow system, whose clients commit a few times each.
     SlowCommits,
+    /// Of every three commits, one commits and one aborts, both answering that the
+    /// outcome is unknown (as a worker fenced under load does), and one commits.
+    UnknownCommits,
 }
 
 /// RSI with `fault` injected; counts the calls it slowed or failed.
@@ -285,6 +294,20 @@ impl Engine for InjectedEngine {
         if let Fault::SlowCommits = self.fault {
             self.faulted.fetch_add(1, Ordering::Relaxed);
             pause(Duration::from_millis(20)).await;
+        }
+        if let Fault::UnknownCommits = self.fault {
+            let unknown = || Error::Unknown("injected: the outcome is unknown".into());
+            match self.faulted.fetch_add(1, Ordering::Relaxed) % 3 {
+                0 => {
+                    self.engine.commit(txn.txn).await?;
+                    return Err(unknown());
+                }
+                1 => {
+                    self.engine.abort(txn.txn);
+                    return Err(unknown());
+                }
+                _ => {}
+            }
         }
         self.engine.commit(txn.txn).await
     }
@@ -423,6 +446,43 @@ fn progress_lines_count_the_commits_of_a_slow_system() {
     assert!(warmup.committed > 0, "{lines:?}");
     // The clients committed a few times each, far from 256.
     assert!(injected.faulted.load(Ordering::Relaxed) < 256, "{report:?}");
+}
+
+/// A loader's commit of unknown outcome (its worker fenced: under 4x load a loader
+/// thread starved past its lease, and the load failed) is tried again, whichever way
+/// recovery decided it: every row ends up loaded once.
+#[test]
+fn a_load_goes_on_past_commits_of_unknown_outcome() {
+    let scale = Scale::new(1000, 1, 1024).unwrap();
+    let rsi = unloaded(&scale, 1.0, &|_| None);
+    let injected = Injected::new(&rsi, Fault::UnknownCommits);
+    let loaded = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    tpcw::load::load_through_transactions(&injected, &scale, 2, 8, &|rel, done, total| {
+        loaded.lock().unwrap().insert(rel, (done, total));
+    })
+    .unwrap();
+    assert!(injected.faulted.load(Ordering::Relaxed) > 30);
+    let loaded = loaded.into_inner().unwrap();
+    assert_eq!(loaded[&Rel::Item], (scale.items, scale.items));
+    assert_eq!(loaded[&Rel::Orders], (scale.orders(), scale.orders()));
+    let mut client = rsi.database().client().unwrap();
+    let mut t = client.begin().unwrap();
+    for (rel, last) in [(Rel::Item, scale.items), (Rel::Orders, scale.orders())] {
+        let table = &rsi.tables()[rel.index()];
+        for key in 1..=last {
+            assert!(t.get(table, key).unwrap().is_some(), "{rel:?} {key}");
+        }
+    }
+    // The run's checks read every relation the loader wrote.
+    let report = runner::run(
+        &rsi,
+        &scale,
+        &config(Mix::Checkout, 4),
+        &mut Ledger::default(),
+    )
+    .unwrap();
+    assert!(report.checks.stock_conserved, "{report:?}");
+    assert!(report.checks.orders_present, "{report:?}");
 }
 
 /// A run that finds the host low on memory stops its clients and reports what it

@@ -323,6 +323,14 @@ impl ItemRewrites {
             .push(rewrite);
     }
 
+    /// How many rewrites have committed so far.
+    pub fn committed(&self) -> usize {
+        self.committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
     /// Waits until the clients of the run beside have started, and returns when they
     /// did; `None` once `stop` is set first (the run failed in its set-up).
     pub fn wait_for_clients(&self, stop: &AtomicBool) -> Option<Instant> {

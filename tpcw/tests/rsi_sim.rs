@@ -76,41 +76,54 @@ fn config(mix: Mix, clients: usize) -> RunConfig {
 
 #[test]
 fn every_mix_runs_and_passes_the_checks() {
+    // Runs of a mix follow each other, each checked on its own, until the mix has
+    // committed 50 and run 8 kinds of interaction: a single 1.5 s run committed 39 with
+    // 8 test binaries running on two cores.
+    const MAX_RUNS: usize = 20;
     let scale = Scale::new(1000, 1, 1024).unwrap();
     let rsi = system(&scale, 8.0);
     let mut ledger = Ledger::default();
+    let mut streams = 0;
     for (mix, clients) in [
         (Mix::Checkout, 8),
         (Mix::Ordering, 6),
         (Mix::Shopping, 4),
         (Mix::Browsing, 4),
     ] {
-        let report = runner::run(&rsi, &scale, &config(mix, clients), &mut ledger).unwrap();
-        assert!(report.committed > 50, "{mix:?}: {report:?}");
-        assert!(report.checks.stock_conserved, "{report:?}");
-        assert!(report.checks.orders_present, "{report:?}");
-        assert_eq!(
-            report.checks.history_verdict.as_deref(),
-            Some("valid"),
-            "{report:?}"
-        );
-        assert!(report.checks.history_txns > 10, "{report:?}");
-        assert!(report.checks.items_checked > 0);
+        let (mut committed, mut history_txns, mut runs) = (0, 0, 0);
+        let mut kinds = std::collections::BTreeSet::new();
+        while committed <= 50 || history_txns <= 10 || (mix != Mix::Checkout && kinds.len() < 8) {
+            assert!(
+                runs < MAX_RUNS,
+                "{mix:?}: {committed} committed, {history_txns} in the history, {kinds:?} \
+                 in {runs} runs"
+            );
+            let report = runner::run(&rsi, &scale, &config(mix, clients), &mut ledger).unwrap();
+            runs += 1;
+            streams += clients;
+            committed += report.committed;
+            history_txns += report.checks.history_txns;
+            kinds.extend(report.interactions.iter().map(|i| i.interaction));
+            assert!(report.checks.stock_conserved, "{report:?}");
+            assert!(report.checks.orders_present, "{report:?}");
+            assert_eq!(
+                report.checks.history_verdict.as_deref(),
+                Some("valid"),
+                "{report:?}"
+            );
+            assert!(report.checks.items_checked > 0);
+            if mix == Mix::Checkout {
+                assert_eq!(report.interactions.len(), 1);
+                assert_eq!(report.interactions[0].interaction, Interaction::Checkout);
+            }
+        }
         if mix == Mix::Checkout {
-            assert_eq!(report.interactions.len(), 1);
-            assert_eq!(report.interactions[0].interaction, Interaction::Checkout);
             // 1000 items, 3 per checkout: the stock rule restocks many times.
             assert!(ledger.sold.values().any(|&(_, restocks)| restocks > 0));
-        } else {
-            assert!(
-                report.interactions.len() >= 8,
-                "{mix:?}: {:?}",
-                report.interactions
-            );
         }
     }
     // Each run took new client streams.
-    assert_eq!(ledger.orders.len(), 8 + 6 + 4 + 4);
+    assert_eq!(ledger.orders.len(), streams);
 }
 
 /// Admin Confirm rewrites an item row with its stock unchanged: a new version of the

@@ -1000,6 +1000,20 @@ fn a_backup_restarted_after_it_died_takes_the_primarys_state_and_writes_resume()
     assert!(restarted != pid && alive(restarted));
     ok(cwd, &["cluster", "status"]);
     kv_until_ok(cwd, &["put", "3", "after"]);
+    // That put is acknowledged once the backup attached again, while the primary still
+    // copies its state there; killed before that ends, the primary leaves a backup that
+    // (rightly) refuses promotion. With two test binaries on two cores the copy
+    // outlasted the put in 2 of 2 runs, so the test waits for the primary to say it
+    // ended.
+    let log = cwd.join("namdb-cluster/memory-server-0.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("backup holds this primary's whole state again")
+    {
+        assert!(std::time::Instant::now() < deadline, "no state copy ended");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 
     // The primary dies: the restarted backup takes over with every write.
     let primary = c.json()["memory_servers"][0]["pid"].as_u64().unwrap() as u32;

@@ -12,7 +12,7 @@ use memory_server::{ClusterToken, PersistRange, Persister};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "0123456789abcdef0123456789abcdef\n";
@@ -184,8 +184,9 @@ fn kill_9_in_the_middle_of_persisting_loses_nothing_acknowledged() {
     // Value i goes to slot i % SLOTS, then is persisted; one at a time, so at most one
     // value is in flight when the server dies.
     let stop = Arc::new(AtomicBool::new(false));
+    let persisted = Arc::new(AtomicU64::new(0));
     let writer = {
-        let stop = stop.clone();
+        let (stop, persisted) = (stop.clone(), persisted.clone());
         std::thread::spawn(move || {
             let mut acked = [0u64; SLOTS as usize];
             let mut i = 1u64;
@@ -200,12 +201,19 @@ fn kill_9_in_the_middle_of_persisting_loses_nothing_acknowledged() {
                     break;
                 }
                 acked[slot as usize] = i;
+                persisted.store(i, Ordering::Relaxed);
                 i += 1;
             }
             (acked, i)
         })
     };
-    std::thread::sleep(Duration::from_millis(400));
+    // Every slot persisted twice or more before the kill, however slow the machine: a
+    // fixed 400 ms saw 11 Persists with two test binaries on two cores.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while persisted.load(Ordering::Relaxed) <= 2 * SLOTS && !writer.is_finished() {
+        assert!(Instant::now() < deadline, "too few Persists in 120 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     server.kill_9();
     stop.store(true, Ordering::Relaxed);
     let (acked, next) = writer.join().unwrap();

@@ -291,7 +291,17 @@ pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
     let token = ClusterToken::from_file(&args.token_file)?;
     let out = EventWriter::create(&args.events)
         .with_context(|| format!("cannot create {}", args.events.display()))?;
-    let remote = connect_node(args, &token)?;
+    // The harness closes our stdin to stop us; it also closes if the harness dies.
+    // Watched from the start: a node still waiting for the memory servers must not
+    // outlive a harness stopped with Ctrl-C.
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopper = stop.clone();
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        stopper.store(true, Ordering::Relaxed);
+    });
+    let remote = connect_node(args, &token, &stop)?;
     if let Some(r) = remote.db.restart_report() {
         eprintln!("repaired memory-server restarts: {r:?}");
         out.write(&NodeEvent::Repair {
@@ -319,15 +329,6 @@ pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
         node: args.node,
         incarnation: args.incarnation,
     })?;
-
-    // The harness closes our stdin to stop us; it also closes if the harness dies.
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopper = stop.clone();
-    std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = std::io::stdin().read_to_end(&mut sink);
-        stopper.store(true, Ordering::Relaxed);
-    });
 
     let mut reported = HashSet::new();
     let report_recoveries = |reported: &mut HashSet<(u32, u16)>| -> Result<()> {
@@ -373,14 +374,24 @@ pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
 
 /// Opens the database, trying again while a memory server is not (yet) back: the
 /// harness starts nodes once every server listens, but a server restarted on its data
-/// directory may still be restoring.
-fn connect_node(args: &ChaosNodeArgs, token: &ClusterToken) -> Result<RemoteCluster> {
+/// directory may still be restoring. Gives up once `stop` is set (the harness is gone
+/// or stopping).
+fn connect_node(
+    args: &ChaosNodeArgs,
+    token: &ClusterToken,
+    stop: &AtomicBool,
+) -> Result<RemoteCluster> {
     // Slots are set by the harness, which sets the catalog up.
     let deadline = Instant::now() + START_TIMEOUT;
     let mut backoff = Duration::from_millis(20);
     loop {
         match compute_node::connect(&args.memory_servers, token, options(args.lease_ms, 0)) {
             Ok(remote) => return Ok(remote),
+            Err(e) if stop.load(Ordering::Relaxed) => {
+                return Err(e).context(
+                    "stopped by the harness (or it ended) before the database could be opened",
+                );
+            }
             Err(e) if Instant::now() < deadline => {
                 eprintln!("cannot open the database yet ({e}); trying again in {backoff:?}");
                 std::thread::sleep(backoff);

@@ -5,8 +5,11 @@
 //! restart episode's recovery path (kill, restart on the data directory, nodes reopen
 //! and repair) is covered by the process tests in `durable_cluster.rs`.
 
+mod common;
+
 use serde_json::Value;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn namdb(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_namdb"))
@@ -248,4 +251,51 @@ fn a_bad_crash_spec_stops_a_chaos_node_before_it_connects() {
         out.contains("NAMDB_CRASH: unknown crash point `after-lunch`"),
         "{out}"
     );
+}
+
+/// A compute node still waiting for its memory servers ends once the harness closes
+/// its stdin, as the harness does to stop it and as happens when the harness dies.
+/// It used to keep retrying for up to a minute, outliving a harness stopped with
+/// Ctrl-C.
+#[test]
+fn a_node_waiting_for_its_memory_servers_ends_when_the_harness_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    common::ok(dir.path(), &["token", "generate", token.to_str().unwrap()]);
+    // A loopback port nothing listens on once the listener is dropped.
+    let unused = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let events = dir.path().join("node.events.jsonl");
+    let mut node = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args(["chaos-node", "--memory-servers", &unused.to_string()])
+        .arg("--token-file")
+        .arg(&token)
+        .args(["--node", "0", "--incarnation", "1", "--sessions", "1"])
+        .args(["--workload", "bank", "--lease-ms", "250", "--seed", "1"])
+        .arg("--events")
+        .arg(&events)
+        .env_remove("NAMDB_CRASH")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::read_stderr_until(&mut node, "cannot open the database yet");
+    drop(node.stdin.take());
+    // Well below the minute the node would have gone on trying.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = node.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = node.kill();
+            let _ = node.wait();
+            panic!("the node outlived its harness by 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "{status}");
 }

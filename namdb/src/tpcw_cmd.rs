@@ -23,9 +23,6 @@ use tpcw::runner::{self, DiskFloor, Ledger, RunConfig, RunReport};
 use tpcw::schema::{Rel, Scale};
 use tpcw::system::System;
 
-/// The oracle lease of a benchmark's workers (see where it is set).
-const BENCHMARK_LEASE: Duration = Duration::from_secs(2);
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SystemKind {
     /// namdb's RDMA snapshot isolation on network-attached memory.
@@ -735,10 +732,7 @@ fn start_rsi(
         },
         ..txn::Options::default()
     };
-    // A benchmark has no dead nodes to detect, while a worker thread descheduled for
-    // longer than the default quarter-second lease (a loaded machine, a debug build)
-    // would be fenced and its commit given up to recovery, which no tally survives.
-    options.oracle.lease_timeout = BENCHMARK_LEASE;
+    options.oracle.lease_timeout = tpcw::rsi::BENCHMARK_LEASE;
     options.log_bytes_per_slot = options.log_bytes_per_slot.max(scratch_bytes);
     let mut system = match backend {
         BackendKind::Sim => {

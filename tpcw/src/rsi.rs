@@ -23,6 +23,13 @@ use crate::system::{AbortReason, ClientFuture, Committed, Engine, Error, Result,
 use std::sync::Arc;
 use txn::{AsyncTransaction, Database, Table, TableSpec, TxnError, Worker};
 
+/// The oracle lease for a benchmark's workers (`txn::Options::oracle.lease_timeout`).
+/// A benchmark has no dead nodes to detect, while a worker thread descheduled for
+/// longer than the default quarter-second lease (a loaded machine, a debug build)
+/// would be fenced and its commit given up to recovery, which a run's tally cannot
+/// survive (its ledger must know what committed).
+pub const BENCHMARK_LEASE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Rows the runs may add beyond the generated data.
 #[derive(Clone, Copy, Debug)]
 pub struct Room {

@@ -335,14 +335,7 @@ impl ControlRpc for ControlService {
         self.state.counters.rpc(Rpc::EndSession);
         let session = self.state.session(&req)?;
         if let Some(held) = self.state.sessions.end(session.id) {
-            tracing::info!(
-                session = ?session.id,
-                peer = ?session.peer,
-                queue_pairs = held.queue_pairs,
-                regions = held.regions,
-                region_bytes = held.region_bytes,
-                "session ended"
-            );
+            held.log(session.id, session.peer, "session ended");
         }
         Ok(Response::new(proto::EndSessionResponse {}))
     }

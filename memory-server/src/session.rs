@@ -153,6 +153,23 @@ pub(crate) struct Ended {
     pub borrowed_bytes: u64,
 }
 
+impl Ended {
+    /// Logs what session `id` of `peer` held as it ended, `how` ("session ended",
+    /// "session lease expired"): for an expired one, what its peer (dead, most likely)
+    /// kept from others until now, the figure to look at when memory ran short.
+    pub fn log(&self, id: SessionId, peer: Option<SocketAddr>, how: &str) {
+        tracing::info!(
+            session = ?id,
+            peer = ?peer,
+            queue_pairs = self.queue_pairs,
+            regions = self.regions,
+            region_bytes = self.region_bytes,
+            borrowed_bytes = self.borrowed_bytes,
+            "{how}"
+        );
+    }
+}
+
 impl SessionState {
     fn region_fits(&self, len: u64, limits: &ObjectLimits) -> Result<(), SessionError> {
         if self.ended {
@@ -459,17 +476,7 @@ impl Sessions {
             .iter()
             .map(|s| {
                 let held = s.end();
-                // What it held is what its peer (dead, most likely) kept from others
-                // until now: the figure to look at when memory ran short.
-                tracing::info!(
-                    session = ?s.id,
-                    peer = ?s.peer,
-                    queue_pairs = held.queue_pairs,
-                    regions = held.regions,
-                    region_bytes = held.region_bytes,
-                    borrowed_bytes = held.borrowed_bytes,
-                    "session lease expired"
-                );
+                held.log(s.id, s.peer, "session lease expired");
                 held
             })
             .collect()

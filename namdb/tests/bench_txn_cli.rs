@@ -14,26 +14,38 @@ fn bench(args: &[&str]) -> String {
     common::ok(Path::new("."), &all)
 }
 
-/// Runs `namdb bench txn ARGS --duration S --json FILE` for 0.3 s, then twice as long
-/// each time, until one commits (at most 8 runs, the last 38 s); its stdout and JSON
-/// report. A fixed short run could commit nothing: 0.3 s of 64 KiB values committed
-/// none with three test binaries running on two cores.
-fn bench_until_a_commit(args: &[&str]) -> (String, Value) {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("r.json");
-    let mut seconds = 0.3;
-    for _ in 0..8 {
-        let duration = seconds.to_string();
-        let mut all = args.to_vec();
-        all.extend_from_slice(&["--duration", &duration, "--json", json.to_str().unwrap()]);
-        let text = bench(&all);
-        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        if v["committed"].as_u64().unwrap() > 0 {
-            return (text, v);
+/// Calls `run(n, duration)` with a duration of `seconds`, then twice as long each
+/// time, until it gives what the test needs (at most `runs` runs). A fixed short run
+/// could lack it on a loaded machine: 0.3 s of 64 KiB values committed none with three
+/// test binaries running on two cores.
+fn run_until<T>(mut seconds: f64, runs: usize, mut run: impl FnMut(usize, &str) -> Option<T>) -> T {
+    for n in 0..runs {
+        if let Some(done) = run(n, &seconds.to_string()) {
+            return done;
         }
         seconds *= 2.0;
     }
-    panic!("no commit in 8 runs of up to {} s: {args:?}", seconds / 2.0);
+    panic!("not in {runs} runs of up to {} s", seconds / 2.0);
+}
+
+/// The JSON report of `namdb bench txn` run into `json`.
+fn report(json: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
+/// Runs `namdb bench txn ARGS --duration S --json FILE` for 0.3 s, then longer
+/// ([`run_until`], at most 8 runs, the last 38 s), until one commits; its stdout and
+/// JSON report.
+fn bench_until_a_commit(args: &[&str]) -> (String, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    run_until(0.3, 8, |_, duration| {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--duration", duration, "--json", json.to_str().unwrap()]);
+        let text = bench(&all);
+        let v = report(&json);
+        (v["committed"].as_u64().unwrap() > 0).then_some((text, v))
+    })
 }
 
 /// `namdb verify FILE` must accept the history.
@@ -60,35 +72,36 @@ fn ycsb_writes_the_json_fields() {
 #[test]
 fn bank_on_shm_keeps_its_money_and_its_history_verifies() {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("r.json");
-    let history = dir.path().join("h.jsonl");
-    bench(&[
-        "--backend",
-        "shm",
-        "--workload",
-        "bank",
-        "--keys",
-        "50",
-        "--dist",
-        "zipf",
-        "--threads",
-        "2",
-        "--coroutines",
-        "4",
-        "--duration",
-        "1",
-        "--history",
-        history.to_str().unwrap(),
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(v["backend"], "shm");
-    assert_eq!(v["invariant_ok"], true, "{v}");
-    assert!(
-        v["aborts"]["conflict"].as_u64().unwrap() > 0,
-        "a skewed bank collides: {v}"
-    );
+    // A skewed bank collides: runs go on until one had a conflict.
+    let (v, history) = run_until(1.0, 5, |n, duration| {
+        let json = dir.path().join(format!("r{n}.json"));
+        let history = dir.path().join(format!("h{n}.jsonl"));
+        bench(&[
+            "--backend",
+            "shm",
+            "--workload",
+            "bank",
+            "--keys",
+            "50",
+            "--dist",
+            "zipf",
+            "--threads",
+            "2",
+            "--coroutines",
+            "4",
+            "--duration",
+            duration,
+            "--history",
+            history.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        let v = report(&json);
+        assert_eq!(v["backend"], "shm");
+        assert_eq!(v["invariant_ok"], true, "{v}");
+        (v["aborts"]["conflict"].as_u64().unwrap() > 0).then_some((v, history))
+    });
+    assert!(v["committed"].as_u64().unwrap() > 0, "{v}");
     verifies(&history);
 }
 
@@ -124,25 +137,28 @@ fn a_history_loaded_by_many_transactions_verifies() {
 #[test]
 fn list_append_history_verifies() {
     let dir = tempfile::tempdir().unwrap();
-    let history = dir.path().join("h.jsonl");
-    bench(&[
-        "--workload",
-        "list-append",
-        "--keys",
-        "200",
-        "--read-ratio",
-        "0.5",
-        "--value-size",
-        "4096",
-        "--coroutines",
-        "8",
-        "--duration",
-        "1",
-        "--history",
-        history.to_str().unwrap(),
-    ]);
-    let lines = std::fs::read_to_string(&history).unwrap().lines().count();
-    assert!(lines > 100, "{lines} transactions recorded");
+    // A history worth checking: runs go on until one recorded over 100 transactions.
+    let history = run_until(1.0, 5, |n, duration| {
+        let history = dir.path().join(format!("h{n}.jsonl"));
+        bench(&[
+            "--workload",
+            "list-append",
+            "--keys",
+            "200",
+            "--read-ratio",
+            "0.5",
+            "--value-size",
+            "4096",
+            "--coroutines",
+            "8",
+            "--duration",
+            duration,
+            "--history",
+            history.to_str().unwrap(),
+        ]);
+        let lines = std::fs::read_to_string(&history).unwrap().lines().count();
+        (lines > 100).then_some(history)
+    });
     verifies(&history);
 }
 

@@ -13,8 +13,10 @@ use std::time::Duration;
 use tonic::{Code, Status};
 
 const TOKEN: &str = "namdb compute node test token";
-/// Short, so that the expiry tests wait little.
-const TIMEOUT: Duration = Duration::from_millis(300);
+/// The clusters' transaction timeout: short, so that the expiry tests wait little, but
+/// not so short that a transaction of the other tests expires between two requests
+/// on a loaded machine.
+const TIMEOUT: Duration = Duration::from_secs(1);
 const TABLE: &str = "kv";
 const VALUE_CAP: u32 = 32;
 
@@ -32,7 +34,11 @@ fn token_file(dir: &tempfile::TempDir) -> PathBuf {
 }
 
 fn cluster(memory_servers: usize) -> Cluster {
-    cluster_of(memory_servers, "16MiB", "300ms")
+    cluster_of(
+        memory_servers,
+        "16MiB",
+        &format!("{}ms", TIMEOUT.as_millis()),
+    )
 }
 
 fn cluster_of(memory_servers: usize, size: &str, txn_timeout: &str) -> Cluster {

@@ -354,7 +354,9 @@ impl ItemRewrites {
         }
     }
 
-    fn clients_started(&self, at: Instant) {
+    /// Tells the writers beside that the clients started at `at` (the runner does, once
+    /// its set-up is done).
+    pub fn clients_started(&self, at: Instant) {
         *self
             .clients_started
             .lock()

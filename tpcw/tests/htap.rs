@@ -184,3 +184,58 @@ fn a_writer_beside_a_run_starts_after_the_runs_set_up() {
         "{report:?}"
     );
 }
+
+/// A query whose scans keep meeting rows rewritten since its snapshot is retried at a
+/// fresh one for as long as the run goes on, and dropped when it ends. A fixed ten
+/// retries could run out on a loaded machine (slower scans meet more updates) and
+/// failed the whole run with "stayed too old".
+#[test]
+fn a_query_too_old_again_and_again_is_retried_until_the_run_ends() {
+    let (rsi, scale, tables) = loaded();
+    let config = HtapConfig {
+        nodes: 1,
+        ..HtapConfig::default()
+    };
+    let subjects = {
+        let worker = rsi.database().worker().unwrap();
+        htap::item_subjects(&worker, &tables.item, &config.scan).unwrap()
+    };
+    let stop = AtomicBool::new(false);
+    let rewrites = ItemRewrites::default();
+    rewrites.clients_started(std::time::Instant::now());
+    let orders = scale.rows(Rel::Orders);
+    let (analytics, rewritten) = std::thread::scope(|s| {
+        // Rewrites every 100th order over and over: ORDERS keeps two versions, so a
+        // scan that reaches one rewritten twice since its snapshot is too old.
+        let writer = s.spawn(|| {
+            let mut client = rsi.database().client().unwrap();
+            let mut rewritten = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for key in (1..=orders).step_by(100) {
+                    let mut t = client.begin().unwrap();
+                    let row = t.get(&tables.orders, key).unwrap().expect("a loaded order");
+                    t.put(&tables.orders, key, row).unwrap();
+                    // A conflict with nothing else writing: not expected, but harmless.
+                    rewritten += u64::from(t.commit().is_ok());
+                }
+            }
+            rewritten
+        });
+        let analytics = s.spawn(|| {
+            htap::run_analytics(
+                rsi.database(),
+                &tables,
+                &subjects,
+                &config,
+                &stop,
+                &rewrites,
+            )
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+        (analytics.join().unwrap(), writer.join().unwrap())
+    });
+    assert!(rewritten > 0);
+    let analytics = analytics.expect("a too-old query does not fail the run");
+    assert!(analytics.too_old_retries > 10, "{analytics:?}");
+}

@@ -1852,15 +1852,8 @@ mod tests {
     #[test]
     fn chances_at_a_point_are_commits_that_reach_it() {
         let txn = |status, ops| Txn {
-            id: 1,
-            session: 1,
-            status,
-            rid: None,
-            cid: None,
-            begin_ns: None,
-            end_ns: None,
-            error: None,
             ops,
+            ..Txn::new(1, 1, status)
         };
         let append = vec![Op::Append {
             key: "l1".into(),

@@ -30,24 +30,32 @@ pub struct KvArgs {
 #[derive(Subcommand, Debug, PartialEq, Eq)]
 pub enum KvCommand {
     /// Print the value of KEY; exit status 1 if there is none.
-    Get { key: u64 },
+    Get {
+        #[arg(value_parser = parse_key, allow_negative_numbers = true)]
+        key: u64,
+    },
     /// Set KEY to VALUE (its UTF-8 bytes, or with --hex the bytes it spells).
     Put {
+        #[arg(value_parser = parse_key, allow_negative_numbers = true)]
         key: u64,
+        #[arg(allow_negative_numbers = true)]
         value: String,
         /// VALUE is hex (`00ff…`, with or without `0x`), for values that are not text.
         #[arg(long)]
         hex: bool,
     },
     /// Delete KEY.
-    Delete { key: u64 },
+    Delete {
+        #[arg(value_parser = parse_key, allow_negative_numbers = true)]
+        key: u64,
+    },
     /// Print the rows (`KEY<TAB>VALUE`) in key order.
     Scan {
         /// First key (inclusive).
-        #[arg(long, value_name = "K", default_value_t = 0)]
+        #[arg(long, value_name = "K", default_value_t = 0, value_parser = parse_key)]
         from: u64,
         /// Last key (exclusive); no bound by default.
-        #[arg(long, value_name = "K")]
+        #[arg(long, value_name = "K", value_parser = parse_key)]
         to: Option<u64>,
         /// At most this many rows; all by default.
         #[arg(long, value_name = "N", default_value_t = 0)]
@@ -67,6 +75,19 @@ pub enum KvCommand {
               value_parser = clap::value_parser!(u32).range(1..))]
         value_cap: u32,
     },
+}
+
+/// A key as a user types it. Tables are keyed by 64-bit unsigned integers, which
+/// the parser's own "invalid digit found in string" does not tell someone who typed a
+/// word.
+pub fn parse_key(word: &str) -> Result<u64, String> {
+    word.parse().map_err(|_| {
+        format!(
+            "`{}` is not a key: keys are whole numbers from 0 to {}",
+            txn::echo(word),
+            u64::MAX
+        )
+    })
 }
 
 impl KvCommand {
@@ -409,6 +430,36 @@ pub async fn one(client: &Client, t: Txn, table: &str, command: KvCommand) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_that_is_not_a_number_is_told_what_a_key_is() {
+        use clap::Parser;
+        for args in [
+            &["namdb", "kv", "get", "apple"][..],
+            &["namdb", "kv", "put", "-1", "x"],
+            &["namdb", "kv", "delete", "99999999999999999999"],
+            &["namdb", "kv", "scan", "--from", "a"],
+            &["namdb", "kv", "scan", "--to", "1.5"],
+        ] {
+            let e = crate::Cli::try_parse_from(args).expect_err("not a key");
+            let said = e.render().to_string();
+            assert!(
+                said.contains(
+                    "is not a key: keys are whole numbers from 0 to 18446744073709551615"
+                ),
+                "{args:?}: {said}"
+            );
+        }
+        assert_eq!(parse_key("18446744073709551615"), Ok(u64::MAX));
+        // A value that looks like a negative number is a value, not a flag.
+        let put = crate::Cli::try_parse_from(["namdb", "kv", "put", "7", "-1"]);
+        assert!(
+            put.is_ok(),
+            "{:?}",
+            put.err().map(|e| e.render().to_string())
+        );
+        assert_eq!(parse_key("0"), Ok(0));
+    }
 
     #[test]
     fn a_value_over_the_cap_says_where_the_cap_comes_from() {

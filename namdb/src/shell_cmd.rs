@@ -46,8 +46,7 @@ enum Line {
 
 fn key(word: Option<&str>) -> Result<u64, String> {
     let word = word.ok_or("a key is missing")?;
-    word.parse()
-        .map_err(|_| format!("`{}` is not a key (a whole number)", txn::echo(word)))
+    crate::kv_cmd::parse_key(word)
 }
 
 fn parse(line: &str) -> Result<Line, String> {

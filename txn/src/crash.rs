@@ -6,7 +6,7 @@
 //! point costs one relaxed load; our own few lines rather than the `fail` crate, whose
 //! evaluation takes a lock on every pass and this sits on every commit.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 /// The commit steps, in order; names as in a spec.
 pub const POINTS: &[&str] = &[
@@ -35,7 +35,12 @@ pub enum CrashPoint {
     AfterInstall = 5,
 }
 
-static ARMED: AtomicBool = AtomicBool::new(false);
+/// What passing a point may do: [`CRASH`] and [`STALL`] bits. One load on every pass.
+static ARMED: AtomicU8 = AtomicU8::new(0);
+/// Crash points are armed (by a spec, or per thread for tests).
+const CRASH: u8 = 1;
+/// A thread stalls at a point ([`stall_at_on_this_thread`], tests).
+const STALL: u8 = 2;
 /// Per point: the probability scaled to `u64::MAX` (0 = never).
 static THRESHOLDS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
 static RNG: AtomicU64 = AtomicU64::new(0x853c_49e6_748f_ea9b);
@@ -47,7 +52,15 @@ static PANIC_MODE: AtomicBool = AtomicBool::new(false);
 thread_local! {
     /// The point whose next pass panics on this thread (tests).
     static PANIC_AT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// The point whose next pass on this thread runs the stall, with the commit's CID
+    /// (tests).
+    static STALL_AT: std::cell::RefCell<Option<(usize, Stall)>> =
+        const { std::cell::RefCell::new(None) };
 }
+
+/// What a thread does when it stalls at a point: it blocks in here, given the CID of
+/// the commit it stalls.
+pub type Stall = Box<dyn FnOnce(u64)>;
 
 /// Arms the points of `spec` (`POINT:PROBABILITY,…`, POINT a name of [`POINTS`] or
 /// `all`, PROBABILITY in 0..=1). An empty spec arms nothing.
@@ -88,7 +101,11 @@ pub fn arm(spec: &str) -> Result<(), String> {
             .elapsed()
             .map_or(0, |d| d.as_nanos() as u64);
     RNG.store(seed | 1, Ordering::Relaxed);
-    ARMED.store(thresholds.iter().any(|&t| t > 0), Ordering::Relaxed);
+    if thresholds.iter().any(|&t| t > 0) {
+        ARMED.fetch_or(CRASH, Ordering::Relaxed);
+    } else {
+        ARMED.fetch_and(!CRASH, Ordering::Relaxed);
+    }
     Ok(())
 }
 
@@ -105,14 +122,15 @@ pub fn arm_from_env() -> Result<(), String> {
 /// can land between the halves).
 #[inline]
 pub(crate) fn armed() -> bool {
-    ARMED.load(Ordering::Relaxed)
+    ARMED.load(Ordering::Relaxed) & CRASH != 0
 }
 
-/// Dies here if `point` is armed and its draw says so.
+/// Dies here if `point` is armed and its draw says so; stalls here if this thread
+/// was told to (commit `cid` is passing).
 #[inline]
-pub(crate) fn point(point: CrashPoint) {
-    if ARMED.load(Ordering::Relaxed) {
-        maybe_die(point);
+pub(crate) fn point(point: CrashPoint, cid: u64) {
+    if ARMED.load(Ordering::Relaxed) != 0 {
+        maybe_die(point, cid);
     }
 }
 
@@ -126,12 +144,44 @@ pub fn panic_at_on_this_thread(name: &str) -> Result<(), String> {
         .ok_or_else(|| format!("unknown crash point `{name}`"))?;
     PANIC_AT.with(|p| p.set(Some(i)));
     PANIC_MODE.store(true, Ordering::Relaxed);
-    ARMED.store(true, Ordering::Relaxed);
+    ARMED.fetch_or(CRASH, Ordering::Relaxed);
+    Ok(())
+}
+
+/// For in-process tests of what a starved thread does to its commits: the calling
+/// thread's next commit to pass `name` runs `stall` there (once), with the commit's
+/// CID, and goes on when it returns. A stall that outlasts the worker's lease, as a
+/// thread descheduled on a loaded machine does, gets the slot fenced under the commit
+/// ([`crate::TxnError::Fenced`]). Unlike the crash points, commits keep their batched
+/// steps; nothing else changes for other threads.
+pub fn stall_at_on_this_thread(name: &str, stall: Stall) -> Result<(), String> {
+    let i = POINTS
+        .iter()
+        .position(|&x| x == name)
+        .ok_or_else(|| format!("unknown crash point `{name}`"))?;
+    STALL_AT.with(|s| *s.borrow_mut() = Some((i, stall)));
+    ARMED.fetch_or(STALL, Ordering::Relaxed);
     Ok(())
 }
 
 #[cold]
-fn maybe_die(point: CrashPoint) {
+fn maybe_die(point: CrashPoint, cid: u64) {
+    let stall = STALL_AT.with(|s| {
+        let mut s = s.borrow_mut();
+        match s.take() {
+            Some((at, stall)) if at == point as usize => Some(stall),
+            other => {
+                *s = other;
+                None
+            }
+        }
+    });
+    if let Some(stall) = stall {
+        stall(cid);
+    }
+    if !armed() {
+        return;
+    }
     if PANIC_MODE.load(Ordering::Relaxed) {
         if PANIC_AT.with(|p| p.get()) == Some(point as usize) {
             PANIC_AT.with(|p| p.set(None));
@@ -162,15 +212,15 @@ mod tests {
     #[test]
     fn specs_parse_and_bad_ones_are_clear_errors() {
         assert!(arm("").is_ok());
-        assert!(!ARMED.load(Ordering::Relaxed));
+        assert!(!armed());
         assert!(arm("after-lock:0, mid-install:0").is_ok());
-        assert!(!ARMED.load(Ordering::Relaxed));
+        assert!(!armed());
         let e = arm("after-lok:0.5").unwrap_err();
         assert!(e.contains("unknown crash point `after-lok`"), "{e}");
         assert!(arm("after-lock").unwrap_err().contains("POINT:PROBABILITY"));
         assert!(arm("after-lock:2").unwrap_err().contains("0..=1"));
         assert!(arm("all:x").unwrap_err().contains("not a probability"));
         // Never armed with a positive probability here: a test process must not die.
-        assert!(!ARMED.load(Ordering::Relaxed));
+        assert!(!armed());
     }
 }

@@ -66,7 +66,8 @@ pub enum TxnError {
     Ended,
     /// This worker's oracle slot was fenced (its lease lapsed) while the transaction
     /// committed: the commit was left to recovery, which rolls it forward if its log
-    /// record is complete and back otherwise. Its outcome is unknown to the caller.
+    /// record is complete and back otherwise. Its outcome is unknown to the caller
+    /// until [`crate::Worker::fenced_outcome`] (on the same worker) learns it.
     #[error(
         "commit {cid} abandoned: this worker's lease lapsed and its slot was fenced; recovery decides its outcome"
     )]

@@ -61,4 +61,4 @@ pub use store::{
     DEFAULT_SLOTS, Database, DeviceFactory, MemoryServerLink, Options, Partition, Table,
 };
 pub use transaction::{AsyncTransaction, Suspended, Transaction};
-pub use worker::{Client, ClientStats, Worker};
+pub use worker::{Client, ClientStats, FencedOutcome, Worker};

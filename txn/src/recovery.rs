@@ -175,27 +175,76 @@ impl Database {
                 Guard::Active { tag: t } => {
                     self.resolve_holder(slot, t)?;
                 }
-                Guard::Recovering { tag: t, .. } => match watching {
-                    Some((w, since)) if w == word && since.elapsed() >= TAKEOVER => {
-                        let by = nonce();
-                        let mine = Guard::Recovering { tag: t, by };
-                        let tables = self.tables()?;
-                        let mut conns = self.recovery_conns();
-                        if conns[commitlog::SERVER].cas(guard, word, mine.encode())? == word {
-                            let report = recover(self, &tables, &mut conns, slot, t)?;
-                            conns[commitlog::SERVER].cas(
-                                guard,
-                                mine.encode(),
-                                Guard::Clean { tag: t }.encode(),
-                            )?;
-                            drop(conns);
-                            lock(&self.shared.recoveries).push(report);
-                        }
+                Guard::Recovering { tag: t, .. } => {
+                    if !self.take_over_if_stalled(slot, t, word, &mut watching)? {
+                        std::thread::sleep(Duration::from_millis(1));
                     }
-                    Some((w, _)) if w == word => std::thread::sleep(Duration::from_millis(1)),
-                    _ => watching = Some((word, Instant::now())),
-                },
+                }
             }
+        }
+    }
+
+    /// One look at a recovery of holder `tag` of `slot` that is under way (its guard
+    /// `word` says `Recovering`): takes it over once the word stayed the same for
+    /// [`TAKEOVER`] (`watching` remembers since when). Returns whether anything changed
+    /// since the last look (else the caller waits a little before the next).
+    fn take_over_if_stalled(
+        &self,
+        slot: u32,
+        tag: u16,
+        word: u64,
+        watching: &mut Option<(u64, Instant)>,
+    ) -> Result<bool> {
+        match *watching {
+            Some((w, since)) if w == word && since.elapsed() >= TAKEOVER => {
+                let guard = self.shared.catalog.commit_log().guard(slot);
+                let mine = Guard::Recovering { tag, by: nonce() };
+                let tables = self.tables()?;
+                let mut conns = self.recovery_conns();
+                if conns[commitlog::SERVER].cas(guard, word, mine.encode())? == word {
+                    let report = recover(self, &tables, &mut conns, slot, tag)?;
+                    conns[commitlog::SERVER].cas(
+                        guard,
+                        mine.encode(),
+                        Guard::Clean { tag }.encode(),
+                    )?;
+                    drop(conns);
+                    lock(&self.shared.recoveries).push(report);
+                }
+                Ok(true)
+            }
+            Some((w, _)) if w == word => Ok(false),
+            _ => {
+                *watching = Some((word, Instant::now()));
+                Ok(true)
+            }
+        }
+    }
+
+    /// One step towards the resolution of holder `holder_tag` of `slot`, whose lease
+    /// the caller knows is over (fenced, or released): `true` once its work is
+    /// resolved (the slot's guard is about another holder, or clean). A holder no one
+    /// began to resolve is resolved here, as the slot's next claimer would; a recovery
+    /// stalled for [`TAKEOVER`] is taken over. `watching` is for the takeover, kept
+    /// between steps.
+    pub(crate) fn step_resolution(
+        &self,
+        slot: u32,
+        holder_tag: u16,
+        watching: &mut Option<(u64, Instant)>,
+    ) -> Result<bool> {
+        let guard = self.shared.catalog.commit_log().guard(slot);
+        let word = self.recovery_conns()[commitlog::SERVER].read_word(guard)?;
+        match Guard::decode(word)? {
+            Guard::Active { tag } if tag == holder_tag => {
+                self.resolve_holder(slot, tag)?;
+                Ok(false)
+            }
+            Guard::Recovering { tag, .. } if tag == holder_tag => {
+                self.take_over_if_stalled(slot, tag, word, watching)?;
+                Ok(false)
+            }
+            _ => Ok(true),
         }
     }
 

@@ -878,7 +878,7 @@ impl<'w> AsyncTransaction<'w> {
         }
         let outcome = match result {
             Ok(()) => {
-                crash::point(CrashPoint::AfterInstall);
+                crash::point(CrashPoint::AfterInstall, cid);
                 worker.decide(cid, Outcome::Committed);
                 worker.count(|s| s.committed += 1);
                 Ok(Some(cid))
@@ -887,6 +887,7 @@ impl<'w> AsyncTransaction<'w> {
                 // The slot is fenced: its fencer decided the timestamp and recovery
                 // owns the locks, so nothing of ours may be posted any more.
                 worker.count(|s| s.abandoned += 1);
+                worker.note_fenced(cid, epoch, held.logged);
                 Err(e)
             }
             Err(e) if held.logged => {
@@ -909,6 +910,7 @@ impl<'w> AsyncTransaction<'w> {
                 // recovery freed and a later insert reused.
                 if let Err(fenced) = worker.check_epoch(epoch, cid) {
                     worker.count(|s| s.abandoned += 1);
+                    worker.note_fenced(cid, epoch, false);
                     worker.return_parts(parts);
                     return Err(fenced);
                 }
@@ -1517,7 +1519,7 @@ async fn run_commit(
             logged_inserts.push((w.table.id, part, w.key, addr, value));
         }
         batches.run_step(worker, step).await?;
-        crash::point(CrashPoint::AfterInsertBlocks);
+        crash::point(CrashPoint::AfterInsertBlocks, cid);
         if let Some(e) = claim_error {
             return Err(e);
         }
@@ -1569,7 +1571,7 @@ async fn run_commit(
                 Err(e) => return Err(index_error(w, e)),
             }
         }
-        crash::point(CrashPoint::AfterIndex);
+        crash::point(CrashPoint::AfterIndex, cid);
     }
     // Lock and validate the updated records: one CAS each, one doorbell per server.
     let mut area = Area::new(buffer);
@@ -1631,7 +1633,7 @@ async fn run_commit(
             });
         }
     }
-    crash::point(CrashPoint::AfterLock);
+    crash::point(CrashPoint::AfterLock, cid);
     // The commit record, before any install: from here the transaction is committed.
     let entries: SmallVec<[EntryRef<'_>; 8]> = logged_inserts
         .iter()
@@ -1684,7 +1686,7 @@ async fn run_commit(
         );
         worker.persist(plan).await?;
     }
-    crash::point(CrashPoint::AfterLog);
+    crash::point(CrashPoint::AfterLog, cid);
     let fault = &worker.database().shared.fail_after_log;
     // A load first: the swap alone would be a contended write on every commit.
     if fault.load(std::sync::atomic::Ordering::Relaxed)
@@ -1750,7 +1752,7 @@ async fn run_commit(
         results.push((*addr, res));
     }
     halves[0].run_step(worker, step).await?;
-    crash::point(CrashPoint::MidInstall);
+    crash::point(CrashPoint::MidInstall, cid);
     halves[1].run_step(worker, step).await?;
     // From here the commit is visible to readers; it must be marked committed.
     let plan = durable.then(|| {

@@ -104,6 +104,32 @@ pub struct Worker {
     broken: RefCell<Option<String>>,
     /// Holds no oracle slot: reads at snapshots, commits nothing.
     read_only: bool,
+    /// Commits abandoned to recovery ([`TxnError::Fenced`]) whose outcome no one has
+    /// asked for yet ([`Worker::fenced_outcome`]), by CID.
+    fenced: RefCell<std::collections::BTreeMap<u64, FencedCommit>>,
+}
+
+/// What a commit abandoned to recovery knew when it stopped.
+#[derive(Clone, Copy, Debug)]
+struct FencedCommit {
+    epoch: Epoch,
+    /// Its log record was complete: recovery rolls it forward.
+    logged: bool,
+}
+
+/// Fenced commits a worker remembers for [`Worker::fenced_outcome`]; past this, the
+/// oldest are forgotten (a caller that never asks must not grow the map for good).
+const MAX_FENCED_REMEMBERED: usize = 1024;
+
+/// What became of a commit that failed with [`TxnError::Fenced`]
+/// ([`Worker::fenced_outcome`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FencedOutcome {
+    /// Its log record was complete: recovery rolled it forward at this CID, and
+    /// transactions that begin from now on see it.
+    Committed { cid: u64 },
+    /// It had not logged: recovery released what it locked, and it has no effect.
+    RolledBack,
 }
 
 /// Spare blocks by (table, partition): ranges of block numbers.
@@ -202,6 +228,7 @@ impl Worker {
             log: RefCell::new(SlotLog { epoch, ring }),
             broken: RefCell::new(None),
             read_only,
+            fenced: RefCell::new(Default::default()),
         })
     }
 
@@ -433,6 +460,64 @@ impl Worker {
         *self.broken.borrow_mut() = Some(format!(
             "commit {cid} is committed but was left half installed ({error}); recovery finishes it once this worker's lease lapses: open a new worker"
         ));
+    }
+
+    /// Remembers commit `cid`, abandoned under `epoch` with its log record complete or
+    /// not, for [`Worker::fenced_outcome`].
+    pub(crate) fn note_fenced(&self, cid: u64, epoch: Epoch, logged: bool) {
+        let mut fenced = self.fenced.borrow_mut();
+        fenced.insert(cid, FencedCommit { epoch, logged });
+        while fenced.len() > MAX_FENCED_REMEMBERED {
+            fenced.pop_first();
+        }
+    }
+
+    /// The outcome of commit `cid` of this worker, which failed with
+    /// [`TxnError::Fenced`], once recovery has decided it; asked once per commit.
+    ///
+    /// A fenced commit posted nothing after its last completed step (every step
+    /// checks the lease first), so it knows whether its log record is complete, and
+    /// recovery decides by exactly that: complete, it rolls the commit forward,
+    /// else back. This waits until the fenced holder's work is resolved (resolving
+    /// it here if no one began to, taking over a recovery stalled for
+    /// [`crate::recovery::TAKEOVER`]) and, for a commit, until the oracle's prefix
+    /// includes it, as a commit waits with `wait_visible`; meanwhile the worker's
+    /// other coroutines run. Fails if that takes longer than `patience`, or for a
+    /// `cid` this worker did not abandon (or already answered for).
+    pub async fn fenced_outcome(&self, cid: u64, patience: Duration) -> Result<FencedOutcome> {
+        let Some(fenced) = self.fenced.borrow_mut().remove(&cid) else {
+            return Err(TxnError::Invalid(format!(
+                "commit {cid} was not abandoned to recovery by this worker, or its outcome \
+                 was asked for already"
+            )));
+        };
+        let deadline = Instant::now() + patience;
+        let mut watching = None;
+        let Epoch { slot, tag } = fenced.epoch;
+        while !self.db.step_resolution(slot, tag, &mut watching)? {
+            if Instant::now() >= deadline {
+                return Err(TxnError::Invalid(format!(
+                    "the outcome of commit {cid} is still unknown after {patience:?}: the \
+                     recovery of oracle slot {slot} (holder tag {tag}), whose lease lapsed \
+                     under it, has not finished"
+                )));
+            }
+            // Our own lease too must stay alive while we wait.
+            if !self.is_broken() {
+                self.tick()?;
+            }
+            let until = Instant::now() + Duration::from_millis(1);
+            while Instant::now() < until {
+                yield_now().await;
+            }
+        }
+        if !fenced.logged {
+            return Ok(FencedOutcome::RolledBack);
+        }
+        if self.db.options().wait_visible {
+            self.wait_visible(cid).await?;
+        }
+        Ok(FencedOutcome::Committed { cid })
     }
 
     /// Fails with [`TxnError::Fenced`] unless this worker still holds `epoch` under a

@@ -278,3 +278,82 @@ fn a_new_worker_takes_over_a_slot_when_every_holder_is_gone() {
         }))
     ));
 }
+
+/// A worker whose thread stalls mid-commit past its lease (a thread starved of CPU)
+/// finds its commit fenced, and learns what recovery made of it: committed from
+/// `after-log` on (the record was complete), rolled back before; the data agrees, and
+/// the answer is given once.
+#[test]
+fn a_fenced_commit_learns_its_outcome_once_recovery_decided_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // A stall leaves the installs in one step (crash points split them), so from
+    // `mid-install` on every lease check is behind: those commits are not fenced.
+    for (i, point) in txn::crash::POINTS[..4].iter().enumerate() {
+        let (db, t) = cluster();
+        let stop = Arc::new(AtomicBool::new(false));
+        // The fencer: commits elsewhere (so the stalled slot holds the prefix back)
+        // and ticks.
+        let fencer = {
+            let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = db.client().unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    c.run(3, |x| x.put(&t, 5, val(1))).unwrap();
+                    c.tick().unwrap();
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        let mut client = db.client().unwrap();
+        let watched = db.clone();
+        txn::crash::stall_at_on_this_thread(
+            point,
+            Box::new(move |cid| {
+                let slot = (cid % u64::from(watched.options().slots)) as u32;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !watched.recoveries().iter().any(|r| r.slot == slot) {
+                    assert!(Instant::now() < deadline, "{point}: never fenced");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }),
+        )
+        .unwrap();
+        let mut x = client.begin().unwrap();
+        let a = num(x.get(&t, 1).unwrap());
+        let b = num(x.get(&t, 2).unwrap());
+        x.put(&t, 1, val(a - 10)).unwrap();
+        x.put(&t, 2, val(b + 10)).unwrap();
+        x.insert(&t, 100, val(7)).unwrap();
+        let cid = match x.commit() {
+            Err(txn::TxnError::Fenced { cid }) => cid,
+            other => panic!("{point}: not fenced: {other:?}"),
+        };
+        let worker = client.worker();
+        let outcome =
+            txn::runtime::block_on(worker.fenced_outcome(cid, Duration::from_secs(30))).unwrap();
+        let committed = i >= 3;
+        let expected = if committed {
+            txn::FencedOutcome::Committed { cid }
+        } else {
+            txn::FencedOutcome::RolledBack
+        };
+        assert_eq!(outcome, expected, "{point}");
+        let again = txn::runtime::block_on(worker.fenced_outcome(cid, Duration::from_secs(1)));
+        assert!(
+            matches!(again, Err(txn::TxnError::Invalid(_))),
+            "{point}: {again:?}"
+        );
+        stop.store(true, Ordering::Relaxed);
+        fencer.join().unwrap();
+        let mut x = client.begin().unwrap();
+        let (a, b) = (num(x.get(&t, 1).unwrap()), num(x.get(&t, 2).unwrap()));
+        let inserted = x.get(&t, 100).unwrap();
+        if committed {
+            assert_eq!(((a, b), inserted), ((90, 110), Some(val(7))), "{point}");
+        } else {
+            assert_eq!(((a, b), inserted), ((100, 100), None), "{point}");
+        }
+        drop(x);
+        assert!(db.locked_records().unwrap().is_empty(), "{point}");
+    }
+}

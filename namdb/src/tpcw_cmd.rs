@@ -891,6 +891,9 @@ fn load_and_run_watching<S: System>(
         if let Some(why) = &report.stopped_early {
             eprintln!("  {why}");
         }
+        if let Some(unknown) = &report.unknown_outcomes {
+            eprintln!("  {unknown}");
+        }
         reports.push(report);
     }
     Ok(reports)
@@ -1228,6 +1231,12 @@ fn print_summary(args: &TpcwArgs, reports: &[RunReport]) {
         if let Some(why) = &r.stopped_early {
             println!(
                 "note: {} ({}) at {} clients {why}",
+                r.system, r.backend, r.clients
+            );
+        }
+        if let Some(unknown) = &r.unknown_outcomes {
+            println!(
+                "note: {} ({}) at {} clients: {unknown}",
                 r.system, r.backend, r.clients
             );
         }

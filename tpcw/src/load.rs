@@ -171,7 +171,7 @@ async fn insert_all<E: Engine>(engine: &E, rows: &[(Rel, u64, Vec<u8>)]) -> Resu
                 reason: AbortReason::DuplicateKey,
                 ..
             }) if unknown => return Ok(()),
-            Err(Error::Unknown(_)) if attempts < 100 => {
+            Err(Error::Unknown { .. }) if attempts < 100 => {
                 unknown = true;
                 attempts += 1;
             }

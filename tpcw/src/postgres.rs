@@ -824,7 +824,10 @@ fn again(e: &Error) -> Error {
         Error::Aborted { reason, message } => Error::aborted(*reason, message.clone()),
         Error::Data(message) => Error::Data(message.clone()),
         Error::System(message) => Error::System(message.clone()),
-        Error::Unknown(message) => Error::Unknown(message.clone()),
+        Error::Unknown { message, commit } => Error::Unknown {
+            message: message.clone(),
+            commit: *commit,
+        },
     }
 }
 

@@ -4,6 +4,10 @@
 //! - An interaction that aborts is retried until it commits (as a browser would
 //!   resubmit) or the run ends; every abort is counted by reason. Latency is from the
 //!   first attempt's begin to the commit.
+//! - A commit of unknown outcome (its worker fenced: a thread starved past its lease)
+//!   waits until recovery has decided it and then counts as what it was, a commit or
+//!   an abort ([`AbortReason::Fenced`], retried); [`RunReport::unknown_outcomes`]
+//!   says how many there were.
 //! - Mixes with Best Sellers compute its lists once before the clients start; during
 //!   the run one client at a time refreshes them when they are 30 s old
 //!   ([`interactions::prime_best_sellers`]).
@@ -19,7 +23,7 @@ use crate::generate;
 use crate::htap::Phase;
 use crate::interactions::{self, Client, Effects, Interaction, Mix, Shared};
 use crate::schema::{Item, Rel, Scale, stream_id};
-use crate::system::{AbortReason, Engine, Error, Result, Session, System};
+use crate::system::{AbortReason, Committed, Engine, Error, Result, Session, System};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -137,6 +141,35 @@ pub struct RunReport {
     /// Which of an HTAP run's two runs this is (set by the caller that runs both).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
+    /// Commits whose outcome was unknown (the client's worker fenced under them) and
+    /// was learnt after recovery decided it; absent when there were none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown_outcomes: Option<UnknownOutcomes>,
+}
+
+/// Commits of unknown outcome ([`Error::Unknown`]) a run learnt the outcome of, over
+/// the whole run (warm-up included, unlike the other counts: each is a fence, worth
+/// knowing about wherever it fell).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct UnknownOutcomes {
+    /// Found committed: counted, in the measured period, as commits.
+    pub committed: u64,
+    /// Found rolled back: counted, in the measured period, as aborts
+    /// ([`AbortReason::Fenced`]), and retried.
+    pub rolled_back: u64,
+}
+
+impl std::fmt::Display for UnknownOutcomes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} commit(s) of unknown outcome (worker fenced) resolved: {} committed, {} \
+             rolled back",
+            self.committed + self.rolled_back,
+            self.committed,
+            self.rolled_back
+        )
+    }
 }
 
 impl RunReport {
@@ -161,6 +194,8 @@ struct ThreadTally {
     sold: SalesTally,
     /// (stream, orders committed) of this thread's clients.
     orders: Vec<(u64, u64)>,
+    /// Commits of unknown outcome learnt since the run began, warm-up included.
+    unknown: UnknownOutcomes,
 }
 
 /// Item → (quantity sold, restocks) of one client thread. Updated three times a
@@ -199,6 +234,7 @@ impl ThreadTally {
             aborts: BTreeMap::new(),
             sold: SalesTally::default(),
             orders: Vec::new(),
+            unknown: UnknownOutcomes::default(),
         }
     }
 
@@ -703,7 +739,27 @@ async fn client_loop<E: Engine>(
             let mut txn = engine.begin(client.last_commit).await?;
             let rid = txn.read_timestamp();
             let outcome = match interactions::run(kind, &mut txn, client, shared).await {
-                Ok(fx) => engine.commit(txn).await.map(|c| (fx, c)),
+                Ok(fx) => match engine.commit(txn).await {
+                    Ok(c) => Ok((fx, c)),
+                    Err(Error::Unknown { message, commit }) => {
+                        let learnt = learn_outcome(engine, kind, &message, commit).await;
+                        let mut t = tally.borrow_mut();
+                        match learnt? {
+                            Some(c) => {
+                                t.unknown.committed += 1;
+                                Ok((fx, c))
+                            }
+                            None => {
+                                t.unknown.rolled_back += 1;
+                                Err(Error::aborted(
+                                    AbortReason::Fenced,
+                                    format!("{message}; recovery rolled it back"),
+                                ))
+                            }
+                        }
+                    }
+                    Err(e) => Err(e),
+                },
                 Err(e) => {
                     engine.abort(txn);
                     Err(e)
@@ -768,6 +824,40 @@ async fn client_loop<E: Engine>(
         }
     }
     Ok(())
+}
+
+/// How long a client waits to learn what became of a commit of unknown outcome
+/// ([`Error::Unknown`]): recovery scans every table, and one stalled on another node
+/// is taken over only after `txn::recovery::TAKEOVER`.
+pub const UNKNOWN_OUTCOME_PATIENCE: Duration = Duration::from_secs(120);
+
+/// What became of a commit of `kind` that failed with [`Error::Unknown`]: `Some` if it
+/// committed, `None` if recovery rolled it back. An error (ending the run) if the
+/// engine cannot tell within [`UNKNOWN_OUTCOME_PATIENCE`].
+///
+/// Either way the ledger and the history stay exact: a commit learnt committed is
+/// counted and recorded like any other (with its commit timestamp, once transactions
+/// that begin afterwards see it, as a commit returns), so the sales it made count for
+/// stock conservation, its order for the order check, and the reads of its writes by
+/// other clients find their writer in the history; one rolled back had no effect and
+/// is retried, like an abort, with the same ids (its inserts were undone).
+async fn learn_outcome<E: Engine>(
+    engine: &E,
+    kind: Interaction,
+    message: &str,
+    commit: Option<u64>,
+) -> Result<Option<Committed>> {
+    let unknown = || format!("a {} commit's outcome is unknown ({message})", kind.name());
+    let Some(commit) = commit else {
+        return Err(Error::System(format!(
+            "{}, and this system cannot tell which it was",
+            unknown()
+        )));
+    };
+    engine
+        .outcome(commit, UNKNOWN_OUTCOME_PATIENCE)
+        .await
+        .map_err(|e| Error::System(format!("{}, and it could not be learnt: {e}", unknown())))
 }
 
 /// Whether an interaction finished at `now` falls in the measured period: not after
@@ -891,6 +981,8 @@ fn merge(into: &mut ThreadTally, from: ThreadTally) -> Result<()> {
         into.sold.add(item, qty, restocks);
     }
     into.orders.extend(from.orders);
+    into.unknown.committed += from.unknown.committed;
+    into.unknown.rolled_back += from.unknown.rolled_back;
     Ok(())
 }
 
@@ -943,6 +1035,7 @@ fn summarize<S: System>(
         checks: Checks::default(),
         stopped_early: None,
         phase: None,
+        unknown_outcomes: (t.unknown != UnknownOutcomes::default()).then_some(t.unknown),
     })
 }
 

@@ -22,6 +22,9 @@ pub enum AbortReason {
     SnapshotTooOld,
     /// An insert found its key taken.
     DuplicateKey,
+    /// The commit's outcome was unknown (its worker was fenced: a thread starved of
+    /// CPU past its lease), and recovery rolled it back ([`Error::Unknown`]).
+    Fenced,
 }
 
 #[derive(Debug, Error)]
@@ -41,10 +44,16 @@ pub enum Error {
     System(String),
     /// The client does not know whether its commit took effect: its worker was fenced
     /// (a thread starved of CPU past its lease, under load) and recovery decides the
-    /// commit, all or nothing. Fatal to a run, whose ledger must know what committed;
-    /// the loader finds out by trying again.
-    #[error("{0}")]
-    Unknown(String),
+    /// commit, all or nothing. `commit` names it to the engine that failed it, which
+    /// learns the outcome once recovery has decided it ([`Engine::outcome`]; `None`:
+    /// the system cannot tell). The runner asks, and records the interaction as
+    /// committed or as aborted ([`AbortReason::Fenced`]); a run fails on it only if
+    /// the outcome cannot be learnt. The loader finds out by trying again.
+    #[error("{message}")]
+    Unknown {
+        message: String,
+        commit: Option<u64>,
+    },
 }
 
 impl Error {
@@ -114,6 +123,21 @@ pub trait Engine {
     async fn begin(&self, after: u64) -> Result<Self::Txn<'_>>;
     async fn commit<'a>(&'a self, txn: Self::Txn<'a>) -> Result<Committed>;
     fn abort<'a>(&'a self, txn: Self::Txn<'a>);
+    /// What became of a commit of this engine that failed with [`Error::Unknown`]
+    /// naming `commit`, once the system has decided it: `Some` if it committed, `None`
+    /// if it has no effect. Waits for the decision up to `patience`, letting the
+    /// engine's other clients run; an error if it is not learnt by then. Systems whose
+    /// commits never end unknown keep this default, which cannot tell.
+    async fn outcome(
+        &self,
+        commit: u64,
+        patience: std::time::Duration,
+    ) -> Result<Option<Committed>> {
+        let _ = patience;
+        Err(Error::System(format!(
+            "this system cannot learn the outcome of commit {commit}"
+        )))
+    }
     /// Runs the futures `make(0..clients)` on this thread until all finish. Systems
     /// whose calls block run them one after another, so they get one client per
     /// thread ([`System::max_clients_per_thread`]).

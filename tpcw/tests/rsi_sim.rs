@@ -30,6 +30,16 @@ fn system_with(scale: &Scale, seconds: f64, versions: &dyn Fn(Rel) -> Option<u32
 
 /// [`system_with`]'s tables, created and empty.
 fn unloaded(scale: &Scale, seconds: f64, versions: &dyn Fn(Rel) -> Option<u32>) -> Rsi {
+    unloaded_with_lease(scale, seconds, versions, tpcw::rsi::BENCHMARK_LEASE)
+}
+
+/// [`unloaded`] with workers' oracle lease `lease`.
+fn unloaded_with_lease(
+    scale: &Scale,
+    seconds: f64,
+    versions: &dyn Fn(Rel) -> Option<u32>,
+    lease: Duration,
+) -> Rsi {
     // Room for every mix the tests run: checkout makes the most orders, the ordering
     // mix the most of the rest.
     let (checkout, ordering) = (
@@ -51,10 +61,10 @@ fn unloaded(scale: &Scale, seconds: f64, versions: &dyn Fn(Rel) -> Option<u32>) 
         slots: 8,
         scratch_bytes,
         log_bytes_per_slot: scratch_bytes.max(Options::default().log_bytes_per_slot),
-        // As `namdb tpcw` runs: a client fenced under load fails the run.
+        // As `namdb tpcw` runs, unless a test wants its workers fenced sooner.
         oracle: {
             let mut oracle = Options::default().oracle;
-            oracle.lease_timeout = tpcw::rsi::BENCHMARK_LEASE;
+            oracle.lease_timeout = lease;
             oracle
         },
         ..Options::default()
@@ -236,6 +246,10 @@ enum Fault {
     /// Of every three commits, one commits and one aborts, both answering that the
     /// outcome is unknown (as a worker fenced under load does), and one commits.
     UnknownCommits,
+    /// Commit number `nth` (of any thread) stalls its thread at crash point `point`
+    /// until another worker has fenced its slot and recovered it, as a thread starved
+    /// of CPU past its lease is: the commit then ends fenced.
+    StallCommit { point: &'static str, nth: u64 },
 }
 
 /// RSI with `fault` injected; counts the calls it slowed or failed.
@@ -243,6 +257,9 @@ struct Injected<'s> {
     rsi: &'s Rsi,
     fault: Fault,
     faulted: Arc<AtomicU64>,
+    /// The commit timestamp of the commit [`Fault::StallCommit`] stalled, once its
+    /// slot was recovered (0 before).
+    stalled: Arc<AtomicU64>,
 }
 
 impl<'s> Injected<'s> {
@@ -251,6 +268,7 @@ impl<'s> Injected<'s> {
             rsi,
             fault,
             faulted: Arc::default(),
+            stalled: Arc::default(),
         }
     }
 }
@@ -259,6 +277,8 @@ struct InjectedEngine {
     engine: RsiEngine,
     fault: Fault,
     faulted: Arc<AtomicU64>,
+    stalled: Arc<AtomicU64>,
+    db: Database,
 }
 
 struct InjectedTxn<'a> {
@@ -266,6 +286,19 @@ struct InjectedTxn<'a> {
     fault: Fault,
     faulted: &'a AtomicU64,
     read_order_lines: bool,
+}
+
+/// Blocks this thread, in the middle of commit `cid`, until another worker has fenced
+/// the slot `cid` is of and recovered what it held: a thread descheduled past its
+/// lease. Waits for that event, not for a time (up to a minute, then goes on).
+fn stall_until_recovered(db: &Database, cid: u64) {
+    let slot = (cid % u64::from(db.options().slots)) as u32;
+    let recoveries = || db.recoveries().iter().filter(|r| r.slot == slot).count();
+    let before = recoveries();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while recoveries() == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// Waits `time` while the thread's other coroutines run.
@@ -289,6 +322,8 @@ impl System for Injected<'_> {
             engine: self.rsi.engine(thread)?,
             fault: self.fault,
             faulted: self.faulted.clone(),
+            stalled: self.stalled.clone(),
+            db: self.rsi.database().clone(),
         })
     }
     fn max_clients_per_thread(&self) -> usize {
@@ -315,7 +350,10 @@ impl Engine for InjectedEngine {
             pause(Duration::from_millis(20)).await;
         }
         if let Fault::UnknownCommits = self.fault {
-            let unknown = || Error::Unknown("injected: the outcome is unknown".into());
+            let unknown = || Error::Unknown {
+                message: "injected: the outcome is unknown".into(),
+                commit: None,
+            };
             match self.faulted.fetch_add(1, Ordering::Relaxed) % 3 {
                 0 => {
                     self.engine.commit(txn.txn).await?;
@@ -328,10 +366,26 @@ impl Engine for InjectedEngine {
                 _ => {}
             }
         }
+        if let Fault::StallCommit { point, nth } = self.fault
+            && self.faulted.fetch_add(1, Ordering::Relaxed) == nth
+        {
+            let (db, stalled) = (self.db.clone(), self.stalled.clone());
+            txn::crash::stall_at_on_this_thread(
+                point,
+                Box::new(move |cid| {
+                    stall_until_recovered(&db, cid);
+                    stalled.store(cid, Ordering::Relaxed);
+                }),
+            )
+            .unwrap();
+        }
         self.engine.commit(txn.txn).await
     }
     fn abort<'a>(&'a self, txn: InjectedTxn<'a>) {
         self.engine.abort(txn.txn)
+    }
+    async fn outcome(&self, commit: u64, patience: Duration) -> Result<Option<Committed>> {
+        self.engine.outcome(commit, patience).await
     }
     fn run_clients<'a, T>(
         &'a self,
@@ -502,6 +556,60 @@ fn a_load_goes_on_past_commits_of_unknown_outcome() {
     .unwrap();
     assert!(report.checks.stock_conserved, "{report:?}");
     assert!(report.checks.orders_present, "{report:?}");
+}
+
+/// A client whose commit ends fenced (its thread starved past the oracle lease, so
+/// another worker fenced its slot and recovery decided the commit) does not end the
+/// run: the runner waits for recovery's decision and counts the checkout as what it
+/// was. Stalled after its log record, the checkout committed: its sales and order are
+/// in the ledger, and it is in the history with its commit timestamp (other clients
+/// read its stocks). Stalled before, it was rolled back: an abort, retried with the
+/// same order id. Before, either failed the run with the worker's "commit … abandoned"
+/// error.
+#[test]
+fn a_commit_fenced_under_a_starved_client_is_resolved_and_the_run_goes_on() {
+    let scale = Scale::new(1000, 1, 1024).unwrap();
+    // A short lease, so the stall is short; the fence is what the test waits for.
+    let rsi = unloaded_with_lease(&scale, 4.0, &|_| None, Duration::from_millis(500));
+    rsi.load(&scale, &|_, _, _| {}).unwrap();
+    let mut ledger = Ledger::default();
+    for (point, committed) in [("after-log", true), ("after-lock", false)] {
+        let injected = Injected::new(&rsi, Fault::StallCommit { point, nth: 50 });
+        let run = RunConfig {
+            warmup: Duration::ZERO,
+            // Every item sampled: the stalled checkout's stocks are in the history.
+            sample_every: 1,
+            ..config(Mix::Checkout, 4)
+        };
+        let report = runner::run(&injected, &scale, &run, &mut ledger)
+            .unwrap_or_else(|e| panic!("stalled at {point}: the run failed: {e}"));
+        let stalled = injected.stalled.load(Ordering::Relaxed);
+        assert_ne!(stalled, 0, "{point}: no commit was stalled: {report:?}");
+        let unknown = report
+            .unknown_outcomes
+            .unwrap_or_else(|| panic!("{point}: no unknown outcome reported: {report:?}"));
+        // Other fences (a loaded machine, a short lease) may add to the counts.
+        if committed {
+            assert!(unknown.committed >= 1, "{point}: {report:?}");
+        } else {
+            assert!(unknown.rolled_back >= 1, "{point}: {report:?}");
+            assert!(
+                report.aborts.get(&AbortReason::Fenced) >= Some(&1),
+                "{point}: {report:?}"
+            );
+        }
+        assert!(report.committed > 0, "{point}: {report:?}");
+        assert!(report.checks.stock_conserved, "{point}: {report:?}");
+        assert!(report.checks.orders_present, "{point}: {report:?}");
+        assert_eq!(
+            report.checks.history_verdict.as_deref(),
+            Some("valid"),
+            "{point}: {report:?}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert!(json["unknown_outcomes"].is_object(), "{json}");
+    }
+    assert!(rsi.database().locked_records().unwrap().is_empty());
 }
 
 /// A run that finds the host low on memory stops its clients and reports what it

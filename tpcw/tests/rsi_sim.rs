@@ -564,8 +564,8 @@ fn a_load_goes_on_past_commits_of_unknown_outcome() {
 /// was. Stalled after its log record, the checkout committed: its sales and order are
 /// in the ledger, and it is in the history with its commit timestamp (other clients
 /// read its stocks). Stalled before, it was rolled back: an abort, retried with the
-/// same order id. Before, either failed the run with the worker's "commit … abandoned"
-/// error.
+/// same order id. The same under the ordering mix, whichever writer is stalled. Before,
+/// every one of these runs failed with the worker's "commit … abandoned" error.
 #[test]
 fn a_commit_fenced_under_a_starved_client_is_resolved_and_the_run_goes_on() {
     let scale = Scale::new(1000, 1, 1024).unwrap();
@@ -573,38 +573,48 @@ fn a_commit_fenced_under_a_starved_client_is_resolved_and_the_run_goes_on() {
     let rsi = unloaded_with_lease(&scale, 4.0, &|_| None, Duration::from_millis(500));
     rsi.load(&scale, &|_, _, _| {}).unwrap();
     let mut ledger = Ledger::default();
-    for (point, committed) in [("after-log", true), ("after-lock", false)] {
+    // The ordering mix's writers (Buy Confirm, Shopping Cart, Buy Request, Admin
+    // Confirm) change the client's own state too (its cart, customer, id streams).
+    for (mix, clients, point, committed) in [
+        (Mix::Checkout, 4, "after-log", true),
+        (Mix::Checkout, 4, "after-lock", false),
+        (Mix::Ordering, 6, "after-log", true),
+        (Mix::Ordering, 6, "after-lock", false),
+    ] {
         let injected = Injected::new(&rsi, Fault::StallCommit { point, nth: 50 });
         let run = RunConfig {
             warmup: Duration::ZERO,
-            // Every item sampled: the stalled checkout's stocks are in the history.
+            // Every item sampled: the stalled commit's stocks are in the history.
             sample_every: 1,
-            ..config(Mix::Checkout, 4)
+            ..config(mix, clients)
         };
         let report = runner::run(&injected, &scale, &run, &mut ledger)
-            .unwrap_or_else(|e| panic!("stalled at {point}: the run failed: {e}"));
+            .unwrap_or_else(|e| panic!("{mix:?} stalled at {point}: the run failed: {e}"));
         let stalled = injected.stalled.load(Ordering::Relaxed);
-        assert_ne!(stalled, 0, "{point}: no commit was stalled: {report:?}");
+        assert_ne!(
+            stalled, 0,
+            "{mix:?} {point}: no commit was stalled: {report:?}"
+        );
         let unknown = report
             .unknown_outcomes
-            .unwrap_or_else(|| panic!("{point}: no unknown outcome reported: {report:?}"));
+            .unwrap_or_else(|| panic!("{mix:?} {point}: no unknown outcome reported: {report:?}"));
         // Other fences (a loaded machine, a short lease) may add to the counts.
         if committed {
-            assert!(unknown.committed >= 1, "{point}: {report:?}");
+            assert!(unknown.committed >= 1, "{mix:?} {point}: {report:?}");
         } else {
-            assert!(unknown.rolled_back >= 1, "{point}: {report:?}");
+            assert!(unknown.rolled_back >= 1, "{mix:?} {point}: {report:?}");
             assert!(
                 report.aborts.get(&AbortReason::Fenced) >= Some(&1),
-                "{point}: {report:?}"
+                "{mix:?} {point}: {report:?}"
             );
         }
-        assert!(report.committed > 0, "{point}: {report:?}");
-        assert!(report.checks.stock_conserved, "{point}: {report:?}");
-        assert!(report.checks.orders_present, "{point}: {report:?}");
+        assert!(report.committed > 0, "{mix:?} {point}: {report:?}");
+        assert!(report.checks.stock_conserved, "{mix:?} {point}: {report:?}");
+        assert!(report.checks.orders_present, "{mix:?} {point}: {report:?}");
         assert_eq!(
             report.checks.history_verdict.as_deref(),
             Some("valid"),
-            "{point}: {report:?}"
+            "{mix:?} {point}: {report:?}"
         );
         let json = serde_json::to_value(&report).unwrap();
         assert!(json["unknown_outcomes"].is_object(), "{json}");

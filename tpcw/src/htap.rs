@@ -467,6 +467,11 @@ where
 /// Writes `related` (best first) into item `x`'s related fields; slots left over keep
 /// the item's current related items that are not already listed. The new version is
 /// logged in `rewrites`.
+///
+/// A commit fenced under the writer (its thread starved past the lease) is not an
+/// error: the writer learns what recovery made of it, logs the version if it
+/// committed (the run's history needs it, as other clients read it) and tries again
+/// if it was rolled back.
 pub fn write_related(
     worker: &Worker,
     item: &Arc<Table>,
@@ -474,38 +479,71 @@ pub fn write_related(
     related: &[(u64, i64)],
     rewrites: &ItemRewrites,
 ) -> Result<()> {
-    let ((stock, rid), cid) = block_on(worker.run(0, 20, async |t| {
-        let row = t
-            .get(item, x)
-            .await?
-            .ok_or_else(|| TxnError::NotFound(format!("item {x}")))?;
-        let mut it = Item::decode(&row).map_err(|e| TxnError::Invalid(e.to_string()))?;
-        let mut ids: Vec<u64> = related.iter().map(|r| r.0).collect();
-        for old in it.related() {
-            if ids.len() < 5 && !ids.contains(&old) && old != x {
-                ids.push(old);
+    /// Tries after commits rolled back by recovery: each was a fence, rare.
+    const FENCED_TRIES: u32 = 3;
+    for _ in 0..FENCED_TRIES {
+        // What the last attempt read: a fenced commit returns no value.
+        let mut read = None;
+        let outcome = block_on(worker.run(0, 20, async |t| {
+            let (stock, rid) = write_related_in(t, item, x, related).await?;
+            read = Some((stock, rid));
+            Ok(())
+        }));
+        let cid = match outcome {
+            Ok(((), cid)) => cid,
+            Err(TxnError::Fenced { cid }) => {
+                match block_on(worker.fenced_outcome(cid, crate::runner::UNKNOWN_OUTCOME_PATIENCE))?
+                {
+                    txn::FencedOutcome::Committed { cid } => Some(cid),
+                    txn::FencedOutcome::RolledBack => continue,
+                }
             }
+            Err(e) => return Err(e.into()),
+        };
+        if let (Some(cid), Some((stock, rid))) = (cid, read) {
+            rewrites.push(ItemRewrite {
+                item: x,
+                stock,
+                rid,
+                cid,
+            });
         }
-        ids.resize(5, it.i_related1);
-        [
-            it.i_related1,
-            it.i_related2,
-            it.i_related3,
-            it.i_related4,
-            it.i_related5,
-        ] = [ids[0], ids[1], ids[2], ids[3], ids[4]];
-        t.put(item, x, it.encode()).await?;
-        Ok((it.i_stock, t.rid()))
-    }))?;
-    if let Some(cid) = cid {
-        rewrites.push(ItemRewrite {
-            item: x,
-            stock,
-            rid,
-            cid,
-        });
+        return Ok(());
     }
-    Ok(())
+    Err(HtapError::Data(format!(
+        "the related items of item {x}: {FENCED_TRIES} commits in a row were fenced and \
+         rolled back"
+    )))
+}
+
+/// [`write_related`]'s transaction: the stock it kept and its snapshot.
+async fn write_related_in(
+    t: &mut txn::AsyncTransaction<'_>,
+    item: &Arc<Table>,
+    x: u64,
+    related: &[(u64, i64)],
+) -> std::result::Result<(i32, u64), TxnError> {
+    let row = t
+        .get(item, x)
+        .await?
+        .ok_or_else(|| TxnError::NotFound(format!("item {x}")))?;
+    let mut it = Item::decode(&row).map_err(|e| TxnError::Invalid(e.to_string()))?;
+    let mut ids: Vec<u64> = related.iter().map(|r| r.0).collect();
+    for old in it.related() {
+        if ids.len() < 5 && !ids.contains(&old) && old != x {
+            ids.push(old);
+        }
+    }
+    ids.resize(5, it.i_related1);
+    [
+        it.i_related1,
+        it.i_related2,
+        it.i_related3,
+        it.i_related4,
+        it.i_related5,
+    ] = [ids[0], ids[1], ids[2], ids[3], ids[4]];
+    t.put(item, x, it.encode()).await?;
+    Ok((it.i_stock, t.rid()))
 }
 
 /// Runs the analytics nodes from when the clients of the run beside start (told by

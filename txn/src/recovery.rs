@@ -237,8 +237,10 @@ impl Database {
         let word = self.recovery_conns()[commitlog::SERVER].read_word(guard)?;
         match Guard::decode(word)? {
             Guard::Active { tag } if tag == holder_tag => {
+                // Resolved here, or begun by another whose CAS came first: the guard
+                // is no longer active for the holder, so this recurses once.
                 self.resolve_holder(slot, tag)?;
-                Ok(false)
+                self.step_resolution(slot, holder_tag, watching)
             }
             Guard::Recovering { tag, .. } if tag == holder_tag => {
                 self.take_over_if_stalled(slot, tag, word, watching)?;

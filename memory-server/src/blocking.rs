@@ -28,6 +28,26 @@ struct Open {
 
 impl Client {
     pub fn connect(addr: &str, token: &ClusterToken) -> Result<Client, ClientError> {
+        Client::connect_bounded(addr, token, None)
+    }
+
+    /// [`Client::connect`], given up after `limit` (connection, Hello and
+    /// authentication together): a server stopped (SIGSTOP) or wedged keeps its TCP
+    /// connection open and answers nothing, and only the HTTP/2 keep-alive would end
+    /// the wait, after half a minute, or never if its handler hangs.
+    pub fn connect_within(
+        addr: &str,
+        token: &ClusterToken,
+        limit: Duration,
+    ) -> Result<Client, ClientError> {
+        Client::connect_bounded(addr, token, Some(limit))
+    }
+
+    fn connect_bounded(
+        addr: &str,
+        token: &ClusterToken,
+        limit: Option<Duration>,
+    ) -> Result<Client, ClientError> {
         if tokio::runtime::Handle::try_current().is_ok() {
             return Err(ClientError::Runtime(
                 "the blocking memory-server client cannot run inside a tokio runtime; use memory_server::Client"
@@ -40,7 +60,26 @@ impl Client {
             .enable_all()
             .build()
             .map_err(|e| ClientError::Runtime(format!("cannot start a tokio runtime: {e}")))?;
-        let inner = runtime.block_on(client::Client::connect(addr, token))?;
+        let inner = runtime.block_on(async {
+            match limit {
+                None => client::Client::connect(addr, token).await,
+                Some(limit) => tokio::time::timeout(limit, client::Client::connect(addr, token))
+                    .await
+                    .map_err(|_| ClientError::TimedOut {
+                        addr: addr.to_string(),
+                        limit,
+                    })?,
+            }
+        });
+        let inner = match inner {
+            Ok(inner) => inner,
+            Err(e) => {
+                // Dropping a runtime whose task still waits on a stopped server would
+                // block: leave it to finish in the background.
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
         Ok(Client {
             open: Some(Open { inner, runtime }),
         })

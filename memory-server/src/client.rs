@@ -70,6 +70,8 @@ pub enum ClientError {
     NotRc,
     #[error("{0}")]
     Runtime(String),
+    #[error("the memory server at {addr} did not answer within {limit:?}")]
+    TimedOut { addr: String, limit: Duration },
 }
 
 impl ClientError {

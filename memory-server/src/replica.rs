@@ -171,6 +171,9 @@ struct Link {
     regions: Arc<Vec<ServedRegion>>,
     boot: u64,
     epoch: u64,
+    /// Waited before the state transfer of an attach again
+    /// ([`crate::ServerConfig::resync_delay`], a testing hook).
+    resync_delay: Duration,
 }
 
 /// An attached stream.
@@ -330,7 +333,11 @@ impl Link {
              Persists are acknowledged with this primary as their only copy"
         );
         let mut backlog = Backlog::default();
-        let sent = acking(rx, &mut backlog, self.transfer(&mut stream, &backup)).await?;
+        let transfer = async {
+            tokio::time::sleep(self.resync_delay).await;
+            self.transfer(&mut stream, &backup).await
+        };
+        let sent = acking(rx, &mut backlog, transfer).await?;
         while let Some((entries, count)) = backlog.take_batch() {
             acking(
                 rx,
@@ -536,6 +543,7 @@ impl Replicator {
         primary_boot: u64,
         primary_epoch: u64,
         durable: bool,
+        resync_delay: Duration,
     ) -> Result<Replicator, String> {
         let link = Link {
             addr: addr.to_string(),
@@ -543,6 +551,7 @@ impl Replicator {
             regions,
             boot: primary_boot,
             epoch: primary_epoch,
+            resync_delay,
         };
         let (mut stream, backup) = link.attach(false).await.map_err(|f| f.why().to_string())?;
         if !matches!(backup, BackupPieces::AllZero) && !durable {

@@ -59,6 +59,12 @@ pub struct ServerConfig {
     /// process touches it first. Off by default: it costs the whole size in memory at
     /// once, and the start takes longer (seconds per GiB on some hosts).
     pub pin_memory: bool,
+    /// A testing hook (zero, the default, in any real use): a primary that attaches
+    /// *again* to a backup it lost waits this long before copying its state there,
+    /// acknowledging Persists meanwhile, so the backup stays unsynced (unpromotable)
+    /// for that long. `namdb chaos` tests its handling of a failover whose backup does
+    /// not sync in time with it.
+    pub resync_delay: Duration,
 }
 
 impl ServerConfig {
@@ -81,6 +87,7 @@ impl ServerConfig {
             durability: None,
             replication: Replication::Standalone,
             pin_memory: false,
+            resync_delay: Duration::ZERO,
         }
     }
 
@@ -221,6 +228,7 @@ impl MemoryServer {
                     boot,
                     epoch,
                     durable.is_some(),
+                    config.resync_delay,
                 )
                 .await
                 .map_err(ServerError::Replication)?;

@@ -45,6 +45,8 @@ const TICK_TABLE: &str = "chaos_ticks";
 const BUCKET_MS: u64 = 100;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the harness waits for a backup's Hello when it asks whether it is synced.
+const BACKUP_ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// A chaos node's exit status when it lost a memory server (killed, or restarted
 /// under it): its connections to it are gone, so the harness starts it again once the
 /// server is back, and the new process reopens the database (EX_TEMPFAIL).
@@ -138,6 +140,14 @@ pub struct ChaosArgs {
     /// primary copies its state to it again), server 0's before its failover.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub replicas: u8,
+    /// Testing hook (hidden; DEVELOPERS.md, "Chaos harness"): how long a planned action
+    /// may stay blocked before the harness gives up on it (60 s by default).
+    #[arg(long, hide = true, value_name = "MS", default_value_t = START_TIMEOUT.as_millis() as u64)]
+    pub give_up_after_ms: u64,
+    /// Testing hook (hidden): the primaries' `--resync-delay-ms`, so that a backup
+    /// started again stays unsynced that long.
+    #[arg(long, hide = true, value_name = "MS")]
+    pub resync_delay_ms: Option<u64>,
 }
 
 /// One compute node of a chaos run (started by `namdb chaos`).
@@ -673,6 +683,8 @@ struct Harness<'a> {
     backup_starts: Vec<u32>,
     /// Per backup: seen holding its primary's whole state since its last start.
     backup_synced: Vec<bool>,
+    /// Per backup: killed and not started again.
+    backups_down: Vec<bool>,
     /// When a backup's state was last asked (at most every 100 ms while waiting).
     backup_asked: Option<Instant>,
     /// Fixed control-plane ports, so a restarted server is where the nodes look: the
@@ -743,6 +755,7 @@ impl<'a> Harness<'a> {
             backups: Vec::new(),
             backup_starts: Vec::new(),
             backup_synced: Vec::new(),
+            backups_down: Vec::new(),
             backup_asked: None,
             ports: Vec::new(),
             addrs: Vec::new(),
@@ -1003,9 +1016,13 @@ impl<'a> Harness<'a> {
         results.push(CheckResult::from_problems(
             "harness",
             if self.problems.is_empty() {
-                "every node started, stopped and died when told to".into()
+                "every node started, stopped and died when told to; no planned action was \
+                 given up on"
+                    .into()
             } else {
-                "not every node started, stopped or died when told to".into()
+                "not every node started, stopped or died when told to, or a planned action \
+                 was given up on"
+                    .into()
             },
             self.problems.clone(),
         ));
@@ -1179,8 +1196,10 @@ impl<'a> Harness<'a> {
         }
         if self.backup_synced.len() <= i {
             self.backup_synced.resize(i + 1, false);
+            self.backups_down.resize(i + 1, false);
         }
         self.backup_synced[i] = false;
+        self.backups_down[i] = false;
         Ok(())
     }
 
@@ -1199,9 +1218,14 @@ impl<'a> Harness<'a> {
             return false;
         }
         self.backup_asked = Some(Instant::now());
-        let synced =
-            memory_server::blocking::Client::connect(&self.backups[i].address, &self.token)
-                .is_ok_and(|c| c.server().synced);
+        // Bounded: a stopped or wedged backup would hold a plain connect (and the whole
+        // run with it) until the HTTP/2 keep-alive, or for ever; it counts as unsynced.
+        let synced = memory_server::blocking::Client::connect_within(
+            &self.backups[i].address,
+            &self.token,
+            BACKUP_ASK_TIMEOUT,
+        )
+        .is_ok_and(|c| c.server().synced);
         self.backup_synced[i] = synced;
         synced
     }
@@ -1220,6 +1244,10 @@ impl<'a> Harness<'a> {
         if let Some(b) = self.backups.get(i) {
             argv.push("--backup-at".into());
             argv.push(b.address.clone());
+            if let Some(ms) = self.args.resync_delay_ms {
+                argv.push("--resync-delay-ms".into());
+                argv.push(ms.to_string());
+            }
         }
         // Each boot its own socket and log: nothing left by the killed process is
         // reused but its data directory.
@@ -1461,16 +1489,53 @@ impl<'a> Harness<'a> {
     }
 
     /// Why `action` cannot run yet, if it cannot.
-    fn blocked(&mut self, action: &Action) -> Option<String> {
-        let n = action.node();
+    fn blocked(&mut self, action: &Action) -> Option<Blocked> {
         if let Action::FailoverMemoryServer { server } | Action::KillBackup { server } = *action
             && server < self.backups.len()
             && !self.backup_synced(server)
         {
-            return Some(format!(
-                "memory server {server}'s backup does not hold its primary's state yet"
-            ));
+            return Some(Blocked {
+                reason: format!(
+                    "memory server {server}'s backup does not hold its primary's state yet"
+                ),
+                skip: true,
+            });
         }
+        self.waits_for(action).map(|reason| Blocked {
+            reason,
+            skip: false,
+        })
+    }
+
+    /// Why `action` has nothing to act on, if so: the restart of a backup or server
+    /// whose kill was skipped (or failed) would start a second process on the port of
+    /// the one still running.
+    fn moot(&self, action: &Action) -> Option<String> {
+        match *action {
+            Action::RestartBackup { server }
+                if !self.backups_down.get(server).copied().unwrap_or(false) =>
+            {
+                Some(format!(
+                    "memory server {server}'s backup is running: it was not killed"
+                ))
+            }
+            Action::RestartMemoryServer { server }
+                if !self.servers_down[server] && !self.failed_over[server] =>
+            {
+                Some(format!(
+                    "memory server {server} is running: it was not killed"
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// Why `action` should wait, if it should, where carrying it out after giving up
+    /// on the wait is still sound: the episode only hits less running work (a node
+    /// still starting), or an armed node is disarmed, which is what giving up on its
+    /// point means.
+    fn waits_for(&self, action: &Action) -> Option<String> {
+        let n = action.node();
         match action {
             // Only once every node runs (again) after the last episode, so that the
             // kill hits running work.
@@ -1515,6 +1580,7 @@ impl<'a> Harness<'a> {
         let mut slip = Duration::ZERO;
         let mut next = 0;
         let mut blocked_since: Option<Instant> = None;
+        let give_up_after = Duration::from_millis(self.args.give_up_after_ms);
         let mut last_progress = Instant::now();
         let mut last_committed = 0;
         loop {
@@ -1539,22 +1605,46 @@ impl<'a> Harness<'a> {
                 std::thread::sleep((due - now).min(Duration::from_millis(5)));
                 continue;
             }
-            if let Some(reason) = self.blocked(&planned.action) {
+            let mut skipped = None;
+            if let Some(Blocked { reason, skip }) = self.blocked(&planned.action) {
                 let since = *blocked_since.get_or_insert(now);
-                if now.duration_since(since) < START_TIMEOUT {
+                if now.duration_since(since) < give_up_after {
                     std::thread::sleep(Duration::from_millis(2));
                     continue;
                 }
+                let consequence = if skip {
+                    "; not carried out"
+                } else {
+                    "; carried out anyway"
+                };
                 self.problems.push(format!(
-                    "{} of {} {} gave up waiting: {reason}",
+                    "{} of {} {} gave up waiting after {give_up_after:?}: {reason}{consequence}",
                     planned.action.name(),
                     what(&planned.action),
                     planned.action.node()
                 ));
+                if skip {
+                    skipped = Some(reason);
+                }
+            }
+            if skipped.is_none() {
+                skipped = self.moot(&planned.action);
             }
             blocked_since = None;
             slip = slip.max(now.duration_since(self.t0 + Duration::from_millis(planned.at_ms)));
-            let outcome = match self.act(&planned.action) {
+            let outcome = match skipped {
+                Some(reason) => {
+                    eprintln!(
+                        "  skipped {} of {} {}: {reason}",
+                        planned.action.name(),
+                        what(&planned.action),
+                        planned.action.node()
+                    );
+                    Ok(format!("skipped: {reason}"))
+                }
+                None => self.act(&planned.action),
+            };
+            let outcome = match outcome {
                 Ok(outcome) => outcome,
                 Err(e) => {
                     self.problems.push(format!(
@@ -1678,6 +1768,7 @@ impl<'a> Harness<'a> {
                     &self.backups[*server],
                     &format!("memory server {server}'s backup"),
                 )?;
+                self.backups_down[*server] = true;
                 self.counts.backup_kills += 1;
                 "killed its backup: commits on it fail until the backup is back".into()
             }
@@ -1786,6 +1877,19 @@ impl<'a> Harness<'a> {
             }
         }
     }
+}
+
+/// Why a planned action cannot run yet ([`Harness::blocked`]).
+struct Blocked {
+    reason: String,
+    /// Not to be carried out once the harness gives up waiting: it would be wrong, not
+    /// just less useful. A failover to a backup that does not hold its primary's
+    /// state would leave the server with no copy a node can promote (the backup
+    /// rightly refuses Promote, and every node would retry it until it gave up); a
+    /// backup killed before it holds that state would cut short the state transfer of
+    /// the episode before (two episodes on one server at once, which the plan rules
+    /// out), and the failover planned after it would find the backup unsynced again.
+    skip: bool,
 }
 
 fn what(action: &Action) -> &'static str {

@@ -109,6 +109,11 @@ pub struct MemoryServerArgs {
     /// shows as a parent that is not PID.
     #[arg(long, hide = true, value_name = "PID")]
     pub exit_with_parent: Option<u32>,
+    /// Testing hook (hidden; see DEVELOPERS.md, "Chaos harness"): with --backup-at,
+    /// wait MS before copying the state to a backup attached again after it was lost,
+    /// so that it stays unsynced (unpromotable) that long.
+    #[arg(long, hide = true, value_name = "MS", requires = "backup_at")]
+    pub resync_delay_ms: Option<u64>,
 }
 
 /// The default shm socket of a memory server is this, its pid and `.sock`, in the
@@ -232,6 +237,7 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
     config.pin_memory = args.pin_memory;
     config.session_lease = args.session_lease;
     config.max_borrowed = args.max_borrowed;
+    config.resync_delay = Duration::from_millis(args.resync_delay_ms.unwrap_or(0));
     config.durability = args.data_dir.as_ref().map(|dir| DurabilityConfig {
         checkpoint_interval: args.checkpoint_interval,
         ..DurabilityConfig::new(dir)

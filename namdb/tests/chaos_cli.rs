@@ -299,3 +299,118 @@ fn a_node_waiting_for_its_memory_servers_ends_when_the_harness_goes() {
     };
     assert!(!status.success(), "{status}");
 }
+
+/// A failover whose backup does not hold its primary's state by the time the harness
+/// gives up waiting is skipped, not carried out: the backup would rightly refuse
+/// Promote, and the nodes would retry it until the run hung (the harness carried the
+/// failover out anyway). The hidden hooks keep server 0's backup unsynced after its
+/// restart (its primary waits 10 minutes before copying its state again) and make the
+/// harness give up after 5 s instead of 60.
+#[test]
+fn a_failover_to_a_backup_that_never_syncs_is_skipped_and_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let log = dir.path().join("chaos.log");
+    let out_file = std::fs::File::create(&log).unwrap();
+    // 20 s is the shortest run whose plan kills and restarts server 0's backup and
+    // then fails server 0 over.
+    let mut harness = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "chaos",
+            "--duration",
+            "20",
+            "--nodes",
+            "1",
+            "--servers",
+            "1",
+        ])
+        .args(["--sessions", "2", "--seed", "11", "--replicas", "2"])
+        .args(["--give-up-after-ms", "5000", "--resync-delay-ms", "600000"])
+        .arg("--json")
+        .arg(&json)
+        .env_remove("NAMDB_CRASH")
+        .stdin(Stdio::null())
+        .stdout(out_file.try_clone().unwrap())
+        .stderr(out_file)
+        .spawn()
+        .unwrap();
+    // Generous: the run takes about half a minute alone, a few times that on a loaded
+    // host. Carrying the failover out left the nodes retrying promotion for a minute
+    // per start, and the harness could not open the database after the run.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(status) = harness.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = harness.kill();
+            let _ = harness.wait();
+            panic!(
+                "the harness did not end within 10 minutes:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(!out.contains("panicked"), "{out}");
+    assert!(out.contains("verdict: FAILED"), "{out}");
+    let why = "memory server 0's backup does not hold its primary's state yet";
+    assert!(
+        out.contains(&format!(
+            "server_failover of memory server 0 gave up waiting after 5s: {why}; not carried out"
+        )),
+        "{out}"
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["passed"], false, "{out}");
+    let executed = report["executed"].as_array().unwrap();
+    let server: Vec<(&str, &str)> = executed
+        .iter()
+        .filter(|e| {
+            e["action"].as_str().unwrap().contains("server")
+                || e["action"].as_str().unwrap().contains("backup")
+        })
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap(),
+                e["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(server.len(), 3, "{server:?}");
+    assert_eq!(server[0].0, "backup_kill", "{server:?}");
+    assert_eq!(server[1].0, "backup_restart", "{server:?}");
+    assert_eq!(
+        server[2],
+        ("server_failover", format!("skipped: {why}").as_str()),
+        "{server:?}"
+    );
+    // The primary was never killed: nothing failed over, no node lost its server.
+    let actions = &report["actions"];
+    assert_eq!(actions["server_failovers"], 0, "{actions}");
+    assert_eq!(actions["reconnects"], 0, "{actions}");
+    assert!(report["server_restarts"].as_array().unwrap().is_empty());
+    let harness_check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "harness")
+        .unwrap();
+    assert_eq!(harness_check["passed"], false, "{harness_check}");
+    assert!(
+        harness_check["details"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d.as_str().unwrap().contains(why)),
+        "{harness_check}"
+    );
+    // The workload's own checks are unaffected by the skip.
+    for c in report["checks"].as_array().unwrap() {
+        if c["name"] != "harness" {
+            assert_eq!(c["passed"], true, "{c}");
+        }
+    }
+}

@@ -445,7 +445,9 @@ impl Client {
         })
     }
 
-    /// Frees a region [`Client::borrow_region`] gave this session.
+    /// Frees a region [`Client::borrow_region`] gave this session. Any other region is
+    /// refused and kept: one the session registered through remote verbs is
+    /// `FAILED_PRECONDITION`, one it does not hold `NOT_FOUND`.
     pub async fn return_region(&self, region: &RemoteRegion) -> Result<(), ClientError> {
         self.rpc
             .clone()

@@ -8,7 +8,8 @@ use crate::proto::{self, memory_server_server::MemoryServer as ControlRpc};
 use crate::regions::{RegionDirectory, ServedRegion};
 use crate::replica::{Backup, Replicator, Role};
 use crate::session::{
-    BorrowLedger, ObjectLimits, SESSION_METADATA, Session, SessionError, SessionId, Sessions,
+    BorrowLedger, ObjectLimits, ReturnError, SESSION_METADATA, Session, SessionError, SessionId,
+    Sessions,
 };
 use crate::stats::{Counters, Rpc, Stats};
 use fabric::{CompletionQueue, Device, FabricError, NodeId, QpConfig, QpEndpoint, QueuePair};
@@ -419,10 +420,21 @@ impl ControlRpc for ControlService {
         self.state.counters.rpc(Rpc::ReturnRegion);
         let session = self.state.session(&req)?;
         let rkey = req.get_ref().rkey;
-        if !session.remove_region_by_rkey(rkey) {
-            return Err(Status::not_found(format!(
-                "this session holds no region with rkey {rkey:#x}"
-            )));
+        match session.return_borrowed(rkey) {
+            Ok(()) => {}
+            Err(ReturnError::NotHeld) => {
+                return Err(Status::not_found(format!(
+                    "this session holds no region with rkey {rkey:#x}"
+                )));
+            }
+            Err(ReturnError::NotBorrowed { lkey }) => {
+                return Err(Status::failed_precondition(format!(
+                    "the region with rkey {rkey:#x} was not borrowed: this session registered \
+                     it through remote verbs (RegisterRegion, lkey {lkey:#x}), and ReturnRegion \
+                     gives back only regions BorrowRegion lent; it is kept as it was \
+                     (DeregisterRegion frees it)"
+                )));
+            }
         }
         tracing::info!(session = ?session.id, rkey, "region returned");
         Ok(Response::new(proto::ReturnRegionResponse {}))

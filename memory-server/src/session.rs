@@ -196,6 +196,15 @@ pub(crate) struct ObjectLimits {
     pub region_bytes: u64,
 }
 
+/// Why [`Session::return_borrowed`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReturnError {
+    /// The session holds no region with that rkey.
+    NotHeld,
+    /// It holds one, registered through remote verbs (its lkey), not borrowed.
+    NotBorrowed { lkey: u32 },
+}
+
 /// One authenticated peer.
 pub(crate) struct Session {
     pub id: SessionId,
@@ -336,15 +345,30 @@ impl Session {
         region.is_some()
     }
 
-    /// Deregisters the session's region whose rkey is `rkey`; false if it has none.
-    pub fn remove_region_by_rkey(&self, rkey: u32) -> bool {
-        let lkey = self
-            .lock()
-            .regions
-            .values()
-            .find(|r| r.region.rkey() == rkey)
-            .map(|r| r.region.lkey());
-        lkey.is_some_and(|lkey| self.remove_region(lkey))
+    /// Gives back the region with rkey `rkey` that the server lent this session
+    /// (BorrowRegion): deregisters it and ends its loan. A region the session holds
+    /// another way (registered through remote verbs) is refused and stays as it was;
+    /// found, checked and removed under one lock, so nothing can change it in between.
+    pub fn return_borrowed(&self, rkey: u32) -> Result<(), ReturnError> {
+        let held = {
+            let mut st = self.lock();
+            let (lkey, borrowed) = st
+                .regions
+                .iter()
+                .find(|(_, r)| r.region.rkey() == rkey)
+                .map(|(&lkey, r)| (lkey, r.loan.is_some()))
+                .ok_or(ReturnError::NotHeld)?;
+            if !borrowed {
+                return Err(ReturnError::NotBorrowed { lkey });
+            }
+            let held = st.regions.remove(&lkey).ok_or(ReturnError::NotHeld)?;
+            st.region_bytes -= held.region.len();
+            held
+        };
+        // Deregistered (and the loan ended after it) outside the lock: destroying an
+        // object may take the device's locks.
+        drop(held);
+        Ok(())
     }
 
     pub fn qp_count(&self) -> usize {

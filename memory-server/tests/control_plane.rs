@@ -9,6 +9,7 @@ use fabric::{
 };
 use hmac::{Hmac, Mac};
 use memory_server::proto::memory_server_client::MemoryServerClient;
+use memory_server::proto::remote_verbs_client::RemoteVerbsClient;
 use memory_server::proto::{self, QpKind};
 use memory_server::{
     CATALOG_BYTES, CATALOG_REGION, Client, ClientError, ClusterToken, MemoryServer, RegionPlan,
@@ -671,6 +672,106 @@ async fn borrowed_regions_belong_to_the_session() {
     let other = Client::connect(&setup.addr, &token()).await.unwrap();
     let stats = other.stats().await.unwrap();
     assert_eq!((stats.sessions, stats.session_region_bytes), (1, 0));
+}
+
+/// ReturnRegion gives back only what BorrowRegion lent. A region the session holds
+/// another way (registered through remote verbs) is refused with FAILED_PRECONDITION
+/// naming its rkey and why, and stays: still registered, still usable over the data
+/// path, still counted, and the borrow cap's accounting is untouched. It used to be
+/// removed like a borrowed one.
+#[tokio::test]
+async fn return_region_gives_back_only_borrowed_regions() {
+    let setup = Setup::start_with(|mut c| {
+        c.allow_remote_verbs = true;
+        c.max_borrowed = Some(8192);
+        c
+    })
+    .await;
+    let (dev, cq) = setup.node();
+    let local = dev.register(8, Access::LOCAL).unwrap();
+    let client = Client::connect(&setup.addr, &token()).await.unwrap();
+    let (qp, _) = client.connect_qp(&*dev, &cq).await.unwrap();
+    let mut verbs = RemoteVerbsClient::connect(format!("http://{}", setup.addr))
+        .await
+        .unwrap();
+    fn in_session<T>(message: T, client: &Client) -> Request<T> {
+        let mut req = Request::new(message);
+        req.metadata_mut().insert(
+            SESSION_METADATA,
+            client.session_id().to_string().parse().unwrap(),
+        );
+        req
+    }
+    let registered = verbs
+        .register_region(in_session(
+            proto::RegisterRegionRequest {
+                len: 4096,
+                access: Access::ALL.bits(),
+            },
+            &client,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let registered_region = fabric::RemoteRegion {
+        node: client.server().node,
+        rkey: registered.rkey,
+        len: registered.len,
+    };
+    let borrowed = client.borrow_region(8192).await.unwrap();
+    assert_eq!(
+        client.stats().await.unwrap().session_region_bytes,
+        4096 + 8192
+    );
+
+    let e = client.return_region(&registered_region).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
+    let said = e.to_string();
+    assert!(
+        said.contains(&format!("rkey {:#x}", registered.rkey))
+            && said.contains("not borrowed")
+            && said.contains("remote verbs"),
+        "{said}"
+    );
+    // Nothing lost: counted, and usable over the data path.
+    assert_eq!(
+        client.stats().await.unwrap().session_region_bytes,
+        4096 + 8192
+    );
+    local.store_u64(0, 0xfeed).unwrap();
+    ok(run(
+        &*qp,
+        &*cq,
+        SendWr::write(1, local.buf(0, 8), registered_region.at(16)),
+    ));
+    local.store_u64(0, 0).unwrap();
+    ok(run(
+        &*qp,
+        &*cq,
+        SendWr::read(2, local.buf(0, 8), registered_region.at(16)),
+    ));
+    assert_eq!(local.load_u64(0).unwrap(), 0xfeed);
+    // The refusal gave back nothing of the borrow cap: it is still all lent.
+    let full = client.borrow_region(8).await.unwrap_err();
+    assert_eq!(full.code(), Some(Code::ResourceExhausted), "{full}");
+
+    // A borrowed region still goes back, with its share of the cap.
+    client.return_region(&borrowed).await.unwrap();
+    assert_eq!(client.stats().await.unwrap().session_region_bytes, 4096);
+    let gone = run(&*qp, &*cq, SendWr::read(3, local.buf(0, 8), borrowed.at(8)));
+    assert_eq!(gone.status, WcStatus::RemoteAccess);
+    client.borrow_region(8192).await.unwrap();
+    // The registered region is still the session's to deregister.
+    verbs
+        .deregister_region(in_session(
+            proto::DeregisterRegionRequest {
+                lkey: registered.lkey,
+            },
+            &client,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(client.stats().await.unwrap().session_region_bytes, 8192);
 }
 
 /// Borrowing is capped across sessions (by default at half the data regions' size), so

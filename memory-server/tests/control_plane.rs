@@ -591,6 +591,31 @@ fn blocking_client_does_the_same_without_async() {
     runtime.block_on(setup.server.shutdown()).unwrap();
 }
 
+/// A server that accepts the connection and never answers (stopped with SIGSTOP, or
+/// wedged) ends a bounded blocking connect with a clear error, where a plain one waits
+/// for the HTTP/2 keep-alive (the chaos harness asks backups this way).
+#[test]
+fn a_bounded_blocking_connect_gives_up_on_a_server_that_never_answers() {
+    // The kernel completes the TCP handshakes into the backlog; nothing reads them.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let err = memory_server::blocking::Client::connect_within(
+        &addr,
+        &token(),
+        Duration::from_millis(500),
+    )
+    .err()
+    .expect("nothing answers there");
+    assert!(matches!(err, ClientError::TimedOut { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&format!(
+            "the memory server at {addr} did not answer within"
+        )),
+        "{err}"
+    );
+    drop(silent);
+}
+
 #[tokio::test]
 async fn unreachable_and_malformed_addresses_are_clear_errors() {
     // Bind and drop a listener to get a port nothing listens on.

@@ -388,3 +388,48 @@ fn the_duckdb_peer_runs_from_anywhere_with_the_venv_of_the_cache_directory() {
         "left in TMPDIR"
     );
 }
+
+/// A run showed nothing between a group count's header and its results, minutes of
+/// silence on large fragments. The nodes now report the run they are at, its phase and
+/// the tuples their workers went through, and the benchmark prints a line of the node
+/// furthest behind every `--progress-ms` (hidden; a second by default) on stderr.
+#[test]
+fn a_long_run_shows_its_progress_before_its_result() {
+    let out = namdb(&[
+        "bench",
+        "aggregate",
+        "--backend",
+        "shm",
+        "--nodes",
+        "2",
+        "--tuples",
+        "1000000",
+        "--groups",
+        "1000",
+        "--algorithms",
+        "repartitioning",
+        "--repeat",
+        "1",
+        "--duckdb-threads",
+        "1",
+        "--progress-ms",
+        "20",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = common::stderr(&out);
+    let progress = common::progress_between(
+        &stderr,
+        |l| l.starts_with("[1/1] 1000 groups"),
+        |l| l.trim_start().starts_with("repartitioning ") && l.contains(" ms "),
+    );
+    assert!(!progress.is_empty(), "no progress line: {stderr}");
+    // The workers' counts crossed the process boundary while they ran.
+    assert!(
+        progress
+            .iter()
+            .any(|l| l.contains("repartitioning, run 1 of 1: aggregating: ")
+                && l.contains(" of 1.0 M tuples (")
+                && !l.contains("aggregating: 0.0 M")),
+        "no line of tuples aggregated: {stderr}"
+    );
+}

@@ -163,3 +163,56 @@ fn bad_arguments_are_clear_errors() {
         assert!(text(&out).contains(expect), "{args:?}: {}", text(&out));
     }
 }
+
+/// A run showed nothing between its header and its first result, minutes of silence
+/// on large fragments. The nodes now report the run they are at, its phase and the
+/// tuples it went through, and the benchmark prints a line of the node furthest behind
+/// every `--progress-ms` (hidden; a second by default) on stderr.
+#[test]
+fn a_long_run_shows_its_progress_before_its_result() {
+    let out = namdb(&[
+        "bench",
+        "join",
+        "--backend",
+        "shm",
+        "--nodes",
+        "2",
+        "--r-tuples",
+        "400000",
+        "--s-tuples",
+        "400000",
+        "--selectivity",
+        "0.5",
+        "--joins",
+        "ghj",
+        "--repeat",
+        "2",
+        "--no-duckdb",
+        "--progress-ms",
+        "20",
+    ]);
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let stderr = common::stderr(&out);
+    let progress = common::progress_between(
+        &stderr,
+        |l| l.contains("join(s) ×"),
+        |l| l.trim_start().starts_with("ghj ") && l.contains(" ms (model "),
+    );
+    assert!(!progress.is_empty(), "no progress line: {stderr}");
+    // The nodes' counts crossed the process boundary while the joins ran.
+    let counted = |phase: &str| {
+        progress.iter().any(|l| {
+            l.contains("ghj at selectivity 0.5, run ")
+                && l.contains(&format!("{phase}: "))
+                && l.contains(" tuples (")
+                && !l.contains(&format!("{phase}: 0 of"))
+        })
+    };
+    assert!(
+        ["shuffling", "building", "probing"]
+            .iter()
+            .any(|p| counted(p)),
+        "no line of a join's phase with a count: {stderr}"
+    );
+}

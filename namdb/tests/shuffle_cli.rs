@@ -379,20 +379,11 @@ fn a_long_run_shows_its_progress_before_its_result() {
     let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
     check_rows(&rows, 2, 1, 500_000);
     let stderr = common::stderr(&out);
-    let lines: Vec<&str> = stderr.lines().collect();
-    let header = lines.iter().position(|l| l.starts_with("[ 1/1]"));
-    let result = lines.iter().position(|l| l.contains("GB/s per node"));
-    let (Some(header), Some(result)) = (header, result) else {
-        panic!("no run header or result line: {stderr}");
-    };
-    let progress: Vec<&str> = lines[header + 1..result]
-        .iter()
-        .map(|l| l.trim())
-        .filter(|l| {
-            l.split_once(" s  ")
-                .is_some_and(|(t, _)| t.parse::<f64>().is_ok())
-        })
-        .collect();
+    let progress = common::progress_between(
+        &stderr,
+        |l| l.starts_with("[ 1/1]"),
+        |l| l.contains("GB/s per node"),
+    );
     assert!(!progress.is_empty(), "no progress line: {stderr}");
     // The receivers' counts crossed the process boundary while they ran.
     assert!(

@@ -20,6 +20,7 @@ pub mod node;
 pub mod operator;
 pub mod ops;
 pub mod pool;
+pub mod progress;
 mod rd;
 #[cfg(not(shuffle_loom))]
 mod ring;
@@ -42,3 +43,4 @@ pub use exchange::{Exchange, LocalExchange, TcpExchange};
 pub use node::Node;
 pub use operator::{Groups, Shuffle, ShuffleWriter, receive_all};
 pub use pool::{BufferPool, Buffering, Circulation};
+pub use progress::{Phase, Progress};

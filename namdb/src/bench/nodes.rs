@@ -9,6 +9,12 @@
 //! verbs) travels in the environment (`NAMDB_SHUFFLE_TOKEN`), never on a command line.
 //! Each node prints `result JSON` on stdout when done ([`print_result`]); errors go to
 //! its stderr, which this process shows when a node fails.
+//!
+//! Progress: while a run goes on, each node process prints `progress STEP PHASE DONE
+//! TOTAL` lines on stdout ([`report_progress`], a [`Progress`] of its own), which this
+//! process reads into a [`Progress`] per node ([`run_processes_with_progress`]); on sim
+//! the node threads update those directly. [`reporting`] prints a line of them on
+//! stderr at an interval while the run lasts.
 
 use crate::backend::{BackendKind, VerbsOptions, verbs_device};
 use anyhow::{Context, Result, anyhow, bail, ensure};
@@ -19,6 +25,7 @@ use fabric::tcp::TcpDevice;
 use fabric::{Device, NodeId};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use shuffle::progress::{Phase, Progress, Snapshot};
 use shuffle::{Exchange, LocalExchange, TcpExchange};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -187,6 +194,133 @@ pub fn print_result(result: &impl Serialize) -> Result<()> {
     Ok(())
 }
 
+/// The most a node process waits between its progress reports.
+const REPORT_EVERY: Duration = Duration::from_millis(250);
+
+/// The line a node process prints for the benchmark.
+fn progress_report(p: &Progress) -> String {
+    let s = p.snapshot();
+    format!(
+        "progress {} {} {} {}",
+        s.step, s.phase as u8, s.done, s.total
+    )
+}
+
+/// Takes in a node process's report (without `progress `); false if it is not one.
+fn read_progress_report(into: &Progress, report: &str) -> bool {
+    let mut words = report.split_whitespace();
+    let mut next = || words.next().map(str::parse::<u64>);
+    let (Some(Ok(step)), Some(Ok(phase)), Some(Ok(done)), Some(Ok(total)), None) =
+        (next(), next(), next(), next(), next())
+    else {
+        return false;
+    };
+    let (Ok(step), Some(phase)) = (
+        u32::try_from(step),
+        u8::try_from(phase).ok().and_then(Phase::from_index),
+    ) else {
+        return false;
+    };
+    into.set(Snapshot {
+        step,
+        phase,
+        done,
+        total,
+    });
+    true
+}
+
+/// Prints `progress` on this node process's stdout every `progress_ms` (at most
+/// [`REPORT_EVERY`]), for as long as the process runs, from a thread of its own.
+pub fn report_progress(progress: Arc<Progress>, progress_ms: u64) -> Result<()> {
+    let every = REPORT_EVERY.min(Duration::from_millis(progress_ms.max(1)));
+    std::thread::Builder::new()
+        .name("progress".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let mut out = std::io::stdout().lock();
+                if writeln!(out, "{}", progress_report(&progress))
+                    .and_then(|()| out.flush())
+                    .is_err()
+                {
+                    // Nobody reads the lines any more.
+                    return;
+                }
+            }
+        })
+        .context("starting the progress thread")?;
+    Ok(())
+}
+
+/// Fresh progress for `nodes` nodes.
+pub fn progress_of(nodes: usize) -> Vec<Arc<Progress>> {
+    (0..nodes).map(|_| Arc::default()).collect()
+}
+
+/// Runs `body`, printing `line(time since the start)` on stderr every `every` until
+/// it returns.
+pub fn reporting<R>(
+    every: Duration,
+    line: impl Fn(Duration) -> String + Sync,
+    body: impl FnOnce() -> R,
+) -> R {
+    let (stop, stopped) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let line = &line;
+        s.spawn(move || {
+            let start = Instant::now();
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                eprintln!("{}", line(start.elapsed()));
+            }
+        });
+        let out = body();
+        drop(stop);
+        out
+    })
+}
+
+/// The node furthest behind ([`Snapshot::behind`]).
+pub fn furthest_behind(progress: &[Arc<Progress>]) -> Snapshot {
+    progress
+        .iter()
+        .map(|p| p.snapshot())
+        .min_by(Snapshot::behind)
+        .unwrap_or(Snapshot {
+            step: 0,
+            phase: Phase::Done,
+            done: 0,
+            total: 0,
+        })
+}
+
+/// `done of total`, in millions when the total is a million or more.
+fn count_of(done: u64, total: u64) -> String {
+    if total >= 1_000_000 {
+        format!("{:.1} M of {:.1} M", done as f64 / 1e6, total as f64 / 1e6)
+    } else {
+        format!("{done} of {total}")
+    }
+}
+
+/// `probing: 1.2 M of 2.0 M tuples (60%)`, or the phase alone when it counts nothing.
+pub fn phase_text(s: &Snapshot) -> String {
+    if s.total == 0 {
+        return s.phase.name().to_string();
+    }
+    format!(
+        "{}: {} tuples ({:.0}%)",
+        s.phase.name(),
+        count_of(s.done, s.total),
+        100.0 * s.done as f64 / s.total as f64
+    )
+}
+
+/// The start of every progress line: the time since the run started.
+pub fn progress_prefix(at: Duration) -> String {
+    format!("        {:5.1} s  ", at.as_secs_f64())
+}
+
 /// Runs `node` on `nodes` threads of this process, each with its own exchange and a
 /// device of one sim network, and returns their results by rank.
 pub fn run_threads<R: Send>(
@@ -332,19 +466,26 @@ fn tail(p: &NodeProc) -> String {
 /// SUBCOMMAND`, and returns the result each printed, by rank. Once one node fails, the
 /// others get `grace` (they may be blocked on it until their own timeouts), then are
 /// killed.
-pub fn run_processes<R: DeserializeOwned>(
+/// Takes each node's progress reports ([`report_progress`]) into `progress[rank]` as
+/// they arrive.
+pub fn run_processes_with_progress<R: DeserializeOwned>(
     subcommand: &str,
     backend: BackendKind,
     nodes: usize,
     job: &str,
     grace: Duration,
+    progress: &[Arc<Progress>],
 ) -> Result<Vec<R>> {
-    run_processes_watched(subcommand, backend, nodes, job, grace, &mut |_, _| {})
+    run_processes_watched(subcommand, backend, nodes, job, grace, &mut |rank, line| {
+        if let (Some(report), Some(p)) = (line.strip_prefix("progress "), progress.get(rank)) {
+            read_progress_report(p, report);
+        }
+    })
 }
 
-/// [`run_processes`], handing every other line a node prints on stdout (its rank and
-/// the line) to `on_line` as it arrives: a node's progress, say.
-pub fn run_processes_watched<R: DeserializeOwned>(
+/// [`run_processes_with_progress`], handing every other line a node prints on stdout
+/// (its rank and the line) to `on_line` as it arrives.
+fn run_processes_watched<R: DeserializeOwned>(
     subcommand: &str,
     backend: BackendKind,
     nodes: usize,
@@ -475,6 +616,57 @@ pub fn run_processes_watched<R: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_process_progress_report_reads_back_as_it_was() {
+        let node = Progress::default();
+        node.set_step(3);
+        node.start(Phase::Probing, 99);
+        node.add(12345);
+        let line = progress_report(&node);
+        let report = line.strip_prefix("progress ").expect("a progress line");
+        let parent = Progress::default();
+        assert!(read_progress_report(&parent, report));
+        assert_eq!(parent.snapshot(), node.snapshot());
+        for bad in [
+            "",
+            "2",
+            "1 2 x 4",
+            "1 99 1 1",
+            "1 2 1 1 1",
+            "-1 5 1 1",
+            "5000000000 1 1 1",
+        ] {
+            assert!(!read_progress_report(&parent, bad), "{bad:?}");
+        }
+        assert_eq!(parent.snapshot(), node.snapshot());
+    }
+
+    #[test]
+    fn the_text_names_the_phase_and_its_count() {
+        let at = |phase, done, total| Snapshot {
+            step: 0,
+            phase,
+            done,
+            total,
+        };
+        assert_eq!(
+            phase_text(&at(Phase::Opening, 0, 0)),
+            "opening the endpoints"
+        );
+        assert_eq!(
+            phase_text(&at(Phase::Probing, 1_200_000, 2_000_000)),
+            "probing: 1.2 M of 2.0 M tuples (60%)"
+        );
+        assert_eq!(
+            phase_text(&at(Phase::Aggregating, 250, 1000)),
+            "aggregating: 250 of 1000 tuples (25%)"
+        );
+        assert_eq!(
+            phase_text(&at(Phase::Shuffling, 180_224, 2_000_000)),
+            "shuffling: 0.2 M of 2.0 M tuples (9%)"
+        );
+    }
 
     fn allowed() -> Vec<usize> {
         allowed_cpus().unwrap()

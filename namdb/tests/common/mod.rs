@@ -247,6 +247,30 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The progress lines (`   4.0 s  …`, trimmed) a benchmark printed on `stderr` after
+/// the first line `header` accepts and before the first line after it `result` accepts.
+/// Panics without such a header and result.
+pub fn progress_between(
+    stderr: &str,
+    header: impl Fn(&str) -> bool,
+    result: impl Fn(&str) -> bool,
+) -> Vec<&str> {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let start = lines.iter().position(|l| header(l));
+    let end = start.and_then(|h| lines[h..].iter().position(|l| result(l)).map(|r| h + r));
+    let (Some(start), Some(end)) = (start, end) else {
+        panic!("no header or result line: {stderr}");
+    };
+    lines[start + 1..end]
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| {
+            l.split_once(" s  ")
+                .is_some_and(|(t, _)| t.parse::<f64>().is_ok())
+        })
+        .collect()
+}
+
 /// Runs `namdb ARGS` and expects success.
 pub fn ok(cwd: &Path, args: &[&str]) -> String {
     let o = namdb(cwd, args);

@@ -37,9 +37,11 @@ use serde::{Deserialize, Serialize};
 use shuffle::Design;
 use shuffle::ops::aggregate::{AggConfig, Algorithm, GroupTable, MAX_CACHE_GROUPS, hash};
 use shuffle::testing::mix;
+use shuffle::{Phase, Progress};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use node::node_main;
@@ -115,6 +117,10 @@ pub struct AggregateArgs {
     /// Draw SVG plots into DIR (created if missing).
     #[arg(long, value_name = "DIR")]
     pub svg: Option<PathBuf>,
+    /// Milliseconds between the progress lines of a run (for tests).
+    #[arg(long, hide = true, default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub progress_ms: u64,
 }
 
 /// One algorithm (or DuckDB) at one group count.
@@ -301,6 +307,9 @@ fn run_nodes(
     data: &[(Vec<u64>, Vec<i64>)],
 ) -> Result<Runs> {
     let nodes = data.len();
+    let progress = nodes::progress_of(nodes);
+    let every = Duration::from_millis(args.progress_ms);
+    let line = |at| progress_line(at, &progress, algorithms, args.repeat);
     if args.backend == BackendKind::Sim {
         let mut runs: Runs = algorithms
             .iter()
@@ -310,37 +319,41 @@ fn run_nodes(
         // Round robin: repetition r of every algorithm before repetition r + 1 of any,
         // so a slow spell of the machine falls on all algorithms alike instead of on
         // one algorithm's runs.
-        for _ in 0..args.repeat {
-            for (of_algorithm, &a) in runs.iter_mut().zip(algorithms) {
-                run += 1;
-                of_algorithm.push(nodes::run_threads(nodes, |exchange, device| {
-                    if !args.no_pin {
-                        nodes::pin_node(exchange.rank(), config.threads)?;
-                    }
-                    let (keys, values) = &data[exchange.rank()];
-                    node::run_one(device, exchange, a, (keys, values), config, run)
-                })?);
+        nodes::reporting(every, line, || -> Result<()> {
+            for _ in 0..args.repeat {
+                for (of_algorithm, &a) in runs.iter_mut().zip(algorithms) {
+                    of_algorithm.push(nodes::run_threads(nodes, |exchange, device| {
+                        let rank = exchange.rank();
+                        if !args.no_pin {
+                            nodes::pin_node(rank, config.threads)?;
+                        }
+                        let config = AggConfig {
+                            progress: progress[rank].clone(),
+                            ..config.clone()
+                        };
+                        let (keys, values) = &data[rank];
+                        let input = (&keys[..], &values[..]);
+                        node::run_one(device, exchange, a, input, &config, run)
+                    })?);
+                    run += 1;
+                }
             }
-        }
+            Ok(())
+        })?;
         return Ok(runs);
     }
-    let job = Job::of(
-        config,
-        &args.design,
-        algorithms,
-        args.tuples,
-        groups,
-        args.repeat,
-        !args.no_pin,
-    );
+    let job = Job::of(args, config, algorithms, groups);
     // By node, then algorithm, then run.
-    let per_node: Vec<Vec<Vec<NodeRun>>> = nodes::run_processes(
-        "aggregate-node",
-        args.backend,
-        nodes,
-        &serde_json::to_string(&job)?,
-        STALL_LIMIT + Duration::from_secs(5),
-    )?;
+    let per_node: Vec<Vec<Vec<NodeRun>>> = nodes::reporting(every, line, || {
+        nodes::run_processes_with_progress(
+            "aggregate-node",
+            args.backend,
+            nodes,
+            &serde_json::to_string(&job)?,
+            STALL_LIMIT + Duration::from_secs(5),
+            &progress,
+        )
+    })?;
     let mut runs: Runs = algorithms
         .iter()
         .map(|_| {
@@ -365,6 +378,24 @@ fn run_nodes(
         }
     }
     Ok(runs)
+}
+
+/// A progress line: the run the node furthest behind is at, its phase and count.
+fn progress_line(
+    at: Duration,
+    progress: &[Arc<Progress>],
+    algorithms: &[Algorithm],
+    repeat: u32,
+) -> String {
+    let behind = nodes::furthest_behind(progress);
+    let mut line = nodes::progress_prefix(at);
+    if behind.phase != Phase::Preparing
+        && let Some((a, rep)) = Job::run_of(algorithms, repeat, behind.step)
+    {
+        line.push_str(&format!("{a}, run {} of {repeat}: ", rep + 1));
+    }
+    line.push_str(&nodes::phase_text(&behind));
+    line
 }
 
 fn row_of(

@@ -3,13 +3,13 @@
 //! algorithm on the node's fragment and reduce the groups it owns to a checksum at
 //! once, so that runs do not pile up memory.
 
-use super::{Check, fragment};
+use super::{AggregateArgs, Check, fragment};
 use crate::bench::nodes::{self, NodeArgs};
 use anyhow::{Context, Result, ensure};
 use fabric::Device;
 use serde::{Deserialize, Serialize};
 use shuffle::ops::aggregate::{AggConfig, Algorithm, Input, aggregate};
-use shuffle::{Design, Exchange, Node};
+use shuffle::{Design, Exchange, Node, Phase, Progress};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +37,8 @@ pub struct Job {
     pub crossover: Option<usize>,
     /// Pin each node to its own cores ([`nodes::pin_node`]).
     pub pin: bool,
+    /// How often a node process reports its progress, in ms.
+    pub progress_ms: u64,
 }
 
 impl Job {
@@ -56,29 +58,36 @@ impl Job {
         })
     }
 
+    /// The runs of `algorithms` at `groups` groups that `args` ask for.
     pub fn of(
+        args: &AggregateArgs,
         config: &AggConfig,
-        design: &str,
         algorithms: &[Algorithm],
-        tuples: u64,
         groups: u64,
-        repeat: u32,
-        pin: bool,
     ) -> Job {
         Job {
             seed: config.seed,
-            tuples,
+            tuples: args.tuples,
             groups,
             algorithms: algorithms.iter().map(|a| a.name().to_string()).collect(),
-            repeat,
-            design: design.to_string(),
+            repeat: args.repeat,
+            design: args.design.clone(),
             threads: config.threads,
             message_bytes: config.message_bytes,
             local_groups: config.local_groups,
             cache_groups: config.cache_groups,
             crossover: config.crossover,
-            pin,
+            pin: !args.no_pin,
+            progress_ms: args.progress_ms,
         }
+    }
+
+    /// The algorithm and repetition of run `step` (round robin, see
+    /// `super::run_nodes`), if there is one.
+    pub fn run_of(algorithms: &[Algorithm], repeat: u32, step: u32) -> Option<(Algorithm, u32)> {
+        let n = algorithms.len() as u32;
+        let rep = step.checked_div(n)?;
+        (rep < repeat).then(|| (algorithms[(step % n) as usize], rep))
     }
 
     pub fn algorithms(&self) -> Result<Vec<Algorithm>> {
@@ -105,7 +114,8 @@ pub struct NodeRun {
 }
 
 /// Runs `algorithm` once on this node (rank `exchange.rank()`) over `device`, then
-/// waits for every node to finish (tagged `run`) before the device may go.
+/// waits for every node to finish (tagged `run`) before the device may go. `run` is
+/// also the step the node's progress reports ([`Job::run_of`]).
 pub fn run_one(
     device: Arc<dyn Device>,
     exchange: Arc<dyn Exchange>,
@@ -115,6 +125,8 @@ pub fn run_one(
     run: usize,
 ) -> Result<NodeRun> {
     let rank = exchange.rank();
+    config.progress.set_step(run as u32);
+    config.progress.start(Phase::Opening, 0);
     let node = Node::join(device, exchange.clone(), PIN_LIMIT)?;
     let input = Input::new(keys, values)?;
     let outcome = aggregate(&node, algorithm, input, config)
@@ -150,12 +162,18 @@ pub fn node_main(args: &NodeArgs) -> Result<()> {
         args.rank,
         args.nodes
     );
-    let config = job.config()?;
+    let progress = Arc::new(Progress::default());
+    let config = AggConfig {
+        progress: progress.clone(),
+        ..job.config()?
+    };
     let algorithms = job.algorithms()?;
     if job.pin {
         nodes::pin_node(args.rank, job.threads)?;
     }
+    nodes::report_progress(progress.clone(), job.progress_ms)?;
     let exchange = nodes::connect(args)?;
+    progress.start(Phase::Preparing, 0);
     let (keys, values) = fragment(job.seed, args.rank, job.tuples, job.groups);
     let mut runs: Vec<Vec<NodeRun>> = algorithms
         .iter()
@@ -178,5 +196,7 @@ pub fn node_main(args: &NodeArgs) -> Result<()> {
             instance += 1;
         }
     }
+    progress.set_step(instance as u32);
+    progress.start(Phase::Done, 0);
     nodes::print_result(&runs)
 }

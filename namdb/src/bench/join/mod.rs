@@ -29,8 +29,10 @@ use node::{Job, NodeOutput, STALL_LIMIT};
 use serde::Serialize;
 use shuffle::ops::join::cost::{self, CostParams, Workload};
 use shuffle::ops::join::{Algorithm, JoinStats, RowSummary};
+use shuffle::{Phase, Progress};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Args, Debug, Clone)]
@@ -84,6 +86,10 @@ pub struct JoinArgs {
     /// Draw SVG plots into DIR (created if missing).
     #[arg(long, value_name = "DIR")]
     pub svg: Option<PathBuf>,
+    /// Milliseconds between the progress lines of a run (for tests).
+    #[arg(long, hide = true, default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub progress_ms: u64,
 }
 
 /// One line of the table: a join (or DuckDB) at one selectivity.
@@ -168,7 +174,27 @@ pub fn node_main(args: &nodes::NodeArgs) -> Result<()> {
     let job: Job = serde_json::from_str(&args.job).context("--job")?;
     let exchange = nodes::connect(args)?;
     let device = nodes::bind_device(args)?;
-    nodes::print_result(&node::run_node(&job, exchange, device)?)
+    let progress = Arc::new(Progress::default());
+    nodes::report_progress(progress.clone(), job.progress_ms)?;
+    nodes::print_result(&node::run_node(&job, exchange, device, progress)?)
+}
+
+/// A progress line: the run the node furthest behind is at, its phase and count.
+fn progress_line(at: Duration, progress: &[Arc<Progress>], job: &Job) -> String {
+    let behind = nodes::furthest_behind(progress);
+    let mut line = nodes::progress_prefix(at);
+    // Calibrating and preparing come before a run (and before the node starts).
+    if behind.phase > Phase::Preparing
+        && let Some((sel, join, rep)) = job.runs().nth(behind.step as usize)
+    {
+        line.push_str(&format!(
+            "{join} at selectivity {sel}, run {} of {}: ",
+            rep + 1,
+            job.repeat.max(1)
+        ));
+    }
+    line.push_str(&nodes::phase_text(&behind));
+    line
 }
 
 pub fn run(args: &JoinArgs) -> Result<()> {
@@ -247,6 +273,7 @@ fn measure(args: &JoinArgs, joins: &[Algorithm]) -> Result<Report> {
         bloom_bits_per_key: args.bloom_bits,
         repeat: args.repeat as usize,
         calibration_tuples: args.r_tuples.clamp(1 << 14, 1 << 20),
+        progress_ms: args.progress_ms,
     };
     eprintln!(
         "{} join(s) × {} selectivities × {} run(s) on {nodes} {} node(s) × {threads} thread(s), \
@@ -258,16 +285,23 @@ fn measure(args: &JoinArgs, joins: &[Algorithm]) -> Result<Report> {
         args.r_tuples,
         args.s_tuples
     );
-    let outputs: Vec<NodeOutput> = match args.backend {
-        BackendKind::Sim => nodes::run_threads(nodes, |x, d| node::run_node(&job, x, d))?,
-        backend => nodes::run_processes(
+    let progress = nodes::progress_of(nodes);
+    let every = Duration::from_millis(args.progress_ms);
+    let line = |at| progress_line(at, &progress, &job);
+    let outputs: Vec<NodeOutput> = nodes::reporting(every, line, || match args.backend {
+        BackendKind::Sim => nodes::run_threads(nodes, |x, d| {
+            let mine = progress[x.rank()].clone();
+            node::run_node(&job, x, d, mine)
+        }),
+        backend => nodes::run_processes_with_progress(
             "join-node",
             backend,
             nodes,
             &serde_json::to_string(&job)?,
             STALL_LIMIT + Duration::from_secs(5),
-        )?,
-    };
+            &progress,
+        ),
+    })?;
     let avg = |f: fn(&CostParams) -> f64| {
         outputs.iter().map(|o| f(&o.cost)).sum::<f64>() / outputs.len().max(1) as f64
     };

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use shuffle::ops::join::cost::{self, CostParams};
 use shuffle::ops::join::data::DataSpec;
 use shuffle::ops::join::{self, Algorithm, JoinConfig, JoinStats, RowSummary};
-use shuffle::{Exchange, Node};
+use shuffle::{Exchange, Node, Phase, Progress};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,9 +36,21 @@ pub struct Job {
     pub repeat: usize,
     /// Tuples per node of the calibration shuffles that measure `c_net`.
     pub calibration_tuples: u64,
+    /// How often a node process reports its progress, in ms.
+    pub progress_ms: u64,
 }
 
 impl Job {
+    /// The joins this job runs, in order (step `i` of a node's [`Progress`] is the
+    /// `i`th): the selectivity, the join and its repetition.
+    pub fn runs(&self) -> impl Iterator<Item = (f64, Algorithm, usize)> + '_ {
+        self.selectivities.iter().flat_map(move |&sel| {
+            self.joins
+                .iter()
+                .flat_map(move |&a| (0..self.repeat.max(1)).map(move |rep| (sel, a, rep)))
+        })
+    }
+
     pub fn spec(&self, nodes: usize, selectivity: f64) -> DataSpec {
         DataSpec {
             seed: self.seed,
@@ -69,17 +81,22 @@ pub struct NodeOutput {
     pub runs: Vec<NodeRun>,
 }
 
+/// Runs the job on this node, reporting to `progress` (its step: the run, in the order
+/// of [`Job::runs`]).
 pub fn run_node(
     job: &Job,
     exchange: Arc<dyn Exchange>,
     device: Arc<dyn Device>,
+    progress: Arc<Progress>,
 ) -> Result<NodeOutput> {
+    progress.enter(Phase::Calibrating);
     let node = Node::join(device, exchange, PIN_LIMIT)?;
     let config = JoinConfig {
         threads: job.threads,
         message_bytes: job.message_bytes,
         bloom_bits_per_key: job.bloom_bits_per_key,
         timeout: STALL_LIMIT,
+        progress: progress.clone(),
         ..JoinConfig::default()
     };
     let c_mem = cost::measure_memory(job.threads, MEMORY_PROBE_BYTES);
@@ -100,12 +117,17 @@ pub fn run_node(
         c_net_rdma: net(join::rdma_ghj::DESIGN)?,
     };
     let mut runs = Vec::new();
+    let mut step = 0;
     for &selectivity in &job.selectivities {
+        progress.set_step(step);
+        progress.start(Phase::Preparing, 0);
         let (r, s) = job.spec(node.nodes(), selectivity).fragment(node.rank())?;
         for &algorithm in &job.joins {
             let mut stats = Vec::with_capacity(job.repeat);
             let mut summary = None;
             for _ in 0..job.repeat.max(1) {
+                progress.set_step(step);
+                step += 1;
                 let (got, st) = join::join_summary(&node, algorithm, &r, &s, &config)
                     .with_context(|| format!("{algorithm} at selectivity {selectivity}"))?;
                 ensure!(
@@ -123,6 +145,8 @@ pub fn run_node(
             });
         }
     }
+    progress.set_step(step);
+    progress.start(Phase::Done, 0);
     Ok(NodeOutput {
         rank: node.rank(),
         cost,

@@ -15,10 +15,13 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use shuffle::testing::{Checksum, tuple};
-use shuffle::{Buffering, EndpointConfig, Exchange, Groups, Node, Notify, Shuffle, receive_all};
+use shuffle::{
+    Buffering, EndpointConfig, Exchange, Groups, Node, Notify, Phase, Progress, Shuffle,
+    receive_all,
+};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,116 +68,10 @@ pub struct Job {
     /// `adaptive` or `bdp`.
     pub buffering: String,
     pub notify: String,
-    /// How often a node process reports its [`Progress`] to the benchmark, in ms.
+    /// How often a node process reports its [`Progress`] to the benchmark, in ms
+    /// ([`crate::bench::nodes::report_progress`]); its count is the payload bytes its
+    /// receivers consumed, added a whole buffer at a time.
     pub progress_ms: u64,
-}
-
-/// Where a node is in its run, for the progress lines of a long one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Phase {
-    /// Generating and permuting the fragment, its checksums, the memcpy and
-    /// partitioning references.
-    Preparing,
-    /// Opening the endpoints (connecting the sockets).
-    Opening,
-    Shuffling,
-    /// Gathering the checksums and checking what arrived.
-    Verifying,
-    Done,
-}
-
-impl Phase {
-    const ALL: [Phase; 5] = [
-        Phase::Preparing,
-        Phase::Opening,
-        Phase::Shuffling,
-        Phase::Verifying,
-        Phase::Done,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Preparing => "preparing the fragments",
-            Phase::Opening => "opening the endpoints",
-            Phase::Shuffling => "shuffling",
-            Phase::Verifying => "verifying",
-            Phase::Done => "done",
-        }
-    }
-}
-
-/// A node's progress: its phase and the payload bytes its receivers consumed so far.
-/// The receivers add a whole buffer's bytes at once, a relaxed add per buffer of
-/// hundreds of tuples, so counting costs the measured loop nothing it would notice.
-/// Read by the benchmark directly when the node is a thread, and reported by a node
-/// process as `progress PHASE BYTES` lines ([`report_progress`]).
-#[derive(Debug, Default)]
-pub struct Progress {
-    phase: AtomicU8,
-    received: AtomicU64,
-}
-
-impl Progress {
-    pub fn phase(&self) -> Phase {
-        Phase::ALL[usize::from(self.phase.load(Ordering::Relaxed)).min(Phase::ALL.len() - 1)]
-    }
-
-    pub fn received(&self) -> u64 {
-        self.received.load(Ordering::Relaxed)
-    }
-
-    pub fn enter(&self, phase: Phase) {
-        self.phase.store(phase as u8, Ordering::Relaxed);
-    }
-
-    pub fn add(&self, bytes: u64) {
-        self.received.fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    /// The line a node process prints for the benchmark.
-    pub fn line(&self) -> String {
-        format!("progress {} {}", self.phase() as u8, self.received())
-    }
-
-    /// Takes in a node process's line (without `progress `); false if it is not one.
-    pub fn update_from(&self, line: &str) -> bool {
-        let mut words = line.split_whitespace();
-        let (Some(Ok(phase)), Some(Ok(received)), None) = (
-            words.next().map(str::parse::<u8>),
-            words.next().map(str::parse::<u64>),
-            words.next(),
-        ) else {
-            return false;
-        };
-        if usize::from(phase) >= Phase::ALL.len() {
-            return false;
-        }
-        self.phase.store(phase, Ordering::Relaxed);
-        self.received.store(received, Ordering::Relaxed);
-        true
-    }
-}
-
-/// Prints `progress` on this node process's stdout every `every`, for as long as the
-/// process runs, from a thread of its own.
-pub fn report_progress(progress: Arc<Progress>, every: Duration) -> Result<()> {
-    std::thread::Builder::new()
-        .name("progress".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(every);
-                let mut out = std::io::stdout().lock();
-                if writeln!(out, "{}", progress.line())
-                    .and_then(|()| out.flush())
-                    .is_err()
-                {
-                    // Nobody reads the lines any more.
-                    return;
-                }
-            }
-        })
-        .context("starting the progress thread")?;
-    Ok(())
 }
 
 /// What one node measured.

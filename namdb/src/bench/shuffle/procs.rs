@@ -2,24 +2,19 @@
 //! or node processes (`namdb shuffle-node`, hidden) spawned from this executable, one
 //! per rank (see [`crate::bench::nodes`], which holds the machinery the multi-node
 //! benchmarks share). Each node prints a [`NodeResult`]. While a run goes on, its
-//! progress is printed on stderr (see [`Progress`]).
+//! progress is printed on stderr (see [`nodes::reporting`]).
 
 use super::bytes_name;
-use super::node::{
-    Job, Method, NodeResult, Pattern, Phase, Progress, STALL_LIMIT, report_progress, run_node,
-};
+use super::node::{Job, Method, NodeResult, Pattern, STALL_LIMIT, run_node};
 use crate::backend::BackendKind;
 use crate::bench::nodes;
 use anyhow::{Context, Result};
+use shuffle::{Phase, Progress};
 use std::sync::Arc;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `namdb shuffle-node`: one node process of `namdb bench shuffle`.
 pub use crate::bench::nodes::NodeArgs;
-
-/// The most a node process waits between its progress reports.
-const REPORT_EVERY: Duration = Duration::from_millis(250);
 
 /// The hidden `namdb shuffle-node` subcommand.
 pub fn node_main(args: &NodeArgs) -> Result<()> {
@@ -30,53 +25,33 @@ pub fn node_main(args: &NodeArgs) -> Result<()> {
         Method::Design(_) => Some(nodes::bind_device(args)?),
     };
     let progress = Arc::new(Progress::default());
-    report_progress(
-        progress.clone(),
-        REPORT_EVERY.min(Duration::from_millis(job.progress_ms.max(1))),
-    )?;
+    nodes::report_progress(progress.clone(), job.progress_ms)?;
     nodes::print_result(&run_node(&job, exchange, device, &progress)?)
 }
 
 /// Runs `job` on `nodes` nodes of `backend` and returns what each measured, by rank.
 /// Prints a progress line on stderr every `job.progress_ms` until the run ends.
 pub fn run(backend: BackendKind, nodes: usize, job: &Job) -> Result<Vec<NodeResult>> {
-    let progress: Vec<Progress> = (0..nodes).map(|_| Progress::default()).collect();
+    let progress = nodes::progress_of(nodes);
     let every = Duration::from_millis(job.progress_ms.max(1));
-    let (stop, stopped) = mpsc::channel::<()>();
-    std::thread::scope(|s| {
-        let progress = &progress;
-        s.spawn(move || {
-            let start = Instant::now();
-            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
-                eprintln!("{}", progress_line(start.elapsed(), progress, job, nodes));
-            }
-        });
-        let results = match backend {
-            BackendKind::Sim => nodes::run_threads(nodes, |exchange, device| {
-                let device = match job.method {
-                    Method::Design(_) => Some(device),
-                    Method::Tcp => None,
-                };
-                let mine = &progress[exchange.rank()];
-                run_node(job, exchange, device, mine)
-            }),
-            _ => nodes::run_processes_watched(
-                "shuffle-node",
-                backend,
-                nodes,
-                &serde_json::to_string(job)?,
-                STALL_LIMIT + Duration::from_secs(5),
-                &mut |rank, line| {
-                    if let (Some(report), Some(p)) =
-                        (line.strip_prefix("progress "), progress.get(rank))
-                    {
-                        p.update_from(report);
-                    }
-                },
-            ),
-        };
-        drop(stop);
-        results
+    let line = |at| progress_line(at, &progress, job, nodes);
+    nodes::reporting(every, line, || match backend {
+        BackendKind::Sim => nodes::run_threads(nodes, |exchange, device| {
+            let device = match job.method {
+                Method::Design(_) => Some(device),
+                Method::Tcp => None,
+            };
+            let mine = &progress[exchange.rank()];
+            run_node(job, exchange, device, mine)
+        }),
+        _ => nodes::run_processes_with_progress(
+            "shuffle-node",
+            backend,
+            nodes,
+            &serde_json::to_string(job)?,
+            STALL_LIMIT + Duration::from_secs(5),
+            &progress,
+        ),
     })
 }
 
@@ -92,14 +67,14 @@ fn expected_bytes(job: &Job, nodes: usize) -> u64 {
 
 /// A progress line: time since the run started, the phase of the node furthest
 /// behind, and the bytes received by all nodes so far.
-fn progress_line(at: Duration, progress: &[Progress], job: &Job, nodes: usize) -> String {
+fn progress_line(at: Duration, progress: &[Arc<Progress>], job: &Job, nodes: usize) -> String {
     let phase = progress
         .iter()
-        .map(Progress::phase)
+        .map(|p| p.phase())
         .min()
         .unwrap_or(Phase::Done);
-    let received: u64 = progress.iter().map(Progress::received).sum();
-    let mut line = format!("        {:5.1} s  {}", at.as_secs_f64(), phase.name());
+    let received: u64 = progress.iter().map(|p| p.done()).sum();
+    let mut line = format!("{}{}", nodes::progress_prefix(at), phase.name());
     if received > 0 || phase >= Phase::Shuffling {
         let expected = expected_bytes(job, nodes);
         line.push_str(&format!(
@@ -131,30 +106,8 @@ mod tests {
     }
 
     #[test]
-    fn a_node_process_progress_report_reads_back_as_it_was() {
-        let node = Progress::default();
-        node.enter(Phase::Shuffling);
-        node.add(12345);
-        let line = node.line();
-        let report = line.strip_prefix("progress ").expect("a progress line");
-        let parent = Progress::default();
-        assert!(parent.update_from(report));
-        assert_eq!(
-            (parent.phase(), parent.received()),
-            (Phase::Shuffling, 12345)
-        );
-        for bad in ["", "2", "2 x", "9 1", "2 1 1", "-1 5"] {
-            assert!(!parent.update_from(bad), "{bad:?}");
-        }
-        assert_eq!(
-            (parent.phase(), parent.received()),
-            (Phase::Shuffling, 12345)
-        );
-    }
-
-    #[test]
     fn the_line_shows_the_slowest_phase_and_the_bytes_received_of_all() {
-        let nodes: Vec<Progress> = (0..2).map(|_| Progress::default()).collect();
+        let nodes = nodes::progress_of(2);
         let at = Duration::from_millis(1500);
         let repartition = job(Pattern::Repartition);
         assert_eq!(

@@ -67,8 +67,11 @@ use crate::error::{Result, ShuffleError};
 use crate::flow::Agg;
 use crate::node::Node;
 use crate::operator::{Groups, Shuffle, receive_all};
+use crate::progress::{CHUNK, Phase, Progress};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use wire::Outbox;
 
@@ -274,6 +277,9 @@ pub struct AggConfig {
     /// [`SAMPLE_BLOCK`], at most ten times the crossover threshold).
     pub sample_tuples: Option<usize>,
     pub seed: u64,
+    /// Where this node reports its phase and the tuples its workers went through (not a
+    /// setting: each node's own).
+    pub progress: Arc<Progress>,
 }
 
 /// The largest [`AggConfig::cache_groups`]: a table of 2^25 slots (1.5 GiB), far past
@@ -294,6 +300,7 @@ impl Default for AggConfig {
             init_segment: None,
             sample_tuples: None,
             seed: 0x5eed,
+            progress: Arc::default(),
         }
     }
 }
@@ -434,8 +441,10 @@ pub fn aggregate(
     config.validate()?;
     Input::new(input.keys, input.values)?;
     let started = Instant::now();
+    let progress = &*config.progress;
     let (plan, sampled_groups) = match algorithm {
         Algorithm::Sampling => {
+            progress.enter(Phase::Sampling);
             let sample = config.sample_tuples(input.len());
             let (found, _) = sample_groups(input, sample, config);
             let all: Vec<(u64, u64)> =
@@ -454,6 +463,7 @@ pub fn aggregate(
         }
         other => (other, None),
     };
+    progress.enter(Phase::Opening);
     let opening = Instant::now();
     let opened = open(
         node,
@@ -469,6 +479,9 @@ pub fn aggregate(
     let shuffle = Shuffle::new(opened, Groups::repartition(node.nodes()), config.threads)?;
     let nodes = node.nodes();
     let threads = config.threads;
+    progress.start(Phase::Aggregating, input.len() as u64);
+    // Once the last worker is through, what remains is the owners merging.
+    let working = AtomicUsize::new(threads);
     let (workers, receivers) = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|tid| {
@@ -476,11 +489,15 @@ pub fn aggregate(
                     input.len() * tid / threads,
                     input.len() * (tid + 1) / threads,
                 );
-                let shuffle = &shuffle;
+                let (shuffle, working) = (&shuffle, &working);
                 s.spawn(move || -> Result<(Strategy, Sent)> {
                     let mut out = Outbox::new(shuffle.writer(tid), nodes);
                     let strategy = work(plan, slice, &mut out, config)?;
-                    Ok((strategy, out.finish()?))
+                    let sent = out.finish()?;
+                    if working.fetch_sub(1, Ordering::Relaxed) == 1 {
+                        progress.enter(Phase::Merging);
+                    }
+                    Ok((strategy, sent))
                 })
             })
             .collect();
@@ -618,15 +635,16 @@ fn work(
     out: &mut Outbox<'_>,
     config: &AggConfig,
 ) -> Result<Strategy> {
+    let progress = &*config.progress;
     match plan {
         Algorithm::TwoPhase => {
             let mut table = GroupTable::with_capacity(1024);
-            local(&mut table, input, usize::MAX, false);
+            local(&mut table, input, usize::MAX, false, progress);
             out.partials_of(&mut table)?;
             Ok(Strategy::TwoPhase)
         }
         Algorithm::Repartitioning | Algorithm::Sampling => {
-            repartition(input, out)?;
+            repartition(input, out, progress)?;
             Ok(Strategy::Repartitioning)
         }
         Algorithm::AdaptiveTwoPhase => {
@@ -661,8 +679,15 @@ pub const GROWTH_WINDOW: usize = 16384;
 
 /// Folds tuples into `table` until a new group would exceed `limit` groups, or, with
 /// `early`, until a window of [`GROWTH_WINDOW`] tuples after the first made new
-/// groups for more than half its tuples; returns how many tuples it folded.
-fn local(table: &mut GroupTable, input: Input<'_>, limit: usize, early: bool) -> usize {
+/// groups for more than half its tuples; returns how many tuples it folded (and adds
+/// them to `progress`, window by window).
+fn local(
+    table: &mut GroupTable,
+    input: Input<'_>,
+    limit: usize,
+    early: bool,
+    progress: &Progress,
+) -> usize {
     let mut done = 0;
     let windows = input
         .keys
@@ -672,10 +697,12 @@ fn local(table: &mut GroupTable, input: Input<'_>, limit: usize, early: bool) ->
         let before = table.len();
         for (i, (&k, &v)) in keys.iter().zip(values).enumerate() {
             if !table.try_add(k, hash(k), v, limit) {
+                progress.add(i as u64);
                 return done + i;
             }
         }
         done += keys.len();
+        progress.add(keys.len() as u64);
         if early && w > 0 && (table.len() - before) * 2 > keys.len() {
             return done;
         }
@@ -683,9 +710,12 @@ fn local(table: &mut GroupTable, input: Input<'_>, limit: usize, early: bool) ->
     done
 }
 
-fn repartition(input: Input<'_>, out: &mut Outbox<'_>) -> Result<()> {
-    for (&k, &v) in input.keys.iter().zip(input.values) {
-        out.raw(k, hash(k), v)?;
+fn repartition(input: Input<'_>, out: &mut Outbox<'_>, progress: &Progress) -> Result<()> {
+    for (keys, values) in input.keys.chunks(CHUNK).zip(input.values.chunks(CHUNK)) {
+        for (&k, &v) in keys.iter().zip(values) {
+            out.raw(k, hash(k), v)?;
+        }
+        progress.add(keys.len() as u64);
     }
     Ok(())
 }
@@ -693,11 +723,12 @@ fn repartition(input: Input<'_>, out: &mut Outbox<'_>) -> Result<()> {
 /// Adaptive Two Phase over `input`; `true` if it switched to repartitioning.
 fn adaptive_two_phase(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result<bool> {
     let mut table = GroupTable::with_capacity(config.local_groups.min(1024));
-    let folded = local(&mut table, input, config.local_groups, true);
+    let progress = &*config.progress;
+    let folded = local(&mut table, input, config.local_groups, true, progress);
     out.partials_of(&mut table)?;
     drop(table);
     if folded < input.len() {
-        repartition(input.slice(folded, input.len()), out)?;
+        repartition(input.slice(folded, input.len()), out, progress)?;
         return Ok(true);
     }
     Ok(false)
@@ -724,9 +755,10 @@ fn observe(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result
             out.raw(k, h, input.values[done + i])?;
         }
         done += chunk.len();
+        config.progress.add(chunk.len() as u64);
         if seen.full() {
             // As many groups as the threshold: Repartitioning is right; stop counting.
-            repartition(input.slice(done, input.len()), out)?;
+            repartition(input.slice(done, input.len()), out, &config.progress)?;
             return Ok(input.len());
         }
         if seen.len() * FEW_GROUPS_REDUCTION <= done || done >= init_segment {
@@ -741,11 +773,14 @@ fn observe(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result
 fn pre_aggregate(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result<()> {
     let limit = config.cache_groups;
     let mut table = GroupTable::with_capacity(limit);
-    for (&k, &v) in input.keys.iter().zip(input.values) {
-        let h = hash(k);
-        if !table.try_add(k, h, v, limit) {
-            out.raw(k, h, v)?;
+    for (keys, values) in input.keys.chunks(CHUNK).zip(input.values.chunks(CHUNK)) {
+        for (&k, &v) in keys.iter().zip(values) {
+            let h = hash(k);
+            if !table.try_add(k, h, v, limit) {
+                out.raw(k, h, v)?;
+            }
         }
+        config.progress.add(keys.len() as u64);
     }
     out.partials_of(&mut table)
 }

@@ -11,6 +11,8 @@ use super::repartition::Collected;
 use super::table::{LocalTable, SharedTable};
 use super::{RowSink, Tuple};
 use crate::error::Result;
+use crate::progress::{Phase, Progress, counted};
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn join_threads<S: Send>(
@@ -35,20 +37,25 @@ pub fn hash_join<S: RowSink>(
     collected: &[Collected],
     threads: usize,
     make_sink: &(impl Fn(usize) -> S + Sync),
+    progress: &Progress,
 ) -> Result<Vec<S>> {
     let r_len = collected.iter().map(|c| c.parts[0].len()).sum();
+    progress.start(Phase::Building, r_len as u64);
     let mut r_all: Vec<Tuple> = Vec::with_capacity(r_len);
     for c in collected {
         r_all.extend_from_slice(&c.parts[0]);
     }
-    let table = SharedTable::build(&r_all, threads)?;
+    let table = SharedTable::build(&r_all, threads, progress)?;
+    let s_len: usize = collected.iter().map(|c| c.parts[1].len()).sum();
+    progress.start(Phase::Probing, s_len as u64);
     join_threads(threads, |t| {
         let mut sink = make_sink(t);
         // Thread t probes the S of receivers t, t + threads, …
         for c in collected.iter().skip(t).step_by(threads) {
-            for s in &c.parts[1] {
+            let Ok(()) = counted::<_, Infallible>(progress, &c.parts[1], |s| {
                 table.probe(s[0], |r| sink.row(s[0], r, s[1]));
-            }
+                Ok(())
+            });
         }
         Ok(sink)
     })
@@ -61,7 +68,14 @@ pub fn radix_join<S: RowSink>(
     parts: usize,
     threads: usize,
     make_sink: &(impl Fn(usize) -> S + Sync),
+    progress: &Progress,
 ) -> Result<Vec<S>> {
+    let s_len: usize = collected
+        .iter()
+        .flat_map(|c| &c.parts[parts..])
+        .map(Vec::len)
+        .sum();
+    progress.start(Phase::Joining, s_len as u64);
     let next = AtomicUsize::new(0);
     join_threads(threads, |t| {
         let mut sink = make_sink(t);
@@ -76,7 +90,10 @@ pub fn radix_join<S: RowSink>(
             for c in collected {
                 r_part.extend_from_slice(&c.parts[p]);
             }
+            // Partitions are cache-sized: one count each.
+            let probed: usize = collected.iter().map(|c| c.parts[parts + p].len()).sum();
             if r_part.is_empty() {
+                progress.add(probed as u64);
                 continue;
             }
             table.build(&r_part)?;
@@ -85,6 +102,7 @@ pub fn radix_join<S: RowSink>(
                     table.probe(&r_part, s[0], |r| sink.row(s[0], r, s[1]));
                 }
             }
+            progress.add(probed as u64);
         }
         Ok(sink)
     })

@@ -34,11 +34,13 @@ pub mod table;
 use crate::endpoint::Design;
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
+use crate::progress::Progress;
 use repartition::Plan;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A tuple: key, payload.
@@ -115,6 +117,9 @@ pub struct JoinConfig {
     pub design: Option<Design>,
     /// How long a blocked step waits before it fails.
     pub timeout: Duration,
+    /// Where this node reports its phase and count while the join runs (not a setting:
+    /// each node's own).
+    pub progress: Arc<Progress>,
 }
 
 impl Default for JoinConfig {
@@ -126,6 +131,7 @@ impl Default for JoinConfig {
             cache_bytes: None,
             design: None,
             timeout: Duration::from_secs(30),
+            progress: Arc::default(),
         }
     }
 }
@@ -337,11 +343,18 @@ where
         Algorithm::RdmaGhj => rdma_ghj::plan(&cx),
         Algorithm::Rrj => rrj::plan(&cx),
     };
-    let moved = repartition::run(node, r, s, &plan)?;
+    let moved = repartition::run(node, r, s, &plan, &config.progress)?;
     let joined_at = Instant::now();
+    let progress = &*config.progress;
     let sinks = match local {
-        Local::HashTable => local::hash_join(&moved.collected, plan.threads, &make_sink)?,
-        Local::Radix => local::radix_join(&moved.collected, plan.parts, plan.threads, &make_sink)?,
+        Local::HashTable => local::hash_join(&moved.collected, plan.threads, &make_sink, progress)?,
+        Local::Radix => local::radix_join(
+            &moved.collected,
+            plan.parts,
+            plan.threads,
+            &make_sink,
+            progress,
+        )?,
     };
     let join_secs = joined_at.elapsed().as_secs_f64();
     let count = |rel: usize| -> u64 {

@@ -24,6 +24,7 @@ use crate::endpoint::{Backoff, Design, EndpointConfig, open};
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
 use crate::operator::{Groups, Shuffle, ShuffleWriter};
+use crate::progress::{Phase, Progress, counted};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,7 @@ struct Sent {
 /// State the sending and receiving threads of a node share.
 struct Shared<'a> {
     plan: &'a Plan,
+    progress: &'a Progress,
     nodes: usize,
     local: Option<BloomFilter>,
     combined: Option<BloomFilter>,
@@ -120,8 +122,16 @@ impl Shared<'_> {
     }
 }
 
-/// Runs the pass on this node: `r` and `s` are its fragments. Collective.
-pub fn run(node: &Node, r: &[Tuple], s: &[Tuple], plan: &Plan) -> Result<Repartitioned> {
+/// Runs the pass on this node: `r` and `s` are its fragments. Collective. Reports its
+/// phases to `progress`: opening, building the Bloom filter (if any), then shuffling,
+/// counting the tuples of `r` and `s` the senders went through.
+pub fn run(
+    node: &Node,
+    r: &[Tuple],
+    s: &[Tuple],
+    plan: &Plan,
+    progress: &Progress,
+) -> Result<Repartitioned> {
     let nodes = node.nodes();
     if plan.threads == 0 {
         return Err(ShuffleError::Invalid(
@@ -134,6 +144,7 @@ pub fn run(node: &Node, r: &[Tuple], s: &[Tuple], plan: &Plan) -> Result<Reparti
             plan.parts
         )));
     }
+    progress.enter(Phase::Opening);
     let started = Instant::now();
     let config = EndpointConfig {
         threads: plan.threads,
@@ -150,9 +161,16 @@ pub fn run(node: &Node, r: &[Tuple], s: &[Tuple], plan: &Plan) -> Result<Reparti
     let setup = started.elapsed();
     node.all_gather("join: endpoints open", &())?;
     let started = Instant::now();
+    // The senders count what they shuffle from here; with a filter, they first build
+    // it (the phase moves on once it is built).
+    progress.start(Phase::Shuffling, (r.len() + s.len()) as u64);
+    if plan.bloom_words.is_some() {
+        progress.enter(Phase::Filtering);
+    }
 
     let shared = Shared {
         plan,
+        progress,
         nodes,
         local: plan.bloom_words.map(BloomFilter::with_words),
         combined: plan.bloom_words.map(BloomFilter::with_words),
@@ -354,6 +372,7 @@ fn send(
         )?;
         if tid == 0 {
             *bloom_done.lock().unwrap_or_else(|e| e.into_inner()) = started.elapsed();
+            shared.progress.enter(Phase::Shuffling);
         }
         let slice = chunk(local.words(), tid, plan.threads);
         let offset = tid * local.len_words().div_ceil(plan.threads);
@@ -366,9 +385,9 @@ fn send(
             sent.words += broadcast_filter(&mut w, shared.nodes, offset, slice)?;
         }
     }
-    for t in r {
-        stager.push(&mut w, REL_R, hash(t[0]), t)?;
-    }
+    counted(shared.progress, r, |t| {
+        stager.push(&mut w, REL_R, hash(t[0]), t)
+    })?;
     stager.drain(&mut w, REL_R)?;
     sent.r = r.len() as u64;
     if let Some(combined) = &shared.combined {
@@ -378,17 +397,18 @@ fn send(
             || shared.merged.load(Ordering::Acquire),
             want,
         )?;
-        for t in s {
+        counted(shared.progress, s, |t| {
             let h = hash(t[0]);
             if combined.contains_hash(h) {
                 stager.push(&mut w, REL_S, h, t)?;
                 sent.s += 1;
             }
-        }
+            Ok::<_, ShuffleError>(())
+        })?;
     } else {
-        for t in s {
-            stager.push(&mut w, REL_S, hash(t[0]), t)?;
-        }
+        counted(shared.progress, s, |t| {
+            stager.push(&mut w, REL_S, hash(t[0]), t)
+        })?;
         sent.s = s.len() as u64;
     }
     stager.drain(&mut w, REL_S)?;

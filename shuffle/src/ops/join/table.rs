@@ -13,6 +13,7 @@
 use super::Tuple;
 use super::hash::{bucket, hash};
 use crate::error::{Result, ShuffleError};
+use crate::progress::{CHUNK, Progress};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 const EMPTY: u32 = u32::MAX;
@@ -37,7 +38,13 @@ pub struct SharedTable<'a> {
 
 impl<'a> SharedTable<'a> {
     /// Builds the table with `threads` threads, each inserting a contiguous range.
-    pub fn build(tuples: &'a [Tuple], threads: usize) -> Result<SharedTable<'a>> {
+    /// Builds the table over `tuples` with `threads` threads, adding the tuples inserted
+    /// to `progress` as they go in.
+    pub fn build(
+        tuples: &'a [Tuple],
+        threads: usize,
+        progress: &Progress,
+    ) -> Result<SharedTable<'a>> {
         check_len(tuples.len())?;
         let buckets = tuples.len().max(1).next_power_of_two();
         let mask = buckets - 1;
@@ -50,10 +57,15 @@ impl<'a> SharedTable<'a> {
                 let start = c * chunk;
                 let mine = &tuples[start..start + links.len()];
                 s.spawn(move || {
-                    for (i, (t, link)) in mine.iter().zip(links.iter_mut()).enumerate() {
-                        let b = bucket(hash(t[0]), mask);
-                        // Relaxed: the probe phase starts after this scope joins.
-                        *link = heads[b].swap((start + i) as u32, Ordering::Relaxed);
+                    let pieces = mine.chunks(CHUNK).zip(links.chunks_mut(CHUNK));
+                    for (p, (mine, links)) in pieces.enumerate() {
+                        let start = start + p * CHUNK;
+                        for (i, (t, link)) in mine.iter().zip(links.iter_mut()).enumerate() {
+                            let b = bucket(hash(t[0]), mask);
+                            // Relaxed: the probe phase starts after this scope joins.
+                            *link = heads[b].swap((start + i) as u32, Ordering::Relaxed);
+                        }
+                        progress.add(mine.len() as u64);
                     }
                 });
             }
@@ -135,7 +147,7 @@ mod tests {
     #[test]
     fn both_tables_find_every_duplicate_and_nothing_else() {
         let tuples: Vec<Tuple> = (0..1000u64).map(|i| [i % 100, i]).collect();
-        let shared = SharedTable::build(&tuples, 3).unwrap();
+        let shared = SharedTable::build(&tuples, 3, &Progress::default()).unwrap();
         let mut local = LocalTable::default();
         local.build(&[[5, 5]]).unwrap();
         local.build(&tuples).unwrap();
@@ -154,7 +166,7 @@ mod tests {
 
     #[test]
     fn empty_tables_find_nothing() {
-        let shared = SharedTable::build(&[], 2).unwrap();
+        let shared = SharedTable::build(&[], 2, &Progress::default()).unwrap();
         shared.probe(0, |_| panic!("found in an empty table"));
         let mut local = LocalTable::default();
         local.build(&[]).unwrap();

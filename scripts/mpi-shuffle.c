@@ -25,8 +25,20 @@
  * gb_per_sec is the median over ranks of bytes received per second (min alongside);
  * setup_ms the slowest rank's MPI_Init and first barrier; seconds the slowest rank's.
  *
+ * Progress: with --progress-file FILE, rank 0 appends `progress STEP PHASE DONE TOTAL`
+ * lines to FILE, STEP 0 for repartition and 1 for broadcast, PHASE one of preparing,
+ * shuffling, verifying; while shuffling, DONE of TOTAL tuples sent (rank 0's own in
+ * repartition, all roots' in broadcast). A line comes at each change of phase, outside
+ * the timed exchange, and, with --progress-ms P above 0, between two rounds once P ms
+ * have passed since the last, with rank 0's clock stopped around the write: a clock
+ * read per round and a write to a file every P ms is what the exchange pays for it.
+ * Not stderr: a write there goes down mpirun's pipe and wakes mpirun's output
+ * forwarding, one more process wanting the cores the spinning ranks run on; a write to
+ * a file wakes nobody.
+ *
  * Usage: mpi-shuffle --tuples X [--pattern repartition|broadcast|both]
- *                    [--message-bytes B] [--seed S]
+ *                    [--message-bytes B] [--seed S] [--progress-file FILE]
+ *                    [--progress-ms P]
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -111,6 +123,28 @@ static checksum expectation(checksum *per_dest, int rank, int nodes) {
     return c;
 }
 
+/* Rank 0's progress lines (see the top of the file); NULL: none. */
+static FILE *progress_out;
+static double progress_every_s, progress_last;
+
+static void progress(int step, const char *phase, uint64_t done, uint64_t total) {
+    if (!progress_out) return;
+    fprintf(progress_out, "progress %d %s %llu %llu\n", step, phase, (unsigned long long)done,
+            (unsigned long long)total);
+    fflush(progress_out);
+    progress_last = MPI_Wtime();
+}
+
+/* Between two rounds of the timed exchange that started at *start: a line if the
+ * interval has passed, with the clock stopped (*start moved on by the write's time). */
+static inline void progress_tick(double *start, int step, uint64_t done, uint64_t total) {
+    if (!progress_out || progress_every_s <= 0) return;
+    double now = MPI_Wtime();
+    if (now - progress_last < progress_every_s) return;
+    progress(step, "shuffling", done, total);
+    *start += progress_last - now;
+}
+
 static double now_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -128,7 +162,8 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &nodes);
 
     uint64_t tuples = 0, seed = 7;
-    long message_bytes = 128 << 10;
+    long message_bytes = 128 << 10, progress_ms = 0;
+    const char *progress_file = NULL;
     const char *pattern = "both";
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) die("every option takes a value");
@@ -136,13 +171,21 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--message-bytes")) message_bytes = strtol(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--pattern")) pattern = argv[++i];
-        else die("unknown option (expected --tuples, --pattern, --message-bytes, --seed)");
+        else if (!strcmp(argv[i], "--progress-ms")) progress_ms = strtol(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--progress-file")) progress_file = argv[++i];
+        else die("unknown option (expected --tuples, --pattern, --message-bytes, --seed, "
+                 "--progress-file, --progress-ms)");
     }
     if (tuples == 0) die("--tuples must be at least 1");
     if (message_bytes < 16) die("--message-bytes must be at least 16");
     int do_rep = !strcmp(pattern, "repartition") || !strcmp(pattern, "both");
     int do_bc = !strcmp(pattern, "broadcast") || !strcmp(pattern, "both");
     if (!do_rep && !do_bc) die("--pattern must be repartition, broadcast or both");
+    if (progress_ms < 0) die("--progress-ms must be at least 0");
+    if (rank == 0 && progress_file && !(progress_out = fopen(progress_file, "a")))
+        die("cannot open --progress-file");
+    progress_every_s = progress_ms / 1e3;
+    progress(do_rep ? 0 : 1, "preparing", 0, 0);
 
     /* The fragment, then a Fisher-Yates permutation of it. */
     uint64_t *frag = xmalloc(tuples * 16), *copy = xmalloc(tuples * 16);
@@ -187,6 +230,7 @@ int main(int argc, char **argv) {
         /* A round: a message per destination on average (repartition), or one message
          * from the root (broadcast). */
         uint64_t chunk = message_tuples * (rep ? (uint64_t)nodes : 1);
+        progress(p, "preparing", 0, 0);
         checksum *per_dest = xmalloc(sizeof(checksum) * nodes);
         memset(per_dest, 0, sizeof(checksum) * nodes);
         for (uint64_t i = 0; i < tuples; i++) {
@@ -203,6 +247,9 @@ int main(int argc, char **argv) {
         /* Every rank runs the same number of rounds. */
         uint64_t my_rounds = (tuples + chunk - 1) / chunk, rounds;
         MPI_Allreduce(&my_rounds, &rounds, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+        /* Tuples rank 0 sends: its fragment, or every root's in turn. */
+        uint64_t to_send = rep ? tuples : tuples * (uint64_t)nodes;
+        progress(p, "shuffling", 0, to_send);
 
         MPI_Barrier(MPI_COMM_WORLD);
         double start = MPI_Wtime();
@@ -243,6 +290,7 @@ int main(int argc, char **argv) {
                 /* Every tuple a rank consumes counts, its own partition included, as
                  * in the Rust harness (whose endpoints deliver it like any other). */
                 received_bytes += (uint64_t)at * 8;
+                progress_tick(&start, p, hi, to_send);
             }
             free(out); free(in); free(scount); free(rcount); free(sdispl); free(rdispl);
         } else {
@@ -260,11 +308,13 @@ int main(int argc, char **argv) {
                         for (int w = 0; w < n; w += 2) add(&got, buf[w], buf[w + 1]);
                         received_bytes += (uint64_t)n * 8;
                     }
+                    progress_tick(&start, p, (uint64_t)root * tuples + hi, to_send);
                 }
             }
             free(buf);
         }
         double seconds = MPI_Wtime() - start;
+        progress(p, "verifying", 0, 0);
         MPI_Barrier(MPI_COMM_WORLD);
         double all_seconds;
         MPI_Allreduce(&seconds, &all_seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -298,6 +348,7 @@ int main(int argc, char **argv) {
         }
     }
     free(frag);
+    if (progress_out) fclose(progress_out);
     MPI_Finalize();
     return 0;
 }

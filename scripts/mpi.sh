@@ -11,8 +11,10 @@
 #        scripts/mpi.sh run NP ARGS…   build, then run it on NP ranks of this host:
 #                                      mpirun -np NP --oversubscribe mpi-shuffle ARGS…
 #                                      (ARGS: --tuples X [--pattern repartition|broadcast|
-#                                      both] [--message-bytes B] [--seed S]); one JSON
-#                                      line per pattern on stdout
+#                                      both] [--message-bytes B] [--seed S]
+#                                      [--progress-file FILE [--progress-ms P]]); one
+#                                      JSON line per pattern on stdout, rank 0's
+#                                      progress lines appended to FILE
 #
 # Ranks talk through shared memory (btl self,vader), the one transport a single host
 # needs; as root, mpirun needs --allow-run-as-root (set through the environment here).
@@ -23,7 +25,7 @@ set -euo pipefail
 
 say() { printf '[mpi] %s\n' "$*" >&2; }
 die() { say "FAILED: $*"; exit 1; }
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 here=$(cd "$(dirname "$0")" && pwd)
 build_dir() {

@@ -455,19 +455,66 @@ fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// `scripts/mpi.sh check`: OpenMPI is on PATH.
+fn openmpi_installed() -> bool {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mpi.sh");
+    Command::new(script)
+        .arg("check")
+        .status()
+        .expect("scripts/mpi.sh runs")
+        .success()
+}
+
+/// The MPI baseline reported nothing until its end. Its rank 0 now appends its phase
+/// and the tuples it sent to a file between the rounds of the exchange, and the
+/// benchmark prints them like the other runs' progress while the run goes on.
+#[test]
+fn an_mpi_run_shows_its_progress_before_its_result() {
+    if !openmpi_installed() {
+        eprintln!("OpenMPI is not installed: no MPI run to watch");
+        return;
+    }
+    let (out, rows) = shuffle(&[
+        "--design",
+        "none",
+        "--baselines",
+        "mpi",
+        "--pattern",
+        "repartition",
+        // Small messages: thousands of rounds, a run of a second or so.
+        "--tuples",
+        "400000",
+        "--message-bytes",
+        "256",
+        "--progress-ms",
+        "10",
+    ]);
+    let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
+    check_rows(&rows, 2, 1, 400_000);
+    let stderr = common::stderr(&out);
+    let progress = common::progress_between(
+        &stderr,
+        |l| l.starts_with("[ 1/1] mpi"),
+        |l| l.contains("GB/s per node"),
+    );
+    assert!(!progress.is_empty(), "no progress line: {stderr}");
+    assert!(
+        progress
+            .iter()
+            .any(|l| l.contains("mpi repartition: shuffling: ")
+                && l.contains(" of 400000 tuples (")
+                && !l.contains("shuffling: 0 of")),
+        "no line of tuples sent while shuffling: {stderr}"
+    );
+}
+
 /// The MPI baseline's mpirun and its ranks end with the benchmark too, however it is
 /// stopped. (Before, a benchmark stopped by SIGTERM or SIGKILL left them running.)
 #[test]
 fn mpi_ends_with_the_benchmark() {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mpi.sh");
-    if !Command::new(&script)
-        .arg("check")
-        .status()
-        .unwrap()
-        .success()
-    {
+    if !openmpi_installed() {
         eprintln!("OpenMPI is not installed: no mpirun to stop");
         return;
     }

@@ -472,7 +472,14 @@ fn measure_plan(
                 mpi::BACKEND,
                 mpi::TRANSPORT
             );
-            let lines = mpi::run(nodes, args.tuples, pattern, message_bytes, args.seed)?;
+            let lines = mpi::run(
+                nodes,
+                args.tuples,
+                pattern,
+                message_bytes,
+                args.seed,
+                args.progress_ms,
+            )?;
             for l in lines {
                 let pattern = match l.pattern.as_str() {
                     "repartition" => Pattern::Repartition,

@@ -1,11 +1,17 @@
 //! The OpenMPI baseline: `scripts/mpi.sh run N …` (built in, [`BUILT_IN`]) runs
 //! `scripts/mpi-shuffle.c` on N ranks and prints one JSON line per pattern, parsed here
-//! into the same fields as the other runs.
+//! into the same fields as the other runs. The `progress` lines its rank 0 appends to
+//! a file become progress lines like the other runs' while it runs.
 
+use crate::bench::nodes;
 use anyhow::{Context, Result, bail, ensure};
 use serde::Deserialize;
+use shuffle::progress::{Phase, Progress, Snapshot};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
 use tpcw::script::{BuiltIn, Script};
 
 /// The OpenMPI transport (BTL) the ranks move the data through: `scripts/mpi.sh run`
@@ -80,24 +86,122 @@ pub fn available() -> Result<(), String> {
     }
 }
 
-/// Runs the MPI microbenchmark on `nodes` ranks.
+/// The patterns of `mpi-shuffle`'s progress steps.
+const STEPS: [&str; 2] = ["repartition", "broadcast"];
+
+/// Takes in a line of `mpi-shuffle`'s rank 0 (without `progress `): `STEP PHASE DONE
+/// TOTAL`; false if it is not one.
+fn read_progress(into: &Progress, report: &str) -> bool {
+    let mut words = report.split_whitespace();
+    let (Some(step), Some(phase), Some(done), Some(total), None) = (
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+    ) else {
+        return false;
+    };
+    let phase = match phase {
+        "preparing" => Phase::Preparing,
+        "shuffling" => Phase::Shuffling,
+        "verifying" => Phase::Verifying,
+        _ => return false,
+    };
+    let (Ok(step), Ok(done), Ok(total)) = (step.parse(), done.parse(), total.parse()) else {
+        return false;
+    };
+    if usize::try_from(step).map_or(true, |s: usize| s >= STEPS.len()) {
+        return false;
+    }
+    into.set(Snapshot {
+        step,
+        phase,
+        done,
+        total,
+    });
+    true
+}
+
+/// The end of `mpi-shuffle`'s progress file read so far: the bytes read, and a line
+/// not yet complete.
+#[derive(Default)]
+struct Tail {
+    read: u64,
+    partial: String,
+}
+
+impl Tail {
+    /// Takes the lines appended to `file` since the last call into `progress`. A file
+    /// not there yet (the program not started) has none.
+    fn follow(&mut self, file: &Path, progress: &Progress) {
+        let Ok(mut f) = std::fs::File::open(file) else {
+            return;
+        };
+        let mut new = String::new();
+        if f.seek(SeekFrom::Start(self.read)).is_err() || f.read_to_string(&mut new).is_err() {
+            return;
+        }
+        self.read += new.len() as u64;
+        self.partial.push_str(&new);
+        let Some(end) = self.partial.rfind('\n') else {
+            return;
+        };
+        for line in self.partial[..end].lines() {
+            if let Some(report) = line.strip_prefix("progress ") {
+                read_progress(progress, report);
+            }
+        }
+        self.partial.drain(..=end);
+    }
+}
+
+/// A progress line of the MPI run: its pattern once shuffling, the phase and the
+/// tuples rank 0 sent.
+fn progress_line(at: Duration, progress: &Progress) -> String {
+    let s = progress.snapshot();
+    let mut line = nodes::progress_prefix(at);
+    if s.phase >= Phase::Shuffling {
+        line.push_str(&format!("mpi {}: ", STEPS[s.step as usize % STEPS.len()]));
+    }
+    line.push_str(&nodes::phase_text(&s));
+    line
+}
+
+/// Runs the MPI microbenchmark on `nodes` ranks, printing a progress line on stderr
+/// every `progress_ms` while it runs.
 pub fn run(
     nodes: usize,
     tuples: u64,
     pattern: &str,
     message_bytes: u32,
     seed: u64,
+    progress_ms: u64,
 ) -> Result<Vec<MpiLine>> {
     let dir = crate::interrupt::TempDir::new("namdb-mpi-")?;
     let (mut cmd, path) = command(dir.path(), "run")?;
+    let progress_file = dir.path().join("progress");
+    // Rank 0 writes as often as the benchmark prints, at most every 250 ms.
+    let write_ms = progress_ms.clamp(1, 250);
     cmd.arg(nodes.to_string())
         .args(["--tuples", &tuples.to_string()])
         .args(["--pattern", pattern])
         .args(["--message-bytes", &message_bytes.to_string()])
-        .args(["--seed", &seed.to_string()]);
+        .args(["--seed", &seed.to_string()])
+        .arg("--progress-file")
+        .arg(&progress_file)
+        .args(["--progress-ms", &write_ms.to_string()]);
     end_with_this_process(&mut cmd);
-    let out = cmd
-        .output()
+    let progress = Progress::default();
+    let tail = Mutex::new(Tail::default());
+    let line = |at| {
+        tail.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .follow(&progress_file, &progress);
+        progress_line(at, &progress)
+    };
+    let every = Duration::from_millis(progress_ms.max(1));
+    let out = nodes::reporting(every, line, || cmd.output())
         .with_context(|| format!("running {}", path.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -146,5 +250,50 @@ fn end_with_this_process(cmd: &mut Command) {
             }
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn the_tail_takes_whole_lines_as_they_are_appended() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("progress");
+        let progress = Progress::default();
+        let mut tail = Tail::default();
+        tail.follow(&file, &progress);
+        assert_eq!(progress.phase(), Phase::Preparing, "no file yet");
+        let mut f = std::fs::File::create(&file).unwrap();
+        write!(f, "progress 0 shuffling 0 100\nprogress 0 shuffling 40 1").unwrap();
+        tail.follow(&file, &progress);
+        assert_eq!((progress.phase(), progress.done()), (Phase::Shuffling, 0));
+        // The rest of the line: 40 of 100, not 40 of 1.
+        write!(f, "00\nprogress 1 bogus 1 1\nnot progress\n").unwrap();
+        tail.follow(&file, &progress);
+        let s = progress.snapshot();
+        assert_eq!(
+            (s.step, s.phase, s.done, s.total),
+            (0, Phase::Shuffling, 40, 100)
+        );
+        assert_eq!(
+            progress_line(Duration::from_millis(2500), &progress),
+            "          2.5 s  mpi repartition: shuffling: 40 of 100 tuples (40%)"
+        );
+        for bad in [
+            "2 shuffling 1 1",
+            "0 shuffling x 1",
+            "0 verifying 1 1 1",
+            "",
+        ] {
+            assert!(!read_progress(&progress, bad), "{bad:?}");
+        }
+        assert!(read_progress(&progress, "1 verifying 0 0"));
+        assert_eq!(
+            progress_line(Duration::from_millis(2500), &progress),
+            "          2.5 s  mpi broadcast: verifying"
+        );
     }
 }

@@ -78,6 +78,29 @@ impl Phase {
         }
     }
 
+    /// One word for the phase, for [`Snapshot::report`].
+    pub fn key(self) -> &'static str {
+        match self {
+            Phase::Calibrating => "calibrating",
+            Phase::Preparing => "preparing",
+            Phase::Sampling => "sampling",
+            Phase::Opening => "opening",
+            Phase::Filtering => "filtering",
+            Phase::Shuffling => "shuffling",
+            Phase::Aggregating => "aggregating",
+            Phase::Merging => "merging",
+            Phase::Building => "building",
+            Phase::Probing => "probing",
+            Phase::Joining => "joining",
+            Phase::Verifying => "verifying",
+            Phase::Done => "done",
+        }
+    }
+
+    pub fn from_key(key: &str) -> Option<Phase> {
+        Phase::ALL.into_iter().find(|p| p.key() == key)
+    }
+
     pub fn from_index(i: u8) -> Option<Phase> {
         Phase::ALL.get(usize::from(i)).copied()
     }
@@ -105,6 +128,39 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// `STEP PHASE DONE TOTAL`, the phase by its [`Phase::key`]: how another process
+    /// hears of it (a node process of a benchmark; the MPI baseline's program writes
+    /// the same).
+    pub fn report(&self) -> String {
+        format!(
+            "{} {} {} {}",
+            self.step,
+            self.phase.key(),
+            self.done,
+            self.total
+        )
+    }
+
+    /// Reads a [`Snapshot::report`]; `None` if it is not one.
+    pub fn parse(report: &str) -> Option<Snapshot> {
+        let mut words = report.split_whitespace();
+        let (Some(step), Some(phase), Some(done), Some(total), None) = (
+            words.next(),
+            words.next(),
+            words.next(),
+            words.next(),
+            words.next(),
+        ) else {
+            return None;
+        };
+        Some(Snapshot {
+            step: step.parse().ok()?,
+            phase: Phase::from_key(phase)?,
+            done: done.parse().ok()?,
+            total: total.parse().ok()?,
+        })
+    }
+
     /// The order of "further behind": earlier step, then earlier phase, then the
     /// smaller fraction done.
     pub fn behind(&self, other: &Snapshot) -> std::cmp::Ordering {
@@ -201,6 +257,32 @@ mod tests {
             assert_eq!(Phase::from_index(i as u8), Some(*p));
         }
         assert_eq!(Phase::from_index(Phase::ALL.len() as u8), None);
+    }
+
+    #[test]
+    fn a_report_reads_back_as_it_was() {
+        for phase in Phase::ALL {
+            assert_eq!(Phase::from_key(phase.key()), Some(phase));
+            let s = Snapshot {
+                step: 3,
+                phase,
+                done: 12345,
+                total: 99,
+            };
+            assert_eq!(Snapshot::parse(&s.report()), Some(s));
+        }
+        let bad = [
+            "",
+            "2",
+            "1 probing x 4",
+            "1 nothing 1 1",
+            "1 probing 1 1 1",
+            "-1 probing 1 1",
+            "5000000000 probing 1 1",
+        ];
+        for bad in bad {
+            assert_eq!(Snapshot::parse(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -11,9 +11,9 @@
 //! its stderr, which this process shows when a node fails.
 //!
 //! Progress: while a run goes on, each node process prints `progress STEP PHASE DONE
-//! TOTAL` lines on stdout ([`report_progress`], a [`Progress`] of its own), which this
-//! process reads into a [`Progress`] per node ([`run_processes_with_progress`]); on sim
-//! the node threads update those directly. [`reporting`] prints a line of them on
+//! TOTAL` lines ([`Snapshot::report`]) on stdout from a [`Progress`] of its own
+//! ([`report_progress`]), which this process reads into a [`Progress`] per node
+//! ([`run_processes_with_progress`]); on sim the node threads update those directly. [`reporting`] prints a line of them on
 //! stderr at an interval while the run lasts.
 
 use crate::backend::{BackendKind, VerbsOptions, verbs_device};
@@ -197,39 +197,6 @@ pub fn print_result(result: &impl Serialize) -> Result<()> {
 /// The most a node process waits between its progress reports.
 const REPORT_EVERY: Duration = Duration::from_millis(250);
 
-/// The line a node process prints for the benchmark.
-fn progress_report(p: &Progress) -> String {
-    let s = p.snapshot();
-    format!(
-        "progress {} {} {} {}",
-        s.step, s.phase as u8, s.done, s.total
-    )
-}
-
-/// Takes in a node process's report (without `progress `); false if it is not one.
-fn read_progress_report(into: &Progress, report: &str) -> bool {
-    let mut words = report.split_whitespace();
-    let mut next = || words.next().map(str::parse::<u64>);
-    let (Some(Ok(step)), Some(Ok(phase)), Some(Ok(done)), Some(Ok(total)), None) =
-        (next(), next(), next(), next(), next())
-    else {
-        return false;
-    };
-    let (Ok(step), Some(phase)) = (
-        u32::try_from(step),
-        u8::try_from(phase).ok().and_then(Phase::from_index),
-    ) else {
-        return false;
-    };
-    into.set(Snapshot {
-        step,
-        phase,
-        done,
-        total,
-    });
-    true
-}
-
 /// Prints `progress` on this node process's stdout every `progress_ms` (at most
 /// [`REPORT_EVERY`]), for as long as the process runs, from a thread of its own.
 pub fn report_progress(progress: Arc<Progress>, progress_ms: u64) -> Result<()> {
@@ -240,7 +207,7 @@ pub fn report_progress(progress: Arc<Progress>, progress_ms: u64) -> Result<()> 
             loop {
                 std::thread::sleep(every);
                 let mut out = std::io::stdout().lock();
-                if writeln!(out, "{}", progress_report(&progress))
+                if writeln!(out, "progress {}", progress.snapshot().report())
                     .and_then(|()| out.flush())
                     .is_err()
                 {
@@ -477,8 +444,10 @@ pub fn run_processes_with_progress<R: DeserializeOwned>(
     progress: &[Arc<Progress>],
 ) -> Result<Vec<R>> {
     run_processes_watched(subcommand, backend, nodes, job, grace, &mut |rank, line| {
-        if let (Some(report), Some(p)) = (line.strip_prefix("progress "), progress.get(rank)) {
-            read_progress_report(p, report);
+        if let (Some(report), Some(p)) = (line.strip_prefix("progress "), progress.get(rank))
+            && let Some(s) = Snapshot::parse(report)
+        {
+            p.set(s);
         }
     })
 }
@@ -616,31 +585,6 @@ fn run_processes_watched<R: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_node_process_progress_report_reads_back_as_it_was() {
-        let node = Progress::default();
-        node.set_step(3);
-        node.start(Phase::Probing, 99);
-        node.add(12345);
-        let line = progress_report(&node);
-        let report = line.strip_prefix("progress ").expect("a progress line");
-        let parent = Progress::default();
-        assert!(read_progress_report(&parent, report));
-        assert_eq!(parent.snapshot(), node.snapshot());
-        for bad in [
-            "",
-            "2",
-            "1 2 x 4",
-            "1 99 1 1",
-            "1 2 1 1 1",
-            "-1 5 1 1",
-            "5000000000 1 1 1",
-        ] {
-            assert!(!read_progress_report(&parent, bad), "{bad:?}");
-        }
-        assert_eq!(parent.snapshot(), node.snapshot());
-    }
 
     #[test]
     fn the_text_names_the_phase_and_its_count() {

@@ -89,38 +89,16 @@ pub fn available() -> Result<(), String> {
 /// The patterns of `mpi-shuffle`'s progress steps.
 const STEPS: [&str; 2] = ["repartition", "broadcast"];
 
-/// Takes in a line of `mpi-shuffle`'s rank 0 (without `progress `): `STEP PHASE DONE
-/// TOTAL`; false if it is not one.
+/// Takes in a line of `mpi-shuffle`'s rank 0 (without `progress `, see
+/// [`Snapshot::report`]) of one of its [`STEPS`]; false if it is not one.
 fn read_progress(into: &Progress, report: &str) -> bool {
-    let mut words = report.split_whitespace();
-    let (Some(step), Some(phase), Some(done), Some(total), None) = (
-        words.next(),
-        words.next(),
-        words.next(),
-        words.next(),
-        words.next(),
-    ) else {
-        return false;
-    };
-    let phase = match phase {
-        "preparing" => Phase::Preparing,
-        "shuffling" => Phase::Shuffling,
-        "verifying" => Phase::Verifying,
-        _ => return false,
-    };
-    let (Ok(step), Ok(done), Ok(total)) = (step.parse(), done.parse(), total.parse()) else {
-        return false;
-    };
-    if usize::try_from(step).map_or(true, |s: usize| s >= STEPS.len()) {
-        return false;
+    match Snapshot::parse(report) {
+        Some(s) if (s.step as usize) < STEPS.len() => {
+            into.set(s);
+            true
+        }
+        _ => false,
     }
-    into.set(Snapshot {
-        step,
-        phase,
-        done,
-        total,
-    });
-    true
 }
 
 /// The end of `mpi-shuffle`'s progress file read so far: the bytes read, and a line

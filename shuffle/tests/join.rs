@@ -354,3 +354,36 @@ fn the_network_constant_is_measured_collectively() {
         assert!((0.0..1e-6).contains(&c_net), "{c_net}");
     }
 }
+
+/// A node's progress ends where its last phase's work does: every tuple the joining
+/// threads went through counted once, whichever thread counted it (a chunk's count
+/// lost or counted twice shows as a count short of or past the total).
+#[test]
+fn a_node_counts_every_tuple_of_its_last_phase() {
+    use shuffle::{Phase, Progress};
+    let frags = generated(2, 50_000, 70_000, 0.5);
+    for (algorithm, last) in [
+        (Algorithm::GhjBloom, Phase::Probing),
+        (Algorithm::Rrj, Phase::Joining),
+    ] {
+        let results = on_nodes(2, |node, rank| {
+            let (r, s) = &frags[rank];
+            let progress = Arc::new(Progress::default());
+            let config = JoinConfig {
+                progress: progress.clone(),
+                ..config(3)
+            };
+            let (_, stats) = join_summary(node, algorithm, r, s, &config)?;
+            Ok((progress.snapshot(), stats))
+        });
+        for res in results {
+            let (seen, stats) = res.unwrap();
+            assert_eq!(seen.phase, last, "{algorithm}");
+            assert_eq!(
+                (seen.done, seen.total),
+                (stats.s_joined, stats.s_joined),
+                "{algorithm}"
+            );
+        }
+    }
+}

@@ -126,6 +126,8 @@ pub fn run_node(
             let mut stats = Vec::with_capacity(job.repeat);
             let mut summary = None;
             for _ in 0..job.repeat.max(1) {
+                // Not the last run's phase under this run's name.
+                progress.start(Phase::Opening, 0);
                 progress.set_step(step);
                 step += 1;
                 let (got, st) = join::join_summary(&node, algorithm, &r, &s, &config)

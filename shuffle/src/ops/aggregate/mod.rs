@@ -444,7 +444,7 @@ pub fn aggregate(
     let progress = &*config.progress;
     let (plan, sampled_groups) = match algorithm {
         Algorithm::Sampling => {
-            progress.enter(Phase::Sampling);
+            progress.start(Phase::Sampling, 0);
             let sample = config.sample_tuples(input.len());
             let (found, _) = sample_groups(input, sample, config);
             let all: Vec<(u64, u64)> =
@@ -463,7 +463,7 @@ pub fn aggregate(
         }
         other => (other, None),
     };
-    progress.enter(Phase::Opening);
+    progress.start(Phase::Opening, 0);
     let opening = Instant::now();
     let opened = open(
         node,
@@ -495,7 +495,7 @@ pub fn aggregate(
                     let strategy = work(plan, slice, &mut out, config)?;
                     let sent = out.finish()?;
                     if working.fetch_sub(1, Ordering::Relaxed) == 1 {
-                        progress.enter(Phase::Merging);
+                        progress.start(Phase::Merging, 0);
                     }
                     Ok((strategy, sent))
                 })

@@ -25,6 +25,7 @@ use crate::error::{Result, ShuffleError};
 use crate::node::Node;
 use crate::operator::{Groups, Shuffle, ShuffleWriter};
 use crate::progress::{Phase, Progress, counted};
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -93,8 +94,12 @@ struct Shared<'a> {
     nodes: usize,
     local: Option<BloomFilter>,
     combined: Option<BloomFilter>,
+    /// Sending threads still inserting into `local`.
+    filtering: AtomicUsize,
     /// Sending threads done inserting into `local`.
     inserted: AtomicUsize,
+    /// Tuples of R and S this node's senders go through (its progress while shuffling).
+    to_send: u64,
     /// Filter words merged into `combined`, local and received.
     merged: AtomicU64,
     failed: AtomicBool,
@@ -144,7 +149,7 @@ pub fn run(
             plan.parts
         )));
     }
-    progress.enter(Phase::Opening);
+    progress.start(Phase::Opening, 0);
     let started = Instant::now();
     let config = EndpointConfig {
         threads: plan.threads,
@@ -161,11 +166,12 @@ pub fn run(
     let setup = started.elapsed();
     node.all_gather("join: endpoints open", &())?;
     let started = Instant::now();
-    // The senders count what they shuffle from here; with a filter, they first build
-    // it (the phase moves on once it is built).
-    progress.start(Phase::Shuffling, (r.len() + s.len()) as u64);
-    if plan.bloom_words.is_some() {
-        progress.enter(Phase::Filtering);
+    // The senders count what they go through: with a filter, R as they insert it into
+    // the filter, then R and S as they shuffle them.
+    let to_send = (r.len() + s.len()) as u64;
+    match plan.bloom_words {
+        Some(_) => progress.start(Phase::Filtering, r.len() as u64),
+        None => progress.start(Phase::Shuffling, to_send),
     }
 
     let shared = Shared {
@@ -174,7 +180,9 @@ pub fn run(
         nodes,
         local: plan.bloom_words.map(BloomFilter::with_words),
         combined: plan.bloom_words.map(BloomFilter::with_words),
+        filtering: AtomicUsize::new(plan.threads),
         inserted: AtomicUsize::new(0),
+        to_send,
         merged: AtomicU64::new(0),
         failed: AtomicBool::new(false),
     };
@@ -361,8 +369,15 @@ fn send(
     let mut stager = Stager::new(shared.nodes, plan.parts);
     let mut sent = Sent::default();
     if let (Some(local), Some(combined)) = (&shared.local, &shared.combined) {
-        for t in r {
+        let Ok(()) = counted::<_, Infallible>(shared.progress, r, |t| {
             local.insert_hash(hash(t[0]));
+            Ok(())
+        });
+        // The last thread to finish its part moves the node on to shuffling before it
+        // counts itself inserted, so before any thread passes the wait below and
+        // counts what it shuffles.
+        if shared.filtering.fetch_sub(1, Ordering::AcqRel) == 1 {
+            shared.progress.start(Phase::Shuffling, shared.to_send);
         }
         shared.inserted.fetch_add(1, Ordering::AcqRel);
         shared.wait(
@@ -372,7 +387,6 @@ fn send(
         )?;
         if tid == 0 {
             *bloom_done.lock().unwrap_or_else(|e| e.into_inner()) = started.elapsed();
-            shared.progress.enter(Phase::Shuffling);
         }
         let slice = chunk(local.words(), tid, plan.threads);
         let offset = tid * local.len_words().div_ceil(plan.threads);

@@ -338,6 +338,9 @@ impl Received {
             .map(|w| w.load(Ordering::Relaxed))
             .collect()
     }
+    /// The buffer the payload lies in. Read it, never write it: under MQ/RD a buffer
+    /// from the node's own sender is that sender's, read in place and possibly shared
+    /// by the other destinations of its group.
     pub fn buffer(&self) -> &Buffer {
         &self.buf
     }

@@ -14,6 +14,18 @@
 //! buffer of its own circulation and returns it. A sender that ends its stream waits
 //! until all of its buffers were read and freed: the buffers are its memory, and a
 //! receiver may still be reading them after the sender's last PUTDATA.
+//!
+//! **The node's own partition is not copied.** A ValidArr entry from the receiver's
+//! own rank names a buffer of the sender of the same lane, in this process: READing
+//! it would only copy local memory into other local memory. The sender hands such a
+//! buffer to its receiver through a [`Handoff`] (keyed like the ValidArr entry) before
+//! it writes the entry, and GETDATA returns the sender's buffer itself, read in place
+//! through its atomic words. Everything else is as for a remote source: the entry
+//! travels through the ValidArr ring (the loopback queue pair), RELEASE writes the key
+//! back to FreeArr, and the sender reuses the buffer only once every destination freed
+//! it. OpenMPI treats a rank's own block of an Alltoallv the same way (a local copy,
+//! not a message); the paper does not single out a node's own partition (its
+//! repartition sends to every node, the sender included, through the NIC).
 
 use crate::buffer::{Buffer, HEADER_BYTES, Header, Received, SendBuf, State};
 use crate::endpoint::{
@@ -38,6 +50,10 @@ const END: u32 = 1 << 31;
 const WR_ENTRY: u64 = 1;
 const WR_REPORT: u64 = 2;
 const WR_READ: u64 = 1 << 63;
+
+/// Buffers the sender of a lane gives to the receiver of the same lane, by ValidArr
+/// key: its own rank's share, which the receiver reads in place instead of READing.
+type Handoff = Arc<Mutex<HashMap<u64, Buffer>>>;
 
 /// What a rank tells the others when a lane opens.
 #[derive(Serialize, Deserialize)]
@@ -90,6 +106,7 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
     // Every queue pair is connected before anyone writes.
     node.all_gather(&format!("mq/rd lane {} wired", lane.lane), &())?;
     let peers = send_mesh.peers.clone();
+    let handoff: Handoff = Arc::default();
     let at = |r: usize, rkey: u32, word: usize| RemoteAddr {
         node: peers[r],
         rkey,
@@ -97,6 +114,8 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
     };
     let sender = RdSender {
         id: lane.endpoint_id(rank),
+        rank,
+        handoff: handoff.clone(),
         nodes,
         timeout: config.timeout,
         layout,
@@ -119,6 +138,8 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
     };
     let receiver = RdReceiver {
         id: lane.endpoint_id(rank),
+        rank,
+        handoff,
         nodes,
         timeout: config.timeout,
         layout,
@@ -150,6 +171,9 @@ pub(crate) fn open(node: &Node, config: &EndpointConfig, lane: Lane) -> Result<P
 
 struct RdSender {
     id: u32,
+    rank: usize,
+    /// This rank's share, for the receiver of this lane.
+    handoff: Handoff,
     nodes: usize,
     timeout: Duration,
     layout: Layout,
@@ -295,6 +319,11 @@ impl SendEndpoint for RdSender {
                     extra: 0,
                 });
                 let key = ring::buffer_key(buffer.region().rkey(), buffer.offset());
+                if dests.contains(&self.rank) {
+                    // Before the ValidArr entry is written: the receiver looks it up
+                    // when the entry arrives.
+                    lock(&self.handoff).insert(key, buffer.clone());
+                }
                 s.inflight.insert(key, (buffer, dests.len()));
                 drop(s);
                 for &d in dests {
@@ -336,6 +365,9 @@ impl SendEndpoint for RdSender {
 
 struct RdReceiver {
     id: u32,
+    rank: usize,
+    /// The buffers of this rank's sender of this lane, read in place.
+    handoff: Handoff,
     nodes: usize,
     timeout: Duration,
     layout: Layout,
@@ -415,6 +447,8 @@ impl RdReceiver {
                         s.ended[i] = true;
                         s.n_ended += 1;
                     }
+                } else if i == self.rank {
+                    self.take_local(s, key, aux)?;
                 } else {
                     s.pending.push_back((i, key, aux));
                 }
@@ -450,6 +484,31 @@ impl RdReceiver {
             )?;
             s.reading.insert(id, (src, key, buf));
         }
+        Ok(())
+    }
+
+    /// A ValidArr entry from this rank: the buffer is this lane's sender's, in this
+    /// process, and is returned as it is instead of READ into one of ours.
+    fn take_local(&self, s: &mut RecvSide, key: u64, bytes: u32) -> Result<()> {
+        let malformed = |why: String| ShuffleError::Malformed {
+            from: format!("rank {} (this node)", self.rank),
+            why,
+        };
+        let buf = lock(&self.handoff)
+            .remove(&key)
+            .ok_or_else(|| malformed(format!("buffer {key:#x} was not handed over")))?;
+        let header = buf
+            .read_header(0)
+            .filter(|h| {
+                h.source == self.sources[self.rank]
+                    && h.payload_bytes + HEADER_BYTES == bytes
+                    && bytes <= buf.len()
+            })
+            .ok_or_else(|| malformed(format!("buffer {key:#x} without a valid header")))?;
+        let id = s.next_read;
+        s.next_read += 1;
+        s.held.insert(id, (self.rank, key));
+        s.ready.push_back(Received::new(buf, 0, &header, id));
         Ok(())
     }
 
@@ -513,7 +572,10 @@ impl RecvEndpoint for RdReceiver {
                     "release of a buffer this endpoint did not return".into(),
                 ));
             };
-            s.circ.ready([buf]);
+            // A buffer of this rank's sender goes back to it through FreeArr only.
+            if held.0 != self.rank {
+                s.circ.ready([buf]);
+            }
             held
         };
         let words = self.ctrl.memory().words();
@@ -541,5 +603,72 @@ impl RecvEndpoint for RdReceiver {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::LocalExchange;
+    use fabric::Device;
+    use fabric::sim::{SimConfig, SimNetwork};
+
+    /// Two nodes; rank 0 sends one buffer to itself and one to rank 1. Its own comes
+    /// back as the very buffer it sent (read in place), rank 1's as a copy of it.
+    #[test]
+    fn a_nodes_own_buffer_is_read_in_place_and_a_peers_is_read_into_a_copy() {
+        let net = SimNetwork::new(SimConfig::default());
+        let config = EndpointConfig {
+            message_bytes: 512,
+            timeout: Duration::from_secs(15),
+            ..EndpointConfig::default()
+        };
+        let lane = Lane {
+            lane: 0,
+            lanes: 1,
+            sharers: 1,
+        };
+        let exchanges = LocalExchange::group(2, Duration::from_secs(30));
+        std::thread::scope(|s| {
+            for x in exchanges {
+                let device = net.add_node() as Arc<dyn Device>;
+                let (config, lane) = (&config, lane);
+                s.spawn(move || {
+                    let node = Node::join(device, Arc::new(x), 1 << 30).unwrap();
+                    let rank = node.rank();
+                    let (send, recv) = open(&node, config, lane).unwrap();
+                    let mut sent = Vec::new();
+                    if rank == 0 {
+                        for (dest, word) in [(0, 100), (1, 200)] {
+                            let mut buf = send.acquire().unwrap();
+                            assert!(buf.push_tuple(&[word, word + 1]));
+                            sent.push(buf.buffer().clone());
+                            send.put_data(buf, &[dest], State::MoreData).unwrap();
+                        }
+                    }
+                    let ender = std::thread::spawn(move || {
+                        let buf = send.acquire().unwrap();
+                        send.put_data(buf, &[], State::Depleted).unwrap();
+                    });
+                    let mut got = Vec::new();
+                    while let Some(data) = recv.get_data().unwrap() {
+                        got.push((data.to_words(), data.buffer().clone()));
+                        recv.release(data).unwrap();
+                    }
+                    ender.join().unwrap();
+                    assert_eq!(got.len(), 1, "rank {rank}");
+                    let (words, buffer) = &got[0];
+                    if rank == 0 {
+                        assert_eq!(words, &[100, 101]);
+                        assert!(
+                            buffer.same(&sent[0]),
+                            "rank 0 got {buffer:?}, sent {sent:?}"
+                        );
+                    } else {
+                        assert_eq!(words, &[200, 201]);
+                    }
+                });
+            }
+        });
     }
 }

@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tonic::Status;
-use txn::{AsyncTransaction, Database, Suspended, Table, TxnError, Worker};
+use txn::{AsyncTransaction, Database, FencedOutcome, Suspended, Table, TxnError, Worker};
 
 /// How long an idle worker waits for a request before it does its housekeeping: the
 /// oracle slot wants a tick about every millisecond (`timestamp::SlotConfig`).
@@ -38,6 +38,14 @@ const WORKER_BITS: u32 = 16;
 /// (`txn::Options::scratch_bytes`, registered memory), so clients that begin and never
 /// end would otherwise take the node's memory without limit.
 pub const MAX_OPEN_PER_WORKER: usize = 1024;
+
+/// How long a Commit fenced under its worker waits for recovery to decide it before
+/// it is answered UNKNOWN. Recovery normally decides within a lease or two (the fence
+/// is what starts it), but one stalled on another node is taken over only after
+/// `txn::recovery::TAKEOVER` (5 s), and rolling forward scans the tables: this covers
+/// both, and stays well inside `namdb kv`'s default `--timeout` (30 s), so the answer
+/// reaches a client that still waits.
+pub const FENCED_OUTCOME_PATIENCE: Duration = Duration::from_secs(12);
 
 /// The most workers a pool may have.
 pub const MAX_WORKERS: usize = 1 << WORKER_BITS;
@@ -669,10 +677,11 @@ impl Local {
                 // to its end even if the caller stops waiting (the executor, not the
                 // caller, owns this future).
                 self.open.borrow_mut().remove(&(handle >> WORKER_BITS));
-                let result = t
-                    .commit()
-                    .await
-                    .map_err(|e| status::status_of(&e, Fate::Aborted));
+                let result = match t.commit().await {
+                    Ok(cid) => Ok(cid),
+                    Err(TxnError::Fenced { cid }) => self.fenced_outcome(cid).await,
+                    Err(e) => Err(status::status_of(&e, Fate::Aborted)),
+                };
                 let _ = reply.send(result);
             }
             Op::Abort { reply } => {
@@ -681,6 +690,30 @@ impl Local {
                 self.aborted_open.set(self.aborted_open.get() + 1);
                 let _ = reply.send(Ok(()));
             }
+        }
+    }
+
+    /// The answer to a Commit abandoned to recovery ([`TxnError::Fenced`]): what
+    /// recovery made of it, once it has decided, so the client is told committed (with
+    /// its commit timestamp) or rolled back (safe to retry) rather than "unknown".
+    /// `Worker::fenced_outcome` yields while it waits, so the worker's other
+    /// transactions go on meanwhile; UNKNOWN only if recovery has not decided within
+    /// [`FENCED_OUTCOME_PATIENCE`].
+    async fn fenced_outcome(&self, cid: u64) -> Result<Option<u64>, Status> {
+        tracing::warn!(
+            worker = self.index,
+            cid,
+            "a commit was fenced (the worker's lease lapsed under it); waiting for recovery \
+             to decide it"
+        );
+        match self
+            .worker
+            .fenced_outcome(cid, FENCED_OUTCOME_PATIENCE)
+            .await
+        {
+            Ok(FencedOutcome::Committed { cid }) => Ok(Some(cid)),
+            Ok(FencedOutcome::RolledBack) => Err(status::fenced_rolled_back(cid)),
+            Err(e) => Err(status::fenced_undecided(cid, &e)),
         }
     }
 
@@ -925,6 +958,91 @@ mod tests {
             "the broken worker's counters carry over: {stats:?}"
         );
         pool.shutdown();
+    }
+
+    /// A worker thread whose commit stalls at `point` past its lease (its thread
+    /// starved) until recovery of its slot began, as `Pool` starts them otherwise.
+    fn pool_stalling_at(db: &Database, point: &'static str) -> Pool {
+        let (tx, rx) = mpsc::channel();
+        let db = db.clone();
+        let thread = std::thread::spawn(move || {
+            let worker = db.worker().unwrap();
+            let watched = db.clone();
+            txn::crash::stall_at_on_this_thread(
+                point,
+                Box::new(move |cid| {
+                    let slot = (cid % u64::from(watched.options().slots)) as u32;
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while !watched.recoveries().iter().any(|r| r.slot == slot) {
+                        assert!(Instant::now() < deadline, "{point}: never fenced");
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }),
+            )
+            .unwrap();
+            serve_until_stopped(&db, worker, 0, Duration::from_secs(30), &rx);
+        });
+        Pool {
+            senders: vec![tx],
+            threads: vec![thread],
+            next: AtomicUsize::new(0),
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn a_fenced_commit_is_answered_with_what_recovery_made_of_it() {
+        use std::sync::atomic::AtomicBool;
+        // Fenced before its log record was complete: rolled back; after: committed.
+        for (point, committed) in [("after-lock", false), ("after-log", true)] {
+            let db = Database::embedded(txn::Options {
+                oracle: timestamp::OracleConfig {
+                    tick_interval: Duration::from_millis(2),
+                    lease_timeout: Duration::from_millis(80),
+                    ..timestamp::OracleConfig::default()
+                },
+                ..txn::Options::default()
+            })
+            .unwrap();
+            let t = db.create_table(txn::TableSpec::new("t", 16, 1024)).unwrap();
+            let pool = pool_stalling_at(&db, point);
+            // The fencer commits elsewhere (so the stalled slot holds the prefix back)
+            // and ticks, which fences the stalled slot and recovers it.
+            let stop = Arc::new(AtomicBool::new(false));
+            let fencer = {
+                let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut c = db.client().unwrap();
+                    while !stop.load(Ordering::Relaxed) {
+                        c.run(3, |x| x.put(&t, 5, b"f".to_vec())).unwrap();
+                        c.tick().unwrap();
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                })
+            };
+            let a = begin(&pool).unwrap();
+            put(&pool, a.handle, 1, b"one").unwrap();
+            let answer = op(&pool, a.handle, |reply| Op::Commit { reply });
+            stop.store(true, Ordering::Relaxed);
+            fencer.join().unwrap();
+            let recovered = db.recoveries();
+            assert!(!recovered.is_empty(), "{point}: the commit was not fenced");
+            let b = begin(&pool).unwrap();
+            let seen = get(&pool, b.handle, 1).unwrap();
+            if committed {
+                let cid = answer.unwrap_or_else(|e| panic!("{point}: {e:?}"));
+                assert!(cid.is_some_and(|c| c > 0), "{point}: {cid:?}");
+                assert_eq!(seen, Some(b"one".to_vec()), "{point}");
+            } else {
+                let err = answer.expect_err("rolled back");
+                assert_eq!(err.code(), tonic::Code::Aborted, "{point}: {err:?}");
+                assert!(err.message().contains("rolled back"), "{err:?}");
+                assert!(err.message().contains("run it again"), "{err:?}");
+                assert_eq!(seen, None, "{point}");
+            }
+            assert!(db.locked_records().unwrap().is_empty(), "{point}");
+            pool.shutdown();
+        }
     }
 
     #[test]

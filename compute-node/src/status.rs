@@ -31,7 +31,8 @@ pub fn code_of(e: &TxnError) -> Code {
             IndexError::Fabric(_) => Code::Unavailable,
         },
         TxnError::Oracle(_) | TxnError::Fabric(_) => Code::Unavailable,
-        // The outcome is recovery's to decide: the client cannot know it.
+        // The outcome is recovery's to decide: unknown until it has (the pool asks,
+        // `fenced_rolled_back` / `fenced_undecided`).
         TxnError::Fenced { .. } => Code::Unknown,
         // Committed, but whether it survives a restart of that server is unknown.
         TxnError::Persist { .. } => Code::Unknown,
@@ -98,6 +99,27 @@ pub fn status_of(e: &TxnError, fate: Fate) -> Status {
         Fate::None => {}
     }
     Status::new(code, message)
+}
+
+/// The status of a Commit fenced under its worker that recovery rolled back: it had
+/// no effect, so unlike UNKNOWN it is safe to run again.
+pub fn fenced_rolled_back(cid: u64) -> Status {
+    Status::aborted(format!(
+        "commit {cid} was rolled back: the worker running it was fenced (its oracle lease \
+         lapsed while its thread was starved, before the commit's log record was complete), \
+         and recovery undid it; the transaction had no effect: this is retryable, run it \
+         again"
+    ))
+}
+
+/// The status of a Commit fenced under its worker whose outcome could not be learnt
+/// (`why`): UNKNOWN, as it may have taken effect.
+pub fn fenced_undecided(cid: u64, why: &TxnError) -> Status {
+    Status::unknown(format!(
+        "commit {cid} was abandoned to recovery (the worker running it was fenced: its \
+         oracle lease lapsed) and its outcome could not be learnt in time ({why}); it may \
+         have taken effect"
+    ))
 }
 
 /// The status of a transaction handle the node does not hold.
@@ -220,6 +242,20 @@ mod tests {
         let s = status_of(&unconfirmed, Fate::Aborted);
         assert_eq!(s.code(), Code::Unknown);
         assert!(s.message().contains("is committed"), "{}", s.message());
+        assert!(!s.message().contains("aborted"), "{}", s.message());
+        // A fenced commit recovery decided rolled back is safe to run again; one whose
+        // outcome could not be learnt is not, and never says "aborted".
+        let s = fenced_rolled_back(9);
+        assert_eq!(s.code(), Code::Aborted);
+        assert!(s.message().contains("run it again"), "{}", s.message());
+        let s = fenced_undecided(9, &TxnError::Invalid("still recovering".into()));
+        assert_eq!(s.code(), Code::Unknown);
+        assert!(s.message().contains("still recovering"), "{}", s.message());
+        assert!(
+            s.message().contains("may have taken effect"),
+            "{}",
+            s.message()
+        );
         assert!(!s.message().contains("aborted"), "{}", s.message());
         let s = unknown_transaction(0x12, std::time::Duration::from_millis(300));
         assert_eq!(s.code(), Code::NotFound);

@@ -8,10 +8,17 @@
 use crate::history::ReadValue;
 use crate::store::{ReadResult, StoreError, TxnStore};
 use std::sync::Arc;
-use txn::{Client, Database, Suspended, Table, TableSpec, Transaction, TxnError};
+use std::time::Duration;
+use txn::{Client, Database, FencedOutcome, Suspended, Table, TableSpec, Transaction, TxnError};
 
 const REGISTER: u8 = 0;
 const LIST: u8 = 1;
+
+/// How long a commit fenced under its worker ([`TxnError::Fenced`]) waits for recovery
+/// to decide it before it is recorded as of unknown outcome: more than recovery's
+/// `txn::recovery::TAKEOVER` (5 s), so a recovery whose node died is taken over in
+/// time, and less than the chaos harness's 20 s for a node to stop.
+pub const FENCED_OUTCOME_PATIENCE: Duration = Duration::from_secs(10);
 
 /// txn as a verify store: one [`Database`] table holding registers and lists.
 pub struct TxnKv {
@@ -21,6 +28,10 @@ pub struct TxnKv {
 
 pub struct Session {
     client: Option<Client>,
+    /// The CID of this session's last fenced commit that recovery rolled forward: the
+    /// client does not know it as its own commit, so its next snapshots must be told
+    /// to include it (a session sees its own last commit).
+    after: u64,
 }
 
 pub struct Txn {
@@ -107,6 +118,7 @@ impl TxnStore for TxnKv {
     fn open_session(&self) -> Session {
         Session {
             client: Some(self.db.client().expect("a client")),
+            after: 0,
         }
     }
 
@@ -120,7 +132,9 @@ impl TxnStore for TxnKv {
                 .client()
                 .map_err(|e| StoreError::Other(format!("no worker for this session: {e}")))?,
         };
-        let begun = client.begin().map(|t| (t.rid(), t.suspend()));
+        let begun = client
+            .begin_after(session.after)
+            .map(|t| (t.rid(), t.suspend()));
         match begun {
             Ok((rid, state)) => Ok(Txn {
                 client,
@@ -196,13 +210,37 @@ impl TxnStore for TxnKv {
             mut client, state, ..
         } = txn;
         let result = client.resume(state.expect("a live transaction")).commit();
-        session.client = Some(client);
-        result.map_err(|e| match e {
-            TxnError::Conflict { .. } | TxnError::DuplicateKey { .. } => StoreError::Conflict,
-            TxnError::SnapshotTooOld { .. } => StoreError::SnapshotTooOld,
+        let result = match result {
+            // Abandoned to recovery: what recovery made of it is known once it has
+            // decided, and a decided outcome lets the checker hold the commit to
+            // "nothing acknowledged is lost" (or an abort to "no effect") rather than
+            // leave it unknown.
+            Err(TxnError::Fenced { cid }) => match txn::runtime::block_on(
+                client.worker().fenced_outcome(cid, FENCED_OUTCOME_PATIENCE),
+            ) {
+                Ok(FencedOutcome::Committed { cid }) => {
+                    session.after = session.after.max(cid);
+                    Ok(Some(cid))
+                }
+                Ok(FencedOutcome::RolledBack) => Err(StoreError::Other(format!(
+                    "commit {cid} rolled back: its worker was fenced before its log record \
+                     was complete"
+                ))),
+                Err(e) => Err(StoreError::Indeterminate(format!(
+                    "commit {cid} abandoned to recovery (its worker was fenced), outcome not \
+                     learnt: {e}"
+                ))),
+            },
+            Ok(cid) => Ok(cid),
+            Err(TxnError::Conflict { .. } | TxnError::DuplicateKey { .. }) => {
+                Err(StoreError::Conflict)
+            }
+            Err(TxnError::SnapshotTooOld { .. }) => Err(StoreError::SnapshotTooOld),
             // Failing after its locks, a commit may have installed.
-            e => StoreError::Indeterminate(e.to_string()),
-        })
+            Err(e) => Err(StoreError::Indeterminate(e.to_string())),
+        };
+        session.client = Some(client);
+        result
     }
 
     fn abort(&self, session: &mut Session, txn: Self::Txn) {

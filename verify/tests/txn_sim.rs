@@ -78,3 +78,81 @@ fn bank_is_snapshot_isolation_and_balanced() {
     bank.check(&index, &mut findings);
     assert!(findings.is_empty(), "{findings:?}");
 }
+
+/// A commit whose worker's thread stalls past its lease (starved) is fenced and left
+/// to recovery; the store records what recovery made of it rather than "unknown":
+/// committed (at its CID, seen by the session's next transaction) when it stalled
+/// after its log record, rolled back (an abort, nothing written) before.
+#[test]
+fn a_fenced_commit_is_recorded_as_what_recovery_made_of_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+    use verify::history::ReadValue;
+    use verify::store::{StoreError, TxnStore};
+    for (point, committed) in [("after-lock", false), ("after-log", true)] {
+        let db = Database::embedded(Options {
+            oracle: timestamp::OracleConfig {
+                tick_interval: Duration::from_millis(2),
+                lease_timeout: Duration::from_millis(80),
+                ..timestamp::OracleConfig::default()
+            },
+            // The session's next snapshot must include the commit by itself.
+            wait_visible: false,
+            ..Options::default()
+        })
+        .unwrap();
+        let table = db.create_table(TxnKv::table_spec("kv", 1 << 10)).unwrap();
+        let store = TxnKv::new(db.clone(), table.clone());
+        // The fencer commits elsewhere (so the stalled slot holds the prefix back) and
+        // ticks, which fences the stalled slot and recovers it.
+        let stop = Arc::new(AtomicBool::new(false));
+        let fencer = {
+            let (db, table, stop) = (db.clone(), table.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = db.client().unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    c.run(3, |x| x.put(&table, 5, vec![0; 9])).unwrap();
+                    c.tick().unwrap();
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        let mut session = store.open_session();
+        let mut t = store.begin(&mut session).unwrap();
+        store.write(&mut t, "x", 7).unwrap();
+        let watched = db.clone();
+        txn::crash::stall_at_on_this_thread(
+            point,
+            Box::new(move |cid| {
+                let slot = (cid % u64::from(watched.options().slots)) as u32;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !watched.recoveries().iter().any(|r| r.slot == slot) {
+                    assert!(Instant::now() < deadline, "{point}: never fenced");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }),
+        )
+        .unwrap();
+        let outcome = store.commit(&mut session, t);
+        assert!(!db.recoveries().is_empty(), "{point}: not fenced");
+        let mut t = store.begin(&mut session).unwrap();
+        let read = store.read(&mut t, "x").unwrap();
+        store.abort(&mut session, t);
+        stop.store(true, Ordering::Relaxed);
+        fencer.join().unwrap();
+        if committed {
+            let cid = outcome.unwrap_or_else(|e| panic!("{point}: {e:?}"));
+            assert!(cid.is_some(), "{point}");
+            assert_eq!(read.value, ReadValue::Register(7), "{point}");
+            assert_eq!(read.version, cid, "{point}");
+        } else {
+            match outcome {
+                Err(StoreError::Other(why)) => assert!(why.contains("rolled back"), "{why}"),
+                other => panic!("{point}: {other:?}"),
+            }
+            assert_eq!(read.value, ReadValue::Absent, "{point}");
+        }
+        assert!(db.locked_records().unwrap().is_empty(), "{point}");
+    }
+}

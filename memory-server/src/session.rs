@@ -205,6 +205,16 @@ pub(crate) enum ReturnError {
     NotBorrowed { lkey: u32 },
 }
 
+/// Why [`Session::deregister_registered`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeregisterError {
+    /// The session holds no region with that lkey.
+    NotHeld,
+    /// It holds one, borrowed (BorrowRegion, its rkey), not registered through remote
+    /// verbs.
+    Borrowed { rkey: u32 },
+}
+
 /// One authenticated peer.
 pub(crate) struct Session {
     pub id: SessionId,
@@ -332,17 +342,28 @@ impl Session {
         Ok(())
     }
 
-    /// Deregisters one of the session's regions; false if it has no such one.
-    pub fn remove_region(&self, lkey: u32) -> bool {
-        let region = {
+    /// Deregisters the region with lkey `lkey` that the session registered through
+    /// remote verbs (RegisterRegion). A borrowed one is refused and stays as it was: it
+    /// carries a loan against the server's cap and goes back through ReturnRegion, the
+    /// call its borrower pairs with BorrowRegion. Found, checked and removed under one
+    /// lock, as in [`Session::return_borrowed`].
+    pub fn deregister_registered(&self, lkey: u32) -> Result<(), DeregisterError> {
+        let held = {
             let mut st = self.lock();
-            let region = st.regions.remove(&lkey);
-            if let Some(r) = &region {
-                st.region_bytes -= r.region.len();
+            let held = st.regions.get(&lkey).ok_or(DeregisterError::NotHeld)?;
+            if held.loan.is_some() {
+                return Err(DeregisterError::Borrowed {
+                    rkey: held.region.rkey(),
+                });
             }
-            region
+            let held = st.regions.remove(&lkey).ok_or(DeregisterError::NotHeld)?;
+            st.region_bytes -= held.region.len();
+            held
         };
-        region.is_some()
+        // Deregistered outside the lock: destroying an object may take the device's
+        // locks.
+        drop(held);
+        Ok(())
     }
 
     /// Gives back the region with rkey `rkey` that the server lent this session
@@ -645,7 +666,8 @@ mod tests {
             Err(SessionError::TooManyBytes { len: 24, max: 64 })
         );
         s.region_fits(16, &limits).unwrap();
-        assert!(s.remove_region(lkey) && !s.remove_region(lkey));
+        assert_eq!(s.deregister_registered(lkey), Ok(()));
+        assert_eq!(s.deregister_registered(lkey), Err(DeregisterError::NotHeld));
         s.region_fits(64, &limits).unwrap();
         for _ in 0..2 {
             s.add_region(dev.register(8, fabric::Access::ALL).unwrap(), &limits, None)
@@ -706,12 +728,12 @@ mod tests {
             sessions.open(None, now).unwrap(),
             sessions.open(None, now).unwrap(),
         );
-        let borrow = |s: &Session, len: u64| -> Result<u32, SessionError> {
+        let borrow = |s: &Session, len: u64| -> Result<(u32, u32), SessionError> {
             let loan = ledger.lend(len)?;
             let region = dev.register(len, fabric::Access::ALL).unwrap();
-            let lkey = region.lkey();
+            let keys = (region.lkey(), region.rkey());
             s.add_region(region, &limits, Some(loan))?;
-            Ok(lkey)
+            Ok(keys)
         };
         let first = borrow(&a, 32).unwrap();
         borrow(&b, 24).unwrap();
@@ -735,7 +757,14 @@ mod tests {
         drop(ledger.lend(8).unwrap());
         assert_eq!(ledger.lent(), (56, 2));
 
-        assert!(a.remove_region(first));
+        // Deregistering is for regions registered through remote verbs: a borrowed one
+        // is refused and keeps its loan.
+        assert_eq!(
+            a.deregister_registered(first.0),
+            Err(DeregisterError::Borrowed { rkey: first.1 })
+        );
+        assert_eq!(ledger.lent(), (56, 2));
+        assert_eq!(a.return_borrowed(first.1), Ok(()));
         assert_eq!(ledger.lent(), (24, 1));
         borrow(&a, 40).unwrap();
         // Regions registered through remote verbs are the session's, not lent.

@@ -4,7 +4,7 @@
 
 use crate::proto::{self, remote_verbs_server::RemoteVerbs};
 use crate::service::ServerState;
-use crate::session::{Session, SessionError};
+use crate::session::{DeregisterError, Session, SessionError};
 use crate::stats::Rpc;
 use crate::{verbs_error, verbs_wire};
 use fabric::{
@@ -154,10 +154,18 @@ impl RemoteVerbs for VerbsService {
     ) -> Reply<proto::DeregisterRegionResponse> {
         let session = self.open(Rpc::DeregisterRegion, &req)?;
         let lkey = req.get_ref().lkey;
-        removed(session.remove_region(lkey), || {
-            format!("this session registered no region with lkey {lkey:#x}")
-        })?;
-        Ok(Response::new(proto::DeregisterRegionResponse {}))
+        match session.deregister_registered(lkey) {
+            Ok(()) => Ok(Response::new(proto::DeregisterRegionResponse {})),
+            Err(DeregisterError::NotHeld) => Err(Status::not_found(format!(
+                "this session registered no region with lkey {lkey:#x}"
+            ))),
+            Err(DeregisterError::Borrowed { rkey }) => Err(Status::failed_precondition(format!(
+                "the region with lkey {lkey:#x} (rkey {rkey:#x}) was borrowed (BorrowRegion), \
+                 not registered through remote verbs: give it back with ReturnRegion \
+                 (rkey {rkey:#x}), which also returns its share of the server's borrow cap; \
+                 it is kept as it was"
+            ))),
+        }
     }
 
     async fn create_cq(

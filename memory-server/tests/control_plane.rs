@@ -699,6 +699,16 @@ async fn borrowed_regions_belong_to_the_session() {
     assert_eq!((stats.sessions, stats.session_region_bytes), (1, 0));
 }
 
+/// `message` as a call of `client`'s session, for the remote-verbs stub.
+fn in_session<T>(message: T, client: &Client) -> Request<T> {
+    let mut req = Request::new(message);
+    req.metadata_mut().insert(
+        SESSION_METADATA,
+        client.session_id().to_string().parse().unwrap(),
+    );
+    req
+}
+
 /// ReturnRegion gives back only what BorrowRegion lent. A region the session holds
 /// another way (registered through remote verbs) is refused with FAILED_PRECONDITION
 /// naming its rkey and why, and stays: still registered, still usable over the data
@@ -719,14 +729,6 @@ async fn return_region_gives_back_only_borrowed_regions() {
     let mut verbs = RemoteVerbsClient::connect(format!("http://{}", setup.addr))
         .await
         .unwrap();
-    fn in_session<T>(message: T, client: &Client) -> Request<T> {
-        let mut req = Request::new(message);
-        req.metadata_mut().insert(
-            SESSION_METADATA,
-            client.session_id().to_string().parse().unwrap(),
-        );
-        req
-    }
     let registered = verbs
         .register_region(in_session(
             proto::RegisterRegionRequest {
@@ -797,6 +799,97 @@ async fn return_region_gives_back_only_borrowed_regions() {
         .await
         .unwrap();
     assert_eq!(client.stats().await.unwrap().session_region_bytes, 8192);
+}
+
+/// DeregisterRegion frees only regions the session registered through remote verbs. A
+/// borrowed one (its lkey) is refused with FAILED_PRECONDITION naming its keys and
+/// ReturnRegion, and stays: usable over the data path, counted, its loan still held
+/// against the cap, and it still goes back through ReturnRegion. It used to be removed
+/// like a registered one.
+#[tokio::test]
+async fn deregister_region_frees_only_registered_regions() {
+    let setup = Setup::start_with(|mut c| {
+        c.allow_remote_verbs = true;
+        c.max_borrowed = Some(8192);
+        c
+    })
+    .await;
+    let (dev, cq) = setup.node();
+    let local = dev.register(8, Access::LOCAL).unwrap();
+    let client = Client::connect(&setup.addr, &token()).await.unwrap();
+    let (qp, _) = client.connect_qp(&*dev, &cq).await.unwrap();
+    let mut verbs = RemoteVerbsClient::connect(format!("http://{}", setup.addr))
+        .await
+        .unwrap();
+    let registered = verbs
+        .register_region(in_session(
+            proto::RegisterRegionRequest {
+                len: 4096,
+                access: Access::ALL.bits(),
+            },
+            &client,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    // BorrowRegion tells only the rkey; the sim device uses one key as both, so the
+    // borrowed region's lkey is its rkey.
+    assert_eq!(registered.lkey, registered.rkey, "the sim device's keys");
+    let borrowed = client.borrow_region(8192).await.unwrap();
+    let borrowed_lkey = borrowed.rkey;
+    let deregister = |lkey| in_session(proto::DeregisterRegionRequest { lkey }, &client);
+
+    let e = verbs
+        .deregister_region(deregister(borrowed_lkey))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    let said = e.message();
+    assert!(
+        said.contains(&format!("lkey {borrowed_lkey:#x}"))
+            && said.contains(&format!("rkey {:#x}", borrowed.rkey))
+            && said.contains("borrowed")
+            && said.contains("ReturnRegion"),
+        "{said}"
+    );
+    // Nothing lost: counted, usable over the data path, and its loan still held.
+    assert_eq!(
+        client.stats().await.unwrap().session_region_bytes,
+        4096 + 8192
+    );
+    local.store_u64(0, 0xbeef).unwrap();
+    ok(run(
+        &*qp,
+        &*cq,
+        SendWr::write(1, local.buf(0, 8), borrowed.at(24)),
+    ));
+    local.store_u64(0, 0).unwrap();
+    ok(run(
+        &*qp,
+        &*cq,
+        SendWr::read(2, local.buf(0, 8), borrowed.at(24)),
+    ));
+    assert_eq!(local.load_u64(0).unwrap(), 0xbeef);
+    let full = client.borrow_region(8).await.unwrap_err();
+    assert_eq!(full.code(), Some(Code::ResourceExhausted), "{full}");
+
+    // A lkey the session does not hold is still NOT_FOUND, and a registered region
+    // still deregisters.
+    let missing = verbs
+        .deregister_region(deregister(registered.lkey ^ 0x00ff_ff00))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing}");
+    verbs
+        .deregister_region(deregister(registered.lkey))
+        .await
+        .unwrap();
+    assert_eq!(client.stats().await.unwrap().session_region_bytes, 8192);
+
+    // The borrowed region goes back the way it came, with its share of the cap.
+    client.return_region(&borrowed).await.unwrap();
+    assert_eq!(client.stats().await.unwrap().session_region_bytes, 0);
+    client.borrow_region(8192).await.unwrap();
 }
 
 /// Borrowing is capped across sessions (by default at half the data regions' size), so

@@ -971,12 +971,10 @@ mod tests {
             txn::crash::stall_at_on_this_thread(
                 point,
                 Box::new(move |cid| {
-                    let slot = (cid % u64::from(watched.options().slots)) as u32;
-                    let deadline = Instant::now() + Duration::from_secs(30);
-                    while !watched.recoveries().iter().any(|r| r.slot == slot) {
-                        assert!(Instant::now() < deadline, "{point}: never fenced");
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
+                    assert!(
+                        watched.wait_for_recovery_of(cid, Duration::from_secs(30)),
+                        "{point}: never fenced"
+                    );
                 }),
             )
             .unwrap();

@@ -276,20 +276,10 @@ fn a_related_items_write_fenced_under_a_starved_writer_is_resolved() {
         txn::crash::stall_at_on_this_thread(
             point,
             Box::new(move |cid| {
-                let slot = (cid % u64::from(watched.options().slots)) as u32;
-                let recoveries = || {
-                    watched
-                        .recoveries()
-                        .iter()
-                        .filter(|r| r.slot == slot)
-                        .count()
-                };
-                let before = recoveries();
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while recoveries() == before {
-                    assert!(Instant::now() < deadline, "{point}: never fenced");
-                    std::thread::sleep(Duration::from_millis(2));
-                }
+                assert!(
+                    watched.wait_for_recovery_of(cid, Duration::from_secs(60)),
+                    "{point}: never fenced"
+                );
                 stalled_cid.store(cid, Ordering::Relaxed);
             }),
         )

@@ -288,19 +288,6 @@ struct InjectedTxn<'a> {
     read_order_lines: bool,
 }
 
-/// Blocks this thread, in the middle of commit `cid`, until another worker has fenced
-/// the slot `cid` is of and recovered what it held: a thread descheduled past its
-/// lease. Waits for that event, not for a time (up to a minute, then goes on).
-fn stall_until_recovered(db: &Database, cid: u64) {
-    let slot = (cid % u64::from(db.options().slots)) as u32;
-    let recoveries = || db.recoveries().iter().filter(|r| r.slot == slot).count();
-    let before = recoveries();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while recoveries() == before && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 /// Waits `time` while the thread's other coroutines run.
 async fn pause(time: Duration) {
     let until = Instant::now() + time;
@@ -373,7 +360,7 @@ impl Engine for InjectedEngine {
             txn::crash::stall_at_on_this_thread(
                 point,
                 Box::new(move |cid| {
-                    stall_until_recovered(&db, cid);
+                    db.wait_for_recovery_of(cid, Duration::from_secs(60));
                     stalled.store(cid, Ordering::Relaxed);
                 }),
             )

@@ -120,6 +120,30 @@ impl Database {
         lock(&self.shared.recoveries).clone()
     }
 
+    /// Blocks until this process has finished one more recovery of the oracle slot
+    /// commit `cid` was made in than it had when called, or `patience` has passed;
+    /// returns whether it did. For tests that starve a thread past its lease inside a
+    /// commit ([`crate::crash::stall_at_on_this_thread`]): the stall ends once the
+    /// slot was fenced and recovered under it.
+    pub fn wait_for_recovery_of(&self, cid: u64, patience: Duration) -> bool {
+        let slot = (cid % u64::from(self.options().slots)) as u32;
+        let count = || {
+            lock(&self.shared.recoveries)
+                .iter()
+                .filter(|r| r.slot == slot)
+                .count()
+        };
+        let before = count();
+        let deadline = Instant::now() + patience;
+        while count() == before {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+
     /// Resolves the work of the holder of `slot` whose lease tag is `holder_tag`, if
     /// its guard still says it is active: what a fencer does. Returns `None` when
     /// another node resolves it or did already.

@@ -87,7 +87,6 @@ fn bank_is_snapshot_isolation_and_balanced() {
 fn a_fenced_commit_is_recorded_as_what_recovery_made_of_it() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Instant;
     use verify::history::ReadValue;
     use verify::store::{StoreError, TxnStore};
     for (point, committed) in [("after-lock", false), ("after-log", true)] {
@@ -125,12 +124,10 @@ fn a_fenced_commit_is_recorded_as_what_recovery_made_of_it() {
         txn::crash::stall_at_on_this_thread(
             point,
             Box::new(move |cid| {
-                let slot = (cid % u64::from(watched.options().slots)) as u32;
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while !watched.recoveries().iter().any(|r| r.slot == slot) {
-                    assert!(Instant::now() < deadline, "{point}: never fenced");
-                    std::thread::sleep(Duration::from_millis(2));
-                }
+                assert!(
+                    watched.wait_for_recovery_of(cid, Duration::from_secs(30)),
+                    "{point}: never fenced"
+                );
             }),
         )
         .unwrap();

@@ -348,22 +348,15 @@ impl Session {
     /// call its borrower pairs with BorrowRegion. Found, checked and removed under one
     /// lock, as in [`Session::return_borrowed`].
     pub fn deregister_registered(&self, lkey: u32) -> Result<(), DeregisterError> {
-        let held = {
-            let mut st = self.lock();
+        self.remove_region(|st| {
             let held = st.regions.get(&lkey).ok_or(DeregisterError::NotHeld)?;
-            if held.loan.is_some() {
-                return Err(DeregisterError::Borrowed {
+            match held.loan {
+                Some(_) => Err(DeregisterError::Borrowed {
                     rkey: held.region.rkey(),
-                });
+                }),
+                None => Ok(lkey),
             }
-            let held = st.regions.remove(&lkey).ok_or(DeregisterError::NotHeld)?;
-            st.region_bytes -= held.region.len();
-            held
-        };
-        // Deregistered outside the lock: destroying an object may take the device's
-        // locks.
-        drop(held);
-        Ok(())
+        })
     }
 
     /// Gives back the region with rkey `rkey` that the server lent this session
@@ -371,23 +364,36 @@ impl Session {
     /// another way (registered through remote verbs) is refused and stays as it was;
     /// found, checked and removed under one lock, so nothing can change it in between.
     pub fn return_borrowed(&self, rkey: u32) -> Result<(), ReturnError> {
-        let held = {
-            let mut st = self.lock();
-            let (lkey, borrowed) = st
+        self.remove_region(|st| {
+            let (&lkey, held) = st
                 .regions
                 .iter()
                 .find(|(_, r)| r.region.rkey() == rkey)
-                .map(|(&lkey, r)| (lkey, r.loan.is_some()))
                 .ok_or(ReturnError::NotHeld)?;
-            if !borrowed {
-                return Err(ReturnError::NotBorrowed { lkey });
+            match held.loan {
+                Some(_) => Ok(lkey),
+                None => Err(ReturnError::NotBorrowed { lkey }),
             }
-            let held = st.regions.remove(&lkey).ok_or(ReturnError::NotHeld)?;
-            st.region_bytes -= held.region.len();
+        })
+    }
+
+    /// Removes the region whose lkey `pick` chooses (or refuses) under the session's
+    /// lock, so nothing changes it between the check and the removal, then deregisters
+    /// it (ending its loan, if any) outside the lock: destroying an object may take the
+    /// device's locks.
+    fn remove_region<E>(
+        &self,
+        pick: impl FnOnce(&SessionState) -> Result<u32, E>,
+    ) -> Result<(), E> {
+        let held = {
+            let mut st = self.lock();
+            let lkey = pick(&st)?;
+            let held = st.regions.remove(&lkey);
+            if let Some(h) = &held {
+                st.region_bytes -= h.region.len();
+            }
             held
         };
-        // Deregistered (and the loan ended after it) outside the lock: destroying an
-        // object may take the device's locks.
         drop(held);
         Ok(())
     }

@@ -709,6 +709,74 @@ fn in_session<T>(message: T, client: &Client) -> Request<T> {
     req
 }
 
+/// A session holding a region of each kind, for the tests of what gives each back:
+/// 4096 bytes registered through remote verbs and 8192 borrowed (the whole cap), with
+/// a queue pair to use them over.
+struct RegionKinds {
+    _setup: Setup,
+    cq: Arc<dyn CompletionQueue>,
+    qp: Arc<dyn QueuePair>,
+    local: fabric::Region,
+    client: Client,
+    verbs: RemoteVerbsClient<Channel>,
+    registered: proto::RegisterRegionResponse,
+    borrowed: fabric::RemoteRegion,
+}
+
+impl RegionKinds {
+    async fn start() -> RegionKinds {
+        let setup = Setup::start_with(|mut c| {
+            c.allow_remote_verbs = true;
+            c.max_borrowed = Some(8192);
+            c
+        })
+        .await;
+        let (dev, cq) = setup.node();
+        let local = dev.register(8, Access::LOCAL).unwrap();
+        let client = Client::connect(&setup.addr, &token()).await.unwrap();
+        let (qp, _) = client.connect_qp(&*dev, &cq).await.unwrap();
+        let mut verbs = RemoteVerbsClient::connect(format!("http://{}", setup.addr))
+            .await
+            .unwrap();
+        let registered = verbs
+            .register_region(in_session(
+                proto::RegisterRegionRequest {
+                    len: 4096,
+                    access: Access::ALL.bits(),
+                },
+                &client,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let borrowed = client.borrow_region(8192).await.unwrap();
+        assert_eq!(
+            client.stats().await.unwrap().session_region_bytes,
+            4096 + 8192
+        );
+        RegionKinds {
+            _setup: setup,
+            cq,
+            qp,
+            local,
+            client,
+            verbs,
+            registered,
+            borrowed,
+        }
+    }
+
+    /// Writes `value` at `at` over the data path and reads it back.
+    fn round_trip(&self, at: fabric::RemoteAddr, value: u64) -> u64 {
+        let (qp, cq, local) = (&*self.qp, &*self.cq, &self.local);
+        local.store_u64(0, value).unwrap();
+        ok(run(qp, cq, SendWr::write(1, local.buf(0, 8), at)));
+        local.store_u64(0, 0).unwrap();
+        ok(run(qp, cq, SendWr::read(2, local.buf(0, 8), at)));
+        local.load_u64(0).unwrap()
+    }
+}
+
 /// ReturnRegion gives back only what BorrowRegion lent. A region the session holds
 /// another way (registered through remote verbs) is refused with FAILED_PRECONDITION
 /// naming its rkey and why, and stays: still registered, still usable over the data
@@ -716,40 +784,13 @@ fn in_session<T>(message: T, client: &Client) -> Request<T> {
 /// removed like a borrowed one.
 #[tokio::test]
 async fn return_region_gives_back_only_borrowed_regions() {
-    let setup = Setup::start_with(|mut c| {
-        c.allow_remote_verbs = true;
-        c.max_borrowed = Some(8192);
-        c
-    })
-    .await;
-    let (dev, cq) = setup.node();
-    let local = dev.register(8, Access::LOCAL).unwrap();
-    let client = Client::connect(&setup.addr, &token()).await.unwrap();
-    let (qp, _) = client.connect_qp(&*dev, &cq).await.unwrap();
-    let mut verbs = RemoteVerbsClient::connect(format!("http://{}", setup.addr))
-        .await
-        .unwrap();
-    let registered = verbs
-        .register_region(in_session(
-            proto::RegisterRegionRequest {
-                len: 4096,
-                access: Access::ALL.bits(),
-            },
-            &client,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut kinds = RegionKinds::start().await;
+    let (client, registered, borrowed) = (&kinds.client, &kinds.registered, &kinds.borrowed);
     let registered_region = fabric::RemoteRegion {
         node: client.server().node,
         rkey: registered.rkey,
         len: registered.len,
     };
-    let borrowed = client.borrow_region(8192).await.unwrap();
-    assert_eq!(
-        client.stats().await.unwrap().session_region_bytes,
-        4096 + 8192
-    );
 
     let e = client.return_region(&registered_region).await.unwrap_err();
     assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
@@ -765,40 +806,29 @@ async fn return_region_gives_back_only_borrowed_regions() {
         client.stats().await.unwrap().session_region_bytes,
         4096 + 8192
     );
-    local.store_u64(0, 0xfeed).unwrap();
-    ok(run(
-        &*qp,
-        &*cq,
-        SendWr::write(1, local.buf(0, 8), registered_region.at(16)),
-    ));
-    local.store_u64(0, 0).unwrap();
-    ok(run(
-        &*qp,
-        &*cq,
-        SendWr::read(2, local.buf(0, 8), registered_region.at(16)),
-    ));
-    assert_eq!(local.load_u64(0).unwrap(), 0xfeed);
+    assert_eq!(kinds.round_trip(registered_region.at(16), 0xfeed), 0xfeed);
     // The refusal gave back nothing of the borrow cap: it is still all lent.
     let full = client.borrow_region(8).await.unwrap_err();
     assert_eq!(full.code(), Some(Code::ResourceExhausted), "{full}");
 
     // A borrowed region still goes back, with its share of the cap.
-    client.return_region(&borrowed).await.unwrap();
+    client.return_region(borrowed).await.unwrap();
     assert_eq!(client.stats().await.unwrap().session_region_bytes, 4096);
-    let gone = run(&*qp, &*cq, SendWr::read(3, local.buf(0, 8), borrowed.at(8)));
+    let gone = run(
+        &*kinds.qp,
+        &*kinds.cq,
+        SendWr::read(3, kinds.local.buf(0, 8), borrowed.at(8)),
+    );
     assert_eq!(gone.status, WcStatus::RemoteAccess);
     client.borrow_region(8192).await.unwrap();
     // The registered region is still the session's to deregister.
-    verbs
-        .deregister_region(in_session(
-            proto::DeregisterRegionRequest {
-                lkey: registered.lkey,
-            },
-            &client,
-        ))
-        .await
-        .unwrap();
-    assert_eq!(client.stats().await.unwrap().session_region_bytes, 8192);
+    let lkey = registered.lkey;
+    let request = in_session(proto::DeregisterRegionRequest { lkey }, &kinds.client);
+    kinds.verbs.deregister_region(request).await.unwrap();
+    assert_eq!(
+        kinds.client.stats().await.unwrap().session_region_bytes,
+        8192
+    );
 }
 
 /// DeregisterRegion frees only regions the session registered through remote verbs. A
@@ -808,39 +838,19 @@ async fn return_region_gives_back_only_borrowed_regions() {
 /// like a registered one.
 #[tokio::test]
 async fn deregister_region_frees_only_registered_regions() {
-    let setup = Setup::start_with(|mut c| {
-        c.allow_remote_verbs = true;
-        c.max_borrowed = Some(8192);
-        c
-    })
-    .await;
-    let (dev, cq) = setup.node();
-    let local = dev.register(8, Access::LOCAL).unwrap();
-    let client = Client::connect(&setup.addr, &token()).await.unwrap();
-    let (qp, _) = client.connect_qp(&*dev, &cq).await.unwrap();
-    let mut verbs = RemoteVerbsClient::connect(format!("http://{}", setup.addr))
-        .await
-        .unwrap();
-    let registered = verbs
-        .register_region(in_session(
-            proto::RegisterRegionRequest {
-                len: 4096,
-                access: Access::ALL.bits(),
-            },
-            &client,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut kinds = RegionKinds::start().await;
+    let (registered_lkey, registered_rkey) = (kinds.registered.lkey, kinds.registered.rkey);
     // BorrowRegion tells only the rkey; the sim device uses one key as both, so the
     // borrowed region's lkey is its rkey.
-    assert_eq!(registered.lkey, registered.rkey, "the sim device's keys");
-    let borrowed = client.borrow_region(8192).await.unwrap();
+    assert_eq!(registered_lkey, registered_rkey, "the sim device's keys");
+    let borrowed = kinds.borrowed;
     let borrowed_lkey = borrowed.rkey;
-    let deregister = |lkey| in_session(proto::DeregisterRegionRequest { lkey }, &client);
+    let deregister =
+        |lkey, client: &Client| in_session(proto::DeregisterRegionRequest { lkey }, client);
 
-    let e = verbs
-        .deregister_region(deregister(borrowed_lkey))
+    let e = kinds
+        .verbs
+        .deregister_region(deregister(borrowed_lkey, &kinds.client))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
@@ -853,37 +863,29 @@ async fn deregister_region_frees_only_registered_regions() {
         "{said}"
     );
     // Nothing lost: counted, usable over the data path, and its loan still held.
+    let client = &kinds.client;
     assert_eq!(
         client.stats().await.unwrap().session_region_bytes,
         4096 + 8192
     );
-    local.store_u64(0, 0xbeef).unwrap();
-    ok(run(
-        &*qp,
-        &*cq,
-        SendWr::write(1, local.buf(0, 8), borrowed.at(24)),
-    ));
-    local.store_u64(0, 0).unwrap();
-    ok(run(
-        &*qp,
-        &*cq,
-        SendWr::read(2, local.buf(0, 8), borrowed.at(24)),
-    ));
-    assert_eq!(local.load_u64(0).unwrap(), 0xbeef);
+    assert_eq!(kinds.round_trip(borrowed.at(24), 0xbeef), 0xbeef);
     let full = client.borrow_region(8).await.unwrap_err();
     assert_eq!(full.code(), Some(Code::ResourceExhausted), "{full}");
 
     // A lkey the session does not hold is still NOT_FOUND, and a registered region
     // still deregisters.
-    let missing = verbs
-        .deregister_region(deregister(registered.lkey ^ 0x00ff_ff00))
+    let missing = kinds
+        .verbs
+        .deregister_region(deregister(registered_lkey ^ 0x00ff_ff00, &kinds.client))
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound, "{missing}");
-    verbs
-        .deregister_region(deregister(registered.lkey))
+    kinds
+        .verbs
+        .deregister_region(deregister(registered_lkey, &kinds.client))
         .await
         .unwrap();
+    let client = &kinds.client;
     assert_eq!(client.stats().await.unwrap().session_region_bytes, 8192);
 
     // The borrowed region goes back the way it came, with its share of the cap.

@@ -967,17 +967,7 @@ mod tests {
         let db = db.clone();
         let thread = std::thread::spawn(move || {
             let worker = db.worker().unwrap();
-            let watched = db.clone();
-            txn::crash::stall_at_on_this_thread(
-                point,
-                Box::new(move |cid| {
-                    assert!(
-                        watched.wait_for_recovery_of(cid, Duration::from_secs(30)),
-                        "{point}: never fenced"
-                    );
-                }),
-            )
-            .unwrap();
+            txn::crash::starve_at_on_this_thread(&db, point, Duration::from_secs(30)).unwrap();
             serve_until_stopped(&db, worker, 0, Duration::from_secs(30), &rx);
         });
         Pool {

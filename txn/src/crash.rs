@@ -164,6 +164,28 @@ pub fn stall_at_on_this_thread(name: &str, stall: Stall) -> Result<(), String> {
     Ok(())
 }
 
+/// For tests: the calling thread's next commit to pass `name` stalls there until `db`
+/// has fenced its slot and recovered what it held ([`crate::Database::wait_for_recovery_of`]),
+/// as a thread descheduled past its lease is; it panics if that takes longer than
+/// `patience`.
+pub fn starve_at_on_this_thread(
+    db: &crate::Database,
+    name: &'static str,
+    patience: std::time::Duration,
+) -> Result<(), String> {
+    let db = db.clone();
+    stall_at_on_this_thread(
+        name,
+        Box::new(move |cid| {
+            assert!(
+                db.wait_for_recovery_of(cid, patience),
+                "stalled at {name}: the slot of commit {cid} was not fenced and recovered \
+                 within {patience:?}"
+            );
+        }),
+    )
+}
+
 #[cold]
 fn maybe_die(point: CrashPoint, cid: u64) {
     let stall = STALL_AT.with(|s| {

@@ -305,17 +305,7 @@ fn a_fenced_commit_learns_its_outcome_once_recovery_decided_it() {
             })
         };
         let mut client = db.client().unwrap();
-        let watched = db.clone();
-        txn::crash::stall_at_on_this_thread(
-            point,
-            Box::new(move |cid| {
-                assert!(
-                    watched.wait_for_recovery_of(cid, Duration::from_secs(30)),
-                    "{point}: never fenced"
-                );
-            }),
-        )
-        .unwrap();
+        txn::crash::starve_at_on_this_thread(&db, point, Duration::from_secs(30)).unwrap();
         let mut x = client.begin().unwrap();
         let a = num(x.get(&t, 1).unwrap());
         let b = num(x.get(&t, 2).unwrap());

@@ -120,17 +120,7 @@ fn a_fenced_commit_is_recorded_as_what_recovery_made_of_it() {
         let mut session = store.open_session();
         let mut t = store.begin(&mut session).unwrap();
         store.write(&mut t, "x", 7).unwrap();
-        let watched = db.clone();
-        txn::crash::stall_at_on_this_thread(
-            point,
-            Box::new(move |cid| {
-                assert!(
-                    watched.wait_for_recovery_of(cid, Duration::from_secs(30)),
-                    "{point}: never fenced"
-                );
-            }),
-        )
-        .unwrap();
+        txn::crash::starve_at_on_this_thread(&db, point, Duration::from_secs(30)).unwrap();
         let outcome = store.commit(&mut session, t);
         assert!(!db.recoveries().is_empty(), "{point}: not fenced");
         let mut t = store.begin(&mut session).unwrap();

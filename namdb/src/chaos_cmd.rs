@@ -7,8 +7,11 @@
 //!
 //! Exit status: 0 when every check passed, 1 on any violation or harness error.
 
+mod backup_watch;
+
 use crate::cluster_cmd::tail;
 use anyhow::{Context, Result, bail};
+use backup_watch::BackupWatch;
 use clap::{Args, ValueEnum};
 use compute_node::RemoteCluster;
 use memory_server::ClusterToken;
@@ -148,6 +151,11 @@ pub struct ChaosArgs {
     /// started again stays unsynced that long.
     #[arg(long, hide = true, value_name = "MS")]
     pub resync_delay_ms: Option<u64>,
+    /// Testing hook (hidden): SIGSTOP a backup as soon as a backup restart has started
+    /// it, until the next action on its server is carried out or skipped (or the faults
+    /// end): a backup that accepts connections and answers nothing.
+    #[arg(long, hide = true)]
+    pub stop_restarted_backups: bool,
 }
 
 /// One compute node of a chaos run (started by `namdb chaos`).
@@ -681,12 +689,12 @@ struct Harness<'a> {
     backups: Vec<crate::cluster_cmd::ProcessEntry>,
     /// Per backup: how many times it was started (its socket and log are numbered).
     backup_starts: Vec<u32>,
-    /// Per backup: seen holding its primary's whole state since its last start.
-    backup_synced: Vec<bool>,
+    /// Per backup: whether it holds its primary's whole state, learnt off the loop.
+    backup_watches: Vec<BackupWatch>,
     /// Per backup: killed and not started again.
     backups_down: Vec<bool>,
-    /// When a backup's state was last asked (at most every 100 ms while waiting).
-    backup_asked: Option<Instant>,
+    /// Per backup: stopped by `--stop-restarted-backups`.
+    backups_stopped: Vec<bool>,
     /// Fixed control-plane ports, so a restarted server is where the nodes look: the
     /// primaries', then the backups'.
     ports: Vec<u16>,
@@ -726,6 +734,13 @@ impl Drop for Harness<'_> {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
+        // No new asks; one under way ends when its backup goes, and the watches'
+        // threads are joined as the field drops, after this.
+        for w in &self.backup_watches {
+            w.stop();
+        }
+        // A stopped backup would hold SIGTERM until stop_all's deadline.
+        self.resume_backups();
         crate::cluster_cmd::stop_all(self.servers.iter().chain(&self.backups), &self.token_file);
     }
 }
@@ -754,9 +769,9 @@ impl<'a> Harness<'a> {
             servers: Vec::new(),
             backups: Vec::new(),
             backup_starts: Vec::new(),
-            backup_synced: Vec::new(),
+            backup_watches: Vec::new(),
             backups_down: Vec::new(),
-            backup_asked: None,
+            backups_stopped: Vec::new(),
             ports: Vec::new(),
             addrs: Vec::new(),
             failed_over: vec![false; args.servers as usize],
@@ -891,6 +906,7 @@ impl<'a> Harness<'a> {
         eprintln!("all {} nodes ready; faults begin", self.args.nodes);
 
         self.execute(plan);
+        self.resume_backups();
         let end_ns = unix_ns(SystemTime::now());
         self.stop_nodes();
 
@@ -1190,44 +1206,63 @@ impl<'a> Harness<'a> {
         }
         let log = self.dir.join(format!("{name}{suffix}.log"));
         let entry = crate::cluster_cmd::spawn(&name, "memory server", &argv, &log)?;
+        match self.backup_watches.get(i) {
+            Some(w) => w.restarted(&entry.address),
+            None => {
+                let token = self.token.clone();
+                // Bounded: a stopped or wedged backup would hold a plain connect until
+                // the HTTP/2 keep-alive, or for ever; it counts as unsynced.
+                let ask = Box::new(move |address: &str| {
+                    memory_server::blocking::Client::connect_within(
+                        address,
+                        &token,
+                        BACKUP_ASK_TIMEOUT,
+                    )
+                    .is_ok_and(|c| c.server().synced)
+                });
+                let watch = BackupWatch::spawn(&name, &entry.address, ask)
+                    .with_context(|| format!("cannot start watching {name}"))?;
+                self.backup_watches.push(watch);
+            }
+        }
         match self.backups.get_mut(i) {
             Some(e) => *e = entry,
             None => self.backups.push(entry),
         }
-        if self.backup_synced.len() <= i {
-            self.backup_synced.resize(i + 1, false);
+        if self.backups_down.len() <= i {
             self.backups_down.resize(i + 1, false);
+            self.backups_stopped.resize(i + 1, false);
         }
-        self.backup_synced[i] = false;
         self.backups_down[i] = false;
+        self.backups_stopped[i] = false;
         Ok(())
     }
 
     /// Whether memory server `i`'s backup holds its primary's whole state (its Hello
     /// says so): a failover before that would find it refusing Promote, and the nodes
-    /// could not come back. Asked at most every 100 ms; once seen, remembered until
-    /// the backup starts again.
-    fn backup_synced(&mut self, i: usize) -> bool {
-        if self.backup_synced.get(i).copied().unwrap_or(true) {
-            return true;
+    /// could not come back. Never waits: a watcher thread asks (at most every 100 ms
+    /// while this is asked), and until it has an answer from the backup's current
+    /// process the backup counts as unsynced; once seen synced, it stays so until the
+    /// backup starts again.
+    fn backup_synced(&self, i: usize) -> bool {
+        self.backup_watches.get(i).is_none_or(BackupWatch::synced)
+    }
+
+    /// Lets backups stopped by `--stop-restarted-backups` run again.
+    fn resume_backups(&mut self) {
+        for i in 0..self.backups_stopped.len() {
+            self.resume_backup(i);
         }
-        if self
-            .backup_asked
-            .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
+    }
+
+    /// Lets memory server `i`'s backup run again if `--stop-restarted-backups` stopped
+    /// it.
+    fn resume_backup(&mut self, i: usize) {
+        if let Some(stopped) = self.backups_stopped.get_mut(i)
+            && std::mem::take(stopped)
         {
-            return false;
+            signal_pid(self.backups[i].pid, rustix::process::Signal::CONT);
         }
-        self.backup_asked = Some(Instant::now());
-        // Bounded: a stopped or wedged backup would hold a plain connect (and the whole
-        // run with it) until the HTTP/2 keep-alive, or for ever; it counts as unsynced.
-        let synced = memory_server::blocking::Client::connect_within(
-            &self.backups[i].address,
-            &self.token,
-            BACKUP_ASK_TIMEOUT,
-        )
-        .is_ok_and(|c| c.server().synced);
-        self.backup_synced[i] = synced;
-        synced
     }
 
     /// Starts memory server `i` (again) on its data directory and fixed port; the
@@ -1489,7 +1524,7 @@ impl<'a> Harness<'a> {
     }
 
     /// Why `action` cannot run yet, if it cannot.
-    fn blocked(&mut self, action: &Action) -> Option<Blocked> {
+    fn blocked(&self, action: &Action) -> Option<Blocked> {
         if let Action::FailoverMemoryServer { server } | Action::KillBackup { server } = *action
             && server < self.backups.len()
             && !self.backup_synced(server)
@@ -1631,6 +1666,11 @@ impl<'a> Harness<'a> {
                 skipped = self.moot(&planned.action);
             }
             blocked_since = None;
+            // The stop lasts until the next action on the server has waited for it:
+            // after that, nodes started by later actions would wait on it too.
+            if planned.action.on_server() {
+                self.resume_backup(planned.action.node());
+            }
             slip = slip.max(now.duration_since(self.t0 + Duration::from_millis(planned.at_ms)));
             let outcome = match skipped {
                 Some(reason) => {
@@ -1769,6 +1809,8 @@ impl<'a> Harness<'a> {
                     &format!("memory server {server}'s backup"),
                 )?;
                 self.backups_down[*server] = true;
+                // Reaped: its pid may be another process's now.
+                self.backups_stopped[*server] = false;
                 self.counts.backup_kills += 1;
                 "killed its backup: commits on it fail until the backup is back".into()
             }
@@ -1776,7 +1818,15 @@ impl<'a> Harness<'a> {
                 let port = self.ports[self.args.servers as usize + *server];
                 self.start_backup(*server, port)?;
                 self.counts.backup_restarts += 1;
-                "its backup listening again (the primary attaches and copies its state)".into()
+                if self.args.stop_restarted_backups {
+                    signal_pid(self.backups[*server].pid, rustix::process::Signal::STOP);
+                    self.backups_stopped[*server] = true;
+                    "its backup listening again, and stopped until the next action on its \
+                     server (--stop-restarted-backups)"
+                        .into()
+                } else {
+                    "its backup listening again (the primary attaches and copies its state)".into()
+                }
             }
             Action::RestartMemoryServer { server } => {
                 if self.failed_over[*server] {
@@ -1917,7 +1967,13 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
 /// Sends `signal` to a child that has not been waited for (so its pid is still ours,
 /// even if it has exited).
 fn signal(child: &Child, signal: rustix::process::Signal) {
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+    signal_pid(child.id(), signal);
+}
+
+/// As [`signal`], for a child known by its pid (a memory server's `ProcessEntry`): one
+/// the harness has not reaped, as `kill_and_reap` does with those it kills.
+fn signal_pid(pid: u32, signal: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
         let _ = rustix::process::kill_process(pid, signal);
     }
 }

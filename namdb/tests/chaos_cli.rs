@@ -414,3 +414,98 @@ fn a_failover_to_a_backup_that_never_syncs_is_skipped_and_fails_the_run() {
         }
     }
 }
+
+/// A failover that waits for a stopped backup (SIGSTOP: it keeps its connections and
+/// answers nothing) is given up on and reported, and the harness ends cleanly: the
+/// backup is let go on before the servers stop, and progress goes on to the end. The
+/// hidden hooks stop server 0's backup as soon as it is started again until the
+/// failover has waited for it, keep it unsynced (its primary waits 10 minutes before
+/// copying its state), and make the harness give up on the failover after 20 s.
+///
+/// That asking the backup never holds up the harness's loop (it used to, 5 s per ask)
+/// is shown by `backup_watch::tests`, with an ask that hangs until the test lets it
+/// go; a count of progress lines here would measure the host's speed.
+#[test]
+fn the_harness_keeps_running_while_a_backup_does_not_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let log = dir.path().join("chaos.log");
+    let out_file = std::fs::File::create(&log).unwrap();
+    // As in the test above: kill, restart and then fail over server 0's backup.
+    let mut harness = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "chaos",
+            "--duration",
+            "20",
+            "--nodes",
+            "1",
+            "--servers",
+            "1",
+        ])
+        .args(["--sessions", "2", "--seed", "11", "--replicas", "2"])
+        .args(["--give-up-after-ms", "20000", "--resync-delay-ms", "600000"])
+        .arg("--stop-restarted-backups")
+        .arg("--json")
+        .arg(&json)
+        .env_remove("NAMDB_CRASH")
+        .stdin(Stdio::null())
+        .stdout(out_file.try_clone().unwrap())
+        .stderr(out_file)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(status) = harness.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = harness.kill();
+            let _ = harness.wait();
+            panic!(
+                "the harness did not end within 10 minutes:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let out = std::fs::read_to_string(&log).unwrap();
+    // Failed: the failover was given up on, which is a harness problem.
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(!out.contains("panicked"), "{out}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let executed = report["executed"].as_array().unwrap();
+    let find = |action: &str| {
+        executed
+            .iter()
+            .find(|e| e["action"] == action)
+            .unwrap_or_else(|| panic!("no {action} in {executed:?}"))
+    };
+    let restart = find("backup_restart");
+    assert!(
+        restart["outcome"].as_str().unwrap().contains("stopped"),
+        "{restart}"
+    );
+    let failover = find("server_failover");
+    assert_eq!(
+        failover["outcome"],
+        "skipped: memory server 0's backup does not hold its primary's state yet",
+        "{failover}"
+    );
+    // The failover waited at least the last 20 s before it was given up on (its wait
+    // began at its planned time plus the slip of the actions before it).
+    let gave_up_at = failover["at_ms"].as_f64().unwrap() / 1000.0;
+    let waited_from = gave_up_at - 20.0;
+    assert!(
+        failover["planned_ms"].as_f64().unwrap() / 1000.0 <= waited_from,
+        "{failover}"
+    );
+
+    // Progress lines ("  12.3 s  456 committed (...)") went on while it waited.
+    let progress_while_waiting = out
+        .lines()
+        .filter(|l| l.contains(" committed ("))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .filter(|&t| t >= waited_from && t <= gave_up_at)
+        .count();
+    assert!(progress_while_waiting > 0, "{out}");
+}

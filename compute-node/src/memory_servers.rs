@@ -15,6 +15,7 @@ use memory_server::{ClientError, ClusterToken, Persister, Ticket};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use thiserror::Error;
 use txn::{
     Database, DeviceFactory, MemoryServerLink, Options, PersistStatus, Persistence, ServerRegions,
@@ -76,9 +77,14 @@ pub struct RemoteServer {
 /// txn's persist service on a durable memory server's [`Persister`]: txn's tickets
 /// are numbers, the persister's are handles, kept here until reported.
 struct ServerPersistence {
+    /// The server's address, for the log.
+    addr: String,
     persister: Persister,
-    tickets: Mutex<HashMap<u64, Ticket>>,
+    /// Each pending ticket and when it was submitted.
+    tickets: Mutex<HashMap<u64, (Ticket, Instant)>>,
     next: AtomicU64,
+    /// When a slow Persist was last logged.
+    warned: Mutex<Option<Instant>>,
 }
 
 impl Persistence for ServerPersistence {
@@ -94,22 +100,45 @@ impl Persistence for ServerPersistence {
             .collect();
         let ticket = self.persister.submit(ranges);
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.tickets).insert(id, ticket);
+        lock(&self.tickets).insert(id, (ticket, Instant::now()));
         id
     }
 
     fn poll(&self, ticket: u64) -> PersistStatus {
         let mut tickets = lock(&self.tickets);
-        let Some(t) = tickets.get(&ticket) else {
+        let Some((t, submitted)) = tickets.get(&ticket) else {
             return PersistStatus::Failed(format!("no persist {ticket} is pending"));
         };
         let status = match self.persister.poll(t) {
-            memory_server::PersistStatus::Pending => return PersistStatus::Pending,
+            memory_server::PersistStatus::Pending => {
+                self.warn_if_slow(submitted.elapsed());
+                return PersistStatus::Pending;
+            }
             memory_server::PersistStatus::Done => PersistStatus::Done,
             memory_server::PersistStatus::Failed(why) => PersistStatus::Failed(why),
         };
         tickets.remove(&ticket);
         status
+    }
+}
+
+impl ServerPersistence {
+    /// Logs a Persist pending for `waited`, at most once per [`SLOW_PERSIST`].
+    fn warn_if_slow(&self, waited: Duration) {
+        if waited < SLOW_PERSIST {
+            return;
+        }
+        let mut warned = lock(&self.warned);
+        if warned.is_some_and(|at| at.elapsed() < SLOW_PERSIST) {
+            return;
+        }
+        *warned = Some(Instant::now());
+        tracing::warn!(
+            server = self.addr,
+            "a Persist on the memory server has waited {} s for its answer (a replicated \
+             primary answers once its backup has applied it too)",
+            waited.as_secs()
+        );
     }
 }
 
@@ -181,11 +210,34 @@ impl RemoteCluster {
     }
 }
 
+/// How long a compute node waits for a backup's Hello (connection, Hello and
+/// authentication) when it asks whether the backup was promoted, or promotes it. A
+/// backup stopped (SIGSTOP) or wedged keeps its TCP connection and answers nothing:
+/// without a bound the ask waited for the HTTP/2 keep-alive (half a minute), saying
+/// nothing. Two trivial RPCs; the chaos harness asks backups within 5 s on a loaded
+/// host, this allows twice that.
+pub const BACKUP_ANSWER_LIMIT: Duration = Duration::from_secs(10);
+
+/// A Persist pending this long is logged (again every as long, per server): a
+/// replicated primary answers only once its backup has applied the Persist too (or
+/// after its own bound on the backup, 30 s), and a start-up waiting on that said
+/// nothing.
+const SLOW_PERSIST: Duration = Duration::from_secs(5);
+
 /// A session with one logical memory server given as `PRIMARY` or `PRIMARY|BACKUP`
 /// (control-plane addresses): the primary if it answers, else the backup, promoted
 /// (which fences the primary: it can acknowledge no Persist any more). A primary that
 /// answers is not used when its backup says it was promoted already (by another
 /// compute node): that primary is fenced.
+///
+/// A backup that does not answer within [`BACKUP_ANSWER_LIMIT`] while its primary
+/// does is not waited for: the primary is used, with a warning. That is safe whatever
+/// the backup is: a primary acknowledges a Persist only once its backup has applied it
+/// too, and a promoted backup refuses its stream, so a compute node on a primary
+/// whose backup is away (or was promoted) can acknowledge no write; opening the
+/// database persists (txn's boots), so it opens only once the backup answers the
+/// primary, within the primary's own bound on its backup, and otherwise fails with
+/// the primary's error naming the backup.
 fn connect_server(spec: &str, token: &ClusterToken) -> Result<(String, Client), ConnectError> {
     let (primary, backup) = match spec.split_once('|') {
         Some((p, b)) => (p.trim(), Some(b.trim())),
@@ -205,15 +257,24 @@ fn connect_server(spec: &str, token: &ClusterToken) -> Result<(String, Client), 
     };
     match Client::connect(primary, token) {
         Ok(client) => {
-            if let Ok(b) = Client::connect(backup, token)
-                && b.server().role == memory_server::Role::Promoted
-            {
-                tracing::warn!(
+            match Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT) {
+                Ok(b) if b.server().role == memory_server::Role::Promoted => {
+                    tracing::warn!(
+                        primary,
+                        backup,
+                        "the backup was promoted already; using it instead of the fenced primary"
+                    );
+                    return Ok((backup.to_string(), b));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
                     primary,
                     backup,
-                    "the backup was promoted already; using it instead of the fenced primary"
-                );
-                return Ok((backup.to_string(), b));
+                    "cannot ask the backup memory server whether it was promoted ({e}); going \
+                     on with the primary, which acknowledges no write until its backup \
+                     answers it (so opening the database waits for that, or fails with the \
+                     primary's error naming the backup)"
+                ),
             }
             Ok((primary.to_string(), client))
         }
@@ -223,11 +284,13 @@ fn connect_server(spec: &str, token: &ClusterToken) -> Result<(String, Client), 
                 backup,
                 "the primary memory server cannot be reached ({e}); promoting its backup"
             );
-            let b = Client::connect(backup, token).map_err(control(backup))?;
+            let b = Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT)
+                .map_err(control(backup))?;
             b.promote().map_err(control(backup))?;
             drop(b);
             // A new session, for the Hello that reports the promoted server (its boot).
-            let b = Client::connect(backup, token).map_err(control(backup))?;
+            let b = Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT)
+                .map_err(control(backup))?;
             Ok((backup.to_string(), b))
         }
     }
@@ -307,9 +370,11 @@ pub fn connect(
                 addr: addr.clone(),
                 persistence: control.server().durable.then(|| {
                     Arc::new(ServerPersistence {
+                        addr: addr.clone(),
                         persister: Persister::new(&control),
                         tickets: Mutex::new(HashMap::new()),
                         next: AtomicU64::new(1),
+                        warned: Mutex::new(None),
                     })
                 }),
                 control,

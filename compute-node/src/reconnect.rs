@@ -101,8 +101,14 @@ impl Live {
             drop(hello);
             if let Some((_, backup)) = spec.split_once('|') {
                 let backup = backup.trim();
+                // Bounded: a stopped backup would hold every deep check (and so the
+                // noticing of a dead primary) until the HTTP/2 keep-alive.
                 if backup != server.addr()
-                    && let Ok(b) = memory_server::blocking::Client::connect(backup, &config.token)
+                    && let Ok(b) = memory_server::blocking::Client::connect_within(
+                        backup,
+                        &config.token,
+                        crate::memory_servers::BACKUP_ANSWER_LIMIT,
+                    )
                     && b.server().role == memory_server::Role::Promoted
                 {
                     return Err(format!(

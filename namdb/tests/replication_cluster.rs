@@ -129,3 +129,139 @@ fn a_backup_takes_over_with_every_acknowledged_commit_durable() {
 fn a_backup_takes_over_with_every_acknowledged_commit_in_memory() {
     failover(false);
 }
+
+/// A process stopped with SIGSTOP, continued (SIGCONT) when dropped, so that a failing
+/// test leaves no stopped process behind.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        common::send_signal(pid, "-STOP");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // Stopped once /proc says `T`: only then does the node meet a silent backup.
+        while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
+        }) {
+            assert!(Instant::now() < deadline, "{pid} never stopped");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// A child process killed and reaped when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A compute node started while its server's backup is stopped (SIGSTOP: it keeps its
+/// connections and answers nothing) cannot open the database, whose opening persists
+/// and a primary acknowledges nothing its backup has not applied; it says so and
+/// exits instead of waiting for the backup: a warning naming the backup it could not
+/// ask, then the primary's error naming it. Nothing committed before is lost, and once
+/// the backup goes on a compute node starts again. The old code waited for the
+/// backup's Hello until the HTTP/2 keep-alive gave up, saying nothing about it.
+#[test]
+fn a_compute_node_started_while_a_backup_is_stopped_says_so_instead_of_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let token = ClusterToken::new(TOKEN).unwrap();
+    let mut pairs = [pair(&token_file, None, 0)];
+    let addrs = addrs(&pairs);
+    let cluster = open(&addrs, &token);
+    let t = create(&cluster);
+    work(&cluster, &t, 0, 50);
+    let expected = state(&cluster, &t);
+    drop(cluster);
+
+    let backup = pairs[0].backup.control.clone();
+    let stopped = Stopped::stop(pairs[0].backup.child.id());
+    let mut node = Reaped(
+        std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+            .args(["compute-node", "--listen", "127.0.0.1:0", "--workers", "1"])
+            .arg("--memory-servers")
+            .arg(&addrs[0])
+            .arg("--token-file")
+            .arg(&token_file)
+            .env("RUST_BACKTRACE", "0")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // Drained as it comes, so the node never blocks on a full pipe.
+    let mut pipe = node.0.stderr.take().unwrap();
+    let said = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = node.0.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = node.0.kill();
+            let _ = node.0.wait();
+            panic!(
+                "the compute node still starts after 300 s; it said {}",
+                said.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let said = said.join().unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut node.0.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(!status.success(), "it started: {out}{said}");
+    assert!(!out.contains("listening on"), "{out}");
+    assert!(
+        said.contains(&format!(
+            "cannot ask the backup memory server whether it was promoted (the memory server \
+             at {backup} did not answer within"
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains("cannot open the database") && said.contains(&format!("backup at {backup}")),
+        "{said}"
+    );
+
+    // The backup goes on: the primary attaches to it again by itself and copies its
+    // state there; then a compute node starts and every commit is there.
+    drop(stopped);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !pairs[0]
+        .primary
+        .stderr()
+        .contains("backup holds this primary's whole state again")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the primary never attached to its backup again: {}",
+            pairs[0].primary.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let node = ServerProcess::compute_node(&addrs, &token_file, &["--workers", "1"]);
+    drop(node);
+    let cluster = open(&addrs, &token);
+    let t = cluster.db.table("accounts").unwrap();
+    assert_eq!(state(&cluster, &t), expected);
+}

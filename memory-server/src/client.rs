@@ -53,7 +53,7 @@ pub enum ClientError {
          (the tokens differ, or it is not a namdb memory server); not authenticating to it"
     )]
     ServerNotAuthenticated { addr: String },
-    #[error("{method} failed: {} ({:?})", .status.message(), .status.code())]
+    #[error("{method} failed: {} ({:?})", status_text(.status), .status.code())]
     Rpc {
         method: &'static str,
         status: Box<Status>,
@@ -82,6 +82,26 @@ impl ClientError {
             _ => None,
         }
     }
+}
+
+/// A status's message and, after it, what caused it where the message does not say
+/// already: a transport failure's message alone is "tcp connect error" or "http2
+/// error", its cause "Connection refused" or "keep-alive timed out".
+pub(crate) fn status_text(status: &Status) -> String {
+    let mut text = status.message().to_string();
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        let said = e.to_string();
+        if !said.is_empty() && !text.contains(&said) {
+            text = if text.is_empty() {
+                said
+            } else {
+                format!("{text}: {said}")
+            };
+        }
+        cause = e.source();
+    }
+    text
 }
 
 fn rpc_error(method: &'static str) -> impl FnOnce(Status) -> ClientError {
@@ -586,5 +606,36 @@ async fn renew(mut rpc: MemoryServerClient<Channel>, header: AsciiMetadataValue,
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call to a port nothing listens on fails with "tcp connect error"; the reason,
+    /// the refused connection, is in the status's cause, and the error says it.
+    #[tokio::test]
+    async fn a_transport_failure_says_its_cause() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_lazy();
+        let status = MemoryServerClient::new(channel)
+            .hello(proto::HelloRequest::default())
+            .await
+            .unwrap_err();
+        assert!(!status.message().contains("refused"), "{status:?}");
+        let text = status_text(&status);
+        assert!(text.starts_with(status.message()), "{text}");
+        assert!(text.contains("refused"), "{text}");
+        let error = rpc_error("Hello")(status).to_string();
+        assert!(error.contains("refused"), "{error}");
+        // A status with no cause is its message.
+        assert_eq!(status_text(&Status::unavailable("gone")), "gone");
     }
 }

@@ -120,7 +120,7 @@ impl Failure {
     fn from_status(addr: &str, what: &str, s: &Status) -> Failure {
         let why = unavailable(
             addr,
-            format_args!("{what}: {} ({:?})", s.message(), s.code()),
+            format_args!("{what}: {} ({:?})", crate::client::status_text(s), s.code()),
         );
         if s.code() == tonic::Code::FailedPrecondition {
             Failure::Fenced(why)

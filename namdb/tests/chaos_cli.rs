@@ -308,51 +308,7 @@ fn a_node_waiting_for_its_memory_servers_ends_when_the_harness_goes() {
 /// harness give up after 5 s instead of 60.
 #[test]
 fn a_failover_to_a_backup_that_never_syncs_is_skipped_and_fails_the_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("chaos.json");
-    let log = dir.path().join("chaos.log");
-    let out_file = std::fs::File::create(&log).unwrap();
-    // 20 s is the shortest run whose plan kills and restarts server 0's backup and
-    // then fails server 0 over.
-    let mut harness = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args([
-            "chaos",
-            "--duration",
-            "20",
-            "--nodes",
-            "1",
-            "--servers",
-            "1",
-        ])
-        .args(["--sessions", "2", "--seed", "11", "--replicas", "2"])
-        .args(["--give-up-after-ms", "5000", "--resync-delay-ms", "600000"])
-        .arg("--json")
-        .arg(&json)
-        .env_remove("NAMDB_CRASH")
-        .stdin(Stdio::null())
-        .stdout(out_file.try_clone().unwrap())
-        .stderr(out_file)
-        .spawn()
-        .unwrap();
-    // Generous: the run takes about half a minute alone, a few times that on a loaded
-    // host. Carrying the failover out left the nodes retrying promotion for a minute
-    // per start, and the harness could not open the database after the run.
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let status = loop {
-        if let Some(status) = harness.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = harness.kill();
-            let _ = harness.wait();
-            panic!(
-                "the harness did not end within 10 minutes:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let out = std::fs::read_to_string(&log).unwrap();
+    let (status, out, report) = run_failover_harness(&["--give-up-after-ms", "5000"]);
     assert_eq!(status.code(), Some(1), "{out}");
     assert!(!out.contains("panicked"), "{out}");
     assert!(out.contains("verdict: FAILED"), "{out}");
@@ -363,7 +319,6 @@ fn a_failover_to_a_backup_that_never_syncs_is_skipped_and_fails_the_run() {
         )),
         "{out}"
     );
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["passed"], false, "{out}");
     let executed = report["executed"].as_array().unwrap();
     let server: Vec<(&str, &str)> = executed
@@ -427,52 +382,11 @@ fn a_failover_to_a_backup_that_never_syncs_is_skipped_and_fails_the_run() {
 /// go; a count of progress lines here would measure the host's speed.
 #[test]
 fn the_harness_keeps_running_while_a_backup_does_not_answer() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("chaos.json");
-    let log = dir.path().join("chaos.log");
-    let out_file = std::fs::File::create(&log).unwrap();
-    // As in the test above: kill, restart and then fail over server 0's backup.
-    let mut harness = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .args([
-            "chaos",
-            "--duration",
-            "20",
-            "--nodes",
-            "1",
-            "--servers",
-            "1",
-        ])
-        .args(["--sessions", "2", "--seed", "11", "--replicas", "2"])
-        .args(["--give-up-after-ms", "20000", "--resync-delay-ms", "600000"])
-        .arg("--stop-restarted-backups")
-        .arg("--json")
-        .arg(&json)
-        .env_remove("NAMDB_CRASH")
-        .stdin(Stdio::null())
-        .stdout(out_file.try_clone().unwrap())
-        .stderr(out_file)
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let status = loop {
-        if let Some(status) = harness.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = harness.kill();
-            let _ = harness.wait();
-            panic!(
-                "the harness did not end within 10 minutes:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let out = std::fs::read_to_string(&log).unwrap();
+    let (status, out, report) =
+        run_failover_harness(&["--give-up-after-ms", "20000", "--stop-restarted-backups"]);
     // Failed: the failover was given up on, which is a harness problem.
     assert_eq!(status.code(), Some(1), "{out}");
     assert!(!out.contains("panicked"), "{out}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let executed = report["executed"].as_array().unwrap();
     let find = |action: &str| {
         executed
@@ -508,4 +422,62 @@ fn the_harness_keeps_running_while_a_backup_does_not_answer() {
         .filter(|&t| t >= waited_from && t <= gave_up_at)
         .count();
     assert!(progress_while_waiting > 0, "{out}");
+}
+
+/// Runs the harness for 20 s with one node and one replicated server (seed 11: the
+/// shortest run whose plan kills and restarts server 0's backup and then fails server
+/// 0 over), with server 0's backup kept unsynced after its restart (its primary waits
+/// 10 minutes before copying its state again) and `hooks` besides. Answers the exit
+/// status, the harness's output and its JSON report (null when it wrote none).
+fn run_failover_harness(hooks: &[&str]) -> (std::process::ExitStatus, String, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let log = dir.path().join("chaos.log");
+    let out_file = std::fs::File::create(&log).unwrap();
+    let mut harness = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .args([
+            "chaos",
+            "--duration",
+            "20",
+            "--nodes",
+            "1",
+            "--servers",
+            "1",
+        ])
+        .args(["--sessions", "2", "--seed", "11", "--replicas", "2"])
+        .args(["--resync-delay-ms", "600000"])
+        .args(hooks)
+        .arg("--json")
+        .arg(&json)
+        .env_remove("NAMDB_CRASH")
+        .stdin(Stdio::null())
+        .stdout(out_file.try_clone().unwrap())
+        .stderr(out_file)
+        .spawn()
+        .unwrap();
+    // Generous: the run takes about half a minute alone, a few times that on a loaded
+    // host. Carrying a failover out to an unsynced backup left the nodes retrying
+    // promotion for a minute per start, and the harness could not open the database
+    // after the run.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(status) = harness.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = harness.kill();
+            let _ = harness.wait();
+            panic!(
+                "the harness did not end within 10 minutes:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let out = std::fs::read_to_string(&log).unwrap();
+    let report = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|j| serde_json::from_str(&j).ok())
+        .unwrap_or(Value::Null);
+    (status, out, report)
 }

@@ -186,6 +186,41 @@ pub fn starve_at_on_this_thread(
     )
 }
 
+/// For tests of what a commit's outcome is while its recovery has not finished: as
+/// [`starve_at_on_this_thread`], but the recovery of the stalled commit's slot stalls
+/// too, once it began (the fencer claimed the holder's work, so every other node waits
+/// for it, as for a recovering node starved of CPU, and takes it over only after
+/// [`crate::recovery::TAKEOVER`]). The commit's stall ends once the recovery is held
+/// (it panics if that takes longer than `patience`), so the commit ends fenced
+/// ([`crate::TxnError::Fenced`]) with its outcome undecided; the recovery goes on once
+/// the returned hold is released or dropped.
+pub fn starve_at_with_recovery_held_on_this_thread(
+    db: &crate::Database,
+    name: &'static str,
+    patience: std::time::Duration,
+) -> Result<crate::recovery::RecoveryHold, String> {
+    let hold = crate::recovery::RecoveryHold {
+        state: std::sync::Arc::default(),
+    };
+    let (db, state) = (db.clone(), hold.state.clone());
+    stall_at_on_this_thread(
+        name,
+        Box::new(move |cid| {
+            state.set_cid(cid);
+            let slot = (cid % u64::from(db.options().slots)) as u32;
+            // Armed here, at the start of the stall: the lease lapses only later, so
+            // the slot's recovery has not begun.
+            *crate::store::lock(&db.shared.recovery_hold) = Some((slot, state.clone()));
+            assert!(
+                state.wait_until_held(patience),
+                "stalled at {name}: the recovery of the slot of commit {cid} did not begin \
+                 within {patience:?}"
+            );
+        }),
+    )?;
+    Ok(hold)
+}
+
 #[cold]
 fn maybe_die(point: CrashPoint, cid: u64) {
     let stall = STALL_AT.with(|s| {

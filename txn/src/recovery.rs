@@ -43,7 +43,7 @@ use crate::error::{Result, TxnError};
 use crate::layout::{self, Header, VERSIONS_OFFSET, Version};
 use crate::store::{Database, Table, lock};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 /// How long a recovery may stall (its guard word unchanged) before another node takes
@@ -76,6 +76,92 @@ pub struct LockedRecord {
     pub key: u64,
     /// The CID of the lock's holder.
     pub cid: u64,
+}
+
+/// A recovery held by a test once it began: its guard says recovering, so every other
+/// node waits for it (or takes it over after [`TAKEOVER`]), as for a recovering node
+/// starved of CPU. Made by [`crate::crash::starve_at_with_recovery_held_on_this_thread`];
+/// dropping it (or [`RecoveryHold::release`]) lets the recovery go on.
+pub struct RecoveryHold {
+    pub(crate) state: Arc<HoldState>,
+}
+
+/// What a [`RecoveryHold`] and the recovery it holds share.
+#[derive(Default)]
+pub(crate) struct HoldState {
+    phase: Mutex<HoldPhase>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct HoldPhase {
+    /// The commit whose slot's recovery is to be held, once it stalled.
+    cid: Option<u64>,
+    /// The holder tag of the recovery that stalls in the hold.
+    held: Option<u16>,
+    released: bool,
+}
+
+impl HoldState {
+    pub(crate) fn set_cid(&self, cid: u64) {
+        lock(&self.phase).cid = Some(cid);
+    }
+
+    /// Called by the recovery of holder `tag`: blocks until the hold is released.
+    fn stall(&self, tag: u16) {
+        let mut phase = lock(&self.phase);
+        phase.held = Some(tag);
+        self.changed.notify_all();
+        while !phase.released {
+            phase = self.changed.wait(phase).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Waits up to `patience` for a recovery to stall in the hold; whether one did.
+    pub(crate) fn wait_until_held(&self, patience: Duration) -> bool {
+        let deadline = Instant::now() + patience;
+        let mut phase = lock(&self.phase);
+        while phase.held.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            phase = self
+                .changed
+                .wait_timeout(phase, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    fn release(&self) {
+        lock(&self.phase).released = true;
+        self.changed.notify_all();
+    }
+}
+
+impl RecoveryHold {
+    /// The commit whose slot's recovery is held, once it stalled.
+    pub fn cid(&self) -> Option<u64> {
+        lock(&self.state.phase).cid
+    }
+
+    /// Whether a recovery stalls in the hold now.
+    pub fn is_holding(&self) -> bool {
+        let phase = lock(&self.state.phase);
+        phase.held.is_some() && !phase.released
+    }
+
+    /// Lets the held recovery go on (it resolves the commit, unless another node took
+    /// it over meanwhile).
+    pub fn release(self) {}
+}
+
+impl Drop for RecoveryHold {
+    fn drop(&mut self) {
+        self.state.release();
+    }
 }
 
 /// A fresh nonzero id for the `by` field of a guard.
@@ -163,6 +249,20 @@ impl Database {
         let mut conns = self.recovery_conns();
         if conns[commitlog::SERVER].cas(log.guard(slot), active, recovering.encode())? != active {
             return Ok(None);
+        }
+        let held = lock(&self.shared.recovery_hold)
+            .take_if(|(s, _)| *s == slot)
+            .map(|(_, hold)| hold);
+        if let Some(hold) = held {
+            // Without the connections: what waits for this recovery reads the guard
+            // through them.
+            drop(conns);
+            hold.stall(holder_tag);
+            conns = self.recovery_conns();
+            if conns[commitlog::SERVER].read_word(log.guard(slot))? != recovering.encode() {
+                // Taken over meanwhile ([`TAKEOVER`]): resolved by another.
+                return Ok(None);
+            }
         }
         let report = recover(self, &tables, &mut conns, slot, holder_tag)?;
         conns[commitlog::SERVER].cas(

@@ -227,6 +227,9 @@ pub(crate) struct Shared {
     tables: Mutex<Vec<Option<Arc<Table>>>>,
     /// Recoveries this process ran.
     pub(crate) recoveries: Mutex<Vec<crate::recovery::RecoveryReport>>,
+    /// Tests: the slot whose next recovery stalls once it began, and its hold
+    /// ([`crate::crash::starve_at_with_recovery_held_on_this_thread`]).
+    pub(crate) recovery_hold: Mutex<Option<(u32, Arc<crate::recovery::HoldState>)>>,
     /// Embedded servers' regions, kept registered for as long as the database lives.
     _keep: Vec<Region>,
 }
@@ -372,6 +375,7 @@ impl Database {
             _admin_device: admin_device,
             tables: Mutex::new(Vec::new()),
             recoveries: Mutex::new(Vec::new()),
+            recovery_hold: Mutex::new(None),
             _keep: keep,
         };
         let db = Database {

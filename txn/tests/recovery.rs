@@ -279,6 +279,73 @@ fn a_new_worker_takes_over_a_slot_when_every_holder_is_gone() {
     ));
 }
 
+/// A fenced commit whose recovery stalls once it began (the recovering node starved
+/// too) is still undecided when the asker's patience runs out: `fenced_outcome` says
+/// so, naming the commit, rather than wait on or guess, and leaves the recovery alone;
+/// once the recovery goes on it decides the commit, nothing lost or doubled.
+#[test]
+fn a_fenced_commit_whose_recovery_stalls_is_unknown_past_the_patience() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for (point, committed) in [("after-lock", false), ("after-log", true)] {
+        let (db, t) = cluster();
+        let stop = Arc::new(AtomicBool::new(false));
+        let fencer = {
+            let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = db.client().unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    c.run(3, |x| x.put(&t, 5, val(1))).unwrap();
+                    c.tick().unwrap();
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        let mut client = db.client().unwrap();
+        let hold = txn::crash::starve_at_with_recovery_held_on_this_thread(
+            &db,
+            point,
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let mut x = client.begin().unwrap();
+        x.put(&t, 1, val(90)).unwrap();
+        x.insert(&t, 100, val(7)).unwrap();
+        let cid = match x.commit() {
+            Err(txn::TxnError::Fenced { cid }) => cid,
+            other => panic!("{point}: not fenced: {other:?}"),
+        };
+        assert_eq!(hold.cid(), Some(cid), "{point}");
+        let worker = client.worker();
+        let asked = txn::runtime::block_on(worker.fenced_outcome(cid, Duration::from_millis(300)));
+        let Err(txn::TxnError::Invalid(why)) = asked else {
+            panic!("{point}: decided while its recovery stalls: {asked:?}");
+        };
+        assert!(
+            why.contains(&format!("the outcome of commit {cid} is still unknown")),
+            "{point}: {why}"
+        );
+        assert!(hold.is_holding(), "{point}: the recovery was taken over");
+        hold.release();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while db.recoveries().is_empty() || !db.locked_records().unwrap().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{point}: the recovery never finished"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        stop.store(true, Ordering::Relaxed);
+        fencer.join().unwrap();
+        let mut x = client.begin().unwrap();
+        let seen = (num(x.get(&t, 1).unwrap()), x.get(&t, 100).unwrap());
+        if committed {
+            assert_eq!(seen, (90, Some(val(7))), "{point}");
+        } else {
+            assert_eq!(seen, (100, None), "{point}");
+        }
+    }
+}
+
 /// A worker whose thread stalls mid-commit past its lease (a thread starved of CPU)
 /// finds its commit fenced, and learns what recovery made of it: committed from
 /// `after-log` on (the record was complete), rolled back before; the data agrees, and

@@ -219,7 +219,11 @@ impl Pool {
                             return;
                         }
                     };
-                    serve_until_stopped(&db, worker, index, idle_timeout, &rx);
+                    let waits = Waits {
+                        idle_timeout,
+                        fenced_outcome: FENCED_OUTCOME_PATIENCE,
+                    };
+                    serve_until_stopped(&db, worker, index, waits, &rx);
                 })
                 .map_err(|e| TxnError::Invalid(format!("cannot start a worker thread: {e}")))?;
             pool.senders.push(tx);
@@ -354,6 +358,16 @@ impl Drop for Pool {
     }
 }
 
+/// How long a worker thread lets things wait.
+#[derive(Clone, Copy, Debug)]
+struct Waits {
+    /// Open transactions idle longer are aborted.
+    idle_timeout: Duration,
+    /// How long a fenced Commit waits for recovery to decide it before it is answered
+    /// UNKNOWN: [`FENCED_OUTCOME_PATIENCE`], shorter in tests of that answer.
+    fenced_outcome: Duration,
+}
+
 /// An open transaction between requests.
 struct Open {
     /// `None` while one of its requests runs.
@@ -366,6 +380,8 @@ struct Local {
     worker: Worker,
     index: usize,
     idle_timeout: Duration,
+    /// See [`Waits::fenced_outcome`].
+    fenced_patience: Duration,
     open: RefCell<HashMap<u64, Open>>,
     next_serial: Cell<u64>,
     begun: Cell<u64>,
@@ -397,12 +413,13 @@ fn serve_until_stopped(
     db: &Database,
     mut worker: Worker,
     index: usize,
-    idle_timeout: Duration,
+    waits: Waits,
     rx: &mpsc::Receiver<Job>,
 ) {
     let mut carried = WorkerStats::default();
     loop {
-        let local = Local::new(worker, index, idle_timeout);
+        let mut local = Local::new(worker, index, waits.idle_timeout);
+        local.fenced_patience = waits.fenced_outcome;
         local.carried.set(carried);
         match run(&local, rx) {
             Exit::Stopped => return,
@@ -413,7 +430,7 @@ fn serve_until_stopped(
                 carried.replaced_workers += 1;
                 drop(local);
                 tracing::warn!(worker = index, "worker broke; replacing it");
-                match replacement(db, index, idle_timeout, &carried, rx) {
+                match replacement(db, index, waits.idle_timeout, &carried, rx) {
                     Some(w) => worker = w,
                     None => return,
                 }
@@ -499,6 +516,7 @@ impl Local {
             worker,
             index,
             idle_timeout,
+            fenced_patience: FENCED_OUTCOME_PATIENCE,
             open: RefCell::new(HashMap::new()),
             // Serials start at a random point, so that a handle from before a restart
             // of the node is unknown rather than someone else's transaction.
@@ -698,7 +716,8 @@ impl Local {
     /// its commit timestamp) or rolled back (safe to retry) rather than "unknown".
     /// `Worker::fenced_outcome` yields while it waits, so the worker's other
     /// transactions go on meanwhile; UNKNOWN only if recovery has not decided within
-    /// [`FENCED_OUTCOME_PATIENCE`].
+    /// [`FENCED_OUTCOME_PATIENCE`] (a recovery stalled on another node and not yet
+    /// taken over): the recovery goes on, and decides the commit later.
     async fn fenced_outcome(&self, cid: u64) -> Result<Option<u64>, Status> {
         tracing::warn!(
             worker = self.index,
@@ -706,11 +725,7 @@ impl Local {
             "a commit was fenced (the worker's lease lapsed under it); waiting for recovery \
              to decide it"
         );
-        match self
-            .worker
-            .fenced_outcome(cid, FENCED_OUTCOME_PATIENCE)
-            .await
-        {
+        match self.worker.fenced_outcome(cid, self.fenced_patience).await {
             Ok(FencedOutcome::Committed { cid }) => Ok(Some(cid)),
             Ok(FencedOutcome::RolledBack) => Err(status::fenced_rolled_back(cid)),
             Err(e) => Err(status::fenced_undecided(cid, &e)),
@@ -906,16 +921,7 @@ mod tests {
 
     #[test]
     fn a_broken_worker_is_replaced_and_its_commit_recovered() {
-        let db = Database::embedded(txn::Options {
-            oracle: timestamp::OracleConfig {
-                tick_interval: Duration::from_millis(2),
-                lease_timeout: Duration::from_millis(80),
-                ..timestamp::OracleConfig::default()
-            },
-            ..txn::Options::default()
-        })
-        .unwrap();
-        db.create_table(txn::TableSpec::new("t", 16, 1024)).unwrap();
+        let (db, _t) = short_leases();
         let pool = Pool::start(&db, 1, Duration::from_secs(30)).unwrap();
         let a = begin(&pool).unwrap();
         put(&pool, a.handle, 1, b"one").unwrap();
@@ -963,12 +969,28 @@ mod tests {
     /// A worker thread whose commit stalls at `point` past its lease (its thread
     /// starved) until recovery of its slot began, as `Pool` starts them otherwise.
     fn pool_stalling_at(db: &Database, point: &'static str) -> Pool {
+        pool_of_one(db, FENCED_OUTCOME_PATIENCE, move |db| {
+            txn::crash::starve_at_on_this_thread(db, point, Duration::from_secs(30)).unwrap()
+        })
+    }
+
+    /// A pool of one worker thread, as `Pool` starts them but for the patience of its
+    /// fenced commits, once `arm` ran on the thread (to stall its next commit).
+    fn pool_of_one(
+        db: &Database,
+        fenced_outcome: Duration,
+        arm: impl FnOnce(&Database) + Send + 'static,
+    ) -> Pool {
         let (tx, rx) = mpsc::channel();
         let db = db.clone();
         let thread = std::thread::spawn(move || {
             let worker = db.worker().unwrap();
-            txn::crash::starve_at_on_this_thread(&db, point, Duration::from_secs(30)).unwrap();
-            serve_until_stopped(&db, worker, 0, Duration::from_secs(30), &rx);
+            arm(&db);
+            let waits = Waits {
+                idle_timeout: Duration::from_secs(30),
+                fenced_outcome,
+            };
+            serve_until_stopped(&db, worker, 0, waits, &rx);
         });
         Pool {
             senders: vec![tx],
@@ -978,41 +1000,127 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_fenced_commit_is_answered_with_what_recovery_made_of_it() {
+    /// A database with short leases (so a stall past one is short) and table `t`.
+    fn short_leases() -> (Database, Arc<Table>) {
+        let db = Database::embedded(txn::Options {
+            oracle: timestamp::OracleConfig {
+                tick_interval: Duration::from_millis(2),
+                lease_timeout: Duration::from_millis(80),
+                ..timestamp::OracleConfig::default()
+            },
+            ..txn::Options::default()
+        })
+        .unwrap();
+        let t = db.create_table(txn::TableSpec::new("t", 16, 1024)).unwrap();
+        (db, t)
+    }
+
+    /// A thread that commits elsewhere (so a stalled slot holds the prefix back) and
+    /// ticks, which fences a stalled slot and recovers it; the returned call stops it.
+    fn fencer(db: &Database, t: &Arc<Table>) -> impl FnOnce() {
         use std::sync::atomic::AtomicBool;
-        // Fenced before its log record was complete: rolled back; after: committed.
-        for (point, committed) in [("after-lock", false), ("after-log", true)] {
-            let db = Database::embedded(txn::Options {
-                oracle: timestamp::OracleConfig {
-                    tick_interval: Duration::from_millis(2),
-                    lease_timeout: Duration::from_millis(80),
-                    ..timestamp::OracleConfig::default()
-                },
-                ..txn::Options::default()
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = db.client().unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    c.run(3, |x| x.put(&t, 5, b"f".to_vec())).unwrap();
+                    c.tick().unwrap();
+                    std::thread::sleep(Duration::from_millis(2));
+                }
             })
-            .unwrap();
-            let t = db.create_table(txn::TableSpec::new("t", 16, 1024)).unwrap();
-            let pool = pool_stalling_at(&db, point);
-            // The fencer commits elsewhere (so the stalled slot holds the prefix back)
-            // and ticks, which fences the stalled slot and recovers it.
-            let stop = Arc::new(AtomicBool::new(false));
-            let fencer = {
-                let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    let mut c = db.client().unwrap();
-                    while !stop.load(Ordering::Relaxed) {
-                        c.run(3, |x| x.put(&t, 5, b"f".to_vec())).unwrap();
-                        c.tick().unwrap();
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                })
-            };
+        };
+        move || {
+            stop.store(true, Ordering::Relaxed);
+            thread.join().unwrap();
+        }
+    }
+
+    /// A fenced Commit whose recovery stalls once begun (the recovering node starved
+    /// too) is answered UNKNOWN once the patience has passed, saying why, rather than
+    /// waited on or guessed; the recovery goes on meanwhile and decides it, and later
+    /// reads show what it decided: nothing lost, nothing doubled, no lock left.
+    #[test]
+    fn a_fenced_commit_still_undecided_after_the_patience_is_answered_unknown() {
+        for (point, committed) in [("after-lock", false), ("after-log", true)] {
+            let (db, t) = short_leases();
+            let (hold_tx, hold_rx) = mpsc::channel();
+            // Well short of `txn::recovery::TAKEOVER`: a Commit that waited on for
+            // the recovery would take it over and answer what it decided.
+            let pool = pool_of_one(&db, Duration::from_millis(300), move |db| {
+                let hold = txn::crash::starve_at_with_recovery_held_on_this_thread(
+                    db,
+                    point,
+                    Duration::from_secs(30),
+                )
+                .unwrap();
+                hold_tx.send(hold).unwrap();
+            });
+            let hold = hold_rx.recv().unwrap();
+            let stop_fencer = fencer(&db, &t);
             let a = begin(&pool).unwrap();
             put(&pool, a.handle, 1, b"one").unwrap();
             let answer = op(&pool, a.handle, |reply| Op::Commit { reply });
-            stop.store(true, Ordering::Relaxed);
-            fencer.join().unwrap();
+            let cid = hold.cid().expect("the commit stalled");
+            let err = answer.expect_err("unknown");
+            assert_eq!(err.code(), tonic::Code::Unknown, "{point}: {err:?}");
+            assert!(
+                err.message().contains(&format!(
+                    "commit {cid} was abandoned to recovery (the worker running it was fenced"
+                )),
+                "{point}: {err:?}"
+            );
+            assert!(
+                err.message().contains("could not be learnt in time")
+                    && err
+                        .message()
+                        .contains(&format!("the outcome of commit {cid} is still unknown")),
+                "{point}: {err:?}"
+            );
+            assert!(err.message().contains("may have taken effect"), "{err:?}");
+            assert!(hold.is_holding(), "{point}: the recovery was taken over");
+            // The worker serves on while its commit's recovery stalls.
+            let b = begin(&pool).unwrap();
+            put(&pool, b.handle, 2, b"two").unwrap();
+            op(&pool, b.handle, |reply| Op::Commit { reply }).unwrap();
+
+            hold.release();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while db.recoveries().is_empty() || !db.locked_records().unwrap().is_empty() {
+                assert!(Instant::now() < deadline, "{point}: never recovered");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            stop_fencer();
+            let c = begin(&pool).unwrap();
+            let rows = op(&pool, c.handle, |reply| Op::Scan {
+                table: "t".into(),
+                start: 0,
+                end: Some(5),
+                limit: None,
+                reply,
+            })
+            .unwrap();
+            let mut expected = vec![(2, b"two".to_vec())];
+            if committed {
+                expected.insert(0, (1, b"one".to_vec()));
+            }
+            assert_eq!(rows, expected, "{point}");
+            pool.shutdown();
+        }
+    }
+
+    #[test]
+    fn a_fenced_commit_is_answered_with_what_recovery_made_of_it() {
+        // Fenced before its log record was complete: rolled back; after: committed.
+        for (point, committed) in [("after-lock", false), ("after-log", true)] {
+            let (db, t) = short_leases();
+            let pool = pool_stalling_at(&db, point);
+            let stop_fencer = fencer(&db, &t);
+            let a = begin(&pool).unwrap();
+            put(&pool, a.handle, 1, b"one").unwrap();
+            let answer = op(&pool, a.handle, |reply| Op::Commit { reply });
+            stop_fencer();
             let recovered = db.recoveries();
             assert!(!recovered.is_empty(), "{point}: the commit was not fenced");
             let b = begin(&pool).unwrap();

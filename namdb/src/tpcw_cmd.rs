@@ -871,6 +871,7 @@ fn load_and_run_watching<S: System>(
             seed: args.seed,
             stop_below_available: runner::memory_floor(),
             stop_below_free_disk: disk.clone(),
+            unknown_outcome_patience: runner::UNKNOWN_OUTCOME_PATIENCE,
         };
         eprintln!(
             "{} ({}): {} with {n} clients for {} s after {} s of warm-up",
@@ -938,6 +939,7 @@ fn load_and_run_htap(
         seed: args.seed,
         stop_below_available: runner::memory_floor(),
         stop_below_free_disk: None,
+        unknown_outcome_patience: runner::UNKNOWN_OUTCOME_PATIENCE,
     };
     let mut ledger = Ledger::default();
     let tables = tpcw::htap::Tables::of(system.tables());

@@ -59,6 +59,10 @@ pub struct RunConfig {
     /// directory has fewer free bytes than this: a scratch PostgreSQL's database grows
     /// with every order, and a full disk stops the server mid-run.
     pub stop_below_free_disk: Option<DiskFloor>,
+    /// How long a client waits to learn what became of a commit of unknown outcome
+    /// before the run fails saying it could not ([`UNKNOWN_OUTCOME_PATIENCE`]; shorter
+    /// only in tests of that failure).
+    pub unknown_outcome_patience: Duration,
 }
 
 /// A directory whose filesystem must keep `bytes` free while a run goes on.
@@ -742,7 +746,14 @@ async fn client_loop<E: Engine>(
                 Ok(fx) => match engine.commit(txn).await {
                     Ok(c) => Ok((fx, c)),
                     Err(Error::Unknown { message, commit }) => {
-                        let learnt = learn_outcome(engine, kind, &message, commit).await;
+                        let learnt = learn_outcome(
+                            engine,
+                            kind,
+                            &message,
+                            commit,
+                            config.unknown_outcome_patience,
+                        )
+                        .await;
                         let mut t = tally.borrow_mut();
                         match learnt? {
                             Some(c) => {
@@ -833,7 +844,7 @@ pub const UNKNOWN_OUTCOME_PATIENCE: Duration = Duration::from_secs(120);
 
 /// What became of a commit of `kind` that failed with [`Error::Unknown`]: `Some` if it
 /// committed, `None` if recovery rolled it back. An error (ending the run) if the
-/// engine cannot tell within [`UNKNOWN_OUTCOME_PATIENCE`].
+/// engine cannot tell within `patience` ([`RunConfig::unknown_outcome_patience`]).
 ///
 /// Either way the ledger and the history stay exact: a commit learnt committed is
 /// counted and recorded like any other (with its commit timestamp, once transactions
@@ -846,6 +857,7 @@ async fn learn_outcome<E: Engine>(
     kind: Interaction,
     message: &str,
     commit: Option<u64>,
+    patience: Duration,
 ) -> Result<Option<Committed>> {
     let unknown = || format!("a {} commit's outcome is unknown ({message})", kind.name());
     let Some(commit) = commit else {
@@ -855,7 +867,7 @@ async fn learn_outcome<E: Engine>(
         )));
     };
     engine
-        .outcome(commit, UNKNOWN_OUTCOME_PATIENCE)
+        .outcome(commit, patience)
         .await
         .map_err(|e| Error::System(format!("{}, and it could not be learnt: {e}", unknown())))
 }

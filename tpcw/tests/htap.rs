@@ -66,6 +66,7 @@ fn best_sellers_and_related_items_run_beside_checkouts() {
         seed: 3,
         stop_below_available: 0,
         stop_below_free_disk: None,
+        unknown_outcome_patience: runner::UNKNOWN_OUTCOME_PATIENCE,
     };
     let rewrites = ItemRewrites::default();
     let (checkouts, analytics) = std::thread::scope(|s| {
@@ -145,6 +146,7 @@ fn a_writer_beside_a_run_starts_after_the_runs_set_up() {
         seed: 5,
         stop_below_available: 0,
         stop_below_free_disk: None,
+        unknown_outcome_patience: runner::UNKNOWN_OUTCOME_PATIENCE,
     };
     let stop = AtomicBool::new(false);
     let rewrites = ItemRewrites::default();

@@ -87,6 +87,7 @@ fn config(mix: Mix, clients: usize) -> RunConfig {
         seed: 42,
         stop_below_available: 0,
         stop_below_free_disk: None,
+        unknown_outcome_patience: runner::UNKNOWN_OUTCOME_PATIENCE,
     }
 }
 
@@ -250,6 +251,11 @@ enum Fault {
     /// until another worker has fenced its slot and recovered it, as a thread starved
     /// of CPU past its lease is: the commit then ends fenced.
     StallCommit { point: &'static str, nth: u64 },
+    /// As `StallCommit`, but the recovery of the stalled commit's slot stalls too once
+    /// it began (the recovering worker starved as well), until the runner has asked
+    /// for the commit's outcome: the commit is undecided for as long as the runner
+    /// waits.
+    StallCommitAndRecovery { point: &'static str, nth: u64 },
 }
 
 /// RSI with `fault` injected; counts the calls it slowed or failed.
@@ -260,6 +266,16 @@ struct Injected<'s> {
     /// The commit timestamp of the commit [`Fault::StallCommit`] stalled, once its
     /// slot was recovered (0 before).
     stalled: Arc<AtomicU64>,
+    held: Held,
+}
+
+/// What [`Fault::StallCommitAndRecovery`] holds: the stalled recovery, until an
+/// outcome is asked for; then whether it was still held when the answer came.
+#[derive(Clone, Default)]
+struct Held {
+    hold: Arc<std::sync::Mutex<Option<txn::RecoveryHold>>>,
+    cid: Arc<AtomicU64>,
+    at_answer: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<'s> Injected<'s> {
@@ -269,6 +285,7 @@ impl<'s> Injected<'s> {
             fault,
             faulted: Arc::default(),
             stalled: Arc::default(),
+            held: Held::default(),
         }
     }
 }
@@ -278,6 +295,7 @@ struct InjectedEngine {
     fault: Fault,
     faulted: Arc<AtomicU64>,
     stalled: Arc<AtomicU64>,
+    held: Held,
     db: Database,
 }
 
@@ -310,6 +328,7 @@ impl System for Injected<'_> {
             fault: self.fault,
             faulted: self.faulted.clone(),
             stalled: self.stalled.clone(),
+            held: self.held.clone(),
             db: self.rsi.database().clone(),
         })
     }
@@ -366,13 +385,37 @@ impl Engine for InjectedEngine {
             )
             .unwrap();
         }
-        self.engine.commit(txn.txn).await
+        if let Fault::StallCommitAndRecovery { point, nth } = self.fault
+            && self.faulted.fetch_add(1, Ordering::Relaxed) == nth
+        {
+            let hold = txn::crash::starve_at_with_recovery_held_on_this_thread(
+                &self.db,
+                point,
+                Duration::from_secs(60),
+            )
+            .unwrap();
+            *self.held.hold.lock().unwrap() = Some(hold);
+        }
+        let committed = self.engine.commit(txn.txn).await;
+        if let Some(hold) = self.held.hold.lock().unwrap().as_ref()
+            && let Some(cid) = hold.cid()
+        {
+            self.held.cid.store(cid, Ordering::Relaxed);
+        }
+        committed
     }
     fn abort<'a>(&'a self, txn: InjectedTxn<'a>) {
         self.engine.abort(txn.txn)
     }
     async fn outcome(&self, commit: u64, patience: Duration) -> Result<Option<Committed>> {
-        self.engine.outcome(commit, patience).await
+        let answer = self.engine.outcome(commit, patience).await;
+        // Released once answered, so the run's clients held up by it can end.
+        if let Some(hold) = self.held.hold.lock().unwrap().take() {
+            self.held
+                .at_answer
+                .store(hold.is_holding(), Ordering::Relaxed);
+        }
+        answer
     }
     fn run_clients<'a, T>(
         &'a self,
@@ -607,6 +650,69 @@ fn a_commit_fenced_under_a_starved_client_is_resolved_and_the_run_goes_on() {
         assert!(json["unknown_outcomes"].is_object(), "{json}");
     }
     assert!(rsi.database().locked_records().unwrap().is_empty());
+}
+
+/// A client whose commit ends fenced while the recovery of its slot stalls too (the
+/// recovering worker starved as well) cannot learn the outcome within the runner's
+/// patience: the run fails saying so, naming the commit, rather than wait on, count
+/// the commit as either outcome, or panic; the failed run counts nothing in the
+/// ledger; released, the recovery decides the commit and leaves no lock.
+#[test]
+fn a_run_fails_when_a_fenced_commits_outcome_is_not_learnt_in_time() {
+    let scale = Scale::new(1000, 1, 1024).unwrap();
+    let rsi = unloaded_with_lease(&scale, 4.0, &|_| None, Duration::from_millis(500));
+    rsi.load(&scale, &|_, _, _| {}).unwrap();
+    let mut ledger = Ledger::default();
+    let first = runner::run(&rsi, &scale, &config(Mix::Checkout, 4), &mut ledger).unwrap();
+    assert!(first.checks_passed(), "{first:?}");
+    let (sold, orders) = (ledger.sold.clone(), ledger.orders.clone());
+    let injected = Injected::new(
+        &rsi,
+        Fault::StallCommitAndRecovery {
+            point: "after-log",
+            nth: 10,
+        },
+    );
+    let run = RunConfig {
+        warmup: Duration::ZERO,
+        // Well short of `txn::recovery::TAKEOVER`: a runner that waited on for the
+        // recovery would take it over and learn what it decided.
+        unknown_outcome_patience: Duration::from_secs(1),
+        // One client per thread: another client of the stalled worker would commit,
+        // rejoin the oracle, maybe in the fenced slot, and then wait for (and take
+        // over) its recovery, blocking the thread, so the outcome would be learnt.
+        ..config(Mix::Checkout, 2)
+    };
+    let err = match runner::run(&injected, &scale, &run, &mut ledger) {
+        Ok(report) => panic!(
+            "the run went on (stalled commit {}, held at the answer: {}): {report:?}",
+            injected.held.cid.load(Ordering::Relaxed),
+            injected.held.at_answer.load(Ordering::Relaxed)
+        ),
+        Err(e) => e,
+    };
+    let cid = injected.held.cid.load(Ordering::Relaxed);
+    assert_ne!(cid, 0, "no commit stalled: {err}");
+    let err = err.to_string();
+    assert!(
+        err.contains("commit's outcome is unknown") && err.contains("could not be learnt"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("the outcome of commit {cid} is still unknown")),
+        "{err}"
+    );
+    assert!(
+        injected.held.at_answer.load(Ordering::Relaxed),
+        "the recovery was taken over before the runner gave up: {err}"
+    );
+    assert_eq!((ledger.sold, ledger.orders), (sold, orders));
+    let db = rsi.database();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !db.locked_records().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the recovery never finished");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A run that finds the host low on memory stops its clients and reports what it

@@ -24,6 +24,8 @@ pub const FENCED_OUTCOME_PATIENCE: Duration = Duration::from_secs(10);
 pub struct TxnKv {
     db: Database,
     table: Arc<Table>,
+    /// See [`TxnKv::with_fenced_outcome_patience`].
+    fenced_patience: Duration,
 }
 
 pub struct Session {
@@ -65,7 +67,21 @@ impl TxnKv {
     }
 
     pub fn new(db: Database, table: Arc<Table>) -> TxnKv {
-        TxnKv { db, table }
+        TxnKv {
+            db,
+            table,
+            fenced_patience: FENCED_OUTCOME_PATIENCE,
+        }
+    }
+
+    /// How long a fenced commit waits for recovery to decide it before it is
+    /// recorded as of unknown outcome ([`StoreError::Indeterminate`]):
+    /// [`FENCED_OUTCOME_PATIENCE`] unless set here (tests of that record).
+    pub fn with_fenced_outcome_patience(self, patience: Duration) -> TxnKv {
+        TxnKv {
+            fenced_patience: patience,
+            ..self
+        }
     }
 
     /// A verify key's record key: FNV-1a of the name, the same in every process.
@@ -216,7 +232,7 @@ impl TxnStore for TxnKv {
             // "nothing acknowledged is lost" (or an abort to "no effect") rather than
             // leave it unknown.
             Err(TxnError::Fenced { cid }) => match txn::runtime::block_on(
-                client.worker().fenced_outcome(cid, FENCED_OUTCOME_PATIENCE),
+                client.worker().fenced_outcome(cid, self.fenced_patience),
             ) {
                 Ok(FencedOutcome::Committed { cid }) => {
                     session.after = session.after.max(cid);

@@ -79,6 +79,88 @@ fn bank_is_snapshot_isolation_and_balanced() {
     assert!(findings.is_empty(), "{findings:?}");
 }
 
+/// A fenced commit whose recovery stalls once begun (the recovering node starved too)
+/// is not decided within the store's patience: it is recorded as indeterminate (the
+/// history's `unknown`), naming the commit, not as committed or aborted and without
+/// waiting on; released, the recovery decides it, and later reads show that.
+#[test]
+fn a_fenced_commit_not_decided_in_time_is_recorded_as_indeterminate() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+    use verify::history::ReadValue;
+    use verify::store::{StoreError, TxnStore};
+    for (point, committed) in [("after-lock", false), ("after-log", true)] {
+        let db = Database::embedded(Options {
+            oracle: timestamp::OracleConfig {
+                tick_interval: Duration::from_millis(2),
+                lease_timeout: Duration::from_millis(80),
+                ..timestamp::OracleConfig::default()
+            },
+            wait_visible: false,
+            ..Options::default()
+        })
+        .unwrap();
+        let table = db.create_table(TxnKv::table_spec("kv", 1 << 10)).unwrap();
+        // Well short of `txn::recovery::TAKEOVER`: a commit that waited on for the
+        // recovery would take it over and record what it decided.
+        let store = TxnKv::new(db.clone(), table.clone())
+            .with_fenced_outcome_patience(Duration::from_millis(300));
+        let stop = Arc::new(AtomicBool::new(false));
+        let fencer = {
+            let (db, table, stop) = (db.clone(), table.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = db.client().unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    c.run(3, |x| x.put(&table, 5, vec![0; 9])).unwrap();
+                    c.tick().unwrap();
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        let mut session = store.open_session();
+        let mut t = store.begin(&mut session).unwrap();
+        store.write(&mut t, "x", 7).unwrap();
+        let hold = txn::crash::starve_at_with_recovery_held_on_this_thread(
+            &db,
+            point,
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let outcome = store.commit(&mut session, t);
+        let cid = hold.cid().expect("the commit stalled");
+        match &outcome {
+            Err(StoreError::Indeterminate(why)) => assert!(
+                why.contains(&format!("commit {cid} abandoned to recovery"))
+                    && why.contains(&format!("the outcome of commit {cid} is still unknown")),
+                "{point}: {why}"
+            ),
+            other => panic!("{point}: not indeterminate: {other:?}"),
+        }
+        assert!(hold.is_holding(), "{point}: the recovery was taken over");
+        hold.release();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while db.recoveries().is_empty() || !db.locked_records().unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "{point}: never recovered");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        stop.store(true, Ordering::Relaxed);
+        fencer.join().unwrap();
+        let mut t = store.begin(&mut session).unwrap();
+        let read = store.read(&mut t, "x").unwrap();
+        store.abort(&mut session, t);
+        let expected = if committed {
+            ReadValue::Register(7)
+        } else {
+            ReadValue::Absent
+        };
+        assert_eq!(read.value, expected, "{point}");
+        if committed {
+            assert_eq!(read.version, Some(cid), "{point}");
+        }
+    }
+}
+
 /// A commit whose worker's thread stalls past its lease (starved) is fenced and left
 /// to recovery; the store records what recovery made of it rather than "unknown":
 /// committed (at its CID, seen by the session's next transaction) when it stalled

@@ -1080,7 +1080,9 @@ mod tests {
             );
             assert!(err.message().contains("may have taken effect"), "{err:?}");
             assert!(hold.is_holding(), "{point}: the recovery was taken over");
-            // The worker serves on while its commit's recovery stalls.
+            // The worker serves on. (Its next commit rejoins the oracle; if that
+            // lands in the fenced slot, it waits for the stalled recovery and takes
+            // it over after `TAKEOVER`.)
             let b = begin(&pool).unwrap();
             put(&pool, b.handle, 2, b"two").unwrap();
             op(&pool, b.handle, |reply| Op::Commit { reply }).unwrap();

@@ -85,39 +85,16 @@ fn bank_is_snapshot_isolation_and_balanced() {
 /// waiting on; released, the recovery decides it, and later reads show that.
 #[test]
 fn a_fenced_commit_not_decided_in_time_is_recorded_as_indeterminate() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Instant;
     use verify::history::ReadValue;
     use verify::store::{StoreError, TxnStore};
     for (point, committed) in [("after-lock", false), ("after-log", true)] {
-        let db = Database::embedded(Options {
-            oracle: timestamp::OracleConfig {
-                tick_interval: Duration::from_millis(2),
-                lease_timeout: Duration::from_millis(80),
-                ..timestamp::OracleConfig::default()
-            },
-            wait_visible: false,
-            ..Options::default()
-        })
-        .unwrap();
-        let table = db.create_table(TxnKv::table_spec("kv", 1 << 10)).unwrap();
+        let (db, table) = short_lease_db();
         // Well short of `txn::recovery::TAKEOVER`: a commit that waited on for the
         // recovery would take it over and record what it decided.
         let store = TxnKv::new(db.clone(), table.clone())
             .with_fenced_outcome_patience(Duration::from_millis(300));
-        let stop = Arc::new(AtomicBool::new(false));
-        let fencer = {
-            let (db, table, stop) = (db.clone(), table.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut c = db.client().unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    c.run(3, |x| x.put(&table, 5, vec![0; 9])).unwrap();
-                    c.tick().unwrap();
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-        };
+        let fencer = Fencer::spawn(&db, &table);
         let mut session = store.open_session();
         let mut t = store.begin(&mut session).unwrap();
         store.write(&mut t, "x", 7).unwrap();
@@ -144,8 +121,7 @@ fn a_fenced_commit_not_decided_in_time_is_recorded_as_indeterminate() {
             assert!(Instant::now() < deadline, "{point}: never recovered");
             std::thread::sleep(Duration::from_millis(2));
         }
-        stop.store(true, Ordering::Relaxed);
-        fencer.join().unwrap();
+        fencer.stop();
         let mut t = store.begin(&mut session).unwrap();
         let read = store.read(&mut t, "x").unwrap();
         store.abort(&mut session, t);
@@ -167,38 +143,12 @@ fn a_fenced_commit_not_decided_in_time_is_recorded_as_indeterminate() {
 /// after its log record, rolled back (an abort, nothing written) before.
 #[test]
 fn a_fenced_commit_is_recorded_as_what_recovery_made_of_it() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     use verify::history::ReadValue;
     use verify::store::{StoreError, TxnStore};
     for (point, committed) in [("after-lock", false), ("after-log", true)] {
-        let db = Database::embedded(Options {
-            oracle: timestamp::OracleConfig {
-                tick_interval: Duration::from_millis(2),
-                lease_timeout: Duration::from_millis(80),
-                ..timestamp::OracleConfig::default()
-            },
-            // The session's next snapshot must include the commit by itself.
-            wait_visible: false,
-            ..Options::default()
-        })
-        .unwrap();
-        let table = db.create_table(TxnKv::table_spec("kv", 1 << 10)).unwrap();
+        let (db, table) = short_lease_db();
         let store = TxnKv::new(db.clone(), table.clone());
-        // The fencer commits elsewhere (so the stalled slot holds the prefix back) and
-        // ticks, which fences the stalled slot and recovers it.
-        let stop = Arc::new(AtomicBool::new(false));
-        let fencer = {
-            let (db, table, stop) = (db.clone(), table.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut c = db.client().unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    c.run(3, |x| x.put(&table, 5, vec![0; 9])).unwrap();
-                    c.tick().unwrap();
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-        };
+        let fencer = Fencer::spawn(&db, &table);
         let mut session = store.open_session();
         let mut t = store.begin(&mut session).unwrap();
         store.write(&mut t, "x", 7).unwrap();
@@ -208,8 +158,7 @@ fn a_fenced_commit_is_recorded_as_what_recovery_made_of_it() {
         let mut t = store.begin(&mut session).unwrap();
         let read = store.read(&mut t, "x").unwrap();
         store.abort(&mut session, t);
-        stop.store(true, Ordering::Relaxed);
-        fencer.join().unwrap();
+        fencer.stop();
         if committed {
             let cid = outcome.unwrap_or_else(|e| panic!("{point}: {e:?}"));
             assert!(cid.is_some(), "{point}");
@@ -223,5 +172,54 @@ fn a_fenced_commit_is_recorded_as_what_recovery_made_of_it() {
             assert_eq!(read.value, ReadValue::Absent, "{point}");
         }
         assert!(db.locked_records().unwrap().is_empty(), "{point}");
+    }
+}
+
+/// A database whose oracle leases are short (80 ms), so that a stalled commit is
+/// fenced soon, whose sessions do not wait for their commits to be visible (the next
+/// snapshot must include a commit by itself), and a table for [`TxnKv`].
+fn short_lease_db() -> (Database, std::sync::Arc<txn::Table>) {
+    let db = Database::embedded(Options {
+        oracle: timestamp::OracleConfig {
+            tick_interval: Duration::from_millis(2),
+            lease_timeout: Duration::from_millis(80),
+            ..timestamp::OracleConfig::default()
+        },
+        wait_visible: false,
+        ..Options::default()
+    })
+    .unwrap();
+    let table = db.create_table(TxnKv::table_spec("kv", 1 << 10)).unwrap();
+    (db, table)
+}
+
+/// A thread that commits elsewhere (so a stalled slot holds the prefix back) and
+/// ticks, which fences a stalled slot and recovers it, until stopped.
+struct Fencer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Fencer {
+    fn spawn(db: &Database, table: &std::sync::Arc<txn::Table>) -> Fencer {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let (db, table, stop) = (db.clone(), table.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = db.client().unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    c.run(3, |x| x.put(&table, 5, vec![0; 9])).unwrap();
+                    c.tick().unwrap();
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        Fencer { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap();
     }
 }

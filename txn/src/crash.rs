@@ -199,8 +199,31 @@ pub fn starve_at_with_recovery_held_on_this_thread(
     name: &'static str,
     patience: std::time::Duration,
 ) -> Result<crate::recovery::RecoveryHold, String> {
+    starve_with_recovery_held(db, name, patience, false)
+}
+
+/// As [`starve_at_with_recovery_held_on_this_thread`], but once released the recovery
+/// goes on without another look at its guard first: a recovering node descheduled
+/// after its last look and before its scan, for longer than
+/// [`crate::recovery::TAKEOVER`], so that the recovery may have been taken over,
+/// finished and the slot adopted by a new holder meanwhile.
+/// [`crate::recovery::RecoveryHold::release_and_wait`] tells when it returned.
+pub fn starve_at_with_recovery_held_past_its_check_on_this_thread(
+    db: &crate::Database,
+    name: &'static str,
+    patience: std::time::Duration,
+) -> Result<crate::recovery::RecoveryHold, String> {
+    starve_with_recovery_held(db, name, patience, true)
+}
+
+fn starve_with_recovery_held(
+    db: &crate::Database,
+    name: &'static str,
+    patience: std::time::Duration,
+    past_check: bool,
+) -> Result<crate::recovery::RecoveryHold, String> {
     let hold = crate::recovery::RecoveryHold {
-        state: std::sync::Arc::default(),
+        state: std::sync::Arc::new(crate::recovery::HoldState::new(past_check)),
     };
     let (db, state) = (db.clone(), hold.state.clone());
     stall_at_on_this_thread(

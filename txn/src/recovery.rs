@@ -29,7 +29,10 @@
 //! after recovery ended (the guard word, see [`crate::commitlog`]), and a lock found
 //! after that point cannot belong to the dead holder. Exactly one node resolves a
 //! holder (CAS of the guard to `recovering`); one that stalls (its own lease lapsed)
-//! is taken over after [`TAKEOVER`].
+//! is taken over after [`TAKEOVER`]. A lock's CID does not say which holder of the
+//! slot took it, so a recovery that was taken over must post nothing more (the slot
+//! may have a new holder, locking records with CIDs of the slot): it holds its guard
+//! under a lease, checked before each resolve (`Claim`).
 //!
 //! The dead holder must not post anything after its lease lapsed: the commit path
 //! checks the lease (a clock read) before posting each step, the lease assumption the
@@ -91,6 +94,9 @@ pub struct RecoveryHold {
 pub(crate) struct HoldState {
     phase: Mutex<HoldPhase>,
     changed: Condvar,
+    /// The recovery stalls after its look at the guard that follows the stall, as one
+    /// descheduled between that look and its scan (the look cannot protect it).
+    pub(crate) past_check: bool,
 }
 
 #[derive(Default)]
@@ -100,9 +106,18 @@ struct HoldPhase {
     /// The holder tag of the recovery that stalls in the hold.
     held: Option<u16>,
     released: bool,
+    /// The held recovery returned (whatever it did).
+    ended: bool,
 }
 
 impl HoldState {
+    pub(crate) fn new(past_check: bool) -> HoldState {
+        HoldState {
+            past_check,
+            ..HoldState::default()
+        }
+    }
+
     pub(crate) fn set_cid(&self, cid: u64) {
         lock(&self.phase).cid = Some(cid);
     }
@@ -139,6 +154,20 @@ impl HoldState {
         lock(&self.phase).released = true;
         self.changed.notify_all();
     }
+
+    fn end(&self) {
+        lock(&self.phase).ended = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Marks the held recovery ended when it returns, by any path.
+struct EndOnDrop(Arc<HoldState>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end();
+    }
 }
 
 impl RecoveryHold {
@@ -156,6 +185,27 @@ impl RecoveryHold {
     /// Lets the held recovery go on (it resolves the commit, unless another node took
     /// it over meanwhile).
     pub fn release(self) {}
+
+    /// Lets the held recovery go on and waits up to `patience` for it to return;
+    /// whether it did.
+    pub fn release_and_wait(self, patience: Duration) -> bool {
+        let state = self.state.clone();
+        drop(self);
+        let deadline = Instant::now() + patience;
+        let mut phase = lock(&state.phase);
+        while !phase.ended {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            phase = state
+                .changed
+                .wait_timeout(phase, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
 }
 
 impl Drop for RecoveryHold {
@@ -247,27 +297,33 @@ impl Database {
         let log = self.shared.catalog.commit_log();
         let tables = self.tables()?;
         let mut conns = self.recovery_conns();
+        let mut claim = Claim::new(log.guard(slot), recovering);
         if conns[commitlog::SERVER].cas(log.guard(slot), active, recovering.encode())? != active {
             return Ok(None);
         }
         let held = lock(&self.shared.recovery_hold)
             .take_if(|(s, _)| *s == slot)
             .map(|(_, hold)| hold);
+        let _ended = held.as_ref().map(|hold| EndOnDrop(hold.clone()));
         if let Some(hold) = held {
             // Without the connections: what waits for this recovery reads the guard
             // through them.
             drop(conns);
             hold.stall(holder_tag);
             conns = self.recovery_conns();
-            if conns[commitlog::SERVER].read_word(log.guard(slot))? != recovering.encode() {
+            if !hold.past_check
+                && conns[commitlog::SERVER].read_word(log.guard(slot))? != recovering.encode()
+            {
                 // Taken over meanwhile ([`TAKEOVER`]): resolved by another.
                 return Ok(None);
             }
         }
-        let report = recover(self, &tables, &mut conns, slot, holder_tag)?;
+        let Some(report) = recover(self, &tables, &mut conns, slot, holder_tag, &mut claim)? else {
+            return Ok(None);
+        };
         conns[commitlog::SERVER].cas(
             log.guard(slot),
-            recovering.encode(),
+            claim.word,
             Guard::Clean { tag: holder_tag }.encode(),
         )?;
         drop(conns);
@@ -325,11 +381,13 @@ impl Database {
                 let mine = Guard::Recovering { tag, by: nonce() };
                 let tables = self.tables()?;
                 let mut conns = self.recovery_conns();
-                if conns[commitlog::SERVER].cas(guard, word, mine.encode())? == word {
-                    let report = recover(self, &tables, &mut conns, slot, tag)?;
+                let mut claim = Claim::new(guard, mine);
+                if conns[commitlog::SERVER].cas(guard, word, mine.encode())? == word
+                    && let Some(report) = recover(self, &tables, &mut conns, slot, tag, &mut claim)?
+                {
                     conns[commitlog::SERVER].cas(
                         guard,
-                        mine.encode(),
+                        claim.word,
                         Guard::Clean { tag }.encode(),
                     )?;
                     drop(conns);
@@ -387,14 +445,81 @@ impl Database {
     }
 }
 
-/// Resolves every lock held by a CID of `slot` (see the module doc).
+/// A recovery's hold on its guard word: a lease, as a slot holder's on its slot.
+///
+/// Another node takes a recovery over once its guard word stayed the same for
+/// [`TAKEOVER`] of that node's clock, watched from when it first read the word (so
+/// after we wrote it). Once taken over, the recovery must post nothing more: the
+/// taker resolves the same locks, marks the guard clean, and the slot's next holder
+/// then commits under CIDs of the same slot, which the scan cannot tell from the dead
+/// holder's (a header names a CID, not a holder), and a block it read may have been
+/// resolved and locked again since. So before each resolve the recovery checks that
+/// less than `TAKEOVER / 2` of its own clock passed since it posted the guard word it
+/// holds; past that it renews it, CASing a fresh `by` in (a changed word restarts
+/// every watcher's wait), and gives up if the CAS fails (taken over). The lease
+/// assumptions of the oracle (`timestamp::slot`) apply: clock rates differ by less
+/// than 2×, and a node is not stopped for `TAKEOVER / 2` between a check and the post
+/// after it. A recovery slower than `TAKEOVER` (many tables) is no longer taken over
+/// while it makes progress, either.
+struct Claim {
+    guard: fabric::RemoteAddr,
+    tag: u16,
+    /// The guard word as we last wrote it.
+    word: u64,
+    /// When we posted `word` (or before).
+    since: Instant,
+}
+
+impl Claim {
+    /// Made just before the CAS that writes `mine`.
+    fn new(guard: fabric::RemoteAddr, mine: Guard) -> Claim {
+        let Guard::Recovering { tag, .. } = mine else {
+            unreachable!("a claim is made for a recovering guard")
+        };
+        Claim {
+            guard,
+            tag,
+            word: mine.encode(),
+            since: Instant::now(),
+        }
+    }
+
+    /// Whether the recovery still holds its guard (renewed if due); `false` once it
+    /// was taken over, and then it must post nothing more.
+    fn keep(&mut self, conns: &mut [Conn]) -> Result<bool> {
+        if self.since.elapsed() < TAKEOVER / 2 {
+            return Ok(true);
+        }
+        let renewed = Guard::Recovering {
+            tag: self.tag,
+            by: nonce(),
+        }
+        .encode();
+        let posted = Instant::now();
+        if conns[commitlog::SERVER].cas(self.guard, self.word, renewed)? != self.word {
+            tracing::warn!(
+                tag = self.tag,
+                stalled = ?self.since.elapsed(),
+                "a recovery stalled past its lease was taken over; it stops"
+            );
+            return Ok(false);
+        }
+        self.word = renewed;
+        self.since = posted;
+        Ok(true)
+    }
+}
+
+/// Resolves every lock held by a CID of `slot` (see the module doc), while `claim`
+/// holds: `None` once the recovery was taken over (another finishes it).
 fn recover(
     db: &Database,
     tables: &[Arc<Table>],
     conns: &mut [Conn],
     slot: u32,
     holder_tag: u16,
-) -> Result<RecoveryReport> {
+    claim: &mut Claim,
+) -> Result<Option<RecoveryReport>> {
     let started = Instant::now();
     let slots = db.shared.catalog.oracle().layout.slots() as u64;
     let records = read_ring(db, conns, slot)?;
@@ -430,6 +555,9 @@ fn recover(
                 Ok(())
             })?;
             for (addr, cid, raw) in held {
+                if !claim.keep(conns)? {
+                    return Ok(None);
+                }
                 if resolve(conns, table, part, addr, cid, &raw, records.get(&cid))? {
                     report.rolled_forward += 1;
                 } else {
@@ -474,7 +602,7 @@ fn recover(
             "recovered a dead holder's commits"
         );
     }
-    Ok(report)
+    Ok(Some(report))
 }
 
 /// The blocks a set of log records wrote, by (table, partition, address): the key,

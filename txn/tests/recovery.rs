@@ -412,3 +412,94 @@ fn a_fenced_commit_learns_its_outcome_once_recovery_decided_it() {
         assert!(db.locked_records().unwrap().is_empty(), "{point}");
     }
 }
+
+/// A recovery stalled after its last look at its guard, for longer than
+/// `txn::recovery::TAKEOVER` (its node starved of CPU, or stopped), is taken over and
+/// finished by another node, and the slot gets a new holder, which locks a record of
+/// its own (with a CID of the same slot) in a commit. When the stalled recovery goes
+/// on, it must leave that lock alone: releasing it under the live commit would let
+/// another write the record meanwhile (a lost update).
+#[test]
+fn a_stalled_recovery_that_was_taken_over_leaves_a_later_holders_locks_alone() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Two slots: the fencer's, and the one the starved holder, then the new one, holds.
+    let (db, t) = database(2);
+    let mut c = db.client().unwrap();
+    c.run(0, |x| {
+        for k in 0..8 {
+            x.insert(&t, k, val(100))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    drop(c);
+    let stop = Arc::new(AtomicBool::new(false));
+    let fencer = {
+        let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut c = db.client().unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                // Held in the recovery for seconds, this worker's own slot may be
+                // fenced meanwhile: what it fails with is not what this test is about.
+                let _ = c.run(3, |x| x.put(&t, 5, val(1)));
+                let _ = c.tick();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let mut starved = db.client().unwrap();
+    let hold = txn::crash::starve_at_with_recovery_held_past_its_check_on_this_thread(
+        &db,
+        "after-lock",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let mut x = starved.begin().unwrap();
+    x.put(&t, 1, val(90)).unwrap();
+    let dead = match x.commit() {
+        Err(txn::TxnError::Fenced { cid }) => cid,
+        other => panic!("not fenced: {other:?}"),
+    };
+    assert!(hold.is_holding());
+    // The new holder of the slot: it waits for the stalled recovery, takes it over
+    // after TAKEOVER, and adopts the slot once that recovery finished.
+    let mut next = db.client().unwrap();
+    let slots = 2;
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    {
+        let (db, seen) = (db.clone(), seen.clone());
+        txn::crash::stall_at_on_this_thread(
+            "after-lock",
+            Box::new(move |cid| {
+                assert_eq!(cid % slots, dead % slots, "the new holder has another slot");
+                assert!(
+                    hold.release_and_wait(Duration::from_secs(30)),
+                    "the stalled recovery did not return"
+                );
+                *seen.lock().unwrap() = Some((cid, db.locked_records().unwrap()));
+            }),
+        )
+        .unwrap();
+    }
+    let mut x = next.begin().unwrap();
+    let a = num(x.get(&t, 2).unwrap());
+    x.put(&t, 2, val(a + 1)).unwrap();
+    let committed = x.commit();
+    let (cid, locked) = seen.lock().unwrap().take().expect("the commit stalled");
+    assert!(
+        locked.iter().any(|l| l.key == 2 && l.cid == cid),
+        "the stale recovery released the lock of commit {cid} of the slot's next holder \
+         under it; locked then: {locked:?}"
+    );
+    assert_eq!(committed.unwrap(), Some(cid));
+    stop.store(true, Ordering::Relaxed);
+    fencer.join().unwrap();
+    let mut x = next.begin().unwrap();
+    assert_eq!(
+        (num(x.get(&t, 1).unwrap()), num(x.get(&t, 2).unwrap())),
+        (100, 101)
+    );
+    drop(x);
+    assert!(db.locked_records().unwrap().is_empty());
+    drop(starved);
+}

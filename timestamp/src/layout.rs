@@ -49,7 +49,8 @@ pub(crate) const OFF_FAR_HINT: u64 = 56;
 
 const HORIZON_BITS: u32 = 48;
 const HORIZON_MASK: u64 = (1 << HORIZON_BITS) - 1;
-const TAG_BITS: u32 = 14;
+/// Width of a lease's tag, which wraps (bumped once per change of holder).
+pub const TAG_BITS: u32 = 14;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
 pub(crate) const MAX_HORIZON: u64 = HORIZON_MASK;
 

@@ -244,6 +244,18 @@ fn starve_with_recovery_held(
     Ok(hold)
 }
 
+/// For tests of a claimer stopped between its claim of an oracle slot and its
+/// adoption of the slot's commit log: the next worker of `db` to adopt a slot (a new
+/// client's, or a rejoin) stalls before its first look at the slot's guard until the
+/// returned hold is released or dropped ([`crate::recovery::RecoveryHold::is_holding`]
+/// says when it stalls, [`crate::recovery::RecoveryHold::release_and_wait`] when the
+/// adoption returned).
+pub fn hold_next_slot_adoption(db: &crate::Database) -> crate::recovery::RecoveryHold {
+    let state = std::sync::Arc::new(crate::recovery::HoldState::new(false));
+    *crate::store::lock(&db.shared.adoption_hold) = Some(state.clone());
+    crate::recovery::RecoveryHold { state }
+}
+
 #[cold]
 fn maybe_die(point: CrashPoint, cid: u64) {
     let stall = STALL_AT.with(|s| {

@@ -334,16 +334,38 @@ impl Database {
     /// Makes slot `slot`'s log ours (holder `tag`, just claimed): resolves a previous
     /// holder that did not end cleanly (or waits for the node resolving it), then
     /// marks the guard active for us.
+    ///
+    /// A guard about a holder whose tag is later than ours means we were fenced before
+    /// we adopted (a claimer stopped for longer than its lease) and the slot has a new
+    /// holder, alive perhaps and locking records with CIDs of this slot, which a scan
+    /// cannot tell from a dead holder's: that fails with [`OracleError::Fenced`] (the
+    /// worker rejoins) rather than resolve it. Tags grow by one per change of holder
+    /// (a claim, a fence) and wrap at [`timestamp::layout::TAG_BITS`]; a tag up to half
+    /// the range ahead of ours is later.
+    ///
+    /// [`OracleError::Fenced`]: timestamp::OracleError::Fenced
     pub(crate) fn adopt_slot(&self, slot: u32, tag: u16) -> Result<()> {
         let log = self.shared.catalog.commit_log();
         let guard = log.guard(slot);
+        let held = lock(&self.shared.adoption_hold).take();
+        let _ended = held.as_ref().map(|hold| EndOnDrop(hold.clone()));
+        if let Some(hold) = held {
+            hold.stall(tag);
+        }
         let mut watching: Option<(u64, Instant)> = None;
         loop {
             let word = {
                 let mut conns = self.recovery_conns();
                 conns[commitlog::SERVER].read_word(guard)?
             };
-            match Guard::decode(word)? {
+            let decoded = Guard::decode(word)?;
+            let (Guard::Clean { tag: t }
+            | Guard::Active { tag: t }
+            | Guard::Recovering { tag: t, .. }) = decoded;
+            if later_tag(t, tag) {
+                return Err(timestamp::OracleError::Fenced { slot }.into());
+            }
+            match decoded {
                 Guard::Active { tag: t } if t == tag => return Ok(()),
                 Guard::Clean { .. } => {
                     let mut conns = self.recovery_conns();
@@ -443,6 +465,15 @@ impl Database {
         )?;
         Ok(())
     }
+}
+
+/// Whether lease tag `t` is of a later holder of a slot than tag `ours` (both wrap
+/// at [`timestamp::layout::TAG_BITS`]; fewer than half the range of changes of holder
+/// happen while one node is stopped).
+fn later_tag(t: u16, ours: u16) -> bool {
+    let range = 1u32 << timestamp::layout::TAG_BITS;
+    let ahead = (u32::from(t) + range - u32::from(ours) % range) % range;
+    ahead != 0 && ahead < range / 2
 }
 
 /// A recovery's hold on its guard word: a lease, as a slot holder's on its slot.

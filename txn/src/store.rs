@@ -230,6 +230,8 @@ pub(crate) struct Shared {
     /// Tests: the slot whose next recovery stalls once it began, and its hold
     /// ([`crate::crash::starve_at_with_recovery_held_on_this_thread`]).
     pub(crate) recovery_hold: Mutex<Option<(u32, Arc<crate::recovery::HoldState>)>>,
+    /// The next slot adoption stalls in this hold (tests, [`crate::crash::hold_next_slot_adoption`]).
+    pub(crate) adoption_hold: Mutex<Option<Arc<crate::recovery::HoldState>>>,
     /// Embedded servers' regions, kept registered for as long as the database lives.
     _keep: Vec<Region>,
 }
@@ -376,6 +378,7 @@ impl Database {
             tables: Mutex::new(Vec::new()),
             recoveries: Mutex::new(Vec::new()),
             recovery_hold: Mutex::new(None),
+            adoption_hold: Mutex::new(None),
             _keep: keep,
         };
         let db = Database {

@@ -503,3 +503,87 @@ fn a_stalled_recovery_that_was_taken_over_leaves_a_later_holders_locks_alone() {
     assert!(db.locked_records().unwrap().is_empty());
     drop(starved);
 }
+
+/// A worker stopped between its claim of an oracle slot and its adoption of the
+/// slot's commit log, for longer than its lease, is fenced; the slot's next holder
+/// adopts the log and locks a record in a commit. When the stopped worker goes on, it
+/// must not take that live holder for a dead one and resolve its locks (a lost
+/// update): its adoption fails as fenced instead.
+#[test]
+fn a_claimer_fenced_before_it_adopted_leaves_the_next_holders_locks_alone() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Two slots: the fencer's, and the one the stopped claimer, then the new one, holds.
+    let (db, t) = database(2);
+    let mut c = db.client().unwrap();
+    c.run(0, |x| {
+        for k in 0..8 {
+            x.insert(&t, k, val(100))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    drop(c);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (fencer_ready, ready) = std::sync::mpsc::channel();
+    let fencer = {
+        let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut c = db.client().unwrap();
+            fencer_ready.send(()).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                c.run(3, |x| x.put(&t, 5, val(1))).unwrap();
+                c.tick().unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    ready.recv().unwrap();
+    let hold = txn::crash::hold_next_slot_adoption(&db);
+    let stopped = {
+        let db = db.clone();
+        std::thread::spawn(move || db.client().map(std::mem::forget))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !hold.is_holding() {
+        assert!(Instant::now() < deadline, "the adoption was not held");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Takes the stopped claimer's slot once its lease lapsed.
+    let mut next = db.client().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    {
+        let (db, seen) = (db.clone(), seen.clone());
+        txn::crash::stall_at_on_this_thread(
+            "after-lock",
+            Box::new(move |cid| {
+                assert!(
+                    hold.release_and_wait(Duration::from_secs(30)),
+                    "the stopped adoption did not return"
+                );
+                *seen.lock().unwrap() = Some((cid, db.locked_records().unwrap()));
+            }),
+        )
+        .unwrap();
+    }
+    let mut x = next.begin().unwrap();
+    let a = num(x.get(&t, 2).unwrap());
+    x.put(&t, 2, val(a + 1)).unwrap();
+    let committed = x.commit();
+    let (cid, locked) = seen.lock().unwrap().take().expect("the commit stalled");
+    assert!(
+        locked.iter().any(|l| l.key == 2 && l.cid == cid),
+        "the stopped claimer released the lock of commit {cid} of the slot's next holder \
+         under it; locked then: {locked:?}"
+    );
+    assert_eq!(committed.unwrap(), Some(cid));
+    match stopped.join().unwrap() {
+        Err(txn::TxnError::Oracle(timestamp::OracleError::Fenced { .. })) => {}
+        other => panic!("the stopped claimer adopted the slot: {other:?}"),
+    }
+    stop.store(true, Ordering::Relaxed);
+    fencer.join().unwrap();
+    let mut x = next.begin().unwrap();
+    assert_eq!(num(x.get(&t, 2).unwrap()), 101);
+    drop(x);
+    assert!(db.locked_records().unwrap().is_empty());
+}

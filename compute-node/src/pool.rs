@@ -1016,25 +1016,10 @@ mod tests {
     }
 
     /// A thread that commits elsewhere (so a stalled slot holds the prefix back) and
-    /// ticks, which fences a stalled slot and recovers it; the returned call stops it.
-    fn fencer(db: &Database, t: &Arc<Table>) -> impl FnOnce() {
-        use std::sync::atomic::AtomicBool;
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut c = db.client().unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    c.run(3, |x| x.put(&t, 5, b"f".to_vec())).unwrap();
-                    c.tick().unwrap();
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-        };
-        move || {
-            stop.store(true, Ordering::Relaxed);
-            thread.join().unwrap();
-        }
+    /// ticks, which fences a stalled slot and recovers it, until stopped.
+    fn fencer(db: &Database, t: &Arc<Table>) -> txn::crash::Fencer {
+        let t = t.clone();
+        txn::crash::Fencer::spawn(db, move |x| x.put(&t, 5, b"f".to_vec())).unwrap()
     }
 
     /// A fenced Commit whose recovery stalls once begun (the recovering node starved
@@ -1058,7 +1043,7 @@ mod tests {
                 hold_tx.send(hold).unwrap();
             });
             let hold = hold_rx.recv().unwrap();
-            let stop_fencer = fencer(&db, &t);
+            let fencer = fencer(&db, &t);
             let a = begin(&pool).unwrap();
             put(&pool, a.handle, 1, b"one").unwrap();
             let answer = op(&pool, a.handle, |reply| Op::Commit { reply });
@@ -1086,7 +1071,7 @@ mod tests {
                 assert!(Instant::now() < deadline, "{point}: never recovered");
                 std::thread::sleep(Duration::from_millis(2));
             }
-            stop_fencer();
+            fencer.stop().unwrap();
             let c = begin(&pool).unwrap();
             let rows = op(&pool, c.handle, |reply| Op::Scan {
                 table: "t".into(),
@@ -1112,11 +1097,11 @@ mod tests {
         for (point, committed) in [("after-lock", false), ("after-log", true)] {
             let (db, t) = short_leases();
             let pool = pool_stalling_at(&db, point);
-            let stop_fencer = fencer(&db, &t);
+            let fencer = fencer(&db, &t);
             let a = begin(&pool).unwrap();
             put(&pool, a.handle, 1, b"one").unwrap();
             let answer = op(&pool, a.handle, |reply| Op::Commit { reply });
-            stop_fencer();
+            fencer.stop().unwrap();
             let recovered = db.recoveries();
             assert!(!recovered.is_empty(), "{point}: the commit was not fenced");
             let b = begin(&pool).unwrap();

@@ -255,22 +255,14 @@ fn a_related_items_write_fenced_under_a_starved_writer_is_resolved() {
     let (rsi, _scale, tables) = loaded();
     let db = rsi.database().clone();
     for (point, x, committed) in [("after-log", 3, true), ("after-lock", 4, false)] {
-        let stop = Arc::new(AtomicBool::new(false));
         // Commits elsewhere (so the stalled slot holds the prefix back) and ticks.
         let fencer = {
-            let (db, item, stop) = (db.clone(), tables.item.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut c = db.client().unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    c.run(10, |t| {
-                        let row = t.get(&item, 2)?.expect("item 2");
-                        t.put(&item, 2, row)
-                    })
-                    .unwrap();
-                    c.tick().unwrap();
-                    std::thread::sleep(Duration::from_millis(2));
-                }
+            let item = tables.item.clone();
+            txn::crash::Fencer::spawn(&db, move |t| {
+                let row = t.get(&item, 2)?.expect("item 2");
+                t.put(&item, 2, row)
             })
+            .unwrap()
         };
         let worker = db.worker().unwrap();
         let stalled = Arc::new(AtomicU64::new(0));
@@ -288,8 +280,7 @@ fn a_related_items_write_fenced_under_a_starved_writer_is_resolved() {
         .unwrap();
         let rewrites = ItemRewrites::default();
         let written = htap::write_related(&worker, &tables.item, x, &[(7, 1)], &rewrites);
-        stop.store(true, Ordering::Relaxed);
-        fencer.join().unwrap();
+        fencer.stop().unwrap();
         written.unwrap_or_else(|e| panic!("{point}: {e}"));
         assert_eq!(worker.stats().abandoned, 1, "{point}");
         assert_eq!(rewrites.committed(), 1, "{point}");

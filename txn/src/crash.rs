@@ -297,6 +297,84 @@ fn maybe_die(point: CrashPoint, cid: u64) {
     }
 }
 
+/// For tests of fenced commits: a thread with a client of its own that commits `body`
+/// (retried up to 10 times) and ticks its oracle slot, every 2 ms, until stopped. Its
+/// commits need read timestamps while a stalled slot holds the prefix back, and its
+/// ticks fence that slot and recover what it held: what
+/// [`starve_at_on_this_thread`] and its kin wait for.
+pub struct Fencer {
+    stop: std::sync::Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<crate::Result<()>>>,
+}
+
+impl Fencer {
+    /// Starts the thread and returns once its client holds a slot.
+    pub fn spawn(
+        db: &crate::Database,
+        mut body: impl FnMut(&mut crate::Transaction<'_>) -> crate::Result<()> + Send + 'static,
+    ) -> crate::Result<Fencer> {
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let thread = {
+            let (db, stop) = (db.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("fencer".into())
+                .spawn(move || {
+                    let mut client = match db.client() {
+                        Ok(client) => client,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e.to_string()));
+                            return Err(e);
+                        }
+                    };
+                    let _ = ready_tx.send(Ok(()));
+                    // Goes on after a failure (its own slot fenced while the machine
+                    // is starved, say), which the stop reports.
+                    let mut first_failure = Ok(());
+                    while !stop.load(Ordering::Relaxed) {
+                        let done = client.run(10, &mut body).and_then(|_| client.tick());
+                        if first_failure.is_ok() {
+                            first_failure = done;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                    first_failure
+                })
+                .map_err(|e| crate::TxnError::Invalid(format!("cannot start a fencer: {e}")))?
+        };
+        let fencer = Fencer {
+            stop,
+            thread: Some(thread),
+        };
+        match ready.recv() {
+            Ok(Ok(())) => Ok(fencer),
+            Ok(Err(_)) | Err(_) => Err(fencer.stop().err().unwrap_or_else(|| {
+                crate::TxnError::Invalid("the fencer ended before it had a client".into())
+            })),
+        }
+    }
+
+    /// Stops the thread and answers its first failed commit or tick, if any.
+    pub fn stop(mut self) -> crate::Result<()> {
+        self.stop_thread()
+    }
+
+    fn stop_thread(&mut self) -> crate::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(ended)) => ended,
+            Some(Err(_)) => Err(crate::TxnError::Invalid("the fencer panicked".into())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Fencer {
+    fn drop(&mut self) {
+        let _ = self.stop_thread();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

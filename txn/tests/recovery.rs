@@ -285,21 +285,9 @@ fn a_new_worker_takes_over_a_slot_when_every_holder_is_gone() {
 /// once the recovery goes on it decides the commit, nothing lost or doubled.
 #[test]
 fn a_fenced_commit_whose_recovery_stalls_is_unknown_past_the_patience() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     for (point, committed) in [("after-lock", false), ("after-log", true)] {
         let (db, t) = cluster();
-        let stop = Arc::new(AtomicBool::new(false));
-        let fencer = {
-            let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut c = db.client().unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    c.run(3, |x| x.put(&t, 5, val(1))).unwrap();
-                    c.tick().unwrap();
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-        };
+        let fencer = fencer(&db, &t);
         let mut client = db.client().unwrap();
         let hold = txn::crash::starve_at_with_recovery_held_on_this_thread(
             &db,
@@ -334,8 +322,7 @@ fn a_fenced_commit_whose_recovery_stalls_is_unknown_past_the_patience() {
             );
             std::thread::sleep(Duration::from_millis(2));
         }
-        stop.store(true, Ordering::Relaxed);
-        fencer.join().unwrap();
+        fencer.stop().unwrap();
         let mut x = client.begin().unwrap();
         let seen = (num(x.get(&t, 1).unwrap()), x.get(&t, 100).unwrap());
         if committed {
@@ -352,25 +339,11 @@ fn a_fenced_commit_whose_recovery_stalls_is_unknown_past_the_patience() {
 /// the answer is given once.
 #[test]
 fn a_fenced_commit_learns_its_outcome_once_recovery_decided_it() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     // A stall leaves the installs in one step (crash points split them), so from
     // `mid-install` on every lease check is behind: those commits are not fenced.
     for (i, point) in txn::crash::POINTS[..4].iter().enumerate() {
         let (db, t) = cluster();
-        let stop = Arc::new(AtomicBool::new(false));
-        // The fencer: commits elsewhere (so the stalled slot holds the prefix back)
-        // and ticks.
-        let fencer = {
-            let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut c = db.client().unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    c.run(3, |x| x.put(&t, 5, val(1))).unwrap();
-                    c.tick().unwrap();
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-        };
+        let fencer = fencer(&db, &t);
         let mut client = db.client().unwrap();
         txn::crash::starve_at_on_this_thread(&db, point, Duration::from_secs(30)).unwrap();
         let mut x = client.begin().unwrap();
@@ -398,8 +371,7 @@ fn a_fenced_commit_learns_its_outcome_once_recovery_decided_it() {
             matches!(again, Err(txn::TxnError::Invalid(_))),
             "{point}: {again:?}"
         );
-        stop.store(true, Ordering::Relaxed);
-        fencer.join().unwrap();
+        fencer.stop().unwrap();
         let mut x = client.begin().unwrap();
         let (a, b) = (num(x.get(&t, 1).unwrap()), num(x.get(&t, 2).unwrap()));
         let inserted = x.get(&t, 100).unwrap();
@@ -421,7 +393,6 @@ fn a_fenced_commit_learns_its_outcome_once_recovery_decided_it() {
 /// another write the record meanwhile (a lost update).
 #[test]
 fn a_stalled_recovery_that_was_taken_over_leaves_a_later_holders_locks_alone() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     // Two slots: the fencer's, and the one the starved holder, then the new one, holds.
     let (db, t) = database(2);
     let mut c = db.client().unwrap();
@@ -433,20 +404,7 @@ fn a_stalled_recovery_that_was_taken_over_leaves_a_later_holders_locks_alone() {
     })
     .unwrap();
     drop(c);
-    let stop = Arc::new(AtomicBool::new(false));
-    let fencer = {
-        let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut c = db.client().unwrap();
-            while !stop.load(Ordering::Relaxed) {
-                // Held in the recovery for seconds, this worker's own slot may be
-                // fenced meanwhile: what it fails with is not what this test is about.
-                let _ = c.run(3, |x| x.put(&t, 5, val(1)));
-                let _ = c.tick();
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        })
-    };
+    let fencer = fencer(&db, &t);
     let mut starved = db.client().unwrap();
     let hold = txn::crash::starve_at_with_recovery_held_past_its_check_on_this_thread(
         &db,
@@ -492,8 +450,9 @@ fn a_stalled_recovery_that_was_taken_over_leaves_a_later_holders_locks_alone() {
          under it; locked then: {locked:?}"
     );
     assert_eq!(committed.unwrap(), Some(cid));
-    stop.store(true, Ordering::Relaxed);
-    fencer.join().unwrap();
+    // Held in the recovery for seconds, the fencer's own slot may have been fenced
+    // meanwhile: what it failed with is not what this test is about.
+    let _ = fencer.stop();
     let mut x = next.begin().unwrap();
     assert_eq!(
         (num(x.get(&t, 1).unwrap()), num(x.get(&t, 2).unwrap())),
@@ -511,7 +470,6 @@ fn a_stalled_recovery_that_was_taken_over_leaves_a_later_holders_locks_alone() {
 /// update): its adoption fails as fenced instead.
 #[test]
 fn a_claimer_fenced_before_it_adopted_leaves_the_next_holders_locks_alone() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     // Two slots: the fencer's, and the one the stopped claimer, then the new one, holds.
     let (db, t) = database(2);
     let mut c = db.client().unwrap();
@@ -523,21 +481,7 @@ fn a_claimer_fenced_before_it_adopted_leaves_the_next_holders_locks_alone() {
     })
     .unwrap();
     drop(c);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (fencer_ready, ready) = std::sync::mpsc::channel();
-    let fencer = {
-        let (db, t, stop) = (db.clone(), t.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut c = db.client().unwrap();
-            fencer_ready.send(()).unwrap();
-            while !stop.load(Ordering::Relaxed) {
-                c.run(3, |x| x.put(&t, 5, val(1))).unwrap();
-                c.tick().unwrap();
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        })
-    };
-    ready.recv().unwrap();
+    let fencer = fencer(&db, &t);
     let hold = txn::crash::hold_next_slot_adoption(&db);
     let stopped = {
         let db = db.clone();
@@ -580,10 +524,15 @@ fn a_claimer_fenced_before_it_adopted_leaves_the_next_holders_locks_alone() {
         Err(txn::TxnError::Oracle(timestamp::OracleError::Fenced { .. })) => {}
         other => panic!("the stopped claimer adopted the slot: {other:?}"),
     }
-    stop.store(true, Ordering::Relaxed);
-    fencer.join().unwrap();
+    fencer.stop().unwrap();
     let mut x = next.begin().unwrap();
     assert_eq!(num(x.get(&t, 2).unwrap()), 101);
     drop(x);
     assert!(db.locked_records().unwrap().is_empty());
+}
+
+/// Commits to key 5 of `t` and ticks until stopped (see [`txn::crash::Fencer`]).
+fn fencer(db: &Database, t: &Arc<Table>) -> txn::crash::Fencer {
+    let t = t.clone();
+    txn::crash::Fencer::spawn(db, move |x| x.put(&t, 5, val(1))).unwrap()
 }

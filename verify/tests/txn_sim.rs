@@ -94,7 +94,10 @@ fn a_fenced_commit_not_decided_in_time_is_recorded_as_indeterminate() {
         // recovery would take it over and record what it decided.
         let store = TxnKv::new(db.clone(), table.clone())
             .with_fenced_outcome_patience(Duration::from_millis(300));
-        let fencer = Fencer::spawn(&db, &table);
+        let fencer = {
+            let table = table.clone();
+            txn::crash::Fencer::spawn(&db, move |x| x.put(&table, 5, vec![0; 9])).unwrap()
+        };
         let mut session = store.open_session();
         let mut t = store.begin(&mut session).unwrap();
         store.write(&mut t, "x", 7).unwrap();
@@ -121,7 +124,7 @@ fn a_fenced_commit_not_decided_in_time_is_recorded_as_indeterminate() {
             assert!(Instant::now() < deadline, "{point}: never recovered");
             std::thread::sleep(Duration::from_millis(2));
         }
-        fencer.stop();
+        fencer.stop().unwrap();
         let mut t = store.begin(&mut session).unwrap();
         let read = store.read(&mut t, "x").unwrap();
         store.abort(&mut session, t);
@@ -148,7 +151,10 @@ fn a_fenced_commit_is_recorded_as_what_recovery_made_of_it() {
     for (point, committed) in [("after-lock", false), ("after-log", true)] {
         let (db, table) = short_lease_db();
         let store = TxnKv::new(db.clone(), table.clone());
-        let fencer = Fencer::spawn(&db, &table);
+        let fencer = {
+            let table = table.clone();
+            txn::crash::Fencer::spawn(&db, move |x| x.put(&table, 5, vec![0; 9])).unwrap()
+        };
         let mut session = store.open_session();
         let mut t = store.begin(&mut session).unwrap();
         store.write(&mut t, "x", 7).unwrap();
@@ -158,7 +164,7 @@ fn a_fenced_commit_is_recorded_as_what_recovery_made_of_it() {
         let mut t = store.begin(&mut session).unwrap();
         let read = store.read(&mut t, "x").unwrap();
         store.abort(&mut session, t);
-        fencer.stop();
+        fencer.stop().unwrap();
         if committed {
             let cid = outcome.unwrap_or_else(|e| panic!("{point}: {e:?}"));
             assert!(cid.is_some(), "{point}");
@@ -191,35 +197,4 @@ fn short_lease_db() -> (Database, std::sync::Arc<txn::Table>) {
     .unwrap();
     let table = db.create_table(TxnKv::table_spec("kv", 1 << 10)).unwrap();
     (db, table)
-}
-
-/// A thread that commits elsewhere (so a stalled slot holds the prefix back) and
-/// ticks, which fences a stalled slot and recovers it, until stopped.
-struct Fencer {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Fencer {
-    fn spawn(db: &Database, table: &std::sync::Arc<txn::Table>) -> Fencer {
-        use std::sync::atomic::Ordering;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let thread = {
-            let (db, table, stop) = (db.clone(), table.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut c = db.client().unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    c.run(3, |x| x.put(&table, 5, vec![0; 9])).unwrap();
-                    c.tick().unwrap();
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-        };
-        Fencer { stop, thread }
-    }
-
-    fn stop(self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().unwrap();
-    }
 }

@@ -134,9 +134,14 @@ impl HoldState {
 
     /// Waits up to `patience` for a recovery to stall in the hold; whether one did.
     pub(crate) fn wait_until_held(&self, patience: Duration) -> bool {
+        self.wait_until(patience, |phase| phase.held.is_some())
+    }
+
+    /// Waits up to `patience` for `reached` of the phase; whether it was.
+    fn wait_until(&self, patience: Duration, reached: impl Fn(&HoldPhase) -> bool) -> bool {
         let deadline = Instant::now() + patience;
         let mut phase = lock(&self.phase);
-        while phase.held.is_none() {
+        while !reached(&phase) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
@@ -191,20 +196,7 @@ impl RecoveryHold {
     pub fn release_and_wait(self, patience: Duration) -> bool {
         let state = self.state.clone();
         drop(self);
-        let deadline = Instant::now() + patience;
-        let mut phase = lock(&state.phase);
-        while !phase.ended {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            phase = state
-                .changed
-                .wait_timeout(phase, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
+        state.wait_until(patience, |phase| phase.ended)
     }
 }
 

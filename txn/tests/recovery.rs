@@ -423,27 +423,10 @@ fn a_stalled_recovery_that_was_taken_over_leaves_a_later_holders_locks_alone() {
     // after TAKEOVER, and adopts the slot once that recovery finished.
     let mut next = db.client().unwrap();
     let slots = 2;
-    let seen = Arc::new(std::sync::Mutex::new(None));
-    {
-        let (db, seen) = (db.clone(), seen.clone());
-        txn::crash::stall_at_on_this_thread(
-            "after-lock",
-            Box::new(move |cid| {
-                assert_eq!(cid % slots, dead % slots, "the new holder has another slot");
-                assert!(
-                    hold.release_and_wait(Duration::from_secs(30)),
-                    "the stalled recovery did not return"
-                );
-                *seen.lock().unwrap() = Some((cid, db.locked_records().unwrap()));
-            }),
-        )
-        .unwrap();
-    }
-    let mut x = next.begin().unwrap();
-    let a = num(x.get(&t, 2).unwrap());
-    x.put(&t, 2, val(a + 1)).unwrap();
-    let committed = x.commit();
-    let (cid, locked) = seen.lock().unwrap().take().expect("the commit stalled");
+    let (cid, locked, committed) =
+        increment_key_2_letting_go(&db, &t, &mut next, hold, move |cid| {
+            assert_eq!(cid % slots, dead % slots, "the new holder has another slot")
+        });
     assert!(
         locked.iter().any(|l| l.key == 2 && l.cid == cid),
         "the stale recovery released the lock of commit {cid} of the slot's next holder \
@@ -494,26 +477,7 @@ fn a_claimer_fenced_before_it_adopted_leaves_the_next_holders_locks_alone() {
     }
     // Takes the stopped claimer's slot once its lease lapsed.
     let mut next = db.client().unwrap();
-    let seen = Arc::new(std::sync::Mutex::new(None));
-    {
-        let (db, seen) = (db.clone(), seen.clone());
-        txn::crash::stall_at_on_this_thread(
-            "after-lock",
-            Box::new(move |cid| {
-                assert!(
-                    hold.release_and_wait(Duration::from_secs(30)),
-                    "the stopped adoption did not return"
-                );
-                *seen.lock().unwrap() = Some((cid, db.locked_records().unwrap()));
-            }),
-        )
-        .unwrap();
-    }
-    let mut x = next.begin().unwrap();
-    let a = num(x.get(&t, 2).unwrap());
-    x.put(&t, 2, val(a + 1)).unwrap();
-    let committed = x.commit();
-    let (cid, locked) = seen.lock().unwrap().take().expect("the commit stalled");
+    let (cid, locked, committed) = increment_key_2_letting_go(&db, &t, &mut next, hold, |_| {});
     assert!(
         locked.iter().any(|l| l.key == 2 && l.cid == cid),
         "the stopped claimer released the lock of commit {cid} of the slot's next holder \
@@ -535,4 +499,39 @@ fn a_claimer_fenced_before_it_adopted_leaves_the_next_holders_locks_alone() {
 fn fencer(db: &Database, t: &Arc<Table>) -> txn::crash::Fencer {
     let t = t.clone();
     txn::crash::Fencer::spawn(db, move |x| x.put(&t, 5, val(1))).unwrap()
+}
+
+/// A commit of `client` that adds one to key 2 of `t`; once it holds its lock it lets
+/// `hold` go and waits for what was held to return, then notes which records are
+/// locked (`check` sees its CID first). Answers the CID, those records and what the
+/// commit returned.
+fn increment_key_2_letting_go(
+    db: &Database,
+    t: &Arc<Table>,
+    client: &mut txn::Client,
+    hold: txn::RecoveryHold,
+    check: impl Fn(u64) + Send + 'static,
+) -> (u64, Vec<txn::LockedRecord>, txn::Result<Option<u64>>) {
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    {
+        let (db, seen) = (db.clone(), seen.clone());
+        txn::crash::stall_at_on_this_thread(
+            "after-lock",
+            Box::new(move |cid| {
+                check(cid);
+                assert!(
+                    hold.release_and_wait(Duration::from_secs(30)),
+                    "what was held did not return"
+                );
+                *seen.lock().unwrap() = Some((cid, db.locked_records().unwrap()));
+            }),
+        )
+        .unwrap();
+    }
+    let mut x = client.begin().unwrap();
+    let a = num(x.get(t, 2).unwrap());
+    x.put(t, 2, val(a + 1)).unwrap();
+    let committed = x.commit();
+    let (cid, locked) = seen.lock().unwrap().take().expect("the commit stalled");
+    (cid, locked, committed)
 }

@@ -47,6 +47,11 @@ const LIST_TABLE: &str = "chaos_lists";
 const TICK_TABLE: &str = "chaos_ticks";
 const BUCKET_MS: u64 = 100;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the final read goes on trying to commit: well past
+/// [`txn::recovery::TAKEOVER`], after which a recovery whose node died is taken over
+/// and the dead holder's locks it was resolving are released.
+const FINAL_READ_PATIENCE: Duration = Duration::from_secs(30);
+const _: () = assert!(FINAL_READ_PATIENCE.as_secs() > 2 * txn::recovery::TAKEOVER.as_secs());
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long the harness waits for a backup's Hello when it asks whether it is synced.
 const BACKUP_ASK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -1132,7 +1137,14 @@ impl<'a> Harness<'a> {
     ) -> Result<Option<Txn>> {
         let mut session = store.open_session();
         let mut last = None;
-        for _ in 0..5 {
+        let started = Instant::now();
+        let mut attempts = 0;
+        // A dead node's lock stays until its slot is recovered; a node killed while it
+        // recovered another's slot leaves that recovery to be taken over after
+        // `TAKEOVER` (and each attempt waits a second on a lock): five attempts in a
+        // row could all fall within that wait.
+        while attempts < 5 || started.elapsed() < FINAL_READ_PATIENCE {
+            attempts += 1;
             let reads = keys.iter().map(|k| Step::Read(k.clone()));
             let program = Box::new(Script::new(reads.chain([Step::Commit])));
             let txn = run_txn(store, &mut session, program, ids.txn(), 0, clock, out)?;
@@ -1143,8 +1155,10 @@ impl<'a> Harness<'a> {
             std::thread::sleep(Duration::from_millis(50));
         }
         self.problems.push(format!(
-            "the final read of {} keys did not commit ({last:?})",
-            keys.len()
+            "the final read of {} keys did not commit in {attempts} attempts over {:.1} s \
+             ({last:?})",
+            keys.len(),
+            started.elapsed().as_secs_f64()
         ));
         Ok(None)
     }

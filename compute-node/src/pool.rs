@@ -418,8 +418,7 @@ fn serve_until_stopped(
 ) {
     let mut carried = WorkerStats::default();
     loop {
-        let mut local = Local::new(worker, index, waits.idle_timeout);
-        local.fenced_patience = waits.fenced_outcome;
+        let local = Local::new(worker, index, waits);
         local.carried.set(carried);
         match run(&local, rx) {
             Exit::Stopped => return,
@@ -511,12 +510,12 @@ fn run(local: &Local, rx: &mpsc::Receiver<Job>) -> Exit {
 }
 
 impl Local {
-    fn new(worker: Worker, index: usize, idle_timeout: Duration) -> Local {
+    fn new(worker: Worker, index: usize, waits: Waits) -> Local {
         Local {
             worker,
             index,
-            idle_timeout,
-            fenced_patience: FENCED_OUTCOME_PATIENCE,
+            idle_timeout: waits.idle_timeout,
+            fenced_patience: waits.fenced_outcome,
             open: RefCell::new(HashMap::new()),
             // Serials start at a random point, so that a handle from before a restart
             // of the node is unknown rather than someone else's transaction.
@@ -886,7 +885,11 @@ mod tests {
     #[test]
     fn a_transaction_runs_one_request_at_a_time() {
         let db = Database::embedded(txn::Options::default()).unwrap();
-        let local = Local::new(db.worker().unwrap(), 0, Duration::from_secs(30));
+        let waits = Waits {
+            idle_timeout: Duration::from_secs(30),
+            fenced_outcome: FENCED_OUTCOME_PATIENCE,
+        };
+        let local = Local::new(db.worker().unwrap(), 0, waits);
         let t = txn::runtime::block_on(local.worker.begin(0)).unwrap();
         let begun = local.open_transaction(t);
         let running = local.take(begun.handle).unwrap();

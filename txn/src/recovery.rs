@@ -280,17 +280,13 @@ impl Database {
         slot: u32,
         holder_tag: u16,
     ) -> Result<Option<RecoveryReport>> {
-        let by = nonce();
         let active = Guard::Active { tag: holder_tag }.encode();
-        let recovering = Guard::Recovering {
-            tag: holder_tag,
-            by,
-        };
         let log = self.shared.catalog.commit_log();
         let tables = self.tables()?;
         let mut conns = self.recovery_conns();
-        let mut claim = Claim::new(log.guard(slot), recovering);
-        if conns[commitlog::SERVER].cas(log.guard(slot), active, recovering.encode())? != active {
+        let mut claim = Claim::new(log.guard(slot), holder_tag);
+        let recovering = claim.word;
+        if conns[commitlog::SERVER].cas(log.guard(slot), active, recovering)? != active {
             return Ok(None);
         }
         let held = lock(&self.shared.recovery_hold)
@@ -304,7 +300,7 @@ impl Database {
             hold.stall(holder_tag);
             conns = self.recovery_conns();
             if !hold.past_check
-                && conns[commitlog::SERVER].read_word(log.guard(slot))? != recovering.encode()
+                && conns[commitlog::SERVER].read_word(log.guard(slot))? != recovering
             {
                 // Taken over meanwhile ([`TAKEOVER`]): resolved by another.
                 return Ok(None);
@@ -392,11 +388,10 @@ impl Database {
         match *watching {
             Some((w, since)) if w == word && since.elapsed() >= TAKEOVER => {
                 let guard = self.shared.catalog.commit_log().guard(slot);
-                let mine = Guard::Recovering { tag, by: nonce() };
                 let tables = self.tables()?;
                 let mut conns = self.recovery_conns();
-                let mut claim = Claim::new(guard, mine);
-                if conns[commitlog::SERVER].cas(guard, word, mine.encode())? == word
+                let mut claim = Claim::new(guard, tag);
+                if conns[commitlog::SERVER].cas(guard, word, claim.word)? == word
                     && let Some(report) = recover(self, &tables, &mut conns, slot, tag, &mut claim)?
                 {
                     conns[commitlog::SERVER].cas(
@@ -494,15 +489,13 @@ struct Claim {
 }
 
 impl Claim {
-    /// Made just before the CAS that writes `mine`.
-    fn new(guard: fabric::RemoteAddr, mine: Guard) -> Claim {
-        let Guard::Recovering { tag, .. } = mine else {
-            unreachable!("a claim is made for a recovering guard")
-        };
+    /// Made just before the CAS that writes its `word`, a recovering guard of holder
+    /// `tag` that names this recovery alone.
+    fn new(guard: fabric::RemoteAddr, tag: u16) -> Claim {
         Claim {
             guard,
             tag,
-            word: mine.encode(),
+            word: Guard::Recovering { tag, by: nonce() }.encode(),
             since: Instant::now(),
         }
     }

@@ -87,6 +87,10 @@ pub struct HtapConfig {
     /// Check every N-th Best Sellers answer against a single-node computation on the
     /// same snapshot (0: never).
     pub check_every: u64,
+    /// How long a related-items write fenced under its writer waits for recovery to
+    /// decide it before the run fails saying the outcome is unknown
+    /// ([`crate::runner::UNKNOWN_OUTCOME_PATIENCE`]; shorter in tests of that failure).
+    pub unknown_outcome_patience: Duration,
 }
 
 impl Default for HtapConfig {
@@ -96,6 +100,7 @@ impl Default for HtapConfig {
             best_sellers_per_related: 4,
             scan: ScanConfig::default(),
             check_every: 0,
+            unknown_outcome_patience: crate::runner::UNKNOWN_OUTCOME_PATIENCE,
         }
     }
 }
@@ -471,13 +476,15 @@ where
 /// A commit fenced under the writer (its thread starved past the lease) is not an
 /// error: the writer learns what recovery made of it, logs the version if it
 /// committed (the run's history needs it, as other clients read it) and tries again
-/// if it was rolled back.
+/// if it was rolled back. Not learnt within `patience`, the outcome is unknown: an
+/// error (logging the version either way would be a guess the run's history checks).
 pub fn write_related(
     worker: &Worker,
     item: &Arc<Table>,
     x: u64,
     related: &[(u64, i64)],
     rewrites: &ItemRewrites,
+    patience: Duration,
 ) -> Result<()> {
     /// Tries after commits rolled back by recovery: each was a fence, rare.
     const FENCED_TRIES: u32 = 3;
@@ -492,8 +499,7 @@ pub fn write_related(
         let cid = match outcome {
             Ok(((), cid)) => cid,
             Err(TxnError::Fenced { cid }) => {
-                match block_on(worker.fenced_outcome(cid, crate::runner::UNKNOWN_OUTCOME_PATIENCE))?
-                {
+                match block_on(worker.fenced_outcome(cid, patience))? {
                     txn::FencedOutcome::Committed { cid } => Some(cid),
                     txn::FencedOutcome::RolledBack => continue,
                 }
@@ -784,7 +790,14 @@ fn node_loop(
                 // A writer only for the write: a slot held across the scans would
                 // hold back every checkout's read timestamp between ticks.
                 let writer = worker.database().worker()?;
-                write_related(&writer, &me.tables.item, x, &related, rewrites)?;
+                write_related(
+                    &writer,
+                    &me.tables.item,
+                    x,
+                    &related,
+                    rewrites,
+                    me.config.unknown_outcome_patience,
+                )?;
                 zero.related
                     .record(query_started.elapsed().as_micros().max(1) as u64)
                     .expect("latency in range");

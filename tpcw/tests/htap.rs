@@ -163,7 +163,15 @@ fn a_writer_beside_a_run_starts_after_the_runs_set_up() {
                     if stop.load(Ordering::Relaxed) {
                         break 'rewriting;
                     }
-                    htap::write_related(&worker, &tables.item, x, &[], &rewrites).unwrap();
+                    htap::write_related(
+                        &worker,
+                        &tables.item,
+                        x,
+                        &[],
+                        &rewrites,
+                        runner::UNKNOWN_OUTCOME_PATIENCE,
+                    )
+                    .unwrap();
                     rewritten += 1;
                 }
             }
@@ -279,7 +287,14 @@ fn a_related_items_write_fenced_under_a_starved_writer_is_resolved() {
         )
         .unwrap();
         let rewrites = ItemRewrites::default();
-        let written = htap::write_related(&worker, &tables.item, x, &[(7, 1)], &rewrites);
+        let written = htap::write_related(
+            &worker,
+            &tables.item,
+            x,
+            &[(7, 1)],
+            &rewrites,
+            runner::UNKNOWN_OUTCOME_PATIENCE,
+        );
         fencer.stop().unwrap();
         written.unwrap_or_else(|e| panic!("{point}: {e}"));
         assert_eq!(worker.stats().abandoned, 1, "{point}");
@@ -295,5 +310,69 @@ fn a_related_items_write_fenced_under_a_starved_writer_is_resolved() {
             committed,
             "{point}: {version:?} {stalled}"
         );
+    }
+}
+
+/// The related-items writer's commit is fenced and its slot's recovery stalls (a
+/// recovering node starved of CPU) for longer than the writer's patience: the write
+/// fails saying its outcome is unknown, and logs no version (the run's history would
+/// otherwise carry a guess). Once the recovery goes on, the item holds what recovery
+/// decided and no lock is left. Before, the patience was a fixed 120 s.
+#[test]
+fn a_related_items_write_whose_outcome_is_not_learnt_in_time_fails_and_logs_nothing() {
+    let (rsi, _scale, tables) = loaded();
+    let db = rsi.database().clone();
+    for (point, x, committed) in [("after-log", 5, true), ("after-lock", 6, false)] {
+        let fencer = {
+            let item = tables.item.clone();
+            txn::crash::Fencer::spawn(&db, move |t| {
+                let row = t.get(&item, 2)?.expect("item 2");
+                t.put(&item, 2, row)
+            })
+            .unwrap()
+        };
+        let worker = db.worker().unwrap();
+        let before = {
+            let mut c = db.client().unwrap();
+            let mut t = c.begin().unwrap();
+            Item::decode(&t.get(&tables.item, x).unwrap().expect("the item"))
+                .unwrap()
+                .i_related1
+        };
+        assert_ne!(before, 7, "{point}");
+        let hold = txn::crash::starve_at_with_recovery_held_on_this_thread(
+            &db,
+            point,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let rewrites = ItemRewrites::default();
+        let written = htap::write_related(
+            &worker,
+            &tables.item,
+            x,
+            &[(7, 1)],
+            &rewrites,
+            Duration::from_millis(300),
+        );
+        let err = written.expect_err("decided while its recovery stalls");
+        assert!(
+            err.to_string().contains("is still unknown after 300ms"),
+            "{point}: {err}"
+        );
+        assert!(hold.is_holding(), "{point}: the recovery was taken over");
+        assert_eq!(rewrites.committed(), 0, "{point}");
+        assert!(
+            hold.release_and_wait(Duration::from_secs(60)),
+            "{point}: the recovery never ended"
+        );
+        fencer.stop().unwrap();
+        let locked = db.locked_records().unwrap();
+        assert!(locked.is_empty(), "{point}: {locked:?}");
+        let mut c = db.client().unwrap();
+        let mut t = c.begin().unwrap();
+        let row = t.get(&tables.item, x).unwrap().expect("the item");
+        let now = Item::decode(&row).unwrap().i_related1;
+        assert_eq!(now, if committed { 7 } else { before }, "{point}");
     }
 }

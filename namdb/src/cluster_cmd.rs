@@ -20,8 +20,14 @@ pub const CLUSTER_FILE: &str = "cluster.json";
 pub const DEFAULT_DIR: &str = "namdb-cluster";
 /// The table `cluster up` creates, and `namdb kv` uses without `--table`.
 pub const DEFAULT_TABLE: &str = "kv";
-/// How long a process may take to say it is listening.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a process may take to say it is listening: above a compute node's slowest
+/// start, with a backup memory server stopped (its ask bounded by
+/// `compute_node::memory_servers::BACKUP_ANSWER_LIMIT`, 10 s, then the primary's 30 s
+/// bound on the Persist that opening the database makes), after which the node exits
+/// naming the backup, an error worth showing rather than "not ready".
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// While a process is not ready, a line says so this often.
+const START_NOTE_EVERY: Duration = Duration::from_secs(5);
 /// How long `down` waits after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most memory servers or compute nodes `up` starts: each is a process with its
@@ -449,7 +455,9 @@ pub(crate) fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Resu
         metrics: None,
         args: args.to_vec(),
     };
-    let deadline = Instant::now() + START_TIMEOUT;
+    let started = Instant::now();
+    let deadline = started + START_TIMEOUT;
+    let mut next_note = started + START_NOTE_EVERY;
     let prefix = format!("{what} listening on ");
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -481,6 +489,19 @@ pub(crate) fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Resu
                 "{name} exited ({exit}) before it was ready; its log {} says:\n{}",
                 log.display(),
                 tail(&text)
+            );
+        }
+        if Instant::now() >= next_note {
+            let waited = next_note - started;
+            next_note += START_NOTE_EVERY;
+            let last = match text.lines().last() {
+                Some(line) => format!("its log's last line: {line}"),
+                None => "its log is empty so far".to_string(),
+            };
+            eprintln!(
+                "{name} is not ready after {} s (given up at {} s); {last}",
+                waited.as_secs(),
+                START_TIMEOUT.as_secs(),
             );
         }
         if Instant::now() > deadline {

@@ -1241,3 +1241,72 @@ fn down_removes_what_killed_processes_left() {
     assert!(!socket.exists(), "{} left behind", socket.display());
     assert_eq!(node_dirs(), Vec::<PathBuf>::new());
 }
+
+/// `cluster restart` of a compute node while its memory server's backup is stopped
+/// (SIGSTOP: it keeps its connections and answers nothing): the node cannot open the
+/// database (that persists, and the primary waits for its backup up to 30 s), so it
+/// exits within about 40 s naming the backup. `restart` says every 5 s that it is not
+/// ready yet and what its log says, and waits long enough to show the node's own error.
+/// Before, it gave up after 30 s, silently, with "not ready". Once the backup goes on,
+/// the node starts and nothing was lost.
+#[test]
+fn restarting_a_compute_node_while_a_backup_is_stopped_says_why_it_cannot_start() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "1",
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+        "--replicas",
+        "2",
+    ]);
+    let cwd = c.cwd();
+    ok(cwd, &["kv", "put", "1", "before"]);
+    let json = c.json();
+    let node = json["compute_nodes"][0]["pid"].as_u64().unwrap() as u32;
+    send_signal(node, "-9");
+    while alive(node) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let backup = &json["memory_server_backups"][0];
+    let backup_pid = backup["pid"].as_u64().unwrap() as u32;
+    send_signal(backup_pid, "-STOP");
+    let o = namdb(cwd, &["cluster", "restart", "compute-node-0"]);
+    send_signal(backup_pid, "-CONT");
+    let said = stderr(&o);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(
+        said.contains("compute-node-0 is not ready after 5 s (given up at 60 s)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("compute-node-0 exited") && !said.contains("was not ready after"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "backup at {}",
+            backup["address"].as_str().unwrap()
+        )),
+        "{said}"
+    );
+    // The primary attaches to its backup again within a second or so of it going on
+    // (until then a Persist fails at once, naming the backup).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let o = namdb(cwd, &["cluster", "restart", "compute-node-0"]);
+        if o.status.success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline && stderr(&o).contains("backup at"),
+            "{}",
+            stderr(&o)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert_eq!(ok(cwd, &["kv", "get", "1"]), "before\n");
+}

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{Cluster, alive, namdb, ok, processes_naming, send_signal, stderr, stdout};
+use common::{
+    Cluster, alive, kill_9_and_wait, namdb, ok, processes_naming, send_signal, stderr, stdout,
+};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -28,6 +30,22 @@ fn scrape(addr: &str) -> String {
 fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A cluster of one memory server with its backup (shm) and one compute node.
+fn one_replicated_memory_server() -> Cluster {
+    Cluster::up(&[
+        "--memory-servers",
+        "1",
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+        "--replicas",
+        "2",
+    ])
 }
 
 #[test]
@@ -673,10 +691,7 @@ fn a_memory_server_restarted_without_its_data_is_reported_lost() {
         .collect();
     let listen = argv.iter().position(|a| a == "--listen").unwrap() + 1;
     argv[listen] = address;
-    send_signal(pid, "-9");
-    while alive(pid) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    kill_9_and_wait(pid);
     let mut again = Command::new(env!("CARGO_BIN_EXE_namdb"))
         .current_dir(c.cwd())
         .args(&argv)
@@ -754,10 +769,7 @@ fn a_process_restarted_by_hand_is_seen_and_stopped() {
         "{}",
         stdout(&o)
     );
-    send_signal(old_pid, "-9");
-    while alive(old_pid) {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    kill_9_and_wait(old_pid);
     let o = namdb(c.cwd(), &["cluster", "status"]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(
@@ -856,10 +868,7 @@ fn writes_acknowledged_after_a_failover_survive_cluster_down_and_up() {
         ok(cwd, &["kv", "put", &k.to_string(), "before"]);
     }
     let pid = c.json()["memory_servers"][1]["pid"].as_u64().unwrap() as u32;
-    send_signal(pid, "-9");
-    while alive(pid) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    kill_9_and_wait(pid);
     // The compute node promotes memory-server-1's backup and goes on (a command that
     // meets the failover may fail: it is tried again until acknowledged).
     for k in 1..=10 {
@@ -927,26 +936,12 @@ fn kv_until_ok(cwd: &std::path::Path, args: &[&str]) -> String {
 /// backup can take over afterwards with every acknowledged write.
 #[test]
 fn a_backup_restarted_after_it_died_takes_the_primarys_state_and_writes_resume() {
-    let c = Cluster::up(&[
-        "--memory-servers",
-        "1",
-        "--backend",
-        "shm",
-        "--size",
-        "16MiB",
-        "--table-capacity",
-        "1024",
-        "--replicas",
-        "2",
-    ]);
+    let c = one_replicated_memory_server();
     let cwd = c.cwd();
     ok(cwd, &["kv", "put", "1", "before"]);
     let backup = c.json()["memory_server_backups"][0].clone();
     let pid = backup["pid"].as_u64().unwrap() as u32;
-    send_signal(pid, "-9");
-    while alive(pid) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    kill_9_and_wait(pid);
     // Nothing is acknowledged with one copy while the backup is gone.
     let o = namdb(cwd, &["kv", "put", "2", "while down"]);
     assert!(!o.status.success(), "{}", stdout(&o));
@@ -1017,10 +1012,7 @@ fn a_backup_restarted_after_it_died_takes_the_primarys_state_and_writes_resume()
 
     // The primary dies: the restarted backup takes over with every write.
     let primary = c.json()["memory_servers"][0]["pid"].as_u64().unwrap() as u32;
-    send_signal(primary, "-9");
-    while alive(primary) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    kill_9_and_wait(primary);
     let scan = kv_until_ok(cwd, &["scan"]);
     let rows: Vec<&str> = scan.lines().collect();
     assert!(
@@ -1103,10 +1095,7 @@ fn restarting_a_memory_server_that_kept_nothing_says_its_data_is_gone() {
     let cwd = c.cwd();
     ok(cwd, &["kv", "put", "1", "x"]);
     let pid = c.json()["memory_servers"][1]["pid"].as_u64().unwrap() as u32;
-    send_signal(pid, "-9");
-    while alive(pid) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    kill_9_and_wait(pid);
     let o = namdb(cwd, &["cluster", "restart", "memory-server-1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let said = stderr(&o);
@@ -1251,26 +1240,12 @@ fn down_removes_what_killed_processes_left() {
 /// the node starts and nothing was lost.
 #[test]
 fn restarting_a_compute_node_while_a_backup_is_stopped_says_why_it_cannot_start() {
-    let c = Cluster::up(&[
-        "--memory-servers",
-        "1",
-        "--backend",
-        "shm",
-        "--size",
-        "16MiB",
-        "--table-capacity",
-        "1024",
-        "--replicas",
-        "2",
-    ]);
+    let c = one_replicated_memory_server();
     let cwd = c.cwd();
     ok(cwd, &["kv", "put", "1", "before"]);
     let json = c.json();
     let node = json["compute_nodes"][0]["pid"].as_u64().unwrap() as u32;
-    send_signal(node, "-9");
-    while alive(node) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    kill_9_and_wait(node);
     let backup = &json["memory_server_backups"][0];
     let backup_pid = backup["pid"].as_u64().unwrap() as u32;
     send_signal(backup_pid, "-STOP");

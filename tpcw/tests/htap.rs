@@ -250,6 +250,17 @@ fn a_query_too_old_again_and_again_is_retried_until_the_run_ends() {
     assert!(analytics.too_old_retries > 10, "{analytics:?}");
 }
 
+/// Rewrites item 2 over and over, ticking: commits elsewhere, so a stalled slot holds
+/// the prefix back and is fenced.
+fn item_2_rewriter(db: &Database, tables: &Tables) -> txn::crash::Fencer {
+    let item = tables.item.clone();
+    txn::crash::Fencer::spawn(db, move |t| {
+        let row = t.get(&item, 2)?.expect("item 2");
+        t.put(&item, 2, row)
+    })
+    .unwrap()
+}
+
 /// The related-items writer beside a run stalls past its lease in the middle of its
 /// commit (a thread starved of CPU), so another worker fences its slot and recovery
 /// decides the commit. The writer learns what it was: committed (stalled after its
@@ -263,15 +274,7 @@ fn a_related_items_write_fenced_under_a_starved_writer_is_resolved() {
     let (rsi, _scale, tables) = loaded();
     let db = rsi.database().clone();
     for (point, x, committed) in [("after-log", 3, true), ("after-lock", 4, false)] {
-        // Commits elsewhere (so the stalled slot holds the prefix back) and ticks.
-        let fencer = {
-            let item = tables.item.clone();
-            txn::crash::Fencer::spawn(&db, move |t| {
-                let row = t.get(&item, 2)?.expect("item 2");
-                t.put(&item, 2, row)
-            })
-            .unwrap()
-        };
+        let fencer = item_2_rewriter(&db, &tables);
         let worker = db.worker().unwrap();
         let stalled = Arc::new(AtomicU64::new(0));
         let (watched, stalled_cid) = (db.clone(), stalled.clone());
@@ -323,14 +326,7 @@ fn a_related_items_write_whose_outcome_is_not_learnt_in_time_fails_and_logs_noth
     let (rsi, _scale, tables) = loaded();
     let db = rsi.database().clone();
     for (point, x, committed) in [("after-log", 5, true), ("after-lock", 6, false)] {
-        let fencer = {
-            let item = tables.item.clone();
-            txn::crash::Fencer::spawn(&db, move |t| {
-                let row = t.get(&item, 2)?.expect("item 2");
-                t.put(&item, 2, row)
-            })
-            .unwrap()
-        };
+        let fencer = item_2_rewriter(&db, &tables);
         let worker = db.worker().unwrap();
         let before = {
             let mut c = db.client().unwrap();

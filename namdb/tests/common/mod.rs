@@ -366,6 +366,14 @@ pub fn send_signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill {signal} {pid}: {status}");
 }
 
+/// SIGKILLs `pid` and waits until it is gone.
+pub fn kill_9_and_wait(pid: u32) {
+    send_signal(pid, "-9");
+    while alive(pid) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Sends SIGINT to `child` alone (not its process group, as a terminal's Ctrl-C would)
 /// and returns its exit code.
 pub fn interrupt(child: &mut Child) -> Option<i32> {

@@ -1051,6 +1051,13 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
     let token_file = file.token_file.clone();
     let names: Vec<String> = file.processes().map(|p| p.name.clone()).collect();
     let primary = file.memory_servers.iter().any(|p| p.name == name);
+    // A backup's primary, whose state it waits for once started.
+    let backup_of = file
+        .memory_server_backups
+        .iter()
+        .position(|p| p.name == name)
+        .and_then(|i| file.memory_servers.get(i))
+        .map(|p| (p.name.clone(), p.pid));
     let Some(entry) = file
         .memory_servers
         .iter_mut()
@@ -1112,7 +1119,71 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
     };
     file.write(&path)?;
     println!("{name} started again as pid {pid}, listening on {address}");
+    if let Some((primary, primary_pid)) = backup_of {
+        wait_for_backup_sync(name, &address, &primary, primary_pid, &token_file)?;
+    }
     Ok(())
+}
+
+/// How long `restart` of a backup waits for its primary to copy its state there: the
+/// primary attaches within a second, then copies what it holds, seconds per GiB.
+const BACKUP_SYNC_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Waits until backup `name` at `address` holds its primary's whole state again (it
+/// can be promoted, and writes it no longer stops), saying every 5 s that it waits;
+/// returns at once if the primary does not run. Not synced in time is a warning, not
+/// an error: the backup runs, and the primary goes on trying.
+fn wait_for_backup_sync(
+    name: &str,
+    address: &str,
+    primary: &str,
+    primary_pid: u32,
+    token_file: &Path,
+) -> Result<()> {
+    let token = ClusterToken::from_file(token_file)?;
+    let started = Instant::now();
+    let mut next_note = started + START_NOTE_EVERY;
+    loop {
+        if !ours(primary_pid, token_file) {
+            println!(
+                "{primary} is not running: {name} gets its state once {primary} is started \
+                 again (`namdb cluster restart {primary}`)"
+            );
+            return Ok(());
+        }
+        let synced = memory_server::blocking::Client::connect_within(
+            address,
+            &token,
+            Duration::from_secs(5),
+        )
+        .is_ok_and(|c| c.server().synced);
+        if synced {
+            println!(
+                "{name} holds {primary}'s whole state again after {:.1} s: writes go on, \
+                 and it can take over if {primary} fails",
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        check_interrupted()?;
+        if started.elapsed() > BACKUP_SYNC_TIMEOUT {
+            eprintln!(
+                "warning: {name} does not hold {primary}'s state yet after {} s; {primary} \
+                 goes on attaching to it (its log says how far it got). Until then writes \
+                 on {primary} fail and {name} cannot take over.",
+                BACKUP_SYNC_TIMEOUT.as_secs()
+            );
+            return Ok(());
+        }
+        if Instant::now() >= next_note {
+            next_note += START_NOTE_EVERY;
+            eprintln!(
+                "waiting for {primary} to copy its state to {name} ({} s so far)",
+                started.elapsed().as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Prints each process's state; false if one of them does not run (or is stopped),

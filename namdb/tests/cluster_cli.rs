@@ -6,6 +6,7 @@ mod common;
 
 use common::{
     Cluster, alive, kill_9_and_wait, namdb, ok, processes_naming, send_signal, stderr, stdout,
+    stop_and_wait,
 };
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -269,7 +270,7 @@ fn a_cluster_on_tcp_with_two_compute_nodes_comes_up_and_down() {
     // to the next one (it waited for its whole --timeout, then blamed the memory
     // servers).
     let first = c.json()["compute_nodes"][0]["pid"].as_u64().unwrap() as u32;
-    send_signal(first, "-STOP");
+    stop_and_wait(first);
     let got = namdb(c.cwd(), &["kv", "--timeout", "20s", "get", "1"]);
     send_signal(first, "-CONT");
     assert!(got.status.success(), "{}", stderr(&got));
@@ -753,7 +754,7 @@ fn a_process_restarted_by_hand_is_seen_and_stopped() {
     }
     // A stopped memory server answers nothing: `status` says so and fails.
     let server = json["memory_servers"][0]["pid"].as_u64().unwrap() as u32;
-    send_signal(server, "-STOP");
+    stop_and_wait(server);
     let o = namdb(c.cwd(), &["cluster", "status"]);
     send_signal(server, "-CONT");
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
@@ -1241,7 +1242,7 @@ fn restarting_a_compute_node_while_a_backup_is_stopped_says_why_it_cannot_start(
     kill_9_and_wait(node);
     let backup = &json["memory_server_backups"][0];
     let backup_pid = backup["pid"].as_u64().unwrap() as u32;
-    send_signal(backup_pid, "-STOP");
+    stop_and_wait(backup_pid);
     let o = namdb(cwd, &["cluster", "restart", "compute-node-0"]);
     send_signal(backup_pid, "-CONT");
     let said = stderr(&o);

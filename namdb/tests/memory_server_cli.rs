@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{send_signal, start_server};
+use common::{send_signal, start_server, stop_and_wait};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -384,7 +384,7 @@ fn a_call_to_a_stopped_memory_server_fails_instead_of_hanging() {
     let client = memory_server::blocking::Client::connect(&server.control, &token).unwrap();
     client.keep_alive().unwrap();
     let pid = server.child.id();
-    send_signal(pid, "-STOP");
+    stop_and_wait(pid);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(client.keep_alive());

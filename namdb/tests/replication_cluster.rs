@@ -136,16 +136,7 @@ struct Stopped(u32);
 
 impl Stopped {
     fn stop(pid: u32) -> Stopped {
-        common::send_signal(pid, "-STOP");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        // Stopped once /proc says `T`: only then does the node meet a silent backup.
-        while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            s.rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
-        }) {
-            assert!(Instant::now() < deadline, "{pid} never stopped");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        common::stop_and_wait(pid);
         Stopped(pid)
     }
 }

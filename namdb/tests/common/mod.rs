@@ -366,6 +366,21 @@ pub fn send_signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill {signal} {pid}: {status}");
 }
 
+/// SIGSTOPs `pid` and waits until /proc says it is stopped (`T`): the signal is
+/// delivered after kill(1) returns, and what the test does next must meet a process
+/// that answers nothing.
+pub fn stop_and_wait(pid: u32) {
+    send_signal(pid, "-STOP");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
+    }) {
+        assert!(std::time::Instant::now() < deadline, "{pid} never stopped");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// SIGKILLs `pid` and waits until it is gone.
 pub fn kill_9_and_wait(pid: u32) {
     send_signal(pid, "-9");

@@ -574,7 +574,17 @@ fn recover(
                 if !claim.keep(conns)? {
                     return Ok(None);
                 }
-                if resolve(conns, table, part, addr, cid, &raw, records.get(&cid))? {
+                let patience = 2 * db.shared.options.oracle.lease_timeout;
+                if resolve(
+                    conns,
+                    table,
+                    part,
+                    addr,
+                    cid,
+                    &raw,
+                    records.get(&cid),
+                    patience,
+                )? {
                     report.rolled_forward += 1;
                 } else {
                     report.rolled_back += 1;
@@ -671,6 +681,11 @@ pub(crate) fn add_written(
 
 /// Resolves one lock held by `cid` on block `addr` (bytes `raw` as read, locked):
 /// rolled forward (`true`) if `record` commits it, else released.
+///
+/// A block the commit created is left a tombstone, and an index slot its key was
+/// claimed in without an address is given this block's ([`settle_claim`], waiting up
+/// to `patience` for another live inserter of the key to show itself).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn resolve(
     conns: &mut [Conn],
     table: &Arc<Table>,
@@ -679,6 +694,7 @@ pub(crate) fn resolve(
     cid: u64,
     raw: &[u8],
     record: Option<&LogRecord>,
+    patience: Duration,
 ) -> Result<bool> {
     let p = &table.partitions[part];
     let conn = &mut conns[p.server];
@@ -720,12 +736,93 @@ pub(crate) fn resolve(
             )?;
             conn.write_bytes(versions_at, &bytes)?;
             conn.cas(header_at, locked, Header::unlocked(0).encode())?;
+            settle_claim(conns, table, part, addr, block.key, patience)?;
             Ok(false)
         }
         None => {
             conn.cas(header_at, locked, Header::unlocked(newest).encode())?;
             Ok(false)
         }
+    }
+}
+
+/// Gives `key`'s index slot, if it is claimed without an address, the address of
+/// block `addr`: a tombstone a dead holder's insert created and recovery just
+/// unlocked. A holder killed between its claim's CAS and the WRITE of the address
+/// (they go in different doorbells) left the key claimed, and every lookup of a
+/// claimed slot without an address waits for an insert in progress: the key could be
+/// neither read (`Conflict`, "index slot pending too long") nor inserted again.
+///
+/// The claim does not say whose it is, so the address goes in only when no one else
+/// can publish there. Every inserter WRITEs its block, locked, before its claim's CAS
+/// on the same queue pair and keeps it locked until it has published (a commit's
+/// install and an abort's release come after the address), so if the slot has no
+/// address both before and after a scan of the partition, its claimer's block was
+/// locked throughout that scan. A scan that finds no locked block of `key` but `addr`
+/// means the claimer is a holder whose block was resolved, which under the lease
+/// assumption posts nothing more. (A fenced commit publishes its won slots right after
+/// its epoch check fails: the address its own recovery gives them, its block being the
+/// only one of the key.) Another locked block of the key is waited for, up to
+/// `patience` (it publishes, aborts or is recovered); past that the slot is left as it
+/// is and the key's other inserter settles it.
+fn settle_claim(
+    conns: &mut [Conn],
+    table: &Arc<Table>,
+    part: usize,
+    addr: u64,
+    key: u64,
+    patience: Duration,
+) -> Result<()> {
+    let p = &table.partitions[part];
+    let Some(tag) = key.checked_add(1) else {
+        return Ok(());
+    };
+    // The address word of `key`'s slot if it has none yet.
+    let unpublished = |conns: &mut [Conn]| -> Result<Option<fabric::RemoteAddr>> {
+        let (bucket, len) = p.index.bucket_range(key);
+        let bytes = conns[p.server].read_bytes(bucket, len)?;
+        for (i, slot) in bytes.chunks_exact(16).enumerate() {
+            let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
+            let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
+            if key_word == tag {
+                return Ok((addr_word == 0).then(|| bucket.offset_by(i as u64 * 16 + 8)));
+            }
+            if key_word == 0 {
+                break;
+            }
+        }
+        Ok(None)
+    };
+    let deadline = Instant::now() + patience;
+    loop {
+        if unpublished(conns)?.is_none() {
+            return Ok(());
+        }
+        let mut others = 0u64;
+        scan_headers(conns, table, part, &mut |at, word, raw| {
+            let k = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+            if at != addr && k == key && Header::decode(word).locked {
+                others += 1;
+            }
+            Ok(())
+        })?;
+        let Some(slot) = unpublished(conns)? else {
+            return Ok(());
+        };
+        if others == 0 {
+            conns[p.server].cas(slot, 0, addr + 1)?;
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                table = %table.name,
+                key,
+                others,
+                "an index slot claimed without an address is left to the key's other inserter"
+            );
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

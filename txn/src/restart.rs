@@ -216,7 +216,8 @@ fn repair(db: &Database, restarted: &[usize]) -> Result<RestartReport> {
                     })?;
                 for (addr, cid, raw) in held {
                     let record = by_cid.get(&cid).copied();
-                    if resolve(&mut conns, table, part, addr, cid, &raw, record)? {
+                    let patience = 2 * db.shared.options.oracle.lease_timeout;
+                    if resolve(&mut conns, table, part, addr, cid, &raw, record, patience)? {
                         report.locks_rolled_forward += 1;
                     } else {
                         report.locks_rolled_back += 1;

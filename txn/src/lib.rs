@@ -54,7 +54,7 @@ mod worker;
 pub use catalog::{Placement, ServerRegions, TableSpec};
 pub use durable::{PersistRange, PersistStatus, Persistence};
 pub use error::{ECHO_CHARS, Result, TxnError, echo};
-pub use recovery::{LockedRecord, RecoveryHold, RecoveryReport};
+pub use recovery::{LockedRecord, RecoveryHold, RecoveryReport, UnpublishedSlot};
 pub use restart::RestartReport;
 pub use snapshot::{Snapshot, Stripe};
 pub use store::{

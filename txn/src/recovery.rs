@@ -81,6 +81,14 @@ pub struct LockedRecord {
     pub cid: u64,
 }
 
+/// An index slot claimed for a key and never given its address (see
+/// [`Database::unpublished_index_slots`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnpublishedSlot {
+    pub table: String,
+    pub key: u64,
+}
+
 /// A recovery held by a test once it began: its guard says recovering, so every other
 /// node waits for it (or takes it over after [`TAKEOVER`]), as for a recovering node
 /// starved of CPU. Made by [`crate::crash::starve_at_with_recovery_held_on_this_thread`];
@@ -238,6 +246,40 @@ impl Database {
                     }
                     Ok(())
                 })?;
+            }
+        }
+        Ok(found)
+    }
+
+    /// Index slots whose key is claimed and whose address was never written: an insert
+    /// in progress, or one whose node died between the two and whose recovery has not
+    /// settled it yet. Every lookup of such a key waits (then `Conflict`), so, like a
+    /// lock, none may be left once recovery is done (the chaos harness checks both).
+    pub fn unpublished_index_slots(&self) -> Result<Vec<UnpublishedSlot>> {
+        let tables = self.tables()?;
+        let mut conns = self.recovery_conns();
+        let mut found = Vec::new();
+        for table in &tables {
+            for p in &table.partitions {
+                let index = &p.index;
+                let bytes = index.shape.region_bytes();
+                let chunk = (SCRATCH / 16).max(1) * 16;
+                let mut at = 0;
+                while at < bytes {
+                    let n = chunk.min(bytes - at);
+                    let words = conns[p.server].read_bytes(index.region.at(index.base + at), n)?;
+                    for slot in words.chunks_exact(16) {
+                        let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
+                        let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
+                        if key_word != 0 && addr_word == 0 {
+                            found.push(UnpublishedSlot {
+                                table: table.name.clone(),
+                                key: key_word - 1,
+                            });
+                        }
+                    }
+                    at += n;
+                }
             }
         }
         Ok(found)

@@ -569,6 +569,13 @@ fn a_node_dead_between_its_index_claim_and_the_address_leaves_the_key_usable() {
         .join()
         .unwrap();
     }
+    assert_eq!(
+        db.unpublished_index_slots().unwrap(),
+        [txn::UnpublishedSlot {
+            table: "accounts".into(),
+            key: 100
+        }]
+    );
     let mut survivor = db.client().unwrap();
     let start = Instant::now();
     while db.recoveries().is_empty() || !db.locked_records().unwrap().is_empty() {
@@ -587,6 +594,7 @@ fn a_node_dead_between_its_index_claim_and_the_address_leaves_the_key_usable() {
         (0, 1),
         "{report:?}"
     );
+    assert_eq!(db.unpublished_index_slots().unwrap(), []);
     // The dead commit had no record: nothing of it is there, and key 100 is absent
     // (not an insert in progress for ever).
     let mut x = survivor.begin().unwrap();

@@ -356,31 +356,43 @@ pub fn acknowledged(txns: &[Txn], final_lists: &BTreeMap<String, Vec<i64>>) -> C
     CheckResult::from_problems("acknowledged writes", what, problems)
 }
 
-/// No record may stay locked once recovery has had `waited`.
-pub fn no_locks(locks: &[Lock], waited: Duration) -> CheckResult {
+/// An index slot found claimed for a key with no address written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnpublishedSlot {
+    pub table: String,
+    pub key: u64,
+}
+
+/// No record may stay locked, and no key's index slot claimed without its address,
+/// once recovery has had `waited`: either keeps every reader of the key waiting (and
+/// then failing) for good.
+pub fn no_locks(locks: &[Lock], unpublished: &[UnpublishedSlot], waited: Duration) -> CheckResult {
+    let waited_s = waited.as_secs_f64();
     let problems = locks
         .iter()
         .map(|l| {
             format!(
-                "{}: key {} is still locked by cid {} after {:.1} s",
-                l.table,
-                l.key,
-                l.cid,
-                waited.as_secs_f64()
+                "{}: key {} is still locked by cid {} after {waited_s:.1} s",
+                l.table, l.key, l.cid
             )
         })
+        .chain(unpublished.iter().map(|u| {
+            format!(
+                "{}: key {}'s index slot is claimed with no address after {waited_s:.1} s (an \
+                 insert that never finished: the key can be neither read nor inserted)",
+                u.table, u.key
+            )
+        }))
         .collect();
+    let what = match (locks.is_empty(), unpublished.is_empty()) {
+        (true, true) => "no record locked, no index slot left claimed",
+        (false, true) => "records left locked",
+        (true, false) => "index slots left claimed without an address",
+        (false, false) => "records left locked, index slots left claimed without an address",
+    };
     CheckResult::from_problems(
         "no lock remains",
-        format!(
-            "{} (checked every table, {:.1} s after the nodes stopped)",
-            if locks.is_empty() {
-                "no record locked"
-            } else {
-                "records left locked"
-            },
-            waited.as_secs_f64()
-        ),
+        format!("{what} (checked every table, {waited_s:.1} s after the nodes stopped)"),
         problems,
     )
 }
@@ -475,7 +487,7 @@ mod tests {
             si.details.iter().any(|d| d.contains("white-box skipped")),
             "{si:?}"
         );
-        assert!(no_locks(&[], Duration::from_secs(1)).passed);
+        assert!(no_locks(&[], &[], Duration::from_secs(1)).passed);
     }
 
     #[test]
@@ -618,11 +630,34 @@ mod tests {
             key: 42,
             cid: 1234,
         };
-        let result = no_locks(&[lock], Duration::from_millis(2500));
+        let result = no_locks(&[lock], &[], Duration::from_millis(2500));
         assert!(!result.passed);
         assert_eq!(
             result.details,
             ["chaos_lists: key 42 is still locked by cid 1234 after 2.5 s"]
+        );
+    }
+
+    #[test]
+    fn a_key_left_claimed_in_the_index_fails() {
+        let slot = UnpublishedSlot {
+            table: "chaos_lists".into(),
+            key: 59,
+        };
+        let result = no_locks(&[], &[slot], Duration::from_millis(100));
+        assert!(!result.passed);
+        assert!(
+            result
+                .summary
+                .contains("index slots left claimed without an address"),
+            "{result:?}"
+        );
+        assert_eq!(
+            result.details,
+            [
+                "chaos_lists: key 59's index slot is claimed with no address after 0.1 s (an \
+                 insert that never finished: the key can be neither read nor inserted)"
+            ]
         );
     }
 

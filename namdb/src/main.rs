@@ -42,8 +42,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// The chaos harness: kill, crash and pause compute nodes while the bank and
     /// list-append workloads run, then check snapshot isolation, the bank invariant,
-    /// that nothing acknowledged was lost and that no lock remains; exits non-zero on
-    /// any violation.
+    /// that nothing acknowledged was lost and that no lock (or key claimed in the index
+    /// without its address) remains; exits non-zero on any violation.
     Chaos(chaos_cmd::ChaosArgs),
     /// One compute node of `namdb chaos`, which starts them itself.
     #[command(hide = true)]

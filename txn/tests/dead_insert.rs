@@ -1,0 +1,137 @@
+//! A node killed mid-insert, between the two doorbells of a batched insert (the index
+//! claim, then the address). In its own test binary: the crash points of the other
+//! recovery tests (`txn::crash::panic_at_on_this_thread`) arm the process for good,
+//! and armed, every insert goes one step at a time, so no commit would die between
+//! the claim and the address here.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use txn::index::IndexShape;
+use txn::{Database, Options, Table, TableSpec};
+
+fn val(n: i64) -> Vec<u8> {
+    n.to_le_bytes().to_vec()
+}
+
+fn num(v: Option<Vec<u8>>) -> i64 {
+    i64::from_le_bytes(v.expect("present")[..8].try_into().unwrap())
+}
+
+/// Two servers, short leases, accounts 0..8 at 100 (as `recovery.rs`'s).
+fn cluster() -> (Database, Arc<Table>) {
+    let db = Database::embedded(Options {
+        servers: 2,
+        server_bytes: 64 << 20,
+        slots: 16,
+        oracle: timestamp::OracleConfig {
+            tick_interval: Duration::from_millis(2),
+            lease_timeout: Duration::from_millis(80),
+            ..timestamp::OracleConfig::default()
+        },
+        wait_visible: false,
+        ..Options::default()
+    })
+    .unwrap();
+    let t = db
+        .create_table(TableSpec {
+            name: "accounts".into(),
+            versions: 4,
+            value_cap: 16,
+            capacity: 256,
+            partitions: 0,
+            placement: txn::Placement::RoundRobin,
+            index: IndexShape {
+                buckets: 32,
+                slots: 8,
+            },
+        })
+        .unwrap();
+    db.client()
+        .unwrap()
+        .run(0, |x| {
+            for k in 0..8 {
+                x.insert(&t, k, val(100))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    (db, t)
+}
+
+/// A node killed between its batched insert's claim of an index slot (the key word's
+/// CAS, posted with the block's WRITE) and the WRITE of the slot's address (posted with
+/// the locks) leaves the key claimed with no address: every lookup reads it as an
+/// insert in progress. Recovery of its slot must settle that claim, or the key can be
+/// neither read nor inserted again, for good (the chaos harness's final read failed
+/// on such a key, "conflict", with no record locked).
+#[test]
+fn a_node_dead_between_its_index_claim_and_the_address_leaves_the_key_usable() {
+    let (db, t) = cluster();
+    {
+        let (db, t) = (db.clone(), t.clone());
+        std::thread::spawn(move || {
+            let mut client = db.client().unwrap();
+            // A stall (unlike the crash points) keeps the commit's batched steps; dying
+            // in it is dying between the claim's doorbell and the address's.
+            txn::crash::stall_at_on_this_thread(
+                "after-insert-blocks",
+                Box::new(|_| panic!("the node dies after its index claim")),
+            )
+            .unwrap();
+            let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let mut x = client.begin().unwrap();
+                let a = num(x.get(&t, 1).unwrap());
+                x.put(&t, 1, val(a - 10)).unwrap();
+                x.insert(&t, 100, val(7)).unwrap();
+                x.commit()
+            }));
+            assert!(died.is_err(), "the stall did not run: {died:?}");
+            std::mem::forget(client);
+        })
+        .join()
+        .unwrap();
+    }
+    assert_eq!(
+        db.unpublished_index_slots().unwrap(),
+        [txn::UnpublishedSlot {
+            table: "accounts".into(),
+            key: 100
+        }]
+    );
+    let mut survivor = db.client().unwrap();
+    let start = Instant::now();
+    while db.recoveries().is_empty() || !db.locked_records().unwrap().is_empty() {
+        survivor.run(3, |x| x.put(&t, 5, val(1))).unwrap();
+        survivor.tick().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not recovered after 10 s; locked: {:?}",
+            db.locked_records().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let report = &db.recoveries()[0];
+    assert_eq!(
+        (report.rolled_forward, report.rolled_back),
+        (0, 1),
+        "{report:?}"
+    );
+    assert_eq!(db.unpublished_index_slots().unwrap(), []);
+    // The dead commit had no record: nothing of it is there, and key 100 is absent
+    // (not an insert in progress for ever).
+    let mut x = survivor.begin().unwrap();
+    assert_eq!(num(x.get(&t, 1).unwrap()), 100);
+    match x.get(&t, 100) {
+        Ok(v) => assert_eq!(v, None),
+        Err(e) => panic!("key 100 unreadable after the recovery: {e}"),
+    }
+    drop(x);
+    survivor
+        .run(3, |x| x.insert(&t, 100, val(8)))
+        .expect("key 100 can be inserted after the recovery");
+    let mut x = survivor.begin().unwrap();
+    assert_eq!(num(x.get(&t, 100).unwrap()), 8);
+    drop(x);
+    assert!(db.locked_records().unwrap().is_empty());
+}

@@ -868,6 +868,30 @@ fn settle_claim(
     }
 }
 
+impl Database {
+    /// The commit timestamp of a locked block of `key` in partition `part`, if any: an
+    /// index slot claimed without an address has its claimer's block locked (see
+    /// [`settle_claim`]), so this names the holder to check on. Reads the whole
+    /// partition: only for a claim that stayed pending past the lock patience.
+    pub(crate) fn claimer_of(&self, table: &Table, part: usize, key: u64) -> Result<Option<u64>> {
+        let mut holder = None;
+        scan_headers(
+            &mut self.recovery_conns(),
+            table,
+            part,
+            &mut |_, word, raw| {
+                let k = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+                let header = Header::decode(word);
+                if k == key && header.locked {
+                    holder = Some(header.cid);
+                }
+                Ok(())
+            },
+        )?;
+        Ok(holder)
+    }
+}
+
 /// Reads every allocated block of a partition in large READs and hands each block's
 /// address, header word and bytes to `each`. Returns the blocks read.
 pub(crate) fn scan_headers(

@@ -1045,7 +1045,8 @@ async fn fetch(
             at += bytes;
         }
         batches.run(worker).await?;
-        let mut pending = false;
+        // A key whose slot is claimed with no address yet (an insert in progress).
+        let mut pending = None;
         let mut words = BucketWords::new();
         for (&i, &(at, bytes)) in missing.iter().zip(&places) {
             let part = table.partition_of(keys[i]);
@@ -1057,16 +1058,27 @@ async fn fetch(
                     addrs[i] = Some((part, a));
                 }
                 Some(Lookup::Absent) => absent[i] = true,
-                Some(Lookup::Pending) => pending = true,
+                Some(Lookup::Pending) => pending = Some(i),
                 None => whole[i] = true,
             }
         }
-        if pending {
+        if let Some(i) = pending {
             if start.elapsed() > LOCK_PATIENCE {
+                // The claim names no one, but its claimer's block is locked until the
+                // address is in: that lock names the holder to check on, or with no
+                // commit deciding later timestamps a dead claimer would never be
+                // fenced, and the key never settled.
+                if let Some(holder) =
+                    worker
+                        .database()
+                        .claimer_of(table, table.partition_of(keys[i]), keys[i])?
+                {
+                    worker.suspect_holder(holder);
+                }
                 return Err(TxnError::Conflict {
                     table: table.id,
                     name: table.name.clone(),
-                    key: keys[missing[0]],
+                    key: keys[i],
                     why: "index slot pending too long",
                 });
             }

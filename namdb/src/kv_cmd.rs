@@ -61,7 +61,8 @@ pub enum KvCommand {
         #[arg(long, value_name = "N", default_value_t = 0)]
         limit: u64,
     },
-    /// List the cluster's tables: name, records, largest value, partitions.
+    /// List the cluster's tables: name, capacity (the records it is made for, not how
+    /// many it holds), largest value, partitions.
     Tables,
     /// Create table NAME (outside any transaction); use it with `--table NAME`.
     CreateTable {
@@ -105,7 +106,9 @@ async fn catalog(client: &Client, command: KvCommand) -> Result<ExitCode> {
                 .list_tables()
                 .await
                 .map_err(|s| failed("list tables", &s))?;
-            println!("table\trecords\tvalue cap\tpartitions");
+            // "capacity", not "records": a column of records read as how many the
+            // table holds, 16384 in a table holding two.
+            println!("table\tcapacity\tvalue cap\tpartitions");
             for t in tables {
                 println!(
                     "{}\t{}\t{}\t{}",

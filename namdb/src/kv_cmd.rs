@@ -52,10 +52,10 @@ pub enum KvCommand {
     /// Print the rows (`KEY<TAB>VALUE`) in key order.
     Scan {
         /// First key (inclusive).
-        #[arg(long, value_name = "K", default_value_t = 0, value_parser = parse_key)]
+        #[arg(long, value_name = "K", default_value_t = 0, value_parser = parse_bound)]
         from: u64,
         /// Last key (exclusive); no bound by default.
-        #[arg(long, value_name = "K", value_parser = parse_key)]
+        #[arg(long, value_name = "K", value_parser = parse_bound)]
         to: Option<u64>,
         /// At most this many rows; all by default.
         #[arg(long, value_name = "N", default_value_t = 0)]
@@ -78,15 +78,27 @@ pub enum KvCommand {
     },
 }
 
-/// A key as a user types it. Tables are keyed by 64-bit unsigned integers, which
-/// the parser's own "invalid digit found in string" does not tell someone who typed a
-/// word.
+/// A record's key as a user types it. Tables are keyed by 64-bit unsigned integers,
+/// which the parser's own "invalid digit found in string" does not tell someone who
+/// typed a word. u64::MAX is reserved by the tables: refused here, as the usage says,
+/// rather than by the compute node once a transaction has begun.
 pub fn parse_key(word: &str) -> Result<u64, String> {
+    match parse_bound(word)? {
+        u64::MAX => Err(format!(
+            "`{word}` is reserved (u64::MAX): keys are whole numbers from 0 to {}",
+            u64::MAX - 1
+        )),
+        key => Ok(key),
+    }
+}
+
+/// A scan's bound: a key, or u64::MAX, which as an exclusive end takes every key.
+pub fn parse_bound(word: &str) -> Result<u64, String> {
     word.parse().map_err(|_| {
         format!(
             "`{}` is not a key: keys are whole numbers from 0 to {}",
             txn::echo(word),
-            u64::MAX
+            u64::MAX - 1
         )
     })
 }
@@ -448,12 +460,36 @@ mod tests {
             let said = e.render().to_string();
             assert!(
                 said.contains(
-                    "is not a key: keys are whole numbers from 0 to 18446744073709551615"
+                    "is not a key: keys are whole numbers from 0 to 18446744073709551614"
                 ),
                 "{args:?}: {said}"
             );
         }
-        assert_eq!(parse_key("18446744073709551615"), Ok(u64::MAX));
+        // u64::MAX is no key, but it is a scan's bound.
+        for args in [
+            &["namdb", "kv", "get", "18446744073709551615"][..],
+            &["namdb", "kv", "put", "18446744073709551615", "v"],
+            &["namdb", "kv", "delete", "18446744073709551615"],
+        ] {
+            let e = crate::Cli::try_parse_from(args).expect_err("reserved");
+            let said = e.render().to_string();
+            assert!(
+                said.contains(
+                    "`18446744073709551615` is reserved (u64::MAX): keys are whole numbers \
+                     from 0 to 18446744073709551614"
+                ),
+                "{args:?}: {said}"
+            );
+        }
+        assert_eq!(parse_key("18446744073709551614"), Ok(u64::MAX - 1));
+        assert_eq!(parse_bound("18446744073709551615"), Ok(u64::MAX));
+        let scan =
+            crate::Cli::try_parse_from(["namdb", "kv", "scan", "--to", "18446744073709551615"]);
+        assert!(
+            scan.is_ok(),
+            "{:?}",
+            scan.err().map(|e| e.render().to_string())
+        );
         // A value that looks like a negative number is a value, not a flag.
         let put = crate::Cli::try_parse_from(["namdb", "kv", "put", "7", "-1"]);
         assert!(

@@ -80,9 +80,16 @@ fn parse(line: &str) -> Result<Line, String> {
             }));
         }
         "scan" => Line::Kv(KvCommand::Scan {
-            from: words.next().map_or(Ok(0), |w| key(Some(w)))?,
-            to: words.next().map(|w| key(Some(w))).transpose()?,
-            limit: words.next().map_or(Ok(0), |w| key(Some(w)))?,
+            from: words.next().map_or(Ok(0), crate::kv_cmd::parse_bound)?,
+            to: words.next().map(crate::kv_cmd::parse_bound).transpose()?,
+            limit: words.next().map_or(Ok(0), |w| {
+                w.parse().map_err(|_| {
+                    format!(
+                        "`{}` is not a number of rows: N is a whole number (0: all)",
+                        txn::echo(w)
+                    )
+                })
+            })?,
         }),
         "begin" => Line::Begin,
         "commit" => Line::Commit,
@@ -263,6 +270,24 @@ mod tests {
         assert_eq!(parse("begin"), Ok(Line::Begin));
         assert_eq!(parse("quit"), Ok(Line::Quit));
         assert!(parse("get x").unwrap_err().contains("not a key"));
+        assert!(
+            parse("put 18446744073709551615 v")
+                .unwrap_err()
+                .contains("is reserved")
+        );
+        assert_eq!(
+            parse("scan 0 18446744073709551615"),
+            Ok(Line::Kv(KvCommand::Scan {
+                from: 0,
+                to: Some(u64::MAX),
+                limit: 0
+            }))
+        );
+        assert!(
+            parse("scan 0 10 x")
+                .unwrap_err()
+                .contains("`x` is not a number of rows")
+        );
         assert!(parse("get").unwrap_err().contains("missing"));
         assert!(parse("put 1").unwrap_err().contains("value"));
         assert!(parse("get 1 2").unwrap_err().contains("too many"));

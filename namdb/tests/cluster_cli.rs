@@ -220,6 +220,23 @@ fn kv_without_a_cluster_says_so() {
 }
 
 #[test]
+fn the_reserved_key_is_refused_as_the_usage_says() {
+    // Refused before any cluster is looked for: the usage's range was 0 to u64::MAX,
+    // and the compute node then refused u64::MAX once a transaction had begun.
+    let dir = tempfile::tempdir().unwrap();
+    let o = namdb(dir.path(), &["kv", "put", "18446744073709551615", "v"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains(
+            "`18446744073709551615` is reserved (u64::MAX): keys are whole numbers from 0 to \
+             18446744073709551614"
+        ),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn a_value_cap_the_compute_nodes_cannot_hold_is_refused_in_terms_of_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let o = namdb(

@@ -140,11 +140,14 @@ pub struct Report {
     pub txn_per_sec: f64,
     pub abort_rate: f64,
     pub aborts: Aborts,
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub p999_us: f64,
+    /// Latency of the committed transactions; None (null) when none committed in the
+    /// measured time, which printed as 0.0 µs read as instant commits.
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
     /// Oracle reads per committed transaction (shared by coroutines that began or
-    /// waited together). None through gRPC: the compute nodes do not report it.
+    /// waited together). None through gRPC, where the compute nodes do not report it,
+    /// and when none committed.
     pub oracle_reads_per_txn: Option<f64>,
     /// For bank: whether the money summed to the initial total at the end.
     pub invariant_ok: Option<bool>,
@@ -541,7 +544,8 @@ impl Tally {
         invariant_ok: Option<bool>,
     ) -> Report {
         let (committed, aborted) = (self.committed, self.aborted);
-        let us = |q: f64| self.latency_ns.value_at_quantile(q) as f64 / 1000.0;
+        let us =
+            |q: f64| (committed > 0).then(|| self.latency_ns.value_at_quantile(q) as f64 / 1000.0);
         Report {
             backend,
             workload: format!("{:?}", args.workload).to_lowercase(),
@@ -564,8 +568,8 @@ impl Tally {
             p50_us: us(0.5),
             p99_us: us(0.99),
             p999_us: us(0.999),
-            oracle_reads_per_txn: oracle_reads
-                .then(|| self.oracle_reads as f64 / committed.max(1) as f64),
+            oracle_reads_per_txn: (oracle_reads && committed > 0)
+                .then(|| self.oracle_reads as f64 / committed as f64),
             invariant_ok,
             stopped_early: None,
         }
@@ -926,14 +930,7 @@ fn print(r: &Report, args: &TxnArgs) {
         r.aborts.snapshot_too_old,
         r.aborts.list_full
     );
-    let oracle = match r.oracle_reads_per_txn {
-        Some(n) => format!("   oracle reads per txn {n:.2}"),
-        None => String::new(),
-    };
-    println!(
-        "  latency   p50 {:.1} us   p99 {:.1} us   p99.9 {:.1} us{oracle}",
-        r.p50_us, r.p99_us, r.p999_us
-    );
+    println!("{}", latency_line(r));
     if let Some(ok) = r.invariant_ok {
         println!(
             "  bank invariant: {}",
@@ -952,10 +949,56 @@ fn print(r: &Report, args: &TxnArgs) {
     }
 }
 
+/// The report's latency line: none when nothing committed in the measured time.
+fn latency_line(r: &Report) -> String {
+    let oracle = match r.oracle_reads_per_txn {
+        Some(n) => format!("   oracle reads per txn {n:.2}"),
+        None => String::new(),
+    };
+    match (r.p50_us, r.p99_us, r.p999_us) {
+        (Some(p50), Some(p99), Some(p999)) => {
+            format!("  latency   p50 {p50:.1} us   p99 {p99:.1} us   p99.9 {p999:.1} us{oracle}")
+        }
+        _ => format!(
+            "  latency   none: no transaction committed in the measured {:.2} s",
+            r.seconds
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn a_run_with_nothing_committed_reports_no_latency() {
+        let args = args(&["--keys", "100"]);
+        let r = Tally::new()
+            .unwrap()
+            .report(&args, "sim".into(), 1, 0.0009, true, None);
+        let json = serde_json::to_value(&r).unwrap();
+        for field in ["p50_us", "p99_us", "p999_us", "oracle_reads_per_txn"] {
+            assert!(json[field].is_null(), "{field}: {json}");
+        }
+        let line = latency_line(&r);
+        assert_eq!(
+            line, "  latency   none: no transaction committed in the measured 0.00 s",
+            "{line}"
+        );
+        // A run that committed reports its figures as before.
+        let mut tally = Tally::new().unwrap();
+        let began = Instant::now();
+        tally.commit(began, began + Duration::from_micros(20));
+        tally.oracle_reads = 3;
+        let r = tally.report(&args, "sim".into(), 1, 1.0, true, None);
+        let line = latency_line(&r);
+        assert!(
+            line.starts_with("  latency   p50 20.0 us   p99 20.0 us")
+                && line.ends_with("per txn 3.00"),
+            "{line}"
+        );
+    }
 
     #[derive(Parser)]
     struct Cli {

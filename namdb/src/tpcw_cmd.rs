@@ -883,11 +883,11 @@ fn load_and_run_watching<S: System>(
         );
         let report = runner::run(system, scale, &config, &mut ledger)?;
         eprintln!(
-            "  {:.0} txn/s, abort rate {:.2}%, p50 {:.1} µs, p99 {:.1} µs",
+            "  {:.0} txn/s, abort rate {:.2}%, p50 {} µs, p99 {} µs",
             report.txn_per_sec,
             report.abort_rate * 100.0,
-            report.p50_us,
-            report.p99_us
+            latency_cell(report.p50_us),
+            latency_cell(report.p99_us)
         );
         if let Some(why) = &report.stopped_early {
             eprintln!("  {why}");
@@ -1216,15 +1216,15 @@ fn print_summary(args: &TpcwArgs, reports: &[RunReport]) {
     );
     for r in reports {
         println!(
-            "{:<9} {:<11}{} {:>7} {:>13.0} {:>7.2}% {:>10.1} {:>10.1} {:>11}  {}",
+            "{:<9} {:<11}{} {:>7} {:>13.0} {:>7.2}% {:>10} {:>10} {:>11}  {}",
             r.system,
             r.backend,
             phase_cell(r.phase.map_or("", Phase::name)),
             r.clients,
             r.txn_per_sec,
             r.abort_rate * 100.0,
-            r.p50_us,
-            r.p99_us,
+            latency_cell(r.p50_us),
+            latency_cell(r.p99_us),
             r.committed,
             checks_line(r)
         );
@@ -1258,12 +1258,12 @@ fn print_summary(args: &TpcwArgs, reports: &[RunReport]) {
             );
             for i in &r.interactions {
                 println!(
-                    "  {:<22} {:>12.1} {:>9} {:>10.1} {:>10.1}",
+                    "  {:<22} {:>12.1} {:>9} {:>10} {:>10}",
                     i.interaction.name(),
                     i.txn_per_sec,
                     i.aborted,
-                    i.p50_us,
-                    i.p99_us
+                    latency_cell(i.p50_us),
+                    latency_cell(i.p99_us)
                 );
             }
         }
@@ -1294,6 +1294,11 @@ fn times(ratio: f64) -> String {
         1
     };
     format!("{ratio:.decimals$}x")
+}
+
+/// A latency in µs, or a dash where nothing committed to have one.
+fn latency_cell(us: Option<f64>) -> String {
+    us.map_or_else(|| "-".to_string(), |us| format!("{us:.1}"))
 }
 
 fn checks_line(r: &RunReport) -> String {

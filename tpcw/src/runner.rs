@@ -105,8 +105,10 @@ pub struct InteractionReport {
     pub committed: u64,
     pub aborted: u64,
     pub txn_per_sec: f64,
-    pub p50_us: f64,
-    pub p99_us: f64,
+    /// None (null) when the interaction never committed in the measured time: a
+    /// latency of 0.0 µs read as instant commits.
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -135,9 +137,10 @@ pub struct RunReport {
     pub txn_per_sec: f64,
     pub abort_rate: f64,
     pub aborts: BTreeMap<AbortReason, u64>,
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub p999_us: f64,
+    /// None (null) when nothing committed in the measured time.
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
     pub interactions: Vec<InteractionReport>,
     pub checks: Checks,
     /// Why the run stopped before its duration (`seconds` is then what it measured).
@@ -576,7 +579,14 @@ pub fn run_observed<S: System>(
         Some((measured, _)) => measured.as_secs_f64(),
         None => config.duration.as_secs_f64(),
     };
-    let mut report = summarize(system, config, threads, seconds, &merged)?;
+    let mut report = summarize(
+        system.name(),
+        system.backend(),
+        config,
+        threads,
+        seconds,
+        &merged,
+    )?;
     report.stopped_early = stopped.map(|(measured, why)| {
         format!(
             "stopped after {:.1} s of {:.1} s: {why}",
@@ -998,8 +1008,9 @@ fn merge(into: &mut ThreadTally, from: ThreadTally) -> Result<()> {
     Ok(())
 }
 
-fn summarize<S: System>(
-    system: &S,
+fn summarize(
+    system: &str,
+    backend: String,
     config: &RunConfig,
     threads: usize,
     seconds: f64,
@@ -1008,7 +1019,9 @@ fn summarize<S: System>(
     let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3)
         .map_err(|e| Error::System(format!("histogram: {e}")))?;
     let (mut committed, mut aborted) = (0, 0);
-    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let us = |h: &Histogram<u64>, q: f64| {
+        (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0)
+    };
     let mut interactions = Vec::new();
     for (&kind, k) in &t.kinds {
         committed += k.committed;
@@ -1025,8 +1038,8 @@ fn summarize<S: System>(
         });
     }
     Ok(RunReport {
-        system: system.name().to_string(),
-        backend: system.backend(),
+        system: system.to_string(),
+        backend,
         mix: config.mix,
         clients: config.clients,
         threads,
@@ -1196,6 +1209,48 @@ mod tests {
             }
         }
         printed
+    }
+
+    #[test]
+    fn what_never_committed_has_no_latency() {
+        let config = RunConfig {
+            mix: Mix::Ordering,
+            clients: 1,
+            threads: 1,
+            warmup: Duration::ZERO,
+            duration: Duration::from_millis(1),
+            sample_every: 0,
+            progress: false,
+            seed: 1,
+            stop_below_available: 0,
+            stop_below_free_disk: None,
+            unknown_outcome_patience: UNKNOWN_OUTCOME_PATIENCE,
+        };
+        let mut t = ThreadTally::new();
+        let report = summarize("rsi", "sim".into(), &config, 1, 0.001, &t).unwrap();
+        let json = serde_json::to_value(&report).unwrap();
+        for field in ["p50_us", "p99_us", "p999_us"] {
+            assert!(json[field].is_null(), "{field}: {json}");
+        }
+        // Admin Confirm aborted every time; Home committed once, in 40 µs.
+        t.kind(Interaction::AdminConfirm).unwrap().aborted = 2;
+        let home = t.kind(Interaction::Home).unwrap();
+        home.committed = 1;
+        home.latency_ns.record(40_000).unwrap();
+        let report = summarize("rsi", "sim".into(), &config, 1, 0.001, &t).unwrap();
+        let json = serde_json::to_value(&report).unwrap();
+        assert!(
+            json["p50_us"]
+                .as_f64()
+                .is_some_and(|us| (us - 40.0).abs() < 0.1),
+            "{json}"
+        );
+        for i in json["interactions"].as_array().unwrap() {
+            match i["interaction"].as_str().unwrap() {
+                "home" => assert!(i["p99_us"].as_f64().is_some(), "{i}"),
+                _ => assert!(i["p50_us"].is_null() && i["p99_us"].is_null(), "{i}"),
+            }
+        }
     }
 
     #[test]

@@ -258,6 +258,15 @@ impl Durable {
                          was damaged (or `meta` was removed); refusing to start on it"
                     ));
                 }
+                if let Some(inner) = data_dir_within(&dir) {
+                    return Err(format!(
+                        "the data directory {shown} holds no memory server's data, but {} \
+                         does (`namdb cluster up --data-dir DIR` keeps memory server i's \
+                         data in DIR/memory-server-i): give that directory, or an empty \
+                         one for a new server",
+                        inner.display()
+                    ));
+                }
                 let store =
                     Store::create(&dir, &planned).map_err(io("cannot create the base files"))?;
                 let meta = Meta {
@@ -820,6 +829,20 @@ fn run_checkpoints(shared: &Shared, interval: Duration, stop: &mpsc::Receiver<()
 
 /// Takes the directory's lock: two servers writing one directory would corrupt it.
 /// The kernel drops the lock when the process dies, however it dies.
+/// A memory server's data directory directly inside `dir`, if there is one. A server
+/// given its cluster's data directory instead of its own would otherwise start there as
+/// a new, empty server, and the compute nodes would set up a new cluster on it.
+fn data_dir_within(dir: &Path) -> Option<PathBuf> {
+    let mut inner: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && matches!(Meta::read(p), Ok(Some(_))))
+        .collect();
+    inner.sort();
+    inner.into_iter().next()
+}
+
 fn lock(dir: &Path) -> Result<File, String> {
     let path = dir.join("lock");
     let file = OpenOptions::new()
@@ -964,6 +987,35 @@ mod tests {
         std::fs::remove_file(dir.path().join(meta::META_FILE)).unwrap();
         let err = open(dir.path(), LONG).err().unwrap();
         assert!(err.contains("no metadata file"), "{err}");
+    }
+
+    #[test]
+    fn the_directory_above_a_data_directory_is_refused_naming_it() {
+        let cluster = tempfile::tempdir().unwrap();
+        let own = cluster.path().join("memory-server-0");
+        let (_, d) = open(&own, LONG).unwrap();
+        d.close().unwrap();
+        drop(d);
+        let err = open(cluster.path(), LONG).err().unwrap();
+        assert!(
+            err.contains(&format!(
+                "holds no memory server's data, but {} does",
+                own.display()
+            )),
+            "{err}"
+        );
+        // Nothing was created beside it, and the server's own directory still opens.
+        assert!(!cluster.path().join(meta::META_FILE).exists());
+        let (_, d) = open(&own, LONG).unwrap();
+        assert_eq!(d.boot(), 2);
+        d.close().unwrap();
+        // A directory with other files, or empty ones, is still a new server's.
+        let other = tempfile::tempdir().unwrap();
+        std::fs::create_dir(other.path().join("lost+found")).unwrap();
+        std::fs::write(other.path().join("notes"), "x").unwrap();
+        let (_, d) = open(other.path(), LONG).unwrap();
+        assert_eq!(d.boot(), 1);
+        d.close().unwrap();
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub enum KvCommand {
         /// Last key (exclusive); no bound by default.
         #[arg(long, value_name = "K", value_parser = parse_bound)]
         to: Option<u64>,
-        /// At most this many rows; all by default.
+        /// At most this many rows; 0 (the default) prints them all.
         #[arg(long, value_name = "N", default_value_t = 0)]
         limit: u64,
     },
@@ -172,6 +172,23 @@ fn cluster_file(given: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
+/// Refuses a scan whose first key (`from_name`) is above its exclusive end (`to_name`):
+/// it holds no key, and printing nothing hid the swapped bounds.
+pub fn scan_range(
+    from: u64,
+    to: Option<u64>,
+    from_name: &str,
+    to_name: &str,
+) -> Result<(), String> {
+    match to {
+        Some(to) if from > to => Err(format!(
+            "{from_name} {from} is above {to_name} {to}: the range holds no key (keys from \
+             {from_name} up to, not including, {to_name})"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A value as text when it is printable UTF-8, else as hex (`0x…`): a newline or a
 /// tab printed raw would break the one-row-a-line `KEY<TAB>VALUE` output. Text that
 /// itself starts with `0x` is shown as hex too, so that output starting with `0x` is
@@ -276,6 +293,9 @@ pub fn run(args: KvArgs) -> Result<ExitCode> {
 }
 
 fn run_command(args: KvArgs) -> Result<ExitCode> {
+    if let KvCommand::Scan { from, to, .. } = args.command {
+        scan_range(from, to, "--from", "--to").map_err(|e| anyhow::anyhow!(e))?;
+    }
     let (runtime, _, client) = session(args.cluster)?;
     let timeout = args.timeout;
     let committing = std::sync::atomic::AtomicBool::new(false);

@@ -79,18 +79,23 @@ fn parse(line: &str) -> Result<Line, String> {
                 hex: false,
             }));
         }
-        "scan" => Line::Kv(KvCommand::Scan {
-            from: words.next().map_or(Ok(0), crate::kv_cmd::parse_bound)?,
-            to: words.next().map(crate::kv_cmd::parse_bound).transpose()?,
-            limit: words.next().map_or(Ok(0), |w| {
-                w.parse().map_err(|_| {
-                    format!(
-                        "`{}` is not a number of rows: N is a whole number (0: all)",
-                        txn::echo(w)
-                    )
-                })
-            })?,
-        }),
+        "scan" => {
+            let from = words.next().map_or(Ok(0), crate::kv_cmd::parse_bound)?;
+            let to = words.next().map(crate::kv_cmd::parse_bound).transpose()?;
+            crate::kv_cmd::scan_range(from, to, "FROM", "TO")?;
+            Line::Kv(KvCommand::Scan {
+                from,
+                to,
+                limit: words.next().map_or(Ok(0), |w| {
+                    w.parse().map_err(|_| {
+                        format!(
+                            "`{}` is not a number of rows: N is a whole number (0: all)",
+                            txn::echo(w)
+                        )
+                    })
+                })?,
+            })
+        }
         "begin" => Line::Begin,
         "commit" => Line::Commit,
         "abort" => Line::Abort,
@@ -287,6 +292,15 @@ mod tests {
             parse("scan 0 10 x")
                 .unwrap_err()
                 .contains("`x` is not a number of rows")
+        );
+        assert_eq!(
+            parse("scan 5 1").unwrap_err(),
+            "FROM 5 is above TO 1: the range holds no key (keys from FROM up to, not \
+             including, TO)"
+        );
+        assert!(
+            parse("scan 5 5").is_ok(),
+            "an empty range, but not a mistaken one"
         );
         assert!(parse("get").unwrap_err().contains("missing"));
         assert!(parse("put 1").unwrap_err().contains("value"));

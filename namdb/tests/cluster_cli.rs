@@ -237,6 +237,19 @@ fn the_reserved_key_is_refused_as_the_usage_says() {
 }
 
 #[test]
+fn a_scan_with_its_bounds_swapped_is_refused() {
+    // It printed nothing and succeeded, as if the table had no key in the range.
+    let dir = tempfile::tempdir().unwrap();
+    let o = namdb(dir.path(), &["kv", "scan", "--from", "5", "--to", "1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--from 5 is above --to 1: the range holds no key"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn a_value_cap_the_compute_nodes_cannot_hold_is_refused_in_terms_of_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let o = namdb(

@@ -246,6 +246,14 @@ impl Compute for ComputeService {
     ) -> Result<Response<proto::TableInfo>, Status> {
         self.metrics.rpc("CreateTable");
         let r = req.into_inner();
+        // An unset field reads as 0, and a table of empty values cannot be dropped or
+        // changed: every later put would fail against a cap fixed for the table's life.
+        if r.value_cap == 0 {
+            return Err(Status::invalid_argument(
+                "value_cap is 0 (unset?): a table's largest value in bytes, fixed for its \
+                 life, is at least 1",
+            ));
+        }
         let mut spec = TableSpec::new(&r.name, r.value_cap, r.capacity);
         if r.versions != 0 {
             spec.versions = r.versions;

@@ -258,6 +258,7 @@ async fn transactions_admin_and_bad_requests_through_a_compute_node_process() {
             "values of up to 4294967295 bytes are too large",
         ),
         ("t2", 8, 16, 1_000_000, "too large even for empty values"),
+        ("t4", 0, 16, 0, "value_cap is 0 (unset?)"),
         (
             "t3",
             8,

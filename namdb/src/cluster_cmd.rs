@@ -224,7 +224,16 @@ pub struct ClusterFile {
 }
 
 impl ClusterFile {
+    /// The cluster file at `path`, or in it when `path` is the cluster's directory (what
+    /// `cluster up --dir` names, and where a user looks for the cluster).
     pub fn read(path: &Path) -> Result<ClusterFile> {
+        let inside;
+        let path = if path.is_dir() {
+            inside = path.join(CLUSTER_FILE);
+            &inside
+        } else {
+            path
+        };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the cluster file {}", path.display()))?;
         serde_json::from_str(&text)

@@ -17,7 +17,8 @@ pub struct KvArgs {
     /// The table.
     #[arg(long, value_name = "T", default_value = DEFAULT_TABLE, global = true)]
     pub table: String,
-    /// The cluster file; by default ./cluster.json, else ./namdb-cluster/cluster.json.
+    /// The cluster file, or the cluster's directory holding it; by default
+    /// ./cluster.json, else ./namdb-cluster/cluster.json.
     #[arg(long, value_name = "FILE", global = true)]
     pub cluster: Option<PathBuf>,
     /// Give up when the transaction has not finished after this long (e.g. 500ms,

@@ -16,7 +16,8 @@ pub struct ShellArgs {
     /// The table.
     #[arg(long, value_name = "T", default_value = DEFAULT_TABLE)]
     pub table: String,
-    /// The cluster file; by default ./cluster.json, else ./namdb-cluster/cluster.json.
+    /// The cluster file, or the cluster's directory holding it; by default
+    /// ./cluster.json, else ./namdb-cluster/cluster.json.
     #[arg(long, value_name = "FILE")]
     pub cluster: Option<PathBuf>,
 }

@@ -1209,6 +1209,22 @@ fn kv_creates_and_lists_tables() {
         ok(cwd, &["kv", "--table", "small", "get", "1"]),
         "eight...\n"
     );
+    // --cluster takes the cluster's directory as well as its file.
+    assert_eq!(
+        ok(
+            cwd,
+            &[
+                "kv",
+                "--table",
+                "small",
+                "get",
+                "1",
+                "--cluster",
+                "namdb-cluster"
+            ]
+        ),
+        "eight...\n"
+    );
     // The kv table does not have the key; the small one refuses a value over its cap.
     assert_eq!(namdb(cwd, &["kv", "get", "1"]).status.code(), Some(1));
     let o = namdb(cwd, &["kv", "--table", "small", "put", "2", "nine....."]);

@@ -107,9 +107,9 @@ pub struct TxnArgs {
     /// Also write the result to FILE as a JSON object.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Run against the compute nodes of this cluster file (`namdb cluster up`) through
-    /// gRPC instead of an embedded cluster; `--backend` and `--servers` come from the
-    /// file.
+    /// Run against the compute nodes of this cluster file (`namdb cluster up`), or of
+    /// the cluster file in this directory, through gRPC instead of an embedded cluster;
+    /// `--backend` and `--servers` come from the file.
     #[arg(long, value_name = "FILE")]
     pub cluster: Option<PathBuf>,
 }

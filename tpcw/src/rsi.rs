@@ -285,8 +285,8 @@ fn map_err(e: TxnError) -> Error {
             commit: Some(cid),
         },
         TxnError::TableFull { name, capacity, .. } => Error::System(format!(
-            "table {name} is full ({capacity} records): the run added more rows than the \
-             room it was sized for; run for less time or give more room"
+            "table {name} is full (made for {capacity} records): the run added more rows \
+             than the room it was sized for; run for less time or give more room"
         )),
         e => Error::System(e.to_string()),
     }

@@ -54,7 +54,15 @@ pub enum TxnError {
     DuplicateKey { table: u32, name: String, key: u64 },
     #[error("not found: {0}")]
     NotFound(String),
-    #[error("table {name} is full ({capacity} records)")]
+    /// `capacity` is what the table was made for; it may hold more records when full
+    /// (each partition has room beyond its even share, see
+    /// `catalog::blocks_per_partition`), so "full (2 records)" of a table holding ten
+    /// was wrong.
+    #[error(
+        "table {name} is full: a partition has no free block (the table was made for \
+         {capacity} records, spread over its partitions by key hash; a deleted key keeps \
+         its block)"
+    )]
     TableFull {
         table: u32,
         name: String,

@@ -411,6 +411,12 @@ fn bad_input_is_a_clear_error_and_changes_nothing() {
         })
         .unwrap_err();
     assert!(matches!(err, TxnError::TableFull { .. }), "{err}");
+    assert!(
+        err.to_string().starts_with(
+            "table t is full: a partition has no free block (the table was made for 4 records"
+        ),
+        "{err}"
+    );
     let mut x = c.begin().unwrap();
     assert_eq!(x.get(&t, 1).unwrap(), Some(val(1)));
     for k in 10..20 {

@@ -1067,6 +1067,12 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
         .position(|p| p.name == name)
         .and_then(|i| file.memory_servers.get(i))
         .map(|p| (p.name.clone(), p.pid));
+
+    let replaced = if primary && !ours(pid_of(&file, name), &token_file) {
+        promoted_in_place_of(&file, name)
+    } else {
+        None
+    };
     let Some(entry) = file
         .memory_servers
         .iter_mut()
@@ -1092,6 +1098,9 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
             "{name} is running as pid {}, started by hand; stop it first to start it again",
             h.pid
         );
+    }
+    if let Some(why) = replaced {
+        bail!("{name} cannot be started again: {why}");
     }
     let Some(command) = entry.args.first().cloned() else {
         bail!(
@@ -1195,6 +1204,51 @@ fn wait_for_backup_sync(
     }
 }
 
+/// The recorded pid of the process `name` (0, which no process has, if none).
+fn pid_of(file: &ClusterFile, name: &str) -> u32 {
+    file.processes()
+        .find(|p| p.name == name)
+        .map_or(0, |p| p.pid)
+}
+
+/// Why the primary memory server `name`, not running, must not be started again, if
+/// its backup was promoted: the backup serves in its place and refuses a primary's
+/// attach, so a restarted primary exited at once ("refused to attach: this backup has
+/// been promoted"), and `status` offered that restart.
+fn promoted_in_place_of(file: &ClusterFile, name: &str) -> Option<String> {
+    let primary = file.memory_servers.iter().find(|p| p.name == name)?;
+    let backup_name = format!("{name}-backup");
+    let backup = file
+        .memory_server_backups
+        .iter()
+        .find(|b| b.name == backup_name)?;
+    // A stopped backup would hold the connection without answering.
+    if !ours(backup.pid, &file.token_file) || stopped(backup.pid) {
+        return None;
+    }
+    let token = ClusterToken::from_file(&file.token_file).ok()?;
+    let client = memory_server::blocking::Client::connect_within(
+        &backup.address,
+        &token,
+        Duration::from_secs(3),
+    )
+    .ok()?;
+    if client.server().role != memory_server::Role::Promoted {
+        return None;
+    }
+    let next = if primary.args.iter().any(|a| a == "--data-dir") {
+        "`namdb cluster down`, then `namdb cluster up` with the same --data-dir, makes its \
+         data the primary's again, with a fresh backup"
+    } else {
+        "the cluster's data is in it alone now (no --data-dir), so `namdb cluster down` \
+         would lose it"
+    };
+    Some(format!(
+        "its backup {backup_name} was promoted and serves in its place, and takes no \
+         primary any more; {next}"
+    ))
+}
+
 /// Prints each process's state; false if one of them does not run (or is stopped),
 /// or there is no cluster: a script's `status && …` must not go on with nothing up.
 fn status(dir: &Path) -> Result<bool> {
@@ -1202,6 +1256,14 @@ fn status(dir: &Path) -> Result<bool> {
         return Ok(false);
     };
     let by_hand = started_by_hand(&file);
+    // Primaries whose backup serves in their place, and why they stay down.
+    let replaced: Vec<(String, String)> = file
+        .memory_servers
+        .iter()
+        .filter(|p| !ours(p.pid, &file.token_file))
+        .filter(|p| !by_hand.iter().any(|h| h.name == p.name))
+        .filter_map(|p| promoted_in_place_of(&file, &p.name).map(|why| (p.name.clone(), why)))
+        .collect();
     let (mut not_running, mut paused, mut total) = (0, 0, 0);
     for p in file
         .memory_servers
@@ -1223,14 +1285,23 @@ fn status(dir: &Path) -> Result<bool> {
                 paused += 1;
                 format!("stopped (SIGSTOP: it answers nothing; `kill -CONT {pid}` resumes it)")
             }
-            Some((_, how)) => format!("alive{how}"),
+            Some((_, how)) => match replaced
+                .iter()
+                .find(|(primary, _)| p.name == format!("{primary}-backup"))
+            {
+                Some((primary, _)) => format!("alive{how}, promoted: serves in {primary}'s place"),
+                None => format!("alive{how}"),
+            },
             None => {
                 not_running += 1;
-                format!(
-                    "not running (`namdb cluster restart {}{}` starts it again)",
-                    p.name,
-                    dir_flag(dir)
-                )
+                match replaced.iter().find(|(primary, _)| *primary == p.name) {
+                    Some((_, why)) => format!("not running: {why}"),
+                    None => format!(
+                        "not running (`namdb cluster restart {}{}` starts it again)",
+                        p.name,
+                        dir_flag(dir)
+                    ),
+                }
             }
         };
         let metrics = p

@@ -983,6 +983,59 @@ fn kv_until_ok(cwd: &std::path::Path, args: &[&str]) -> String {
     }
 }
 
+/// After a failover, `status` offered `cluster restart` for the dead primary, and the
+/// restarted primary exited at once: a promoted backup takes no primary. Both now say
+/// what happened and what to do instead.
+#[test]
+fn a_primary_whose_backup_was_promoted_is_not_offered_a_restart() {
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "1",
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+        "--replicas",
+        "2",
+    ]);
+    let cwd = c.cwd();
+    ok(cwd, &["kv", "put", "1", "before"]);
+    let pid = c.json()["memory_servers"][0]["pid"].as_u64().unwrap() as u32;
+    send_signal(pid, "-9");
+    while alive(pid) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // A write makes the compute node promote the backup.
+    kv_until_ok(cwd, &["put", "2", "after"]);
+    let o = namdb(cwd, &["cluster", "status"]);
+    assert_eq!(o.status.code(), Some(1));
+    let said = stdout(&o);
+    assert!(
+        said.contains(
+            "not running: its backup memory-server-0-backup was promoted and serves in its \
+             place, and takes no primary any more; the cluster's data is in it alone now \
+             (no --data-dir), so `namdb cluster down` would lose it"
+        ) && said.contains("alive, promoted: serves in memory-server-0's place"),
+        "{said}"
+    );
+    assert!(!said.contains("cluster restart memory-server-0`"), "{said}");
+    let o = namdb(cwd, &["cluster", "restart", "memory-server-0"]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("memory-server-0 cannot be started again: its backup"),
+        "{}",
+        stderr(&o)
+    );
+    // Nothing was started, and the data is served as before.
+    assert_eq!(
+        c.json()["memory_servers"][0]["pid"].as_u64(),
+        Some(pid as u64)
+    );
+    assert_eq!(ok(cwd, &["kv", "get", "2"]), "after\n");
+}
+
 /// A dead backup stops writes only until `cluster restart` starts it again: its
 /// primary attaches to the new process by itself and copies its state there, so the
 /// backup can take over afterwards with every acknowledged write.

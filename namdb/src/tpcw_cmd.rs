@@ -233,6 +233,13 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         !args.system.is_empty(),
         "--system needs at least one system"
     );
+    // As --backend: a system listed twice ran twice, loading and checking it again, and
+    // printed two rows for it.
+    for (i, system) in args.system.iter().enumerate() {
+        if args.system[..i].contains(system) {
+            bail!("--system lists {} twice", system.name());
+        }
+    }
     let scale = Scale::new(args.items, args.ebs, args.item_bytes).map_err(anyhow::Error::msg)?;
     if args.system.contains(&SystemKind::TwoPc) {
         ensure_twopc_fits(&scale)?;

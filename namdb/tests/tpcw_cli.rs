@@ -408,6 +408,25 @@ fn bad_arguments_are_clear_errors() {
             vec!["tpcw", "--ebs", "0"],
             "invalid value '0' for '--ebs <N>'",
         ),
+        // It ran twice, loading and checking it again.
+        (
+            vec![
+                "tpcw",
+                "--system",
+                "rsi,rsi",
+                "--items",
+                "1000",
+                "--ebs",
+                "1",
+                "--clients",
+                "1",
+                "--duration",
+                "0.01",
+                "--warmup",
+                "0",
+            ],
+            "--system lists rsi twice",
+        ),
         (
             vec!["tpcw", "--item-bytes", "64"],
             "invalid value '64' for '--item-bytes <BYTES>'",

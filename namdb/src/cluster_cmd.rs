@@ -702,7 +702,7 @@ fn up(args: &UpArgs) -> Result<()> {
         memory_server_backups: backups,
     };
     let runtime = crate::kv_cmd::runtime()?;
-    runtime.block_on(async {
+    let kept = runtime.block_on(async {
         let client = compute_node::client::Client::connect(&file.compute_nodes[0].address, &token)
             .await
             .with_context(|| format!("cannot reach {}", file.compute_nodes[0].name))?;
@@ -710,20 +710,17 @@ fn up(args: &UpArgs) -> Result<()> {
             .create_table(DEFAULT_TABLE, args.value_cap, args.table_capacity)
             .await
         {
-            Ok(_) => {}
+            Ok(_) => Ok(None),
             // Durable memory servers brought back up: the table and its data are kept.
             Err(s) if s.code() == tonic::Code::AlreadyExists => {
                 let tables = client
                     .list_tables()
                     .await
                     .map_err(|s| anyhow::anyhow!("cannot list the tables: {}", s.message()))?;
-                if let Some(t) = tables.iter().find(|t| t.name == DEFAULT_TABLE) {
-                    println!(
-                        "table {DEFAULT_TABLE} exists already (values up to {} bytes, {} \
-                         records); kept with its data",
-                        t.value_cap, t.capacity
-                    );
-                }
+                Ok(tables
+                    .iter()
+                    .find(|t| t.name == DEFAULT_TABLE)
+                    .map(|t| kept_table_note(t.value_cap, t.capacity, args)))
             }
             Err(s) => {
                 let hint = if s.message().contains("no room") {
@@ -738,7 +735,6 @@ fn up(args: &UpArgs) -> Result<()> {
                 )
             }
         }
-        anyhow::Ok(())
     })?;
     check_interrupted()?;
     file.write(&cluster_file)?;
@@ -750,6 +746,9 @@ fn up(args: &UpArgs) -> Result<()> {
         .chain(&file.compute_nodes)
     {
         println!("{} pid {} listening on {}", p.name, p.pid, p.address);
+    }
+    if let Some(note) = kept {
+        println!("{note}");
     }
     println!(
         "cluster up ({} backend, table {DEFAULT_TABLE}); cluster file {}",
@@ -1043,6 +1042,36 @@ fn listening_at(args: &[String], address: &str) -> Vec<String> {
         *value = address.to_string();
     }
     out
+}
+
+/// What `up` says of a `kv` table its durable memory servers brought back: kept as it
+/// was made, which `--value-cap` and `--table-capacity` do not change (they were taken
+/// without a word, and the table then refused the larger values asked for).
+fn kept_table_note(value_cap: u32, capacity: u64, args: &UpArgs) -> String {
+    let mut ignored = Vec::new();
+    if value_cap != args.value_cap {
+        ignored.push(format!("--value-cap {}", args.value_cap));
+    }
+    if capacity != args.table_capacity {
+        ignored.push(format!("--table-capacity {}", args.table_capacity));
+    }
+    let mut note = format!(
+        "table {DEFAULT_TABLE} exists already (values up to {value_cap} bytes, made for \
+         {capacity} records); kept with its data"
+    );
+    if !ignored.is_empty() {
+        note.push_str(&format!(
+            ": {} {} to a new table only (a table keeps what it was made with; `namdb kv \
+             create-table` makes another)",
+            ignored.join(" and "),
+            if ignored.len() == 1 {
+                "applies"
+            } else {
+                "apply"
+            }
+        ));
+    }
+    note
 }
 
 /// Starts the process `name` of the cluster file in `dir` again, at its address, and

@@ -330,6 +330,20 @@ fn bad_arguments_are_refused_clearly() {
         (vec!["--duration", "1e12"], "at most 86400 s"),
         (vec!["--workload", "tpcc"], "tpcc"),
         (vec!["--keys", "1"], "--keys"),
+        // Taken without a word: bank's balances are 8 bytes.
+        (
+            vec![
+                "--workload",
+                "bank",
+                "--value-size",
+                "128",
+                "--keys",
+                "100",
+                "--duration",
+                "0.2",
+            ],
+            "--value-size 128 does not apply to bank, whose balances are 8 bytes",
+        ),
         // Used to load the keys and then hang, sampling NaN forever.
         (
             vec![

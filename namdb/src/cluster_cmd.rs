@@ -259,7 +259,18 @@ impl ClusterFile {
             .chain(&self.memory_server_backups)
     }
 
+    /// The cluster's token, from the file the cluster file names. A missing one is not
+    /// told to `namdb token generate` it, as a server's would be: every process of the
+    /// cluster holds the old token, which a new one would not match.
     pub fn token(&self) -> Result<ClusterToken> {
+        if !self.token_file.exists() {
+            bail!(
+                "the cluster's token file {} does not exist (moved or removed?): the \
+                 cluster's processes hold that token, so a new one would not match them; \
+                 put the file back, or start a new cluster",
+                self.token_file.display()
+            );
+        }
         Ok(ClusterToken::from_file(&self.token_file)?)
     }
 }

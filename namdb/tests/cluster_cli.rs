@@ -250,6 +250,35 @@ fn a_scan_with_its_bounds_swapped_is_refused() {
 }
 
 #[test]
+fn a_missing_token_file_is_not_told_to_be_generated_again() {
+    // It said "create one with `namdb token generate FILE`", whose new token no
+    // process of the cluster would accept.
+    let c = Cluster::up(&[
+        "--memory-servers",
+        "1",
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+    ]);
+    let token = c.cwd().join("namdb-cluster/token");
+    let aside = c.cwd().join("token.aside");
+    std::fs::rename(&token, &aside).unwrap();
+    let o = namdb(c.cwd(), &["kv", "get", "1"]);
+    std::fs::rename(&aside, &token).unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("token file") && err.contains("does not exist (moved or removed?)"),
+        "{err}"
+    );
+    assert!(!err.contains("token generate"), "{err}");
+    assert_eq!(namdb(c.cwd(), &["kv", "get", "1"]).status.code(), Some(1));
+}
+
+#[test]
 fn a_value_cap_the_compute_nodes_cannot_hold_is_refused_in_terms_of_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let o = namdb(

@@ -75,7 +75,7 @@ pub fn run(args: &TxnArgs, file: &Path) -> Result<Report> {
         "{} lists no compute node",
         file.display()
     );
-    let token = ClusterToken::from_file(&cluster.token_file)?;
+    let token = cluster.token()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads as usize)
         .enable_all()

@@ -558,6 +558,18 @@ pub(crate) fn check_value_cap(value_cap: u32) -> Result<()> {
 /// The last lines of a log, for an error message.
 pub(crate) fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
+    // A process that failed ends with its error report, which under RUST_BACKTRACE
+    // (inherited from the user's shell) anyhow follows with a backtrace dozens of lines
+    // long: the report is what to show, and the lines just before it.
+    if let Some(error) = lines.iter().rposition(|l| l.starts_with("Error: ")) {
+        let end = lines[error..]
+            .iter()
+            .position(|l| l.starts_with("Stack backtrace:"))
+            .map_or(lines.len(), |n| error + n);
+        let start = error.saturating_sub(5);
+        let shown = &lines[start..end.min(error + 20)];
+        return shown.join("\n").trim_end().to_string();
+    }
     lines[lines.len().saturating_sub(10)..].join("\n")
 }
 
@@ -1389,6 +1401,30 @@ fn status_summary(not_running: usize, paused: usize, total: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// An error report followed by anyhow's backtrace (RUST_BACKTRACE=1 inherited):
+    /// the report is shown with the lines before it, the backtrace is not.
+    #[test]
+    fn a_logs_tail_is_its_error_report_without_the_backtrace() {
+        let mut log: Vec<String> = (0..10).map(|i| format!("line {i}")).collect();
+        log.push("Error: cannot open the database".into());
+        log.push(String::new());
+        log.push("Caused by:".into());
+        log.push("    backup at 127.0.0.1:1 failed".into());
+        log.push(String::new());
+        log.push("Stack backtrace:".into());
+        log.extend((0..40).map(|i| format!("  {i}: frame")));
+        let shown = tail(&log.join("\n"));
+        assert!(shown.starts_with("line 5\n"), "{shown}");
+        assert!(
+            shown.ends_with("Caused by:\n    backup at 127.0.0.1:1 failed"),
+            "{shown}"
+        );
+        assert!(!shown.contains("frame"), "{shown}");
+        // Without a report, the last ten lines.
+        let plain: Vec<String> = (0..30).map(|i| format!("line {i}")).collect();
+        assert_eq!(tail(&plain.join("\n")).lines().next(), Some("line 20"));
+    }
+
     use super::*;
 
     #[test]

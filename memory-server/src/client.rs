@@ -87,7 +87,7 @@ impl ClientError {
 /// A status's message and, after it, what caused it where the message does not say
 /// already: a transport failure's message alone is "tcp connect error" or "http2
 /// error", its cause "Connection refused" or "keep-alive timed out".
-pub(crate) fn status_text(status: &Status) -> String {
+pub fn status_text(status: &Status) -> String {
     let mut text = status.message().to_string();
     let mut cause = std::error::Error::source(status);
     while let Some(e) = cause {

@@ -343,7 +343,7 @@ async fn autocommit_marking(
     match one(client, t, table, command).await {
         Ok(code) => {
             committing.store(true, std::sync::atomic::Ordering::Relaxed);
-            client.commit(t).await.map_err(|s| commit_failed(&s))?;
+            commit(client, t).await?;
             Ok(code)
         }
         Err(e) => {
@@ -401,13 +401,45 @@ impl std::fmt::Display for OutcomeUnknown {
 
 impl std::error::Error for OutcomeUnknown {}
 
-/// A failed commit's error: [`OutcomeUnknown`] for UNKNOWN, else as [`failed`].
+/// A failed commit's error: not sent when it failed connecting (nothing can have taken
+/// effect), [`OutcomeUnknown`] for UNKNOWN, else as [`failed`].
 pub fn commit_failed(s: &Status) -> anyhow::Error {
-    if s.code() == tonic::Code::Unknown {
+    if never_sent(s) {
+        anyhow::anyhow!(
+            "the commit was not sent, so nothing took effect: {}",
+            memory_server::status_text(s)
+        )
+    } else if s.code() == tonic::Code::Unknown {
         anyhow::Error::new(OutcomeUnknown(s.message().to_string()))
     } else {
         failed("commit", s)
     }
+}
+
+/// Whether the call failed opening a connection to the compute node: the request was
+/// never written, unlike a failure of a connection it may have gone out on.
+fn never_sent(s: &Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(s);
+    while let Some(e) = cause {
+        if e.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// Commits `t`, failing as [`commit_failed`] says.
+pub async fn commit(client: &Client, t: Txn) -> Result<()> {
+    // Between calls nothing reads a connection on this current-thread runtime (the
+    // shell waits for its next line), so one the compute node closed by dying is not
+    // known to be closed: the commit would be written into it and fail as any broken
+    // connection does, not telling whether it was sent. The health check meets that
+    // failure instead, and the commit goes out on a new connection, whose refusal says
+    // for certain that it was not sent. Its own failure is the commit's to report.
+    let _ = answers(client).await;
+    client.commit(t).await.map_err(|s| commit_failed(&s))?;
+    Ok(())
 }
 
 /// `kv`'s exit status when a commit's outcome is unknown.

@@ -142,15 +142,7 @@ fn quiet_on_closed_output() {
 /// too, which would print every cause twice.
 fn error_report(e: &anyhow::Error) -> String {
     let mut out = format!("Error: {e}");
-    let mut causes = Vec::new();
-    let mut previous = e.to_string();
-    for cause in e.chain().skip(1) {
-        let text = cause.to_string();
-        if !previous.contains(&text) {
-            causes.push(text.clone());
-        }
-        previous = text;
-    }
+    let causes = new_causes(e);
     match causes.as_slice() {
         [] => {}
         [one] => out.push_str(&format!("\n\nCaused by:\n    {one}")),
@@ -162,6 +154,31 @@ fn error_report(e: &anyhow::Error) -> String {
         }
     }
     out
+}
+
+/// The causes of `e` after its own message, leaving out each that the one before it
+/// says already: a connect error's chain says "tcp connect error" twice, as tonic's
+/// wrapper shows the error it wraps and gives it as its source too.
+fn new_causes(e: &anyhow::Error) -> Vec<String> {
+    let mut causes = Vec::new();
+    let mut previous = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !previous.contains(&text) {
+            causes.push(text.clone());
+        }
+        previous = text;
+    }
+    causes
+}
+
+/// `e` and its causes on one line, as `{e:#}` shows them but without the repeats
+/// [`new_causes`] leaves out.
+fn one_line(e: &anyhow::Error) -> String {
+    std::iter::once(e.to_string())
+        .chain(new_causes(e))
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 /// Prints clap's error for a command line it rejected (or the help or version asked

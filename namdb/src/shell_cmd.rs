@@ -3,7 +3,7 @@
 //! holds every command until `commit` or `abort`.
 
 use crate::cluster_cmd::DEFAULT_TABLE;
-use crate::kv_cmd::{KvCommand, answers, autocommit, commit_failed, failed, one, session};
+use crate::kv_cmd::{KvCommand, answers, autocommit, commit, failed, one, session};
 use anyhow::Result;
 use clap::Args;
 use compute_node::client::{Client, Txn};
@@ -143,7 +143,7 @@ async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Lin
         (Line::Commit | Line::Abort, None) => anyhow::bail!("no transaction is open"),
         (Line::Commit, Some(t)) => {
             *open = None;
-            client.commit(t).await.map_err(|s| commit_failed(&s))?;
+            commit(client, t).await?;
             println!("committed");
         }
         (Line::Abort, Some(t)) => {
@@ -189,7 +189,7 @@ pub fn run(args: ShellArgs) -> Result<ExitCode> {
             Ok(Line::Quit) => break,
             Ok(parsed) => {
                 if let Err(e) = runtime.block_on(execute(&client, &args.table, &mut open, parsed)) {
-                    eprintln!("error: line {number}: {e:#}");
+                    eprintln!("error: line {number}: {}", crate::one_line(&e));
                     failed_lines.push(number);
                     // A compute node that died or hangs: go on with another.
                     if !runtime.block_on(answers(&client)) {
@@ -203,7 +203,7 @@ pub fn run(args: ShellArgs) -> Result<ExitCode> {
                                 }
                                 eprintln!("now using {which}");
                             }
-                            Err(e) => eprintln!("error: {e:#}"),
+                            Err(e) => eprintln!("error: {}", crate::one_line(&e)),
                         }
                     }
                 }

@@ -1461,3 +1461,70 @@ fn restarting_a_backup_whose_primary_is_down_says_so_and_returns() {
         "{said}"
     );
 }
+
+/// A commit to a compute node that was killed (SIGKILL) after the transaction began:
+/// the connection is refused, so the commit was never sent and nothing took effect.
+/// Before, the shell said "the commit's outcome is unknown … it may have taken effect".
+/// The open transaction's writes are lost with the node, and the key stays absent.
+#[test]
+fn a_commit_to_a_dead_compute_node_says_it_was_not_sent() {
+    use std::io::BufRead;
+    let c = Cluster::up(&[
+        "--backend",
+        "shm",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+    ]);
+    let json = c.json();
+    let node = json["compute_nodes"][0]["pid"].as_u64().unwrap() as u32;
+    let address = json["compute_nodes"][0]["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut shell = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(c.cwd())
+        .arg("shell")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = shell.stdin.take().unwrap();
+    let mut out = std::io::BufReader::new(shell.stdout.take().unwrap());
+    stdin.write_all(b"begin\nput 7 seven\nget 7\n").unwrap();
+    stdin.flush().unwrap();
+    // "seven" once the put went through: the node holds the open transaction.
+    for expected in ["begun\n", "seven\n"] {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, expected);
+    }
+    kill_9_and_wait(node);
+    // Refused once nobody listens any more (a killed process's last threads may close
+    // its sockets a moment after it shows as gone).
+    let killed = std::time::Instant::now();
+    while TcpStream::connect(address.trim_start_matches("http://")).is_ok() {
+        assert!(killed.elapsed() < std::time::Duration::from_secs(20));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    stdin.write_all(b"commit\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let o = shell.wait_with_output().unwrap();
+    let said = stderr(&o);
+    assert_eq!(rest, "", "{said}");
+    assert!(
+        said.contains("the commit was not sent") && said.contains("nothing took effect"),
+        "{said}"
+    );
+    assert!(!said.contains("may have taken effect"), "{said}");
+    assert!(!said.contains("unknown"), "{said}");
+    assert!(said.contains("Connection refused"), "{said}");
+    // The shell then looks for another compute node, and says why it found none once:
+    // before, "tcp connect error: tcp connect error".
+    assert!(said.contains("cannot reach compute-node-0"), "{said}");
+    assert_eq!(said.matches("tcp connect error").count(), 2, "{said}");
+}

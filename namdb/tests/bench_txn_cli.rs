@@ -363,6 +363,15 @@ fn bad_arguments_are_refused_clearly() {
             "--zipf-theta",
         ),
         (vec!["--dist", "zipf", "--zipf-theta", "0"], "--zipf-theta"),
+        // Taken without a word, the keys drawn uniformly all the same.
+        (
+            vec!["--zipf-theta", "0.5", "--keys", "100", "--duration", "0.2"],
+            "--zipf-theta 0.5 applies only to --dist zipf",
+        ),
+        (
+            vec!["--dist", "uniform", "--zipf-theta", "0.5"],
+            "add --dist zipf or drop --zipf-theta",
+        ),
         (vec!["--read-ratio", "NaN"], "--read-ratio"),
         (vec!["--read-ratio", "inf"], "--read-ratio"),
         // Once told that it was shorter than a millisecond.

@@ -48,6 +48,9 @@ pub enum Workload {
     ListAppend,
 }
 
+/// `--zipf-theta`'s default.
+const ZIPF_THETA: f64 = 0.99;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Dist {
     Uniform,
@@ -79,9 +82,9 @@ pub struct TxnArgs {
     /// Key distribution.
     #[arg(long, value_enum, default_value_t = Dist::Uniform)]
     pub dist: Dist,
-    /// Skew of `--dist zipf`.
-    #[arg(long, value_name = "THETA", default_value_t = 0.99)]
-    pub zipf_theta: f64,
+    /// Skew of `--dist zipf` (0.99 unless given); refused with any other --dist.
+    #[arg(long, value_name = "THETA")]
+    pub zipf_theta: Option<f64>,
     /// Seconds to run.
     #[arg(long, value_name = "S", default_value_t = 5.0)]
     pub duration: f64,
@@ -300,11 +303,18 @@ pub fn run(args: &TxnArgs) -> Result<()> {
     );
     // Infinity passes `> 0` but makes every Zipf sample NaN, which its rejection
     // sampler never accepts: the run would hang after loading.
-    ensure!(
-        args.dist == Dist::Uniform || (args.zipf_theta > 0.0 && args.zipf_theta.is_finite()),
-        "--zipf-theta must be a positive finite number, got {}",
-        args.zipf_theta
-    );
+    if let Some(theta) = args.zipf_theta {
+        // Taken without a word, and the run's keys drawn uniformly all the same.
+        ensure!(
+            args.dist == Dist::Zipf,
+            "--zipf-theta {theta} applies only to --dist zipf (the keys are drawn \
+             uniformly otherwise): add --dist zipf or drop --zipf-theta"
+        );
+        ensure!(
+            theta > 0.0 && theta.is_finite(),
+            "--zipf-theta must be a positive finite number, got {theta}"
+        );
+    }
     // Bank's balances are 8 bytes whatever --value-size says, which it took without a
     // word (its report then looked like one of larger values).
     if let (Workload::Bank, Some(size)) = (args.workload, args.value_size) {
@@ -600,7 +610,7 @@ impl KeyPicker {
         let zipf = match args.dist {
             Dist::Uniform => None,
             Dist::Zipf => Some(
-                Zipf::new(args.keys as f64, args.zipf_theta)
+                Zipf::new(args.keys as f64, args.zipf_theta.unwrap_or(ZIPF_THETA))
                     .map_err(|e| anyhow::anyhow!("zipf distribution: {e}"))?,
             ),
         };

@@ -70,11 +70,11 @@ pub enum KvCommand {
         name: String,
         /// Records it is made for (distinct keys, deleted ones included until reused).
         #[arg(long, value_name = "N", default_value_t = 16384,
-              value_parser = clap::value_parser!(u64).range(1..))]
+              value_parser = crate::at_least(1u64))]
         capacity: u64,
         /// Largest value, in bytes; fixed for the table's life.
         #[arg(long, value_name = "BYTES", default_value_t = 256,
-              value_parser = clap::value_parser!(u32).range(1..))]
+              value_parser = crate::at_least(1u32))]
         value_cap: u32,
     },
 }

@@ -181,6 +181,22 @@ fn one_line(e: &anyhow::Error) -> String {
         .join(": ")
 }
 
+/// A value parser of numbers no smaller than `min`, for flags without an upper bound:
+/// clap's own range parser says a 0 "is not in 1..18446744073709551615".
+fn at_least<T>(min: T) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy + Send + Sync + 'static,
+    T::Err: std::fmt::Display,
+{
+    move |s: &str| {
+        let n: T = s.parse().map_err(|e| format!("{e}"))?;
+        if n < min {
+            return Err(format!("must be at least {min}"));
+        }
+        Ok(n)
+    }
+}
+
 /// Prints clap's error for a command line it rejected (or the help or version asked
 /// for) and returns the exit status clap gives it. Every argument the message quotes is
 /// shown as [`txn::echo`] shows client input: clap quotes a rejected value whole, and
@@ -294,6 +310,30 @@ fn run() -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Flags with a lower bound only: before, "0 is not in 1..18446744073709551615".
+    #[test]
+    fn a_number_below_a_flags_least_says_the_least() {
+        for args in [
+            &["namdb", "bench", "verify", "--txns", "0"][..],
+            &["namdb", "kv", "create-table", "t", "--capacity", "0"],
+            &["namdb", "kv", "create-table", "t", "--value-cap", "0"],
+            &["namdb", "bench", "aggregate", "--local-groups", "0"],
+            &["namdb", "bench", "aggregate", "--crossover", "0"],
+        ] {
+            let e = Cli::try_parse_from(args)
+                .expect_err("below the least")
+                .to_string();
+            assert!(
+                e.contains("invalid value '0'") && e.contains(": must be at least 1"),
+                "{args:?}: {e}"
+            );
+        }
+        let e = Cli::try_parse_from(["namdb", "bench", "verify", "--txns", "many"])
+            .expect_err("not a number")
+            .to_string();
+        assert!(e.contains("invalid digit found in string"), "{e}");
+    }
 
     #[test]
     fn an_error_report_names_each_cause_once() {

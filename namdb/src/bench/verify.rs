@@ -28,7 +28,7 @@ use verify::workload::{self, ListAppend, RunConfig, Schedule};
 pub struct VerifyBenchArgs {
     /// Transactions in the generated history.
     #[arg(long, value_name = "N", default_value_t = 1_000_000,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = crate::at_least(1u64))]
     pub txns: u64,
     /// Concurrent sessions of the generating workload.
     #[arg(long, value_name = "N", default_value_t = 8,

@@ -85,7 +85,7 @@ pub struct AggregateArgs {
     /// The memory budget of a worker's local table, in groups (where Adaptive Two
     /// Phase switches).
     #[arg(long, value_name = "GROUPS", default_value_t = AggConfig::default().local_groups,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+          value_parser = crate::at_least(1usize))]
     pub local_groups: usize,
     /// RDMA AGG's cache-sized pre-aggregation table, in groups.
     #[arg(long, value_name = "GROUPS", default_value_t = AggConfig::default().cache_groups,
@@ -95,7 +95,7 @@ pub struct AggregateArgs {
     /// Shatdal's crossover threshold in groups (sampling, Adaptive Repartitioning);
     /// default: the memory budget.
     #[arg(long, value_name = "GROUPS",
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+          value_parser = crate::at_least(1usize))]
     pub crossover: Option<usize>,
     /// Timed runs per algorithm and group count (the median is reported).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]

@@ -80,6 +80,14 @@ fn load(args: &VerifyArgs) -> Result<HistoryIndex> {
     } else {
         let file = File::open(&args.file)
             .with_context(|| format!("cannot open {}", args.file.display()))?;
+        // Opening a directory succeeds; reading it then failed as "line 1: Is a
+        // directory", as if the history were broken.
+        anyhow::ensure!(
+            !file.metadata().is_ok_and(|m| m.is_dir()),
+            "{} is a directory; expected a history file (JSON lines, one transaction a \
+             line)",
+            args.file.display()
+        );
         Box::new(BufReader::with_capacity(1 << 20, file))
     };
     let index = load_jsonl(input, args.examples)

@@ -86,13 +86,16 @@ impl ClientError {
 
 /// A status's message and, after it, what caused it where the message does not say
 /// already: a transport failure's message alone is "tcp connect error" or "http2
-/// error", its cause "Connection refused" or "keep-alive timed out".
+/// error", its cause "Connection refused" or "keep-alive timed out". A transport
+/// error that has a cause is left out: it says only "transport error", between the
+/// message and the cause that say what happened.
 pub fn status_text(status: &Status) -> String {
     let mut text = status.message().to_string();
     let mut cause = std::error::Error::source(status);
     while let Some(e) = cause {
         let said = e.to_string();
-        if !said.is_empty() && !text.contains(&said) {
+        let label = e.is::<tonic::transport::Error>() && e.source().is_some();
+        if !said.is_empty() && !label && !text.contains(&said) {
             text = if text.is_empty() {
                 said
             } else {
@@ -633,6 +636,13 @@ mod tests {
         let text = status_text(&status);
         assert!(text.starts_with(status.message()), "{text}");
         assert!(text.contains("refused"), "{text}");
+        assert_eq!(
+            text,
+            format!(
+                "tcp connect error: {}",
+                std::io::Error::from_raw_os_error(111)
+            ),
+        );
         let error = rpc_error("Hello")(status).to_string();
         assert!(error.contains("refused"), "{error}");
         // A status with no cause is its message.

@@ -736,10 +736,9 @@ fn up(args: &UpArgs) -> Result<()> {
             Ok(_) => Ok(None),
             // Durable memory servers brought back up: the table and its data are kept.
             Err(s) if s.code() == tonic::Code::AlreadyExists => {
-                let tables = client
-                    .list_tables()
-                    .await
-                    .map_err(|s| anyhow::anyhow!("cannot list the tables: {}", s.message()))?;
+                let tables = client.list_tables().await.map_err(|s| {
+                    anyhow::anyhow!("cannot list the tables: {}", memory_server::status_text(&s))
+                })?;
                 Ok(tables
                     .iter()
                     .find(|t| t.name == DEFAULT_TABLE)
@@ -754,7 +753,7 @@ fn up(args: &UpArgs) -> Result<()> {
                 };
                 bail!(
                     "cannot create the table {DEFAULT_TABLE}: {}{hint}",
-                    s.message()
+                    memory_server::status_text(&s)
                 )
             }
         }

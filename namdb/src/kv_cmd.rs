@@ -359,8 +359,15 @@ async fn autocommit_marking(
     }
 }
 
+/// A failed call's error: the status's message and what caused it, which for a
+/// connection that failed is where the reason is ("tcp connect error" alone does not say
+/// "Connection refused").
 pub fn failed(what: &str, s: &Status) -> anyhow::Error {
-    anyhow::anyhow!("{what} failed: {} ({:?})", s.message(), s.code())
+    anyhow::anyhow!(
+        "{what} failed: {} ({:?})",
+        memory_server::status_text(s),
+        s.code()
+    )
 }
 
 /// A failed put's error, as [`failed`], saying where a too small value cap comes from.
@@ -410,7 +417,7 @@ pub fn commit_failed(s: &Status) -> anyhow::Error {
             memory_server::status_text(s)
         )
     } else if s.code() == tonic::Code::Unknown {
-        anyhow::Error::new(OutcomeUnknown(s.message().to_string()))
+        anyhow::Error::new(OutcomeUnknown(memory_server::status_text(s)))
     } else {
         failed("commit", s)
     }

@@ -1509,7 +1509,9 @@ fn a_commit_to_a_dead_compute_node_says_it_was_not_sent() {
         assert!(killed.elapsed() < std::time::Duration::from_secs(20));
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    stdin.write_all(b"commit\n").unwrap();
+    // The next command finds no node either, and says why: before, "tcp connect error"
+    // alone.
+    stdin.write_all(b"commit\nget 7\n").unwrap();
     drop(stdin);
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();
@@ -1526,5 +1528,9 @@ fn a_commit_to_a_dead_compute_node_says_it_was_not_sent() {
     // The shell then looks for another compute node, and says why it found none once:
     // before, "tcp connect error: tcp connect error".
     assert!(said.contains("cannot reach compute-node-0"), "{said}");
-    assert_eq!(said.matches("tcp connect error").count(), 2, "{said}");
+    assert!(
+        said.contains("line 5: begin failed: tcp connect error: Connection refused"),
+        "{said}"
+    );
+    assert_eq!(said.matches("tcp connect error").count(), 4, "{said}");
 }

@@ -299,7 +299,13 @@ async fn closed_loop(
                     tally.aborted += 1;
                 }
             }
-            Err(s) => return Err(anyhow!("{} ({:?})", s.message(), s.code())),
+            Err(s) => {
+                return Err(anyhow!(
+                    "{} ({:?})",
+                    memory_server::status_text(&s),
+                    s.code()
+                ));
+            }
         }
     }
     Ok(tally)

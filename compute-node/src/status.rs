@@ -166,6 +166,7 @@ mod tests {
                     table: 1,
                     name: "t".into(),
                     key: 2,
+                    by_this_txn: None,
                 },
                 Code::AlreadyExists,
             ),

@@ -174,6 +174,16 @@ async fn transactions_admin_and_bad_requests_through_a_compute_node_process() {
         "still open",
     );
     client.abort(t).await.unwrap();
+    // A key this transaction inserted itself is told so: before, "key 3 already exists
+    // in table kv", as if another transaction had.
+    let t = client.begin().await.unwrap();
+    client.insert(t, TABLE, 3, b"three".to_vec()).await.unwrap();
+    expect_code(
+        client.insert(t, TABLE, 3, b"again".to_vec()).await,
+        Code::AlreadyExists,
+        "key 3 was inserted by this transaction already",
+    );
+    client.abort(t).await.unwrap();
 
     // Scan: more rows than one message holds, streamed in key order.
     let t = client.begin().await.unwrap();

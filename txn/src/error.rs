@@ -50,8 +50,18 @@ pub enum TxnError {
         key: u64,
         rid: u64,
     },
-    #[error("key {key} already exists in table {name}")]
-    DuplicateKey { table: u32, name: String, key: u64 },
+    /// `by_this_txn` says how the transaction made the key exist itself (`inserted` or
+    /// `written`), if it did: "already exists" read as if another had.
+    #[error("{}", match by_this_txn {
+        Some(how) => format!("key {key} was {how} by this transaction already (table {name})"),
+        None => format!("key {key} already exists in table {name}"),
+    })]
+    DuplicateKey {
+        table: u32,
+        name: String,
+        key: u64,
+        by_this_txn: Option<&'static str>,
+    },
     #[error("not found: {0}")]
     NotFound(String),
     /// `capacity` is what the table was made for; it may hold more records when full

@@ -483,10 +483,15 @@ impl<'w> AsyncTransaction<'w> {
     /// snapshot (or this transaction wrote it), or is inserted concurrently.
     pub async fn insert(&mut self, table: &Arc<Table>, key: u64, value: Vec<u8>) -> Result<()> {
         if self.get(table, key).await?.is_some() {
+            // The get sees this transaction's own write first.
+            let by_this_txn = self
+                .write_of(table.id, key)
+                .map(|w| if w.insert { "inserted" } else { "written" });
             return Err(TxnError::DuplicateKey {
                 table: table.id,
                 name: table.name.clone(),
                 key,
+                by_this_txn,
             });
         }
         self.buffer_write(table, key, Some(value), true).await
@@ -551,6 +556,7 @@ impl<'w> AsyncTransaction<'w> {
                     table: table.id,
                     name: table.name.clone(),
                     key: *key,
+                    by_this_txn: None,
                 });
             }
         }
@@ -1326,6 +1332,7 @@ fn duplicate_error(w: &Write) -> TxnError {
             table: w.table.id,
             name: w.table.name.clone(),
             key: w.key,
+            by_this_txn: None,
         }
     } else {
         TxnError::Conflict {

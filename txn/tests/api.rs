@@ -113,6 +113,18 @@ fn deleting_a_key_the_transaction_inserted_leaves_no_row() {
     assert_eq!(x.get(&t, 1).unwrap(), None);
     // Once deleted, it can be inserted again in the same transaction.
     x.insert(&t, 1, val(11)).unwrap();
+    // Not twice, and not over its own put: the message says whose write the key is
+    // (before, "already exists in table t", as if another transaction's).
+    let again = x.insert(&t, 1, val(12)).unwrap_err().to_string();
+    assert_eq!(
+        again,
+        "key 1 was inserted by this transaction already (table t)"
+    );
+    let over_put = x.insert(&t, 3, val(31)).unwrap_err().to_string();
+    assert_eq!(
+        over_put,
+        "key 3 was written by this transaction already (table t)"
+    );
     x.commit().unwrap().unwrap();
     let mut y = a.begin().unwrap();
     // Key 2 was once committed as a row with an empty value.
@@ -635,6 +647,20 @@ fn inserts_checked_at_commit_find_duplicates_and_race_cleanly() {
     // Named as its user named it, not by the catalog's id.
     let said = dup.unwrap_err().to_string();
     assert_eq!(said, "key 5 already exists in table t");
+    // A key inserted twice by one transaction is refused at the second, as its own.
+    let twice = outcome(worker.run_coroutines(1, |_| {
+        Box::pin(async {
+            let mut x = worker.begin(first).await?;
+            x.insert_later(&t, 300, val(300)).await?;
+            x.insert_later(&t, 300, val(301)).await?;
+            x.commit().await
+        })
+    }));
+    let said = twice.unwrap_err().to_string();
+    assert_eq!(
+        said,
+        "key 300 was inserted by this transaction already (table t)"
+    );
     // Two concurrent inserters of one new key: exactly one commits.
     let racers = worker.run_coroutines(2, |i| {
         let (worker, t) = (&worker, &t);

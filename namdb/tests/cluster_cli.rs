@@ -1533,4 +1533,11 @@ fn a_commit_to_a_dead_compute_node_says_it_was_not_sent() {
         "{said}"
     );
     assert_eq!(said.matches("tcp connect error").count(), 4, "{said}");
+    // `kv` reaches no node to begin with: it fails (2) before any commit, not as an
+    // unknown outcome (3).
+    let o = namdb(c.cwd(), &["kv", "put", "7", "x"]);
+    let said = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{said}");
+    assert!(said.contains("cannot reach compute-node-0"), "{said}");
+    assert!(!said.contains("unknown"), "{said}");
 }

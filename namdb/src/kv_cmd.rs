@@ -342,8 +342,7 @@ async fn autocommit_marking(
     let t = client.begin().await.map_err(|s| failed("begin", &s))?;
     match one(client, t, table, command).await {
         Ok(code) => {
-            committing.store(true, std::sync::atomic::Ordering::Relaxed);
-            commit(client, t).await?;
+            commit_marking(client, t, committing).await?;
             Ok(code)
         }
         Err(e) => {
@@ -438,6 +437,16 @@ fn never_sent(s: &Status) -> bool {
 
 /// Commits `t`, failing as [`commit_failed`] says.
 pub async fn commit(client: &Client, t: Txn) -> Result<()> {
+    commit_marking(client, t, &std::sync::atomic::AtomicBool::new(false)).await
+}
+
+/// As [`commit`], setting `committing` just before the commit is sent: a timeout
+/// before that (the health check on a stopped node) left the outcome known.
+async fn commit_marking(
+    client: &Client,
+    t: Txn,
+    committing: &std::sync::atomic::AtomicBool,
+) -> Result<()> {
     // Between calls nothing reads a connection on this current-thread runtime (the
     // shell waits for its next line), so one the compute node closed by dying is not
     // known to be closed: the commit would be written into it and fail as any broken
@@ -445,6 +454,7 @@ pub async fn commit(client: &Client, t: Txn) -> Result<()> {
     // failure instead, and the commit goes out on a new connection, whose refusal says
     // for certain that it was not sent. Its own failure is the commit's to report.
     let _ = answers(client).await;
+    committing.store(true, std::sync::atomic::Ordering::Relaxed);
     client.commit(t).await.map_err(|s| commit_failed(&s))?;
     Ok(())
 }

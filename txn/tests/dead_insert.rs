@@ -4,60 +4,13 @@
 //! and armed, every insert goes one step at a time, so no commit would die between
 //! the claim and the address here.
 
+mod common;
+
+use common::{cluster, num, val};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use txn::index::IndexShape;
-use txn::{Database, Options, Table, TableSpec};
-
-fn val(n: i64) -> Vec<u8> {
-    n.to_le_bytes().to_vec()
-}
-
-fn num(v: Option<Vec<u8>>) -> i64 {
-    i64::from_le_bytes(v.expect("present")[..8].try_into().unwrap())
-}
-
-/// Two servers, short leases, accounts 0..8 at 100 (as `recovery.rs`'s).
-fn cluster() -> (Database, Arc<Table>) {
-    let db = Database::embedded(Options {
-        servers: 2,
-        server_bytes: 64 << 20,
-        slots: 16,
-        oracle: timestamp::OracleConfig {
-            tick_interval: Duration::from_millis(2),
-            lease_timeout: Duration::from_millis(80),
-            ..timestamp::OracleConfig::default()
-        },
-        wait_visible: false,
-        ..Options::default()
-    })
-    .unwrap();
-    let t = db
-        .create_table(TableSpec {
-            name: "accounts".into(),
-            versions: 4,
-            value_cap: 16,
-            capacity: 256,
-            partitions: 0,
-            placement: txn::Placement::RoundRobin,
-            index: IndexShape {
-                buckets: 32,
-                slots: 8,
-            },
-        })
-        .unwrap();
-    db.client()
-        .unwrap()
-        .run(0, |x| {
-            for k in 0..8 {
-                x.insert(&t, k, val(100))?;
-            }
-            Ok(())
-        })
-        .unwrap();
-    (db, t)
-}
+use txn::{Database, Table};
 
 /// A node's commit (inserting key 100, and moving 10 out of account 1 if `also_put`)
 /// dies between its index claim and the address: the node is gone.

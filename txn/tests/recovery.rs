@@ -7,64 +7,13 @@
 //! complete: from `after-log` on, the transfer and the insert are there; before it,
 //! neither is, and no lock remains either way.
 
+mod common;
+
+use common::{cluster, database, num, val};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use txn::index::IndexShape;
-use txn::{Database, Options, Table, TableSpec};
-
-fn val(n: i64) -> Vec<u8> {
-    n.to_le_bytes().to_vec()
-}
-
-fn num(v: Option<Vec<u8>>) -> i64 {
-    i64::from_le_bytes(v.expect("present")[..8].try_into().unwrap())
-}
-
-fn cluster() -> (Database, Arc<Table>) {
-    let (db, t) = database(16);
-    let mut c = db.client().unwrap();
-    c.run(0, |x| {
-        for k in 0..8 {
-            x.insert(&t, k, val(100))?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    (db, t)
-}
-
-/// Two servers, `slots` oracle slots, short leases, and an empty accounts table.
-fn database(slots: u32) -> (Database, Arc<Table>) {
-    let db = Database::embedded(Options {
-        servers: 2,
-        server_bytes: 64 << 20,
-        slots,
-        oracle: timestamp::OracleConfig {
-            tick_interval: Duration::from_millis(2),
-            lease_timeout: Duration::from_millis(80),
-            ..timestamp::OracleConfig::default()
-        },
-        wait_visible: false,
-        ..Options::default()
-    })
-    .unwrap();
-    let t = db
-        .create_table(TableSpec {
-            name: "accounts".into(),
-            versions: 4,
-            value_cap: 16,
-            capacity: 256,
-            partitions: 0,
-            placement: txn::Placement::RoundRobin,
-            index: IndexShape {
-                buckets: 32,
-                slots: 8,
-            },
-        })
-        .unwrap();
-    (db, t)
-}
+use txn::{Database, Table};
 
 /// Runs, on a thread of its own, a transfer of 10 from account 1 to account 2 (on
 /// different servers) that also inserts key 100, dying at `point`.

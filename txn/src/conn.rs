@@ -138,6 +138,13 @@ impl Conn {
         self.scratch.load_u64(0)
     }
 
+    /// FETCH_ADD; returns the old value.
+    pub fn fetch_add(&mut self, at: RemoteAddr, add: u64) -> Result<u64, FabricError> {
+        let local = self.scratch.buf(0, 8);
+        self.run(&mut [SendWr::fetch_add(0, local, at, add)])?;
+        self.scratch.load_u64(0)
+    }
+
     /// After an error completion: collect the flushes of the rest of the batch, then
     /// take the queue pair out of the error state.
     fn recover_after_error(&mut self, last_id: u64) -> Result<(), FabricError> {

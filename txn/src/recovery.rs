@@ -806,7 +806,11 @@ pub(crate) fn resolve(
 /// its epoch check fails: the address its own recovery gives them, its block being the
 /// only one of the key.) Another locked block of the key is waited for, up to
 /// `patience` (it publishes, aborts or is recovered); past that the slot is left as it
-/// is and the key's other inserter settles it.
+/// is. If that block's holder won the claim it publishes, and if it is recovered its
+/// recovery settles the slot; but a loser of the claim's race that aborts in time has
+/// no address to publish, so the first lookup that finds the slot still pending past
+/// the lock patience, with no block of the key locked, settles it
+/// ([`Database::settle_pending_claim`]).
 fn settle_claim(
     conns: &mut [Conn],
     table: &Arc<Table>,
@@ -816,25 +820,7 @@ fn settle_claim(
     patience: Duration,
 ) -> Result<()> {
     let p = &table.partitions[part];
-    let Some(tag) = key.checked_add(1) else {
-        return Ok(());
-    };
-    // The address word of `key`'s slot if it has none yet.
-    let unpublished = |conns: &mut [Conn]| -> Result<Option<fabric::RemoteAddr>> {
-        let (bucket, len) = p.index.bucket_range(key);
-        let bytes = conns[p.server].read_bytes(bucket, len)?;
-        for (i, slot) in bytes.chunks_exact(16).enumerate() {
-            let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
-            let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
-            if key_word == tag {
-                return Ok((addr_word == 0).then(|| bucket.offset_by(i as u64 * 16 + 8)));
-            }
-            if key_word == 0 {
-                break;
-            }
-        }
-        Ok(None)
-    };
+    let unpublished = |conns: &mut [Conn]| unpublished_slot(&mut conns[p.server], p, key);
     let deadline = Instant::now() + patience;
     loop {
         if unpublished(conns)?.is_none() {
@@ -868,27 +854,126 @@ fn settle_claim(
     }
 }
 
+/// The address word of `key`'s index slot in partition `p`, if the key is claimed
+/// there without an address.
+fn unpublished_slot(
+    conn: &mut Conn,
+    p: &crate::store::Partition,
+    key: u64,
+) -> Result<Option<fabric::RemoteAddr>> {
+    let Some(tag) = key.checked_add(1) else {
+        return Ok(None);
+    };
+    let (bucket, len) = p.index.bucket_range(key);
+    let bytes = conn.read_bytes(bucket, len)?;
+    for (i, slot) in bytes.chunks_exact(16).enumerate() {
+        let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
+        let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
+        if key_word == tag {
+            return Ok((addr_word == 0).then(|| bucket.offset_by(i as u64 * 16 + 8)));
+        }
+        if key_word == 0 {
+            break;
+        }
+    }
+    Ok(None)
+}
+
+/// What [`Database::settle_pending_claim`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PendingClaim {
+    /// A block of the key is locked, by this commit timestamp: the claimer's, or
+    /// another inserter's of the key; the holder is the one to check on.
+    Held(u64),
+    /// The slot has an address (now, or settled here).
+    Settled,
+}
+
 impl Database {
-    /// The commit timestamp of a locked block of `key` in partition `part`, if any: an
-    /// index slot claimed without an address has its claimer's block locked (see
-    /// [`settle_claim`]), so this names the holder to check on. Reads the whole
-    /// partition: only for a claim that stayed pending past the lock patience.
-    pub(crate) fn claimer_of(&self, table: &Table, part: usize, key: u64) -> Result<Option<u64>> {
+    /// Looks at `key`'s index slot in partition `part`, claimed without an address for
+    /// longer than the lock patience, and settles it if its claimer is gone.
+    ///
+    /// The claimer's block is locked until the address is in (see [`settle_claim`]):
+    /// a locked block of the key names the holder to check on, or with no commit
+    /// deciding later timestamps a dead claimer would never be fenced. With none, and
+    /// the slot unpublished before and after the scan, the claimer's block was
+    /// resolved by recovery, whose [`settle_claim`] left the slot to another locked
+    /// inserter of the key: a loser of the claim's race, which aborts with no address
+    /// to publish (or a restart lost the claimer's block and kept the claim). Nobody
+    /// else will settle it then, and the key would stay unreadable and uninsertable
+    /// for good; so the slot gets a fresh block of its own, a tombstone at CID 0 as an
+    /// aborted insert leaves (a later insert of the key reuses it), by CAS from no
+    /// address. A fresh block, because the claimer's cannot be told from a loser's,
+    /// which its worker may reuse for another key.
+    ///
+    /// Reads the whole partition: only for a claim that stayed pending past the lock
+    /// patience.
+    pub(crate) fn settle_pending_claim(
+        &self,
+        table: &Table,
+        part: usize,
+        key: u64,
+    ) -> Result<PendingClaim> {
+        let p = &table.partitions[part];
+        let mut conns = self.recovery_conns();
+        if unpublished_slot(&mut conns[p.server], p, key)?.is_none() {
+            return Ok(PendingClaim::Settled);
+        }
         let mut holder = None;
-        scan_headers(
-            &mut self.recovery_conns(),
-            table,
-            part,
-            &mut |_, word, raw| {
-                let k = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
-                let header = Header::decode(word);
-                if k == key && header.locked {
-                    holder = Some(header.cid);
-                }
-                Ok(())
-            },
-        )?;
-        Ok(holder)
+        scan_headers(&mut conns, table, part, &mut |_, word, raw| {
+            let k = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+            let header = Header::decode(word);
+            if k == key && header.locked {
+                holder = Some(header.cid);
+            }
+            Ok(())
+        })?;
+        if let Some(cid) = holder {
+            return Ok(PendingClaim::Held(cid));
+        }
+        let Some(slot) = unpublished_slot(&mut conns[p.server], p, key)? else {
+            return Ok(PendingClaim::Settled);
+        };
+        let conn = &mut conns[p.server];
+        let i = conn.fetch_add(p.data.at(p.arena), 1)?;
+        if i >= p.capacity {
+            return Err(TxnError::TableFull {
+                table: table.id,
+                name: table.name.clone(),
+                capacity: table.capacity(),
+            });
+        }
+        let addr = table.block_offset(part, i);
+        let block = layout::Block {
+            header: Header::unlocked(0),
+            key,
+            versions: vec![Version {
+                cid: 0,
+                value: None,
+            }],
+        };
+        conn.write_bytes(p.data.at(addr), &layout::encode(&block, table.shape)?)?;
+        // The block and the counter durable before any index entry names them.
+        let mut plan = crate::durable::PersistPlan::default();
+        crate::transaction::add_block(&mut plan, table, part, addr);
+        plan.add(
+            p.server,
+            crate::durable::PersistRange::plain(p.data.at(p.arena), 8),
+        );
+        self.shared.durability.persist_blocking(plan)?;
+        let conn = &mut conns[p.server];
+        if conn.cas(slot, 0, addr + 1)? == 0 {
+            tracing::warn!(
+                table = %table.name,
+                key,
+                block = addr,
+                "an index slot claimed by an inserter that is gone was given a tombstone"
+            );
+            let mut plan = crate::durable::PersistPlan::default();
+            crate::transaction::add_insert(&mut plan, table, part, addr, key);
+            self.shared.durability.persist_blocking(plan)?;
+        }
+        Ok(PendingClaim::Settled)
     }
 }
 

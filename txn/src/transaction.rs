@@ -51,6 +51,7 @@ use crate::index::{Claimed, Lookup, RemoteIndex};
 use crate::layout::{
     self, Block, Header, LayoutError, VERSIONS_OFFSET, Version, Visible, VisibleRaw,
 };
+use crate::recovery::PendingClaim;
 use crate::runtime::{block_on, yield_now};
 use crate::store::Table;
 use crate::worker::{Epoch, Worker};
@@ -1024,6 +1025,8 @@ async fn fetch(
     let mut absent: SmallVec<[bool; 8]> = smallvec::smallvec![false; keys.len()];
     // Per key: whether its probe left it unsettled, so the next READ takes the bucket.
     let mut whole: SmallVec<[bool; 8]> = smallvec::smallvec![false; keys.len()];
+    // Per key: whether a claim of it left pending was settled already.
+    let mut settled: SmallVec<[bool; 8]> = smallvec::smallvec![false; keys.len()];
     // Index lookups, again for slots still being inserted.
     loop {
         let missing: SmallVec<[usize; 8]> = (0..keys.len())
@@ -1070,16 +1073,21 @@ async fn fetch(
         }
         if let Some(i) = pending {
             if start.elapsed() > LOCK_PATIENCE {
-                // The claim names no one, but its claimer's block is locked until the
-                // address is in: that lock names the holder to check on, or with no
-                // commit deciding later timestamps a dead claimer would never be
-                // fenced, and the key never settled.
-                if let Some(holder) =
-                    worker
+                // A claim names no one: its claimer's locked block does, or its
+                // absence says the claimer is gone and the slot needs settling.
+                if !settled[i] {
+                    let part = table.partition_of(keys[i]);
+                    match worker
                         .database()
-                        .claimer_of(table, table.partition_of(keys[i]), keys[i])?
-                {
-                    worker.suspect_holder(holder);
+                        .settle_pending_claim(table, part, keys[i])?
+                    {
+                        PendingClaim::Held(holder) => worker.suspect_holder(holder),
+                        PendingClaim::Settled => {
+                            // Look again: the slot has an address now.
+                            settled[i] = true;
+                            continue;
+                        }
+                    }
                 }
                 return Err(TxnError::Conflict {
                     table: table.id,

@@ -8,21 +8,42 @@ mod common;
 
 use common::{cluster, num, val};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 use txn::{Database, Table};
 
 /// A node's commit (inserting key 100, and moving 10 out of account 1 if `also_put`)
-/// dies between its index claim and the address: the node is gone.
-fn die_after_claiming(db: &Database, t: &Arc<Table>, also_put: bool) {
+/// dies between its index claim and the address: the node is gone. Returns the
+/// commit's CID.
+fn die_after_claiming(db: &Database, t: &Arc<Table>, also_put: bool) -> u64 {
+    let (looked, go, cid) = dying_inserter(db, t, also_put);
+    looked.recv().unwrap();
+    go.send(()).unwrap();
+    cid.recv().unwrap()
+}
+
+/// As [`die_after_claiming`], in steps: the node looks key 100 up (the first
+/// receiver hears when), commits once told to (the sender), and its commit's CID comes
+/// on the second receiver once it died.
+fn dying_inserter(
+    db: &Database,
+    t: &Arc<Table>,
+    also_put: bool,
+) -> (mpsc::Receiver<()>, mpsc::Sender<()>, mpsc::Receiver<u64>) {
     let (db, t) = (db.clone(), t.clone());
+    let (looked_tx, looked) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel();
+    let (cid_tx, cid) = mpsc::channel();
     std::thread::spawn(move || {
         let mut client = db.client().unwrap();
         // A stall (unlike the crash points) keeps the commit's batched steps; dying in
         // it is dying between the claim's doorbell and the address's.
         txn::crash::stall_at_on_this_thread(
             "after-insert-blocks",
-            Box::new(|_| panic!("the node dies after its index claim")),
+            Box::new(move |c| {
+                cid_tx.send(c).unwrap();
+                panic!("the node dies after its index claim")
+            }),
         )
         .unwrap();
         let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -32,13 +53,14 @@ fn die_after_claiming(db: &Database, t: &Arc<Table>, also_put: bool) {
                 x.put(&t, 1, val(a - 10)).unwrap();
             }
             x.insert(&t, 100, val(7)).unwrap();
+            looked_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
             x.commit()
         }));
         assert!(died.is_err(), "the stall did not run: {died:?}");
         std::mem::forget(client);
-    })
-    .join()
-    .unwrap();
+    });
+    (looked, go, cid)
 }
 
 /// A node killed between its batched insert's claim of an index slot (the key word's
@@ -129,4 +151,136 @@ fn readers_alone_of_a_key_a_dead_node_claimed_get_it_settled() {
     assert_eq!(db.recoveries().len(), 1);
     assert_eq!(db.unpublished_index_slots().unwrap(), []);
     assert!(db.locked_records().unwrap().is_empty());
+}
+
+/// Reads key 100 until it reads (ticking, so that what a reader suspects is fenced),
+/// for up to 20 s; what it read.
+fn read_until_settled(db: &Database, t: &Arc<Table>) -> Option<Vec<u8>> {
+    let mut reader = db.client().unwrap();
+    let start = Instant::now();
+    loop {
+        let mut x = reader.begin().unwrap();
+        let read = x.get(t, 100);
+        drop(x);
+        match read {
+            Ok(v) => return v,
+            Err(txn::TxnError::Conflict { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        reader.tick().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "key 100 still unreadable after 20 s; unpublished {:?}, locked {:?}",
+            db.unpublished_index_slots().unwrap(),
+            db.locked_records().unwrap()
+        );
+    }
+}
+
+/// Two inserters of key 100. One read it absent and then lost its claim's CAS to a
+/// node that died holding the claim (no address), and is descheduled right after,
+/// its block locked, while the dead node's recovery runs: that recovery finds a
+/// second locked block of the key, waits twice the lease for it, then leaves the slot
+/// to "the key's other inserter". The loser was never fenced (nobody ticked while
+/// the recovery waited), so its lease renews and it aborts as a duplicate,
+/// releasing its block, but a loser has no address to publish: before, nothing
+/// settled the slot after that, the key stayed unreadable ("index slot pending too
+/// long", no lock anywhere) and uninsertable for good.
+#[test]
+fn a_claim_left_to_a_losing_inserter_of_the_key_is_settled() {
+    let (db, t) = cluster();
+    // The dying node's client first: the loser's later slot hands out later CIDs, so
+    // the dead commit is the one that stalls the prefix and is fenced first.
+    let (dead_looked, dead_go, dead_cid) = dying_inserter(&db, &t, false);
+    dead_looked.recv().unwrap();
+    let (looked_tx, looked) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let (stalled_tx, stalled) = mpsc::channel();
+    let (resume_tx, resume) = mpsc::channel::<()>();
+    let loser = {
+        let (db, t) = (db.clone(), t.clone());
+        std::thread::spawn(move || {
+            let mut client = db.client().unwrap();
+            let mut x = client.begin().unwrap();
+            // Absent: its commit will claim without reading the bucket again.
+            x.insert(&t, 100, val(9)).unwrap();
+            let suspended = x.suspend();
+            looked_tx.send(()).unwrap();
+            go.recv().unwrap();
+            // A fresh lease, so that the dead node's lapses first and its slot is the
+            // one fenced.
+            client.tick().unwrap();
+            txn::crash::stall_at_on_this_thread(
+                "after-insert-blocks",
+                Box::new(move |cid| {
+                    stalled_tx.send(cid).unwrap();
+                    resume.recv().unwrap();
+                }),
+            )
+            .unwrap();
+            let x = client.resume(suspended);
+            x.commit()
+        })
+    };
+    looked.recv().unwrap();
+    dead_go.send(()).unwrap();
+    let dead = dead_cid.recv().unwrap();
+    go_tx.send(()).unwrap();
+    let loser_cid = stalled.recv_timeout(Duration::from_secs(10)).unwrap();
+    // The dead claimer's block and the loser's, both locked; the slot claimed.
+    let mut locked: Vec<(u64, u64)> = db
+        .locked_records()
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.key, r.cid))
+        .collect();
+    locked.sort();
+    let mut expected = vec![(100, dead), (100, loser_cid)];
+    expected.sort();
+    assert_eq!(locked, expected);
+    assert_eq!(db.unpublished_index_slots().unwrap().len(), 1);
+    // A survivor commits and ticks until the dead node's slot is recovered, and no
+    // longer: its next ticks would fence the descheduled loser too.
+    let slots = u64::from(db.options().slots);
+    let mut survivor = db.client().unwrap();
+    // One commit decides a timestamp beyond the stalled ones, so that ticks fence
+    // what stalls the prefix; then only ticks (a commit's begin ticks too, and may
+    // run more than one).
+    survivor.run(3, |x| x.put(&t, 5, val(1))).unwrap();
+    let start = Instant::now();
+    while db.recoveries().is_empty() {
+        survivor.tick().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(10), "not recovered");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let report = db.recoveries()[0].clone();
+    assert_eq!(
+        report.slot as u64,
+        dead % slots,
+        "dead {dead} loser {loser_cid}: {report:?}"
+    );
+    assert_eq!((report.rolled_forward, report.rolled_back), (0, 1));
+    resume_tx.send(()).unwrap();
+    match loser.join().unwrap() {
+        Err(txn::TxnError::DuplicateKey { key: 100, .. }) => {}
+        other => panic!(
+            "the loser should abort as a duplicate, unfenced: {other:?}; dead {dead}, loser {loser_cid}, {:?}",
+            db.recoveries()
+        ),
+    }
+    assert!(db.locked_records().unwrap().is_empty());
+    assert_eq!(
+        read_until_settled(&db, &t),
+        None,
+        "neither insert committed"
+    );
+    assert_eq!(db.unpublished_index_slots().unwrap(), []);
+    survivor
+        .run(3, |x| x.insert(&t, 100, val(8)))
+        .expect("key 100 can be inserted once settled");
+    let mut x = survivor.begin().unwrap();
+    assert_eq!(num(x.get(&t, 100).unwrap()), 8);
+    drop(x);
+    assert!(db.locked_records().unwrap().is_empty());
+    assert_eq!(db.unpublished_index_slots().unwrap(), []);
 }

@@ -289,6 +289,14 @@ impl RemoteIndex {
     pub(crate) fn publish_write<'a>(&self, slot_at: u64, value: &'a [u8; 8]) -> SendWr<'a> {
         SendWr::write(0, fabric::Src::Inline(value), self.region.at(slot_at + 8))
     }
+
+    /// The CAS that publishes `addr` in the slot at `slot_at` unless it has an address
+    /// already (the old word lands in `result`). For a claimer that may have been
+    /// fenced: a slot whose claimer's block recovery resolved may have been settled
+    /// with another block meanwhile, which a later insert of the key may use.
+    pub(crate) fn publish_cas<'a>(&self, slot_at: u64, addr: u64, result: LocalBuf) -> SendWr<'a> {
+        SendWr::cas(0, result, self.region.at(slot_at + 8), 0, addr + 1)
+    }
 }
 
 /// The outcome of a claim's CAS.

@@ -802,9 +802,9 @@ pub(crate) fn resolve(
 /// address both before and after a scan of the partition, its claimer's block was
 /// locked throughout that scan. A scan that finds no locked block of `key` but `addr`
 /// means the claimer is a holder whose block was resolved, which under the lease
-/// assumption posts nothing more. (A fenced commit publishes its won slots right after
-/// its epoch check fails: the address its own recovery gives them, its block being the
-/// only one of the key.) Another locked block of the key is waited for, up to
+/// assumption posts nothing more. (A fenced commit publishes its won slots after its
+/// epoch check fails, by CAS from no address: it changes nothing once the slot was
+/// settled, here or by a lookup.) Another locked block of the key is waited for, up to
 /// `patience` (it publishes, aborts or is recovered); past that the slot is left as it
 /// is. If that block's holder won the claim it publishes, and if it is recovered its
 /// recovery settles the slot; but a loser of the claim's race that aborts in time has
@@ -904,7 +904,9 @@ impl Database {
     /// for good; so the slot gets a fresh block of its own, a tombstone at CID 0 as an
     /// aborted insert leaves (a later insert of the key reuses it), by CAS from no
     /// address. A fresh block, because the claimer's cannot be told from a loser's,
-    /// which its worker may reuse for another key.
+    /// which its worker may reuse for another key. A claimer fenced but not dead
+    /// publishes by CAS from no address too, so it cannot point the key back at its
+    /// tombstone.
     ///
     /// Reads the whole partition: only for a claim that stayed pending past the lock
     /// patience.

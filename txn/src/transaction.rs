@@ -1304,6 +1304,8 @@ struct WonSlot {
     index: RemoteIndex,
     /// The slot's offset in the index region.
     slot: u64,
+    /// The block's address, and as the slot's address word.
+    addr: u64,
     value: [u8; 8],
 }
 
@@ -1319,9 +1321,25 @@ fn publish_writes(won: &[WonSlot]) -> Batches<'_> {
     batches
 }
 
-/// Publishes the addresses of won index slots, one doorbell per server.
-async fn publish(worker: &Worker, won: &[WonSlot]) -> Result<()> {
-    publish_writes(won).run(worker).await
+/// Publishes the addresses of won index slots, one doorbell per server, off the
+/// lock step's path: after a failed claim or a failed lease check, so possibly fenced.
+/// By CAS from no address rather than WRITE: once fenced, recovery may have resolved
+/// the block, and a slot it could not settle then is settled by the first reader
+/// that finds no claimer's lock ([`crate::Database::settle_pending_claim`]), with
+/// another block a later insert of the key may already hold; a late WRITE would
+/// point the key back at the tombstone and lose that insert.
+async fn publish(worker: &Worker, buffer: &Region, won: &[WonSlot]) -> Result<()> {
+    let mut area = Area::new(buffer);
+    let mut batches = Batches::new();
+    for slot in won {
+        let res = area.take(8)?;
+        batches.push(
+            slot.server,
+            slot.index
+                .publish_cas(slot.slot, slot.addr, buffer.buf(res, 8)),
+        );
+    }
+    batches.run(worker).await
 }
 
 /// What losing an index insert means to the commit.
@@ -1562,6 +1580,7 @@ async fn run_commit(
                     server: w.table.partitions[part].server,
                     index: w.table.partitions[part].index,
                     slot: claims[n].expect("claimed"),
+                    addr,
                     value: RemoteIndex::published_addr(addr),
                 }),
                 Claimed::Duplicate => {
@@ -1576,7 +1595,7 @@ async fn run_commit(
         }
         if claim_error.is_some() || !one_by_one.is_empty() {
             // Won slots are published before anything else can fail.
-            publish(worker, &won).await?;
+            publish(worker, buffer, &won).await?;
             won.clear();
         }
         if let Some(e) = claim_error {
@@ -1632,7 +1651,7 @@ async fn run_commit(
         }
         if let Err(e) = worker.check_epoch(step.epoch, cid) {
             // A won slot gets its address whatever happens, or its key stays pending.
-            publish(worker, &won).await?;
+            publish(worker, buffer, &won).await?;
             return Err(e);
         }
         batches.run(worker).await?;

@@ -30,11 +30,34 @@ fn dying_inserter(
     t: &Arc<Table>,
     also_put: bool,
 ) -> (mpsc::Receiver<()>, mpsc::Sender<()>, mpsc::Receiver<u64>) {
+    let (looked, go, cid, _) = claiming_inserter(db, t, also_put, || {
+        panic!("the node dies after its index claim")
+    });
+    (looked, go, cid)
+}
+
+/// What a claimer of key 100 that outlives its stall ends with.
+type Ended = std::thread::JoinHandle<std::thread::Result<txn::Result<Option<u64>>>>;
+
+/// A node's commit of key 100 that runs `in_stall` between its index claim and the
+/// address, as [`dying_inserter`]; if `in_stall` returns, the commit goes on, and the
+/// returned handle answers its outcome.
+fn claiming_inserter(
+    db: &Database,
+    t: &Arc<Table>,
+    also_put: bool,
+    in_stall: impl FnOnce() + Send + 'static,
+) -> (
+    mpsc::Receiver<()>,
+    mpsc::Sender<()>,
+    mpsc::Receiver<u64>,
+    Ended,
+) {
     let (db, t) = (db.clone(), t.clone());
     let (looked_tx, looked) = mpsc::channel();
     let (go, go_rx) = mpsc::channel();
     let (cid_tx, cid) = mpsc::channel();
-    std::thread::spawn(move || {
+    let ended = std::thread::spawn(move || {
         let mut client = db.client().unwrap();
         // A stall (unlike the crash points) keeps the commit's batched steps; dying in
         // it is dying between the claim's doorbell and the address's.
@@ -42,11 +65,11 @@ fn dying_inserter(
             "after-insert-blocks",
             Box::new(move |c| {
                 cid_tx.send(c).unwrap();
-                panic!("the node dies after its index claim")
+                in_stall()
             }),
         )
         .unwrap();
-        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let mut x = client.begin().unwrap();
             if also_put {
                 let a = num(x.get(&t, 1).unwrap());
@@ -57,10 +80,13 @@ fn dying_inserter(
             go_rx.recv().unwrap();
             x.commit()
         }));
-        assert!(died.is_err(), "the stall did not run: {died:?}");
-        std::mem::forget(client);
+        if outcome.is_err() {
+            // Dead: nothing of the node may run on, its worker included.
+            std::mem::forget(client);
+        }
+        outcome
     });
-    (looked, go, cid)
+    (looked, go, cid, ended)
 }
 
 /// A node killed between its batched insert's claim of an index slot (the key word's
@@ -188,11 +214,49 @@ fn read_until_settled(db: &Database, t: &Arc<Table>) -> Option<Vec<u8>> {
 /// long", no lock anywhere) and uninsertable for good.
 #[test]
 fn a_claim_left_to_a_losing_inserter_of_the_key_is_settled() {
+    claim_left_to_a_loser(|| panic!("the node dies after its index claim"));
+}
+
+/// As above, but the claimer is not dead: descheduled between its claim and the
+/// address for as long as all that took, it is fenced, and its commit goes on only
+/// after the slot was settled and key 100 inserted again. Its commit then publishes
+/// its won slot after the failed lease check (a won slot gets its address whatever
+/// happens); before, by a WRITE, which pointed the key back at the claimer's
+/// tombstone and lost the committed insert.
+#[test]
+fn a_fenced_claimer_cannot_unsettle_its_slot() {
+    let (resume, resumed) = mpsc::channel::<()>();
+    let (db, t, claimer) = claim_left_to_a_loser(move || resumed.recv().unwrap());
+    resume.send(()).unwrap();
+    match claimer.join().unwrap() {
+        Ok(Err(txn::TxnError::Fenced { .. })) => {}
+        other => panic!("the claimer's commit should end fenced: {other:?}"),
+    }
+    // A fresh client: no cached address.
+    let mut x = db.client().unwrap();
+    let mut x = x.begin().unwrap();
+    assert_eq!(
+        x.get(&t, 100).unwrap().map(|v| num(Some(v))),
+        Some(8),
+        "the insert after the settle is kept"
+    );
+    drop(x);
+    assert!(db.locked_records().unwrap().is_empty());
+    assert_eq!(db.unpublished_index_slots().unwrap(), []);
+}
+
+/// The scenario of [`a_claim_left_to_a_losing_inserter_of_the_key_is_settled`], the
+/// claimer running `in_stall` between its claim and the address, up to key 100
+/// settled and then inserted (value 8) by another client. Returns the claimer's end.
+fn claim_left_to_a_loser(
+    in_stall: impl FnOnce() + Send + 'static,
+) -> (Database, Arc<Table>, Ended) {
     let (db, t) = cluster();
-    // The dying node's client first: the loser's later slot hands out later CIDs, so
-    // the dead commit is the one that stalls the prefix and is fenced first.
-    let (dead_looked, dead_go, dead_cid) = dying_inserter(&db, &t, false);
-    dead_looked.recv().unwrap();
+    // The claimer's client first: the loser's later slot hands out later CIDs, so the
+    // claimer's commit is the one that stalls the prefix and is fenced first.
+    let (claimer_looked, claimer_go, claimer_cid, claimer) =
+        claiming_inserter(&db, &t, false, in_stall);
+    claimer_looked.recv().unwrap();
     let (looked_tx, looked) = mpsc::channel();
     let (go_tx, go) = mpsc::channel::<()>();
     let (stalled_tx, stalled) = mpsc::channel();
@@ -207,7 +271,7 @@ fn a_claim_left_to_a_losing_inserter_of_the_key_is_settled() {
             let suspended = x.suspend();
             looked_tx.send(()).unwrap();
             go.recv().unwrap();
-            // A fresh lease, so that the dead node's lapses first and its slot is the
+            // A fresh lease, so that the claimer's lapses first and its slot is the
             // one fenced.
             client.tick().unwrap();
             txn::crash::stall_at_on_this_thread(
@@ -223,11 +287,11 @@ fn a_claim_left_to_a_losing_inserter_of_the_key_is_settled() {
         })
     };
     looked.recv().unwrap();
-    dead_go.send(()).unwrap();
-    let dead = dead_cid.recv().unwrap();
+    claimer_go.send(()).unwrap();
+    let dead = claimer_cid.recv().unwrap();
     go_tx.send(()).unwrap();
     let loser_cid = stalled.recv_timeout(Duration::from_secs(10)).unwrap();
-    // The dead claimer's block and the loser's, both locked; the slot claimed.
+    // The claimer's block and the loser's, both locked; the slot claimed.
     let mut locked: Vec<(u64, u64)> = db
         .locked_records()
         .unwrap()
@@ -239,7 +303,7 @@ fn a_claim_left_to_a_losing_inserter_of_the_key_is_settled() {
     expected.sort();
     assert_eq!(locked, expected);
     assert_eq!(db.unpublished_index_slots().unwrap().len(), 1);
-    // A survivor commits and ticks until the dead node's slot is recovered, and no
+    // A survivor commits and ticks until the claimer's slot is recovered, and no
     // longer: its next ticks would fence the descheduled loser too.
     let slots = u64::from(db.options().slots);
     let mut survivor = db.client().unwrap();
@@ -257,14 +321,15 @@ fn a_claim_left_to_a_losing_inserter_of_the_key_is_settled() {
     assert_eq!(
         report.slot as u64,
         dead % slots,
-        "dead {dead} loser {loser_cid}: {report:?}"
+        "claimer {dead}, loser {loser_cid}: {report:?}"
     );
     assert_eq!((report.rolled_forward, report.rolled_back), (0, 1));
     resume_tx.send(()).unwrap();
     match loser.join().unwrap() {
         Err(txn::TxnError::DuplicateKey { key: 100, .. }) => {}
         other => panic!(
-            "the loser should abort as a duplicate, unfenced: {other:?}; dead {dead}, loser {loser_cid}, {:?}",
+            "the loser should abort as a duplicate, unfenced: {other:?}; claimer {dead}, \
+             loser {loser_cid}, {:?}",
             db.recoveries()
         ),
     }
@@ -283,4 +348,5 @@ fn a_claim_left_to_a_losing_inserter_of_the_key_is_settled() {
     drop(x);
     assert!(db.locked_records().unwrap().is_empty());
     assert_eq!(db.unpublished_index_slots().unwrap(), []);
+    (db, t, claimer)
 }

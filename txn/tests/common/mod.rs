@@ -1,7 +1,9 @@
 //! What the recovery test binaries share: a small two-server database with short
-//! leases and an accounts table.
+//! leases and an accounts table, and ([`sim`]) durable servers a test can restart.
 
 #![allow(dead_code)]
+
+pub mod sim;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -261,25 +261,14 @@ impl Database {
         let mut found = Vec::new();
         for table in &tables {
             for p in &table.partitions {
-                let index = &p.index;
-                let bytes = index.shape.region_bytes();
-                let chunk = (SCRATCH / 16).max(1) * 16;
-                let mut at = 0;
-                while at < bytes {
-                    let n = chunk.min(bytes - at);
-                    let words = conns[p.server].read_bytes(index.region.at(index.base + at), n)?;
-                    for slot in words.chunks_exact(16) {
-                        let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
-                        let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
-                        if key_word != 0 && addr_word == 0 {
-                            found.push(UnpublishedSlot {
-                                table: table.name.clone(),
-                                key: key_word - 1,
-                            });
-                        }
-                    }
-                    at += n;
-                }
+                found.extend(
+                    unpublished_keys(&mut conns[p.server], p)?
+                        .into_iter()
+                        .map(|key| UnpublishedSlot {
+                            table: table.name.clone(),
+                            key,
+                        }),
+                );
             }
         }
         Ok(found)
@@ -854,6 +843,28 @@ fn settle_claim(
     }
 }
 
+/// The keys claimed without an address in partition `p`'s index.
+pub(crate) fn unpublished_keys(conn: &mut Conn, p: &crate::store::Partition) -> Result<Vec<u64>> {
+    let index = &p.index;
+    let bytes = index.shape.region_bytes();
+    let chunk = (SCRATCH / 16).max(1) * 16;
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < bytes {
+        let n = chunk.min(bytes - at);
+        let words = conn.read_bytes(index.region.at(index.base + at), n)?;
+        for slot in words.chunks_exact(16) {
+            let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
+            let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
+            if key_word != 0 && addr_word == 0 {
+                found.push(key_word - 1);
+            }
+        }
+        at += n;
+    }
+    Ok(found)
+}
+
 /// The address word of `key`'s index slot in partition `p`, if the key is claimed
 /// there without an address.
 fn unpublished_slot(
@@ -916,67 +927,77 @@ impl Database {
         part: usize,
         key: u64,
     ) -> Result<PendingClaim> {
-        let p = &table.partitions[part];
-        let mut conns = self.recovery_conns();
-        if unpublished_slot(&mut conns[p.server], p, key)?.is_none() {
-            return Ok(PendingClaim::Settled);
-        }
-        let mut holder = None;
-        scan_headers(&mut conns, table, part, &mut |_, word, raw| {
-            let k = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
-            let header = Header::decode(word);
-            if k == key && header.locked {
-                holder = Some(header.cid);
-            }
-            Ok(())
-        })?;
-        if let Some(cid) = holder {
-            return Ok(PendingClaim::Held(cid));
-        }
-        let Some(slot) = unpublished_slot(&mut conns[p.server], p, key)? else {
-            return Ok(PendingClaim::Settled);
-        };
-        let conn = &mut conns[p.server];
-        let i = conn.fetch_add(p.data.at(p.arena), 1)?;
-        if i >= p.capacity {
-            return Err(TxnError::TableFull {
-                table: table.id,
-                name: table.name.clone(),
-                capacity: table.capacity(),
-            });
-        }
-        let addr = table.block_offset(part, i);
-        let block = layout::Block {
-            header: Header::unlocked(0),
-            key,
-            versions: vec![Version {
-                cid: 0,
-                value: None,
-            }],
-        };
-        conn.write_bytes(p.data.at(addr), &layout::encode(&block, table.shape)?)?;
-        // The block and the counter durable before any index entry names them.
-        let mut plan = crate::durable::PersistPlan::default();
-        crate::transaction::add_block(&mut plan, table, part, addr);
-        plan.add(
-            p.server,
-            crate::durable::PersistRange::plain(p.data.at(p.arena), 8),
-        );
-        self.shared.durability.persist_blocking(plan)?;
-        let conn = &mut conns[p.server];
-        if conn.cas(slot, 0, addr + 1)? == 0 {
-            tracing::warn!(
-                table = %table.name,
-                key,
-                block = addr,
-                "an index slot claimed by an inserter that is gone was given a tombstone"
-            );
-            let mut plan = crate::durable::PersistPlan::default();
-            crate::transaction::add_insert(&mut plan, table, part, addr, key);
-            self.shared.durability.persist_blocking(plan)?;
-        }
-        Ok(PendingClaim::Settled)
+        settle_pending(self, &mut self.recovery_conns(), table, part, key)
     }
+}
+
+/// [`Database::settle_pending_claim`] through `conns`.
+pub(crate) fn settle_pending(
+    db: &Database,
+    conns: &mut [Conn],
+    table: &Table,
+    part: usize,
+    key: u64,
+) -> Result<PendingClaim> {
+    let p = &table.partitions[part];
+    if unpublished_slot(&mut conns[p.server], p, key)?.is_none() {
+        return Ok(PendingClaim::Settled);
+    }
+    let mut holder = None;
+    scan_headers(conns, table, part, &mut |_, word, raw| {
+        let k = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+        let header = Header::decode(word);
+        if k == key && header.locked {
+            holder = Some(header.cid);
+        }
+        Ok(())
+    })?;
+    if let Some(cid) = holder {
+        return Ok(PendingClaim::Held(cid));
+    }
+    let Some(slot) = unpublished_slot(&mut conns[p.server], p, key)? else {
+        return Ok(PendingClaim::Settled);
+    };
+    let conn = &mut conns[p.server];
+    let i = conn.fetch_add(p.data.at(p.arena), 1)?;
+    if i >= p.capacity {
+        return Err(TxnError::TableFull {
+            table: table.id,
+            name: table.name.clone(),
+            capacity: table.capacity(),
+        });
+    }
+    let addr = table.block_offset(part, i);
+    let block = layout::Block {
+        header: Header::unlocked(0),
+        key,
+        versions: vec![Version {
+            cid: 0,
+            value: None,
+        }],
+    };
+    conn.write_bytes(p.data.at(addr), &layout::encode(&block, table.shape)?)?;
+    // The block and the counter durable before any index entry names them.
+    let mut plan = crate::durable::PersistPlan::default();
+    crate::transaction::add_block(&mut plan, table, part, addr);
+    plan.add(
+        p.server,
+        crate::durable::PersistRange::plain(p.data.at(p.arena), 8),
+    );
+    db.shared.durability.persist_blocking(plan)?;
+    let conn = &mut conns[p.server];
+    if conn.cas(slot, 0, addr + 1)? == 0 {
+        tracing::warn!(
+            table = %table.name,
+            key,
+            block = addr,
+            "an index slot claimed by an inserter that is gone was given a tombstone"
+        );
+        let mut plan = crate::durable::PersistPlan::default();
+        crate::transaction::add_insert(&mut plan, table, part, addr, key);
+        db.shared.durability.persist_blocking(plan)?;
+    }
+    Ok(PendingClaim::Settled)
 }
 
 /// Reads every allocated block of a partition in large READs and hands each block's

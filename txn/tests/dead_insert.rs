@@ -350,3 +350,79 @@ fn claim_left_to_a_loser(
     assert_eq!(db.unpublished_index_slots().unwrap(), []);
     (db, t, claimer)
 }
+
+/// A commit dies between its index claim and the address on durable servers, and
+/// another insert into the same index bucket persists the bucket (with the claim) and
+/// the arena counter, not the dead commit's block, which nothing persists. Then the
+/// key's server restarts (alone, or with server 0: the repair then resolves every
+/// lock) before any recovery ran: the claim comes back without the block, so no lock
+/// names the claimer and no resolve settles the slot. Before, the key stayed
+/// unreadable and uninsertable for good; the restart repair settles it now (a lookup
+/// past the lock patience would too).
+#[test]
+fn a_restart_that_keeps_a_dead_claim_but_not_its_block_leaves_the_key_usable() {
+    let spec = txn::TableSpec {
+        name: "accounts".into(),
+        versions: 4,
+        value_cap: 16,
+        capacity: 1024,
+        partitions: 0,
+        placement: txn::Placement::RoundRobin,
+        index: txn::index::IndexShape {
+            buckets: 64,
+            slots: 8,
+        },
+    };
+    for first in [false, true] {
+        let mut cluster = common::sim::Cluster::new(2);
+        let restarted;
+        {
+            let db = cluster.open();
+            let t = db.create_table(spec.clone()).unwrap();
+            let part = t.partition_of(100);
+            let p = &t.partitions[part];
+            restarted = if first || p.server == 0 {
+                vec![0, 1]
+            } else {
+                vec![p.server]
+            };
+            let neighbour = (101..)
+                .find(|&k| {
+                    t.partition_of(k) == part
+                        && p.index.shape.bucket_of(k) == p.index.shape.bucket_of(100)
+                })
+                .unwrap();
+            die_after_claiming(&db, &t, false);
+            db.client()
+                .unwrap()
+                .run(3, |x| x.insert(&t, neighbour, val(1)))
+                .unwrap();
+            assert_eq!(db.unpublished_index_slots().unwrap().len(), 1);
+            // The nodes go with the servers' restart.
+            std::mem::forget(db);
+        }
+        cluster.restart(&restarted);
+        let db = cluster.open();
+        let report = db.restart_report().expect("a restart recovery ran");
+        assert_eq!(report.restarted, restarted);
+        let t = db.table("accounts").unwrap();
+        assert!(db.locked_records().unwrap().is_empty(), "{restarted:?}");
+        // The claim came back (the neighbour's persist), its block did not: the
+        // repair settled it.
+        assert_eq!(report.claims_settled, 1, "{report:?}");
+        assert_eq!(db.unpublished_index_slots().unwrap(), [], "{restarted:?}");
+        assert_eq!(
+            read_until_settled(&db, &t),
+            None,
+            "{restarted:?}: the dead insert is gone"
+        );
+        assert_eq!(db.unpublished_index_slots().unwrap(), [], "{restarted:?}");
+        let mut c = db.client().unwrap();
+        c.run(3, |x| x.insert(&t, 100, val(8)))
+            .expect("key 100 can be inserted after the restart");
+        let mut x = c.begin().unwrap();
+        assert_eq!(num(x.get(&t, 100).unwrap()), 8, "{restarted:?}");
+        drop(x);
+        assert!(db.locked_records().unwrap().is_empty(), "{restarted:?}");
+    }
+}

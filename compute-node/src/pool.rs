@@ -161,6 +161,35 @@ fn worker_of(handle: u64) -> usize {
     (handle & ((1 << WORKER_BITS) - 1)) as usize
 }
 
+/// Workers that did not answer [`Pool::stats_within`] in time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unanswered {
+    /// Their indices, in order.
+    pub workers: Vec<usize>,
+    /// How many workers the pool has.
+    pub of: usize,
+    pub within: Duration,
+}
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list: Vec<String> = self.workers.iter().map(usize::to_string).collect();
+        let (noun, their) = if self.workers.len() == 1 {
+            ("worker", "its thread is")
+        } else {
+            ("workers", "their threads are")
+        };
+        write!(
+            f,
+            "{noun} {} of {} did not answer within {:?} ({their} held waiting on a memory \
+             server: one that is stopped or overloaded?)",
+            list.join(", "),
+            self.of,
+            self.within
+        )
+    }
+}
+
 /// Worker threads, each with a [`txn::Worker`] and its open transactions.
 pub struct Pool {
     senders: Vec<mpsc::Sender<Job>>,
@@ -336,6 +365,39 @@ impl Pool {
             total.add(&s);
         }
         Ok(total)
+    }
+
+    /// Every worker's counters, summed, if each answers by `within`; else the workers
+    /// that did not (in order). A worker answers between the rounds of its executor
+    /// loop, so one whose thread is held in a blocking wait (a one-sided operation to a
+    /// memory server that does not answer, up to the fabric's patience) is listed
+    /// rather than waited for: the health check must answer while it is.
+    pub async fn stats_within(&self, within: Duration) -> Result<WorkerStats, Unanswered> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut waiting = Vec::with_capacity(self.workers());
+        for worker in 0..self.workers() {
+            let (reply, rx) = oneshot::channel();
+            // A worker whose thread ended answers nothing: its receiver is gone.
+            let _ = self.senders[worker].send(Job::Stats { reply });
+            waiting.push(rx);
+        }
+        let mut total = WorkerStats::default();
+        let mut silent = Vec::new();
+        for (worker, rx) in waiting.into_iter().enumerate() {
+            match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(s)) => total.add(&s),
+                _ => silent.push(worker),
+            }
+        }
+        if silent.is_empty() {
+            Ok(total)
+        } else {
+            Err(Unanswered {
+                workers: silent,
+                of: self.workers(),
+                within,
+            })
+        }
     }
 
     /// Stops taking requests, lets the running ones finish, aborts the open

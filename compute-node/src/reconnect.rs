@@ -78,8 +78,9 @@ impl Live {
 
     /// Why this connection is dead, if it is (see the module's comment); `deep` also
     /// says Hello on new sessions.
-    fn check(&self, config: &Config, deep: bool) -> Result<(), String> {
+    fn check(&self, config: &Config, deep: bool, asking: &Asking) -> Result<(), String> {
         for (i, server) in self.cluster.servers.iter().enumerate() {
+            let _asked = asking.start(i, server.addr());
             server
                 .keep_alive()
                 .map_err(|e| format!("memory server {i} at {}: {e}", server.addr()))?;
@@ -88,6 +89,7 @@ impl Live {
             return Ok(());
         }
         for (i, (server, spec)) in self.cluster.servers.iter().zip(&config.addrs).enumerate() {
+            let _asked = asking.start(i, server.addr());
             let hello = memory_server::blocking::Client::connect(server.addr(), &config.token)
                 .map_err(|e| format!("memory server {i} at {}: {e}", server.addr()))?;
             if hello.server().boot != self.boots[i] {
@@ -121,6 +123,43 @@ impl Live {
     }
 }
 
+/// The memory server the monitor is asking (renewing its session, or saying Hello) and
+/// since when: a check that has not returned for long names the server that does not
+/// answer, which the health check reports while the workers, stuck in one-sided
+/// operations to it, cannot say so themselves.
+#[derive(Default)]
+struct Asking(std::sync::Mutex<Option<(usize, String, Instant)>>);
+
+/// Clears [`Asking`] when the question is answered (or failed).
+struct Asked<'a>(&'a Asking);
+
+impl Drop for Asked<'_> {
+    fn drop(&mut self) {
+        *self.0.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+impl Asking {
+    fn start(&self, server: usize, addr: &str) -> Asked<'_> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((server, addr.to_string(), Instant::now()));
+        Asked(self)
+    }
+
+    /// The server asked for longer than `longer_than`, if one is, in words.
+    fn unanswered(&self, longer_than: Duration) -> Option<String> {
+        let asking = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (server, addr, since) = asking.as_ref()?;
+        let waited = since.elapsed();
+        (waited > longer_than).then(|| {
+            format!(
+                "memory server {server} at {addr} has not answered this node for {:.1}s",
+                waited.as_secs_f64()
+            )
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReconnectError {
     #[error(transparent)]
@@ -149,6 +188,8 @@ pub struct Node {
     last_reconnect_ms: AtomicU64,
     stop: AtomicBool,
     monitor: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// What the monitor is waiting for.
+    asking: Asking,
 }
 
 impl Node {
@@ -170,6 +211,7 @@ impl Node {
             last_reconnect_ms: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             monitor: std::sync::Mutex::new(None),
+            asking: Asking::default(),
         });
         let weak = Arc::downgrade(&node);
         let monitor = std::thread::Builder::new()
@@ -220,6 +262,12 @@ impl Node {
 
     pub fn idle_timeout(&self) -> Duration {
         self.idle_timeout
+    }
+
+    /// The memory server the monitor has been waiting on for longer than
+    /// `longer_than` (a session renewal takes a round trip), in words, if one.
+    pub fn unanswered_server(&self, longer_than: Duration) -> Option<String> {
+        self.asking.unanswered(longer_than)
     }
 
     /// Reconnections since the start.
@@ -311,7 +359,7 @@ fn monitor(node: std::sync::Weak<Node>) {
             _ => continue,
         };
         let deep = node.failures.swap(0, Ordering::Relaxed) >= BURST;
-        let verdict = live.check(&node.config, deep);
+        let verdict = live.check(&node.config, deep, &node.asking);
         drop(live);
         if let Err(why) = verdict {
             node.reconnect(why);

@@ -5,9 +5,12 @@ use crate::cluster_cmd::{CLUSTER_FILE, ClusterFile, DEFAULT_DIR, DEFAULT_TABLE};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use compute_node::client::{Client, Txn};
+use compute_node::proto::HealthResponse;
+use compute_node::proto::health_response::Status as Health;
 use futures::StreamExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 use tonic::Status;
 
 #[derive(Args, Debug)]
@@ -201,24 +204,27 @@ pub fn show(value: &[u8]) -> String {
     }
 }
 
-/// Whether the compute node of `client` answers a health check in time.
+/// Whether the compute node of `client` answers a health check in time (serving or
+/// not: it is there).
 pub async fn answers(client: &Client) -> bool {
-    health_check(client).await.is_ok()
+    health_check(client, ANSWER_WAIT).await.is_ok()
 }
 
-/// The compute node's health check: why it failed, if it did (no answer in time, or an
-/// answer refusing us, e.g. a cluster file naming another cluster's token).
-async fn health_check(client: &Client) -> Result<()> {
-    match tokio::time::timeout(ANSWER_WAIT, client.health()).await {
-        Ok(Ok(_)) => Ok(()),
+/// The compute node's health check, waiting `wait` for it: its answer, or why there was
+/// none (no answer in time, or an answer refusing us, e.g. a cluster file naming
+/// another cluster's token).
+async fn health_check(client: &Client, wait: Duration) -> Result<HealthResponse> {
+    match tokio::time::timeout(wait, client.health()).await {
+        Ok(Ok(health)) => Ok(health),
         Ok(Err(s)) => Err(failed("its health check", &s)),
-        Err(_) => bail!("it did not answer a health check within {ANSWER_WAIT:?}"),
+        Err(_) => bail!("it did not answer a health check within {wait:?}"),
     }
 }
 
 /// How long a compute node has to answer a health check before the next one is tried:
-/// a node that is stopped (SIGSTOP) or wedged still accepts connections.
-const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// a node that is stopped (SIGSTOP) or wedged still accepts connections. A node whose
+/// workers are stuck answers NOT_SERVING within `compute_node::service::HEALTH_WAIT` instead.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(3);
 
 /// A cluster's compute nodes, to connect to one that answers.
 pub struct Nodes {
@@ -239,42 +245,66 @@ impl Nodes {
         Ok(Nodes { file, token })
     }
 
-    /// A client of the first compute node that answers (one that died or hangs leaves
-    /// the others serving), and the node's name and address.
-    pub async fn connect(&self) -> Result<(Client, String)> {
-        let mut last = None;
+    /// A client of the first compute node that serves (one that died, hangs or cannot
+    /// serve leaves the others serving), and the node's name and address; each has
+    /// `wait` to answer its health check. When none serves, a node that answered but
+    /// is not serving is the one reported, with its reason: "cannot reach" it was
+    /// wrong, and the reason (say, a memory server that does not answer) is what to
+    /// look at.
+    pub async fn connect(&self, wait: Duration) -> Result<(Client, String)> {
+        let mut unreachable = None;
+        let mut not_serving = None;
         for node in &self.file.compute_nodes {
             let answered = async {
                 let client = Client::connect(&node.address, &self.token).await?;
-                health_check(&client).await?;
-                Ok::<_, anyhow::Error>(client)
+                let health = health_check(&client, wait).await?;
+                Ok::<_, anyhow::Error>((client, health))
             };
             match answered.await {
-                Ok(client) => return Ok((client, format!("{} at {}", node.name, node.address))),
-                Err(e) => last = Some((node, e)),
+                Ok((client, health)) if health.status() == Health::Serving => {
+                    return Ok((client, format!("{} at {}", node.name, node.address)));
+                }
+                Ok((_, health)) => not_serving = Some((node, health.reason)),
+                Err(e) => unreachable = Some((node, e)),
             }
         }
-        let (node, e) = last.expect("a compute node was tried");
+        let others = if self.file.compute_nodes.len() > 1 {
+            ", nor any other compute node of the cluster"
+        } else {
+            ""
+        };
+        if let Some((node, reason)) = not_serving {
+            let reason = if reason.is_empty() {
+                "it gave no reason".to_string()
+            } else {
+                reason
+            };
+            bail!(
+                "{} at {} is up but not serving{others}: {reason} (`namdb cluster status` \
+                 shows which processes run)",
+                node.name,
+                node.address
+            );
+        }
+        let (node, e) = unreachable.expect("a compute node was tried");
         Err(e).with_context(|| {
             format!(
-                "cannot reach {} at {}{} (is the cluster up? `namdb cluster status`)",
-                node.name,
-                node.address,
-                if self.file.compute_nodes.len() > 1 {
-                    ", nor any other compute node of the cluster"
-                } else {
-                    ""
-                }
+                "cannot reach {} at {}{others} (is the cluster up? `namdb cluster status`)",
+                node.name, node.address,
             )
         })
     }
 }
 
 /// A runtime, the cluster's compute nodes, and a client of one that answers.
-pub fn session(given: Option<PathBuf>) -> Result<(tokio::runtime::Runtime, Nodes, Client)> {
+/// Each node has `wait` to answer its health check.
+pub fn session(
+    given: Option<PathBuf>,
+    wait: Duration,
+) -> Result<(tokio::runtime::Runtime, Nodes, Client)> {
     let nodes = Nodes::of(given)?;
     let runtime = runtime()?;
-    let (client, _) = runtime.block_on(nodes.connect())?;
+    let (client, _) = runtime.block_on(nodes.connect(wait))?;
     Ok((runtime, nodes, client))
 }
 
@@ -297,7 +327,8 @@ fn run_command(args: KvArgs) -> Result<ExitCode> {
     if let KvCommand::Scan { from, to, .. } = args.command {
         scan_range(from, to, "--from", "--to").map_err(|e| anyhow::anyhow!(e))?;
     }
-    let (runtime, _, client) = session(args.cluster)?;
+    // A --timeout shorter than the health check's wait bounds it too.
+    let (runtime, _, client) = session(args.cluster, ANSWER_WAIT.min(args.timeout))?;
     let timeout = args.timeout;
     let committing = std::sync::atomic::AtomicBool::new(false);
     runtime

@@ -3,7 +3,7 @@
 //! holds every command until `commit` or `abort`.
 
 use crate::cluster_cmd::DEFAULT_TABLE;
-use crate::kv_cmd::{KvCommand, answers, autocommit, commit, failed, one, session};
+use crate::kv_cmd::{ANSWER_WAIT, KvCommand, answers, autocommit, commit, failed, one, session};
 use anyhow::Result;
 use clap::Args;
 use compute_node::client::{Client, Txn};
@@ -162,7 +162,7 @@ async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Lin
 const SCRIPT_FAILED: u8 = 2;
 
 pub fn run(args: ShellArgs) -> Result<ExitCode> {
-    let (runtime, nodes, mut client) = session(args.cluster)?;
+    let (runtime, nodes, mut client) = session(args.cluster, ANSWER_WAIT)?;
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
     let mut failed_lines: Vec<usize> = Vec::new();
@@ -193,7 +193,7 @@ pub fn run(args: ShellArgs) -> Result<ExitCode> {
                     failed_lines.push(number);
                     // A compute node that died or hangs: go on with another.
                     if !runtime.block_on(answers(&client)) {
-                        match runtime.block_on(nodes.connect()) {
+                        match runtime.block_on(nodes.connect(ANSWER_WAIT)) {
                             Ok((other, which)) => {
                                 client = other;
                                 if open.take().is_some() {

@@ -1541,3 +1541,88 @@ fn a_commit_to_a_dead_compute_node_says_it_was_not_sent() {
     assert!(said.contains("cannot reach compute-node-0"), "{said}");
     assert!(!said.contains("unknown"), "{said}");
 }
+
+/// SIGCONTs a process the test stopped when dropped, so that a failing assertion does
+/// not leave it stopped (holding its cluster's ports and the test's temporary dir).
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// `kv` while a memory server is stopped (SIGSTOP: it keeps its connections and
+/// answers nothing) on tcp, whose one-sided operations to it then wait (up to the 30 s
+/// patience of txn and the oracle): the compute node's workers are stuck in them, yet
+/// its health check answers (NOT_SERVING, naming the workers and, once the node can
+/// tell, the memory server), and `kv` says the node is up but not serving, and why.
+/// Before, the health check waited on the workers, and `kv` waited its fixed 3 s for it
+/// whatever its --timeout, then said "cannot reach compute-node-0 … (is the cluster
+/// up?)", "it did not answer a health check within 3s". Nothing is lost once the server
+/// goes on.
+#[test]
+fn kv_while_a_memory_server_is_stopped_says_the_compute_node_is_up_and_why_it_cannot_serve() {
+    let c = Cluster::up(&["--backend", "tcp", "--size", "16MiB"]);
+    let cwd = c.cwd();
+    ok(cwd, &["kv", "put", "1", "one"]);
+    let json = c.json();
+    let server = &json["memory_servers"][0];
+    let pid = server["pid"].as_u64().unwrap() as u32;
+    let named = format!("memory server 0 at {}", server["address"].as_str().unwrap());
+    stop_and_wait(pid);
+    let resume = Resume(pid);
+    // A --timeout below the health check's 3 s bounds its wait; the node's workers do
+    // not answer within its own 1 s bound, so no answer comes in time.
+    let o = namdb(cwd, &["kv", "--timeout", "500ms", "get", "1"]);
+    let said = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("did not answer a health check within 500ms"),
+        "{said}"
+    );
+    // The memory server is named once the node's own question to it has gone
+    // unanswered for a while (and, past its keep-alive, as the reason it reconnects).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    for args in [["get", "1", ""], ["put", "1", "x"]].iter().cycle() {
+        let args: Vec<&str> = ["kv", "--timeout", "2s"]
+            .into_iter()
+            .chain(args.iter().copied().filter(|a| !a.is_empty()))
+            .collect();
+        let o = namdb(cwd, &args);
+        let said = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {said}");
+        assert!(
+            said.contains("compute-node-0 at") && said.contains("is up but not serving"),
+            "{args:?}: {said}"
+        );
+        assert!(!said.contains("cannot reach"), "{args:?}: {said}");
+        assert!(!said.contains("unknown"), "{args:?}: {said}");
+        if said.contains(&named) {
+            break;
+        }
+        assert!(
+            said.contains("workers 0, 1 of 2 did not answer within 1s"),
+            "{args:?}: {said}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stopped server was never named: {said}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    drop(resume);
+    // The put above never ran; the value is still there once the server goes on.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
+        let o = namdb(cwd, &["kv", "get", "1"]);
+        if o.status.success() {
+            assert_eq!(stdout(&o), "one\n");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", stderr(&o));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

@@ -47,6 +47,11 @@ pub const MAX_OPEN_PER_WORKER: usize = 1024;
 /// reaches a client that still waits.
 pub const FENCED_OUTCOME_PATIENCE: Duration = Duration::from_secs(12);
 
+/// How long [`crate::Node::worker_stats`] (Health, Stats, metrics) waits for the
+/// workers: well inside `namdb kv`'s wait for a health check (3 s), and far beyond an
+/// executor round of a worker that is not held up.
+pub const STATS_WAIT: Duration = Duration::from_secs(1);
+
 /// The most workers a pool may have.
 pub const MAX_WORKERS: usize = 1 << WORKER_BITS;
 
@@ -959,6 +964,42 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
         local.put_back(begun.handle >> WORKER_BITS, running);
         assert!(local.take(begun.handle).is_ok());
+    }
+
+    /// A worker whose thread is held (as by a one-sided operation to a stopped memory
+    /// server) is named, not waited for; the others' answers are not lost meanwhile.
+    #[test]
+    fn stats_within_names_the_workers_that_did_not_answer() {
+        let db = Database::embedded(txn::Options::default()).unwrap();
+        let mut pool = Pool::start(&db, 2, Duration::from_secs(30)).unwrap();
+        // A third "worker" whose thread never takes its jobs until released.
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (release, held) = mpsc::channel::<()>();
+        pool.threads.push(std::thread::spawn(move || {
+            let _ = held.recv();
+            drop(rx);
+        }));
+        pool.senders.push(tx);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let silent = runtime
+            .block_on(pool.stats_within(Duration::from_millis(200)))
+            .expect_err("worker 2 is held");
+        assert_eq!(silent.workers, vec![2]);
+        assert_eq!(
+            silent.to_string(),
+            "worker 2 of 3 did not answer within 200ms (its thread is held waiting on a \
+             memory server: one that is stopped or overloaded?)"
+        );
+        release.send(()).unwrap();
+        pool.senders.pop();
+        let stats = runtime
+            .block_on(pool.stats_within(Duration::from_secs(30)))
+            .unwrap();
+        assert_eq!(stats.open, 0);
+        pool.shutdown();
     }
 
     #[test]

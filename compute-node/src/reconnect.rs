@@ -19,7 +19,7 @@
 //! backoff. Meanwhile calls get UNAVAILABLE ("reconnecting to the memory servers: …").
 
 use crate::memory_servers::{ConnectError, RemoteCluster, connect};
-use crate::pool::Pool;
+use crate::pool::{Pool, STATS_WAIT, WorkerStats};
 use memory_server::ClusterToken;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -268,6 +268,23 @@ impl Node {
     /// `longer_than` (a session renewal takes a round trip), in words, if one.
     pub fn unanswered_server(&self, longer_than: Duration) -> Option<String> {
         self.asking.unanswered(longer_than)
+    }
+
+    /// Every worker's counters of `live`, if each answers within
+    /// [`crate::pool::STATS_WAIT`]; else UNAVAILABLE saying which did not and, if the
+    /// monitor has been waiting on a memory server as long, which one. Not waited for
+    /// longer: a worker stuck in a one-sided operation to a stopped memory server would
+    /// hold the caller (Health, Stats, a metrics scrape) until txn's patience ran out.
+    pub async fn worker_stats(&self, live: &Live) -> Result<WorkerStats, Status> {
+        live.pool.stats_within(STATS_WAIT).await.map_err(|silent| {
+            // The monitor's question to each server is one round trip: one unanswered
+            // for as long as the workers' is the likely culprit.
+            let which = self
+                .unanswered_server(STATS_WAIT)
+                .map(|s| format!("; {s}"))
+                .unwrap_or_default();
+            Status::unavailable(format!("{silent}{which}"))
+        })
     }
 
     /// Reconnections since the start.

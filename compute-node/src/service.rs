@@ -17,11 +17,6 @@ use txn::{Database, Table, TableSpec};
 /// The package this node serves, announced by Health.
 pub const PROTOCOL: &str = "namdb.compute.v1";
 
-/// How long Health waits for the workers before it answers NOT_SERVING, naming those
-/// that did not answer: well inside `namdb kv`'s wait for a health check (3 s), and
-/// far beyond an executor round of a worker that is not held up.
-pub const HEALTH_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
 pub struct ComputeService {
     /// The database and pool of the moment: replaced when a memory server went away
     /// (a transaction handle of the old pool is then unknown to the new one).
@@ -286,7 +281,7 @@ impl Compute for ComputeService {
         self.metrics.rpc("Stats");
         // While reconnecting there are no workers to ask; the counters then read 0.
         let s = match self.node.live() {
-            Ok(live) => live.pool.stats().await?,
+            Ok(live) => self.node.worker_stats(&live).await?,
             Err(_) => Default::default(),
         };
         Ok(Response::new(proto::StatsResponse {
@@ -312,23 +307,15 @@ impl Compute for ComputeService {
     ) -> Result<Response<proto::HealthResponse>, Status> {
         self.metrics.rpc("Health");
         use proto::health_response::Status as Health;
-        // Serving when every worker answers in time. Not waited for beyond that: a
-        // worker stuck in a one-sided operation to a stopped memory server would hold
-        // the answer (and a client's wait) until the fabric's patience ran out.
-        let (status, reason) = match self.node.live() {
-            Ok(live) => match live.pool.stats_within(HEALTH_WAIT).await {
-                Ok(_) => (Health::Serving, String::new()),
-                Err(silent) => {
-                    // The monitor's question to each server is a round trip: one
-                    // unanswered for as long as the workers' is the likely culprit.
-                    let which = self
-                        .node
-                        .unanswered_server(HEALTH_WAIT)
-                        .map(|s| format!("; {s}"))
-                        .unwrap_or_default();
-                    (Health::NotServing, format!("{silent}{which}"))
-                }
-            },
+        // Serving when every worker answers in time (`Node::worker_stats`), which
+        // bounds the wait: a worker stuck in a one-sided operation to a stopped memory
+        // server would hold the answer (and a client's wait) for up to 30 s.
+        let answered = match self.node.live() {
+            Ok(live) => self.node.worker_stats(&live).await,
+            Err(status) => Err(status),
+        };
+        let (status, reason) = match answered {
+            Ok(_) => (Health::Serving, String::new()),
             Err(status) => (Health::NotServing, status.message().to_string()),
         };
         Ok(Response::new(proto::HealthResponse {

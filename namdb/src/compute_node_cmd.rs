@@ -170,7 +170,7 @@ pub fn run(args: ComputeNodeArgs) -> Result<()> {
                 Box::pin(async move {
                     let reconnects = (node.reconnects(), node.last_reconnect());
                     let stats = match node.live() {
-                        Ok(live) => live.pool.stats().await,
+                        Ok(live) => node.worker_stats(&live).await,
                         Err(e) => Err(e),
                     };
                     match stats {

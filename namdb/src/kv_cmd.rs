@@ -223,7 +223,7 @@ async fn health_check(client: &Client, wait: Duration) -> Result<HealthResponse>
 
 /// How long a compute node has to answer a health check before the next one is tried:
 /// a node that is stopped (SIGSTOP) or wedged still accepts connections. A node whose
-/// workers are stuck answers NOT_SERVING within `compute_node::service::HEALTH_WAIT` instead.
+/// workers are stuck answers NOT_SERVING within `compute_node::pool::STATS_WAIT` instead.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(3);
 
 /// A cluster's compute nodes, to connect to one that answers.

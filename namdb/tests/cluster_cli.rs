@@ -1558,10 +1558,12 @@ impl Drop for Resume {
 /// answers nothing) on tcp, whose one-sided operations to it then wait (up to the 30 s
 /// patience of txn and the oracle): the compute node's workers are stuck in them, yet
 /// its health check answers (NOT_SERVING, naming the workers and, once the node can
-/// tell, the memory server), and `kv` says the node is up but not serving, and why.
+/// tell, the memory server), as does its metrics endpoint, and `kv` says the node is up
+/// but not serving, and why.
 /// Before, the health check waited on the workers, and `kv` waited its fixed 3 s for it
 /// whatever its --timeout, then said "cannot reach compute-node-0 … (is the cluster
-/// up?)", "it did not answer a health check within 3s". Nothing is lost once the server
+/// up?)", "it did not answer a health check within 3s", and a scrape waited as long as
+/// the workers (up to 30 s). Nothing is lost once the server
 /// goes on.
 #[test]
 fn kv_while_a_memory_server_is_stopped_says_the_compute_node_is_up_and_why_it_cannot_serve() {
@@ -1582,6 +1584,13 @@ fn kv_while_a_memory_server_is_stopped_says_the_compute_node_is_up_and_why_it_ca
     assert!(
         said.contains("did not answer a health check within 500ms"),
         "{said}"
+    );
+    // Its metrics endpoint answers too, saying why it has no counters to show.
+    let metrics = scrape(json["compute_nodes"][0]["metrics"].as_str().unwrap());
+    assert!(
+        metrics
+            .contains("# the workers did not answer: workers 0, 1 of 2 did not answer within 1s"),
+        "{metrics}"
     );
     // The memory server is named once the node's own question to it has gone
     // unanswered for a while (and, past its keep-alive, as the reason it reconnects).

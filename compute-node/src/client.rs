@@ -249,4 +249,16 @@ impl Client {
             .await?
             .into_inner())
     }
+
+    /// As [`Client::health`], telling the node (gRPC's `grpc-timeout`) that the answer
+    /// is wanted within `wait`: a node whose workers do not answer then says so in
+    /// time, rather than past the caller's patience.
+    pub async fn health_within(
+        &self,
+        wait: std::time::Duration,
+    ) -> Result<proto::HealthResponse, Status> {
+        let mut request = tonic::Request::new(proto::HealthRequest {});
+        request.set_timeout(wait);
+        Ok(self.rpc().health(request).await?.into_inner())
+    }
 }

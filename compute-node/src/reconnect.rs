@@ -276,11 +276,20 @@ impl Node {
     /// longer: a worker stuck in a one-sided operation to a stopped memory server would
     /// hold the caller (Health, Stats, a metrics scrape) until txn's patience ran out.
     pub async fn worker_stats(&self, live: &Live) -> Result<WorkerStats, Status> {
-        live.pool.stats_within(STATS_WAIT).await.map_err(|silent| {
+        self.worker_stats_within(live, STATS_WAIT).await
+    }
+
+    /// As [`Node::worker_stats`], waiting `within` for the workers.
+    pub async fn worker_stats_within(
+        &self,
+        live: &Live,
+        within: Duration,
+    ) -> Result<WorkerStats, Status> {
+        live.pool.stats_within(within).await.map_err(|silent| {
             // The monitor's question to each server is one round trip: one unanswered
             // for as long as the workers' is the likely culprit.
             let which = self
-                .unanswered_server(STATS_WAIT)
+                .unanswered_server(within)
                 .map(|s| format!("; {s}"))
                 .unwrap_or_default();
             Status::unavailable(format!("{silent}{which}"))

@@ -3,13 +3,14 @@
 //! catalog operations wait on the fabric.
 
 use crate::metrics::Metrics;
+use crate::pool::STATS_WAIT;
 use crate::pool::{Begun, Op, Reply};
 use crate::proto::{self, compute_server::Compute};
 use crate::reconnect::Node;
 use crate::status::{Fate, status_of};
 use futures::stream::BoxStream;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 use txn::{Database, Table, TableSpec};
@@ -78,6 +79,23 @@ impl ComputeService {
             .map_err(|e| Status::internal(format!("the catalog operation failed: {e}")))?
             .map_err(|e| status_of(&e, Fate::None))
     }
+}
+
+/// The caller's deadline (gRPC's `grpc-timeout` header: digits and a unit), if it
+/// sent one that parses.
+fn deadline(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 fn table_info(t: &Table) -> proto::TableInfo {
@@ -303,15 +321,18 @@ impl Compute for ComputeService {
 
     async fn health(
         &self,
-        _req: Request<proto::HealthRequest>,
+        req: Request<proto::HealthRequest>,
     ) -> Result<Response<proto::HealthResponse>, Status> {
         self.metrics.rpc("Health");
         use proto::health_response::Status as Health;
         // Serving when every worker answers in time (`Node::worker_stats`), which
         // bounds the wait: a worker stuck in a one-sided operation to a stopped memory
         // server would hold the answer (and a client's wait) for up to 30 s.
+        // A caller that wants the answer sooner (grpc-timeout) gets it while it waits:
+        // half its time for the workers leaves the rest for the way back.
+        let within = deadline(req.metadata()).map_or(STATS_WAIT, |d| STATS_WAIT.min(d / 2));
         let answered = match self.node.live() {
-            Ok(live) => self.node.worker_stats(&live).await,
+            Ok(live) => self.node.worker_stats_within(&live, within).await,
             Err(status) => Err(status),
         };
         let (status, reason) = match answered {
@@ -327,5 +348,29 @@ impl Compute for ComputeService {
             workers: self.node.workers() as u32,
             memory_servers: self.node.servers() as u32,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_callers_deadline_is_read_from_grpc_timeout() {
+        let mut m = tonic::metadata::MetadataMap::new();
+        assert_eq!(deadline(&m), None);
+        for (value, expected) in [
+            ("500m", Some(Duration::from_millis(500))),
+            ("3S", Some(Duration::from_secs(3))),
+            ("2M", Some(Duration::from_secs(120))),
+            ("1H", Some(Duration::from_secs(3600))),
+            ("250000u", Some(Duration::from_millis(250))),
+            ("7n", Some(Duration::from_nanos(7))),
+            ("5x", None),
+            ("m", None),
+        ] {
+            m.insert("grpc-timeout", value.parse().unwrap());
+            assert_eq!(deadline(&m), expected, "{value}");
+        }
     }
 }

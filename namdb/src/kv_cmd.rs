@@ -214,7 +214,7 @@ pub async fn answers(client: &Client) -> bool {
 /// none (no answer in time, or an answer refusing us, e.g. a cluster file naming
 /// another cluster's token).
 async fn health_check(client: &Client, wait: Duration) -> Result<HealthResponse> {
-    match tokio::time::timeout(wait, client.health()).await {
+    match tokio::time::timeout(wait, client.health_within(wait)).await {
         Ok(Ok(health)) => Ok(health),
         Ok(Err(s)) => Err(failed("its health check", &s)),
         Err(_) => bail!("it did not answer a health check within {wait:?}"),

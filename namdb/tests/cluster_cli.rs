@@ -1578,11 +1578,11 @@ fn kv_while_a_memory_server_is_stopped_says_the_compute_node_is_up_and_why_it_ca
     let resume = Resume(pid);
     // A --timeout below the health check's 3 s bounds its wait, and the node, told
     // so (grpc-timeout), gives its workers half of it.
-    let o = namdb(cwd, &["kv", "--timeout", "500ms", "get", "1"]);
+    let o = namdb(cwd, &["kv", "--timeout", "1s", "get", "1"]);
     let said = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{said}");
     assert!(
-        said.contains("is up but not serving: workers 0, 1 of 2 did not answer within 250ms"),
+        said.contains("is up but not serving: workers 0, 1 of 2 did not answer within 500ms"),
         "{said}"
     );
     // Its metrics endpoint answers too, saying why it has no counters to show.

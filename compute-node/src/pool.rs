@@ -459,6 +459,11 @@ struct Local {
     next_expiry: Cell<Instant>,
     /// The counters of the broken workers this thread replaced.
     carried: Cell<WorkerStats>,
+    /// When the loop last took every job waiting in its channel: a transaction is idle
+    /// up to then at most. Its request may wait in the channel while the thread is
+    /// held (a one-sided operation or an oracle tick to a memory server stopped for
+    /// longer than the idle timeout); that time is the worker's, not the client's.
+    caught_up: Cell<Instant>,
 }
 
 type Coroutine<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
@@ -559,6 +564,7 @@ fn run(local: &Local, rx: &mpsc::Receiver<Job>) -> Exit {
                 Err(mpsc::TryRecvError::Disconnected) => connected = false,
             }
         }
+        local.caught_up.set(Instant::now());
         // txn's futures busy-poll (see txn::runtime): a pending one is polled again in
         // the next round.
         live.retain_mut(|c| c.as_mut().poll(&mut cx) == Poll::Pending);
@@ -592,6 +598,7 @@ impl Local {
             expired: Cell::new(0),
             next_expiry: Cell::new(Instant::now()),
             carried: Cell::new(WorkerStats::default()),
+            caught_up: Cell::new(Instant::now()),
         }
     }
 
@@ -809,9 +816,13 @@ impl Local {
         self.next_expiry
             .set(now + (self.idle_timeout / 10).min(Duration::from_millis(10)));
         let mut open = self.open.borrow_mut();
+        let caught_up = self.caught_up.get();
         let stale: Vec<u64> = open
             .iter()
-            .filter(|(_, o)| o.state.is_some() && now - o.last_used > self.idle_timeout)
+            .filter(|(_, o)| {
+                o.state.is_some()
+                    && caught_up.saturating_duration_since(o.last_used) > self.idle_timeout
+            })
             .map(|(&serial, _)| serial)
             .collect();
         for serial in stale {
@@ -1226,6 +1237,65 @@ mod tests {
             assert!(db.locked_records().unwrap().is_empty(), "{point}");
             pool.shutdown();
         }
+    }
+
+    /// A request that waited in the channel while the worker's thread was held (here a
+    /// commit stalled on it, as by a one-sided operation to a stopped memory server)
+    /// longer than the idle timeout finds its transaction: the client was not idle.
+    #[test]
+    fn time_a_held_worker_kept_a_request_waiting_is_not_idle_time() {
+        let db = Database::embedded(txn::Options::default()).unwrap();
+        db.create_table(txn::TableSpec::new("t", 16, 256)).unwrap();
+        let idle = Duration::from_millis(200);
+        let (stalled_tx, stalled) = mpsc::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        let (tx, rx) = mpsc::channel();
+        let db2 = db.clone();
+        let thread = std::thread::spawn(move || {
+            let worker = db2.worker().unwrap();
+            txn::crash::stall_at_on_this_thread(
+                "after-lock",
+                Box::new(move |_| {
+                    let _ = stalled_tx.send(());
+                    let _ = released.recv_timeout(Duration::from_secs(30));
+                }),
+            )
+            .unwrap();
+            let waits = Waits {
+                idle_timeout: idle,
+                fenced_outcome: FENCED_OUTCOME_PATIENCE,
+            };
+            serve_until_stopped(&db2, worker, 0, waits, &rx);
+        });
+        let pool = Pool {
+            senders: vec![tx],
+            threads: vec![thread],
+            next: AtomicUsize::new(0),
+            idle_timeout: idle,
+        };
+        let a = begin(&pool).unwrap();
+        put(&pool, a.handle, 1, b"one").unwrap();
+        let b = begin(&pool).unwrap();
+        put(&pool, b.handle, 2, b"two").unwrap();
+        let (reply, committed) = oneshot::channel();
+        pool.txn(b.handle, Op::Commit { reply });
+        stalled.recv_timeout(Duration::from_secs(30)).unwrap();
+        let (reply, read) = oneshot::channel();
+        pool.txn(
+            a.handle,
+            Op::Get {
+                table: "t".into(),
+                key: 1,
+                reply,
+            },
+        );
+        // The condition under test, not a wait for an event: the thread is held (and
+        // the Get waits) for longer than the idle timeout.
+        std::thread::sleep(idle * 3);
+        release.send(()).unwrap();
+        assert_eq!(wait(read).unwrap(), Some(b"one".to_vec()));
+        let _ = wait(committed);
+        pool.shutdown();
     }
 
     #[test]

@@ -33,12 +33,14 @@
 mod cells;
 mod clock;
 mod error;
+pub mod gate;
 pub mod layout;
 mod link;
 mod slot;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{OracleError, Result};
+pub use gate::{LeaseGates, LeaseGuard};
 pub use layout::{DEFAULT_BITS, Layout, Lease, SlotState};
 pub use link::{MIN_CQ_CAPACITY, MIN_SEND_QUEUE};
 pub use slot::{OracleConfig, Outcome, SlotHandle, SlotStats, TickReport};

@@ -57,6 +57,7 @@
 use crate::cells;
 use crate::clock::Clock;
 use crate::error::{OracleError, Result};
+use crate::gate::{Gate, LeaseGates, LeaseGuard};
 use crate::layout::{
     BLOCK, HEADER_WORDS, Layout, Lease, MAX_HORIZON, OFF_FAR_HINT, OFF_PREFIX_HINT, SLOT_BYTES,
     SlotState,
@@ -146,6 +147,9 @@ pub struct SlotStats {
     pub renewals: u64,
     pub horizon_raises: u64,
     pub fences: u64,
+    /// Fences that found the holder (in this process) still posting under its lease,
+    /// and left the slot to a later tick.
+    pub fences_waited: u64,
 }
 
 /// What one [`SlotHandle::tick`] did.
@@ -214,6 +218,10 @@ struct Watch {
 }
 
 struct State {
+    /// The gates of this process's holders, if shared ([`SlotHandle::share_gates`]).
+    gates: Option<Arc<LeaseGates>>,
+    /// This holding's gate in `gates`.
+    gate: Option<Arc<Gate>>,
     slot: u32,
     status: Status,
     /// Our lease word as we last wrote or confirmed it.
@@ -287,6 +295,8 @@ impl State {
             leases: vec![UNSEEN; layout.slots() as usize],
             free_bits: vec![0; layout.slots() as usize],
             stats: SlotStats::default(),
+            gates: None,
+            gate: None,
         }
     }
 
@@ -456,15 +466,19 @@ impl SlotHandle {
         clock: Arc<dyn Clock>,
     ) -> Result<SlotHandle> {
         let handle = Self::observe_at(device, qp, cq, region, base, config, clock)?;
-        match handle.claim() {
-            Err(OracleError::NoFreeSlot { .. }) => {
-                handle.take_over_lapsed()?;
-            }
-            other => {
-                other?;
-            }
-        }
+        handle.claim_taking_over()?;
         Ok(handle)
+    }
+
+    /// Claims a free or fenced slot for an observer ([`SlotHandle::observe_at`]), or,
+    /// if every slot is owned, takes one over as [`SlotHandle::register_taking_over_at`]
+    /// does. Share the gates first ([`SlotHandle::share_gates`]), so that a take-over
+    /// of a holder in this process waits for its work in flight.
+    pub fn claim_taking_over(&self) -> Result<u32> {
+        match self.claim() {
+            Err(OracleError::NoFreeSlot { .. }) => self.take_over_lapsed(),
+            other => other,
+        }
     }
 
     /// Opens the oracle as [`SlotHandle::register_at`] does, but claims no slot: an
@@ -663,6 +677,10 @@ impl SlotHandle {
         st.watch = None;
         st.leases[slot as usize] = mine;
         st.rebuild_free_bits();
+        st.gate = st
+            .gates
+            .as_ref()
+            .map(|gates| gates.register(slot, mine.tag));
         Ok(true)
     }
 
@@ -877,7 +895,7 @@ impl SlotHandle {
                 }
             }
         }
-        self.ensure_lease()?;
+        let _inside = self.lease_guard()?;
         let v = self.layout.bits();
         // (word, odd round, bits): a wrap splits one word's timestamps in two rounds.
         let mut words: Vec<(u64, bool, u64)> = Vec::with_capacity(decided.len());
@@ -1333,9 +1351,10 @@ impl SlotHandle {
     /// Makes sure the lease is good for deciding timestamps: renews first once half
     /// the timeout has passed since the last confirmed renewal was posted.
     ///
-    /// Call it right before posting work that is only safe under the lease (a
-    /// commit's locks, log record and installs): it costs a clock read while the lease
-    /// is fresh, and fails with [`OracleError::Fenced`] once another node fenced us.
+    /// It costs a clock read while the lease is fresh, and fails with
+    /// [`OracleError::Fenced`] once another node fenced us. Before posting work that is
+    /// only safe under the lease (a commit's locks, log record and installs), take
+    /// [`SlotHandle::lease_guard`] instead.
     pub fn ensure_lease(&self) -> Result<()> {
         let now = self.clock.now();
         let confirmed_at = self.st.borrow().confirmed_at;
@@ -1343,6 +1362,38 @@ impl SlotHandle {
             return Ok(());
         }
         self.renew()
+    }
+
+    /// [`SlotHandle::ensure_lease`] for work posted under it: the returned guard must
+    /// live until that work has completed. With gates shared, a fence by a handle of
+    /// this process waits for it, and once such a fence began, this fails with
+    /// [`OracleError::Fenced`] (see [`crate::gate`]).
+    pub fn lease_guard(&self) -> Result<LeaseGuard> {
+        let gate = self.st.borrow().gate.clone();
+        let guard = match gate {
+            Some(gate) => match Gate::enter(&gate) {
+                Some(guard) => guard,
+                None => {
+                    let mut st = self.st.borrow_mut();
+                    if st.status == Status::Active {
+                        st.status = Status::Fenced;
+                    }
+                    return Err(OracleError::Fenced { slot: st.slot });
+                }
+            },
+            None => LeaseGuard::none(),
+        };
+        self.ensure_lease()?;
+        Ok(guard)
+    }
+
+    /// Shares `gates` with this handle: its holdings register there, and its fences of
+    /// a holding registered there wait for that holder's work in flight (see
+    /// [`crate::gate`]). Give every handle of a process the same gates.
+    pub fn share_gates(&self, gates: Arc<LeaseGates>) {
+        let mut st = self.st.borrow_mut();
+        st.gate = (st.status == Status::Active).then(|| gates.register(st.slot, st.lease.tag));
+        st.gates = Some(gates);
     }
 
     /// Bumps the heartbeat with CAS from the value this holder last wrote. A fencer
@@ -1589,7 +1640,7 @@ impl SlotHandle {
         if frontier >= horizon {
             self.raise_horizon(frontier)?;
         }
-        self.ensure_lease()?;
+        let _inside = self.lease_guard()?;
         let s = self.layout.slots() as u64;
         let v = self.layout.bits();
         // The caller keeps the frontier below the known prefix + V/2: the wrap margin
@@ -1694,6 +1745,16 @@ impl SlotHandle {
                 return Ok(None);
             }
         }
+        // The holder cannot renew any more, but it may still be posting under a lease
+        // check it passed; if it is in this process, wait for that (a later tick
+        // comes back here: the heartbeat shows the fence begun).
+        let gates = self.st.borrow().gates.clone();
+        if let Some(gates) = gates
+            && !gates.close(owner, lease.tag)
+        {
+            self.st.borrow_mut().stats.fences_waited += 1;
+            return Ok(None);
+        }
         // Also finishes a fencer that stopped after the heartbeat.
         let taken = Lease {
             state: SlotState::Fenced,
@@ -1710,6 +1771,9 @@ impl SlotHandle {
         let mut st = self.st.borrow_mut();
         st.stats.fences += 1;
         st.note_lease(owner, taken.encode());
+        if let Some(gates) = &st.gates {
+            gates.forget(owner, lease.tag);
+        }
         Ok(Some(taken))
     }
 
@@ -1918,6 +1982,10 @@ impl SlotHandle {
             return Err(OracleError::Fenced { slot });
         }
         st.status = Status::Released;
+        if let Some(gates) = &st.gates {
+            gates.forget(slot, cur.tag);
+        }
+        st.gate = None;
         // Others may skip for the slot now, and so may this handle.
         st.note_lease(slot, free.encode());
         Ok(())

@@ -8,6 +8,10 @@
 //!   timestamps whose holder had decided them, and none goes backwards.
 //! - `renewal_races_fence`: a late holder renews while another node fences it; exactly
 //!   one wins, and the stalled timestamp ends up decided exactly once.
+//! - `late_mark_races_a_gated_fence`: a holder whose lease check passed (then it was
+//!   descheduled) decides its timestamp while a handle of the same process fences its
+//!   slot, the two sharing lease gates; the timestamp is decided exactly once (without
+//!   the gates, a mark landing after the fencer's skip toggles it back).
 //! - `free_skip_races_claim`: a holder's read timestamp skips two free slots (horizon
 //!   raises and CAS on the vector word) while a new node claims one of them and
 //!   decides its first timestamp; no timestamp is decided twice and the claimer's is
@@ -19,7 +23,9 @@ use loom::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use timestamp::testkit::SimOracle;
-use timestamp::{Clock, Layout, ManualClock, OracleConfig, OracleError, Outcome, SlotHandle};
+use timestamp::{
+    Clock, Layout, LeaseGates, ManualClock, OracleConfig, OracleError, Outcome, SlotHandle,
+};
 
 const TICK: Duration = Duration::from_millis(1);
 const LEASE: Duration = Duration::from_millis(4);
@@ -155,6 +161,87 @@ fn renewal_races_fence() {
         }
     });
     eprintln!("loom explored {n} interleavings of a renewal racing a fence");
+    assert!(n > 10, "loom explored only {n} interleavings");
+}
+
+#[test]
+fn late_mark_races_a_gated_fence() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.max_branches = 200_000;
+    let n = explore(builder, || {
+        let o =
+            Arc::new(SimOracle::new(SimConfig::default(), Layout::new(16, 2).unwrap()).unwrap());
+        let clock = ManualClock::new();
+        let a = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
+        // The late holder's clock stands still: its lease checks pass without a
+        // renewal, as one made right before its thread was descheduled would.
+        let b = o
+            .client(config(), ManualClock::new() as Arc<dyn Clock>)
+            .unwrap();
+        let gates = LeaseGates::new();
+        a.share_gates(gates.clone());
+        b.share_gates(gates);
+        let stalled = b.next_commit_ts().unwrap();
+        assert_eq!(stalled, 1);
+        let t = a.next_commit_ts().unwrap();
+        a.mark(t, Outcome::Committed).unwrap();
+        for _ in 0..3 {
+            clock.advance(TICK);
+            assert_eq!(a.tick().unwrap().fenced, None);
+        }
+        clock.advance(LEASE);
+        let trace = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let trace_a = trace.clone();
+        let fencer = {
+            let clock = clock.clone();
+            loom::thread::spawn(move || {
+                // A fence that finds the holder inside its gate is left to a later
+                // tick.
+                for _ in 0..2 {
+                    let r = a.tick().unwrap();
+                    trace_a.lock().unwrap().push(format!("a: tick {r:?}"));
+                    if let Some(slot) = r.fenced {
+                        return (a, Some(slot));
+                    }
+                    clock.advance(TICK);
+                    loom::thread::yield_now();
+                }
+                (a, None)
+            })
+        };
+        let trace_b = trace.clone();
+        let late = loom::thread::spawn(move || {
+            trace_b.lock().unwrap().push("b: mark".into());
+            let marked = b.mark(stalled, Outcome::Committed);
+            trace_b
+                .lock()
+                .unwrap()
+                .push(format!("b: marked {marked:?}"));
+            (b, marked)
+        });
+        let (a, fenced) = fencer.join().unwrap();
+        let (_b, marked) = late.join().unwrap();
+        match marked {
+            Ok(()) => {}
+            Err(OracleError::Fenced { slot: 1 }) => {
+                assert_eq!(fenced, Some(1), "refused a mark, yet no fence went through")
+            }
+            Err(e) => panic!("mark: {e}"),
+        }
+        // Decided exactly once: a second toggle would read undecided (and carry).
+        assert!(
+            o.is_decided(stalled).unwrap(),
+            "{:?} marked: {marked:?}, fenced {fenced:?}, t {t} decided {:?}, a {:?}, b {:?}",
+            trace.lock().unwrap(),
+            o.is_decided(t),
+            a.stats(),
+            _b.stats()
+        );
+        assert!(o.is_decided(t).unwrap());
+        assert!(a.read_timestamp().unwrap() >= t);
+    });
+    eprintln!("loom explored {n} interleavings of a late mark racing a gated fence");
     assert!(n > 10, "loom explored only {n} interleavings");
 }
 

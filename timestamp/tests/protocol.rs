@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use timestamp::testkit::SimOracle;
 use timestamp::{
-    Clock, Layout, ManualClock, OracleConfig, OracleError, Outcome, SlotHandle, SlotState,
+    Clock, Layout, LeaseGates, ManualClock, OracleConfig, OracleError, Outcome, SlotHandle,
+    SlotState,
 };
 
 const TICK: Duration = Duration::from_millis(1);
@@ -304,6 +305,62 @@ fn an_expired_slot_is_fenced_and_skipped_and_its_holder_learns_it() {
         "rid {rid} fresh {fresh} next {next} true {}",
         o.true_prefix(1).unwrap()
     );
+}
+
+/// A holder whose clock says its lease is fresh (its check passed just before its
+/// thread was descheduled, as this clock that stands still says) is fenced by a handle
+/// of its own process. Sharing lease gates: while the holder is inside its gate the
+/// fence waits (the slot stays owned, nothing is skipped for it); once the holder is
+/// out, the fence goes through, and the holder's later decision is refused, where
+/// without the gates it lands on a timestamp the fencer decided already.
+#[test]
+fn a_fence_in_the_holders_process_waits_for_its_gate_and_then_shuts_it() {
+    for shared in [true, false] {
+        let o = cluster(1024, 2);
+        let clock = ManualClock::new();
+        let fencer = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
+        let late = o
+            .client(config(), ManualClock::new() as Arc<dyn Clock>)
+            .unwrap();
+        if shared {
+            let gates = LeaseGates::new();
+            fencer.share_gates(gates.clone());
+            late.share_gates(gates);
+        }
+        let lost = late.next_commit_ts().unwrap();
+        let t = fencer.next_commit_ts().unwrap();
+        fencer.mark(t, Outcome::Committed).unwrap();
+        let inside = late.lease_guard().unwrap();
+        let mut fenced = None;
+        for _ in 0..60 {
+            clock.advance(TICK);
+            fenced = fenced.or(fencer.tick().unwrap().fenced);
+        }
+        if shared {
+            assert_eq!(fenced, None, "fenced while the holder was inside its gate");
+            assert_eq!(o.lease(1).unwrap().state, SlotState::Owned);
+            assert!(!o.is_decided(lost).unwrap());
+            assert!(fencer.stats().fences_waited > 0);
+        } else {
+            assert_eq!(fenced, Some(1));
+        }
+        drop(inside);
+        for _ in 0..4 {
+            clock.advance(TICK);
+            fenced = fenced.or(fencer.tick().unwrap().fenced);
+        }
+        assert_eq!(fenced, Some(1));
+        assert!(o.is_decided(lost).unwrap());
+        let marked = late.mark(lost, Outcome::Committed);
+        if shared {
+            assert_eq!(marked, Err(OracleError::Fenced { slot: 1 }));
+            assert!(o.is_decided(lost).unwrap(), "decided once");
+        } else {
+            // The lease assumption broken: the late mark toggles the decision back.
+            assert_eq!(marked, Ok(()));
+            assert!(!o.is_decided(lost).unwrap(), "decided twice");
+        }
+    }
 }
 
 #[test]

@@ -16,6 +16,7 @@ pub const POINTS: &[&str] = &[
     "after-log",
     "mid-install",
     "after-install",
+    "install-posting",
 ];
 
 /// A commit step at which a crash can be injected.
@@ -33,6 +34,9 @@ pub enum CrashPoint {
     MidInstall = 4,
     /// Everything is installed and unlocked; the timestamp is not decided yet.
     AfterInstall = 5,
+    /// The install's lease check passed and nothing of it is posted yet: a stall here
+    /// is a thread descheduled between the two ([`crate::Worker`]'s lease guard).
+    InstallPosting = 6,
 }
 
 /// What passing a point may do: [`CRASH`] and [`STALL`] bits. One load on every pass.
@@ -42,7 +46,7 @@ const CRASH: u8 = 1;
 /// A thread stalls at a point ([`stall_at_on_this_thread`], tests).
 const STALL: u8 = 2;
 /// Per point: the probability scaled to `u64::MAX` (0 = never).
-static THRESHOLDS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+static THRESHOLDS: [AtomicU64; POINTS.len()] = [const { AtomicU64::new(0) }; POINTS.len()];
 static RNG: AtomicU64 = AtomicU64::new(0x853c_49e6_748f_ea9b);
 /// For in-process tests: points are armed per thread ([`panic_at_on_this_thread`]),
 /// and none aborts the process. Set once for good: tests running in parallel in one
@@ -65,7 +69,7 @@ pub type Stall = Box<dyn FnOnce(u64)>;
 /// Arms the points of `spec` (`POINT:PROBABILITY,…`, POINT a name of [`POINTS`] or
 /// `all`, PROBABILITY in 0..=1). An empty spec arms nothing.
 pub fn arm(spec: &str) -> Result<(), String> {
-    let mut thresholds = [0u64; 6];
+    let mut thresholds = [0u64; POINTS.len()];
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (name, p) = part
             .split_once(':')
@@ -81,7 +85,7 @@ pub fn arm(spec: &str) -> Result<(), String> {
         }
         let threshold = (p * u64::MAX as f64) as u64;
         match name.trim() {
-            "all" => thresholds = [threshold; 6],
+            "all" => thresholds = [threshold; POINTS.len()],
             n => {
                 let i = POINTS.iter().position(|&x| x == n).ok_or_else(|| {
                     format!(

@@ -232,6 +232,9 @@ pub(crate) struct Shared {
     pub(crate) recovery_hold: Mutex<Option<(u32, Arc<crate::recovery::HoldState>)>>,
     /// The next slot adoption stalls in this hold (tests, [`crate::crash::hold_next_slot_adoption`]).
     pub(crate) adoption_hold: Mutex<Option<Arc<crate::recovery::HoldState>>>,
+    /// The oracle lease gates of this process's workers: a fence of one of them waits
+    /// for the commit step it posted under its lease ([`timestamp::gate`]).
+    pub(crate) lease_gates: Arc<timestamp::LeaseGates>,
     /// Embedded servers' regions, kept registered for as long as the database lives.
     _keep: Vec<Region>,
 }
@@ -379,6 +382,7 @@ impl Database {
             recoveries: Mutex::new(Vec::new()),
             recovery_hold: Mutex::new(None),
             adoption_hold: Mutex::new(None),
+            lease_gates: timestamp::LeaseGates::new(),
             _keep: keep,
         };
         let db = Database {

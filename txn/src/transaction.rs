@@ -319,12 +319,26 @@ impl<'a> Batches<'a> {
     }
 
     /// [`Batches::run`] for a commit step: posted only while the worker still holds
-    /// the commit's epoch under a live lease.
+    /// the commit's epoch under a live lease (and inside its lease gate until done).
     async fn run_step(&mut self, worker: &Worker, step: Step) -> Result<()> {
+        self.run_step_past(worker, step, None).await
+    }
+
+    /// [`Batches::run_step`] passing crash point `at` between the lease check and
+    /// the post.
+    async fn run_step_past(
+        &mut self,
+        worker: &Worker,
+        step: Step,
+        at: Option<CrashPoint>,
+    ) -> Result<()> {
         if self.per_server.is_empty() {
             return Ok(());
         }
-        worker.check_epoch(step.epoch, step.cid)?;
+        let _inside = worker.check_epoch(step.epoch, step.cid)?;
+        if let Some(at) = at {
+            crash::point(at, step.cid);
+        }
         self.post_all(worker).await
     }
 
@@ -915,13 +929,17 @@ impl<'w> AsyncTransaction<'w> {
                 // Only a holder still under its lease may release: after a fence the
                 // locks are recovery's, and a late tombstone could clobber a block that
                 // recovery freed and a later insert reused.
-                if let Err(fenced) = worker.check_epoch(epoch, cid) {
-                    worker.count(|s| s.abandoned += 1);
-                    worker.note_fenced(cid, epoch, false);
-                    worker.return_parts(parts);
-                    return Err(fenced);
-                }
+                let inside = match worker.check_epoch(epoch, cid) {
+                    Ok(inside) => inside,
+                    Err(fenced) => {
+                        worker.count(|s| s.abandoned += 1);
+                        worker.note_fenced(cid, epoch, false);
+                        worker.return_parts(parts);
+                        return Err(fenced);
+                    }
+                };
                 let released = release(worker, &parts, cid, &held).await;
+                drop(inside);
                 if released.is_ok() {
                     // Released blocks hold a tombstone; unreachable ones can hold the
                     // next insert, or every failed insert would cost the table a block.
@@ -1606,13 +1624,14 @@ async fn run_commit(
             let w = inserts[n];
             let (part, addr) = placed[n];
             let p = &w.table.partitions[part];
-            worker.check_epoch(step.epoch, cid)?;
+            let inside = worker.check_epoch(step.epoch, cid)?;
             held.fresh[fresh + n].maybe_indexed = true;
-            match p
+            let inserted = p
                 .index
                 .insert(worker.conn(p.server), buffer, index_at, w.key, addr)
-                .await
-            {
+                .await;
+            drop(inside);
+            match inserted {
                 Ok(()) => {}
                 Err(e) => return Err(index_error(w, e)),
             }
@@ -1649,12 +1668,17 @@ async fn run_commit(
                 ),
             );
         }
-        if let Err(e) = worker.check_epoch(step.epoch, cid) {
-            // A won slot gets its address whatever happens, or its key stays pending.
-            publish(worker, buffer, &won).await?;
-            return Err(e);
-        }
+        let inside = match worker.check_epoch(step.epoch, cid) {
+            Ok(inside) => inside,
+            Err(e) => {
+                // A won slot gets its address whatever happens, or its key stays
+                // pending.
+                publish(worker, buffer, &won).await?;
+                return Err(e);
+            }
+        };
         batches.run(worker).await?;
+        drop(inside);
         let mut conflict = None;
         for (wi, w, _, _, block, res) in &updates {
             let found = buffer.load_u64(*res)?;
@@ -1797,7 +1821,9 @@ async fn run_commit(
         unlock(batches, p, *addr, res);
         results.push((*addr, res));
     }
-    halves[0].run_step(worker, step).await?;
+    halves[0]
+        .run_step_past(worker, step, Some(CrashPoint::InstallPosting))
+        .await?;
     crash::point(CrashPoint::MidInstall, cid);
     halves[1].run_step(worker, step).await?;
     // From here the commit is visible to readers; it must be marked committed.

@@ -189,14 +189,7 @@ impl Worker {
             &ocq,
             timestamp::MIN_SEND_QUEUE * 2,
         )?;
-        // A worker takes over a slot whose holder is gone if none is free: the
-        // holder's commits are then resolved by adopt_slot below.
-        let open = if read_only {
-            SlotHandle::observe_at
-        } else {
-            SlotHandle::register_taking_over_at
-        };
-        let slot = open(
+        let slot = SlotHandle::observe_at(
             device.as_ref(),
             oqp,
             ocq,
@@ -205,6 +198,12 @@ impl Worker {
             shared.options.oracle.clone(),
             SystemClock::shared(),
         )?;
+        slot.share_gates(shared.lease_gates.clone());
+        if !read_only {
+            // A worker takes over a slot whose holder is gone if none is free: the
+            // holder's commits are then resolved by adopt_slot below.
+            slot.claim_taking_over()?;
+        }
         let epoch = Epoch {
             slot: slot.slot(),
             tag: slot.held_lease().tag,
@@ -536,18 +535,22 @@ impl Worker {
         self.db.shared.durability.persist(plan, keep_alive).await
     }
 
-    pub(crate) fn check_epoch(&self, epoch: Epoch, cid: u64) -> Result<()> {
-        match self.slot.ensure_lease() {
-            Ok(()) => {}
+    /// Checks that the worker still holds `epoch` under a live lease, for a commit step
+    /// of `cid` about to be posted: keep the guard until what is posted has completed,
+    /// so that a fence by another worker of this process waits for it
+    /// ([`timestamp::gate`]).
+    pub(crate) fn check_epoch(&self, epoch: Epoch, cid: u64) -> Result<timestamp::LeaseGuard> {
+        let inside = match self.slot.lease_guard() {
+            Ok(inside) => inside,
             Err(timestamp::OracleError::Fenced { .. } | timestamp::OracleError::Released) => {
                 return Err(TxnError::Fenced { cid });
             }
             Err(e) => return Err(e.into()),
-        }
+        };
         if self.log.borrow().epoch != epoch {
             return Err(TxnError::Fenced { cid });
         }
-        Ok(())
+        Ok(inside)
     }
 
     /// Room for a log record of `len` bytes in the ring of `epoch`: its position and

@@ -484,3 +484,85 @@ fn increment_key_2_letting_go(
     let (cid, locked) = seen.lock().unwrap().take().expect("the commit stalled");
     (cid, locked, committed)
 }
+
+/// A commit whose thread is descheduled past its lease between its install's lease
+/// check and the install's post (a loaded machine), while another worker of the
+/// process fences its slot. Before the lease gate (`timestamp::gate`) the fence went
+/// on: recovery rolled the commit forward and released its locks, a later commit
+/// wrote record 1 anew, and then the late install put the older version back over
+/// the newer one, which readers lost (the shape of a stale read in one CI run of
+/// verify's `txn_sim`). Now the fence waits until the step has completed: the slot is
+/// fenced and recovered only after it, and no later commit is undone.
+#[test]
+fn a_commit_descheduled_inside_its_install_step_is_not_overtaken_by_its_recovery() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (db, t) = cluster();
+    let fencer = fencer(&db, &t);
+    let overtaken = Arc::new(AtomicBool::new(false));
+    let stalled = Arc::new(std::sync::Mutex::new(None));
+    {
+        let (db, t, overtaken, stalled) =
+            (db.clone(), t.clone(), overtaken.clone(), stalled.clone());
+        txn::crash::stall_at_on_this_thread(
+            "install-posting",
+            Box::new(move |cid| {
+                *stalled.lock().unwrap() = Some(cid);
+                // Ten leases, or until the slot was recovered meanwhile.
+                if db.wait_for_recovery_of(cid, Duration::from_millis(800)) {
+                    overtaken.store(true, Ordering::SeqCst);
+                    let (db, t) = (db.clone(), t.clone());
+                    std::thread::spawn(move || {
+                        db.client().unwrap().run(10, |x| x.put(&t, 1, val(500)))
+                    })
+                    .join()
+                    .unwrap()
+                    .unwrap();
+                }
+            }),
+        )
+        .unwrap();
+    }
+    let mut client = db.client().unwrap();
+    let mut x = client.begin().unwrap();
+    x.put(&t, 1, val(42)).unwrap();
+    let committed = x.commit();
+    let cid = stalled
+        .lock()
+        .unwrap()
+        .expect("the commit stalled in its install step");
+    let slot = (cid % u64::from(db.options().slots)) as u32;
+    // The stall outlasted the lease: the slot is fenced and recovered, after it.
+    let start = Instant::now();
+    while !db.recoveries().iter().any(|r| r.slot == slot)
+        || !db.locked_records().unwrap().is_empty()
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "slot {slot} not fenced and recovered after the stall; locked: {:?}",
+            db.locked_records().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    fencer.stop().unwrap();
+    let mut reader = db.client().unwrap();
+    let mut x = reader.begin().unwrap();
+    let (value, version) = (num(x.get(&t, 1).unwrap()), x.get_version(&t, 1).unwrap());
+    drop(x);
+    let overtaken = overtaken.load(Ordering::SeqCst);
+    assert_eq!(
+        value,
+        if overtaken { 500 } else { 42 },
+        "record 1 at version {version:?} (the stalled commit {cid}: {committed:?}); the \
+         slot was recovered during the stall: {overtaken}"
+    );
+    assert!(
+        !overtaken,
+        "the slot was recovered while its commit was posting"
+    );
+    assert_eq!(committed.unwrap(), Some(cid));
+    assert_eq!(version, Some(cid));
+    // And the record takes later commits.
+    reader.run(3, |x| x.put(&t, 1, val(43))).unwrap();
+    let mut x = reader.begin().unwrap();
+    assert_eq!(num(x.get(&t, 1).unwrap()), 43);
+}

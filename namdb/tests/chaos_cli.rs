@@ -62,7 +62,7 @@ fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_pass
     assert!(actions["pauses"].as_u64().unwrap() >= 1, "{actions}");
     assert!(actions["restarts"].as_u64().unwrap() >= 1, "{actions}");
     let points = report["crash_points"].as_object().unwrap();
-    assert_eq!(points.len(), 6, "{points:?}");
+    assert_eq!(points.len(), txn::crash::POINTS.len(), "{points:?}");
     for (point, counts) in points {
         assert!(
             counts["fired"].as_u64().unwrap() >= 1,

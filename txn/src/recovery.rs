@@ -36,9 +36,14 @@
 //!
 //! The dead holder must not post anything after its lease lapsed: the commit path
 //! checks the lease (a clock read) before posting each step, the lease assumption the
-//! oracle makes too. A process stopped for longer than the lease between that check
-//! and its doorbell breaks it; memory-side fencing (the memory server moving the dead
-//! node's queue pairs to the error state) would close that window and is not built.
+//! oracle makes too. A thread stopped for longer than the lease between that check and
+//! its doorbell breaks it. For a holder in the fencer's own process (workers of one
+//! `Database`) the lease gates close that window: the fence waits until the step the
+//! holder posted under its check has completed, and refuses the holder's later steps
+//! (`timestamp::gate`). For a holder in another process, memory-side fencing (the
+//! memory server moving the dead node's queue pairs to the error state) would close
+//! it and is not built. A recovery checks its claim before each resolve in the same
+//! way, under [`TAKEOVER`] rather than a lease, and is not gated.
 
 use crate::commitlog::{self, EntryKind, Guard, LogRecord};
 use crate::conn::Conn;

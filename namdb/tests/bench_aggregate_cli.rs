@@ -235,6 +235,30 @@ fn bad_arguments_are_clear_errors() {
     }
 }
 
+/// A group count or algorithm listed twice ran once, silently: refused (status 1, as
+/// the other bad lists), naming the flag and the entry, however it was spelt.
+#[test]
+fn a_group_count_or_algorithm_listed_twice_is_refused() {
+    for (args, want) in [
+        (&["--groups", "10,1_0"][..], "--groups lists 10 twice"),
+        (
+            &["--groups", "sweep,sweep"][..],
+            "--groups lists sweep twice",
+        ),
+        (
+            &["--algorithms", "sampling,two-phase,sampling"][..],
+            "--algorithms lists sampling twice",
+        ),
+    ] {
+        let mut argv = vec!["bench", "aggregate", "--repeat", "1", "--tuples", "100"];
+        argv.extend_from_slice(args);
+        let out = namdb(&argv);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {t}");
+        assert!(t.contains(want), "{args:?}: {t}");
+    }
+}
+
 /// The directory for DuckDB's column files (the whole data set) is made before the
 /// runs; a Ctrl-C used to leave it behind, as a hidden `.tmpXXXXXX`.
 #[test]

@@ -508,3 +508,29 @@ fn a_server_lends_no_more_than_its_cap() {
         String::from_utf8_lossy(&fits.stderr)
     );
 }
+
+/// An operation listed twice was measured once, silently: the run was not the one
+/// asked for. Refused as the other bad lists are (status 1), naming the flag and the
+/// operation, however it was spelt.
+#[test]
+fn an_operation_listed_twice_is_refused() {
+    for ops in [
+        &["--ops", "read,cas,read"][..],
+        &["--ops", "faa", "--ops", "fetch-add"],
+    ] {
+        let mut argv = vec!["bench", "fabric", "--duration-ms", "1"];
+        argv.extend_from_slice(ops);
+        let out = namdb(&argv);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{ops:?}: {stderr}");
+        let twice = if ops[1].starts_with("read") {
+            "read"
+        } else {
+            "fetch_add"
+        };
+        assert!(
+            stderr.contains(&format!("--ops lists {twice} twice")),
+            "{ops:?}: {stderr}"
+        );
+    }
+}

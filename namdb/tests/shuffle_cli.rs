@@ -356,6 +356,31 @@ fn bad_arguments_are_refused_clearly() {
     }
 }
 
+/// A design or baseline listed twice ran once, silently: refused (status 1, as the
+/// other bad lists), naming the flag and the entry, however it was spelt.
+#[test]
+fn a_design_or_baseline_listed_twice_is_refused() {
+    for (args, want) in [
+        (
+            &["--design", "MEMQ/WR,SESQ/SR,memq/wr"][..],
+            "--design lists memq/wr twice",
+        ),
+        (&["--design", "all,all"][..], "--design lists all twice"),
+        (&["--design", "none,none"][..], "--design lists none twice"),
+        (
+            &["--design", "none", "--baselines", "tcp,tcp"][..],
+            "--baselines lists tcp twice",
+        ),
+    ] {
+        let mut argv = vec!["bench", "shuffle", "--tuples", "100"];
+        argv.extend_from_slice(args);
+        let out = namdb(&argv);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {t}");
+        assert!(t.contains(want), "{args:?}: {t}");
+    }
+}
+
 /// A long run showed nothing between its header and its result, minutes of silence on
 /// a large fragment. The node processes now report their phase and the bytes they
 /// received, and the benchmark prints a line of them every `--progress-ms` (hidden;

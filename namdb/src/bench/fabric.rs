@@ -220,6 +220,7 @@ pub struct Row {
 }
 
 pub fn run(args: &FabricArgs) -> Result<()> {
+    crate::bench::refuse_repeats("ops", &args.ops, |op| op.name().to_string())?;
     // Opened before the run so that a bad path fails at once, not after a minute.
     let json = JsonOut::open_opt(args.json.as_deref())?;
     let rows = JsonOut::unless_failed(json.as_ref(), measure_all(args))?;

@@ -273,8 +273,32 @@ pub fn median_run(runs: &[f64]) -> Option<usize> {
     order.get(runs.len().saturating_sub(1) / 2).copied()
 }
 
+/// Refuses a `--flag` list that names an entry twice (`show` names it): a repeat was
+/// once dropped silently, so the run was not the one asked for (a user who listed a
+/// join twice to run it twice got it once). No bench list means anything by a
+/// repeat: each is a set of runs, printed in the order given.
+pub fn refuse_repeats<T: PartialEq>(
+    flag: &str,
+    items: &[T],
+    show: impl Fn(&T) -> String,
+) -> Result<()> {
+    for (i, item) in items.iter().enumerate() {
+        if items[..i].contains(item) {
+            bail!("--{flag} lists {} twice", show(item));
+        }
+    }
+    Ok(())
+}
+
+/// The name a `--flag` value is given by on the command line.
+pub fn value_name(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_string())
+}
+
 /// Parses a comma-separated `--flag` list of names (`all` for every one of `all`),
-/// in the order given without repeats; an unknown name is an error, even beside `all`.
+/// in the order given; an unknown name is an error, even beside `all`, and so is a
+/// name given twice (in any spelling that parses to it), or `all` twice.
 pub fn parse_names<T>(flag: &str, names: &[String], all: &[T]) -> Result<Vec<T>>
 where
     T: FromStr + PartialEq + Copy,
@@ -285,6 +309,9 @@ where
     for n in names {
         let n = n.trim();
         if n.eq_ignore_ascii_case("all") {
+            if every {
+                bail!("--{flag} lists all twice");
+            }
             every = true;
             continue;
         }
@@ -292,9 +319,10 @@ where
         let name: T = n.parse().map_err(|e: T::Err| {
             anyhow::anyhow!("--{flag}: {}", e.to_string().replace(n, &::txn::echo(n)))
         })?;
-        if !out.contains(&name) {
-            out.push(name);
+        if out.contains(&name) {
+            bail!("--{flag} lists {} twice", ::txn::echo(n));
         }
+        out.push(name);
     }
     if every {
         return Ok(all.to_vec());
@@ -331,13 +359,17 @@ mod tests {
     }
 
     #[test]
-    fn names_parse_in_order_without_repeats_and_unknown_ones_are_errors() {
+    fn names_parse_in_order_and_unknown_or_repeated_ones_are_errors() {
         let all = [Fruit::Apple, Fruit::Pear];
         let parse = |list: &[&str]| parse_names("fruit", &names(list), &all);
         assert_eq!(
-            parse(&["pear", " apple", "pear"]).unwrap(),
+            parse(&["pear", " apple"]).unwrap(),
             [Fruit::Pear, Fruit::Apple]
         );
+        let err = format!("{:#}", parse(&["pear", " apple", "pear"]).unwrap_err());
+        assert_eq!(err, "--fruit lists pear twice");
+        let err = format!("{:#}", parse(&["all", "ALL"]).unwrap_err());
+        assert_eq!(err, "--fruit lists all twice");
         assert_eq!(parse(&["all"]).unwrap(), all);
         let err = format!("{:#}", parse(&["all", "plum"]).unwrap_err());
         assert!(err.contains("--fruit") && err.contains("plum"), "{err}");

@@ -250,6 +250,14 @@ fn group_counts(args: &AggregateArgs) -> Result<Vec<u64>> {
     let total = args.tuples * u64::from(args.nodes);
     if args.groups.iter().any(|g| g.eq_ignore_ascii_case("sweep")) {
         ensure!(
+            args.groups
+                .iter()
+                .filter(|g| g.eq_ignore_ascii_case("sweep"))
+                .count()
+                == 1,
+            "--groups lists sweep twice"
+        );
+        ensure!(
             args.groups.len() == 1,
             "--groups sweep cannot be combined with group counts"
         );
@@ -273,10 +281,9 @@ fn group_counts(args: &AggregateArgs) -> Result<Vec<u64>> {
             n <= i64::MAX as u64,
             "--groups: keys must fit DuckDB's BIGINT"
         );
-        if !out.contains(&n) {
-            out.push(n);
-        }
+        out.push(n);
     }
+    crate::bench::refuse_repeats("groups", &out, u64::to_string)?;
     ensure!(!out.is_empty(), "--groups: no group count given");
     Ok(out)
 }

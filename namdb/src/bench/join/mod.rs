@@ -200,20 +200,15 @@ fn progress_line(at: Duration, progress: &[Arc<Progress>], job: &Job) -> String 
 pub fn run(args: &JoinArgs) -> Result<()> {
     let joins = parse_names("joins", &args.joins, &Algorithm::ALL)?;
     ensure!(!args.selectivity.is_empty(), "no selectivity given");
-    // Each selectivity once: the report keys its rows by selectivity.
-    let mut args = args.clone();
-    let mut selectivities: Vec<f64> = Vec::new();
     for &s in &args.selectivity {
         ensure!(
             (0.0..=1.0).contains(&s),
             "selectivity {s} is not within 0..=1"
         );
-        if !selectivities.contains(&s) {
-            selectivities.push(s);
-        }
     }
-    args.selectivity = selectivities;
-    let args = &args;
+    // The report keys its rows by selectivity: one given twice was merged twice into
+    // its summary, and then silently run once.
+    crate::bench::refuse_repeats("selectivity", &args.selectivity, f64::to_string)?;
     ensure!(
         args.r_tuples * (args.nodes as u64) < u64::from(u32::MAX),
         "R of {} tuples over all nodes exceeds a node's hash table in the worst case",

@@ -239,7 +239,14 @@ fn buffering_name(b: BufferingArg) -> &'static str {
 
 /// The designs asked for.
 fn designs(names: &[String]) -> Result<Vec<Design>> {
-    if names.iter().any(|n| n.trim().eq_ignore_ascii_case("none")) {
+    let nones = names
+        .iter()
+        .filter(|n| n.trim().eq_ignore_ascii_case("none"))
+        .count();
+    if nones > 0 {
+        if nones > 1 {
+            bail!("--design lists none twice");
+        }
         if names.len() > 1 {
             bail!("--design none cannot be combined with designs");
         }
@@ -304,6 +311,9 @@ pub fn run(args: &ShuffleArgs) -> Result<()> {
         args.tuples,
         "tuples per node",
     )?;
+    if let Some(b) = &args.baselines {
+        crate::bench::refuse_repeats("baselines", b, |b| crate::bench::value_name(*b))?;
+    }
     if let Some(b) = &args.baselines
         && b.contains(&BaselineArg::None)
         && b.len() > 1

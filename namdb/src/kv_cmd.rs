@@ -207,7 +207,12 @@ pub fn show(value: &[u8]) -> String {
 /// Whether the compute node of `client` answers a health check in time (serving or
 /// not: it is there).
 pub async fn answers(client: &Client) -> bool {
-    health_check(client, ANSWER_WAIT).await.is_ok()
+    answers_within(client, ANSWER_WAIT).await
+}
+
+/// As [`answers`], giving the node `wait` to answer.
+pub async fn answers_within(client: &Client, wait: Duration) -> bool {
+    health_check(client, wait).await.is_ok()
 }
 
 /// The compute node's health check, waiting `wait` for it: its answer, or why there was
@@ -329,39 +334,55 @@ fn run_command(args: KvArgs) -> Result<ExitCode> {
     }
     // A --timeout shorter than the health check's wait bounds it too.
     let (runtime, _, client) = session(args.cluster, ANSWER_WAIT.min(args.timeout))?;
-    let timeout = args.timeout;
     let committing = std::sync::atomic::AtomicBool::new(false);
-    runtime
-        .block_on(async {
-            tokio::time::timeout(
-                timeout,
-                autocommit_marking(&client, &args.table, args.command, &committing),
-            )
-            .await
-        })
-        .unwrap_or_else(|_| {
-            let why = format!(
-                "no answer from the compute node within {timeout:?}: it or a memory server \
-                 may be stopped or overloaded (`namdb cluster status` shows which processes run)"
-            );
+    runtime.block_on(within(
+        args.timeout,
+        &committing,
+        autocommit_marking(&client, &args.table, args.command, &committing),
+    ))
+}
+
+/// `call`'s result, or after `timeout` without one a [`NoAnswer`] error, or, when
+/// `committing` says the commit was sent (it may finish after we gave up),
+/// [`OutcomeUnknown`]. The compute node aborts a transaction given up on once it has
+/// been idle for its --txn-timeout.
+pub async fn within<T>(
+    timeout: Duration,
+    committing: &std::sync::atomic::AtomicBool,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result,
+        Err(_) => {
+            let why = NoAnswer(timeout);
             if committing.load(std::sync::atomic::Ordering::Relaxed) {
-                // The commit was sent: it may finish after we gave up.
-                return Err(anyhow::Error::new(OutcomeUnknown(why)));
+                return Err(anyhow::Error::new(OutcomeUnknown(why.to_string())));
             }
-            // The compute node aborts the transaction once it has been idle for its
-            // --txn-timeout.
-            bail!("{why}")
-        })
+            Err(anyhow::Error::new(why))
+        }
+    }
 }
 
-/// Runs `command` in a transaction of its own: committed if it succeeds, else aborted.
-pub async fn autocommit(client: &Client, table: &str, command: KvCommand) -> Result<ExitCode> {
-    let committing = std::sync::atomic::AtomicBool::new(false);
-    autocommit_marking(client, table, command, &committing).await
+/// No answer from the compute node within `--timeout` (this long).
+#[derive(Debug)]
+pub struct NoAnswer(pub Duration);
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no answer from the compute node within {:?}: it or a memory server may be \
+             stopped or overloaded (`namdb cluster status` shows which processes run)",
+            self.0
+        )
+    }
 }
 
-/// As [`autocommit`], setting `committing` once the commit is sent.
-async fn autocommit_marking(
+impl std::error::Error for NoAnswer {}
+
+/// Runs `command` in a transaction of its own: committed if it succeeds, else aborted;
+/// sets `committing` once the commit is sent.
+pub async fn autocommit_marking(
     client: &Client,
     table: &str,
     command: KvCommand,
@@ -466,14 +487,10 @@ fn never_sent(s: &Status) -> bool {
     false
 }
 
-/// Commits `t`, failing as [`commit_failed`] says.
-pub async fn commit(client: &Client, t: Txn) -> Result<()> {
-    commit_marking(client, t, &std::sync::atomic::AtomicBool::new(false)).await
-}
-
-/// As [`commit`], setting `committing` just before the commit is sent: a timeout
-/// before that (the health check on a stopped node) left the outcome known.
-async fn commit_marking(
+/// Commits `t`, failing as [`commit_failed`] says, and setting `committing` just
+/// before the commit is sent: a timeout before that (the health check on a stopped
+/// node) left the outcome known.
+pub async fn commit_marking(
     client: &Client,
     t: Txn,
     committing: &std::sync::atomic::AtomicBool,

@@ -3,13 +3,18 @@
 //! holds every command until `commit` or `abort`.
 
 use crate::cluster_cmd::DEFAULT_TABLE;
-use crate::kv_cmd::{ANSWER_WAIT, KvCommand, answers, autocommit, commit, failed, one, session};
+use crate::kv_cmd::{
+    ANSWER_WAIT, KvCommand, NoAnswer, answers_within, autocommit_marking, commit_marking, failed,
+    one, session, within,
+};
 use anyhow::Result;
 use clap::Args;
 use compute_node::client::{Client, Txn};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct ShellArgs {
@@ -20,6 +25,12 @@ pub struct ShellArgs {
     /// ./cluster.json, else ./namdb-cluster/cluster.json.
     #[arg(long, value_name = "FILE")]
     pub cluster: Option<PathBuf>,
+    /// Give up on a line when it has not finished after this long (e.g. 500ms, 30s,
+    /// 2m): a command's own transaction, or one call (begin, a command, commit, abort)
+    /// of the transaction `begin` opened, which then ends.
+    #[arg(long, value_name = "DURATION", default_value = "30s",
+          value_parser = crate::compute_node_cmd::parse_duration)]
+    pub timeout: Duration,
 }
 
 const HELP: &str = "\
@@ -118,14 +129,37 @@ fn parse(line: &str) -> Result<Line, String> {
     }
 }
 
-/// Carries out `line`; `open` is the transaction `begin` opened.
-async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Line) -> Result<()> {
+/// Carries out `line`, giving up after `timeout`; `open` is the transaction `begin`
+/// opened.
+async fn execute(
+    client: &Client,
+    table: &str,
+    open: &mut Option<Txn>,
+    line: Line,
+    timeout: Duration,
+) -> Result<()> {
+    let committing = AtomicBool::new(false);
     match (line, *open) {
         (Line::Kv(cmd), None) => {
-            autocommit(client, table, cmd).await?;
+            within(
+                timeout,
+                &committing,
+                autocommit_marking(client, table, cmd, &committing),
+            )
+            .await?;
         }
         (Line::Kv(cmd), Some(t)) => {
-            if let Err(e) = one(client, t, table, cmd).await {
+            if let Err(e) = within(timeout, &committing, one(client, t, table, cmd)).await {
+                if e.downcast_ref::<NoAnswer>().is_some() {
+                    // Whether the command took effect is unknown, so the transaction
+                    // cannot go on. The abort is queued behind the command: it frees
+                    // the transaction's keys as soon as the node gets to it, rather
+                    // than after the node's --txn-timeout; a node that does not take
+                    // it aborts the transaction then.
+                    *open = None;
+                    let _ = tokio::time::timeout(ANSWER_WAIT.min(timeout), client.abort(t)).await;
+                    return Err(e.context("the transaction has ended (given up)"));
+                }
                 // A failure that keeps the transaction says so (see the .proto), in
                 // the status, under any context `one` added.
                 if !format!("{e:#}").contains("still open") {
@@ -137,18 +171,20 @@ async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Lin
         }
         (Line::Begin, Some(_)) => anyhow::bail!("a transaction is open already"),
         (Line::Begin, None) => {
-            *open = Some(client.begin().await.map_err(|s| failed("begin", &s))?);
+            let begun = async { client.begin().await.map_err(|s| failed("begin", &s)) };
+            *open = Some(within(timeout, &committing, begun).await?);
             println!("begun");
         }
         (Line::Commit | Line::Abort, None) => anyhow::bail!("no transaction is open"),
         (Line::Commit, Some(t)) => {
             *open = None;
-            commit(client, t).await?;
+            within(timeout, &committing, commit_marking(client, t, &committing)).await?;
             println!("committed");
         }
         (Line::Abort, Some(t)) => {
             *open = None;
-            client.abort(t).await.map_err(|s| failed("abort", &s))?;
+            let aborted = async { client.abort(t).await.map_err(|s| failed("abort", &s)) };
+            within(timeout, &committing, aborted).await?;
             println!("aborted");
         }
         (Line::Help, _) => println!("{HELP}"),
@@ -162,7 +198,9 @@ async fn execute(client: &Client, table: &str, open: &mut Option<Txn>, line: Lin
 const SCRIPT_FAILED: u8 = 2;
 
 pub fn run(args: ShellArgs) -> Result<ExitCode> {
-    let (runtime, nodes, mut client) = session(args.cluster, ANSWER_WAIT)?;
+    // A --timeout shorter than the health check's wait bounds it too, as for `kv`.
+    let wait = ANSWER_WAIT.min(args.timeout);
+    let (runtime, nodes, mut client) = session(args.cluster, wait)?;
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
     let mut failed_lines: Vec<usize> = Vec::new();
@@ -188,12 +226,13 @@ pub fn run(args: ShellArgs) -> Result<ExitCode> {
         match parse(line) {
             Ok(Line::Quit) => break,
             Ok(parsed) => {
-                if let Err(e) = runtime.block_on(execute(&client, &args.table, &mut open, parsed)) {
+                let done = execute(&client, &args.table, &mut open, parsed, args.timeout);
+                if let Err(e) = runtime.block_on(done) {
                     eprintln!("error: line {number}: {}", crate::one_line(&e));
                     failed_lines.push(number);
                     // A compute node that died or hangs: go on with another.
-                    if !runtime.block_on(answers(&client)) {
-                        match runtime.block_on(nodes.connect(ANSWER_WAIT)) {
+                    if !runtime.block_on(answers_within(&client, wait)) {
+                        match runtime.block_on(nodes.connect(wait)) {
                             Ok((other, which)) => {
                                 client = other;
                                 if open.take().is_some() {
@@ -215,8 +254,18 @@ pub fn run(args: ShellArgs) -> Result<ExitCode> {
         }
     }
     if let Some(t) = open {
-        let _ = runtime.block_on(client.abort(t));
-        println!("aborted the open transaction");
+        // The timer is made inside the runtime, which it needs.
+        let aborted =
+            runtime.block_on(async { tokio::time::timeout(args.timeout, client.abort(t)).await });
+        if aborted.is_err() {
+            eprintln!(
+                "error: {}; the open transaction is aborted once the compute node has seen \
+                 no request for its --txn-timeout",
+                NoAnswer(args.timeout)
+            );
+        } else {
+            println!("aborted the open transaction");
+        }
     }
     if interactive || failed_lines.is_empty() {
         return Ok(ExitCode::SUCCESS);

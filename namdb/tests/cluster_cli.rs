@@ -1542,6 +1542,66 @@ fn a_commit_to_a_dead_compute_node_says_it_was_not_sent() {
     assert!(!said.contains("unknown"), "{said}");
 }
 
+/// `shell --timeout` gives up on a line as `kv --timeout` on its transaction: with a
+/// memory server stopped (SIGSTOP, on tcp: its one-sided operations wait), a command
+/// of the open transaction and a command of its own each fail after a second, saying
+/// so; the open transaction ends, and the script goes on. Before, the shell had no
+/// --timeout (`unexpected argument '--timeout' found`) and waited as long as the
+/// compute node did.
+#[test]
+fn the_shell_gives_up_on_a_line_after_its_timeout() {
+    use std::io::BufRead;
+    let c = Cluster::up(&["--backend", "tcp", "--size", "16MiB"]);
+    let cwd = c.cwd();
+    ok(cwd, &["kv", "put", "1", "one"]);
+    let pid = c.json()["memory_servers"][0]["pid"].as_u64().unwrap() as u32;
+    let mut shell = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(cwd)
+        .args(["shell", "--timeout", "1s"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = shell.stdin.take().unwrap();
+    let mut out = std::io::BufReader::new(shell.stdout.take().unwrap());
+    stdin.write_all(b"begin\nget 1\n").unwrap();
+    stdin.flush().unwrap();
+    for expected in ["begun\n", "one\n"] {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, expected);
+    }
+    stop_and_wait(pid);
+    let resume = Resume(pid);
+    // Key 3 was not read before (a key the transaction read already may be answered
+    // from what it read).
+    stdin.write_all(b"get 3\nget 1\ncommit\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let o = shell.wait_with_output().unwrap();
+    drop(resume);
+    let said = stderr(&o);
+    assert_eq!(rest, "", "{said}");
+    assert_eq!(o.status.code(), Some(2), "{said}");
+    let gave_up = "no answer from the compute node within 1s";
+    assert!(
+        said.contains(&format!(
+            "line 3: the transaction has ended (given up): {gave_up}"
+        )),
+        "{said}"
+    );
+    assert!(said.contains(&format!("line 4: {gave_up}")), "{said}");
+    assert!(said.contains("line 5: no transaction is open"), "{said}");
+    assert!(
+        said.ends_with("namdb shell: 3 lines failed (3, 4, 5)\n"),
+        "{said}"
+    );
+    // Nothing was lost once the server goes on.
+    assert_eq!(ok(cwd, &["kv", "get", "1"]), "one\n");
+}
+
 /// SIGCONTs a process the test stopped when dropped, so that a failing assertion does
 /// not leave it stopped (holding its cluster's ports and the test's temporary dir).
 struct Resume(u32);

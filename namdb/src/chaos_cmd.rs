@@ -478,6 +478,7 @@ fn repair(r: &txn::RestartReport, finished: SystemTime) -> Repair {
         reinstalled: r.reinstalled,
         locks_rolled_forward: r.locks_rolled_forward,
         locks_rolled_back: r.locks_rolled_back,
+        claims_settled: r.claims_settled,
         blocks_scanned: r.blocks_scanned,
         oracle_from: r.oracle_from,
         took_us: r.took.as_micros() as u64,
@@ -2001,6 +2002,41 @@ fn signal_pid(pid: u32, signal: rustix::process::Signal) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The repair event carries every count of the restart report; the index claims
+    /// settled were once left out.
+    #[test]
+    fn a_repair_event_carries_the_restart_reports_counts() {
+        let report = txn::RestartReport {
+            restarted: vec![0, 2],
+            log_records: 11,
+            reinstalled: 3,
+            locks_rolled_forward: 2,
+            locks_rolled_back: 1,
+            claims_settled: 4,
+            blocks_scanned: 99,
+            oracle_from: Some(77),
+            took: Duration::from_micros(1500),
+        };
+        let event = repair(&report, SystemTime::UNIX_EPOCH + Duration::from_secs(1));
+        assert_eq!(
+            (
+                event.restarted.as_slice(),
+                event.log_records,
+                event.reinstalled
+            ),
+            (&[0, 2][..], 11, 3)
+        );
+        assert_eq!(
+            (event.locks_rolled_forward, event.locks_rolled_back),
+            (2, 1)
+        );
+        assert_eq!((event.claims_settled, event.blocks_scanned), (4, 99));
+        assert_eq!((event.oracle_from, event.took_us), (Some(77), 1500));
+        assert_eq!(event.finished_ns, 1_000_000_000);
+        let line = serde_json::to_value(NodeEvent::Repair { repair: event }).unwrap();
+        assert_eq!(line["repair"]["claims_settled"], 4, "{line}");
+    }
 
     #[test]
     fn free_ports_are_distinct() {

@@ -97,6 +97,9 @@ fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_pass
         let repair = &r["repairs"][0];
         assert_eq!(repair["restarted"][0], 0, "{r}");
         assert!(repair["oracle_from"].as_u64().is_some(), "{r}");
+        // Once missing from the event and the report: the restart report's count of
+        // index claims settled.
+        assert!(repair["claims_settled"].as_u64().is_some(), "{r}");
         assert!(
             r["commits_resumed_after_ms"].as_f64().is_some(),
             "{r}\n{out}"
@@ -104,6 +107,12 @@ fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_pass
     }
     assert_eq!(report["server_restart_summary"]["unrepaired"], 0);
     assert_eq!(report["server_restart_summary"]["failovers"], 1);
+    assert!(
+        report["server_restart_summary"]["claims_settled"]
+            .as_u64()
+            .is_some()
+    );
+    assert!(out.contains(" index claims settled"), "{out}");
     assert!(
         out.contains("memory-server restarts: 0, failovers: 1 "),
         "{out}"

@@ -44,6 +44,11 @@ pub struct Repair {
     pub reinstalled: u64,
     pub locks_rolled_forward: u64,
     pub locks_rolled_back: u64,
+    /// Index slots a restarted server kept claimed without an address, whose
+    /// claimer's block it lost, given a tombstone block (`claims_settled`). Absent
+    /// from event files of before it was recorded.
+    #[serde(default)]
+    pub claims_settled: u64,
     pub blocks_scanned: u64,
     /// Where the new oracle started, if server 0 restarted.
     pub oracle_from: Option<u64>,

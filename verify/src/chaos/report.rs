@@ -166,6 +166,9 @@ pub struct ServerRestartSummary {
     pub reinstalled: u64,
     pub locks_rolled_forward: u64,
     pub locks_rolled_back: u64,
+    /// Index claims the repairs settled (see [`Repair::claims_settled`]).
+    #[serde(default)]
+    pub claims_settled: u64,
     pub repair_took_max_ms: Option<f64>,
     pub commits_resumed_median_ms: Option<f64>,
     pub commits_resumed_max_ms: Option<f64>,
@@ -222,6 +225,7 @@ pub fn attribute_repairs(
         reinstalled: all.iter().map(|r| r.reinstalled).sum(),
         locks_rolled_forward: all.iter().map(|r| r.locks_rolled_forward).sum(),
         locks_rolled_back: all.iter().map(|r| r.locks_rolled_back).sum(),
+        claims_settled: all.iter().map(|r| r.claims_settled).sum(),
         repair_took_max_ms: all
             .iter()
             .map(|r| r.took_us as f64 / 1000.0)
@@ -477,14 +481,15 @@ impl fmt::Display for ChaosReport {
         writeln!(
             f,
             "memory-server restarts: {}, failovers: {} ({} repairs: {} blocks reinstalled, {} \
-             locks rolled forward, {} rolled back; longest took {}); kill to commits flowing \
-             again: median {}, max {}",
+             locks rolled forward, {} rolled back, {} index claims settled; longest took {}); \
+             kill to commits flowing again: median {}, max {}",
             s.count - s.failovers,
             s.failovers,
             s.repairs,
             s.reinstalled,
             s.locks_rolled_forward,
             s.locks_rolled_back,
+            s.claims_settled,
             ms(s.repair_took_max_ms),
             ms(s.commits_resumed_median_ms),
             ms(s.commits_resumed_max_ms)
@@ -493,12 +498,13 @@ impl fmt::Display for ChaosReport {
             let repair = r.repairs.first().map_or("no repair".into(), |p| {
                 format!(
                     "repair of {:?}: {} log records, {} reinstalled, {} locks rolled forward, {} \
-                     back, oracle from {}, took {:.1} ms",
+                     back, {} index claims settled, oracle from {}, took {:.1} ms",
                     p.restarted,
                     p.log_records,
                     p.reinstalled,
                     p.locks_rolled_forward,
                     p.locks_rolled_back,
+                    p.claims_settled,
                     p.oracle_from.map_or("-".into(), |c| c.to_string()),
                     p.took_us as f64 / 1000.0
                 )
@@ -770,6 +776,7 @@ mod tests {
             reinstalled: 2,
             locks_rolled_forward: 1,
             locks_rolled_back: 1,
+            claims_settled: 3,
             blocks_scanned: 100,
             oracle_from: None,
             took_us: 3000,
@@ -819,6 +826,25 @@ mod tests {
         assert_eq!((summary.count, summary.failovers), (2, 1));
         assert_eq!((summary.repairs, summary.unrepaired), (2, 0));
         assert_eq!(summary.reinstalled, 4);
+        assert_eq!(summary.claims_settled, 6);
+        // Event files written before the count was recorded still read.
+        let mut old = serde_json::to_value(repair(vec![0], 1)).unwrap();
+        old.as_object_mut().unwrap().remove("claims_settled");
+        let read: Repair = serde_json::from_value(old).unwrap();
+        assert_eq!(read.claims_settled, 0);
+        // The text report gives them with the other counts.
+        let mut r = report(throughput);
+        r.server_restarts = restarts;
+        r.server_restart_summary = summary.clone();
+        let text = r.to_string();
+        assert!(
+            text.contains(" 2 rolled back, 6 index claims settled;"),
+            "{text}"
+        );
+        assert!(
+            text.contains(" 1 back, 3 index claims settled, oracle from"),
+            "{text}"
+        );
         assert_eq!(summary.repair_took_max_ms, Some(3.0));
         assert_eq!(summary.commits_resumed_max_ms, Some(700.0));
     }

@@ -39,6 +39,26 @@ use verify::store::TxnStore;
 use verify::txn_store::TxnKv;
 use verify::workload::{Action as Step, Bank, Script, Workload};
 
+/// Writes a line of the harness's own to stderr. One that cannot be written because
+/// its reader went away (`2>&1 | head`) stops the run as an interrupt does (see
+/// [`run`]) instead of panicking out of it, which left the memory servers to notice
+/// on their own and the run's directory behind.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        say_line(format_args!($($arg)*))
+    };
+}
+
+fn say_line(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut stderr = std::io::stderr().lock();
+    if let Err(e) = writeln!(stderr, "{line}")
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        crate::cluster_cmd::interrupt_for_broken_pipe();
+    }
+}
+
 const BANK_TABLE: &str = "chaos_bank";
 const LIST_TABLE: &str = "chaos_lists";
 /// Commits here after the run decide timestamps, which is what fences a slot left by a
@@ -131,7 +151,8 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Keep the run's files (logs, event files, memory-server data) here; by default a
-    /// temporary directory, kept only when the run fails.
+    /// temporary directory, kept only when the run fails (an interrupted run removes
+    /// it).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// Never kill and restart memory servers (runs of 20 s or more do by default).
@@ -501,6 +522,11 @@ fn recovery(r: &txn::RecoveryReport) -> Recovery {
 // ----- the harness
 
 pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
+    // Ctrl-C, SIGTERM, SIGHUP and a stderr whose reader went away all stop the run the
+    // same way: the harness stops its processes, the temporary directory goes as after
+    // a passed run (nothing failed: there is nothing to diagnose), and the process
+    // ends with the shell's status for the signal.
+    crate::cluster_cmd::catch_interrupts()?;
     let mut workloads = args.workload.clone();
     workloads.sort();
     workloads.dedup();
@@ -553,7 +579,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         seed,
     })
     .map_err(anyhow::Error::msg)?;
-    eprintln!(
+    say!(
         "chaos: seed {seed}; {} nodes × {} sessions, {} {} memory servers, {} s; plan: {} kills, \
          {} armed crashes, {} pauses, {} memory-server restarts, {} failovers, {} backup \
          restarts; files in {}",
@@ -588,7 +614,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let keep = |temp: Option<tempfile::TempDir>| {
         if let Some(temp) = temp {
             let kept = temp.keep();
-            eprintln!("the run's files are kept in {}", kept.display());
+            say!("the run's files are kept in {}", kept.display());
         }
     };
     let report = Harness::new(args, &workloads, &dir, seed).and_then(|mut harness| {
@@ -599,19 +625,49 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let report = match crate::bench::JsonOut::unless_failed(json.as_ref(), report) {
         Ok(report) => report,
         Err(e) => {
-            keep(temp);
+            if e.downcast_ref::<crate::cluster_cmd::Interrupted>()
+                .is_none()
+            {
+                keep(temp);
+            }
             return Err(e);
         }
     };
-    print!("{report}");
-    if let Some(json) = &json {
-        json.write(&report)?;
-    }
-    if report.passed {
-        Ok(ExitCode::SUCCESS)
+    // Written, not `print!`ed: a reader that went away (`| head`) panicked the process
+    // out with status 141 before the JSON was written and the directory removed.
+    let printed = {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        write!(stdout, "{report}").and_then(|()| stdout.flush())
+    };
+    // Both copies are attempted, and the directory kept or removed by the verdict,
+    // whichever of them fails.
+    let written = json.as_ref().map(|json| json.write(&report)).transpose();
+    let code = if report.passed {
+        ExitCode::SUCCESS
     } else {
         keep(temp);
-        Ok(ExitCode::FAILURE)
+        ExitCode::FAILURE
+    };
+    match printed {
+        // The run is over; nobody reads its report there. As a Unix tool, the
+        // shell's status for SIGPIPE, unless the run failed, which says more.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            written?;
+            Ok(if report.passed {
+                ExitCode::from(128 + signal_hook::consts::SIGPIPE as u8)
+            } else {
+                code
+            })
+        }
+        Err(e) => {
+            written?;
+            Err(anyhow::Error::new(e).context("cannot print the report to stdout"))
+        }
+        Ok(()) => {
+            written?;
+            Ok(code)
+        }
     }
 }
 
@@ -743,6 +799,11 @@ impl Drop for Harness<'_> {
         // A stopped backup would hold SIGTERM until stop_all's deadline.
         self.resume_backups();
         crate::cluster_cmd::stop_all(self.servers.iter().chain(&self.backups), &self.token_file);
+        // The nodes killed above (and by kill episodes since the last node started,
+        // which sweeps its predecessors') left their socket directories in the
+        // temporary directory: a run that stops early (an interrupt) reopens no
+        // database after them, which would sweep them.
+        crate::cluster_cmd::sweep_leftovers();
     }
 }
 
@@ -900,13 +961,15 @@ impl<'a> Harness<'a> {
             if waiting.elapsed() > START_TIMEOUT {
                 bail!("the compute nodes were not ready after {START_TIMEOUT:?}");
             }
+            crate::cluster_cmd::check_interrupted()?;
             std::thread::sleep(Duration::from_millis(5));
         }
         self.t0 = Instant::now();
         self.t0_ns = unix_ns(SystemTime::now());
-        eprintln!("all {} nodes ready; faults begin", self.args.nodes);
+        say!("all {} nodes ready; faults begin", self.args.nodes);
 
         self.execute(plan);
+        crate::cluster_cmd::check_interrupted()?;
         self.resume_backups();
         let end_ns = unix_ns(SystemTime::now());
         self.stop_nodes();
@@ -940,6 +1003,7 @@ impl<'a> Harness<'a> {
             if clear || waiting.elapsed() > recovery_timeout {
                 break (locks, unpublished);
             }
+            crate::cluster_cmd::check_interrupted()?;
             std::thread::sleep(Duration::from_millis(20));
         };
         let waited = waiting.elapsed();
@@ -1015,7 +1079,10 @@ impl<'a> Harness<'a> {
                 .collect::<Result<String, _>>()?,
         )?;
 
-        eprintln!("checking {} transactions", txns.len());
+        // The last point an interrupt stops the run at: the checks are its point, and
+        // their verdict is reported even if one comes while they run.
+        crate::cluster_cmd::check_interrupted()?;
+        say!("checking {} transactions", txns.len());
         let index = HistoryIndex::from_txns(txns.iter().cloned())
             .map_err(|e| anyhow::anyhow!("the merged history is malformed: {e}"))?;
         let mut results: Vec<CheckResult> = vec![checks::snapshot_isolation(&txns, &index)];
@@ -1639,7 +1706,8 @@ impl<'a> Harness<'a> {
         let give_up_after = Duration::from_millis(self.args.give_up_after_ms);
         let mut last_progress = Instant::now();
         let mut last_committed = 0;
-        loop {
+        // Until an interrupt; the caller then stops.
+        while !crate::cluster_cmd::is_interrupted() {
             self.poll();
             let now = Instant::now();
             if now.duration_since(last_progress) >= Duration::from_secs(1) {
@@ -1695,7 +1763,7 @@ impl<'a> Harness<'a> {
             slip = slip.max(now.duration_since(self.t0 + Duration::from_millis(planned.at_ms)));
             let outcome = match skipped {
                 Some(reason) => {
-                    eprintln!(
+                    say!(
                         "  skipped {} of {} {}: {reason}",
                         planned.action.name(),
                         what(&planned.action),
@@ -1885,7 +1953,7 @@ impl<'a> Harness<'a> {
             .flatten()
             .filter(|p| p.ready_at.is_some())
             .count();
-        eprintln!(
+        say!(
             "  {:>6.1} s  {:>9} committed ({:>6.0}/s)  nodes up {up}/{}  kills {}  crashes \
              {}/{} fired  pauses {}  server restarts {}  failovers {}  recoveries {}",
             self.ms(Instant::now()) / 1000.0,

@@ -51,7 +51,7 @@ fn interrupting_signal() -> &'static Arc<AtomicUsize> {
 /// Turns SIGINT, SIGTERM and SIGHUP (the terminal closed) into [`interrupted`]; a
 /// second one ends the process at once, with the shell's status for it, as without
 /// the handler.
-fn catch_interrupts() -> Result<()> {
+pub(crate) fn catch_interrupts() -> Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     for signal in [SIGINT, SIGTERM, SIGHUP] {
         let register = || -> std::io::Result<()> {
@@ -83,13 +83,32 @@ pub struct Interrupted {
 
 impl std::fmt::Display for Interrupted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.signal == signal_hook::consts::SIGPIPE {
+            return f.write_str(
+                "the output's reader went away (broken pipe): stopped the processes started \
+                 so far",
+            );
+        }
         f.write_str("interrupted: stopped the processes started so far")
     }
 }
 
 impl std::error::Error for Interrupted {}
 
-fn check_interrupted() -> Result<()> {
+/// Stops a command that checks [`check_interrupted`] as SIGPIPE would have, had it not
+/// been ignored: its output's reader went away, so nobody is left to see what it does,
+/// and it ends as if interrupted (status 141), after cleaning up.
+pub(crate) fn interrupt_for_broken_pipe() {
+    interrupting_signal().store(signal_hook::consts::SIGPIPE as usize, Ordering::Relaxed);
+    interrupted().store(true, Ordering::Relaxed);
+}
+
+/// Whether an interrupt (or [`interrupt_for_broken_pipe`]) came.
+pub(crate) fn is_interrupted() -> bool {
+    interrupted().load(Ordering::Relaxed)
+}
+
+pub(crate) fn check_interrupted() -> Result<()> {
     if interrupted().load(Ordering::Relaxed) {
         let signal = interrupting_signal().load(Ordering::Relaxed) as i32;
         return Err(Interrupted { signal }.into());
@@ -986,7 +1005,7 @@ fn down_unreadable(dir: &Path, path: &Path, why: &anyhow::Error) -> Result<()> {
 /// Removes the sockets that processes of a cluster killed by hand (SIGKILL, which
 /// runs no cleanup) left in the temporary directory: a memory server's and a compute
 /// node's are named by pid, and are otherwise swept only when another one starts.
-fn sweep_leftovers() {
+pub(crate) fn sweep_leftovers() {
     let tmp = std::env::temp_dir();
     for prefix in [crate::memory_server_cmd::SOCKET_PREFIX, "namdb-compute-"] {
         fabric::shm::sweep_leftovers(&tmp, prefix);

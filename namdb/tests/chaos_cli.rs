@@ -490,3 +490,155 @@ fn run_failover_harness(hooks: &[&str]) -> (std::process::ExitStatus, String, Va
         .unwrap_or(Value::Null);
     (status, out, report)
 }
+
+/// A short chaos run in its own temporary directory (`TMPDIR`, where its run
+/// directory goes), output not yet set.
+fn chaos_in(tmp: &std::path::Path, duration: &str) -> Command {
+    let mut run = Command::new(env!("CARGO_BIN_EXE_namdb"));
+    run.args([
+        "chaos",
+        "--duration",
+        duration,
+        "--nodes",
+        "1",
+        "--servers",
+        "1",
+        "--sessions",
+        "2",
+        "--seed",
+        "5",
+        "--no-server-restarts",
+    ])
+    .env("TMPDIR", tmp)
+    .env_remove("NAMDB_CRASH")
+    .env_remove("RUST_BACKTRACE")
+    .stdin(Stdio::null());
+    run
+}
+
+/// The run directory its first line names ("…; files in DIR"), and the processes
+/// running on it (their --token-file is in it).
+fn run_dir_and_processes(first_line: &str) -> (std::path::PathBuf, Vec<u32>) {
+    let dir = first_line
+        .rsplit_once("files in ")
+        .map(|(_, d)| std::path::PathBuf::from(d.trim()))
+        .unwrap_or_else(|| panic!("no run directory in {first_line:?}"));
+    let pids = common::processes_naming(dir.join("token"));
+    (dir, pids)
+}
+
+/// Reads `child`'s stderr lines up to the one containing `until`, returning them.
+fn stderr_until(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    until: &str,
+) -> Vec<String> {
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let found = line.contains(until);
+        seen.push(line);
+        if found {
+            return seen;
+        }
+    }
+    panic!("the run ended before {until:?}: {seen:?}");
+}
+
+/// Whether anything is left in the run's TMPDIR.
+fn leftovers(tmp: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(tmp)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect()
+}
+
+/// `namdb chaos | head -1`, or with its stdout closed outright: the report's writes
+/// fail once the run is over. Before, the first failed write panicked the process out
+/// (status 141) and its run directory (90 MB for a default run) stayed behind. Now a
+/// passed run ends with the same status, having removed its directory as any passed
+/// run does, and left no process running.
+#[test]
+fn a_run_whose_report_reader_went_away_removes_its_directory() {
+    use std::io::BufRead;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = chaos_in(tmp.path(), "3")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before the run writes anything there.
+    drop(child.stdout.take());
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let seen = stderr_until(&mut lines, "faults begin");
+    let (dir, pids) = run_dir_and_processes(&seen[0]);
+    assert!(!pids.is_empty(), "no process names {}", dir.display());
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = child.wait().unwrap();
+    let said = format!("{}\n{}", seen.join("\n"), rest.join("\n"));
+    assert_eq!(status.code(), Some(141), "{status:?}: {said}");
+    assert!(!said.contains("panicked"), "{said}");
+    assert_eq!(
+        leftovers(tmp.path()),
+        Vec::<std::path::PathBuf>::new(),
+        "{said}"
+    );
+    common::assert_ended(&pids, Duration::from_secs(30), "run processes");
+}
+
+/// `namdb chaos 2>&1 | head`: the progress lines' reader goes away mid-run. That
+/// stops the run as an interrupt does: its processes stopped, its directory removed,
+/// status 141. Before, the next progress line panicked the process out and left the
+/// directory behind, and the memory server to notice its parent's end by itself.
+#[test]
+fn a_run_whose_progress_reader_went_away_stops_as_if_interrupted() {
+    use std::io::BufRead;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = chaos_in(tmp.path(), "120")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let seen = stderr_until(&mut lines, "faults begin");
+    let (dir, pids) = run_dir_and_processes(&seen[0]);
+    assert!(!pids.is_empty(), "no process names {}", dir.display());
+    drop(lines);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(141), "{status:?}");
+    assert_eq!(leftovers(tmp.path()), Vec::<std::path::PathBuf>::new());
+    common::assert_ended(&pids, Duration::from_secs(30), "run processes");
+}
+
+/// Ctrl-C (SIGINT to the harness alone; its memory servers run in their own process
+/// group) stops the run: its processes stopped, its directory removed, status 130.
+/// Before, the signal's default action ended the harness at once and left its
+/// directory behind.
+#[test]
+fn an_interrupted_run_stops_its_processes_and_removes_its_directory() {
+    use std::io::BufRead;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = chaos_in(tmp.path(), "120")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let seen = stderr_until(&mut lines, "faults begin");
+    let (dir, pids) = run_dir_and_processes(&seen[0]);
+    assert!(!pids.is_empty(), "no process names {}", dir.display());
+    let reader = std::thread::spawn(move || lines.map(Result::unwrap).collect::<Vec<_>>());
+    common::send_signal(child.id(), "-INT");
+    let status = child.wait().unwrap();
+    let said = reader.join().unwrap().join("\n");
+    assert_eq!(status.code(), Some(130), "{status:?}: {said}");
+    assert!(
+        said.contains("interrupted: stopped the processes"),
+        "{said}"
+    );
+    assert_eq!(
+        leftovers(tmp.path()),
+        Vec::<std::path::PathBuf>::new(),
+        "{said}"
+    );
+    common::assert_ended(&pids, Duration::from_secs(30), "run processes");
+}

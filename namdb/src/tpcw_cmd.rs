@@ -132,7 +132,7 @@ pub struct TpcwArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Where the processes' logs go, memory servers' under `DIR/<backend>/` (default: a
-    /// temporary directory, removed after).
+    /// temporary directory, removed after, or kept and named if the run failed).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
@@ -290,6 +290,16 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
             Workdir::Temp { dir, _on_interrupt }
         }
     };
+    let ran = run_in(args, &scale, dir.path());
+    if ran.is_err() {
+        dir.keep_if_used();
+    }
+    ran
+}
+
+/// The runs of [`run`], their files in `dir`.
+fn run_in(args: &TpcwArgs, scale: &Scale, dir: &Path) -> Result<()> {
+    let scale = *scale;
     let clients = client_counts(args);
     if args.system.contains(&SystemKind::Postgres) && args.postgres.is_none() {
         // scripts/postgres.sh's max_connections, less what PostgreSQL reserves and the
@@ -308,7 +318,7 @@ pub fn run(args: &TpcwArgs) -> Result<()> {
         .sweep
         .then(|| OutputFile::claim(&args.svg, "the --svg plot file"))
         .transpose()?;
-    let ran = run_systems(args, &scale, &clients, dir.path());
+    let ran = run_systems(args, &scale, &clients, dir);
     if let (Err(_), Some(plot)) = (&ran, &plot) {
         plot.discard();
     }
@@ -475,6 +485,29 @@ impl Workdir {
             Workdir::Temp { dir, .. } => dir.path(),
             Workdir::Kept(p) => p,
         }
+    }
+
+    /// After a failed run: a temporary directory that processes used (the memory
+    /// servers' logs, token and, with `--durable`, data) is kept, and said so, as the
+    /// logs are what tells why a server failed or a check found a lost write; one left
+    /// empty (the embedded sim, 2pc, PostgreSQL) goes as after a run that passed. An
+    /// interrupt removes it whatever happened (see [`crate::interrupt`]).
+    fn keep_if_used(self) {
+        let Workdir::Temp { dir, _on_interrupt } = self else {
+            return;
+        };
+        let used = std::fs::read_dir(dir.path()).is_ok_and(|mut d| d.next().is_some());
+        if !used {
+            return;
+        }
+        // Unregistered first: a Ctrl-C after this must not remove what was kept.
+        drop(_on_interrupt);
+        let kept = dir.keep();
+        eprintln!(
+            "the memory servers' files (their logs; with --durable, their data) are kept in \
+             {} (remove it when done; --dir DIR puts them in DIR)",
+            kept.display()
+        );
     }
 }
 

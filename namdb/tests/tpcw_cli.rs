@@ -645,3 +645,61 @@ fn an_interrupted_run_on_memory_server_processes_leaves_no_directory() {
     assert_eq!(code, Some(130));
     assert_eq!(ours(), Vec::<String>::new(), "left behind");
 }
+
+/// A run on memory-server processes that fails (here: one of them killed mid-run)
+/// keeps its temporary directory, whose memory-server logs tell why a server failed,
+/// and says where. Before, the directory went with the failed run, logs and all.
+#[test]
+fn a_failed_run_on_memory_server_processes_keeps_their_logs_and_says_where() {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .env("TMPDIR", tmp.path())
+        .env_remove("RUST_BACKTRACE")
+        .args(["tpcw", "--backend", "shm", "--items", "1000", "--ebs", "1"])
+        .args(["--duration", "3", "--warmup", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(run.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let measuring = line.contains("clients for 3 s");
+        said.push(line);
+        if measuring {
+            break;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let server = loop {
+        let ours: Vec<u32> = processes_naming("memory-server")
+            .into_iter()
+            .filter(|&pid| parent_of(pid) == Some(run.id()))
+            .collect();
+        if let Some(&pid) = ours.first() {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no memory server: {said:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    common::kill_9_and_wait(server);
+    said.extend(lines.map(Result::unwrap));
+    let status = run.wait().unwrap();
+    let said = said.join("\n");
+    assert_eq!(status.code(), Some(1), "{said}");
+    let kept = said
+        .split_once("their data) are kept in ")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("no kept directory named: {said}"));
+    assert!(kept.starts_with(tmp.path()), "{said}");
+    let log = kept.join("shm").join("memory-server-1.log");
+    assert!(
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("listening on")),
+        "{}: {said}",
+        log.display()
+    );
+}

@@ -35,7 +35,10 @@ use fabric::{FabricError, LocalBuf, Region, RemoteRegion, SendWr};
 use std::collections::HashMap;
 use thiserror::Error;
 
-const SLOT_BYTES: u64 = 16;
+/// Bytes of a slot: its key word, then its address word.
+pub(crate) const SLOT_BYTES: u64 = 16;
+/// Offset of a slot's address word in the slot.
+const ADDRESS_WORD: u64 = 8;
 
 /// Slots a transaction's first READ of a bucket covers: two cache lines.
 pub const PROBE_SLOTS: u32 = 8;
@@ -92,6 +95,55 @@ pub enum Lookup {
     Pending,
 }
 
+/// A slot, decoded from its two words (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    Empty,
+    /// `key` is claimed and its address not yet written.
+    Claimed {
+        key: u64,
+    },
+    Published {
+        key: u64,
+        addr: u64,
+    },
+}
+
+impl Slot {
+    pub(crate) fn decode(key_word: u64, address_word: u64) -> Slot {
+        match (key_word, address_word) {
+            (0, _) => Slot::Empty,
+            (k, 0) => Slot::Claimed { key: k - 1 },
+            (k, a) => Slot::Published {
+                key: k - 1,
+                addr: a - 1,
+            },
+        }
+    }
+
+    /// The key the slot holds, if it is taken.
+    pub(crate) fn key(self) -> Option<u64> {
+        match self {
+            Slot::Empty => None,
+            Slot::Claimed { key } | Slot::Published { key, .. } => Some(key),
+        }
+    }
+}
+
+/// The slots of READ words (a whole number of slots), in order.
+pub(crate) fn slots(words: &[u64]) -> impl Iterator<Item = Slot> + '_ {
+    words.chunks_exact(2).map(|s| Slot::decode(s[0], s[1]))
+}
+
+/// The slots of READ bytes (little-endian words, a whole number of slots), in order.
+pub(crate) fn slots_in_bytes(bytes: &[u8]) -> impl Iterator<Item = Slot> + '_ {
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    bytes.chunks_exact(SLOT_BYTES as usize).map(move |s| {
+        let (key_word, address_word) = s.split_at(ADDRESS_WORD as usize);
+        Slot::decode(word(key_word), word(address_word))
+    })
+}
+
 /// The index at `base` in `region` (on one memory server), seen from a compute node.
 /// Buckets are READ into a caller's registered buffer.
 #[derive(Clone, Copy, Debug)]
@@ -108,12 +160,48 @@ enum Claim {
 }
 
 impl RemoteIndex {
-    fn check_key(key: u64) -> Result<u64, IndexError> {
+    /// The key word of a slot that holds `key`.
+    pub(crate) fn key_word(key: u64) -> Result<u64, IndexError> {
         key.checked_add(1).ok_or(IndexError::ReservedKey)
+    }
+
+    /// The address word of a slot that maps its key to the block at `addr`.
+    pub(crate) fn address_word(addr: u64) -> u64 {
+        addr + 1
     }
 
     fn bucket_offset(&self, bucket: u64) -> u64 {
         self.base + bucket * self.shape.bucket_bytes()
+    }
+
+    /// Offset in the region of slot `i` of `key`'s bucket.
+    pub(crate) fn slot_at(&self, key: u64, i: usize) -> u64 {
+        self.bucket_offset(self.shape.bucket_of(key)) + i as u64 * SLOT_BYTES
+    }
+
+    /// Where the key word of the slot at `slot_at` is.
+    pub(crate) fn key_word_at(&self, slot_at: u64) -> fabric::RemoteAddr {
+        self.region.at(slot_at)
+    }
+
+    /// Where the address word of the slot at `slot_at` is.
+    pub(crate) fn address_word_at(&self, slot_at: u64) -> fabric::RemoteAddr {
+        self.region.at(slot_at + ADDRESS_WORD)
+    }
+
+    /// Where the whole index is, and its bytes (a whole number of slots).
+    pub(crate) fn region_range(&self) -> (fabric::RemoteAddr, u64) {
+        (self.region.at(self.base), self.shape.region_bytes())
+    }
+
+    /// The slot of a bucket (its `slots`, in order) that holds `key`, else its first
+    /// empty slot, with its position in the bucket; `None` when every slot holds
+    /// another key. Slots are taken in order, so an insert looks no further than the
+    /// first empty one.
+    pub(crate) fn locate(slots: impl Iterator<Item = Slot>, key: u64) -> Option<(usize, Slot)> {
+        slots
+            .enumerate()
+            .find(|(_, s)| *s == Slot::Empty || s.key() == Some(key))
     }
 
     /// Where `key`'s bucket is, and its bytes.
@@ -143,45 +231,41 @@ impl RemoteIndex {
     pub fn find_probed(&self, words: &[u64], key: u64) -> Result<Option<Lookup>, IndexError> {
         let lookup = Self::find(words, key)?;
         let whole = words.len() as u64 * 8 >= self.shape.bucket_bytes();
-        let settled = lookup != Lookup::Absent || whole || words.chunks_exact(2).any(|s| s[0] == 0);
+        let settled = lookup != Lookup::Absent || whole || slots(words).any(|s| s == Slot::Empty);
         Ok(settled.then_some(lookup))
     }
 
     /// What a READ bucket says about `key`.
     pub fn find(words: &[u64], key: u64) -> Result<Lookup, IndexError> {
-        let tag = Self::check_key(key)?;
-        for slot in words.chunks_exact(2) {
-            if slot[0] == tag {
-                return Ok(match slot[1] {
-                    0 => Lookup::Pending,
-                    a => Lookup::Found(a - 1),
-                });
+        Self::key_word(key)?;
+        // Every slot, not only up to the first empty one: the words of one READ are
+        // not read at one instant, so a later slot may show a key claimed after the
+        // READ saw an earlier one empty.
+        for slot in slots(words) {
+            match slot {
+                Slot::Claimed { key: k } if k == key => return Ok(Lookup::Pending),
+                Slot::Published { key: k, addr } if k == key => return Ok(Lookup::Found(addr)),
+                _ => {}
             }
         }
         Ok(Lookup::Absent)
     }
 
     fn claim(&self, words: &[u64], key: u64) -> Result<Claim, IndexError> {
-        let tag = Self::check_key(key)?;
-        let bucket = self.shape.bucket_of(key);
-        for (i, slot) in words.chunks_exact(2).enumerate() {
-            if slot[0] == tag {
-                return Err(IndexError::DuplicateKey {
-                    key,
-                    addr: slot[1].checked_sub(1),
-                });
-            }
-            if slot[0] == 0 {
-                return Ok(Claim::Slot(
-                    self.bucket_offset(bucket) + i as u64 * SLOT_BYTES,
-                ));
-            }
+        Self::key_word(key)?;
+        match Self::locate(slots(words), key) {
+            Some((_, Slot::Claimed { .. })) => Err(IndexError::DuplicateKey { key, addr: None }),
+            Some((_, Slot::Published { addr, .. })) => Err(IndexError::DuplicateKey {
+                key,
+                addr: Some(addr),
+            }),
+            Some((i, Slot::Empty)) => Ok(Claim::Slot(self.slot_at(key, i))),
+            None => Err(IndexError::BucketFull {
+                key,
+                bucket: self.shape.bucket_of(key),
+                slots: self.shape.slots,
+            }),
         }
-        Err(IndexError::BucketFull {
-            key,
-            bucket,
-            slots: self.shape.slots,
-        })
     }
 
     async fn read_bucket(
@@ -210,7 +294,7 @@ impl RemoteIndex {
         at: u64,
         key: u64,
     ) -> Result<Lookup, IndexError> {
-        Self::check_key(key)?;
+        Self::key_word(key)?;
         let words = self.read_bucket(conn, buf, at, key).await?;
         Self::find(&words, key)
     }
@@ -225,7 +309,7 @@ impl RemoteIndex {
         key: u64,
         addr: u64,
     ) -> Result<(), IndexError> {
-        Self::check_key(key)?;
+        Self::key_word(key)?;
         let result = at + self.shape.bucket_bytes();
         if result + 8 > buf.len() {
             return Err(IndexError::Scratch(self.shape.bucket_bytes() + 8));
@@ -266,13 +350,13 @@ impl RemoteIndex {
         key: u64,
         result: LocalBuf,
     ) -> Result<SendWr<'a>, IndexError> {
-        let tag = Self::check_key(key)?;
-        Ok(SendWr::cas(0, result, self.region.at(slot_at), 0, tag))
+        let tag = Self::key_word(key)?;
+        Ok(SendWr::cas(0, result, self.key_word_at(slot_at), 0, tag))
     }
 
     /// What the old key word a claim's CAS returned means.
     pub(crate) fn claimed(old: u64, key: u64) -> Result<Claimed, IndexError> {
-        let tag = Self::check_key(key)?;
+        let tag = Self::key_word(key)?;
         Ok(match old {
             0 => Claimed::Won,
             o if o == tag => Claimed::Duplicate,
@@ -282,12 +366,12 @@ impl RemoteIndex {
 
     /// The address word that publishes a block at `addr`.
     pub(crate) fn published_addr(addr: u64) -> [u8; 8] {
-        (addr + 1).to_le_bytes()
+        Self::address_word(addr).to_le_bytes()
     }
 
     /// The WRITE that publishes a won slot's address ([`RemoteIndex::published_addr`]).
     pub(crate) fn publish_write<'a>(&self, slot_at: u64, value: &'a [u8; 8]) -> SendWr<'a> {
-        SendWr::write(0, fabric::Src::Inline(value), self.region.at(slot_at + 8))
+        SendWr::write(0, fabric::Src::Inline(value), self.address_word_at(slot_at))
     }
 
     /// The CAS that publishes `addr` in the slot at `slot_at` unless it has an address
@@ -295,7 +379,13 @@ impl RemoteIndex {
     /// fenced: a slot whose claimer's block recovery resolved may have been settled
     /// with another block meanwhile, which a later insert of the key may use.
     pub(crate) fn publish_cas<'a>(&self, slot_at: u64, addr: u64, result: LocalBuf) -> SendWr<'a> {
-        SendWr::cas(0, result, self.region.at(slot_at + 8), 0, addr + 1)
+        SendWr::cas(
+            0,
+            result,
+            self.address_word_at(slot_at),
+            0,
+            Self::address_word(addr),
+        )
     }
 }
 

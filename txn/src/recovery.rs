@@ -48,6 +48,7 @@
 use crate::commitlog::{self, EntryKind, Guard, LogRecord};
 use crate::conn::Conn;
 use crate::error::{Result, TxnError};
+use crate::index::{self, RemoteIndex, Slot};
 use crate::layout::{self, Header, VERSIONS_OFFSET, Version};
 use crate::store::{Database, Table, lock};
 use std::collections::HashMap;
@@ -832,7 +833,7 @@ fn settle_claim(
             return Ok(());
         };
         if others == 0 {
-            conns[p.server].cas(slot, 0, addr + 1)?;
+            conns[p.server].cas(slot, 0, RemoteIndex::address_word(addr))?;
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -850,21 +851,18 @@ fn settle_claim(
 
 /// The keys claimed without an address in partition `p`'s index.
 pub(crate) fn unpublished_keys(conn: &mut Conn, p: &crate::store::Partition) -> Result<Vec<u64>> {
-    let index = &p.index;
-    let bytes = index.shape.region_bytes();
-    let chunk = (SCRATCH / 16).max(1) * 16;
+    let (start, bytes) = p.index.region_range();
+    // Whole slots per READ.
+    let chunk = (SCRATCH / index::SLOT_BYTES).max(1) * index::SLOT_BYTES;
     let mut found = Vec::new();
     let mut at = 0;
     while at < bytes {
         let n = chunk.min(bytes - at);
-        let words = conn.read_bytes(index.region.at(index.base + at), n)?;
-        for slot in words.chunks_exact(16) {
-            let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
-            let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
-            if key_word != 0 && addr_word == 0 {
-                found.push(key_word - 1);
-            }
-        }
+        let read = conn.read_bytes(start.offset_by(at), n)?;
+        found.extend(index::slots_in_bytes(&read).filter_map(|slot| match slot {
+            Slot::Claimed { key } => Some(key),
+            _ => None,
+        }));
         at += n;
     }
     Ok(found)
@@ -877,22 +875,19 @@ fn unpublished_slot(
     p: &crate::store::Partition,
     key: u64,
 ) -> Result<Option<fabric::RemoteAddr>> {
-    let Some(tag) = key.checked_add(1) else {
+    if RemoteIndex::key_word(key).is_err() {
         return Ok(None);
-    };
+    }
     let (bucket, len) = p.index.bucket_range(key);
     let bytes = conn.read_bytes(bucket, len)?;
-    for (i, slot) in bytes.chunks_exact(16).enumerate() {
-        let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
-        let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
-        if key_word == tag {
-            return Ok((addr_word == 0).then(|| bucket.offset_by(i as u64 * 16 + 8)));
-        }
-        if key_word == 0 {
-            break;
-        }
-    }
-    Ok(None)
+    Ok(
+        match RemoteIndex::locate(index::slots_in_bytes(&bytes), key) {
+            Some((i, Slot::Claimed { .. })) => {
+                Some(p.index.address_word_at(p.index.slot_at(key, i)))
+            }
+            _ => None,
+        },
+    )
 }
 
 /// What [`Database::settle_pending_claim`] found.
@@ -991,7 +986,7 @@ pub(crate) fn settle_pending(
     );
     db.shared.durability.persist_blocking(plan)?;
     let conn = &mut conns[p.server];
-    if conn.cas(slot, 0, addr + 1)? == 0 {
+    if conn.cas(slot, 0, RemoteIndex::address_word(addr))? == 0 {
         tracing::warn!(
             table = %table.name,
             key,

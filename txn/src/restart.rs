@@ -38,7 +38,7 @@ use crate::commitlog::{self, EntryKind, Guard, LogRecord};
 use crate::conn::Conn;
 use crate::durable::PersistPlan;
 use crate::error::{Result, TxnError};
-use crate::index::RemoteIndex;
+use crate::index::{RemoteIndex, Slot};
 use crate::layout::{self, Block, Header, VERSIONS_OFFSET};
 use crate::recovery::{
     PendingClaim, Written, add_written, nonce, resolve, scan_headers, settle_pending,
@@ -357,33 +357,29 @@ fn reinstall(
 /// Makes `key` map to `addr` in `index` (a restart may have lost the entry, or kept
 /// it half inserted).
 fn ensure_indexed(conn: &mut Conn, index: &RemoteIndex, key: u64, addr: u64) -> Result<()> {
-    let tag = key
-        .checked_add(1)
-        .ok_or_else(|| TxnError::Invalid(format!("key {key} is reserved")))?;
+    let tag = RemoteIndex::key_word(key)
+        .map_err(|_| TxnError::Invalid(format!("key {key} is reserved")))?;
     let (bucket, len) = index.bucket_range(key);
     let bytes = conn.read_bytes(bucket, len)?;
-    for (i, slot) in bytes.chunks_exact(16).enumerate() {
-        let key_word = u64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
-        let addr_word = u64::from_le_bytes(slot[8..].try_into().expect("8 bytes"));
-        let slot_at = bucket.offset_by(i as u64 * 16);
-        if key_word == tag {
-            if addr_word == 0 {
-                conn.write_bytes(slot_at.offset_by(8), &(addr + 1).to_le_bytes())?;
-            } else if addr_word != addr + 1 {
-                return Err(TxnError::Invalid(format!(
-                    "key {key} is indexed at block {}, its log record says {addr}",
-                    addr_word - 1
-                )));
-            }
-            return Ok(());
+    let Some((i, slot)) = RemoteIndex::locate(crate::index::slots_in_bytes(&bytes), key) else {
+        return Err(TxnError::Invalid(format!(
+            "the index bucket of key {key} is full: its entry cannot be restored"
+        )));
+    };
+    let slot_at = index.slot_at(key, i);
+    let address = RemoteIndex::address_word(addr).to_le_bytes();
+    match slot {
+        Slot::Empty => {
+            conn.cas(index.key_word_at(slot_at), 0, tag)?;
+            conn.write_bytes(index.address_word_at(slot_at), &address)?;
         }
-        if key_word == 0 {
-            conn.cas(slot_at, 0, tag)?;
-            conn.write_bytes(slot_at.offset_by(8), &(addr + 1).to_le_bytes())?;
-            return Ok(());
+        Slot::Claimed { .. } => conn.write_bytes(index.address_word_at(slot_at), &address)?,
+        Slot::Published { addr: indexed, .. } if indexed != addr => {
+            return Err(TxnError::Invalid(format!(
+                "key {key} is indexed at block {indexed}, its log record says {addr}"
+            )));
         }
+        Slot::Published { .. } => {}
     }
-    Err(TxnError::Invalid(format!(
-        "the index bucket of key {key} is full: its entry cannot be restored"
-    )))
+    Ok(())
 }

@@ -228,6 +228,17 @@ fn word(bytes: &[u8], i: u64) -> u64 {
     u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"))
 }
 
+/// The header word of a block's bytes, as READ.
+pub fn header_word(bytes: &[u8]) -> u64 {
+    word(bytes, 0)
+}
+
+/// The key word of a block's bytes, as READ: written at insert and never changed, so
+/// it holds even in a torn or locked block.
+pub fn key_word(bytes: &[u8]) -> u64 {
+    word(bytes, 1)
+}
+
 fn put_word(bytes: &mut [u8], i: u64, w: u64) {
     let o = (i * 8) as usize;
     bytes[o..o + 8].copy_from_slice(&w.to_le_bytes());
@@ -341,8 +352,8 @@ pub fn decode(bytes: &[u8], shape: BlockShape) -> Result<Block, LayoutError> {
         });
     }
     Ok(Block {
-        header: Header::decode(word(bytes, 0)),
-        key: word(bytes, 1),
+        header: Header::decode(header_word(bytes)),
+        key: key_word(bytes),
         versions,
     })
 }

@@ -246,7 +246,7 @@ impl Database {
                     if h.locked {
                         found.push(LockedRecord {
                             table: table.name.clone(),
-                            key: u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes")),
+                            key: layout::key_word(raw),
                             cid: h.cid,
                         });
                     }
@@ -627,7 +627,7 @@ fn recover(
                     report.rolled_back += 1;
                 }
                 // Durable before the guard says clean and the ring may be reused.
-                let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+                let key = layout::key_word(&raw);
                 crate::transaction::add_insert(&mut plan, table, part, addr, key);
             }
         }
@@ -821,14 +821,10 @@ fn settle_claim(
         if unpublished(conns)?.is_none() {
             return Ok(());
         }
-        let mut others = 0u64;
-        scan_headers(conns, table, part, &mut |at, word, raw| {
-            let k = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
-            if at != addr && k == key && Header::decode(word).locked {
-                others += 1;
-            }
-            Ok(())
-        })?;
+        let others = locked_blocks_of(conns, table, part, key)?
+            .iter()
+            .filter(|&&(at, _)| at != addr)
+            .count();
         let Some(slot) = unpublished(conns)? else {
             return Ok(());
         };
@@ -943,16 +939,7 @@ pub(crate) fn settle_pending(
     if unpublished_slot(&mut conns[p.server], p, key)?.is_none() {
         return Ok(PendingClaim::Settled);
     }
-    let mut holder = None;
-    scan_headers(conns, table, part, &mut |_, word, raw| {
-        let k = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
-        let header = Header::decode(word);
-        if k == key && header.locked {
-            holder = Some(header.cid);
-        }
-        Ok(())
-    })?;
-    if let Some(cid) = holder {
+    if let Some(&(_, cid)) = locked_blocks_of(conns, table, part, key)?.last() {
         return Ok(PendingClaim::Held(cid));
     }
     let Some(slot) = unpublished_slot(&mut conns[p.server], p, key)? else {
@@ -1000,6 +987,26 @@ pub(crate) fn settle_pending(
     Ok(PendingClaim::Settled)
 }
 
+/// The locked blocks of `key` in a partition, in address order: (address, CID of the
+/// lock's holder). What tells whether an inserter of the key may still publish in its
+/// claimed index slot (see [`settle_claim`]).
+fn locked_blocks_of(
+    conns: &mut [Conn],
+    table: &Table,
+    part: usize,
+    key: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let mut locked = Vec::new();
+    scan_headers(conns, table, part, &mut |at, word, raw| {
+        let header = Header::decode(word);
+        if header.locked && layout::key_word(raw) == key {
+            locked.push((at, header.cid));
+        }
+        Ok(())
+    })?;
+    Ok(locked)
+}
+
 /// Reads every allocated block of a partition in large READs and hands each block's
 /// address, header word and bytes to `each`. Returns the blocks read.
 pub(crate) fn scan_headers(
@@ -1020,8 +1027,7 @@ pub(crate) fn scan_headers(
         let bytes = conn.read_bytes(p.data.at(first), n * block_bytes)?;
         for b in 0..n {
             let raw = &bytes[(b * block_bytes) as usize..((b + 1) * block_bytes) as usize];
-            let word = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes"));
-            each(first + b * block_bytes, word, raw)?;
+            each(first + b * block_bytes, layout::header_word(raw), raw)?;
         }
         i += n;
     }

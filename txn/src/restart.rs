@@ -229,7 +229,7 @@ fn repair(db: &Database, restarted: &[usize]) -> Result<RestartReport> {
                     } else {
                         report.locks_rolled_back += 1;
                     }
-                    let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+                    let key = layout::key_word(&raw);
                     add_insert(&mut plan, table, part, addr, key);
                 }
             }
@@ -325,7 +325,7 @@ fn reinstall(
         add_insert(plan, table, part, entry.addr, entry.key);
     }
     let raw = conn.read_bytes(at, shape.block_bytes())?;
-    let header = Header::decode(u64::from_le_bytes(raw[..8].try_into().expect("8 bytes")));
+    let header = Header::decode(layout::header_word(&raw));
     if header.locked || header.cid >= cid {
         // A lock is resolved with every other (server 0 restarted) or belongs to a
         // commit still running on a server that kept its memory.

@@ -768,7 +768,7 @@ impl<'w> AsyncTransaction<'w> {
                     Err(LayoutError::Torn { .. } | LayoutError::Locked { .. }) => {
                         let addr = table.block_offset(part, i + b);
                         // The key word never changes once written.
-                        let key = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+                        let key = layout::key_word(raw);
                         let mut bytes = Vec::new();
                         let (_, raw) =
                             read_block(worker, buffer, 0, &mut bytes, table, part, key, addr)

@@ -321,8 +321,8 @@ impl RemoteIndex {
             conn.run(&[self.claim_cas(slot_at, key, local)?]).await?;
             match Self::claimed(buf.load_u64(result)?, key)? {
                 Claimed::Won => {
-                    let value = Self::published_addr(addr);
-                    conn.run(&[self.publish_write(slot_at, &value)]).await?;
+                    let address = AddressWord::of(addr);
+                    conn.run(&[self.publish_write(slot_at, &address)]).await?;
                     return Ok(());
                 }
                 Claimed::Duplicate => {
@@ -364,28 +364,44 @@ impl RemoteIndex {
         })
     }
 
-    /// The address word that publishes a block at `addr`.
-    pub(crate) fn published_addr(addr: u64) -> [u8; 8] {
-        Self::address_word(addr).to_le_bytes()
+    /// The WRITE that publishes a won slot's address.
+    pub(crate) fn publish_write<'a>(&self, slot_at: u64, address: &'a AddressWord) -> SendWr<'a> {
+        SendWr::write(
+            0,
+            fabric::Src::Inline(&address.0),
+            self.address_word_at(slot_at),
+        )
     }
 
-    /// The WRITE that publishes a won slot's address ([`RemoteIndex::published_addr`]).
-    pub(crate) fn publish_write<'a>(&self, slot_at: u64, value: &'a [u8; 8]) -> SendWr<'a> {
-        SendWr::write(0, fabric::Src::Inline(value), self.address_word_at(slot_at))
-    }
-
-    /// The CAS that publishes `addr` in the slot at `slot_at` unless it has an address
-    /// already (the old word lands in `result`). For a claimer that may have been
-    /// fenced: a slot whose claimer's block recovery resolved may have been settled
-    /// with another block meanwhile, which a later insert of the key may use.
-    pub(crate) fn publish_cas<'a>(&self, slot_at: u64, addr: u64, result: LocalBuf) -> SendWr<'a> {
+    /// The CAS that publishes `address` in the slot at `slot_at` unless it has an
+    /// address already (the old word lands in `result`). For a claimer that may have
+    /// been fenced: a slot whose claimer's block recovery resolved may have been
+    /// settled with another block meanwhile, which a later insert of the key may use.
+    pub(crate) fn publish_cas<'a>(
+        &self,
+        slot_at: u64,
+        address: AddressWord,
+        result: LocalBuf,
+    ) -> SendWr<'a> {
         SendWr::cas(
             0,
             result,
             self.address_word_at(slot_at),
             0,
-            Self::address_word(addr),
+            u64::from_le_bytes(address.0),
         )
+    }
+}
+
+/// The address word that publishes a block, as the bytes a WRITE of it sends inline
+/// (so it lives as long as the WRITE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AddressWord([u8; 8]);
+
+impl AddressWord {
+    /// The address word of the block at `addr`.
+    pub(crate) fn of(addr: u64) -> AddressWord {
+        AddressWord(RemoteIndex::address_word(addr).to_le_bytes())
     }
 }
 

@@ -47,7 +47,7 @@ use crate::commitlog::{self, EntryKind, EntryRef};
 use crate::crash::{self, CrashPoint};
 use crate::durable::{PersistPlan, PersistRange};
 use crate::error::{Result, TxnError};
-use crate::index::{Claimed, Lookup, RemoteIndex};
+use crate::index::{AddressWord, Claimed, Lookup, RemoteIndex};
 use crate::layout::{
     self, Block, Header, LayoutError, VERSIONS_OFFSET, Version, Visible, VisibleRaw,
 };
@@ -1322,9 +1322,8 @@ struct WonSlot {
     index: RemoteIndex,
     /// The slot's offset in the index region.
     slot: u64,
-    /// The block's address, and as the slot's address word.
-    addr: u64,
-    value: [u8; 8],
+    /// The block's address, as the slot's address word.
+    address: AddressWord,
 }
 
 /// The WRITEs that publish the addresses of won index slots.
@@ -1333,7 +1332,7 @@ fn publish_writes(won: &[WonSlot]) -> Batches<'_> {
     for slot in won {
         batches.push(
             slot.server,
-            slot.index.publish_write(slot.slot, &slot.value),
+            slot.index.publish_write(slot.slot, &slot.address),
         );
     }
     batches
@@ -1354,7 +1353,7 @@ async fn publish(worker: &Worker, buffer: &Region, won: &[WonSlot]) -> Result<()
         batches.push(
             slot.server,
             slot.index
-                .publish_cas(slot.slot, slot.addr, buffer.buf(res, 8)),
+                .publish_cas(slot.slot, slot.address, buffer.buf(res, 8)),
         );
     }
     batches.run(worker).await
@@ -1598,8 +1597,7 @@ async fn run_commit(
                     server: w.table.partitions[part].server,
                     index: w.table.partitions[part].index,
                     slot: claims[n].expect("claimed"),
-                    addr,
-                    value: RemoteIndex::published_addr(addr),
+                    address: AddressWord::of(addr),
                 }),
                 Claimed::Duplicate => {
                     held.fresh[fresh + n].maybe_indexed = false;

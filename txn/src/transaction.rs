@@ -1043,8 +1043,10 @@ async fn fetch(
     let mut absent: SmallVec<[bool; 8]> = smallvec::smallvec![false; keys.len()];
     // Per key: whether its probe left it unsettled, so the next READ takes the bucket.
     let mut whole: SmallVec<[bool; 8]> = smallvec::smallvec![false; keys.len()];
-    // Per key: whether a claim of it left pending was settled already.
-    let mut settled: SmallVec<[bool; 8]> = smallvec::smallvec![false; keys.len()];
+    // The keys whose claim left pending was settled already. Only a claim pending past
+    // the lock patience adds one, so the list starts empty rather than as a flag per
+    // key, which a fetch of more than eight keys allocated for every time.
+    let mut settled: SmallVec<[usize; 1]> = SmallVec::new();
     // Index lookups, again for slots still being inserted.
     loop {
         let missing: SmallVec<[usize; 8]> = (0..keys.len())
@@ -1093,7 +1095,7 @@ async fn fetch(
             if start.elapsed() > LOCK_PATIENCE {
                 // A claim names no one: its claimer's locked block does, or its
                 // absence says the claimer is gone and the slot needs settling.
-                if !settled[i] {
+                if !settled.contains(&i) {
                     let part = table.partition_of(keys[i]);
                     match worker
                         .database()
@@ -1102,7 +1104,7 @@ async fn fetch(
                         PendingClaim::Held(holder) => worker.suspect_holder(holder),
                         PendingClaim::Settled => {
                             // Look again: the slot has an address now.
-                            settled[i] = true;
+                            settled.push(i);
                             continue;
                         }
                     }

@@ -26,7 +26,13 @@ pub struct TxnKv {
     table: Arc<Table>,
     /// See [`TxnKv::with_fenced_outcome_patience`].
     fenced_patience: Duration,
+    /// The first few reasons commits were recorded as of unknown outcome
+    /// ([`TxnKv::indeterminate_reasons`]).
+    indeterminate: std::sync::Mutex<Vec<String>>,
 }
+
+/// Reasons [`TxnKv::indeterminate_reasons`] keeps.
+const REASONS_KEPT: usize = 4;
 
 pub struct Session {
     client: Option<Client>,
@@ -71,7 +77,17 @@ impl TxnKv {
             db,
             table,
             fenced_patience: FENCED_OUTCOME_PATIENCE,
+            indeterminate: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Why the first few commits recorded as of unknown outcome were (the history
+    /// keeps only that they were): what a test that expects none reports.
+    pub fn indeterminate_reasons(&self) -> Vec<String> {
+        self.indeterminate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// How long a fenced commit waits for recovery to decide it before it is
@@ -255,6 +271,12 @@ impl TxnStore for TxnKv {
             // Failing after its locks, a commit may have installed.
             Err(e) => Err(StoreError::Indeterminate(e.to_string())),
         };
+        if let Err(StoreError::Indeterminate(why)) = &result {
+            let mut kept = self.indeterminate.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.len() < REASONS_KEPT {
+                kept.push(why.clone());
+            }
+        }
         session.client = Some(client);
         result
     }

@@ -61,7 +61,13 @@ fn check(
         run.committed > 0 && run.aborted > 0,
         "no contention: {run:?}"
     );
-    assert_eq!(run.unknown, 0, "{run:?}");
+    assert_eq!(
+        run.unknown,
+        0,
+        "{run:?}: {:?}; recoveries during the run: {:?}",
+        store.indeterminate_reasons(),
+        db.recoveries()
+    );
     (run, index)
 }
 
@@ -117,14 +123,17 @@ fn a_fenced_commit_not_decided_in_time_is_recorded_as_indeterminate() {
         .unwrap();
         let outcome = store.commit(&mut session, t);
         let cid = hold.cid().expect("the commit stalled");
-        match &outcome {
-            Err(StoreError::Indeterminate(why)) => assert!(
-                why.contains(&format!("commit {cid} abandoned to recovery"))
-                    && why.contains(&format!("the outcome of commit {cid} is still unknown")),
-                "{point}: {why}"
-            ),
+        let why = match outcome {
+            Err(StoreError::Indeterminate(why)) => why,
             other => panic!("{point}: not indeterminate: {other:?}"),
-        }
+        };
+        assert!(
+            why.contains(&format!("commit {cid} abandoned to recovery"))
+                && why.contains(&format!("the outcome of commit {cid} is still unknown")),
+            "{point}: {why}"
+        );
+        // The reason is kept for a report, as the history keeps only the outcome.
+        assert_eq!(store.indeterminate_reasons(), [why], "{point}");
         assert!(hold.is_holding(), "{point}: the recovery was taken over");
         hold.release();
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -552,6 +552,40 @@ fn leftovers(tmp: &std::path::Path) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
+/// A run of `seconds` in TMPDIR `tmp` whose stderr is piped, once its faults began:
+/// the child, the rest of its stderr, what it said so far and its processes.
+struct StartedRun {
+    child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStderr>>,
+    seen: Vec<String>,
+    pids: Vec<u32>,
+}
+
+fn start_run(tmp: &std::path::Path, seconds: &str, stdout: Stdio) -> StartedRun {
+    use std::io::BufRead;
+    let mut child = chaos_in(tmp, seconds)
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let seen = stderr_until(&mut lines, "faults begin");
+    let (dir, pids) = run_dir_and_processes(&seen[0]);
+    assert!(!pids.is_empty(), "no process names {}", dir.display());
+    StartedRun {
+        child,
+        lines,
+        seen,
+        pids,
+    }
+}
+
+/// Nothing of the run is left: no file in its TMPDIR, none of its processes.
+fn assert_nothing_left(tmp: &std::path::Path, pids: &[u32], said: &str) {
+    assert_eq!(leftovers(tmp), Vec::<std::path::PathBuf>::new(), "{said}");
+    common::assert_ended(pids, Duration::from_secs(30), "run processes");
+}
+
 /// `namdb chaos | head -1`, or with its stdout closed outright: the report's writes
 /// fail once the run is over. Before, the first failed write panicked the process out
 /// (status 141) and its run directory (90 MB for a default run) stayed behind. Now a
@@ -559,30 +593,21 @@ fn leftovers(tmp: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// run does, and left no process running.
 #[test]
 fn a_run_whose_report_reader_went_away_removes_its_directory() {
-    use std::io::BufRead;
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = chaos_in(tmp.path(), "3")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let StartedRun {
+        mut child,
+        lines,
+        seen,
+        pids,
+    } = start_run(tmp.path(), "3", Stdio::piped());
     // Closed before the run writes anything there.
     drop(child.stdout.take());
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let seen = stderr_until(&mut lines, "faults begin");
-    let (dir, pids) = run_dir_and_processes(&seen[0]);
-    assert!(!pids.is_empty(), "no process names {}", dir.display());
     let rest: Vec<String> = lines.map(Result::unwrap).collect();
     let status = child.wait().unwrap();
     let said = format!("{}\n{}", seen.join("\n"), rest.join("\n"));
     assert_eq!(status.code(), Some(141), "{status:?}: {said}");
     assert!(!said.contains("panicked"), "{said}");
-    assert_eq!(
-        leftovers(tmp.path()),
-        Vec::<std::path::PathBuf>::new(),
-        "{said}"
-    );
-    common::assert_ended(&pids, Duration::from_secs(30), "run processes");
+    assert_nothing_left(tmp.path(), &pids, &said);
 }
 
 /// `namdb chaos 2>&1 | head`: the progress lines' reader goes away mid-run. That
@@ -591,22 +616,17 @@ fn a_run_whose_report_reader_went_away_removes_its_directory() {
 /// directory behind, and the memory server to notice its parent's end by itself.
 #[test]
 fn a_run_whose_progress_reader_went_away_stops_as_if_interrupted() {
-    use std::io::BufRead;
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = chaos_in(tmp.path(), "120")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let seen = stderr_until(&mut lines, "faults begin");
-    let (dir, pids) = run_dir_and_processes(&seen[0]);
-    assert!(!pids.is_empty(), "no process names {}", dir.display());
+    let StartedRun {
+        mut child,
+        lines,
+        pids,
+        ..
+    } = start_run(tmp.path(), "120", Stdio::null());
     drop(lines);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(141), "{status:?}");
-    assert_eq!(leftovers(tmp.path()), Vec::<std::path::PathBuf>::new());
-    common::assert_ended(&pids, Duration::from_secs(30), "run processes");
+    assert_nothing_left(tmp.path(), &pids, "");
 }
 
 /// Ctrl-C (SIGINT to the harness alone; its memory servers run in their own process
@@ -615,17 +635,13 @@ fn a_run_whose_progress_reader_went_away_stops_as_if_interrupted() {
 /// directory behind.
 #[test]
 fn an_interrupted_run_stops_its_processes_and_removes_its_directory() {
-    use std::io::BufRead;
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = chaos_in(tmp.path(), "120")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let seen = stderr_until(&mut lines, "faults begin");
-    let (dir, pids) = run_dir_and_processes(&seen[0]);
-    assert!(!pids.is_empty(), "no process names {}", dir.display());
+    let StartedRun {
+        mut child,
+        lines,
+        pids,
+        ..
+    } = start_run(tmp.path(), "120", Stdio::null());
     let reader = std::thread::spawn(move || lines.map(Result::unwrap).collect::<Vec<_>>());
     common::send_signal(child.id(), "-INT");
     let status = child.wait().unwrap();
@@ -635,10 +651,5 @@ fn an_interrupted_run_stops_its_processes_and_removes_its_directory() {
         said.contains("interrupted: stopped the processes"),
         "{said}"
     );
-    assert_eq!(
-        leftovers(tmp.path()),
-        Vec::<std::path::PathBuf>::new(),
-        "{said}"
-    );
-    common::assert_ended(&pids, Duration::from_secs(30), "run processes");
+    assert_nothing_left(tmp.path(), &pids, &said);
 }

@@ -40,7 +40,7 @@ fn config() -> OracleConfig {
 }
 
 fn setup(bits: u64) -> (Arc<SimOracle>, Arc<ManualClock>, SlotHandle, SlotHandle) {
-    let o = Arc::new(SimOracle::new(SimConfig::default(), Layout::new(bits, 2).unwrap()).unwrap());
+    let o = oracle(bits, 2);
     let clock = ManualClock::new();
     let a = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
     let b = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
@@ -74,8 +74,13 @@ fn run_holder(h: SlotHandle, count: usize, intent: Arc<Vec<AtomicBool>>) -> Slot
     h
 }
 
-/// Runs `f` as a loom model and returns how many interleavings loom explored.
-fn explore(builder: loom::model::Builder, f: impl Fn() + Sync + Send + 'static) -> usize {
+/// Runs `f` as a loom model, with at most `preemptions` preemptions per execution, and
+/// returns how many interleavings loom explored.
+fn explore(preemptions: usize, f: impl Fn() + Sync + Send + 'static) -> usize {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(preemptions);
+    // Registration and the sim's locks make one execution long, not wide.
+    builder.max_branches = 200_000;
     let explored = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = explored.clone();
     builder.check(move || {
@@ -85,13 +90,14 @@ fn explore(builder: loom::model::Builder, f: impl Fn() + Sync + Send + 'static) 
     explored.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// An oracle of `bits` bits and `slots` slots on a sim memory server.
+fn oracle(bits: u64, slots: u32) -> Arc<SimOracle> {
+    Arc::new(SimOracle::new(SimConfig::default(), Layout::new(bits, slots).unwrap()).unwrap())
+}
+
 #[test]
 fn prefix_and_wrap() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    // Registration and the sim's locks make one execution long, not wide.
-    builder.max_branches = 200_000;
-    let n = explore(builder, || {
+    let n = explore(2, || {
         // V = 8, S = 2: slot 0 takes 2, 4, 6, 8 (8 reuses the position of 0), slot 1
         // takes 1, 3, 5, 7; the V/2 margin makes each wait for the other.
         let (o, _clock, a, b) = setup(8);
@@ -112,10 +118,7 @@ fn prefix_and_wrap() {
 
 #[test]
 fn renewal_races_fence() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
-    builder.max_branches = 200_000;
-    let n = explore(builder, || {
+    let n = explore(3, || {
         let (o, clock, a, b) = setup(16);
         // Slot 1 takes 1 and goes quiet; slot 0 decides 2, so 1 stalls the prefix.
         let stalled = b.next_commit_ts().unwrap();
@@ -166,12 +169,8 @@ fn renewal_races_fence() {
 
 #[test]
 fn late_mark_races_a_gated_fence() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
-    builder.max_branches = 200_000;
-    let n = explore(builder, || {
-        let o =
-            Arc::new(SimOracle::new(SimConfig::default(), Layout::new(16, 2).unwrap()).unwrap());
+    let n = explore(3, || {
+        let o = oracle(16, 2);
         let clock = ManualClock::new();
         let a = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
         // The late holder's clock stands still: its lease checks pass without a
@@ -247,14 +246,10 @@ fn late_mark_races_a_gated_fence() {
 
 #[test]
 fn free_skip_races_claim() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.max_branches = 200_000;
-    let n = explore(builder, || {
+    let n = explore(2, || {
         // V = 16, S = 3: slot 0 is held and decides 3, so the free slots 1 and 2 (1
         // and 2) hold the prefix back; the holder's next read skips them.
-        let o =
-            Arc::new(SimOracle::new(SimConfig::default(), Layout::new(16, 3).unwrap()).unwrap());
+        let o = oracle(16, 3);
         let clock = ManualClock::new();
         let a = o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap();
         assert_eq!(a.slot(), 0);

@@ -1468,7 +1468,6 @@ fn restarting_a_backup_whose_primary_is_down_says_so_and_returns() {
 /// The open transaction's writes are lost with the node, and the key stays absent.
 #[test]
 fn a_commit_to_a_dead_compute_node_says_it_was_not_sent() {
-    use std::io::BufRead;
     let c = Cluster::up(&[
         "--backend",
         "shm",
@@ -1483,24 +1482,13 @@ fn a_commit_to_a_dead_compute_node_says_it_was_not_sent() {
         .as_str()
         .unwrap()
         .to_string();
-    let mut shell = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .current_dir(c.cwd())
-        .arg("shell")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = shell.stdin.take().unwrap();
-    let mut out = std::io::BufReader::new(shell.stdout.take().unwrap());
-    stdin.write_all(b"begin\nput 7 seven\nget 7\n").unwrap();
-    stdin.flush().unwrap();
     // "seven" once the put went through: the node holds the open transaction.
-    for expected in ["begun\n", "seven\n"] {
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, expected);
-    }
+    let (shell, mut stdin, mut out) = shell_answering(
+        c.cwd(),
+        &[],
+        b"begin\nput 7 seven\nget 7\n",
+        &["begun\n", "seven\n"],
+    );
     kill_9_and_wait(node);
     // Refused once nobody listens any more (a killed process's last threads may close
     // its sockets a moment after it shows as gone).
@@ -1550,28 +1538,16 @@ fn a_commit_to_a_dead_compute_node_says_it_was_not_sent() {
 /// compute node did.
 #[test]
 fn the_shell_gives_up_on_a_line_after_its_timeout() {
-    use std::io::BufRead;
     let c = Cluster::up(&["--backend", "tcp", "--size", "16MiB"]);
     let cwd = c.cwd();
     ok(cwd, &["kv", "put", "1", "one"]);
     let pid = c.json()["memory_servers"][0]["pid"].as_u64().unwrap() as u32;
-    let mut shell = Command::new(env!("CARGO_BIN_EXE_namdb"))
-        .current_dir(cwd)
-        .args(["shell", "--timeout", "1s"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = shell.stdin.take().unwrap();
-    let mut out = std::io::BufReader::new(shell.stdout.take().unwrap());
-    stdin.write_all(b"begin\nget 1\n").unwrap();
-    stdin.flush().unwrap();
-    for expected in ["begun\n", "one\n"] {
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, expected);
-    }
+    let (shell, mut stdin, mut out) = shell_answering(
+        cwd,
+        &["--timeout", "1s"],
+        b"begin\nget 1\n",
+        &["begun\n", "one\n"],
+    );
     stop_and_wait(pid);
     let resume = Resume(pid);
     // Key 3 was not read before (a key the transaction read already may be answered
@@ -1694,4 +1670,38 @@ fn kv_while_a_memory_server_is_stopped_says_the_compute_node_is_up_and_why_it_ca
         assert!(std::time::Instant::now() < deadline, "{}", stderr(&o));
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+}
+
+/// `namdb shell ARGS` in `cwd`, fed `script`, once it answered the lines `expected`:
+/// the process, its stdin and the rest of its stdout.
+fn shell_answering(
+    cwd: &std::path::Path,
+    args: &[&str],
+    script: &[u8],
+    expected: &[&str],
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    use std::io::{BufRead, Write};
+    let mut shell = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(cwd)
+        .arg("shell")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = shell.stdin.take().unwrap();
+    let mut out = std::io::BufReader::new(shell.stdout.take().unwrap());
+    stdin.write_all(script).unwrap();
+    stdin.flush().unwrap();
+    for expected in expected {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, *expected);
+    }
+    (shell, stdin, out)
 }

@@ -116,21 +116,27 @@ fn prefix_and_wrap() {
     assert!(n > 100, "loom explored only {n} interleavings");
 }
 
+/// Slot 1 (`b`) takes 1 and goes quiet; slot 0 (`a`) decides 2, so 1 stalls the
+/// prefix; `a`'s ticks see the stall, start watching slot 1, and wait out its lease on
+/// `clock`: `a`'s next tick fences slot 1. Returns (1, 2).
+fn stall_slot_1(a: &SlotHandle, b: &SlotHandle, clock: &ManualClock) -> (u64, u64) {
+    let stalled = b.next_commit_ts().unwrap();
+    assert_eq!(stalled, 1);
+    let t = a.next_commit_ts().unwrap();
+    a.mark(t, Outcome::Committed).unwrap();
+    for _ in 0..3 {
+        clock.advance(TICK);
+        assert_eq!(a.tick().unwrap().fenced, None);
+    }
+    clock.advance(LEASE);
+    (stalled, t)
+}
+
 #[test]
 fn renewal_races_fence() {
     let n = explore(3, || {
         let (o, clock, a, b) = setup(16);
-        // Slot 1 takes 1 and goes quiet; slot 0 decides 2, so 1 stalls the prefix.
-        let stalled = b.next_commit_ts().unwrap();
-        assert_eq!(stalled, 1);
-        let t = a.next_commit_ts().unwrap();
-        a.mark(t, Outcome::Committed).unwrap();
-        // Slot 0's ticks see the stall, start watching slot 1, and wait out its lease.
-        for _ in 0..3 {
-            clock.advance(TICK);
-            assert_eq!(a.tick().unwrap().fenced, None);
-        }
-        clock.advance(LEASE);
+        let (stalled, t) = stall_slot_1(&a, &b, &clock);
         let fencer = loom::thread::spawn(move || {
             let r = a.tick().unwrap();
             (a, r.fenced)
@@ -181,15 +187,7 @@ fn late_mark_races_a_gated_fence() {
         let gates = LeaseGates::new();
         a.share_gates(gates.clone());
         b.share_gates(gates);
-        let stalled = b.next_commit_ts().unwrap();
-        assert_eq!(stalled, 1);
-        let t = a.next_commit_ts().unwrap();
-        a.mark(t, Outcome::Committed).unwrap();
-        for _ in 0..3 {
-            clock.advance(TICK);
-            assert_eq!(a.tick().unwrap().fenced, None);
-        }
-        clock.advance(LEASE);
+        let (stalled, t) = stall_slot_1(&a, &b, &clock);
         let trace = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         let trace_a = trace.clone();
         let fencer = {

@@ -361,24 +361,12 @@ fn claim_left_to_a_loser(
 /// past the lock patience would too).
 #[test]
 fn a_restart_that_keeps_a_dead_claim_but_not_its_block_leaves_the_key_usable() {
-    let spec = txn::TableSpec {
-        name: "accounts".into(),
-        versions: 4,
-        value_cap: 16,
-        capacity: 1024,
-        partitions: 0,
-        placement: txn::Placement::RoundRobin,
-        index: txn::index::IndexShape {
-            buckets: 64,
-            slots: 8,
-        },
-    };
     for first in [false, true] {
         let mut cluster = common::sim::Cluster::new(2);
         let restarted;
         {
             let db = cluster.open();
-            let t = db.create_table(spec.clone()).unwrap();
+            let t = common::sim::accounts(&db);
             let part = t.partition_of(100);
             let p = &t.partitions[part];
             restarted = if first || p.server == 0 {

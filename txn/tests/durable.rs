@@ -4,14 +4,13 @@
 
 mod common;
 
-use common::sim::{Cluster, Disk, Link, Server};
+use common::sim::{Cluster, Disk, Link, Server, accounts};
 use fabric::{CompletionQueue, Device, QueuePair};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use txn::index::IndexShape;
-use txn::{Database, DeviceFactory, MemoryServerLink, Options, ServerRegions, Table, TableSpec};
+use txn::{Database, DeviceFactory, MemoryServerLink, Options, ServerRegions, Table};
 
 fn val(n: i64) -> Vec<u8> {
     n.to_le_bytes().to_vec()
@@ -19,22 +18,6 @@ fn val(n: i64) -> Vec<u8> {
 
 fn num(v: Option<Vec<u8>>) -> i64 {
     i64::from_le_bytes(v.expect("present")[..8].try_into().unwrap())
-}
-
-fn accounts(db: &Database) -> Arc<Table> {
-    db.create_table(TableSpec {
-        name: "accounts".into(),
-        versions: 4,
-        value_cap: 16,
-        capacity: 1024,
-        partitions: 0,
-        placement: txn::Placement::RoundRobin,
-        index: IndexShape {
-            buckets: 64,
-            slots: 8,
-        },
-    })
-    .unwrap()
 }
 
 #[test]

@@ -38,11 +38,7 @@ pub fn database(slots: u32) -> (Database, Arc<Table>) {
         servers: 2,
         server_bytes: 64 << 20,
         slots,
-        oracle: timestamp::OracleConfig {
-            tick_interval: Duration::from_millis(2),
-            lease_timeout: Duration::from_millis(80),
-            ..timestamp::OracleConfig::default()
-        },
+        oracle: short_leases(),
         wait_visible: false,
         ..Options::default()
     })
@@ -62,4 +58,13 @@ pub fn database(slots: u32) -> (Database, Arc<Table>) {
         })
         .unwrap();
     (db, t)
+}
+
+/// Oracle leases of 80 ms, ticks every 2 ms: a stalled or dead holder is fenced soon.
+pub fn short_leases() -> timestamp::OracleConfig {
+    timestamp::OracleConfig {
+        tick_interval: Duration::from_millis(2),
+        lease_timeout: Duration::from_millis(80),
+        ..timestamp::OracleConfig::default()
+    }
 }

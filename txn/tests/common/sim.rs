@@ -213,15 +213,28 @@ impl Cluster {
             devices,
             Options {
                 servers: self.servers.len(),
-                oracle: timestamp::OracleConfig {
-                    tick_interval: Duration::from_millis(2),
-                    lease_timeout: Duration::from_millis(80),
-                    ..timestamp::OracleConfig::default()
-                },
+                oracle: super::short_leases(),
                 wait_visible: false,
                 ..Options::default()
             },
         )
         .unwrap()
     }
+}
+
+/// A table of accounts (4 versions, 16-byte values, 1024 records, 64 buckets of 8).
+pub fn accounts(db: &Database) -> Arc<txn::Table> {
+    db.create_table(txn::TableSpec {
+        name: "accounts".into(),
+        versions: 4,
+        value_cap: 16,
+        capacity: 1024,
+        partitions: 0,
+        placement: txn::Placement::RoundRobin,
+        index: txn::index::IndexShape {
+            buckets: 64,
+            slots: 8,
+        },
+    })
+    .unwrap()
 }

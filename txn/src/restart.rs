@@ -357,29 +357,143 @@ fn reinstall(
 /// Makes `key` map to `addr` in `index` (a restart may have lost the entry, or kept
 /// it half inserted).
 fn ensure_indexed(conn: &mut Conn, index: &RemoteIndex, key: u64, addr: u64) -> Result<()> {
-    let tag = RemoteIndex::key_word(key)
-        .map_err(|_| TxnError::Invalid(format!("key {key} is reserved")))?;
     let (bucket, len) = index.bucket_range(key);
     let bytes = conn.read_bytes(bucket, len)?;
-    let Some((i, slot)) = RemoteIndex::locate(crate::index::slots_in_bytes(&bytes), key) else {
+    restore_slot(conn, index, key, addr, &bytes)
+}
+
+/// [`ensure_indexed`] on the bucket as read into `bucket`. The repair runs alone, so
+/// the slot it chose cannot change before its CASes; if one did (another process used
+/// the database meanwhile), that is an error, not an address written into a slot that
+/// may be another key's.
+fn restore_slot(
+    conn: &mut Conn,
+    index: &RemoteIndex,
+    key: u64,
+    addr: u64,
+    bucket: &[u8],
+) -> Result<()> {
+    let tag = RemoteIndex::key_word(key)
+        .map_err(|_| TxnError::Invalid(format!("key {key} is reserved")))?;
+    let Some((i, slot)) = RemoteIndex::locate(crate::index::slots_in_bytes(bucket), key) else {
         return Err(TxnError::Invalid(format!(
             "the index bucket of key {key} is full: its entry cannot be restored"
         )));
     };
     let slot_at = index.slot_at(key, i);
-    let address = RemoteIndex::address_word(addr).to_le_bytes();
+    let address = RemoteIndex::address_word(addr);
+    let changed = |word: &str, was: u64| {
+        TxnError::Invalid(format!(
+            "the {word} word of key {key}'s index slot changed during the restart repair \
+             (now {was:#x}): another process used the database before the repair ended"
+        ))
+    };
     match slot {
-        Slot::Empty => {
-            conn.cas(index.key_word_at(slot_at), 0, tag)?;
-            conn.write_bytes(index.address_word_at(slot_at), &address)?;
-        }
-        Slot::Claimed { .. } => conn.write_bytes(index.address_word_at(slot_at), &address)?,
         Slot::Published { addr: indexed, .. } if indexed != addr => {
             return Err(TxnError::Invalid(format!(
                 "key {key} is indexed at block {indexed}, its log record says {addr}"
             )));
         }
-        Slot::Published { .. } => {}
+        Slot::Published { .. } => return Ok(()),
+        Slot::Empty => {
+            let was = conn.cas(index.key_word_at(slot_at), 0, tag)?;
+            if was != 0 {
+                return Err(changed("key", was));
+            }
+        }
+        Slot::Claimed { .. } => {}
+    }
+    let was = conn.cas(index.address_word_at(slot_at), 0, address)?;
+    if was != 0 && was != address {
+        return Err(changed("address", was));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{IndexShape, slots_in_bytes};
+    use fabric::sim::{SimConfig, SimNetwork};
+    use fabric::{Access, Device};
+
+    /// What keeps the sim server's region and connection up.
+    type Keep = (fabric::Region, Arc<dyn fabric::QueuePair>, SimNetwork);
+
+    /// An index of one bucket on a sim server and a connection to it.
+    fn one_bucket() -> (RemoteIndex, Conn, Keep) {
+        let net = SimNetwork::new(SimConfig::default());
+        let server: Arc<dyn Device> = net.add_node();
+        let shape = IndexShape {
+            buckets: 1,
+            slots: 4,
+        };
+        let region = server.register(shape.region_bytes(), Access::ALL).unwrap();
+        let index = RemoteIndex {
+            region: region.remote(),
+            base: 0,
+            shape,
+        };
+        let dev: Arc<dyn Device> = net.add_node();
+        let ccq = dev.create_cq(64).unwrap();
+        let scq = server.create_cq(64).unwrap();
+        let (sqp, qp) = fabric::connect_rc((server.as_ref(), &scq), (dev.as_ref(), &ccq)).unwrap();
+        let conn = Conn::new(dev.as_ref(), qp, ccq, 4096).unwrap();
+        (index, conn, (region, sqp, net))
+    }
+
+    fn slots(conn: &mut Conn, index: &RemoteIndex) -> Vec<Slot> {
+        let (bucket, len) = index.bucket_range(7);
+        slots_in_bytes(&conn.read_bytes(bucket, len).unwrap()).collect()
+    }
+
+    /// A slot taken by someone else between the repair's read of the bucket and its
+    /// CASes is an error, and the other key's slot keeps what it holds. Before, the
+    /// repair ignored its claim's CAS and wrote its address into the slot anyway:
+    /// key 9's claim became key 9 published at key 7's block.
+    #[test]
+    fn a_slot_taken_after_the_repair_read_its_bucket_is_left_alone() {
+        let (index, mut conn, _keep) = one_bucket();
+        let (bucket, len) = index.bucket_range(7);
+        let read = conn.read_bytes(bucket, len).unwrap();
+        let first = index.slot_at(9, 0);
+        let key_9 = RemoteIndex::key_word(9).unwrap();
+        conn.cas(index.key_word_at(first), 0, key_9).unwrap();
+        let err = restore_slot(&mut conn, &index, 7, 4096, &read).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the key word of key 7's index slot changed during the restart repair"),
+            "{err}"
+        );
+        assert_eq!(slots(&mut conn, &index)[0], Slot::Claimed { key: 9 });
+
+        // Key 9 published meanwhile at another block than its log record says.
+        let read = conn.read_bytes(bucket, len).unwrap();
+        conn.cas(
+            index.address_word_at(first),
+            0,
+            RemoteIndex::address_word(512),
+        )
+        .unwrap();
+        let err = restore_slot(&mut conn, &index, 9, 1024, &read).unwrap_err();
+        assert!(err.to_string().contains("address word"), "{err}");
+        assert_eq!(
+            slots(&mut conn, &index)[0],
+            Slot::Published { key: 9, addr: 512 }
+        );
+
+        // Read afresh, the repair restores key 7 in the next slot, and once more is
+        // a no-op.
+        for _ in 0..2 {
+            let read = conn.read_bytes(bucket, len).unwrap();
+            restore_slot(&mut conn, &index, 7, 4096, &read).unwrap();
+            assert_eq!(
+                slots(&mut conn, &index)[..2],
+                [
+                    Slot::Published { key: 9, addr: 512 },
+                    Slot::Published { key: 7, addr: 4096 }
+                ]
+            );
+        }
+    }
 }

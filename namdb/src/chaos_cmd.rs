@@ -39,26 +39,6 @@ use verify::store::TxnStore;
 use verify::txn_store::TxnKv;
 use verify::workload::{Action as Step, Bank, Script, Workload};
 
-/// Writes a line of the harness's own to stderr. One that cannot be written because
-/// its reader went away (`2>&1 | head`) stops the run as an interrupt does (see
-/// [`run`]) instead of panicking out of it, which left the memory servers to notice
-/// on their own and the run's directory behind.
-macro_rules! say {
-    ($($arg:tt)*) => {
-        say_line(format_args!($($arg)*))
-    };
-}
-
-fn say_line(line: std::fmt::Arguments) {
-    use std::io::Write;
-    let mut stderr = std::io::stderr().lock();
-    if let Err(e) = writeln!(stderr, "{line}")
-        && e.kind() == std::io::ErrorKind::BrokenPipe
-    {
-        crate::cluster_cmd::interrupt_for_broken_pipe();
-    }
-}
-
 const BANK_TABLE: &str = "chaos_bank";
 const LIST_TABLE: &str = "chaos_lists";
 /// Commits here after the run decide timestamps, which is what fences a slot left by a
@@ -527,9 +507,9 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     // a passed run (nothing failed: there is nothing to diagnose), and the process
     // ends with the shell's status for the signal.
     crate::cluster_cmd::catch_interrupts()?;
+    crate::bench::refuse_repeats("workload", &args.workload, |w| w.name().to_string())?;
     let mut workloads = args.workload.clone();
     workloads.sort();
-    workloads.dedup();
     let seed = args.seed.unwrap_or_else(rand::random);
     let sessions = args.nodes * args.sessions;
     if (sessions as usize) < workloads.len() {

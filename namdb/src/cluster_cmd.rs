@@ -103,6 +103,17 @@ pub(crate) fn interrupt_for_broken_pipe() {
     interrupted().store(true, Ordering::Relaxed);
 }
 
+/// The line of `say!`.
+pub(crate) fn say_line(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut stderr = std::io::stderr().lock();
+    if let Err(e) = writeln!(stderr, "{line}")
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        interrupt_for_broken_pipe();
+    }
+}
+
 /// Whether an interrupt (or [`interrupt_for_broken_pipe`]) came.
 pub(crate) fn is_interrupted() -> bool {
     interrupted().load(Ordering::Relaxed)
@@ -537,7 +548,7 @@ pub(crate) fn spawn(name: &str, what: &str, args: &[String], log: &Path) -> Resu
                 Some(line) => format!("its log's last line: {line}"),
                 None => "its log is empty so far".to_string(),
             };
-            eprintln!(
+            say!(
                 "{name} is not ready after {} s (given up at {} s); {last}",
                 waited.as_secs(),
                 START_TIMEOUT.as_secs(),
@@ -1184,7 +1195,7 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
     if primary && !kept("--data-dir") && !kept("--backup-at") {
         // Its memory was the only copy: starting it again cannot bring that back, and a
         // user who expects it to should hear so before, not from the next `kv`.
-        eprintln!(
+        say!(
             "warning: {name} keeps no data directory and has no backup, so what it held was \
              lost with its process: it starts empty, and the compute nodes refuse it (\"it \
              holds no cluster\"). To start over, run `namdb cluster down`, then `namdb \
@@ -1255,7 +1266,7 @@ fn wait_for_backup_sync(
         }
         check_interrupted()?;
         if started.elapsed() > BACKUP_SYNC_TIMEOUT {
-            eprintln!(
+            say!(
                 "warning: {name} does not hold {primary}'s state yet after {} s; {primary} \
                  goes on attaching to it (its log says how far it got). Until then writes \
                  on {primary} fail and {name} cannot take over.",
@@ -1265,7 +1276,7 @@ fn wait_for_backup_sync(
         }
         if Instant::now() >= next_note {
             next_note += START_NOTE_EVERY;
-            eprintln!(
+            say!(
                 "waiting for {primary} to copy its state to {name} ({} s so far)",
                 started.elapsed().as_secs()
             );

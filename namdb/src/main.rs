@@ -1,6 +1,17 @@
 //! The `namdb` command line: one binary whose subcommands run the system's processes
 //! (memory server, cluster, workloads) and its benchmarks.
 
+/// Writes a progress line of a command that started processes to stderr. One that
+/// cannot be written because its reader went away (`2>&1 | head`) stops the command
+/// as an interrupt does (`cluster_cmd::check_interrupted`) instead of panicking out of
+/// it, which left the processes it started running on their own (and chaos's run
+/// directory behind).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cluster_cmd::say_line(format_args!($($arg)*))
+    };
+}
+
 mod backend;
 mod bench;
 mod chaos_cmd;

@@ -190,7 +190,7 @@ fn bad_arguments_are_clear_errors() {
     let used = tempfile::tempdir().unwrap();
     std::fs::write(used.path().join("earlier.log"), "an earlier run").unwrap();
     let used = used.path().to_str().unwrap().to_string();
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--duration", "0"], "must be above 0"),
         // More nodes than the harness keeps up with: it once ran on, filling the disk.
         (&["--nodes", "20"], "--nodes"),
@@ -210,6 +210,11 @@ fn bad_arguments_are_clear_errors() {
         (&["--nodes", "0"], "--nodes"),
         (&["--servers", "9"], "--servers"),
         (&["--workload", "bank,ledger"], "ledger"),
+        // A repeat was dropped silently: the run was not the one asked for.
+        (
+            &["--workload", "bank,list-append,bank"],
+            "--workload lists bank twice",
+        ),
         (&["--backend", "sim"], "sim"),
         (&["--lease-ms", "5"], "--lease-ms"),
         (&["--replicas", "3"], "--replicas"),

@@ -1442,6 +1442,61 @@ fn restarting_a_compute_node_while_a_backup_is_stopped_says_why_it_cannot_start(
     assert_eq!(ok(cwd, &["kv", "get", "1"]), "before\n");
 }
 
+/// `cluster restart` whose stderr's reader went away while it waited for the process
+/// it started (here a compute node that cannot open the database while its memory
+/// server's backup is stopped: `restart` says every 5 s that it is not ready) stops
+/// that process and ends with SIGPIPE's status. Before, its "not ready" line panicked
+/// (status 141 too) and left the node starting on its own, unrecorded in the cluster
+/// file: once the backup went on it served at the recorded address of a node `cluster
+/// status` called dead.
+#[test]
+fn a_restart_whose_stderr_reader_went_away_stops_the_process_it_started() {
+    let c = one_replicated_memory_server();
+    let cwd = c.cwd();
+    ok(cwd, &["kv", "put", "1", "before"]);
+    let json = c.json();
+    let node = &json["compute_nodes"][0];
+    kill_9_and_wait(node["pid"].as_u64().unwrap() as u32);
+    // Names this cluster's compute nodes alone.
+    let args: Vec<&str> = node["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let servers = args[args.iter().position(|&a| a == "--memory-servers").unwrap() + 1];
+    let backup = json["memory_server_backups"][0]["pid"].as_u64().unwrap() as u32;
+    stop_and_wait(backup);
+    let resume = Resume(backup);
+    let mut restart = Command::new(env!("CARGO_BIN_EXE_namdb"))
+        .current_dir(cwd)
+        .args(["cluster", "restart", "compute-node-0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(restart.stderr.take());
+    let status = restart.wait().unwrap();
+    assert_eq!(status.code(), Some(141), "{status}");
+    assert_eq!(
+        processes_naming(servers),
+        Vec::<u32>::new(),
+        "the compute node restart started outlived it"
+    );
+    drop(resume);
+    // It starts normally now, and nothing was lost.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let o = namdb(cwd, &["cluster", "restart", "compute-node-0"]);
+        if o.status.success() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", stderr(&o));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert_eq!(ok(cwd, &["kv", "get", "1"]), "before\n");
+}
+
 /// `cluster restart` of a backup whose primary is not running returns at once, saying
 /// the backup gets its state once the primary is started again, rather than waiting
 /// for a copy nobody makes.

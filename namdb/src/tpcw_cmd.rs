@@ -545,41 +545,96 @@ fn interactions_per_sec(backend: BackendKind) -> f64 {
 /// so the run would end with the kernel's OOM killer. (What the runs insert later the
 /// runner watches: it stops a run early when memory runs low.) `bytes_for(s)` is what
 /// the tables take with room for `s` seconds of runs.
+///
+/// On memory-server processes (`servers`: `Some(processes)`) every server's region
+/// must fit whole as well: a server allocates its region's pages at start (shared
+/// memory, which the kernel cannot reclaim) and refuses a region larger than what the
+/// host has left. An HTAP run on shm (5 runs, sized for 300 000 interactions/s) asked
+/// for two 11.7 GiB regions on a 24 GiB host, and the second server's refusal was the
+/// first the user heard of it.
 fn ensure_tables_fit(
+    runs: usize,
     seconds: f64,
     backend: BackendKind,
+    servers: Option<u64>,
     bytes_for: &dyn Fn(f64) -> tpcw::system::Result<tpcw::rsi::TableBytes>,
 ) -> Result<()> {
     let Some(host) = fabric::HostMemory::now() else {
         return Ok(());
     };
+    tables_fit(&host, runs, seconds, backend, servers, bytes_for)
+}
+
+/// [`ensure_tables_fit`] on `host`, for `runs` runs of `seconds` in all.
+fn tables_fit(
+    host: &fabric::HostMemory,
+    runs: usize,
+    seconds: f64,
+    backend: BackendKind,
+    servers: Option<u64>,
+    bytes_for: &dyn Fn(f64) -> tpcw::system::Result<tpcw::rsi::TableBytes>,
+) -> Result<()> {
     let usable = host.spare();
-    let need = bytes_for(seconds)?.touched_from_the_start;
-    if need <= usable {
+    let bytes = bytes_for(seconds)?;
+    let need = bytes.touched_from_the_start;
+    let regions = |total: u64| servers.map_or(0, |n| n * region_per_server(total, n));
+    if need <= usable && regions(bytes.total) <= usable {
         return Ok(());
     }
     // Tables grow linearly with the room: how long a run fits whole, inserts included,
-    // even at the rate the room is sized for.
+    // even at the rate the room is sized for (and, on processes, with each server's
+    // region within what the host can back).
+    let fits = |total: u64| total <= usable && regions(total) <= usable;
     let (none, some) = (bytes_for(0.0)?.total, bytes_for(100.0)?.total);
-    let hint = if none < usable {
+    let hint = if fits(none) {
         let per_second = (some - none) as f64 / 100.0;
-        format!(
-            "runs of up to about {:.0} s in all (warm-up and every run of a sweep included) \
-             fit, or use fewer --items",
-            ((usable - none) as f64 / per_second).floor()
-        )
+        let mut longest = ((usable - none) as f64 / per_second).floor();
+        while longest > 0.0 && !fits(bytes_for(longest)?.total) {
+            longest = (longest * 0.95).floor();
+        }
+        let each = (longest / runs as f64).floor();
+        if runs == 1 {
+            format!(
+                "a --duration plus --warmup of up to about {each:.0} s fits, or use fewer --items"
+            )
+        } else {
+            format!(
+                "--duration plus --warmup of up to about {each:.0} s fit ({runs} runs: a sweep's \
+                 client counts, or --htap's 2 × --htap-rounds + 1), or use fewer --items"
+            )
+        }
     } else {
         "use fewer --items or --ebs".to_string()
     };
+    let rate = interactions_per_sec(backend);
+    if need > usable {
+        bail!(
+            "with room for {seconds:.0} s of runs at up to {rate:.0} interactions/s, the \
+             tables' indexes and loaded rows need {} MiB from the start, but this host has \
+             {} MiB available and a run keeps {} MiB free: {hint}",
+            need >> 20,
+            host.available >> 20,
+            host.reserve() >> 20
+        )
+    }
+    let n = servers.unwrap_or(1);
     bail!(
-        "with room for {seconds:.0} s of runs at up to {:.0} interactions/s, the tables' \
-         indexes and loaded rows need {} MiB from the start, but this host has {} MiB \
-         available and a run keeps {} MiB free: {hint}",
-        interactions_per_sec(backend),
-        need >> 20,
+        "with room for {seconds:.0} s of runs at up to {rate:.0} interactions/s, the {n} \
+         memory-server processes need regions of {} MiB each, which they allocate whole \
+         when they start: {} MiB in all, but this host has {} MiB available and a run \
+         keeps {} MiB free: {hint}",
+        region_per_server(bytes.total, n) >> 20,
+        regions(bytes.total) >> 20,
         host.available >> 20,
         host.reserve() >> 20
     )
+}
+
+/// The region of each of `servers` memory servers for tables of `total` bytes. Hash
+/// partitioning spreads rows evenly to within a few percent; the rest is the oracle's
+/// and the catalog's.
+fn region_per_server(total: u64, servers: u64) -> u64 {
+    (total / servers + total / servers / 8 + (64 << 20)).next_multiple_of(2 << 20)
 }
 
 /// Refuses, before anything starts, a 2PC run whose loaded population would not fit in
@@ -745,12 +800,10 @@ fn start_rsi(
     };
     let bytes_for =
         |seconds: f64| tpcw::rsi::table_bytes(scale, &room_for(seconds), servers as u32, &versions);
-    ensure_tables_fit(seconds, backend, &bytes_for)?;
+    let processes = (backend != BackendKind::Sim).then_some(servers);
+    ensure_tables_fit(runs, seconds, backend, processes, &bytes_for)?;
     let room = room_for(seconds);
-    let bytes = bytes_for(seconds)?.total;
-    // Hash partitioning spreads rows evenly to within a few percent; the rest is the
-    // oracle's and the catalog's.
-    let per_server = (bytes / servers + bytes / servers / 8 + (64 << 20)).next_multiple_of(2 << 20);
+    let per_server = region_per_server(bytes_for(seconds)?.total, servers);
     let slots = threads(args) as u32
         + 4
         + if args.htap {
@@ -1365,6 +1418,56 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: TpcwArgs,
+    }
+
+    /// On memory-server processes the regions, allocated whole at start, must fit as
+    /// well as what the tables touch from the start; the hint names a length that fits.
+    /// Before, only the touched part was checked, and a run whose servers could not
+    /// allocate their regions started and failed at the second server.
+    #[test]
+    fn a_run_is_refused_when_its_memory_servers_regions_do_not_fit() {
+        const GIB: u64 = 1 << 30;
+        let host = fabric::HostMemory {
+            total: 16 * GIB,
+            available: 12 * GIB,
+            swap_total: 0,
+        };
+        assert_eq!(host.spare(), 11 * GIB);
+        let bytes_for = |s: f64| {
+            Ok(tpcw::rsi::TableBytes {
+                total: GIB + (s * 100.0) as u64 * (1 << 20),
+                touched_from_the_start: GIB / 2 + (s * 10.0) as u64 * (1 << 20),
+            })
+        };
+        let fit = |runs: usize, seconds: f64, backend, servers| {
+            tables_fit(&host, runs, seconds, backend, servers, &bytes_for)
+        };
+        // 6.9 GiB of tables: two regions of 3.9 GiB fit.
+        fit(5, 60.0, BackendKind::Shm, Some(2)).unwrap();
+        // 10.8 GiB: on the sim only what is touched counts (1.5 GiB); two regions of
+        // 6.1 GiB (12.2 in all) do not fit.
+        fit(5, 100.0, BackendKind::Sim, None).unwrap();
+        let err = fit(5, 100.0, BackendKind::Shm, Some(2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the 2 memory-server processes need regions of 6266 MiB each"),
+            "{err}"
+        );
+        assert!(err.contains("12532 MiB in all"), "{err}");
+        let each: f64 = err
+            .split_once("of up to about ")
+            .and_then(|(_, rest)| rest.split_once(' '))
+            .and_then(|(n, _)| n.parse().ok())
+            .unwrap_or_else(|| panic!("no length in: {err}"));
+        assert!(err.contains("(5 runs"), "{err}");
+        fit(5, 5.0 * each, BackendKind::Shm, Some(2)).unwrap();
+        fit(5, 5.0 * (each + 1.0), BackendKind::Shm, Some(2)).unwrap_err();
+        // What is touched from the start is checked as before.
+        let err = fit(1, 1100.0, BackendKind::Sim, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("from the start"), "{err}");
     }
 
     #[test]

@@ -349,14 +349,16 @@ pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
         incarnation: args.incarnation,
     })?;
 
-    let mut reported = HashSet::new();
-    let report_recoveries = |reported: &mut HashSet<(u32, u16)>| -> Result<()> {
-        for r in db.recoveries() {
-            if reported.insert((r.slot, r.holder_tag)) {
-                out.write(&NodeEvent::Recovery {
-                    recovery: recovery(&r),
-                })?;
-            }
+    // The database's list of its recoveries only grows: report what is new since the
+    // last look. (Not "each (slot, tag) once": a restart of server 0 resets the tags,
+    // and the recoveries after it were never reported.)
+    let mut reported = 0;
+    let report_recoveries = |reported: &mut usize| -> Result<()> {
+        for r in db.recoveries().iter().skip(*reported) {
+            out.write(&NodeEvent::Recovery {
+                recovery: recovery(r),
+            })?;
+            *reported += 1;
         }
         Ok(())
     };
@@ -389,6 +391,33 @@ pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
     }
     report_recoveries(&mut reported)?;
     Ok(())
+}
+
+/// The recoveries of the run, each once. Two processes can report one recovery (one
+/// that finished after another took it over), and are merged by the holding they
+/// resolved: slot and holder tag, within one life of the oracle. A restart of server
+/// 0 resets the oracle's lease tags, so the holdings after it reuse the tags of the
+/// holdings before: keyed by slot and tag alone, every recovery after a restart of
+/// server 0 whose (slot, tag) was recovered earlier in the run was dropped (a 120 s
+/// tcp run counted none after its last restart of server 0: "32 deaths were followed
+/// by no recovery").
+fn distinct_recoveries(
+    reported: impl Iterator<Item = Recovery>,
+    repairs: &[Repair],
+) -> Vec<Recovery> {
+    let mut oracle_restarts: Vec<u64> = repairs
+        .iter()
+        .filter(|r| r.restarted.contains(&0))
+        .map(|r| r.finished_ns)
+        .collect();
+    oracle_restarts.sort_unstable();
+    let mut seen = HashSet::new();
+    reported
+        .filter(|r| {
+            let life = oracle_restarts.partition_point(|&at| at <= r.finished_ns);
+            seen.insert((r.slot, r.holder_tag, life))
+        })
+        .collect()
 }
 
 /// Opens the database, trying again while a memory server is not (yet) back: the
@@ -762,7 +791,11 @@ struct Harness<'a> {
     notes: Vec<String>,
     committed: u64,
     max_list_key: u64,
-    recoveries_seen: HashSet<(u32, u16)>,
+    /// Recoveries read so far, by holding (slot, tag, and the kills of server 0 so far:
+    /// its restart resets the tags; see [`distinct_recoveries`]).
+    recoveries_seen: HashSet<(u32, u16, usize)>,
+    /// Kills of memory server 0, the oracle's.
+    oracle_server_kills: usize,
 }
 
 impl Drop for Harness<'_> {
@@ -841,6 +874,7 @@ impl<'a> Harness<'a> {
             committed: 0,
             max_list_key: 0,
             recoveries_seen: HashSet::new(),
+            oracle_server_kills: 0,
         })
     }
 
@@ -994,8 +1028,6 @@ impl<'a> Harness<'a> {
         for file in &self.event_files {
             history_events.extend(read_events(file).map_err(anyhow::Error::msg)?);
         }
-        let mut recoveries: Vec<Recovery> = Vec::new();
-        let mut seen = HashSet::new();
         let own = db.recoveries();
         let from_harness = own.iter().map(recovery);
         let from_nodes = history_events.iter().filter_map(|e| match e {
@@ -1010,11 +1042,7 @@ impl<'a> Harness<'a> {
             })
             .collect();
         repairs.append(&mut self.repairs);
-        for r in from_nodes.chain(from_harness) {
-            if seen.insert((r.slot, r.holder_tag)) {
-                recoveries.push(r);
-            }
-        }
+        let recoveries = distinct_recoveries(from_nodes.chain(from_harness), &repairs);
         let appended_keys: std::collections::BTreeSet<String> = history_events
             .iter()
             .filter_map(|e| match e {
@@ -1390,6 +1418,9 @@ impl<'a> Harness<'a> {
         let killed = kill_and_reap(&self.servers[i], &format!("memory server {i}"))?;
         self.servers_down[i] = true;
         self.last_server_kill = Some(killed);
+        if i == 0 {
+            self.oracle_server_kills += 1;
+        }
         Ok(killed)
     }
 
@@ -1509,8 +1540,11 @@ impl<'a> Harness<'a> {
                     }
                 }
                 NodeEvent::Recovery { recovery } => {
-                    self.recoveries_seen
-                        .insert((recovery.slot, recovery.holder_tag));
+                    self.recoveries_seen.insert((
+                        recovery.slot,
+                        recovery.holder_tag,
+                        self.oracle_server_kills,
+                    ));
                 }
                 NodeEvent::Repair { .. } => {}
             }
@@ -2050,6 +2084,55 @@ fn signal_pid(pid: u32, signal: rustix::process::Signal) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A holding recovered again after a restart of server 0 (which resets the lease
+    /// tags) is a recovery of its own; one reported twice within one life of the
+    /// oracle is one. Before, every recovery of a (slot, tag) seen earlier was dropped.
+    #[test]
+    fn recoveries_after_a_restart_of_server_0_are_counted() {
+        let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let restart = |servers: Vec<usize>, s: u64| {
+            repair(
+                &txn::RestartReport {
+                    restarted: servers,
+                    log_records: 0,
+                    reinstalled: 0,
+                    locks_rolled_forward: 0,
+                    locks_rolled_back: 0,
+                    claims_settled: 0,
+                    blocks_scanned: 0,
+                    oracle_from: None,
+                    took: Duration::ZERO,
+                },
+                at(s),
+            )
+        };
+        let recovered = |slot: u32, holder_tag: u16, s: u64| Recovery {
+            slot,
+            holder_tag,
+            rolled_forward: 0,
+            rolled_back: 0,
+            blocks_scanned: 0,
+            took_us: 0,
+            finished_ns: s * 1_000_000_000,
+        };
+        let reported = vec![
+            recovered(0, 1, 10),
+            // The same holding, reported by a second process (a takeover).
+            recovered(0, 1, 11),
+            recovered(3, 1, 12),
+            // Server 1's restart keeps the tags; server 0's resets them.
+            recovered(0, 1, 25),
+            recovered(0, 1, 35),
+            recovered(0, 2, 36),
+        ];
+        let repairs = [restart(vec![1], 20), restart(vec![0], 30)];
+        let kept: Vec<(u32, u16, u64)> = distinct_recoveries(reported.into_iter(), &repairs)
+            .iter()
+            .map(|r| (r.slot, r.holder_tag, r.finished_ns / 1_000_000_000))
+            .collect();
+        assert_eq!(kept, [(0, 1, 10), (3, 1, 12), (0, 1, 35), (0, 2, 36)]);
+    }
 
     /// The repair event carries every count of the restart report; the index claims
     /// settled were once left out.

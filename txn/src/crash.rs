@@ -45,6 +45,9 @@ static ARMED: AtomicU8 = AtomicU8::new(0);
 const CRASH: u8 = 1;
 /// A thread stalls at a point ([`stall_at_on_this_thread`], tests).
 const STALL: u8 = 2;
+/// A thread's lease checks or posts of decisions fail
+/// ([`fail_lease_checks_on_this_thread`], [`fail_next_decisions_on_this_thread`], tests).
+const FAIL_LEASE: u8 = 4;
 /// Per point: the probability scaled to `u64::MAX` (0 = never).
 static THRESHOLDS: [AtomicU64; POINTS.len()] = [const { AtomicU64::new(0) }; POINTS.len()];
 static RNG: AtomicU64 = AtomicU64::new(0x853c_49e6_748f_ea9b);
@@ -60,6 +63,59 @@ thread_local! {
     /// (tests).
     static STALL_AT: std::cell::RefCell<Option<(usize, Stall)>> =
         const { std::cell::RefCell::new(None) };
+    /// Lease checks of this thread's commit steps still to pass, then to fail, and
+    /// the CID of the last commit whose check failed (tests).
+    static FAILING_LEASE_CHECKS: std::cell::Cell<(u32, u32, Option<u64>)> =
+        const { std::cell::Cell::new((0, 0, None)) };
+    /// Whether this thread's next post of decisions fails (tests).
+    static FAILING_DECISIONS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// For tests: of the calling thread's lease checks before its commit steps, the next
+/// `pass` pass and the `fail` after them fail as if the oracle's memory server did
+/// not answer (a transport error, not a fence: the worker cannot tell whether it
+/// still holds its slot). [`failed_lease_check_cid`] names the commit.
+pub fn fail_lease_checks_on_this_thread(pass: u32, fail: u32) {
+    FAILING_LEASE_CHECKS.with(|c| c.set((pass, fail, None)));
+    ARMED.fetch_or(FAIL_LEASE, Ordering::Relaxed);
+}
+
+/// For tests: the calling thread's next post of its queued timestamp decisions fails
+/// as if the oracle's memory server did not answer (after which the worker cannot
+/// tell which of them landed).
+pub fn fail_next_decisions_on_this_thread() {
+    FAILING_DECISIONS.with(|c| c.set(true));
+    ARMED.fetch_or(FAIL_LEASE, Ordering::Relaxed);
+}
+
+/// Whether this post of decisions fails ([`fail_next_decisions_on_this_thread`]).
+#[inline]
+pub(crate) fn decisions_fail() -> bool {
+    ARMED.load(Ordering::Relaxed) & FAIL_LEASE != 0 && FAILING_DECISIONS.with(|c| c.replace(false))
+}
+
+/// The CID of the calling thread's last commit whose lease check failed by
+/// [`fail_lease_checks_on_this_thread`].
+pub fn failed_lease_check_cid() -> Option<u64> {
+    FAILING_LEASE_CHECKS.with(|c| c.get().2)
+}
+
+/// Whether this lease check, of commit `cid`, fails
+/// ([`fail_lease_checks_on_this_thread`]).
+#[inline]
+pub(crate) fn lease_check_fails(cid: u64) -> bool {
+    ARMED.load(Ordering::Relaxed) & FAIL_LEASE != 0
+        && FAILING_LEASE_CHECKS.with(|c| match c.get() {
+            (0, 0, _) => false,
+            (0, fail, _) => {
+                c.set((0, fail - 1, Some(cid)));
+                true
+            }
+            (pass, fail, last) => {
+                c.set((pass - 1, fail, last));
+                false
+            }
+        })
 }
 
 /// What a thread does when it stalls at a point: it blocks in here, given the CID of

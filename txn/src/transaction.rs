@@ -931,11 +931,17 @@ impl<'w> AsyncTransaction<'w> {
                 // recovery freed and a later insert reused.
                 let inside = match worker.check_epoch(epoch, cid) {
                     Ok(inside) => inside,
-                    Err(fenced) => {
+                    Err(fenced @ TxnError::Fenced { .. }) => {
                         worker.count(|s| s.abandoned += 1);
                         worker.note_fenced(cid, epoch, false);
                         worker.return_parts(parts);
                         return Err(fenced);
+                    }
+                    Err(unchecked) => {
+                        worker.count(|s| s.abandoned += 1);
+                        worker.break_off_unchecked(cid, &unchecked);
+                        worker.return_parts(parts);
+                        return Err(unchecked);
                     }
                 };
                 let released = release(worker, &parts, cid, &held).await;

@@ -344,12 +344,34 @@ impl Worker {
             );
         }
         if !marks.is_empty() {
-            match self.slot.mark_many(&marks) {
+            let posted = if crate::crash::decisions_fail() {
+                Err(timestamp::OracleError::Fabric(
+                    fabric::FabricError::Completion {
+                        status: fabric::WcStatus::RetryExceeded,
+                        index: 0,
+                    },
+                ))
+            } else {
+                self.slot.mark_many(&marks)
+            };
+            match posted {
                 // The fence decided the slot's timestamps, these among them, and its
                 // recovery owns whatever our commits left: take a slot again (a
                 // thread starved of CPU past its lease gets here, under load).
                 Err(timestamp::OracleError::Fenced { .. }) => return self.rejoin(),
-                other => other?,
+                // The decisions are gone with the batch (some may have landed, so
+                // they cannot be posted again): only a fence can decide the rest, and
+                // a live holder is never fenced. Stop, so that the lease lapses.
+                Err(e) => {
+                    let e = TxnError::from(e);
+                    tracing::warn!(%e, "decisions of this worker's commits could not be posted; this worker stops committing");
+                    *self.broken.borrow_mut() = Some(format!(
+                        "the decisions of commits {:?} could not be posted ({e}); a fence decides them once this worker's lease lapses: open a new worker",
+                        marks.iter().map(|m| m.0).collect::<Vec<_>>()
+                    ));
+                    return Err(e);
+                }
+                Ok(()) => {}
             }
         }
         Ok(())
@@ -461,6 +483,20 @@ impl Worker {
         ));
     }
 
+    /// Stops this worker committing: commit `cid` failed (not logged), and `error`
+    /// says its lease could not be checked, so it may neither release its locks nor
+    /// decide its timestamp (either could land after a fence). Going on under the
+    /// lease would leave that timestamp undecided by a live holder, which holds back
+    /// every reader of the oracle for as long as the worker lives (a chaos run on tcp
+    /// stalled 44 s so); stopped, its lease lapses, a fencer decides the timestamp and
+    /// recovery releases the locks.
+    pub(crate) fn break_off_unchecked(&self, cid: u64, error: &TxnError) {
+        tracing::warn!(cid, %error, "a failed commit is left to recovery: its lease could not be checked; this worker stops committing");
+        *self.broken.borrow_mut() = Some(format!(
+            "commit {cid} failed and its lease could not be checked ({error}); recovery rolls it back once this worker's lease lapses: open a new worker"
+        ));
+    }
+
     /// Remembers commit `cid`, abandoned under `epoch` with its log record complete or
     /// not, for [`Worker::fenced_outcome`].
     pub(crate) fn note_fenced(&self, cid: u64, epoch: Epoch, logged: bool) {
@@ -540,6 +576,15 @@ impl Worker {
     /// so that a fence by another worker of this process waits for it
     /// ([`timestamp::gate`]).
     pub(crate) fn check_epoch(&self, epoch: Epoch, cid: u64) -> Result<timestamp::LeaseGuard> {
+        if crate::crash::lease_check_fails(cid) {
+            return Err(
+                timestamp::OracleError::Fabric(fabric::FabricError::Completion {
+                    status: fabric::WcStatus::RetryExceeded,
+                    index: 0,
+                })
+                .into(),
+            );
+        }
         let inside = match self.slot.lease_guard() {
             Ok(inside) => inside,
             Err(timestamp::OracleError::Fenced { .. } | timestamp::OracleError::Released) => {

@@ -566,3 +566,100 @@ fn a_commit_descheduled_inside_its_install_step_is_not_overtaken_by_its_recovery
     let mut x = reader.begin().unwrap();
     assert_eq!(num(x.get(&t, 1).unwrap()), 43);
 }
+
+/// A commit whose lease checks fail with a transport error after its lock step (the
+/// oracle's memory server did not answer: the worker cannot tell whether it still
+/// holds its slot) may neither post its log record nor release its lock or decide its
+/// timestamp, since any of them could land after a fence. Before, the abort path
+/// returned the error without a decision and the worker went on committing under its
+/// lease, its timestamp undecided for good: every reader of the oracle waited behind
+/// it (a chaos run on tcp stalled 44 s, until that node was killed), and here
+/// `begin_after` gave up after 10 s ("the read timestamp stayed at …"). Now the worker
+/// stops (broken), its lease lapses, the fencer decides the timestamp and recovery
+/// releases the lock.
+#[test]
+fn a_commit_that_cannot_check_its_lease_stops_its_worker_not_the_oracle() {
+    let (db, t) = cluster();
+    let fencer = fencer(&db, &t);
+    let mut client = db.client().unwrap();
+    let mut x = client.begin().unwrap();
+    let a = num(x.get(&t, 1).unwrap());
+    x.put(&t, 1, val(a + 1)).unwrap();
+    // The lock step's check passes; the log step's and the abort path's fail.
+    txn::crash::fail_lease_checks_on_this_thread(1, 2);
+    let failed = x.commit();
+    assert!(
+        matches!(failed, Err(txn::TxnError::Oracle(_))),
+        "{failed:?}"
+    );
+    let cid = txn::crash::failed_lease_check_cid().expect("a lease check failed");
+    let reader = {
+        let (db, t) = (db.clone(), t.clone());
+        std::thread::spawn(move || -> txn::Result<i64> {
+            let mut reader = db.client()?;
+            let mut x = reader.begin_after(cid)?;
+            Ok(num(x.get(&t, 1)?))
+        })
+    };
+    // The failed worker, kept busy as a session would, must not hold the oracle back.
+    while !reader.is_finished() {
+        match client.begin() {
+            Ok(x) => drop(x),
+            Err(txn::TxnError::Broken(why)) => {
+                assert!(why.contains(&format!("commit {cid} failed")), "{why}");
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let read = reader.join().unwrap();
+    assert_eq!(read.unwrap(), a, "the failed commit is rolled back");
+    drop(client);
+    fencer.stop().unwrap();
+    assert!(db.locked_records().unwrap().is_empty());
+}
+
+/// A worker whose queued timestamp decisions could not be posted (a transport error:
+/// some may have landed, so they cannot be posted again) stops, so that its lease
+/// lapses and a fence decides them. Before, the batch was dropped and the worker went
+/// on under its lease: the committed timestamp stayed undecided for good, and
+/// `begin_after` it gave up after 10 s.
+#[test]
+fn a_worker_whose_decisions_could_not_be_posted_stops_rather_than_the_oracle() {
+    let (db, t) = cluster();
+    let fencer = fencer(&db, &t);
+    let mut client = db.client().unwrap();
+    let mut x = client.begin().unwrap();
+    let a = num(x.get(&t, 1).unwrap());
+    x.put(&t, 1, val(a + 1)).unwrap();
+    // The commit flushes its decision at its end.
+    txn::crash::fail_next_decisions_on_this_thread();
+    let cid = match x.commit() {
+        Err(txn::TxnError::CommittedUnconfirmed { cid, .. }) => cid,
+        other => panic!("{other:?}"),
+    };
+    let reader = {
+        let (db, t) = (db.clone(), t.clone());
+        std::thread::spawn(move || -> txn::Result<i64> {
+            let mut reader = db.client()?;
+            let mut x = reader.begin_after(cid)?;
+            Ok(num(x.get(&t, 1)?))
+        })
+    };
+    while !reader.is_finished() {
+        match client.begin() {
+            Ok(x) => drop(x),
+            Err(txn::TxnError::Broken(why)) => {
+                assert!(why.contains(&format!("[{cid}]")), "{why}");
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(reader.join().unwrap().unwrap(), a + 1, "the commit stands");
+    drop(client);
+    fencer.stop().unwrap();
+    assert!(db.locked_records().unwrap().is_empty());
+}

@@ -274,6 +274,8 @@ impl TxnStore for TxnKv {
         if let Err(StoreError::Indeterminate(why)) = &result {
             let mut kept = self.indeterminate.lock().unwrap_or_else(|e| e.into_inner());
             if kept.len() < REASONS_KEPT {
+                // Said where it happens too: a process killed later keeps no report.
+                tracing::warn!(why, "a commit of unknown outcome");
                 kept.push(why.clone());
             }
         }

@@ -593,29 +593,8 @@ fn a_commit_that_cannot_check_its_lease_stops_its_worker_not_the_oracle() {
         "{failed:?}"
     );
     let cid = txn::crash::failed_lease_check_cid().expect("a lease check failed");
-    let reader = {
-        let (db, t) = (db.clone(), t.clone());
-        std::thread::spawn(move || -> txn::Result<i64> {
-            let mut reader = db.client()?;
-            let mut x = reader.begin_after(cid)?;
-            Ok(num(x.get(&t, 1)?))
-        })
-    };
-    // The failed worker, kept busy as a session would, must not hold the oracle back.
-    while !reader.is_finished() {
-        match client.begin() {
-            Ok(x) => drop(x),
-            Err(txn::TxnError::Broken(why)) => {
-                assert!(why.contains(&format!("commit {cid} failed")), "{why}");
-                break;
-            }
-            Err(e) => panic!("{e}"),
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let read = reader.join().unwrap();
-    assert_eq!(read.unwrap(), a, "the failed commit is rolled back");
-    drop(client);
+    let read = read_after_beside(&db, &t, cid, client, &format!("commit {cid} failed"));
+    assert_eq!(read, a, "the failed commit is rolled back");
     fencer.stop().unwrap();
     assert!(db.locked_records().unwrap().is_empty());
 }
@@ -639,6 +618,23 @@ fn a_worker_whose_decisions_could_not_be_posted_stops_rather_than_the_oracle() {
         Err(txn::TxnError::CommittedUnconfirmed { cid, .. }) => cid,
         other => panic!("{other:?}"),
     };
+    let read = read_after_beside(&db, &t, cid, client, &format!("[{cid}]"));
+    assert_eq!(read, a + 1, "the commit stands");
+    fencer.stop().unwrap();
+    assert!(db.locked_records().unwrap().is_empty());
+}
+
+/// Record 1 of `t`, read by a new client in a transaction that begins after `cid`,
+/// while `failed` (whose worker left `cid` behind) is kept busy as a session would,
+/// until it says it is broken, naming `cid` as `named`: a worker that cannot decide
+/// its timestamp must not hold the oracle back.
+fn read_after_beside(
+    db: &Database,
+    t: &Arc<Table>,
+    cid: u64,
+    mut failed: txn::Client,
+    named: &str,
+) -> i64 {
     let reader = {
         let (db, t) = (db.clone(), t.clone());
         std::thread::spawn(move || -> txn::Result<i64> {
@@ -648,18 +644,15 @@ fn a_worker_whose_decisions_could_not_be_posted_stops_rather_than_the_oracle() {
         })
     };
     while !reader.is_finished() {
-        match client.begin() {
+        match failed.begin() {
             Ok(x) => drop(x),
             Err(txn::TxnError::Broken(why)) => {
-                assert!(why.contains(&format!("[{cid}]")), "{why}");
+                assert!(why.contains(named), "{why}");
                 break;
             }
             Err(e) => panic!("{e}"),
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(reader.join().unwrap().unwrap(), a + 1, "the commit stands");
-    drop(client);
-    fencer.stop().unwrap();
-    assert!(db.locked_records().unwrap().is_empty());
+    reader.join().unwrap().unwrap()
 }

@@ -487,8 +487,8 @@ impl Worker {
     /// says its lease could not be checked, so it may neither release its locks nor
     /// decide its timestamp (either could land after a fence). Going on under the
     /// lease would leave that timestamp undecided by a live holder, which holds back
-    /// every reader of the oracle for as long as the worker lives (a chaos run on tcp
-    /// stalled 44 s so); stopped, its lease lapses, a fencer decides the timestamp and
+    /// every reader of the oracle for as long as the worker lives (nobody fences a
+    /// live holder); stopped, its lease lapses, a fencer decides the timestamp and
     /// recovery releases the locks.
     pub(crate) fn break_off_unchecked(&self, cid: u64, error: &TxnError) {
         tracing::warn!(cid, %error, "a failed commit is left to recovery: its lease could not be checked; this worker stops committing");

@@ -573,8 +573,8 @@ fn a_commit_descheduled_inside_its_install_step_is_not_overtaken_by_its_recovery
 /// timestamp, since any of them could land after a fence. Before, the abort path
 /// returned the error without a decision and the worker went on committing under its
 /// lease, its timestamp undecided for good: every reader of the oracle waited behind
-/// it (a chaos run on tcp stalled 44 s, until that node was killed), and here
-/// `begin_after` gave up after 10 s ("the read timestamp stayed at …"). Now the worker
+/// it for as long as it lived, and here `begin_after` gave up after 10 s ("the read
+/// timestamp stayed at …"). Now the worker
 /// stops (broken), its lease lapses, the fencer decides the timestamp and recovery
 /// releases the lock.
 #[test]

@@ -94,6 +94,15 @@ pub(crate) fn decisions_fail() -> bool {
     ARMED.load(Ordering::Relaxed) & FAIL_LEASE != 0 && FAILING_DECISIONS.with(|c| c.replace(false))
 }
 
+/// What a failing lease check or post of decisions returns: a transport error, as
+/// from an oracle server that did not answer.
+pub(crate) fn injected_transport_error() -> timestamp::OracleError {
+    timestamp::OracleError::Fabric(fabric::FabricError::Completion {
+        status: fabric::WcStatus::RetryExceeded,
+        index: 0,
+    })
+}
+
 /// The CID of the calling thread's last commit whose lease check failed by
 /// [`fail_lease_checks_on_this_thread`].
 pub fn failed_lease_check_cid() -> Option<u64> {

@@ -345,12 +345,7 @@ impl Worker {
         }
         if !marks.is_empty() {
             let posted = if crate::crash::decisions_fail() {
-                Err(timestamp::OracleError::Fabric(
-                    fabric::FabricError::Completion {
-                        status: fabric::WcStatus::RetryExceeded,
-                        index: 0,
-                    },
-                ))
+                Err(crate::crash::injected_transport_error())
             } else {
                 self.slot.mark_many(&marks)
             };
@@ -364,9 +359,8 @@ impl Worker {
                 // a live holder is never fenced. Stop, so that the lease lapses.
                 Err(e) => {
                     let e = TxnError::from(e);
-                    tracing::warn!(%e, "decisions of this worker's commits could not be posted; this worker stops committing");
-                    *self.broken.borrow_mut() = Some(format!(
-                        "the decisions of commits {:?} could not be posted ({e}); a fence decides them once this worker's lease lapses: open a new worker",
+                    self.stop_committing(format!(
+                        "the decisions of commits {:?} could not be posted ({e}); a fence decides them once this worker's lease lapses",
                         marks.iter().map(|m| m.0).collect::<Vec<_>>()
                     ));
                     return Err(e);
@@ -477,9 +471,8 @@ impl Worker {
     /// installed (or made durable) because of `error`, so its locks stay for the
     /// recovery that follows this worker's lease.
     pub(crate) fn break_off(&self, cid: u64, error: &TxnError) {
-        tracing::warn!(cid, %error, "a committed transaction is left to recovery; this worker stops committing");
-        *self.broken.borrow_mut() = Some(format!(
-            "commit {cid} is committed but was left half installed ({error}); recovery finishes it once this worker's lease lapses: open a new worker"
+        self.stop_committing(format!(
+            "commit {cid} is committed but was left half installed ({error}); recovery finishes it once this worker's lease lapses"
         ));
     }
 
@@ -491,10 +484,16 @@ impl Worker {
     /// live holder); stopped, its lease lapses, a fencer decides the timestamp and
     /// recovery releases the locks.
     pub(crate) fn break_off_unchecked(&self, cid: u64, error: &TxnError) {
-        tracing::warn!(cid, %error, "a failed commit is left to recovery: its lease could not be checked; this worker stops committing");
-        *self.broken.borrow_mut() = Some(format!(
-            "commit {cid} failed and its lease could not be checked ({error}); recovery rolls it back once this worker's lease lapses: open a new worker"
+        self.stop_committing(format!(
+            "commit {cid} failed and its lease could not be checked ({error}); recovery rolls it back once this worker's lease lapses"
         ));
+    }
+
+    /// Makes the worker broken for `why` ([`TxnError::Broken`]): it commits and ticks
+    /// no more, so its lease lapses.
+    fn stop_committing(&self, why: String) {
+        tracing::warn!(%why, "this worker stops committing");
+        *self.broken.borrow_mut() = Some(format!("{why}: open a new worker"));
     }
 
     /// Remembers commit `cid`, abandoned under `epoch` with its log record complete or
@@ -577,13 +576,7 @@ impl Worker {
     /// ([`timestamp::gate`]).
     pub(crate) fn check_epoch(&self, epoch: Epoch, cid: u64) -> Result<timestamp::LeaseGuard> {
         if crate::crash::lease_check_fails(cid) {
-            return Err(
-                timestamp::OracleError::Fabric(fabric::FabricError::Completion {
-                    status: fabric::WcStatus::RetryExceeded,
-                    index: 0,
-                })
-                .into(),
-            );
+            return Err(crate::crash::injected_transport_error().into());
         }
         let inside = match self.slot.lease_guard() {
             Ok(inside) => inside,

@@ -582,9 +582,7 @@ fn a_commit_that_cannot_check_its_lease_stops_its_worker_not_the_oracle() {
     let (db, t) = cluster();
     let fencer = fencer(&db, &t);
     let mut client = db.client().unwrap();
-    let mut x = client.begin().unwrap();
-    let a = num(x.get(&t, 1).unwrap());
-    x.put(&t, 1, val(a + 1)).unwrap();
+    let (x, a) = increment_key_1(&mut client, &t);
     // The lock step's check passes; the log step's and the abort path's fail.
     txn::crash::fail_lease_checks_on_this_thread(1, 2);
     let failed = x.commit();
@@ -609,9 +607,7 @@ fn a_worker_whose_decisions_could_not_be_posted_stops_rather_than_the_oracle() {
     let (db, t) = cluster();
     let fencer = fencer(&db, &t);
     let mut client = db.client().unwrap();
-    let mut x = client.begin().unwrap();
-    let a = num(x.get(&t, 1).unwrap());
-    x.put(&t, 1, val(a + 1)).unwrap();
+    let (x, a) = increment_key_1(&mut client, &t);
     // The commit flushes its decision at its end.
     txn::crash::fail_next_decisions_on_this_thread();
     let cid = match x.commit() {
@@ -655,4 +651,13 @@ fn read_after_beside(
         std::thread::sleep(Duration::from_millis(1));
     }
     reader.join().unwrap().unwrap()
+}
+
+/// A transaction of `client` that adds one to key 1 of `t`, not committed yet, and
+/// the value it read.
+fn increment_key_1<'c>(client: &'c mut txn::Client, t: &Arc<Table>) -> (txn::Transaction<'c>, i64) {
+    let mut x = client.begin().unwrap();
+    let a = num(x.get(t, 1).unwrap());
+    x.put(t, 1, val(a + 1)).unwrap();
+    (x, a)
 }

@@ -30,6 +30,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const START_NOTE_EVERY: Duration = Duration::from_secs(5);
 /// How long `down` waits after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `down` waits for a process it SIGKILLed to be gone.
+const KILL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most memory servers or compute nodes `up` starts: each is a process with its
 /// threads and memory, and a host runs out of both long before this.
 const MAX_PROCESSES: u64 = 64;
@@ -320,16 +322,36 @@ pub fn run(cmd: ClusterCommand) -> Result<()> {
     }
 }
 
-/// Whether process `pid` runs (and is not a zombie waiting to be reaped).
+/// Whether process `pid` runs: some thread of it has not exited. A process is gone
+/// only once it is a zombie waiting to be reaped (or reaped): its first thread can be a
+/// zombie while the others are still being torn down, and a parent waiting for it then
+/// still finds nothing to reap.
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which is in parentheses.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
+    alive_under(Path::new("/proc"), pid)
+}
+
+/// [`alive`], reading the process table mounted at `proc_root`.
+fn alive_under(proc_root: &Path, pid: u32) -> bool {
+    let state = |stat: &Path| {
+        std::fs::read_to_string(stat).ok().and_then(|stat| {
+            // The state follows the command name, which is in parentheses.
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.split_whitespace().next().map(str::to_string)
+        })
+    };
+    let process = proc_root.join(pid.to_string());
+    let Some(leader) = state(&process.join("stat")) else {
+        return false;
+    };
+    if leader != "Z" && leader != "X" {
+        return true;
     }
+    // Threads other than the first leave the list as they finish exiting.
+    std::fs::read_dir(process.join("task")).is_ok_and(|threads| {
+        threads.filter_map(|t| t.ok()).any(|t| {
+            t.file_name() != pid.to_string().as_str() && state(&t.path().join("stat")).is_some()
+        })
+    })
 }
 
 /// Whether `pid` is still the process the cluster started: alive, and its command
@@ -965,6 +987,11 @@ pub(crate) fn stop_all<'a>(
         signal(p.pid, rustix::process::Signal::KILL);
         killed.push(p.name.clone());
     }
+    // What returns has stopped: a caller may start others on the same ports and files.
+    let deadline = Instant::now() + KILL_TIMEOUT;
+    while running.iter().any(|p| alive(p.pid)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     killed
 }
 
@@ -1465,6 +1492,36 @@ mod tests {
             status_summary(2, 1, 5),
             "of 5 processes, 2 are not running and 1 is stopped"
         );
+    }
+
+    /// A fake process table: process `pid` whose threads are in `states` (the first
+    /// thread's first).
+    fn proc_table(pid: u32, states: &[&str]) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        let process = root.path().join(pid.to_string());
+        for (i, state) in states.iter().enumerate() {
+            let stat = format!("{} (namdb (x)) {state} 1 2 3\n", pid + i as u32);
+            if i == 0 {
+                std::fs::create_dir_all(&process).unwrap();
+                std::fs::write(process.join("stat"), &stat).unwrap();
+            }
+            let thread = process.join("task").join((pid + i as u32).to_string());
+            std::fs::create_dir_all(&thread).unwrap();
+            std::fs::write(thread.join("stat"), &stat).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn a_process_whose_first_thread_is_a_zombie_is_alive_while_another_thread_runs() {
+        let alive = |states: &[&str]| alive_under(proc_table(40, states).path(), 40);
+        assert!(alive(&["S"]));
+        assert!(alive(&["R", "S"]));
+        assert!(alive(&["Z", "R"]), "a thread is still exiting");
+        assert!(alive(&["Z", "D", "X"]));
+        assert!(!alive(&["Z"]), "waits to be reaped");
+        assert!(!alive(&["X"]));
+        assert!(!alive_under(proc_table(40, &["S"]).path(), 41));
     }
 
     #[test]

@@ -56,13 +56,15 @@ pub(crate) enum Op {
         compare: u64,
         swap: u64,
     },
+    /// FETCH_ADD; returns the old value.
+    FetchAdd { remote: u64, add: u64 },
 }
 
 impl Op {
     fn words(&self) -> usize {
         match self {
             Op::Read { words, .. } => *words as usize,
-            Op::Cas { .. } => 1,
+            Op::Cas { .. } | Op::FetchAdd { .. } => 1,
         }
     }
 }
@@ -175,6 +177,9 @@ impl Link {
                 compare,
                 swap,
             } => SendWr::cas(id, self.scratch.buf(off, 8), self.at(remote), compare, swap),
+            Op::FetchAdd { remote, add } => {
+                SendWr::fetch_add(id, self.scratch.buf(off, 8), self.at(remote), add)
+            }
         }
     }
 

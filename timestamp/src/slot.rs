@@ -397,6 +397,30 @@ impl State {
     }
 }
 
+/// Whether `NAMDB_ORACLE_CHECK_DECISIONS` asks for decisions to be checked (read once).
+fn check_decisions() -> bool {
+    static CHECK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHECK.get_or_init(|| std::env::var_os("NAMDB_ORACLE_CHECK_DECISIONS").is_some())
+}
+
+/// In the decisions check ([`check_decisions`]), a line on stderr about what a handle
+/// did to the oracle, stamped with the wall clock, the process and the thread: with
+/// every process's lines together, a decision made twice can be traced to both.
+fn trace(what: std::fmt::Arguments<'_>) {
+    if check_decisions() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        eprintln!(
+            "namdb oracle trace {}.{:06} pid {} {:?}: {what}",
+            now.as_secs(),
+            now.subsec_micros(),
+            std::process::id(),
+            std::thread::current().id()
+        );
+    }
+}
+
 /// What a handle assumes of a slot it has not seen: owned, so that it neither skips
 /// for it nor leaves its decisions out of the frontier.
 const UNSEEN: Lease = Lease {
@@ -661,6 +685,8 @@ impl SlotHandle {
         let Some((mine, start, posted)) = self.try_claim(slot, word)? else {
             return Ok(false);
         };
+        // Once more, now that the slot is ours: a rival claimer's clearing between
+        // ours and our lease CAS would otherwise fail our first renewal.
         let beat = self.restart_heartbeat(slot)?;
         let mut st = self.st.borrow_mut();
         st.beat = beat;
@@ -742,6 +768,13 @@ impl SlotHandle {
                 return Ok(None);
             }
             let start = self.first_own(slot, lease.horizon * BLOCK);
+            // The heartbeat first: a fence leaves its mark there, and a fencer that
+            // finds the mark on an owned slot finishes the fence on the lease word at
+            // once, whoever owns it by then. Cleared only after our lease CAS, it
+            // would let a fencer end our claim before we ever used it, with nothing
+            // to tell us: our renewals CAS the heartbeat, which that fencer leaves as
+            // it is (two holders of one slot deciding the same timestamps).
+            self.restart_heartbeat(slot)?;
             let mine = Lease {
                 state: SlotState::Owned,
                 tag: lease.next_tag(),
@@ -752,6 +785,9 @@ impl SlotHandle {
                 .link
                 .cas(self.layout.lease_offset(slot), word, mine.encode())?;
             if old == word {
+                trace(format_args!(
+                    "claimed slot {slot}: {lease:?} -> {mine:?}, starts at {start}"
+                ));
                 return Ok(Some((mine, start, posted)));
             }
             self.st.borrow_mut().note_lease(slot, old);
@@ -872,6 +908,52 @@ impl SlotHandle {
         }
     }
 
+    /// Posts the FETCH_ADDs that decide the bits `mask` of vector word `word` (in a
+    /// round of parity `odd`) per entry, unsignaled. Each add relies on its bits being
+    /// undecided: an add on a decided bit undoes it and carries into the bits above,
+    /// other slots' timestamps. With `NAMDB_ORACLE_CHECK_DECISIONS` set, the adds wait
+    /// for their old values instead, and one that met a decided bit is reported on
+    /// stderr with this handle's state (a diagnostic: it costs a round trip per batch).
+    fn post_decisions(&self, masks: &[(u64, u64, bool)], what: &str) -> Result<()> {
+        if !check_decisions() {
+            let adds: Vec<(u64, u64)> = masks
+                .iter()
+                .map(|&(w, m, odd)| (self.layout.word_offset(w), cells::decide_add(m, odd)))
+                .collect();
+            return self.link.post_adds(&adds);
+        }
+        let batch = self.link.idle_buffers().max(1);
+        for chunk in masks.chunks(batch) {
+            let ops: Vec<Op> = chunk
+                .iter()
+                .map(|&(w, m, odd)| Op::FetchAdd {
+                    remote: self.layout.word_offset(w),
+                    add: cells::decide_add(m, odd),
+                })
+                .collect();
+            let mut old = vec![0u64; ops.len()];
+            self.link.run(&ops, &mut old)?;
+            for (&(w, m, odd), &was) in chunk.iter().zip(&old) {
+                let twice = m & cells::decided_bits(was, odd);
+                if twice != 0 {
+                    let st = self.st.borrow();
+                    trace(format_args!(
+                        "DOUBLE {what} of slot {} decided bits {twice:#x} of word {w} (odd round {odd}) that were decided already: word was {was:#x}, mask {m:#x}; cursor {}, inherited below {}, known {}, hint {}, far {}, lease {:?}, status {:?}",
+                        st.slot,
+                        st.cursor,
+                        st.inherited_below,
+                        st.known,
+                        st.hint_seen,
+                        st.far_seen,
+                        st.lease,
+                        st.status
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Decides `ts`, a commit timestamp this handle handed out: one FETCH_ADD of ±2^b
     /// on its word, unsignaled.
     pub fn mark(&self, ts: u64, outcome: Outcome) -> Result<()> {
@@ -907,11 +989,9 @@ impl SlotHandle {
                 None => words.push((word, odd, 1 << bit)),
             }
         }
-        let adds: Vec<(u64, u64)> = words
-            .iter()
-            .map(|&(word, odd, mask)| (self.layout.word_offset(word), cells::decide_add(mask, odd)))
-            .collect();
-        self.link.post_adds(&adds)?;
+        let masks: Vec<(u64, u64, bool)> =
+            words.iter().map(|&(w, odd, mask)| (w, mask, odd)).collect();
+        self.post_decisions(&masks, "mark")?;
         let mut st = self.st.borrow_mut();
         for (&i, &(ts, outcome)) in indices.iter().zip(decided) {
             st.pending[i].1 = false;
@@ -1193,6 +1273,10 @@ impl SlotHandle {
                 self.link.run(&ops, &mut old)?;
                 for (&(i, mask), &was) in chunk.iter().zip(&old) {
                     if was == words[i] {
+                        trace(format_args!(
+                            "skipped free: word {} mask {mask:#x} (was {was:#x}), window from {start}, gap {gap}, limit {limit}",
+                            w0 + i as u64
+                        ));
                         words[i] ^= mask;
                         skipped += mask.count_ones() as u64;
                     } else {
@@ -1306,6 +1390,9 @@ impl SlotHandle {
             let mut st = self.st.borrow_mut();
             for (&(slot, lease), &was) in chunk.iter().zip(&old) {
                 let now = if was == lease.encode() {
+                    trace(format_args!(
+                        "raised free slot {slot}: {lease:?} -> horizon {want}"
+                    ));
                     raised(lease)
                 } else {
                     was
@@ -1408,12 +1495,28 @@ impl SlotHandle {
         };
         let posted = self.clock.now();
         let next = beat.wrapping_add(1) & !BEAT_FENCED;
-        let old = self
-            .link
-            .cas(self.layout.heartbeat_offset(slot), beat, next)?;
+        // The lease word comes back in the same doorbell: a fence shows on the
+        // heartbeat, but a claim, a release or a fence that found another's mark on
+        // the heartbeat changes only the lease.
+        let mut out = [0u64; 2];
+        self.link.run(
+            &[
+                Op::Cas {
+                    remote: self.layout.heartbeat_offset(slot),
+                    compare: beat,
+                    swap: next,
+                },
+                Op::Read {
+                    remote: self.layout.lease_offset(slot),
+                    words: 1,
+                },
+            ],
+            &mut out,
+        )?;
+        let [old, lease] = out;
         let mut st = self.st.borrow_mut();
         st.renewed_at = posted;
-        if old != beat {
+        if old != beat || lease != st.lease.encode() {
             st.status = Status::Fenced;
             return Err(OracleError::Fenced { slot });
         }
@@ -1448,6 +1551,7 @@ impl SlotHandle {
             st.status = Status::Fenced;
             return Err(OracleError::Fenced { slot });
         }
+        trace(format_args!("raised own slot {slot}: {cur:?} -> {want:?}"));
         st.lease = want;
         st.confirmed_at = posted;
         st.renewed_at = posted;
@@ -1646,11 +1750,11 @@ impl SlotHandle {
         // The caller keeps the frontier below the known prefix + V/2: the wrap margin
         // holds for every timestamp skipped.
         let masks = cells::own_masks(v, s, cursor, frontier);
-        let adds: Vec<(u64, u64)> = masks
-            .iter()
-            .map(|&(w, m, odd)| (self.layout.word_offset(w), cells::decide_add(m, odd)))
-            .collect();
-        self.link.post_adds(&adds)?;
+        trace(format_args!(
+            "skip_own slot {}: {cursor} to {frontier}",
+            self.st.borrow().slot
+        ));
+        self.post_decisions(&masks, "skip_own")?;
         let count = masks.iter().map(|&(_, m, _)| m.count_ones() as u64).sum();
         let mut st = self.st.borrow_mut();
         st.cursor = cursor + count * s;
@@ -1768,6 +1872,7 @@ impl SlotHandle {
             self.st.borrow_mut().note_lease(owner, old);
             return Ok(None);
         }
+        trace(format_args!("fenced slot {owner}: {lease:?} -> {taken:?}"));
         let mut st = self.st.borrow_mut();
         st.stats.fences += 1;
         st.note_lease(owner, taken.encode());
@@ -1845,6 +1950,9 @@ impl SlotHandle {
                 return Ok(0);
             }
             self.st.borrow_mut().note_lease(owner, raised.encode());
+            trace(format_args!(
+                "raised stalling slot {owner}: {lease:?} -> {raised:?}"
+            ));
             lease = raised;
         }
         let upto = frontier
@@ -1877,6 +1985,9 @@ impl SlotHandle {
                 let next = cur ^ undecided;
                 let old = self.link.cas(self.layout.word_offset(w), cur, next)?;
                 if old == cur {
+                    trace(format_args!(
+                        "skipped slot of {from} to {upto}: word {w} mask {undecided:#x} (was {cur:#x})"
+                    ));
                     skipped += undecided.count_ones() as u64;
                     break;
                 }
@@ -1981,6 +2092,7 @@ impl SlotHandle {
             st.status = Status::Fenced;
             return Err(OracleError::Fenced { slot });
         }
+        trace(format_args!("released slot {slot}: {cur:?} -> {free:?}"));
         st.status = Status::Released;
         if let Some(gates) = &st.gates {
             gates.forget(slot, cur.tag);

@@ -16,6 +16,10 @@
 //!   raises and CAS on the vector word) while a new node claims one of them and
 //!   decides its first timestamp; no timestamp is decided twice and the claimer's is
 //!   never decided by the skipper.
+//! - `a_fence_left_on_the_heartbeat_does_not_end_a_new_claim`: a new node claims a
+//!   slot whose last holder was fenced (the fence's mark still on its heartbeat) while
+//!   a live holder's tick checks that slot; the check never fences the new claim, or
+//!   the new holder would go on deciding its timestamps beside the slot's next claimer.
 #![cfg(all(fabric_loom, timestamp_loom))]
 
 use fabric::sim::SimConfig;
@@ -290,5 +294,40 @@ fn free_skip_races_claim() {
         }
     });
     eprintln!("loom explored {n} interleavings of a free-slot skip racing a claim");
+    assert!(n > 10, "loom explored only {n} interleavings");
+}
+
+#[test]
+fn a_fence_left_on_the_heartbeat_does_not_end_a_new_claim() {
+    let n = explore(2, || {
+        // Slot 1's holder `b` stalls the prefix and is fenced by `a`: slot 1 is then
+        // fenced, with the fence's mark on its heartbeat.
+        let (o, clock, a, b) = setup(16);
+        stall_slot_1(&a, &b, &clock);
+        assert_eq!(a.tick().unwrap().fenced, Some(1));
+        drop(b);
+        // `a` is asked to check slot 1 (as a reader blocked on its lock would) while a
+        // new node claims it.
+        a.suspect(1);
+        clock.advance(TICK);
+        let o2 = o.clone();
+        let clock2 = clock.clone();
+        let claimer = loom::thread::spawn(move || {
+            let c = o2.client(config(), clock2 as Arc<dyn Clock>).unwrap();
+            assert_eq!(c.slot(), 1);
+            c
+        });
+        let report = a.tick().unwrap();
+        let c = claimer.join().unwrap();
+        assert_eq!(report.fenced, None, "the new claim was fenced at once");
+        assert!(c.is_active());
+        assert_eq!(
+            o.lease(1).unwrap(),
+            c.held_lease(),
+            "slot 1 changed hands under its new holder"
+        );
+        c.renew().unwrap();
+    });
+    eprintln!("loom explored {n} interleavings of a claim racing a check of its slot");
     assert!(n > 10, "loom explored only {n} interleavings");
 }

@@ -777,3 +777,35 @@ fn slots_released_after_registration_are_learned_together() {
     let (made, stalls, _) = commit_alone(&h, 1000, 100);
     assert_eq!(made, 1000, "{stalls} stalled passes");
 }
+
+/// A slot can change hands without its heartbeat showing it: a fence that finds an
+/// earlier fence's mark on the heartbeat ends the lease with one CAS on the lease
+/// word. The holder's next renewal reads the lease back and stops holding.
+#[test]
+fn a_renewal_finds_a_lease_that_changed_under_it() {
+    let o = cluster(1024, 2);
+    let clock = ManualClock::new();
+    let h = handles(&o, 1, &clock);
+    let holder = &h[0];
+    holder.renew().unwrap();
+    let mine = holder.held_lease();
+    let taken = timestamp::Lease {
+        state: SlotState::Fenced,
+        tag: mine.next_tag(),
+        ..mine
+    };
+    o.region
+        .store_u64(o.layout.lease_offset(holder.slot()), taken.encode())
+        .unwrap();
+    assert_eq!(
+        holder.renew(),
+        Err(OracleError::Fenced {
+            slot: holder.slot()
+        })
+    );
+    assert!(!holder.is_active());
+    assert_eq!(
+        holder.next_commit_ts(),
+        Err(OracleError::Fenced { slot: 0 })
+    );
+}

@@ -30,6 +30,10 @@ enum Step {
     Advance(u8),
     Release(usize),
     Rejoin(usize),
+    /// The holder's process dies (its handle is dropped with whatever it held) and a
+    /// new one takes its place: a fresh handle claims a free or fenced slot, or takes
+    /// over a lapsed one.
+    Replace(usize),
 }
 
 fn step(holders: usize) -> impl Strategy<Value = Step> {
@@ -41,8 +45,18 @@ fn step(holders: usize) -> impl Strategy<Value = Step> {
         3 => h.clone().prop_map(Step::Tick),
         2 => (0u8..4).prop_map(Step::Advance),
         1 => h.clone().prop_map(Step::Release),
-        1 => h.prop_map(Step::Rejoin),
+        1 => h.clone().prop_map(Step::Rejoin),
+        1 => h.prop_map(Step::Replace),
     ]
+}
+
+fn config() -> OracleConfig {
+    OracleConfig {
+        tick_interval: TICK,
+        lease_timeout: LEASE,
+        reserve: 64,
+        ..OracleConfig::default()
+    }
 }
 
 struct Run {
@@ -54,23 +68,17 @@ struct Run {
     marked: BTreeSet<u64>,
     truth: u64,
     last_rid: Vec<u64>,
+    /// Slots held by handles that were dropped ([`Step::Replace`]): nothing fences
+    /// one unless it stalls a commit, so at the end they are suspected.
+    dead: Vec<u32>,
 }
 
 impl Run {
     fn new(bits: u64, slots: u32, holders: usize) -> Run {
         let o = SimOracle::new(SimConfig::default(), Layout::new(bits, slots).unwrap()).unwrap();
         let clock = ManualClock::new();
-        let config = OracleConfig {
-            tick_interval: TICK,
-            lease_timeout: LEASE,
-            reserve: 64,
-            ..OracleConfig::default()
-        };
         let handles: Vec<SlotHandle> = (0..holders)
-            .map(|_| {
-                o.client(config.clone(), clock.clone() as Arc<dyn Clock>)
-                    .unwrap()
-            })
+            .map(|_| o.client(config(), clock.clone() as Arc<dyn Clock>).unwrap())
             .collect();
         Run {
             o,
@@ -80,6 +88,7 @@ impl Run {
             marked: BTreeSet::new(),
             truth: 1,
             last_rid: vec![0; holders],
+            dead: Vec::new(),
         }
     }
 
@@ -150,6 +159,25 @@ impl Run {
                         Err(e) => prop_assert!(false, "release: {e}"),
                     }
                 }
+            }
+            Step::Replace(h) => {
+                let fresh = self
+                    .o
+                    .observer(config(), self.clock.clone() as Arc<dyn Clock>)
+                    .unwrap();
+                // A claim, not a take-over: that waits for a lease to lapse on a clock
+                // that does not move here. With no slot free, a later Rejoin claims.
+                match fresh.rejoin() {
+                    Ok(_) | Err(OracleError::NoFreeSlot { .. }) => {}
+                    Err(e) => prop_assert!(false, "claim_taking_over: {e}"),
+                }
+                // The old holder's undecided timestamps die with it.
+                if self.handles[h].is_active() {
+                    self.dead.push(self.handles[h].slot());
+                }
+                self.pending[h].clear();
+                self.last_rid[h] = 0;
+                self.handles[h] = fresh;
             }
             Step::Rejoin(h) => {
                 if !self.handles[h].is_active() {
@@ -235,6 +263,12 @@ impl Run {
         for _ in 0..400 {
             for (h, done) in fresh.iter_mut().enumerate() {
                 let hd = &self.handles[h];
+                // A replaced holder's new handle may find every slot owned, one by
+                // the holder it replaced: as a node whose reads wait on a dead
+                // holder's lock, the others suspect it, and their ticks fence it.
+                for &slot in &self.dead {
+                    hd.suspect(slot);
+                }
                 if !hd.is_active() {
                     let _ = hd.rejoin();
                 }
@@ -299,7 +333,7 @@ proptest! {
         let mut run = Run::new(bits, holders as u32, holders);
         for s in &steps {
             if let Step::Take(h) | Step::Mark(h, _) | Step::Read(h) | Step::Tick(h)
-                | Step::Release(h) | Step::Rejoin(h) = *s
+                | Step::Release(h) | Step::Rejoin(h) | Step::Replace(h) = *s
                 && h >= holders
             {
                 continue;
@@ -316,6 +350,22 @@ proptest! {
         steps in proptest::collection::vec(step(3), 1..250),
     ) {
         let mut run = Run::new(64, 3, 3);
+        for s in &steps {
+            run.apply(s)?;
+        }
+        run.finish()?;
+    }
+
+    /// More slots than holders: read timestamps and ticks skip for free slots all the
+    /// time, and holders that die leave fenced slots that others skip for and new
+    /// holders claim.
+    #[test]
+    fn holders_die_among_free_slots(
+        bits in prop_oneof![Just(64u64), Just(200), Just(512)],
+        slots in 3u32..7,
+        steps in proptest::collection::vec(step(2), 1..300),
+    ) {
+        let mut run = Run::new(bits, slots, 2);
         for s in &steps {
             run.apply(s)?;
         }

@@ -17,8 +17,8 @@
 //!   `lease_timeout / 4`, and reads/CAS of another slot only while that slot stalls
 //!   the prefix.
 //!
-//! Leases. A holder bumps its heartbeat word (FETCH_ADD) and reads its lease word back
-//! in one doorbell at least every `lease_timeout / 4`. Another node that sees the
+//! Leases. A holder bumps its heartbeat word (CAS from its last value) and reads its
+//! lease word back in one doorbell at least every `lease_timeout / 4`. Another node that sees the
 //! stalling slot's lease and heartbeat unchanged for `lease_timeout` of *its own*
 //! clock fences it with CAS. The holder stops deciding timestamps once
 //! `lease_timeout / 2` of its own clock has passed since it posted the last renewal

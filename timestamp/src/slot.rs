@@ -18,9 +18,9 @@
 //!   the prefix.
 //!
 //! Leases. A holder bumps its heartbeat word (CAS from its last value) and reads its
-//! lease word back in one doorbell at least every `lease_timeout / 4`. Another node that sees the
-//! stalling slot's lease and heartbeat unchanged for `lease_timeout` of *its own*
-//! clock fences it with CAS. The holder stops deciding timestamps once
+//! lease word back in one doorbell at least every `lease_timeout / 4`. Another node
+//! that sees the stalling slot's lease and heartbeat unchanged for `lease_timeout` of
+//! *its own* clock fences it with CAS. The holder stops deciding timestamps once
 //! `lease_timeout / 2` of its own clock has passed since it posted the last renewal
 //! that found its lease intact, and renews first. So no clocks are compared across
 //! nodes; safety needs only that clock rates differ by less than 2× and that a posted
@@ -1483,10 +1483,12 @@ impl SlotHandle {
         st.gates = Some(gates);
     }
 
-    /// Bumps the heartbeat with CAS from the value this holder last wrote. A fencer
-    /// CASes the same word (from the value it watched to that value with the fenced
-    /// bit), so of a late renewal and a fence exactly one succeeds: a holder whose
-    /// renewal went through cannot have been fenced before it.
+    /// Bumps the heartbeat with CAS from the value this holder last wrote, and reads
+    /// the lease word back in the same doorbell. A fencer CASes the same heartbeat
+    /// (from the value it watched to that value with the fenced bit), so of a late
+    /// renewal and a fence exactly one succeeds: a holder whose renewal went through
+    /// cannot have been fenced before it. A lease word that is not ours ends the
+    /// holding too.
     pub fn renew(&self) -> Result<()> {
         self.active()?;
         let (slot, beat) = {

@@ -979,18 +979,16 @@ impl SlotHandle {
         }
         let _inside = self.lease_guard()?;
         let v = self.layout.bits();
-        // (word, odd round, bits): a wrap splits one word's timestamps in two rounds.
-        let mut words: Vec<(u64, bool, u64)> = Vec::with_capacity(decided.len());
+        // (word, bits, odd round): a wrap splits one word's timestamps in two rounds.
+        let mut masks: Vec<(u64, u64, bool)> = Vec::with_capacity(decided.len());
         for &(ts, _) in decided {
             let (word, bit) = cells::position(v, ts);
             let odd = cells::odd_round(v, ts);
-            match words.iter_mut().find(|(w, o, _)| *w == word && *o == odd) {
-                Some((_, _, mask)) => *mask |= 1 << bit,
-                None => words.push((word, odd, 1 << bit)),
+            match masks.iter_mut().find(|(w, _, o)| *w == word && *o == odd) {
+                Some((_, mask, _)) => *mask |= 1 << bit,
+                None => masks.push((word, 1 << bit, odd)),
             }
         }
-        let masks: Vec<(u64, u64, bool)> =
-            words.iter().map(|&(w, odd, mask)| (w, mask, odd)).collect();
         self.post_decisions(&masks, "mark")?;
         let mut st = self.st.borrow_mut();
         for (&i, &(ts, outcome)) in indices.iter().zip(decided) {

@@ -260,14 +260,15 @@ impl Run {
             }
         }
         let mut fresh = vec![false; self.handles.len()];
-        for _ in 0..400 {
+        for round in 0..400 {
             for (h, done) in fresh.iter_mut().enumerate() {
                 let hd = &self.handles[h];
                 // A replaced holder's new handle may find every slot owned, one by
                 // the holder it replaced: as a node whose reads wait on a dead
-                // holder's lock, the others suspect it, and their ticks fence it.
-                for &slot in &self.dead {
-                    hd.suspect(slot);
+                // holder's lock, the others suspect it, and their ticks fence it. A
+                // handle watches one suspect at a time: the dead take turns.
+                if !self.dead.is_empty() {
+                    hd.suspect(self.dead[round / 20 % self.dead.len()]);
                 }
                 if !hd.is_active() {
                     let _ = hd.rejoin();

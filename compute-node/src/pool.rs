@@ -549,6 +549,9 @@ fn run(local: &Local, rx: &mpsc::Receiver<Job>) -> Exit {
     let mut cx = Context::from_waker(Waker::noop());
     let mut live: Vec<Coroutine<'_>> = Vec::new();
     let mut connected = true;
+    // The batches a round's coroutines post cross together (one doorbell per queue
+    // pair where a doorbell is a system call: tcp).
+    let doorbells = fabric::hold_doorbells();
     while connected || !live.is_empty() {
         if live.is_empty() {
             match rx.recv_timeout(IDLE_WAIT) {
@@ -570,6 +573,7 @@ fn run(local: &Local, rx: &mpsc::Receiver<Job>) -> Exit {
         live.retain_mut(|c| c.as_mut().poll(&mut cx) == Poll::Pending);
         // A failed flush resurfaces at the next oracle read, which flushes again.
         let _ = local.worker.flush_marks();
+        doorbells.ring();
         if let Err(e) = local.worker.tick() {
             tracing::debug!(worker = local.index, "oracle tick: {e}");
         }
@@ -578,6 +582,7 @@ fn run(local: &Local, rx: &mpsc::Receiver<Job>) -> Exit {
             return Exit::Broken;
         }
     }
+    drop(doorbells);
     local.abort_all();
     Exit::Stopped
 }

@@ -249,7 +249,7 @@ impl AsyncQp {
         let token = token.unwrap_or_else(|| self.driver.open(len - 1));
         let last = len - 1;
         let signaled = |i: usize| i == last || (i + 1).is_multiple_of(self.signal_every);
-        let result = match wrs {
+        let result = crate::doorbell::async_post(|| match wrs {
             Wrs::One(wr) => {
                 let mut wr = *wr;
                 wr.wr_id = wr_id(token, 0);
@@ -277,7 +277,7 @@ impl AsyncQp {
                     .collect();
                 self.qp.post_send(&batch)
             }
-        };
+        });
         match result {
             Ok(()) => Ok(Posted::All(token)),
             Err(FabricError::Post { index, source })

@@ -26,6 +26,7 @@ mod async_qp;
 pub mod conformance;
 mod cq;
 mod device;
+mod doorbell;
 mod engine;
 mod error;
 #[cfg(not(fabric_loom))]
@@ -51,6 +52,7 @@ mod wr;
 pub use addr::{Access, LocalBuf, NodeId, QpEndpoint, RemoteAddr, RemoteRegion, UdDest};
 pub use async_qp::{AsyncQp, Batch, CqDriver};
 pub use device::{CompletionQueue, Device, QpConfig, QpKind, QueuePair};
+pub use doorbell::{DoorbellHold, hold_doorbells, ring_held_doorbells};
 pub use error::{FabricError, QpState, Result, WcStatus};
 #[cfg(all(target_os = "linux", not(fabric_loom)))]
 pub use memfd::{HugePages, MemfdError, MemfdMemory};

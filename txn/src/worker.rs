@@ -759,11 +759,16 @@ impl Worker {
     ) -> Vec<T> {
         let futures = (0..coroutines).map(&mut make).collect();
         self.rids.borrow_mut().executor = true;
+        // The batches a round's coroutines post cross together (one doorbell per queue
+        // pair where a doorbell is a system call: tcp).
+        let doorbells = fabric::hold_doorbells();
         let results = runtime::run_all(futures, || {
             // A failed flush resurfaces at the next oracle read, which flushes again.
             let _ = self.flush_marks();
             self.rids.borrow_mut().round += 1;
+            doorbells.ring();
         });
+        drop(doorbells);
         self.rids.borrow_mut().executor = false;
         results
     }

@@ -7,6 +7,7 @@ use super::wire::{self, Attach, Op, Request};
 use crate::addr::{Access, LocalBuf, QpEndpoint};
 use crate::cq::{CqEntry, CqInner, Progress};
 use crate::device::{QpKind, QueuePair};
+use crate::doorbell::{self, HeldDoorbell};
 pub(crate) use crate::engine::Delivery;
 use crate::engine::{
     self, Caps, DESTROYED, ERROR, INIT, NewQp, Payload, PostedRecv, READY, state_of,
@@ -62,6 +63,11 @@ fn note_read(got: bool) {
     });
 }
 
+/// Polls of a queue pair whose doorbell is held after which it rings by itself: a
+/// round of a thread's coroutines polls it once per coroutine, and a thread that polls
+/// it far more without ringing is waiting on it some other way.
+const POLLS_BEFORE_A_HELD_DOORBELL_RINGS: u32 = 256;
+
 /// Bytes one read of a queue pair's socket takes at most.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -72,6 +78,10 @@ struct SendSide {
     unretired: u32,
     /// A local error was found at post time: everything after it is flushed unsent.
     doomed: bool,
+    /// Frames in `out` wait for the posting thread's ring (`crate::doorbell`).
+    held: bool,
+    /// Polls of this queue pair since its doorbell was held.
+    polls_while_held: u32,
     out: Vec<u8>,
     inbuf: Vec<u8>,
     /// What one read of the socket lands in, kept: zeroing 64 KiB anew for every read
@@ -117,6 +127,8 @@ impl QpShared {
                 inflight: VecDeque::new(),
                 unretired: 0,
                 doomed: false,
+                held: false,
+                polls_while_held: 0,
                 out: Vec::new(),
                 inbuf: Vec::new(),
                 chunk: vec![0; READ_CHUNK].into_boxed_slice(),
@@ -297,6 +309,12 @@ impl QpShared {
 
     /// Reads whatever responses have arrived and resolves their requests.
     fn read_responses(&self, side: &mut SendSide) {
+        if side.held && !side.out.is_empty() {
+            side.polls_while_held += 1;
+            if side.polls_while_held >= POLLS_BEFORE_A_HELD_DOORBELL_RINGS {
+                self.flush_out(side);
+            }
+        }
         let Some(stream) = side.link.as_mut().and_then(|l| l.stream.as_mut()) else {
             return;
         };
@@ -661,7 +679,17 @@ impl QpShared {
         }
         self.sq_outstanding.fetch_add(posted, Ordering::AcqRel);
         if !side.out.is_empty() {
-            self.flush_out(side);
+            if doorbell::may_hold()
+                && let Some(me) = self.me.upgrade()
+            {
+                if !side.held {
+                    side.held = true;
+                    side.polls_while_held = 0;
+                    doorbell::hold(me);
+                }
+            } else {
+                self.flush_out(side);
+            }
         }
         self.resolve_unsent(side);
         self.send_cq.push_many(&mut side.completions);
@@ -829,6 +857,19 @@ fn close_without_reset(stream: TcpStream) {
     let _ = std::thread::Builder::new()
         .name("tcp-qp-close".into())
         .spawn(drain);
+}
+
+impl HeldDoorbell for QpShared {
+    fn ring(&self) {
+        let mut guard = lock(&self.sq);
+        let side = &mut *guard;
+        side.held = false;
+        if !side.out.is_empty() {
+            self.flush_out(side);
+        }
+        self.resolve_unsent(side);
+        self.send_cq.push_many(&mut side.completions);
+    }
 }
 
 impl Progress for QpShared {

@@ -12,11 +12,14 @@ use crate::error::WcStatus;
 use crate::memory;
 use crate::registry::{self, RegEntry};
 use crate::serve::{self, Server};
-use std::io::Write;
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+/// Bytes one read of a connection takes at most.
+const READ_CHUNK: usize = 64 * 1024;
 
 pub(super) fn accept_loop(node: Arc<TcpNode>, listener: TcpListener) {
     serve::accept_loop(node, listener.incoming(), "tcp-responder", serve);
@@ -63,52 +66,82 @@ fn serve(node: &Arc<TcpNode>, mut stream: TcpStream) {
         failed: false,
         cached: None,
     };
-    let mut body = Vec::new();
-    let mut response = Vec::new();
+    // Every whole frame one read brought is executed before the responses go out, in
+    // one write: a requester with several doorbells in flight costs a read and a write
+    // per batch of them rather than per frame.
+    let mut inbuf: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; READ_CHUNK].into_boxed_slice();
+    let mut responses = Vec::new();
     // Whether the requester still reads responses. Once it has gone (its queue pair
     // destroyed, perhaps with a reset because responses were left unread), the requests
     // it had already sent are still executed, as a NIC executes every packet it
     // received: only their responses have nowhere to go.
     let mut answering = true;
     loop {
-        let mut requests = Vec::new();
-        match wire::read_frame(&mut stream, &mut body) {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(e) => {
-                let _ = stream.write_all(&wire::error_frame(&format!("bad frame: {e}")));
+        let mut consumed = 0;
+        let mut refusal = None;
+        loop {
+            let body = match wire::next_frame(&inbuf[consumed..]) {
+                Ok(Some(body)) => body,
+                Ok(None) => break,
+                Err(e) => {
+                    refusal = Some(format!("bad frame: {e}"));
+                    break;
+                }
+            };
+            consumed += 4 + body.len();
+            let mut requests = Vec::new();
+            let decoded = wire::frame_header(body).and_then(|(kind, count, items)| {
+                if kind != wire::KIND_REQUESTS {
+                    return Err(wire::WireError(format!(
+                        "expected a request frame, got kind {kind}"
+                    )));
+                }
+                wire::decode_requests(count, items, &mut requests).map(|()| count)
+            });
+            let count = match decoded {
+                Ok(count) => count,
+                Err(e) => {
+                    refusal = Some(format!("malformed request frame: {e}"));
+                    break;
+                }
+            };
+            // A SEND may wait for a receive the requester posts only once it has seen
+            // the completions of what came before: those go out first.
+            if requests.iter().any(|r| r.op.waits_for_a_receive()) {
+                answer(&mut stream, &mut responses, &mut answering);
+            }
+            let start = wire::begin_frame(&mut responses, wire::KIND_RESPONSES);
+            for request in &requests {
+                conn.execute(request, &mut responses);
+            }
+            wire::finish_frame(&mut responses, start, count);
+            if conn.node.is_shut_down() {
+                answer(&mut stream, &mut responses, &mut answering);
                 return;
             }
         }
-        let decoded = wire::frame_header(&body).and_then(|(kind, count, items)| {
-            if kind != wire::KIND_REQUESTS {
-                return Err(wire::WireError(format!(
-                    "expected a request frame, got kind {kind}"
-                )));
-            }
-            wire::decode_requests(count, items, &mut requests).map(|()| count)
-        });
-        let count = match decoded {
-            Ok(count) => count,
-            Err(e) => {
-                let _ =
-                    stream.write_all(&wire::error_frame(&format!("malformed request frame: {e}")));
-                return;
-            }
-        };
-        response.clear();
-        let start = wire::begin_frame(&mut response, wire::KIND_RESPONSES);
-        for request in &requests {
-            conn.execute(request, &mut response);
-        }
-        wire::finish_frame(&mut response, start, count);
-        if answering && stream.write_all(&response).is_err() {
-            answering = false;
-        }
-        if conn.node.is_shut_down() {
+        answer(&mut stream, &mut responses, &mut answering);
+        if let Some(refusal) = refusal {
+            let _ = stream.write_all(&wire::error_frame(&refusal));
             return;
         }
+        inbuf.drain(..consumed);
+        match stream.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => inbuf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
     }
+}
+
+/// Sends the responses gathered so far, if the requester still takes them.
+fn answer(stream: &mut TcpStream, responses: &mut Vec<u8>, answering: &mut bool) {
+    if *answering && !responses.is_empty() && stream.write_all(responses).is_err() {
+        *answering = false;
+    }
+    responses.clear();
 }
 
 impl Connection {

@@ -36,6 +36,11 @@ fn server() -> Server {
 }
 
 fn raw_client(s: &Server) -> TcpStream {
+    raw_client_with_rnr(s, 0, 0)
+}
+
+/// A raw client whose SENDs wait up to `rnr_timer_us × (rnr_retry + 1)` for a receive.
+fn raw_client_with_rnr(s: &Server, rnr_retry: u8, rnr_timer_us: u32) -> TcpStream {
     let mut stream = TcpStream::connect(s.device.local_addr()).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -44,8 +49,8 @@ fn raw_client(s: &Server) -> TcpStream {
         src_node: 9,
         src_qpn: 9,
         dst_qpn: s.qp.endpoint().qpn,
-        rnr_retry: 0,
-        rnr_timer_us: 0,
+        rnr_retry,
+        rnr_timer_us,
     };
     wire::client_handshake(&mut stream, TOKEN, attach).unwrap();
     stream
@@ -330,4 +335,184 @@ fn sends_not_yet_transmitted_when_the_requester_vanishes_are_all_delivered() {
     for (i, message) in got.chunks(LEN as usize).enumerate() {
         assert!(message.iter().all(|&x| x == i as u8), "message {i}");
     }
+}
+
+/// `wrs`' futures, each polled until ready (at most 10 s); how many polls that took.
+fn poll_until_ready(futures: &mut [std::pin::Pin<Box<crate::Batch<'_, '_>>>]) -> usize {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut done = vec![false; futures.len()];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut polls = 0;
+    while done.iter().any(|d| !d) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "batches still pending"
+        );
+        for (f, d) in futures.iter_mut().zip(done.iter_mut()) {
+            if !*d && let Poll::Ready(r) = f.as_mut().poll(&mut cx) {
+                r.unwrap();
+                *d = true;
+            }
+        }
+        polls += 1;
+    }
+    polls
+}
+
+/// A client device with an `AsyncQp` connected to `s` and a registered buffer.
+fn async_client(
+    s: &Server,
+) -> (
+    Arc<TcpDevice>,
+    Arc<dyn QueuePair>,
+    crate::AsyncQp,
+    crate::Region,
+) {
+    let client = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let (ccq, scq) = (
+        client.create_cq(64).unwrap(),
+        s.device.create_cq(64).unwrap(),
+    );
+    let (server_qp, client_qp) =
+        crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
+    let qp = crate::AsyncQp::new(client_qp, crate::CqDriver::new(ccq));
+    let local = client.register(4096, Access::ALL).unwrap();
+    (client, server_qp, qp, local)
+}
+
+#[test]
+fn held_batches_cross_only_at_the_ring_and_then_complete() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let s = server();
+    let (_client, _server_qp, qp, local) = async_client(&s);
+    local.write(0, &[7; 192]).unwrap();
+    let wrs: Vec<SendWr<'_>> = (0..3u64)
+        .map(|i| SendWr::write(i, local.buf(i * 64, 64), s.region.remote_addr(i * 64)))
+        .collect();
+    let doorbells = crate::hold_doorbells();
+    let mut futures: Vec<_> = wrs.iter().map(|wr| Box::pin(qp.run_one(*wr))).collect();
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..3 {
+        for f in &mut futures {
+            assert!(f.as_mut().poll(&mut cx).is_pending(), "nothing was sent");
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    assert_eq!(
+        s.region.to_vec(0, 192).unwrap(),
+        vec![0xAB; 192],
+        "a held WRITE reached the responder before the ring"
+    );
+    doorbells.ring();
+    poll_until_ready(&mut futures);
+    assert_eq!(s.region.to_vec(0, 192).unwrap(), vec![7; 192]);
+    assert_eq!(s.region.to_vec(192, 64).unwrap(), vec![0xAB; 64]);
+}
+
+#[test]
+fn a_held_doorbell_rings_by_itself_for_a_thread_that_waits_without_ringing() {
+    let s = server();
+    let (_client, _server_qp, qp, local) = async_client(&s);
+    let _doorbells = crate::hold_doorbells();
+    let read = SendWr::read(1, local.buf(0, 64), s.region.remote_addr(0));
+    let mut futures = vec![Box::pin(qp.run_one(read))];
+    let polls = poll_until_ready(&mut futures);
+    assert_eq!(local.to_vec(0, 64).unwrap(), vec![0xAB; 64]);
+    assert!(
+        polls > 64,
+        "the READ completed after {polls} polls: its doorbell was not held"
+    );
+}
+
+/// One request frame of `requests`.
+fn request_frame(requests: &[Request<'_>]) -> Vec<u8> {
+    let mut frame = Vec::new();
+    let start = wire::begin_frame(&mut frame, wire::KIND_REQUESTS);
+    for r in requests {
+        wire::put_request(&mut frame, r);
+    }
+    wire::finish_frame(&mut frame, start, requests.len() as u16);
+    frame
+}
+
+fn read_request(s: &Server, offset: u64) -> Request<'static> {
+    Request {
+        op: Op::Read,
+        rkey: s.region.rkey(),
+        offset,
+        len: 8,
+        a: 0,
+        b: 0,
+        imm: 0,
+        payload: &[],
+    }
+}
+
+/// The statuses of one response frame read from `c`.
+fn response_statuses(c: &mut TcpStream) -> Vec<WcStatus> {
+    let mut body = Vec::new();
+    assert!(wire::read_frame(c, &mut body).unwrap());
+    let (kind, count, mut items) = wire::frame_header(&body).unwrap();
+    assert_eq!(kind, wire::KIND_RESPONSES);
+    (0..count)
+        .map(|_| {
+            let status = wire::status_from(items.u8("status").unwrap()).unwrap();
+            if status == WcStatus::Success {
+                items.take(8, "READ data").unwrap();
+            }
+            status
+        })
+        .collect()
+}
+
+#[test]
+fn frames_that_arrive_together_are_each_answered_in_order() {
+    let s = server();
+    let mut c = raw_client(&s);
+    let mut bytes = Vec::new();
+    for n in 1..=3 {
+        let reads: Vec<_> = (0..n).map(|i| read_request(&s, 8 * i)).collect();
+        bytes.extend_from_slice(&request_frame(&reads));
+    }
+    // Cut short: the fourth frame's last byte comes later, and it is executed then.
+    let fourth = request_frame(&[read_request(&s, 0)]);
+    bytes.extend_from_slice(&fourth[..fourth.len() - 1]);
+    c.write_all(&bytes).unwrap();
+    for n in 1..=3 {
+        assert_eq!(response_statuses(&mut c), vec![WcStatus::Success; n]);
+    }
+    c.write_all(&fourth[fourth.len() - 1..]).unwrap();
+    assert_eq!(response_statuses(&mut c), vec![WcStatus::Success]);
+}
+
+#[test]
+fn a_send_waiting_for_a_receive_does_not_hold_back_the_answers_before_it() {
+    let s = server();
+    // SENDs wait 3 s for a receive; none is ever posted.
+    let mut c = raw_client_with_rnr(&s, 2, 1_000_000);
+    let send = Request {
+        op: Op::Send,
+        rkey: 0,
+        offset: 0,
+        len: 4,
+        a: 0,
+        b: 0,
+        imm: 0,
+        payload: b"ping",
+    };
+    let mut bytes = request_frame(&[read_request(&s, 0)]);
+    bytes.extend_from_slice(&request_frame(&[send]));
+    c.write_all(&bytes).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    assert_eq!(
+        response_statuses(&mut c),
+        vec![WcStatus::Success],
+        "the READ's answer waited for the SEND behind it"
+    );
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(response_statuses(&mut c), vec![WcStatus::RnrRetryExceeded]);
 }

@@ -9,7 +9,7 @@
 
 use crate::error::WcStatus;
 use crate::handshake;
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 
 pub(crate) const MAGIC: &[u8; 8] = b"NAMDBTCP";
 pub(crate) const VERSION: u16 = 1;
@@ -58,6 +58,12 @@ impl Op {
             7 => Op::FetchAdd,
             _ => return None,
         })
+    }
+
+    /// Whether the responder executes the request only once the target has a receive
+    /// posted (RNR).
+    pub(crate) fn waits_for_a_receive(self) -> bool {
+        matches!(self, Op::WriteImm | Op::Send | Op::SendImm)
     }
 
     /// Whether the request carries `len` bytes of payload.
@@ -209,7 +215,23 @@ pub(crate) fn decode_requests<'a>(
 
 /// Reads one frame body into `buf` (blocking). `Ok(false)` on a clean end of stream
 /// before a frame starts.
-pub(crate) fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<bool> {
+/// The body of the frame at the start of `buf` once all of it is there (the frame takes
+/// `4 + body.len()` bytes of `buf`), or `None` while it is cut short; a length outside
+/// what a frame may have is an error before anything waits for the rest.
+pub(crate) fn next_frame(buf: &[u8]) -> Result<Option<&[u8]>, WireError> {
+    let Some(len) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+    if !(3..=MAX_FRAME).contains(&len) {
+        return malformed(format!("frame of {len} bytes (allowed 3..={MAX_FRAME})"));
+    }
+    Ok(buf.get(4..4 + len))
+}
+
+#[cfg(test)]
+pub(crate) fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> std::io::Result<bool> {
+    use std::io;
     let mut len = [0u8; 4];
     match stream.read_exact(&mut len) {
         Ok(()) => {}
@@ -438,6 +460,22 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_is_taken_only_once_it_is_whole() {
+        let buf = sample();
+        for cut in 0..buf.len() {
+            assert_eq!(next_frame(&buf[..cut]), Ok(None), "cut at {cut}");
+        }
+        let mut two = buf.clone();
+        two.extend_from_slice(&buf);
+        let body = next_frame(&two).unwrap().expect("whole");
+        assert_eq!(body, &buf[4..]);
+        let mut too_long = (MAX_FRAME as u32 + 1).to_le_bytes().to_vec();
+        too_long.push(1);
+        assert!(next_frame(&too_long).is_err());
+        assert!(next_frame(&2u32.to_le_bytes()).is_err());
+    }
+
+    #[test]
     fn oversized_frames_are_refused_before_allocation() {
         let mut bytes = (MAX_FRAME as u32 + 1).to_le_bytes().to_vec();
         bytes.extend_from_slice(&[0; 16]);
@@ -506,6 +544,7 @@ mod tests {
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let mut body = Vec::new();
             let _ = read_frame(&mut &bytes[..], &mut body);
+            let _ = next_frame(&bytes);
             if let Ok((_, count, c)) = frame_header(&bytes) {
                 let _ = decode_requests(count, c, &mut Vec::new());
             }

@@ -343,8 +343,17 @@ impl Database {
                 return Ok(None);
             }
         }
-        let Some(report) = recover(self, &tables, &mut conns, slot, holder_tag, &mut claim)? else {
-            return Ok(None);
+        let report = match recover(self, &tables, &mut conns, slot, holder_tag, &mut claim) {
+            Ok(Some(report)) => report,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                // Given back, so that the next resolver (this node's next tick, the
+                // slot's next claimer) starts at once instead of waiting [`TAKEOVER`]
+                // for a recovery that ended. What this one did is redone harmlessly:
+                // resolving a lock and persisting a block are idempotent.
+                let _ = conns[commitlog::SERVER].cas(log.guard(slot), claim.word, active);
+                return Err(e);
+            }
         };
         conns[commitlog::SERVER].cas(
             log.guard(slot),

@@ -107,6 +107,20 @@ pub struct Worker {
     /// Commits abandoned to recovery ([`TxnError::Fenced`]) whose outcome no one has
     /// asked for yet ([`Worker::fenced_outcome`]), by CID.
     fenced: RefCell<std::collections::BTreeMap<u64, FencedCommit>>,
+    /// Holders this worker fenced whose work is not resolved yet: a recovery that
+    /// failed (a Persist refused while a backup is away, a lost connection) gives its
+    /// claim back, and the fencer tries again on its later ticks. Nobody else would
+    /// until the slot's next claimer.
+    unresolved: RefCell<Vec<Unresolved>>,
+}
+
+/// A holder fenced by this worker, still to resolve.
+struct Unresolved {
+    slot: u32,
+    /// The lease the fence wrote (the holder's tag is the one before).
+    fenced: timestamp::Lease,
+    /// For the takeover of another node's stalled recovery of it.
+    watching: Option<(u64, Instant)>,
 }
 
 /// What a commit abandoned to recovery knew when it stopped.
@@ -228,6 +242,7 @@ impl Worker {
             broken: RefCell::new(None),
             read_only,
             fenced: RefCell::new(Default::default()),
+            unresolved: RefCell::new(Vec::new()),
         })
     }
 
@@ -386,9 +401,13 @@ impl Worker {
         match self.slot.tick() {
             Ok(report) => {
                 if let (Some(slot), Some(fenced)) = (report.fenced, report.fenced_lease) {
-                    self.resolve_fenced(slot, fenced)?;
+                    self.unresolved.borrow_mut().push(Unresolved {
+                        slot,
+                        fenced,
+                        watching: None,
+                    });
                 }
-                Ok(())
+                self.resolve_fenced()
             }
             Err(timestamp::OracleError::Fenced { .. }) => self.rejoin(),
             Err(e) => Err(e.into()),
@@ -403,18 +422,61 @@ impl Worker {
         self.slot.suspect((cid % slots) as u32);
     }
 
-    /// Resolves the work of the holder of `slot` that a fence just ended (the fence
-    /// bumped the holder's tag once, to `fenced.tag`).
-    fn resolve_fenced(&self, slot: u32, fenced: timestamp::Lease) -> Result<()> {
-        let log = self.db.shared.catalog.commit_log();
-        let word = self.db.recovery_conns()[crate::commitlog::SERVER].read_word(log.guard(slot))?;
-        if let crate::commitlog::Guard::Active { tag } = crate::commitlog::Guard::decode(word)?
-            && (timestamp::Lease { tag, ..fenced }).next_tag() == fenced.tag
-            && self.db.resolve_holder(slot, tag)?.is_some()
-        {
-            self.count(|s| s.recoveries += 1);
+    /// Resolves the work of the holders this worker fenced (each fence bumped its
+    /// holder's tag once, to `fenced.tag`); those not resolved yet stay for the next
+    /// tick. The first error is returned after every holder had its try.
+    fn resolve_fenced(&self) -> Result<()> {
+        if self.unresolved.borrow().is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let pending = std::mem::take(&mut *self.unresolved.borrow_mut());
+        let mut left = Vec::new();
+        let mut failed = None;
+        for mut holder in pending {
+            match self.step_fenced(&mut holder) {
+                Ok(true) => {}
+                Ok(false) => left.push(holder),
+                Err(e) => {
+                    left.push(holder);
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        self.unresolved.borrow_mut().extend(left);
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// One step towards the resolution of a fenced holder: `true` once the slot's
+    /// guard is about another holder or clean.
+    fn step_fenced(&self, holder: &mut Unresolved) -> Result<bool> {
+        use crate::commitlog::Guard;
+        let log = self.db.shared.catalog.commit_log();
+        let slot = holder.slot;
+        let word = self.db.recovery_conns()[crate::commitlog::SERVER].read_word(log.guard(slot))?;
+        let guard = Guard::decode(word)?;
+        let (Guard::Clean { tag } | Guard::Active { tag } | Guard::Recovering { tag, .. }) = guard;
+        if (timestamp::Lease {
+            tag,
+            ..holder.fenced
+        })
+        .next_tag()
+            != holder.fenced.tag
+        {
+            return Ok(true);
+        }
+        match guard {
+            Guard::Clean { .. } => Ok(true),
+            Guard::Active { tag } => {
+                if self.db.resolve_holder(slot, tag)?.is_some() {
+                    self.count(|s| s.recoveries += 1);
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+            Guard::Recovering { tag, .. } => {
+                self.db.step_resolution(slot, tag, &mut holder.watching)
+            }
+        }
     }
 
     /// Claims a slot again after ours was fenced, and takes its commit log over

@@ -517,3 +517,80 @@ fn a_commit_repaired_mid_install_stays_durable_on_the_server_that_kept_its_memor
         "after server 1 restarted too"
     );
 }
+
+/// The fencer of a dead holder cannot persist what its recovery resolved (the disk
+/// fails, as a replicated primary's Persists do while its backup is away): it gives
+/// its claim on the slot's guard back and tries again on its later ticks, so the
+/// holder's locks are resolved soon after the disk works, with nobody else around.
+/// Before, the guard stayed claimed by a recovery that had ended, and only another
+/// node watching it for `TAKEOVER` (5 s) took it over; with none, the locks stayed.
+#[test]
+fn a_recovery_that_cannot_persist_gives_its_claim_back_and_is_tried_again() {
+    let cluster = Cluster::new(2);
+    let db = cluster.open();
+    let t = accounts(&db);
+    let mut reader = db.client().unwrap();
+    reader
+        .run(0, |x| {
+            x.insert(&t, 1, val(100))?;
+            x.insert(&t, 2, val(100))
+        })
+        .unwrap();
+    die_mid_install(&db, &t, |x, t| {
+        x.put(t, 1, val(90)).unwrap();
+        x.put(t, 2, val(110)).unwrap();
+        x.insert(t, 100, val(7)).unwrap();
+    });
+    assert!(!db.locked_records().unwrap().is_empty());
+    for disk in &cluster.disks {
+        disk.failing.store(true, Ordering::SeqCst);
+    }
+    // Only readers run: one that waits for a lock too long names the holder, and its
+    // ticks fence it and resolve its work.
+    let read = |reader: &mut txn::Client| {
+        let mut x = reader.begin()?;
+        let a = x.get(&t, 1)?;
+        let b = x.get(&t, 2)?;
+        Ok::<_, txn::TxnError>((num(a), num(b)))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let failed = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead holder was never fenced"
+        );
+        let _ = read(&mut reader);
+        if let Err(e) = reader.tick() {
+            break e;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert!(
+        matches!(failed, txn::TxnError::Persist { .. }),
+        "the recovery fails on its persist: {failed}"
+    );
+    for disk in &cluster.disks {
+        disk.failing.store(false, Ordering::SeqCst);
+    }
+    // The first try resolved what it could before its persist failed, but the slot's
+    // guard is not clean: the blocks its records wrote are not known durable.
+    assert!(db.recoveries().is_empty());
+    let disk_back = std::time::Instant::now();
+    while db.recoveries().is_empty() {
+        assert!(
+            disk_back.elapsed() < Duration::from_secs(3),
+            "the recovery was not finished 3 s after the disk works again"
+        );
+        reader.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(reader.stats().recoveries, 1);
+    assert!(db.locked_records().unwrap().is_empty());
+    // Atomic either way: the reader's snapshot may precede the dead commit, which never
+    // returned to its caller.
+    let values = read(&mut reader).unwrap();
+    assert!(
+        values == (90, 110) || values == (100, 100),
+        "a torn transfer: {values:?}"
+    );
+}

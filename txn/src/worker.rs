@@ -447,7 +447,9 @@ impl Worker {
     }
 
     /// One step towards the resolution of a fenced holder: `true` once the slot's
-    /// guard is about another holder or clean.
+    /// guard is about another holder or clean. Resolved here if nobody began to
+    /// (counted as this worker's recovery); otherwise as `Database::step_resolution`
+    /// does for anyone waiting on a holder.
     fn step_fenced(&self, holder: &mut Unresolved) -> Result<bool> {
         use crate::commitlog::Guard;
         let log = self.db.shared.catalog.commit_log();
@@ -455,28 +457,15 @@ impl Worker {
         let word = self.db.recovery_conns()[crate::commitlog::SERVER].read_word(log.guard(slot))?;
         let guard = Guard::decode(word)?;
         let (Guard::Clean { tag } | Guard::Active { tag } | Guard::Recovering { tag, .. }) = guard;
-        if (timestamp::Lease {
-            tag,
-            ..holder.fenced
-        })
-        .next_tag()
-            != holder.fenced.tag
-        {
+        let fenced = holder.fenced;
+        if (timestamp::Lease { tag, ..fenced }).next_tag() != fenced.tag {
             return Ok(true);
         }
-        match guard {
-            Guard::Clean { .. } => Ok(true),
-            Guard::Active { tag } => {
-                if self.db.resolve_holder(slot, tag)?.is_some() {
-                    self.count(|s| s.recoveries += 1);
-                    return Ok(true);
-                }
-                Ok(false)
-            }
-            Guard::Recovering { tag, .. } => {
-                self.db.step_resolution(slot, tag, &mut holder.watching)
-            }
+        if matches!(guard, Guard::Active { .. }) && self.db.resolve_holder(slot, tag)?.is_some() {
+            self.count(|s| s.recoveries += 1);
+            return Ok(true);
         }
+        self.db.step_resolution(slot, tag, &mut holder.watching)
     }
 
     /// Claims a slot again after ours was fenced, and takes its commit log over

@@ -342,18 +342,16 @@ impl QpShared {
         // Frames are applied in place, the bytes taken out of `side` meanwhile.
         let mut inbuf = std::mem::take(&mut side.inbuf);
         let mut consumed = 0;
-        while inbuf.len() - consumed >= 4 {
-            let len = u32::from_le_bytes(inbuf[consumed..consumed + 4].try_into().expect("4 bytes"))
-                as usize;
-            if len > wire::MAX_FRAME {
-                lost = true;
-                break;
-            }
-            if inbuf.len() - consumed - 4 < len {
-                break;
-            }
-            let body = &inbuf[consumed + 4..consumed + 4 + len];
-            consumed += 4 + len;
+        loop {
+            let body = match wire::next_frame(&inbuf[consumed..]) {
+                Ok(Some(body)) => body,
+                Ok(None) => break,
+                Err(_) => {
+                    lost = true;
+                    break;
+                }
+            };
+            consumed += 4 + body.len();
             if self.apply_responses(side, body).is_err() {
                 lost = true;
                 break;
@@ -679,16 +677,17 @@ impl QpShared {
         }
         self.sq_outstanding.fetch_add(posted, Ordering::AcqRel);
         if !side.out.is_empty() {
-            if doorbell::may_hold()
-                && let Some(me) = self.me.upgrade()
-            {
-                if !side.held {
-                    side.held = true;
-                    side.polls_while_held = 0;
-                    doorbell::hold(me);
-                }
-            } else {
+            if !doorbell::may_hold() {
                 self.flush_out(side);
+            } else if !side.held {
+                match self.me.upgrade() {
+                    Some(me) => {
+                        side.held = true;
+                        side.polls_while_held = 0;
+                        doorbell::hold(me);
+                    }
+                    None => self.flush_out(side),
+                }
             }
         }
         self.resolve_unsent(side);

@@ -56,23 +56,43 @@ fn raw_client_with_rnr(s: &Server, rnr_retry: u8, rnr_timer_us: u32) -> TcpStrea
     stream
 }
 
+/// A client device connected over RC to `s`'s device, with a registered 4 KiB buffer.
+struct Client {
+    _device: Arc<TcpDevice>,
+    _server_qp: Arc<dyn QueuePair>,
+    qp: Arc<dyn QueuePair>,
+    cq: Arc<dyn crate::CompletionQueue>,
+    local: crate::Region,
+}
+
+fn client_of(s: &Server) -> Client {
+    let device = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let (cq, scq) = (
+        device.create_cq(64).unwrap(),
+        s.device.create_cq(64).unwrap(),
+    );
+    let (server_qp, qp) =
+        crate::connect_rc((s.device.as_ref(), &scq), (device.as_ref(), &cq)).unwrap();
+    let local = device.register(4096, Access::ALL).unwrap();
+    Client {
+        _device: device,
+        _server_qp: server_qp,
+        qp,
+        cq,
+        local,
+    }
+}
+
 /// A real client through the fabric API, to show the server still works.
 fn check_server_alive(s: &Server) {
-    let client = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
-    let (ccq, scq) = (
-        client.create_cq(16).unwrap(),
-        s.device.create_cq(16).unwrap(),
-    );
-    let (_sq, cq_qp) =
-        crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
-    let local = client.register(64, Access::ALL).unwrap();
+    let c = client_of(s);
     let wc = exec(
-        &cq_qp,
-        &ccq,
-        SendWr::read(1, local.buf(0, 64), s.region.remote_addr(0)),
+        &c.qp,
+        &c.cq,
+        SendWr::read(1, c.local.buf(0, 64), s.region.remote_addr(0)),
     );
     assert_eq!(wc.status, WcStatus::Success);
-    assert_eq!(local.to_vec(0, 64).unwrap(), vec![0xAB; 64]);
+    assert_eq!(c.local.to_vec(0, 64).unwrap(), vec![0xAB; 64]);
 }
 
 /// The region still holds what `server` wrote, and the server still serves a client.
@@ -361,25 +381,11 @@ fn poll_until_ready(futures: &mut [std::pin::Pin<Box<crate::Batch<'_, '_>>>]) ->
     polls
 }
 
-/// A client device with an `AsyncQp` connected to `s` and a registered buffer.
-fn async_client(
-    s: &Server,
-) -> (
-    Arc<TcpDevice>,
-    Arc<dyn QueuePair>,
-    crate::AsyncQp,
-    crate::Region,
-) {
-    let client = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
-    let (ccq, scq) = (
-        client.create_cq(64).unwrap(),
-        s.device.create_cq(64).unwrap(),
-    );
-    let (server_qp, client_qp) =
-        crate::connect_rc((s.device.as_ref(), &scq), (client.as_ref(), &ccq)).unwrap();
-    let qp = crate::AsyncQp::new(client_qp, crate::CqDriver::new(ccq));
-    let local = client.register(4096, Access::ALL).unwrap();
-    (client, server_qp, qp, local)
+/// A client of `s` and an `AsyncQp` over its queue pair.
+fn async_client(s: &Server) -> (Client, crate::AsyncQp) {
+    let c = client_of(s);
+    let qp = crate::AsyncQp::new(c.qp.clone(), crate::CqDriver::new(c.cq.clone()));
+    (c, qp)
 }
 
 #[test]
@@ -387,7 +393,8 @@ fn held_batches_cross_only_at_the_ring_and_then_complete() {
     use std::future::Future;
     use std::task::{Context, Waker};
     let s = server();
-    let (_client, _server_qp, qp, local) = async_client(&s);
+    let (client, qp) = async_client(&s);
+    let local = &client.local;
     local.write(0, &[7; 192]).unwrap();
     let wrs: Vec<SendWr<'_>> = (0..3u64)
         .map(|i| SendWr::write(i, local.buf(i * 64, 64), s.region.remote_addr(i * 64)))
@@ -415,7 +422,8 @@ fn held_batches_cross_only_at_the_ring_and_then_complete() {
 #[test]
 fn a_held_doorbell_rings_by_itself_for_a_thread_that_waits_without_ringing() {
     let s = server();
-    let (_client, _server_qp, qp, local) = async_client(&s);
+    let (client, qp) = async_client(&s);
+    let local = &client.local;
     let _doorbells = crate::hold_doorbells();
     let read = SendWr::read(1, local.buf(0, 64), s.region.remote_addr(0));
     let mut futures = vec![Box::pin(qp.run_one(read))];

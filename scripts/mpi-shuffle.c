@@ -44,8 +44,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct {
     uint64_t count, sum, xor_;
@@ -151,7 +154,24 @@ static double now_ms(void) {
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
+/* A rank ends when mpirun does. mpirun stopped by a signal stops its ranks, but not
+ * always one it is still launching: killed at that moment (the benchmark stopped as the
+ * run began), it left a rank blocked for good, orphaned and waiting for a
+ * peer that had gone. mpi.sh names mpirun's pid (the shell's, which execs it); a
+ * rank whose parent is already another has lost mpirun before it could ask to follow. */
+static void end_with_mpirun(void) {
+    const char *mpirun = getenv("NAMDB_MPIRUN_PID");
+    if (!mpirun) return;
+    /* Before MPI_Init: die() would call MPI_Abort. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
+        perror("mpi-shuffle: prctl(PR_SET_PDEATHSIG)");
+        exit(2);
+    }
+    if (getppid() != (pid_t)atol(mpirun)) _exit(1);
+}
+
 int main(int argc, char **argv) {
+    end_with_mpirun();
     /* Setup: MPI_Init and a first barrier (the connections the ranks need). */
     double init_start = now_ms();
     MPI_Init(&argc, &argv);

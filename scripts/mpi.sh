@@ -79,6 +79,8 @@ run() {
     # gives, and keep every byte on this host's shared memory.
     export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none \
         OMPI_MCA_pml=ob1 OMPI_MCA_osc=pt2pt OMPI_MCA_rmaps_base_oversubscribe=1
+    # The ranks end with mpirun (mpi-shuffle.c, end_with_mpirun): exec keeps the pid.
+    export NAMDB_MPIRUN_PID=$$
     exec mpirun -np "$np" --oversubscribe --bind-to none "$bin" "$@"
 }
 

@@ -16,6 +16,7 @@ use crate::proto::{self, memory_server_client::MemoryServerClient};
 use crate::regions::ServedRegion;
 use crate::session::{SESSION_METADATA, SessionId};
 use crate::token::ClusterToken;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -92,7 +93,11 @@ pub(crate) struct Replicator {
     /// orders them under its journal's lock).
     pub order: Mutex<()>,
     task: JoinHandle<()>,
+    attached: AttachedSession,
 }
+
+/// The backup session of the stream attached last, which [`Replicator::detach`] ends.
+type AttachedSession = Arc<Mutex<Option<(MemoryServerClient<Channel>, AsciiMetadataValue)>>>;
 
 impl Drop for Replicator {
     fn drop(&mut self) {
@@ -160,6 +165,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// run under load (its backup answered after 7 s), and each new attempt started the
 /// backup's reading over: the primary never attached again.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a primary shutting down waits for its backup to end the stream's session.
+const DETACH_TIMEOUT: Duration = Duration::from_secs(2);
 /// Persist entry bytes acknowledged and held for the backup while a new attach's
 /// transfer runs; beyond it the attempt is given up (and made again later).
 const MAX_BACKLOG: usize = 256 << 20;
@@ -171,6 +178,9 @@ struct Link {
     regions: Arc<Vec<ServedRegion>>,
     boot: u64,
     epoch: u64,
+    /// This process's `primary_id`: random, the same for each of its attaches.
+    id: Vec<u8>,
+    attached: AttachedSession,
     /// Waited before the state transfer of an attach again
     /// ([`crate::ServerConfig::resync_delay`], a testing hook).
     resync_delay: Duration,
@@ -256,6 +266,7 @@ impl Link {
             primary_boot: self.boot,
             primary_epoch: self.epoch,
             piece_bytes: TRANSFER_PIECE,
+            primary_id: self.id.clone(),
         };
         let answer = tokio::time::timeout(
             within(ATTACH_TIMEOUT),
@@ -265,6 +276,8 @@ impl Link {
         .map_err(|_| timed_out("attach", ATTACH_TIMEOUT))?
         .map_err(|s| Failure::from_status(addr, "refused to attach", &s))?
         .into_inner();
+        *self.attached.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((rpc.clone(), header.clone()));
         let pieces = piece_count(&self.regions, TRANSFER_PIECE);
         let has_data = if answer.clean {
             BackupPieces::AllZero
@@ -545,12 +558,15 @@ impl Replicator {
         durable: bool,
         resync_delay: Duration,
     ) -> Result<Replicator, String> {
+        let attached = AttachedSession::default();
         let link = Link {
             addr: addr.to_string(),
             token: token.clone(),
             regions,
             boot: primary_boot,
             epoch: primary_epoch,
+            id: crate::session::SessionId::random().0.to_vec(),
+            attached: attached.clone(),
             resync_delay,
         };
         let (mut stream, backup) = link.attach(false).await.map_err(|f| f.why().to_string())?;
@@ -583,7 +599,24 @@ impl Replicator {
             tx,
             order: Mutex::new(()),
             task,
+            attached,
         })
+    }
+
+    /// Stops the stream and ends its session at the backup (bounded, best effort), so
+    /// that a primary started again at once is not refused as a second live primary
+    /// until the session lapsed. For a server shutting down.
+    pub async fn detach(&self) {
+        self.task.abort();
+        let attached = self
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((mut rpc, header)) = attached {
+            let end = rpc.end_session(with_session(proto::EndSessionRequest {}, &header));
+            let _ = tokio::time::timeout(DETACH_TIMEOUT, end).await;
+        }
     }
 
     /// Queues one Persist's entries for the backup; the receiver answers once the
@@ -705,9 +738,14 @@ pub(crate) struct Backup {
 struct BackupInner {
     /// The boot it reports since it was promoted.
     promoted: Option<u64>,
-    /// The session of the attached primary: the newest attach wins, so a restarted
-    /// primary takes over from its dead predecessor.
+    /// The session of the attached primary. The newest attach wins, so a restarted
+    /// primary takes over from its dead predecessor, but only once that one's session
+    /// ended or lapsed, or from the same primary process (`primary_id`).
     stream: Option<SessionId>,
+    /// The attached primary process's id (`ReplicaAttachRequest::primary_id`) and
+    /// where its attach came from.
+    primary_id: Vec<u8>,
+    primary_peer: Option<SocketAddr>,
     next_seq: u64,
     primary_boot: u64,
     /// The replication epoch of the data it holds (its data directory's, or 0), or of
@@ -730,6 +768,8 @@ impl Backup {
             inner: Mutex::new(BackupInner {
                 promoted: None,
                 stream: None,
+                primary_id: Vec::new(),
+                primary_peer: None,
                 next_seq: 1,
                 primary_boot: 0,
                 epoch,
@@ -762,15 +802,18 @@ impl Backup {
         }
     }
 
-    /// Accepts a primary's stream (the newest attach wins) and answers whether region
-    /// memory is all zero and, if not, which pieces hold data. Blocks on disk IO (a
-    /// durable backup records the primary's epoch) and reads region memory.
+    /// Accepts a primary's stream (the newest attach wins, unless another primary's
+    /// session is live: `live` says whether a session is, `lease` how long one lives
+    /// on unrenewed) and answers
+    /// whether region memory is all zero and, if not, which pieces hold data. Blocks on
+    /// disk IO (a durable backup records the primary's epoch) and reads region memory.
     pub fn attach(
         &self,
-        session: SessionId,
+        (session, peer): (SessionId, Option<SocketAddr>),
         ours: &[ServedRegion],
         req: &proto::ReplicaAttachRequest,
         durable: Option<&Durable>,
+        (live, lease): (impl Fn(SessionId) -> bool, Duration),
     ) -> Result<proto::ReplicaAttachResponse, Status> {
         #[cfg(test)]
         std::thread::sleep(Duration::from_millis(
@@ -813,6 +856,25 @@ impl Backup {
                 "this backup has been promoted: it takes no primary's stream any more",
             ));
         }
+        // Two live primaries would take turns overwriting this backup's memory with their
+        // state, and a promotion would then serve whichever came last: the other's
+        // acknowledged Persists lost.
+        let same_primary = !req.primary_id.is_empty() && req.primary_id == inner.primary_id;
+        if inner
+            .stream
+            .is_some_and(|current| current != session && !same_primary && live(current))
+        {
+            let at = inner
+                .primary_peer
+                .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+            return Err(Status::aborted(format!(
+                "this backup serves another primary (attached from {at}), whose session is \
+                 live: two primaries cannot share one backup. Give each primary a backup of \
+                 its own. If that primary has stopped, its session lapses within this \
+                 backup's session lease ({} s) and an attach after that is accepted",
+                lease.as_secs_f64().ceil()
+            )));
+        }
         // The primary's state transfer overwrites all of this backup's memory: from a
         // primary of an older epoch (one that failed over to a backup since, like a
         // restarted old primary), that would replace acknowledged data with older data.
@@ -843,6 +905,8 @@ impl Backup {
             pieces_with_data(ours, req.piece_bytes)?
         };
         inner.stream = Some(session);
+        inner.primary_id = req.primary_id.clone();
+        inner.primary_peer = peer;
         inner.synced = false;
         inner.next_seq = 1;
         inner.primary_boot = req.primary_boot;

@@ -476,6 +476,9 @@ impl MemoryServer {
             }
         }
         let (sessions, qps) = self.state.sessions.end_all();
+        if let Some(replica) = &self.state.replica {
+            replica.detach().await;
+        }
         if let Some(durable) = self.state.durable.clone() {
             // The last checkpoint leaves the next start little to replay.
             let closed = tokio::task::spawn_blocking(move || durable.close())

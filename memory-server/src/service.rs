@@ -510,11 +510,20 @@ impl ControlRpc for ControlService {
         let session = self.state.session(&req)?;
         self.backup()?;
         let (boot, epoch) = (req.get_ref().primary_boot, req.get_ref().primary_epoch);
-        let (state, id) = (self.state.clone(), session.id);
+        let (state, id, peer) = (self.state.clone(), session.id, session.peer);
         // A durable backup records the primary's epoch: disk IO, not on an async worker.
         let answer = tokio::task::spawn_blocking(move || {
             let backup = state.backup.as_ref().expect("checked above");
-            backup.attach(id, &state.regions, req.get_ref(), state.durable.as_deref())
+            backup.attach(
+                (id, peer),
+                &state.regions,
+                req.get_ref(),
+                state.durable.as_deref(),
+                (
+                    |other| state.sessions.is_live(other, Instant::now()),
+                    state.sessions.lease(),
+                ),
+            )
         })
         .await
         .map_err(|e| Status::internal(format!("the attach task failed: {e}")))??;

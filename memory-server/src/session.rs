@@ -506,6 +506,15 @@ impl Sessions {
         Some(session)
     }
 
+    /// Whether session `id` is open and its lease not run out. Renews nothing.
+    pub fn is_live(&self, id: SessionId, now: Instant) -> bool {
+        let Some(session) = self.lock().get(&id).cloned() else {
+            return false;
+        };
+        let st = session.lock();
+        !st.ended && st.expires > now
+    }
+
     /// Ends a session; says what it held, or None if there was no such session.
     pub fn end(&self, id: SessionId) -> Option<Ended> {
         let session = self.lock().remove(&id)?;

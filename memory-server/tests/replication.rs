@@ -152,7 +152,12 @@ async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() 
         "{msg}"
     );
     assert_eq!(promoted.read(bat, 64, 4), b"PERS");
-    // Nor can it attach again.
+    // For good: it never attaches again, however long it waits (retrying every second).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (code, msg) = refused(&node, PersistRange::new(rkey, 64, 4)).await;
+    assert_eq!(code, Some(Code::Unavailable), "{msg}");
+    assert!(msg.contains("acknowledges no Persist any more"), "{msg}");
+    // Nor can another primary attach.
     let err = start(
         64 << 10,
         Replication::Primary {
@@ -330,7 +335,7 @@ async fn start_durable(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state() {
+async fn a_second_live_primary_is_refused_and_a_new_one_takes_over_once_the_old_stopped() {
     let dirs = tempfile::tempdir().unwrap();
     let (backup, bnet) = start_durable(&dirs.path().join("b"), Replication::Backup)
         .await
@@ -349,8 +354,30 @@ async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state()
         .await
         .unwrap();
 
-    // The backup holds state now: a primary without a data directory (empty memory)
-    // must not overwrite it.
+    // A second primary given the same backup while the first lives is refused at its
+    // start. (Before, it took the backup over: its state transfer overwrote what the
+    // first had persisted there, and the first was fenced.)
+    let err = start_durable(&dirs.path().join("second"), at_backup())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("two primaries cannot share one backup") && err.contains("127.0.0.1:"),
+        "{err}"
+    );
+    // The first goes on as before: its Persists still reach the backup.
+    node.write(at, 120, b"still");
+    node.client
+        .persist(&[PersistRange::new(rkey, 120, 5)])
+        .await
+        .unwrap();
+
+    // Stopped, the first ends its session at the backup: the next primary is judged at
+    // once, not after the session lease. A primary without a data directory (empty
+    // memory) must not overwrite the state the backup holds.
+    drop(node);
+    old.shutdown().await.unwrap();
     let err = start(64 << 10, at_backup())
         .await
         .err()
@@ -366,21 +393,6 @@ async fn a_new_primary_supersedes_the_old_stream_and_transfers_its_whole_state()
     let fresh = Node::connect(&new, &nnet, &token()).await;
     let (rkey2, at2) = fresh.data(0).await;
     fresh.write(at2, 0, b"new");
-    fresh
-        .client
-        .persist(&[PersistRange::new(rkey2, 0, 3)])
-        .await
-        .unwrap();
-    // The old primary's stream is superseded: nothing more is acknowledged there.
-    let (code, msg) = refused(&node, PersistRange::new(rkey, 100, 11)).await;
-    assert_eq!(code, Some(Code::Unavailable), "{msg}");
-    assert!(msg.contains("superseded"), "{msg}");
-    // For good: the superseded primary never attaches again (which would in turn
-    // supersede the new one), however long it waits.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (code, msg) = refused(&node, PersistRange::new(rkey, 100, 11)).await;
-    assert_eq!(code, Some(Code::Unavailable), "{msg}");
-    assert!(msg.contains("acknowledges no Persist any more"), "{msg}");
     fresh
         .client
         .persist(&[PersistRange::new(rkey2, 0, 3)])

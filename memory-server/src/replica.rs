@@ -119,7 +119,15 @@ enum Failure {
     /// The backup did not answer, failed, or lost this primary's session (it
     /// restarted): a new attach may succeed.
     Lost(String),
+    /// The backup serves another primary whose session is live; it lapses within the
+    /// backup's session lease (given) if that primary has died, and then a new attach
+    /// may succeed.
+    Busy(String, Duration),
 }
+
+/// The metadata entry of a backup's refusal of a second live primary: its session
+/// lease in milliseconds, how long a dead primary's session may outlive it.
+pub(crate) const SESSION_LEASE_METADATA: &str = "namdb-session-lease-ms";
 
 impl Failure {
     fn from_status(addr: &str, what: &str, s: &Status) -> Failure {
@@ -127,16 +135,21 @@ impl Failure {
             addr,
             format_args!("{what}: {} ({:?})", crate::client::status_text(s), s.code()),
         );
-        if s.code() == tonic::Code::FailedPrecondition {
-            Failure::Fenced(why)
-        } else {
-            Failure::Lost(why)
+        let lease = s
+            .metadata()
+            .get(SESSION_LEASE_METADATA)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .map(Duration::from_millis);
+        match (s.code(), lease) {
+            (tonic::Code::FailedPrecondition, _) => Failure::Fenced(why),
+            (tonic::Code::Aborted, Some(lease)) => Failure::Busy(why, lease),
+            _ => Failure::Lost(why),
         }
     }
 
     fn why(&self) -> &str {
         match self {
-            Failure::Fenced(why) | Failure::Lost(why) => why,
+            Failure::Fenced(why) | Failure::Lost(why) | Failure::Busy(why, _) => why,
         }
     }
 
@@ -147,7 +160,7 @@ impl Failure {
                 "{why}; this primary acknowledges no Persist any more (its backup serves, or \
                  holds newer data)"
             ),
-            Failure::Lost(why) => format!(
+            Failure::Lost(why) | Failure::Busy(why, _) => format!(
                 "{why}; no Persist is acknowledged until the backup answers again (this \
                  primary attaches to it again by itself, every {RETRY_EVERY:?})"
             ),
@@ -546,6 +559,39 @@ async fn acking<T>(
     }
 }
 
+/// The first attach of a primary starting. A backup that serves another primary whose
+/// session is live is asked again every [`RETRY_EVERY`] until that session could have
+/// lapsed: a primary started again after a crash (`kill -9`, which ends no session)
+/// attaches once its predecessor's session lapsed, and a second live primary fails
+/// with the backup's refusal.
+async fn attach_when_free(link: &Link) -> Result<(Stream, BackupPieces), String> {
+    let mut deadline = None;
+    loop {
+        match link.attach(false).await {
+            Err(Failure::Busy(why, lease)) => {
+                let now = tokio::time::Instant::now();
+                // The lease counts from the other primary's last renewal, before now.
+                let until = *deadline.get_or_insert_with(|| {
+                    tracing::warn!(
+                        backup = link.addr.as_str(),
+                        "the backup serves another primary whose session is live; waiting up \
+                         to {lease:?} for that session to lapse, as a primary that died \
+                         leaves it: {why}"
+                    );
+                    now + lease + RETRY_EVERY
+                });
+                if now >= until {
+                    return Err(format!(
+                        "{why}; waited {lease:?} and it is still live: that primary is running"
+                    ));
+                }
+                tokio::time::sleep(RETRY_EVERY.min(until - now)).await;
+            }
+            attached => return attached.map_err(|f| f.why().to_string()),
+        }
+    }
+}
+
 impl Replicator {
     /// Attaches to the backup at `addr` and copies every region to it; returns once
     /// the backup holds what `regions` hold. Call before anyone can write the regions.
@@ -569,7 +615,7 @@ impl Replicator {
             attached: attached.clone(),
             resync_delay,
         };
-        let (mut stream, backup) = link.attach(false).await.map_err(|f| f.why().to_string())?;
+        let (mut stream, backup) = attach_when_free(&link).await?;
         if !matches!(backup, BackupPieces::AllZero) && !durable {
             return Err(format!(
                 "the backup at {addr} holds state from an earlier primary, and this primary has \
@@ -701,7 +747,7 @@ async fn ship(link: Link, stream: Stream, mut rx: mpsc::UnboundedReceiver<Shipme
                 };
                 answer(batch, &Err(failure.persist_error()));
             }
-            Err(lost @ Failure::Lost(_)) => {
+            Err(lost @ (Failure::Lost(_) | Failure::Busy(..))) => {
                 let (refusal, last) = (lost.persist_error(), lost.why().to_string());
                 let queued = tokio::select! {
                     got = next_batch(&mut rx) => Some(got),
@@ -867,13 +913,17 @@ impl Backup {
             let at = inner
                 .primary_peer
                 .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
-            return Err(Status::aborted(format!(
+            let mut refusal = Status::aborted(format!(
                 "this backup serves another primary (attached from {at}), whose session is \
                  live: two primaries cannot share one backup. Give each primary a backup of \
                  its own. If that primary has stopped, its session lapses within this \
                  backup's session lease ({} s) and an attach after that is accepted",
                 lease.as_secs_f64().ceil()
-            )));
+            ));
+            if let Ok(ms) = lease.as_millis().to_string().parse() {
+                refusal.metadata_mut().insert(SESSION_LEASE_METADATA, ms);
+            }
+            return Err(refusal);
         }
         // The primary's state transfer overwrites all of this backup's memory: from a
         // primary of an older epoch (one that failed over to a backup since, like a

@@ -324,12 +324,21 @@ async fn start_durable(
     dir: &std::path::Path,
     replication: Replication,
 ) -> Result<(MemoryServer, SimNetwork), ServerError> {
+    start_durable_with_lease(dir, replication, Duration::from_secs(30)).await
+}
+
+async fn start_durable_with_lease(
+    dir: &std::path::Path,
+    replication: Replication,
+    session_lease: Duration,
+) -> Result<(MemoryServer, SimNetwork), ServerError> {
     let net = SimNetwork::new(SimConfig::default());
     let device: Arc<dyn Device> = net.add_node();
     let plan = RegionPlan::new(64 << 10, REGION_BYTES).unwrap();
     let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), plan, token());
     config.replication = replication;
     config.durability = Some(memory_server::DurabilityConfig::new(dir));
+    config.session_lease = session_lease;
     let server = MemoryServer::start(config, device).await?;
     Ok((server, net))
 }
@@ -337,9 +346,15 @@ async fn start_durable(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_live_primary_is_refused_and_a_new_one_takes_over_once_the_old_stopped() {
     let dirs = tempfile::tempdir().unwrap();
-    let (backup, bnet) = start_durable(&dirs.path().join("b"), Replication::Backup)
-        .await
-        .unwrap();
+    // A short session lease: the second primary waits that long for the first's
+    // session to lapse (as a crashed primary's would) before it gives up.
+    let (backup, bnet) = start_durable_with_lease(
+        &dirs.path().join("b"),
+        Replication::Backup,
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
     let at_backup = || Replication::Primary {
         backup_at: backup.local_addr().to_string(),
     };
@@ -363,7 +378,9 @@ async fn a_second_live_primary_is_refused_and_a_new_one_takes_over_once_the_old_
         .unwrap()
         .to_string();
     assert!(
-        err.contains("two primaries cannot share one backup") && err.contains("127.0.0.1:"),
+        err.contains("two primaries cannot share one backup")
+            && err.contains("127.0.0.1:")
+            && err.contains("waited 2s and it is still live"),
         "{err}"
     );
     // The first goes on as before: its Persists still reach the backup.

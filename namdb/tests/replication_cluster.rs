@@ -130,6 +130,48 @@ fn a_backup_takes_over_with_every_acknowledged_commit_in_memory() {
     failover(false);
 }
 
+/// A primary killed with SIGKILL ends no session: its backup keeps the dead primary's
+/// session until the backup's session lease (3 s here) runs out, and refuses another
+/// primary while it is live (a second live primary must not take the backup over:
+/// memory-server's tests/replication.rs). Started again at once on its data directory,
+/// the primary waits for that session to lapse, says so, and attaches; every commit
+/// acknowledged before the kill is there.
+#[test]
+fn a_primary_killed_and_started_again_at_once_attaches_once_its_old_session_lapsed() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let token = ClusterToken::new(TOKEN).unwrap();
+    let (primary_dir, backup_dir) = (dir.path().join("p"), dir.path().join("b"));
+    let backup = server(
+        &token_file,
+        Some(&backup_dir),
+        &["--backup", "--session-lease", "3"],
+    );
+    let at_backup = ["--backup-at", backup.control.as_str()];
+    let mut primary = server(&token_file, Some(&primary_dir), &at_backup);
+    let cluster = open(&[format!("{}|{}", primary.control, backup.control)], &token);
+    let t = create(&cluster);
+    work(&cluster, &t, 0, 100);
+    let expected = state(&cluster, &t);
+    drop(cluster);
+
+    primary.kill_9();
+    let killed = Instant::now();
+    let mut again = server(&token_file, Some(&primary_dir), &at_backup);
+    assert!(again.line.contains("primary of backup"), "{}", again.line);
+    let stderr = again.stderr();
+    assert!(
+        stderr.contains("serves another primary whose session is live; waiting up to"),
+        "{stderr}"
+    );
+    eprintln!("attached again {:?} after the kill", killed.elapsed());
+    let cluster = open(&[format!("{}|{}", again.control, backup.control)], &token);
+    let t = cluster.db.table("accounts").unwrap();
+    assert_eq!(state(&cluster, &t), expected);
+    work(&cluster, &t, 100, 10);
+}
+
 /// A process stopped with SIGSTOP, continued (SIGCONT) when dropped, so that a failing
 /// test leaves no stopped process behind.
 struct Stopped(u32);

@@ -611,7 +611,7 @@ impl Replicator {
             regions,
             boot: primary_boot,
             epoch: primary_epoch,
-            id: crate::session::SessionId::random().0.to_vec(),
+            id: rand::random::<[u8; 16]>().to_vec(),
             attached: attached.clone(),
             resync_delay,
         };
@@ -850,9 +850,9 @@ impl Backup {
 
     /// Accepts a primary's stream (the newest attach wins, unless another primary's
     /// session is live: `live` says whether a session is, `lease` how long one lives
-    /// on unrenewed) and answers
-    /// whether region memory is all zero and, if not, which pieces hold data. Blocks on
-    /// disk IO (a durable backup records the primary's epoch) and reads region memory.
+    /// on unrenewed) and answers whether region memory is all zero and, if not, which
+    /// pieces hold data. Blocks on disk IO (a durable backup records the primary's
+    /// epoch) and reads region memory.
     pub fn attach(
         &self,
         (session, peer): (SessionId, Option<SocketAddr>),

@@ -33,12 +33,28 @@ have_duckdb() { [[ -x $venv/bin/python ]] && "$venv/bin/python" -c 'import duckd
 install() {
     have_duckdb && return 0
     command -v python3 >/dev/null || die "python3 is not installed"
-    say "installing duckdb and numpy from PyPI into $venv"
     mkdir -p "$(dirname "$venv")" || die "mkdir -p $(dirname "$venv")"
+    # Runs started together on a machine without the venv (the tests do) would make
+    # it together, and one `python3 -m venv` fails on the other's half-made tree: one
+    # makes it while the others wait, then find it made.
+    if command -v flock >/dev/null; then
+        exec {venv_lock}>"$venv.lock" || die "cannot open $venv.lock"
+        if ! flock -n "$venv_lock"; then
+            say "waiting for another run making $venv"
+            flock "$venv_lock" || die "cannot lock $venv.lock"
+        fi
+        if have_duckdb; then
+            exec {venv_lock}>&-
+            return 0
+        fi
+    fi
+    say "installing duckdb and numpy from PyPI into $venv"
     python3 -m venv "$venv" || die "python3 -m venv $venv (Debian: apt-get install python3-venv)"
     "$venv/bin/pip" install -q --disable-pip-version-check duckdb numpy >&2 ||
         die "pip install duckdb numpy"
     have_duckdb || die "installed duckdb but cannot import it"
+    # Not held by the peer this script becomes (`run` execs it) for a whole query.
+    [[ -z ${venv_lock:-} ]] || exec {venv_lock}>&-
 }
 
 case ${1:-} in

@@ -413,6 +413,74 @@ fn the_duckdb_peer_runs_from_anywhere_with_the_venv_of_the_cache_directory() {
     );
 }
 
+/// Two runs started together on a machine without the DuckDB venv (the unit tests of
+/// `namdb` do that) each ran `python3 -m venv` on the same directory, and one failed on
+/// the other's half-made tree ("File exists"). Now one makes it while the other waits.
+/// Here `python3` is a stand-in on PATH whose venv takes 2 s to make, fails on a
+/// directory that exists (as a half-made one did), and whose pip "installs" by leaving a
+/// mark its python checks for.
+#[test]
+fn installs_started_together_make_the_duckdb_venv_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let made = tmp.path().join("made");
+    let python3 = bin.join("python3");
+    std::fs::write(
+        &python3,
+        r#"#!/usr/bin/env bash
+[[ $1 == -m && $2 == venv ]] || exit 9
+mkdir "$3" || exit 1
+echo "$3" >> "$MADE"
+sleep 2
+mkdir "$3/bin"
+printf '#!/usr/bin/env bash\n[[ -e "$(dirname "$0")/installed" ]]\n' > "$3/bin/python"
+printf '#!/usr/bin/env bash\ntouch "$(dirname "$0")/installed"\n' > "$3/bin/pip"
+chmod +x "$3/bin/python" "$3/bin/pip"
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&python3, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/duckdb.sh");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let venv = tmp.path().join("cache/duckdb-venv");
+    let installs: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new("bash")
+                .arg(&script)
+                .arg("install")
+                .env("PATH", &path)
+                .env("MADE", &made)
+                .env("NAMDB_DUCKDB_VENV", &venv)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for install in installs {
+        let out = install.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&made).unwrap().lines().count(),
+        1,
+        "the venv was made more than once"
+    );
+    let check = std::process::Command::new("bash")
+        .arg(&script)
+        .arg("check")
+        .env("NAMDB_DUCKDB_VENV", &venv)
+        .status()
+        .unwrap();
+    assert!(check.success(), "the venv made is not usable");
+}
+
 /// A run showed nothing between a group count's header and its results, minutes of
 /// silence on large fragments. The nodes now report the run they are at, its phase and
 /// the tuples their workers went through, and the benchmark prints a line of the node

@@ -42,12 +42,9 @@ have_mpi() { command -v mpicc >/dev/null && command -v mpirun >/dev/null; }
 
 install() {
     have_mpi && return 0
-    say "OpenMPI is not installed; installing it with apt-get"
-    [[ $(id -u) == 0 ]] || die "OpenMPI is missing and installing it needs root"
-    apt-get update -qq || die "apt-get update"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        openmpi-bin libopenmpi-dev >/dev/null || die "apt-get install openmpi-bin libopenmpi-dev"
-    have_mpi || die "installed OpenMPI but found no mpicc/mpirun"
+    # shellcheck source=apt-install.sh
+    source "$here/apt-install.sh" || die "apt-install.sh is missing beside $0"
+    apt_install OpenMPI have_mpi --no-install-recommends openmpi-bin libopenmpi-dev
 }
 
 build() {

@@ -55,15 +55,16 @@ find_bindir() {
     return 1
 }
 
+have_postgres() { find_bindir >/dev/null; }
+
 install() {
     if bindir=$(find_bindir); then
         return 0
     fi
-    say "PostgreSQL is not installed; installing it with apt-get"
-    [[ $(id -u) == 0 ]] || die "PostgreSQL is missing and installing it needs root"
-    apt-get update -qq || die "apt-get update"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null ||
-        die "apt-get install postgresql"
+    # Read only now, so a copy of this script run elsewhere needs it only to install.
+    # shellcheck source=apt-install.sh
+    source "$(dirname "$0")/apt-install.sh" || die "apt-install.sh is missing beside $0"
+    apt_install PostgreSQL have_postgres postgresql
     bindir=$(find_bindir) || die "installed postgresql but found no initdb/pg_ctl"
 }
 

@@ -43,7 +43,10 @@ pub use crate::script::Script;
 pub static BUILT_IN: crate::script::BuiltIn = crate::script::BuiltIn {
     name: "postgres.sh",
     text: include_str!("../../scripts/postgres.sh"),
-    beside: &[],
+    beside: &[(
+        "apt-install.sh",
+        include_str!("../../scripts/apt-install.sh"),
+    )],
 };
 
 /// What a table takes per row beyond the row's encoded bytes: the tuple header and

@@ -46,10 +46,16 @@ pub struct MpiLine {
 pub static BUILT_IN: BuiltIn = BuiltIn {
     name: "mpi.sh",
     text: include_str!("../../../../scripts/mpi.sh"),
-    beside: &[(
-        "mpi-shuffle.c",
-        include_str!("../../../../scripts/mpi-shuffle.c"),
-    )],
+    beside: &[
+        (
+            "mpi-shuffle.c",
+            include_str!("../../../../scripts/mpi-shuffle.c"),
+        ),
+        (
+            "apt-install.sh",
+            include_str!("../../../../scripts/apt-install.sh"),
+        ),
+    ],
 };
 
 /// `$NAMDB_MPI_SCRIPT` (run with bash), else [`BUILT_IN`].

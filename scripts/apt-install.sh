@@ -33,5 +33,5 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@" \
         >/dev/null || die "apt-get install $*"
     [[ -z $fd ]] || exec {fd}>&-
-    "$check" || die "installed $* but $name is still missing"
+    "$check" || die "apt-get installed $* but $name is still missing"
 }

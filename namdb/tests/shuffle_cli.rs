@@ -210,6 +210,58 @@ fn shm_processes_run_every_built_design_and_the_tcp_baseline() {
     );
 }
 
+/// `--threading split,interleaved` runs every design both ways, in node processes:
+/// rows of both kinds, each verified, told apart in the JSON and the table.
+#[test]
+fn designs_run_interleaved_in_node_processes() {
+    let (out, rows) = shuffle(&[
+        "--backend",
+        "shm",
+        "--design",
+        "MEMQ/RD,SESQ/SR,SEMQ/WR",
+        "--threading",
+        "split,interleaved",
+        "--nodes",
+        "2",
+        "--tuples",
+        "20000",
+        "--baselines",
+        "tcp",
+    ]);
+    let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
+    check_rows(&rows, 2, 1, 20000);
+    let runs: Vec<(&str, &str)> = rows
+        .iter()
+        .filter(|r| r["pattern"] == "repartition")
+        .map(|r| {
+            (
+                r["design"].as_str().unwrap(),
+                r["threading"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("MEMQ/RD", "split"),
+            ("MEMQ/RD", "interleaved"),
+            ("SESQ/SR", "split"),
+            ("SESQ/SR", "interleaved"),
+            ("SEMQ/WR", "split"),
+            ("SEMQ/WR", "interleaved"),
+            ("tcp", "split"),
+        ],
+        "{rows:?}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("SEMQ/WR") && l.contains(" interleaved ")),
+        "{stdout}"
+    );
+}
+
 /// The MPI script and its C source used to be found in the source tree the binary was
 /// built from, and the program built into its `target/mpi`: an installed binary had
 /// neither. They are built in now; run from a directory with no repository around, the
@@ -370,6 +422,10 @@ fn a_design_or_baseline_listed_twice_is_refused() {
         (
             &["--design", "none", "--baselines", "tcp,tcp"][..],
             "--baselines lists tcp twice",
+        ),
+        (
+            &["--threading", "interleaved,split,interleaved"][..],
+            "--threading lists interleaved twice",
         ),
     ] {
         let mut argv = vec!["bench", "shuffle", "--tuples", "100"];

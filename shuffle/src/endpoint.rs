@@ -18,10 +18,12 @@
 
 use crate::buffer::{Received, SendBuf, State};
 use crate::error::{Result, ShuffleError};
+use crate::idle::Idle;
 use crate::node::Node;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 /// The SEND side of an endpoint.
@@ -49,6 +51,12 @@ pub trait RecvEndpoint: Send + Sync {
     /// stream and all of its data was returned. Blocks while nothing has arrived, up to
     /// the configured timeout, then errors (a dead peer, a lost datagram).
     fn get_data(&self) -> Result<Option<Received>>;
+    /// [`RecvEndpoint::get_data`] without waiting: `Pending` when nothing has arrived
+    /// yet. It still does the endpoint's housekeeping (polling, credit, posting
+    /// receives and reads), so a thread that calls it now and then keeps its peers
+    /// going. It never times out: a caller that keeps getting `Pending` decides when
+    /// to give up, or calls `get_data`.
+    fn try_get_data(&self) -> Result<Poll<Option<Received>>>;
     /// Gives a consumed buffer back (to be received into again).
     fn release(&self, data: Received) -> Result<()>;
 }
@@ -312,6 +320,43 @@ pub(crate) fn retry_until<T>(
     }
 }
 
+/// Blocks on `attempt` (one non-blocking try of GETDATA) until it yields data or the end,
+/// backing off in between; after `timeout` without progress it fails with
+/// `timed_out`'s error (given how long it waited). An attempt that sets its flag made
+/// progress short of data (credit, an end of stream): the timeout counts from there.
+pub(crate) fn wait_for_data(
+    timeout: Duration,
+    mut attempt: impl FnMut(&mut bool) -> Result<Poll<Option<Received>>>,
+    timed_out: impl FnOnce(Duration) -> ShuffleError,
+) -> Result<Option<Received>> {
+    let mut backoff = Backoff::new(timeout);
+    loop {
+        let mut progressed = false;
+        if let Poll::Ready(r) = attempt(&mut progressed)? {
+            return Ok(r);
+        }
+        if progressed {
+            backoff.reset();
+        } else if !backoff.wait() {
+            return Err(timed_out(backoff.waited()));
+        }
+    }
+}
+
+/// [`RecvEndpoint::try_get_data`] from the attempt [`wait_for_data`] takes: attempts
+/// again while they make progress short of data, then says `Pending`.
+pub(crate) fn attempt_while_progressing(
+    mut attempt: impl FnMut(&mut bool) -> Result<Poll<Option<Received>>>,
+) -> Result<Poll<Option<Received>>> {
+    loop {
+        let mut progressed = false;
+        let polled = attempt(&mut progressed)?;
+        if polled.is_ready() || !progressed {
+            return Ok(polled);
+        }
+    }
+}
+
 /// Failed attempts a waiter spins through before it yields. An attempt (a completion
 /// queue poll and the design's rings) takes a few hundred nanoseconds, so this spins
 /// for about what a yield costs, the classic bound for spinning before giving the core
@@ -344,8 +389,18 @@ impl Backoff {
         self.started = Instant::now();
     }
 
-    /// Waits a little; `false` once the timeout has passed without progress.
+    /// Waits a little; `false` once the timeout has passed without progress. This
+    /// thread's idle work ([`crate::idle`]) runs first: when it did something the
+    /// caller looks again at once, and when it failed the caller gives up now.
     pub(crate) fn wait(&mut self) -> bool {
+        match crate::idle::run_idle_work() {
+            Idle::Progress => {
+                self.spins = 0;
+                return true;
+            }
+            Idle::Failed => return false,
+            Idle::Nothing => {}
+        }
         self.spins += 1;
         if self.spins < SPINS_BEFORE_YIELD {
             std::hint::spin_loop();

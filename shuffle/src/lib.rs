@@ -16,6 +16,7 @@ pub mod endpoint;
 pub mod error;
 pub mod exchange;
 pub mod flow;
+pub mod idle;
 pub mod node;
 pub mod operator;
 pub mod ops;
@@ -41,6 +42,6 @@ pub use endpoint::{
 pub use error::{Result, ShuffleError};
 pub use exchange::{Exchange, LocalExchange, TcpExchange};
 pub use node::Node;
-pub use operator::{Groups, Shuffle, ShuffleWriter, receive_all};
+pub use operator::{Groups, Shuffle, ShuffleWriter, receive_all, send_and_receive};
 pub use pool::{BufferPool, Buffering, Circulation};
 pub use progress::{Phase, Progress};

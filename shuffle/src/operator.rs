@@ -8,8 +8,10 @@
 use crate::buffer::{Received, SendBuf, State};
 use crate::endpoint::{Opened, RecvEndpoint, SendEndpoint};
 use crate::error::{Result, ShuffleError};
+use crate::idle::{self, Idle};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 
 /// Transmission groups (§4.1): group `g` is a set of destination ranks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,8 +125,7 @@ impl ShuffleWriter<'_> {
     fn push_slow(&mut self, group: usize, tuple: &[u64]) -> Result<()> {
         self.check_group(group)?;
         if let Some(full) = self.out[group].take() {
-            self.endpoint
-                .put_data(full, self.shuffle.groups.members(group), State::MoreData)?;
+            self.transmit(full, group)?;
         }
         let mut buf = self.endpoint.acquire()?;
         if !buf.push_tuple(tuple) {
@@ -209,10 +210,23 @@ impl ShuffleWriter<'_> {
     pub fn flush(&mut self, group: usize) -> Result<()> {
         self.check_group(group)?;
         if let Some(buf) = self.out[group].take_if(|b| !b.is_empty()) {
-            self.endpoint
-                .put_data(buf, self.shuffle.groups.members(group), State::MoreData)?;
+            self.transmit(buf, group)?;
         }
         Ok(())
+    }
+
+    /// Sends a filled buffer to its group, then gives this thread's idle work a turn: a
+    /// thread that also receives ([`send_and_receive`]) takes in what arrived meanwhile
+    /// once per buffer, not only when its sending has to wait.
+    fn transmit(&mut self, buf: SendBuf, group: usize) -> Result<()> {
+        self.endpoint
+            .put_data(buf, self.shuffle.groups.members(group), State::MoreData)?;
+        match idle::run_idle_work() {
+            Idle::Failed => Err(ShuffleError::Invalid(
+                "receiving on the sending thread failed".into(),
+            )),
+            Idle::Nothing | Idle::Progress => Ok(()),
+        }
     }
 
     /// Flushes every buffer; the last thread of the lane ends its stream.
@@ -236,6 +250,67 @@ impl ShuffleWriter<'_> {
         }
         Ok(())
     }
+}
+
+/// One thread that both sends and receives: runs `send` with thread `tid`'s writer
+/// and finishes it, taking in what its receive endpoint got after every buffer it
+/// transmits and whenever its sending has to wait, then drains the endpoint to the end
+/// of every stream. `consume` sees every received buffer, as with [`receive_all`].
+///
+/// A node can so run one thread per core instead of a sender and a receiver for each:
+/// no thread waits for a core while another spins on the data it would produce. The
+/// waits of the send endpoint keep the peers going, since the buffers and credit this
+/// thread waits for come back only once the peers' receivers ran, and a peer's
+/// receiver may be the thread of that peer that waits on this node.
+pub fn send_and_receive(
+    shuffle: &Shuffle,
+    tid: usize,
+    send: impl FnOnce(&mut ShuffleWriter<'_>) -> Result<()>,
+    mut consume: impl FnMut(&Received),
+) -> Result<()> {
+    let endpoint = shuffle.receiver(tid);
+    let mut failed = None;
+    let mut ended = false;
+    let mut take_in = || -> Idle {
+        if failed.is_some() {
+            return Idle::Failed;
+        }
+        let mut took = false;
+        while !ended {
+            let step = match endpoint.try_get_data() {
+                Ok(Poll::Ready(Some(data))) => {
+                    consume(&data);
+                    endpoint.release(data)
+                }
+                Ok(Poll::Ready(None)) => {
+                    ended = true;
+                    Ok(())
+                }
+                Ok(Poll::Pending) => break,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = step {
+                failed = Some(e);
+                return Idle::Failed;
+            }
+            took = true;
+        }
+        if took { Idle::Progress } else { Idle::Nothing }
+    };
+    let sent = idle::with_idle_work(&mut take_in, || {
+        let mut writer = shuffle.writer(tid);
+        send(&mut writer)?;
+        writer.finish()
+    });
+    // A failure to receive is the cause; the sending call it stopped only reports that.
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    sent?;
+    if ended {
+        return Ok(());
+    }
+    receive_all(&*endpoint, consume)
 }
 
 /// Drains `endpoint` (Algorithm 2): calls `consume` on every received buffer, releases

@@ -29,8 +29,8 @@
 use crate::buffer::{Buffer, HEADER_BYTES, Header, Received, SendBuf, State};
 use crate::credit::{self, CONTROL_WR, POLL_BATCH, RecvBook, SendCredit};
 use crate::endpoint::{
-    Backoff, EndpointConfig, Lane, Pair, RecvEndpoint, SendEndpoint, check_destinations,
-    retry_until,
+    Backoff, EndpointConfig, Lane, Pair, RecvEndpoint, SendEndpoint, attempt_while_progressing,
+    check_destinations, retry_until, wait_for_data,
 };
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
@@ -42,6 +42,7 @@ use fabric::{
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::Duration;
 
 /// `wr_id` of a credit WRITE: this bit and the source rank.
@@ -571,33 +572,40 @@ impl SrReceiver {
     }
 }
 
+impl SrReceiver {
+    /// One try of GETDATA; sets `progressed` when it polled something in short of data.
+    fn attempt(&self, progressed: &mut bool) -> Result<Poll<Option<Received>>> {
+        let mut st = lock(&self.state);
+        if let Some(r) = st.ready.pop_front() {
+            return Ok(Poll::Ready(Some(r)));
+        }
+        if st.book.all_finished() {
+            return Ok(Poll::Ready(None));
+        }
+        if self.poll(&mut st)? > 0 || st.book.all_finished() {
+            *progressed = true;
+            return Ok(Poll::Pending);
+        }
+        self.flush_credits(&mut st)?;
+        Ok(Poll::Pending)
+    }
+}
+
 impl RecvEndpoint for SrReceiver {
     fn id(&self) -> u32 {
         self.id
     }
 
     fn get_data(&self) -> Result<Option<Received>> {
-        let mut backoff = Backoff::new(self.timeout);
-        loop {
-            {
-                let mut st = lock(&self.state);
-                if let Some(r) = st.ready.pop_front() {
-                    return Ok(Some(r));
-                }
-                if st.book.all_finished() {
-                    return Ok(None);
-                }
-                if self.poll(&mut st)? > 0 || st.book.all_finished() {
-                    backoff.reset();
-                    continue;
-                }
-                self.flush_credits(&mut st)?;
-            }
-            if !backoff.wait() {
-                let st = lock(&self.state);
-                return Err(st.book.timeout(self.id, backoff.waited()));
-            }
-        }
+        wait_for_data(
+            self.timeout,
+            |progressed| self.attempt(progressed),
+            |waited| lock(&self.state).book.timeout(self.id, waited),
+        )
+    }
+
+    fn try_get_data(&self) -> Result<Poll<Option<Received>>> {
+        attempt_while_progressing(|progressed| self.attempt(progressed))
     }
 
     fn release(&self, data: Received) -> Result<()> {

@@ -9,11 +9,12 @@
 //! duplicated or corrupted tuple, or `a` and `b` of different tuples paired up, changes
 //! it.
 
+use crate::buffer::Received;
 use crate::endpoint::{Design, EndpointConfig, open};
 use crate::error::{Result, ShuffleError};
 use crate::exchange::LocalExchange;
 use crate::node::Node;
-use crate::operator::{Groups, Shuffle, ShuffleWriter, receive_all};
+use crate::operator::{Groups, Shuffle, ShuffleWriter, receive_all, send_and_receive};
 use fabric::Device;
 use fabric::sim::{SimConfig, SimNetwork};
 use std::sync::Arc;
@@ -127,6 +128,10 @@ pub struct Run {
     /// [`crate::ShuffleWriter::push_all`], a repartition with
     /// [`crate::ShuffleWriter::push_partitioned`].
     pub bulk: bool,
+    /// Each of a node's `threads` threads both sends and receives
+    /// ([`crate::send_and_receive`]) instead of `threads` senders and `threads`
+    /// receivers.
+    pub interleave: bool,
 }
 
 /// Tuples per bulk call in a bulk run: odd, so runs straddle buffer boundaries.
@@ -147,12 +152,13 @@ impl Run {
             },
             straggler: None,
             bulk: false,
+            interleave: false,
         }
     }
 }
 
-/// Runs one node's side of `run`: `threads` senders and `threads` receivers, and
-/// returns what it received.
+/// Runs one node's side of `run`: `threads` senders and `threads` receivers, or
+/// `threads` threads that do both, and returns what it received.
 pub fn run_node(node: &Node, run: &Run) -> Result<Checksum> {
     let opened = open(node, run.design, &run.config)?;
     let groups = match run.pattern {
@@ -161,60 +167,47 @@ pub fn run_node(node: &Node, run: &Run) -> Result<Checksum> {
     };
     let shuffle = Shuffle::new(opened, groups, run.threads)?;
     let received = std::sync::Mutex::new(Checksum::default());
+    let add_up = |mine: &Checksum| {
+        received
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .merge(mine)
+    };
     std::thread::scope(|s| -> Result<()> {
-        let senders: Vec<_> = (0..run.threads)
-            .map(|tid| {
-                let shuffle = &shuffle;
-                s.spawn(move || -> Result<()> {
-                    let mut w = shuffle.writer(tid);
-                    if run.bulk {
-                        push_in_runs(&mut w, run, node, tid)?;
-                        return w.finish();
-                    }
-                    for i in 0..run.tuples {
-                        let t = tuple(run.seed, node.rank(), tid, i);
-                        let g = match run.pattern {
-                            Pattern::Repartition => destination(run.pattern, t[0], node.nodes()),
-                            Pattern::Broadcast => 0,
-                        };
-                        w.push(g, &t)?;
-                        if let Some(pause) = run.straggler
-                            && node.rank() == 0
-                            && tid == 0
-                            && i % 64 == 63
-                        {
-                            std::thread::sleep(pause);
-                        }
-                    }
-                    w.finish()
-                })
-            })
-            .collect();
-        let receivers: Vec<_> = (0..run.threads)
-            .map(|tid| {
-                let endpoint = shuffle.receiver(tid);
-                let received = &received;
+        let mut threads = Vec::new();
+        for tid in 0..run.threads {
+            let (shuffle, add_up) = (&shuffle, &add_up);
+            threads.push(if run.interleave {
                 s.spawn(move || -> Result<()> {
                     let mut mine = Checksum::default();
-                    receive_all(&*endpoint, |data| {
-                        let words = data.payload();
-                        for t in words.chunks_exact(2) {
-                            mine.add(t[0].load(Ordering::Relaxed), t[1].load(Ordering::Relaxed));
-                        }
-                        if words.len() % 2 != 0 {
-                            mine.count = u64::MAX / 2;
-                        }
-                    })?;
-                    received
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .merge(&mine);
+                    send_and_receive(
+                        shuffle,
+                        tid,
+                        |w| write(w, run, node, tid),
+                        |data| add_payload(&mut mine, data),
+                    )?;
+                    add_up(&mine);
                     Ok(())
                 })
-            })
-            .collect();
+            } else {
+                s.spawn(move || -> Result<()> {
+                    let mut w = shuffle.writer(tid);
+                    write(&mut w, run, node, tid)?;
+                    w.finish()
+                })
+            });
+            if !run.interleave {
+                let endpoint = shuffle.receiver(tid);
+                threads.push(s.spawn(move || -> Result<()> {
+                    let mut mine = Checksum::default();
+                    receive_all(&*endpoint, |data| add_payload(&mut mine, data))?;
+                    add_up(&mine);
+                    Ok(())
+                }));
+            }
+        }
         let mut first_err = None;
-        for h in senders.into_iter().chain(receivers) {
+        for h in threads {
             if let Err(e) = h.join().expect("shuffle thread panicked") {
                 first_err.get_or_insert(e);
             }
@@ -222,6 +215,40 @@ pub fn run_node(node: &Node, run: &Run) -> Result<Checksum> {
         first_err.map_or(Ok(()), Err)
     })?;
     Ok(received.into_inner().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Sending thread `tid`'s tuples, one at a time or in bulk.
+fn write(w: &mut ShuffleWriter<'_>, run: &Run, node: &Node, tid: usize) -> Result<()> {
+    if run.bulk {
+        return push_in_runs(w, run, node, tid);
+    }
+    for i in 0..run.tuples {
+        let t = tuple(run.seed, node.rank(), tid, i);
+        let g = match run.pattern {
+            Pattern::Repartition => destination(run.pattern, t[0], node.nodes()),
+            Pattern::Broadcast => 0,
+        };
+        w.push(g, &t)?;
+        if let Some(pause) = run.straggler
+            && node.rank() == 0
+            && tid == 0
+            && i % 64 == 63
+        {
+            std::thread::sleep(pause);
+        }
+    }
+    Ok(())
+}
+
+/// Adds a received buffer's tuples; half a tuple spoils the count for good.
+fn add_payload(mine: &mut Checksum, data: &Received) {
+    let words = data.payload();
+    for t in words.chunks_exact(2) {
+        mine.add(t[0].load(Ordering::Relaxed), t[1].load(Ordering::Relaxed));
+    }
+    if !words.len().is_multiple_of(2) {
+        mine.count = u64::MAX / 2;
+    }
 }
 
 /// A bulk sender: one call per run of [`BULK_RUN`] tuples.

@@ -30,7 +30,7 @@
 use crate::buffer::{Buffer, HEADER_BYTES, Header, Received, SendBuf, State, TRAILER_BYTES};
 use crate::endpoint::{
     Backoff, EndpointConfig, Lane, Notify, Pair, RecvEndpoint, SendEndpoint, check_destinations,
-    retry_until,
+    retry_until, wait_for_data,
 };
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
@@ -41,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::Duration;
 
 /// The seal word (pollbuff).
@@ -627,31 +628,32 @@ impl RecvEndpoint for WrReceiver {
     }
 
     fn get_data(&self) -> Result<Option<Received>> {
-        let mut backoff = Backoff::new(self.timeout);
-        loop {
-            {
-                let mut s = lock(&self.st);
-                self.progress(&mut s)?;
-                if let Some(r) = s.ready.pop_front() {
-                    return Ok(Some(r));
-                }
-                if s.n_ended == self.nodes && s.mesh.outstanding_total() == 0 {
-                    return Ok(None);
-                }
-                self.check_failed(&s)?;
-            }
-            if !backoff.wait() {
-                let s = lock(&self.st);
-                return Err(ShuffleError::Timeout {
-                    what: format!(
-                        "data ({} of {} source endpoints ended)",
-                        s.n_ended, self.nodes
-                    ),
-                    waited: backoff.waited(),
-                    counts: None,
-                });
-            }
+        wait_for_data(
+            self.timeout,
+            |_| self.try_get_data(),
+            |waited| ShuffleError::Timeout {
+                what: format!(
+                    "data ({} of {} source endpoints ended)",
+                    lock(&self.st).n_ended,
+                    self.nodes
+                ),
+                waited,
+                counts: None,
+            },
+        )
+    }
+
+    fn try_get_data(&self) -> Result<Poll<Option<Received>>> {
+        let mut s = lock(&self.st);
+        self.progress(&mut s)?;
+        if let Some(r) = s.ready.pop_front() {
+            return Ok(Poll::Ready(Some(r)));
         }
+        if s.n_ended == self.nodes && s.mesh.outstanding_total() == 0 {
+            return Ok(Poll::Ready(None));
+        }
+        self.check_failed(&s)?;
+        Ok(Poll::Pending)
     }
 
     fn release(&self, data: Received) -> Result<()> {

@@ -15,6 +15,7 @@ use fabric::sim::{SimConfig, SimNetwork};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 struct Inbox {
@@ -84,6 +85,25 @@ impl SendEndpoint for Tx {
     }
 }
 
+impl Rx {
+    /// A queued message (a random one when reordering), or the end once every node ended.
+    fn take(&self, q: &mut (VecDeque<Received>, usize, u64)) -> Poll<Option<Received>> {
+        if !q.0.is_empty() {
+            let i = if self.f.reorder {
+                q.2 = crate::testing::mix(q.2);
+                (q.2 % q.0.len() as u64) as usize
+            } else {
+                0
+            };
+            return Poll::Ready(q.0.remove(i));
+        }
+        if q.1 == self.f.nodes {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
 impl RecvEndpoint for Rx {
     fn id(&self) -> u32 {
         (self.node * self.f.lanes + self.lane) as u32
@@ -94,17 +114,8 @@ impl RecvEndpoint for Rx {
         let timeout = Duration::from_millis(300);
         let mut q = inbox.q.lock().unwrap();
         loop {
-            if !q.0.is_empty() {
-                let i = if self.f.reorder {
-                    q.2 = crate::testing::mix(q.2);
-                    (q.2 % q.0.len() as u64) as usize
-                } else {
-                    0
-                };
-                return Ok(q.0.remove(i));
-            }
-            if q.1 == self.f.nodes {
-                return Ok(None);
+            if let Poll::Ready(r) = self.take(&mut q) {
+                return Ok(r);
             }
             if start.elapsed() > timeout {
                 return Err(ShuffleError::Timeout {
@@ -115,6 +126,10 @@ impl RecvEndpoint for Rx {
             }
             q = inbox.cv.wait_timeout(q, timeout).unwrap().0;
         }
+    }
+    fn try_get_data(&self) -> Result<Poll<Option<Received>>> {
+        let inbox = &self.f.inboxes[self.node * self.f.lanes + self.lane];
+        Ok(self.take(&mut inbox.q.lock().unwrap()))
     }
     fn release(&self, data: Received) -> Result<()> {
         self.f.pools[self.node].give(data.into_parts().0);

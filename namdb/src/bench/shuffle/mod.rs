@@ -45,10 +45,17 @@ pub struct ShuffleArgs {
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(2..=64))]
     pub nodes: u32,
-    /// Sender threads per node, and as many receiver threads.
+    /// Sender threads per node, and as many receiver threads (`--threading split`);
+    /// threads that each both send and receive (`--threading interleaved`).
     #[arg(long, value_name = "T", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: u32,
+    /// How a design's node runs its T threads, comma-separated to run both: split
+    /// (T senders and T receivers) or interleaved (T threads that each send and
+    /// receive, so a node with a core per thread never trades a core between a
+    /// sender and a receiver). The TCP baseline always runs split.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "split")]
+    pub threading: Vec<ThreadingArg>,
     /// Tuples in each node's fragment of R (16 bytes each).
     #[arg(long, value_name = "X", default_value_t = 1_000_000,
           value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
@@ -112,6 +119,17 @@ pub enum BufferingArg {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ThreadingArg {
+    Split,
+    Interleaved,
+}
+
+/// The name of a run's threading in the report and the JSON.
+fn threading_name(interleave: bool) -> &'static str {
+    if interleave { "interleaved" } else { "split" }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BaselineArg {
     Tcp,
     Mpi,
@@ -132,6 +150,9 @@ pub struct Row {
     pub pattern: &'static str,
     pub nodes: usize,
     pub threads: usize,
+    /// `split` (`threads` senders and as many receivers per node), `interleaved`
+    /// (`threads` threads that each do both), or `-` for MPI (a rank is one thread).
+    pub threading: &'static str,
     pub message_bytes: u32,
     pub tuples: u64,
     /// Bytes received per node per second, 10^9 units: the median over nodes.
@@ -158,6 +179,17 @@ pub struct Row {
     /// Every run's `gb_per_sec` in the order they ran (`--repeat`); the row's other
     /// figures are the median run's.
     pub gb_per_sec_runs: Vec<f64>,
+}
+
+impl Row {
+    /// The design or baseline, and the threading when it is not the default.
+    pub fn label(&self) -> String {
+        if self.threading == "interleaved" {
+            format!("{} interleaved", self.design)
+        } else {
+            self.design.clone()
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -187,6 +219,7 @@ fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResul
         pattern: job.pattern.name(),
         nodes: results.len(),
         threads: job.threads,
+        threading: threading_name(job.interleave),
         message_bytes: job.message_bytes,
         tuples: job.tuples,
         gb_per_sec: median(rates.clone()),
@@ -210,7 +243,7 @@ fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResul
 /// and message size (the lower median of an even count: a run that happened), in the
 /// order of the first round, with every run's throughput beside it.
 fn median_runs(all: Vec<Row>) -> Vec<Row> {
-    let key = |r: &Row| (r.design.clone(), r.pattern, r.message_bytes);
+    let key = |r: &Row| (r.label(), r.pattern, r.message_bytes);
     let mut groups: Vec<Vec<Row>> = Vec::new();
     for row in all {
         match groups.iter_mut().find(|g| key(&g[0]) == key(&row)) {
@@ -314,6 +347,9 @@ pub fn run(args: &ShuffleArgs) -> Result<()> {
     if let Some(b) = &args.baselines {
         crate::bench::refuse_repeats("baselines", b, |b| crate::bench::value_name(*b))?;
     }
+    crate::bench::refuse_repeats("threading", &args.threading, |t| {
+        crate::bench::value_name(*t)
+    })?;
     if let Some(b) = &args.baselines
         && b.contains(&BaselineArg::None)
         && b.len() > 1
@@ -377,7 +413,7 @@ enum Plan {
 
 fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Result<Vec<Row>> {
     let threads = args.threads as usize;
-    let job = |method: Method, pattern: Pattern, message_bytes: u32| Job {
+    let job = |method: Method, pattern: Pattern, message_bytes: u32, interleave: bool| Job {
         method,
         pattern,
         threads,
@@ -387,17 +423,22 @@ fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Resu
         buffering: buffering_name(args.buffering).into(),
         notify: args.notify.to_string(),
         progress_ms: args.progress_ms,
+        interleave,
     };
     let mut plans = Vec::new();
     for pattern in patterns(args.pattern) {
         for d in designs {
-            for b in sizes(args, d.transport != Transport::SqSr) {
-                plans.push(Plan::Node(job(Method::Design(d.to_string()), pattern, b)));
+            for &threading in &args.threading {
+                let interleave = threading == ThreadingArg::Interleaved;
+                for b in sizes(args, d.transport != Transport::SqSr) {
+                    let method = Method::Design(d.to_string());
+                    plans.push(Plan::Node(job(method, pattern, b, interleave)));
+                }
             }
         }
         if tcp {
             for b in sizes(args, true) {
-                plans.push(Plan::Node(job(Method::Tcp, pattern, b)));
+                plans.push(Plan::Node(job(Method::Tcp, pattern, b, false)));
             }
         }
     }
@@ -436,10 +477,11 @@ fn measure_plan(
             };
             eprintln!(
                 "[{:>2}/{total}] {name} {}, {} messages, {nodes} nodes × {threads} thread(s) \
-                 on {}…",
+                 {} on {}…",
                 i + 1,
                 job.pattern.name(),
                 size_name(job.message_bytes),
+                threading_name(job.interleave),
                 if job.method == Method::Tcp {
                     "loopback TCP"
                 } else {
@@ -510,6 +552,7 @@ fn measure_plan(
                     pattern: pattern.name(),
                     nodes: l.nodes,
                     threads: l.threads,
+                    threading: "-",
                     message_bytes: l.message_bytes,
                     tuples: args.tuples,
                     gb_per_sec: l.gb_per_sec,
@@ -553,7 +596,7 @@ pub fn ratio_lines(rows: &[Row]) -> Vec<String> {
         };
         let mut line = format!(
             "{pattern}: best design {} ({}) {:.3} GB/s = {:.1}% of memcpy ({:.2} GB/s)",
-            d.design,
+            d.label(),
             size_name(d.message_bytes),
             d.gb_per_sec,
             100.0 * d.gb_per_sec / d.memcpy_gb_per_sec.max(1e-9),
@@ -610,8 +653,9 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     writeln!(out)?;
     writeln!(
         out,
-        "{:<9} {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
+        "{:<9} {:<11} {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
         "design",
+        "threading",
         "pattern",
         "message",
         "GB/s",
@@ -625,8 +669,9 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     for r in rows {
         writeln!(
             out,
-            "{:<9} {:<11} {:>8} {:>9.3} {:>9.3} {:>9.2} {:>9} {:>10} {:>9.1} {:>8.3}",
+            "{:<9} {:<11} {:<11} {:>8} {:>9.3} {:>9.3} {:>9.2} {:>9} {:>10} {:>9.1} {:>8.3}",
             r.design,
+            r.threading,
             r.pattern,
             size_name(r.message_bytes),
             r.gb_per_sec,
@@ -656,8 +701,8 @@ fn draw(dir: &Path, args: &ShuffleArgs, rows: &[Row]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     let mut names: Vec<String> = Vec::new();
     for r in rows {
-        if !names.contains(&r.design) {
-            names.push(r.design.clone());
+        if !names.contains(&r.label()) {
+            names.push(r.label());
         }
     }
     let title_tail = format!(
@@ -679,7 +724,7 @@ fn draw(dir: &Path, args: &ShuffleArgs, rows: &[Row]) -> Result<Vec<PathBuf>> {
                     label: n.clone(),
                     points: of
                         .iter()
-                        .filter(|r| &r.design == n)
+                        .filter(|r| &r.label() == n)
                         .map(|r| (r.message_bytes as f64, r.gb_per_sec))
                         .collect(),
                 })
@@ -701,7 +746,7 @@ fn draw(dir: &Path, args: &ShuffleArgs, rows: &[Row]) -> Result<Vec<PathBuf>> {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, n)| {
-                    best(rows, pattern, |r| &r.design == n).map(|r| (i as f64, r.gb_per_sec))
+                    best(rows, pattern, |r| &r.label() == n).map(|r| (i as f64, r.gb_per_sec))
                 })
                 .collect(),
         });

@@ -16,8 +16,8 @@ use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use shuffle::testing::{Checksum, tuple};
 use shuffle::{
-    Buffering, EndpointConfig, Exchange, Groups, Node, Notify, Phase, Progress, Shuffle,
-    receive_all,
+    Buffering, EndpointConfig, Exchange, Groups, Node, Notify, Phase, Progress, Received, Shuffle,
+    ShuffleWriter, receive_all,
 };
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -72,6 +72,11 @@ pub struct Job {
     /// ([`crate::bench::nodes::report_progress`]); its count is the payload bytes its
     /// receivers consumed, added a whole buffer at a time.
     pub progress_ms: u64,
+    /// Each of the `threads` threads of a node both sends and receives
+    /// ([`shuffle::send_and_receive`]), instead of `threads` senders and `threads`
+    /// receivers. Designs only.
+    #[serde(default)]
+    pub interleave: bool,
 }
 
 /// What one node measured.
@@ -227,7 +232,13 @@ pub fn run_node(
             let outcome = run_design(job, name, &node, &frag, progress)?;
             (outcome, node.pinned_bytes())
         }
-        Method::Tcp => (run_tcp(job, &*exchange, &frag, progress)?, 0),
+        Method::Tcp => {
+            ensure!(
+                !job.interleave,
+                "the TCP baseline has separate sender and receiver threads only"
+            );
+            (run_tcp(job, &*exchange, &frag, progress)?, 0)
+        }
     };
     progress.enter(Phase::Verifying);
     let Outcome {
@@ -341,54 +352,55 @@ fn run_design(
     let start = Instant::now();
     let nodes = node.nodes();
     let received = Mutex::new(Checksum::default());
+    let send = |w: &mut ShuffleWriter<'_>, tid: usize| -> shuffle::Result<()> {
+        let mine = slice(frag, tid, job.threads);
+        match job.pattern {
+            Pattern::Repartition => {
+                w.push_partitioned(mine, |t| shuffle::testing::partition(t[0], nodes))
+            }
+            // Every tuple goes to the one group: whole buffers at a time.
+            Pattern::Broadcast => w.push_all(0, mine),
+        }
+    };
+    let add_up = |tally: Tally| -> Result<()> {
+        ensure!(!tally.odd, "a received buffer held half a tuple");
+        received
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .merge(&tally.sum);
+        Ok(())
+    };
     std::thread::scope(|s| {
-        let senders: Vec<_> = (0..job.threads)
-            .map(|tid| {
-                let shuffle = &shuffle;
-                spawn_named(s, format!("shuffle-send-{tid}"), move || -> Result<()> {
-                    let mut w = shuffle.writer(tid);
-                    let mine = slice(frag, tid, job.threads);
-                    match job.pattern {
-                        Pattern::Repartition => {
-                            w.push_partitioned(mine, |t| shuffle::testing::partition(t[0], nodes))?
-                        }
-                        // Every tuple goes to the one group: whole buffers at a time.
-                        Pattern::Broadcast => w.push_all(0, mine)?,
-                    }
-                    w.finish()?;
-                    Ok(())
-                })
-            })
-            .collect();
-        let receivers: Vec<_> = (0..job.threads)
-            .map(|tid| {
-                let endpoint = shuffle.receiver(tid);
-                let received = &received;
-                spawn_named(s, format!("shuffle-recv-{tid}"), move || -> Result<()> {
-                    let mut mine = Checksum::default();
-                    let mut odd = false;
-                    receive_all(&*endpoint, |data| {
-                        let words = data.payload();
-                        progress.add(words.len() as u64 * 8);
-                        // A local per buffer: added straight into `mine`, the compiler kept
-                        // it in memory, a store and a reload on every tuple's chain.
-                        let mut here = Checksum::default();
-                        for t in words.chunks_exact(2) {
-                            here.add(t[0].load(Ordering::Relaxed), t[1].load(Ordering::Relaxed));
-                        }
-                        mine.merge(&here);
-                        odd |= words.len() % 2 != 0;
-                    })?;
-                    ensure!(!odd, "a received buffer held half a tuple");
-                    received
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .merge(&mine);
-                    Ok(())
-                })
-            })
-            .collect();
-        first_error(senders.into_iter().chain(receivers).map(|h| h.join()))
+        let mut threads = Vec::new();
+        for tid in 0..job.threads {
+            let (shuffle, send, add_up) = (&shuffle, &send, &add_up);
+            if job.interleave {
+                threads.push(spawn_named(s, format!("shuffle-{tid}"), move || {
+                    let mut tally = Tally::default();
+                    shuffle::send_and_receive(
+                        shuffle,
+                        tid,
+                        |w| send(w, tid),
+                        |data| tally.add(data, progress),
+                    )?;
+                    add_up(tally)
+                }));
+                continue;
+            }
+            threads.push(spawn_named(s, format!("shuffle-send-{tid}"), move || {
+                let mut w = shuffle.writer(tid);
+                send(&mut w, tid)?;
+                w.finish()?;
+                Ok(())
+            }));
+            let endpoint = shuffle.receiver(tid);
+            threads.push(spawn_named(s, format!("shuffle-recv-{tid}"), move || {
+                let mut tally = Tally::default();
+                receive_all(&*endpoint, |data| tally.add(data, progress))?;
+                add_up(tally)
+            }));
+        }
+        first_error(threads.into_iter().map(|h| h.join()))
     })?;
     let seconds = start.elapsed().as_secs_f64();
     node.all_gather("end", &())?;
@@ -397,6 +409,29 @@ fn run_design(
         seconds,
         received: received.into_inner().unwrap_or_else(|e| e.into_inner()),
     })
+}
+
+/// What a receiving thread consumed.
+#[derive(Default)]
+struct Tally {
+    sum: Checksum,
+    /// A buffer held half a tuple.
+    odd: bool,
+}
+
+impl Tally {
+    fn add(&mut self, data: &Received, progress: &Progress) {
+        let words = data.payload();
+        progress.add(words.len() as u64 * 8);
+        // A local per buffer: added straight into `self.sum`, the compiler kept it in
+        // memory, a store and a reload on every tuple's chain.
+        let mut here = Checksum::default();
+        for t in words.chunks_exact(2) {
+            here.add(t[0].load(Ordering::Relaxed), t[1].load(Ordering::Relaxed));
+        }
+        self.sum.merge(&here);
+        self.odd |= !words.len().is_multiple_of(2);
+    }
 }
 
 /// Writes all of `bytes` to a socket that may be non-blocking (its reading side, a
@@ -686,6 +721,7 @@ mod tests {
                 buffering: "adaptive".into(),
                 notify: "cq".into(),
                 progress_ms: 1000,
+                interleave: false,
             };
             let xs = LocalExchange::group(3, Duration::from_secs(20));
             let results: Vec<_> = std::thread::scope(|s| {

@@ -102,6 +102,7 @@ mod tests {
             buffering: "adaptive".into(),
             notify: "cq".into(),
             progress_ms: 1000,
+            interleave: false,
         }
     }
 

@@ -50,6 +50,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Timed copies of the fragment; the fastest is the memcpy reference. */
+#define MEMCPY_TRIES 3
+
 typedef struct {
     uint64_t count, sum, xor_;
 } checksum;
@@ -226,12 +229,17 @@ int main(int argc, char **argv) {
     }
 
     /* memcpy of the same bytes, every rank at once, into an array already touched (as
-     * the Rust harness does). */
+     * the Rust harness does): the best of MEMCPY_TRIES copies, so that one copy
+     * descheduled on a busy machine does not lower the reference. */
     memcpy(copy, frag, tuples * 16);
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
-    memcpy(copy, frag, tuples * 16);
-    double memcpy_s = MPI_Wtime() - t0;
+    double memcpy_s = 1e30;
+    for (int try = 0; try < MEMCPY_TRIES; try++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        memcpy(copy, frag, tuples * 16);
+        double s = MPI_Wtime() - t0;
+        if (s < memcpy_s) memcpy_s = s;
+    }
     volatile uint64_t sink = copy[tuples - 1];
     (void)sink;
     double memcpy_med, memcpy_min, setup_med, setup_max;

@@ -3,7 +3,8 @@
 //! A [`Shuffle`] owns a node's endpoints and its transmission groups. Each thread
 //! takes a [`ShuffleWriter`] with one output buffer per group, appends tuples, and
 //! finishes; under SE the last thread to finish ends the shared endpoint's stream.
-//! Receiving threads drain their endpoint with [`receive_all`].
+//! Receiving threads drain their endpoint with [`receive_all`]; a thread that does both
+//! runs [`send_and_receive`].
 
 use crate::buffer::{Received, SendBuf, State};
 use crate::endpoint::{Opened, RecvEndpoint, SendEndpoint};

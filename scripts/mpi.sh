@@ -10,6 +10,7 @@
 #                                      was built from the same source; prints its path
 #        scripts/mpi.sh run NP ARGS…   build, then run it on NP ranks of this host:
 #                                      mpirun -np NP --oversubscribe mpi-shuffle ARGS…
+#                                      (ranks bound to cores with NAMDB_MPI_BIND=core)
 #                                      (ARGS: --tuples X [--pattern repartition|broadcast|
 #                                      both] [--message-bytes B] [--seed S]
 #                                      [--progress-file FILE [--progress-ms P]]); one
@@ -78,7 +79,14 @@ run() {
         OMPI_MCA_pml=ob1 OMPI_MCA_osc=pt2pt OMPI_MCA_rmaps_base_oversubscribe=1
     # The ranks end with mpirun (mpi-shuffle.c, end_with_mpirun): exec keeps the pid.
     export NAMDB_MPIRUN_PID=$$
-    exec mpirun -np "$np" --oversubscribe --bind-to none "$bin" "$@"
+    # NAMDB_MPI_BIND=core binds each rank to a core (more ranks than cores share them).
+    local bind=none
+    case ${NAMDB_MPI_BIND:-none} in
+        none) ;;
+        core) bind=core:overload-allowed ;;
+        *) die "NAMDB_MPI_BIND must be none or core, not ${NAMDB_MPI_BIND}" ;;
+    esac
+    exec mpirun -np "$np" --oversubscribe --bind-to "$bind" "$bin" "$@"
 }
 
 case ${1:-} in

@@ -210,10 +210,16 @@ fn shm_processes_run_every_built_design_and_the_tcp_baseline() {
     );
 }
 
+/// The CPUs this process may run on.
+fn allowed_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// `--threading split,interleaved` runs every design both ways, in node processes:
-/// rows of both kinds, each verified, told apart in the JSON and the table.
+/// rows of both kinds, each verified, told apart in the JSON and the table. With
+/// `--pin` each node process ran on a CPU of its own.
 #[test]
-fn designs_run_interleaved_in_node_processes() {
+fn designs_run_interleaved_and_pinned_in_node_processes() {
     let (out, rows) = shuffle(&[
         "--backend",
         "shm",
@@ -221,6 +227,7 @@ fn designs_run_interleaved_in_node_processes() {
         "MEMQ/RD,SESQ/SR,SEMQ/WR",
         "--threading",
         "split,interleaved",
+        "--pin",
         "--nodes",
         "2",
         "--tuples",
@@ -230,6 +237,15 @@ fn designs_run_interleaved_in_node_processes() {
     ]);
     let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
     check_rows(&rows, 2, 1, 20000);
+    for r in &rows {
+        assert_eq!(r["pinned"], true, "{r}");
+        let cpus: Vec<Vec<u64>> = serde_json::from_value(r["node_cpus"].clone()).unwrap();
+        assert_eq!(cpus.len(), 2, "{r}");
+        assert!(cpus.iter().all(|c| c.len() == 1), "one CPU per node: {r}");
+        if allowed_cpus() >= 2 {
+            assert_ne!(cpus[0], cpus[1], "the nodes shared a CPU: {r}");
+        }
+    }
     let runs: Vec<(&str, &str)> = rows
         .iter()
         .filter(|r| r["pattern"] == "repartition")
@@ -306,6 +322,7 @@ fn mpi_baseline_runs_from_anywhere_or_says_openmpi_is_missing() {
         "20000",
         "--baselines",
         "mpi",
+        "--pin",
         "--json",
         json.to_str().unwrap(),
     ]);
@@ -318,6 +335,8 @@ fn mpi_baseline_runs_from_anywhere_or_says_openmpi_is_missing() {
         check_rows(&rows, 2, 1, 20000);
         assert_eq!(rows.len(), 2, "{rows:?}");
         assert!(rows.iter().all(|r| r["design"] == "mpi"));
+        // Ranks bound to cores (`--pin`): OpenMPI ran with the binding and said nothing.
+        assert!(rows.iter().all(|r| r["pinned"] == true), "{rows:?}");
         // A backend the designs' rows also name (it was OpenMPI's `vader`, which no
         // other row does); the transport beside it.
         for r in &rows {

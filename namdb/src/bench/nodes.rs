@@ -88,7 +88,7 @@ pub fn pin_node(rank: usize, threads_per_node: usize) -> Result<Vec<usize>> {
 }
 
 /// The CPUs the calling thread may run on, in order.
-fn allowed_cpus() -> Result<Vec<usize>> {
+pub fn allowed_cpus() -> Result<Vec<usize>> {
     use rustix::thread::{CpuSet, sched_getaffinity};
     let allowed = sched_getaffinity(None).context("reading this thread's CPUs")?;
     Ok((0..CpuSet::MAX_CPU)

@@ -81,6 +81,14 @@ pub struct ShuffleArgs {
     /// explicit `--baselines mpi` fails.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub baselines: Option<Vec<BaselineArg>>,
+    /// Pin each node to its own T cores (node r on CPUs rT … rT+T−1 of those this
+    /// process may use, wrapping around when there are fewer), and bind each MPI rank
+    /// to a core. Unpinned, the scheduler now and then starts two nodes on one core and
+    /// moves one only milliseconds later, which splits runs of 0.1 s into a fast and a
+    /// slow kind. Split threading puts a node's sender and receiver threads on its T
+    /// cores.
+    #[arg(long)]
+    pub pin: bool,
     /// Seed of the generated fragments.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -166,6 +174,11 @@ pub struct Row {
     pub partition_gb_per_sec: Option<f64>,
     /// Bytes registered for buffers, the most over nodes (0 for the baselines).
     pub pinned_bytes: u64,
+    /// Each node pinned to its own cores (`--pin`; MPI: each rank bound to a core).
+    pub pinned: bool,
+    /// Per node by rank, the CPUs it could run on, as the system reported them after
+    /// the run (`None` for MPI).
+    pub node_cpus: Option<Vec<Vec<usize>>>,
     /// Opening the endpoints (connecting the sockets; MPI_Init), the slowest node.
     pub setup_ms: f64,
     /// The shuffle, the slowest node.
@@ -229,6 +242,8 @@ fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResul
             results.iter().map(|r| r.partition_gb_per_sec).collect(),
         )),
         pinned_bytes: results.iter().map(|r| r.pinned_bytes).max().unwrap_or(0),
+        pinned: job.pin,
+        node_cpus: Some(results.iter().map(|r| r.cpus.clone()).collect()),
         setup_ms: results.iter().map(|r| r.setup_ms).fold(0.0, f64::max),
         seconds: results.iter().map(|r| r.seconds).fold(0.0, f64::max),
         received_bytes: results.iter().map(|r| r.received_bytes).sum(),
@@ -424,6 +439,7 @@ fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Resu
         notify: args.notify.to_string(),
         progress_ms: args.progress_ms,
         interleave,
+        pin: args.pin,
     };
     let mut plans = Vec::new();
     for pattern in patterns(args.pattern) {
@@ -531,6 +547,7 @@ fn measure_plan(
                 message_bytes,
                 args.seed,
                 args.progress_ms,
+                args.pin,
             )?;
             for l in lines {
                 let pattern = match l.pattern.as_str() {
@@ -560,6 +577,8 @@ fn measure_plan(
                     memcpy_gb_per_sec: l.memcpy_gb_per_sec,
                     partition_gb_per_sec: None,
                     pinned_bytes: 0,
+                    pinned: args.pin,
+                    node_cpus: None,
                     setup_ms: l.setup_ms,
                     seconds: l.seconds,
                     received_bytes: l.received_bytes,
@@ -628,13 +647,18 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     writeln!(
         out,
         "namdb bench shuffle: backend {}, {} nodes × {} thread(s), {} tuples (16 B) per node, \
-         {} buffering, {} notification",
+         {} buffering, {} notification, {}",
         args.backend.name(),
         args.nodes,
         args.threads,
         args.tuples,
         buffering_name(args.buffering),
-        args.notify
+        args.notify,
+        if args.pin {
+            "each node pinned to its own cores"
+        } else {
+            "not pinned"
+        }
     )?;
     writeln!(
         out,

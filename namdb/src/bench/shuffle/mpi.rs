@@ -161,6 +161,7 @@ pub fn run(
     message_bytes: u32,
     seed: u64,
     progress_ms: u64,
+    pin: bool,
 ) -> Result<Vec<MpiLine>> {
     let dir = crate::interrupt::TempDir::new("namdb-mpi-")?;
     let (mut cmd, path) = command(dir.path(), "run")?;
@@ -174,7 +175,8 @@ pub fn run(
         .args(["--seed", &seed.to_string()])
         .arg("--progress-file")
         .arg(&progress_file)
-        .args(["--progress-ms", &write_ms.to_string()]);
+        .args(["--progress-ms", &write_ms.to_string()])
+        .env("NAMDB_MPI_BIND", if pin { "core" } else { "none" });
     end_with_this_process(&mut cmd);
     let progress = Progress::default();
     let tail = Mutex::new(Tail::default());

@@ -77,6 +77,9 @@ pub struct Job {
     /// receivers. Designs only.
     #[serde(default)]
     pub interleave: bool,
+    /// Pin the node to its own `threads` cores ([`crate::bench::nodes::pin_node`]).
+    #[serde(default)]
+    pub pin: bool,
 }
 
 /// What one node measured.
@@ -92,6 +95,9 @@ pub struct NodeResult {
     pub partition_gb_per_sec: f64,
     pub setup_ms: f64,
     pub pinned_bytes: u64,
+    /// The CPUs this node's threads may run on, as the system reports them after the
+    /// run: its own with [`Job::pin`], else all this process may use.
+    pub cpus: Vec<usize>,
 }
 
 /// The barrier of the exchange: an all-gather of nothing.
@@ -233,6 +239,9 @@ pub fn run_node(
     let rank = exchange.rank();
     let nodes = exchange.nodes();
     ensure!(job.threads >= 1, "threads must be at least 1");
+    if job.pin {
+        crate::bench::nodes::pin_node(rank, job.threads)?;
+    }
     progress.enter(Phase::Preparing);
     let frag = fragment(job.seed, rank, job.tuples);
     let sent = sent_checksums(&frag, job.pattern, nodes, rank);
@@ -305,6 +314,7 @@ pub fn run_node(
         partition_gb_per_sec: partition,
         setup_ms,
         pinned_bytes,
+        cpus: crate::bench::nodes::allowed_cpus()?,
     })
 }
 
@@ -740,6 +750,7 @@ mod tests {
                 notify: "cq".into(),
                 progress_ms: 1000,
                 interleave: false,
+                pin: false,
             };
             let xs = LocalExchange::group(3, Duration::from_secs(20));
             let results: Vec<_> = std::thread::scope(|s| {

@@ -103,6 +103,7 @@ mod tests {
             notify: "cq".into(),
             progress_ms: 1000,
             interleave: false,
+            pin: false,
         }
     }
 

@@ -6,12 +6,14 @@
 //! while `credit[dest] > sent[dest]`. A lost or reordered credit update is therefore
 //! harmless: the next one supersedes it, and a sender keeps the largest it has seen.
 
-use crate::buffer::{HEADER_BYTES, Header};
+use crate::buffer::{HEADER_BYTES, Header, Received};
 use crate::endpoint::Lane;
 use crate::error::{Result, ShuffleError};
 use crate::pool::Buffering;
 use fabric::{Completion, CompletionQueue, WcStatus};
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::task::Poll;
 
 /// Completions taken per poll.
 pub(crate) const POLL_BATCH: usize = 32;
@@ -79,6 +81,18 @@ impl SendCredit {
         } else {
             false
         }
+    }
+}
+
+/// What a SEND/RECV receiver's GETDATA answers before it polls: a buffer received
+/// already, or the end once every source finished; `None`: poll.
+pub(crate) fn ready_or_ended(
+    ready: &mut VecDeque<Received>,
+    book: &RecvBook,
+) -> Option<Poll<Option<Received>>> {
+    match ready.pop_front() {
+        Some(r) => Some(Poll::Ready(Some(r))),
+        None => book.all_finished().then_some(Poll::Ready(None)),
     }
 }
 

@@ -343,6 +343,15 @@ pub(crate) fn wait_for_data(
     }
 }
 
+/// A GETDATA that waited `waited` for data, with `ended` of its `sources` ended.
+pub(crate) fn no_data(ended: usize, sources: usize, waited: Duration) -> ShuffleError {
+    ShuffleError::Timeout {
+        what: format!("data ({ended} of {sources} source endpoints ended)"),
+        waited,
+        counts: None,
+    }
+}
+
 /// [`RecvEndpoint::try_get_data`] from the attempt [`wait_for_data`] takes: attempts
 /// again while they make progress short of data, then says `Pending`.
 pub(crate) fn attempt_while_progressing(

@@ -29,7 +29,7 @@
 
 use crate::buffer::{Buffer, HEADER_BYTES, Header, Received, SendBuf, State};
 use crate::endpoint::{
-    Backoff, EndpointConfig, Lane, Pair, RecvEndpoint, SendEndpoint, check_destinations,
+    Backoff, EndpointConfig, Lane, Pair, RecvEndpoint, SendEndpoint, check_destinations, no_data,
     retry_until, wait_for_data,
 };
 use crate::error::{Result, ShuffleError};
@@ -534,15 +534,7 @@ impl RecvEndpoint for RdReceiver {
         wait_for_data(
             self.timeout,
             |_| self.try_get_data(),
-            |waited| ShuffleError::Timeout {
-                what: format!(
-                    "data ({} of {} source endpoints ended)",
-                    lock(&self.st).n_ended,
-                    self.nodes
-                ),
-                waited,
-                counts: None,
-            },
+            |waited| no_data(lock(&self.st).n_ended, self.nodes, waited),
         )
     }
 

@@ -575,18 +575,15 @@ impl SrReceiver {
 impl SrReceiver {
     /// One try of GETDATA; sets `progressed` when it polled something in short of data.
     fn attempt(&self, progressed: &mut bool) -> Result<Poll<Option<Received>>> {
-        let mut st = lock(&self.state);
-        if let Some(r) = st.ready.pop_front() {
-            return Ok(Poll::Ready(Some(r)));
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
+        if let Some(answer) = credit::ready_or_ended(&mut st.ready, &st.book) {
+            return Ok(answer);
         }
-        if st.book.all_finished() {
-            return Ok(Poll::Ready(None));
+        *progressed = self.poll(st)? > 0 || st.book.all_finished();
+        if !*progressed {
+            self.flush_credits(st)?;
         }
-        if self.poll(&mut st)? > 0 || st.book.all_finished() {
-            *progressed = true;
-            return Ok(Poll::Pending);
-        }
-        self.flush_credits(&mut st)?;
         Ok(Poll::Pending)
     }
 }

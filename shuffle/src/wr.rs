@@ -30,7 +30,7 @@
 use crate::buffer::{Buffer, HEADER_BYTES, Header, Received, SendBuf, State, TRAILER_BYTES};
 use crate::endpoint::{
     Backoff, EndpointConfig, Lane, Notify, Pair, RecvEndpoint, SendEndpoint, check_destinations,
-    retry_until, wait_for_data,
+    no_data, retry_until, wait_for_data,
 };
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
@@ -631,15 +631,7 @@ impl RecvEndpoint for WrReceiver {
         wait_for_data(
             self.timeout,
             |_| self.try_get_data(),
-            |waited| ShuffleError::Timeout {
-                what: format!(
-                    "data ({} of {} source endpoints ended)",
-                    lock(&self.st).n_ended,
-                    self.nodes
-                ),
-                waited,
-                counts: None,
-            },
+            |waited| no_data(lock(&self.st).n_ended, self.nodes, waited),
         )
     }
 

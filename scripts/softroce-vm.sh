@@ -181,7 +181,8 @@ kill -TERM \$server; wait \$server || fail "memory server exit"
 tail -n 5 /tmp/memory-server.err
 step "namdb bench shuffle --backend verbs (two node processes)"
 timeout 300 $namdb bench shuffle --backend verbs --nodes 2 --threads 1 --tuples 100000 \
-    --design MESQ/SR,MEMQ/WR --baselines none --json $out/shuffle.json || fail "bench shuffle"
+    --design MESQ/SR,MEMQ/WR --threading split,interleaved --baselines none \
+    --json $out/shuffle.json || fail "bench shuffle"
 fi
 echo "softroce-status=\$status" >$out/status
 exit \$status

@@ -570,9 +570,7 @@ impl SrReceiver {
         }
         Ok(())
     }
-}
 
-impl SrReceiver {
     /// One try of GETDATA; sets `progressed` when it polled something in short of data.
     fn attempt(&self, progressed: &mut bool) -> Result<Poll<Option<Received>>> {
         let mut guard = lock(&self.state);

@@ -579,9 +579,7 @@ impl UdReceiver {
         }
         Ok(())
     }
-}
 
-impl UdReceiver {
     /// One try of GETDATA; sets `progressed` when it polled something in short of data.
     fn attempt(&self, progressed: &mut bool) -> Result<Poll<Option<Received>>> {
         let mut guard = lock(&self.state);

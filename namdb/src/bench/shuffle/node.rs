@@ -451,14 +451,7 @@ impl Tally {
     fn add(&mut self, data: &Received, progress: &Progress) {
         let words = data.payload();
         progress.add(words.len() as u64 * 8);
-        // A local per buffer: added straight into `self.sum`, the compiler kept it in
-        // memory, a store and a reload on every tuple's chain.
-        let mut here = Checksum::default();
-        for t in words.chunks_exact(2) {
-            here.add(t[0].load(Ordering::Relaxed), t[1].load(Ordering::Relaxed));
-        }
-        self.sum.merge(&here);
-        self.odd |= !words.len().is_multiple_of(2);
+        self.odd |= !self.sum.add_payload(words);
     }
 }
 

@@ -302,11 +302,18 @@ fn a_related_items_write_fenced_under_a_starved_writer_is_resolved() {
         written.unwrap_or_else(|e| panic!("{point}: {e}"));
         assert_eq!(worker.stats().abandoned, 1, "{point}");
         assert_eq!(rewrites.committed(), 1, "{point}");
+        // `run` retries a snapshot that finds the item's one kept version too new.
         let mut c = db.client().unwrap();
-        let mut t = c.begin().unwrap();
-        let row = t.get(&tables.item, x).unwrap().expect("the item");
-        assert_eq!(Item::decode(&row).unwrap().i_related1, 7, "{point}");
-        let version = t.get_version(&tables.item, x).unwrap();
+        let ((row, version), _) = c
+            .run(5, |t| {
+                Ok((t.get(&tables.item, x)?, t.get_version(&tables.item, x)?))
+            })
+            .unwrap();
+        assert_eq!(
+            Item::decode(&row.expect("the item")).unwrap().i_related1,
+            7,
+            "{point}"
+        );
         let stalled = stalled.load(Ordering::Relaxed);
         assert_eq!(
             version == Some(stalled),
@@ -365,10 +372,11 @@ fn a_related_items_write_whose_outcome_is_not_learnt_in_time_fails_and_logs_noth
         fencer.stop().unwrap();
         let locked = db.locked_records().unwrap();
         assert!(locked.is_empty(), "{point}: {locked:?}");
+        // A snapshot taken just before the recovered commit became visible finds the
+        // item's one kept version too new (`SnapshotTooOld`): `run` retries that.
         let mut c = db.client().unwrap();
-        let mut t = c.begin().unwrap();
-        let row = t.get(&tables.item, x).unwrap().expect("the item");
-        let now = Item::decode(&row).unwrap().i_related1;
+        let (row, _) = c.run(5, |t| t.get(&tables.item, x)).unwrap();
+        let now = Item::decode(&row.expect("the item")).unwrap().i_related1;
         assert_eq!(now, if committed { 7 } else { before }, "{point}");
     }
 }

@@ -227,6 +227,8 @@ fn designs_run_interleaved_and_pinned_in_node_processes() {
         "MEMQ/RD,SESQ/SR,SEMQ/WR",
         "--threading",
         "split,interleaved",
+        "--own-partition",
+        "in-place,fabric",
         "--pin",
         "--nodes",
         "2",
@@ -246,36 +248,34 @@ fn designs_run_interleaved_and_pinned_in_node_processes() {
             assert_ne!(cpus[0], cpus[1], "the nodes shared a CPU: {r}");
         }
     }
-    let runs: Vec<(&str, &str)> = rows
+    let runs: Vec<(&str, &str, &str)> = rows
         .iter()
         .filter(|r| r["pattern"] == "repartition")
         .map(|r| {
             (
                 r["design"].as_str().unwrap(),
                 r["threading"].as_str().unwrap(),
+                r["own_partition"].as_str().unwrap(),
             )
         })
         .collect();
-    assert_eq!(
-        runs,
-        [
-            ("MEMQ/RD", "split"),
-            ("MEMQ/RD", "interleaved"),
-            ("SESQ/SR", "split"),
-            ("SESQ/SR", "interleaved"),
-            ("SEMQ/WR", "split"),
-            ("SEMQ/WR", "interleaved"),
-            ("tcp", "split"),
-        ],
-        "{rows:?}"
-    );
+    let mut want = Vec::new();
+    for design in ["MEMQ/RD", "SESQ/SR", "SEMQ/WR"] {
+        want.push((design, "split", "fabric"));
+        want.push((design, "interleaved", "in-place"));
+        want.push((design, "interleaved", "fabric"));
+    }
+    want.push(("tcp", "split", "fabric"));
+    assert_eq!(runs, want, "{rows:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout
-            .lines()
-            .any(|l| l.starts_with("SEMQ/WR") && l.contains(" interleaved ")),
-        "{stdout}"
-    );
+    for own in [" in-place ", " fabric "] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with("SEMQ/WR")
+                && l.contains(" interleaved ")
+                && l.contains(own)),
+            "{stdout}"
+        );
+    }
 }
 
 /// The MPI script and its C source used to be found in the source tree the binary was
@@ -417,6 +417,11 @@ fn bad_arguments_are_refused_clearly() {
             &["--design", "none", "--baselines", "tcp,none"][..],
             "cannot be combined",
         ),
+        // A split node cannot consume its own tuples in place: the flag would be ignored.
+        (
+            &["--own-partition", "fabric"][..],
+            "--own-partition applies to interleaved nodes only",
+        ),
     ] {
         let mut argv = vec!["bench", "shuffle"];
         argv.extend_from_slice(args);
@@ -445,6 +450,15 @@ fn a_design_or_baseline_listed_twice_is_refused() {
         (
             &["--threading", "interleaved,split,interleaved"][..],
             "--threading lists interleaved twice",
+        ),
+        (
+            &[
+                "--threading",
+                "interleaved",
+                "--own-partition",
+                "fabric,in-place,fabric",
+            ][..],
+            "--own-partition lists fabric twice",
         ),
     ] {
         let mut argv = vec!["bench", "shuffle", "--tuples", "100"];

@@ -317,6 +317,19 @@ impl Received {
             token,
         }
     }
+    /// The filled part of a sending buffer, as its own node's receiver would get it,
+    /// read where it lies (see [`crate::OwnPartition::InPlace`]). No design's `release`
+    /// takes it: the sender fills the buffer again.
+    pub(crate) fn in_place(buf: &SendBuf, source: u32) -> Received {
+        Received {
+            state: State::MoreData,
+            source,
+            buf: buf.buffer().clone(),
+            payload_at: HEADER_BYTES,
+            payload_bytes: buf.payload_bytes(),
+            token: 0,
+        }
+    }
     pub fn payload_bytes(&self) -> u32 {
         self.payload_bytes
     }

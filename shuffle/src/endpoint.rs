@@ -217,6 +217,8 @@ impl Default for EndpointConfig {
 /// A node's endpoints for one shuffle: one pair (SE) or one per thread (ME).
 pub struct Opened {
     pub design: Design,
+    /// The rank of the node these endpoints belong to.
+    pub rank: usize,
     pub senders: Vec<Arc<dyn SendEndpoint>>,
     pub receivers: Vec<Arc<dyn RecvEndpoint>>,
 }
@@ -250,6 +252,7 @@ pub fn open(node: &Node, design: Design, config: &EndpointConfig) -> Result<Open
     }
     Ok(Opened {
         design,
+        rank: node.rank(),
         senders,
         receivers,
     })

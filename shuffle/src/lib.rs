@@ -42,6 +42,6 @@ pub use endpoint::{
 pub use error::{Result, ShuffleError};
 pub use exchange::{Exchange, LocalExchange, TcpExchange};
 pub use node::Node;
-pub use operator::{Groups, Shuffle, ShuffleWriter, receive_all, send_and_receive};
+pub use operator::{Groups, OwnPartition, Shuffle, ShuffleWriter, receive_all, send_and_receive};
 pub use pool::{BufferPool, Buffering, Circulation};
 pub use progress::{Phase, Progress};

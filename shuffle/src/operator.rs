@@ -5,13 +5,21 @@
 //! finishes; under SE the last thread to finish ends the shared endpoint's stream.
 //! Receiving threads drain their endpoint with [`receive_all`]; a thread that does both
 //! runs [`send_and_receive`].
+//!
+//! **A node's own partition, in place.** A thread that both sends and receives consumes
+//! the buffers its own node is a destination of as soon as they fill, in the sending
+//! buffer itself, and fills that buffer again: no copy through the fabric, and a buffer
+//! that stays in the core's cache. [`OwnPartition::Fabric`] sends them through the
+//! fabric's loopback instead, as the paper's operator does (and as a node whose
+//! senders and receivers are separate threads always does).
 
 use crate::buffer::{Received, SendBuf, State};
 use crate::endpoint::{Opened, RecvEndpoint, SendEndpoint};
 use crate::error::{Result, ShuffleError};
 use crate::idle::{self, Idle};
+use std::cell::RefCell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::Poll;
 
 /// Transmission groups (§4.1): group `g` is a set of destination ranks.
@@ -42,10 +50,27 @@ impl Groups {
     }
 }
 
+/// How a thread that both sends and receives ([`send_and_receive`]) gets the tuples its
+/// own node is a destination of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OwnPartition {
+    /// Consumed in the sending buffer once it fills, which is then filled again.
+    #[default]
+    InPlace,
+    /// Sent through the fabric to the node's own receive endpoint, like every other.
+    Fabric,
+}
+
 /// One node's side of a shuffle.
 pub struct Shuffle {
     opened: Opened,
     groups: Groups,
+    /// Per group: whether this node is a member, and the other members.
+    own: Vec<bool>,
+    others: Vec<Vec<usize>>,
+    own_partition: OwnPartition,
+    /// Buffers consumed in place (see [`OwnPartition::InPlace`]).
+    in_place: AtomicU64,
     /// Per lane: threads that have not finished yet.
     unfinished: Vec<AtomicUsize>,
 }
@@ -62,25 +87,57 @@ impl Shuffle {
         let unfinished = (0..lanes)
             .map(|l| AtomicUsize::new((l..threads).step_by(lanes).count()))
             .collect();
+        let me = opened.rank;
+        let own = groups.0.iter().map(|g| g.contains(&me)).collect();
+        let others = groups
+            .0
+            .iter()
+            .map(|g| g.iter().copied().filter(|&r| r != me).collect())
+            .collect();
         Ok(Shuffle {
             opened,
             groups,
+            own,
+            others,
+            own_partition: OwnPartition::default(),
+            in_place: AtomicU64::new(0),
             unfinished,
         })
+    }
+
+    /// How threads that both send and receive get their own node's tuples (in place
+    /// unless told otherwise).
+    pub fn with_own_partition(mut self, own_partition: OwnPartition) -> Shuffle {
+        self.own_partition = own_partition;
+        self
     }
 
     pub fn groups(&self) -> &Groups {
         &self.groups
     }
 
+    /// Buffers of this node's own partition consumed in place so far.
+    pub fn consumed_in_place(&self) -> u64 {
+        self.in_place.load(Ordering::Relaxed)
+    }
+
     /// The writer of thread `tid`.
     pub fn writer(&self, tid: usize) -> ShuffleWriter<'_> {
+        self.writer_consuming(tid, None)
+    }
+
+    fn writer_consuming<'a>(
+        &'a self,
+        tid: usize,
+        own: Option<&'a LocalConsumer<'a>>,
+    ) -> ShuffleWriter<'a> {
         let lane = tid % self.opened.senders.len();
         ShuffleWriter {
             shuffle: self,
             lane,
             endpoint: self.opened.senders[lane].clone(),
             out: (0..self.groups.len()).map(|_| None).collect(),
+            own: own.filter(|_| self.own_partition == OwnPartition::InPlace),
         }
     }
 
@@ -102,12 +159,18 @@ pub fn prefetch_stride<const W: usize>() -> (usize, usize) {
     (fabric::PREFETCH_AHEAD_BYTES / bytes, (64 / bytes).max(1))
 }
 
+/// What a thread that also receives does with a received buffer; shared by its
+/// receiving and its writer, which consumes its own node's buffers in place.
+type LocalConsumer<'a> = RefCell<&'a mut dyn FnMut(&Received)>;
+
 /// One thread's output buffers (Algorithm 1).
 pub struct ShuffleWriter<'a> {
     shuffle: &'a Shuffle,
     lane: usize,
     endpoint: Arc<dyn SendEndpoint>,
     out: Vec<Option<SendBuf>>,
+    /// Set when this thread also receives and its own node's buffers are consumed here.
+    own: Option<&'a LocalConsumer<'a>>,
 }
 
 impl ShuffleWriter<'_> {
@@ -125,10 +188,14 @@ impl ShuffleWriter<'_> {
     #[cold]
     fn push_slow(&mut self, group: usize, tuple: &[u64]) -> Result<()> {
         self.check_group(group)?;
-        if let Some(full) = self.out[group].take() {
-            self.transmit(full, group)?;
-        }
-        let mut buf = self.endpoint.acquire()?;
+        let emptied = match self.out[group].take() {
+            Some(full) => self.transmit(full, group)?,
+            None => None,
+        };
+        let mut buf = match emptied {
+            Some(buf) => buf,
+            None => self.endpoint.acquire()?,
+        };
         if !buf.push_tuple(tuple) {
             return Err(ShuffleError::Invalid(format!(
                 "a tuple of {} words does not fit a buffer of {} words",
@@ -211,7 +278,7 @@ impl ShuffleWriter<'_> {
     pub fn flush(&mut self, group: usize) -> Result<()> {
         self.check_group(group)?;
         if let Some(buf) = self.out[group].take_if(|b| !b.is_empty()) {
-            self.transmit(buf, group)?;
+            self.out[group] = self.transmit(buf, group)?;
         }
         Ok(())
     }
@@ -219,14 +286,39 @@ impl ShuffleWriter<'_> {
     /// Sends a filled buffer to its group, then gives this thread's idle work a turn: a
     /// thread that also receives ([`send_and_receive`]) takes in what arrived meanwhile
     /// once per buffer, not only when its sending has to wait.
-    fn transmit(&mut self, buf: SendBuf, group: usize) -> Result<()> {
-        self.endpoint
-            .put_data(buf, self.shuffle.groups.members(group), State::MoreData)?;
+    ///
+    /// When this thread consumes its own node's buffers in place and the node is in the
+    /// group, it consumes this one first; a buffer for this node alone then comes
+    /// back, emptied, to be filled again.
+    fn transmit(&mut self, mut buf: SendBuf, group: usize) -> Result<Option<SendBuf>> {
+        let mut emptied = None;
+        match self.own {
+            Some(consumer) if self.shuffle.own[group] => {
+                let data = Received::in_place(&buf, self.endpoint.id());
+                let mut consume = consumer.try_borrow_mut().map_err(|_| {
+                    ShuffleError::Invalid("a buffer was consumed while consuming another".into())
+                })?;
+                (*consume)(&data);
+                drop(consume);
+                self.shuffle.in_place.fetch_add(1, Ordering::Relaxed);
+                let others = &self.shuffle.others[group];
+                if others.is_empty() {
+                    buf.clear();
+                    emptied = Some(buf);
+                } else {
+                    self.endpoint.put_data(buf, others, State::MoreData)?;
+                }
+            }
+            _ => {
+                self.endpoint
+                    .put_data(buf, self.shuffle.groups.members(group), State::MoreData)?
+            }
+        }
         match idle::run_idle_work() {
             Idle::Failed => Err(ShuffleError::Invalid(
                 "receiving on the sending thread failed".into(),
             )),
-            Idle::Nothing | Idle::Progress => Ok(()),
+            Idle::Nothing | Idle::Progress => Ok(emptied),
         }
     }
 
@@ -235,19 +327,21 @@ impl ShuffleWriter<'_> {
         for g in 0..self.out.len() {
             self.flush(g)?;
         }
-        let spare: Vec<SendBuf> = self.out.iter_mut().filter_map(Option::take).collect();
+        // Empty buffers (acquired and never filled, or consumed in place) go out to
+        // nobody, which returns them; the last thread of the lane keeps one to end the
+        // stream with, after which the endpoint takes nothing more.
+        let mut spare: Vec<SendBuf> = self.out.iter_mut().filter_map(Option::take).collect();
         let last = self.shuffle.unfinished[self.lane].fetch_sub(1, Ordering::AcqRel) == 1;
-        let mut spare = spare.into_iter();
+        let end_with = if last { spare.pop() } else { None };
+        for buf in spare {
+            self.endpoint.put_data(buf, &[], State::MoreData)?;
+        }
         if last {
-            let buf = match spare.next() {
+            let buf = match end_with {
                 Some(b) => b,
                 None => self.endpoint.acquire()?,
             };
             self.endpoint.put_data(buf, &[], State::Depleted)?;
-        }
-        // Buffers acquired and never filled go out empty to nobody, which returns them.
-        for buf in spare {
-            self.endpoint.put_data(buf, &[], State::MoreData)?;
         }
         Ok(())
     }
@@ -256,7 +350,9 @@ impl ShuffleWriter<'_> {
 /// One thread that both sends and receives: runs `send` with thread `tid`'s writer
 /// and finishes it, taking in what its receive endpoint got after every buffer it
 /// transmits and whenever its sending has to wait, then drains the endpoint to the end
-/// of every stream. `consume` sees every received buffer, as with [`receive_all`].
+/// of every stream. `consume` sees every received buffer, as with [`receive_all`], and
+/// (unless the shuffle was told [`OwnPartition::Fabric`]) every buffer of this node's
+/// own partition as it fills, in place.
 ///
 /// A node can so run one thread per core instead of a sender and a receiver for each:
 /// no thread waits for a core while another spins on the data it would produce. The
@@ -270,6 +366,7 @@ pub fn send_and_receive(
     mut consume: impl FnMut(&Received),
 ) -> Result<()> {
     let endpoint = shuffle.receiver(tid);
+    let consumer: LocalConsumer<'_> = RefCell::new(&mut consume);
     let mut failed = None;
     let mut ended = false;
     let mut take_in = || -> Idle {
@@ -279,10 +376,16 @@ pub fn send_and_receive(
         let mut took = false;
         while !ended {
             let step = match endpoint.try_get_data() {
-                Ok(Poll::Ready(Some(data))) => {
-                    consume(&data);
-                    endpoint.release(data)
-                }
+                Ok(Poll::Ready(Some(data))) => match consumer.try_borrow_mut() {
+                    Ok(mut consume) => {
+                        (*consume)(&data);
+                        drop(consume);
+                        endpoint.release(data)
+                    }
+                    Err(_) => Err(ShuffleError::Invalid(
+                        "a buffer arrived while another was being consumed".into(),
+                    )),
+                },
                 Ok(Poll::Ready(None)) => {
                     ended = true;
                     Ok(())
@@ -299,7 +402,7 @@ pub fn send_and_receive(
         if took { Idle::Progress } else { Idle::Nothing }
     };
     let sent = idle::with_idle_work(&mut take_in, || {
-        let mut writer = shuffle.writer(tid);
+        let mut writer = shuffle.writer_consuming(tid, Some(&consumer));
         send(&mut writer)?;
         writer.finish()
     });
@@ -311,7 +414,10 @@ pub fn send_and_receive(
     if ended {
         return Ok(());
     }
-    receive_all(&*endpoint, consume)
+    let mut consume = consumer.try_borrow_mut().map_err(|_| {
+        ShuffleError::Invalid("the consumer of a finished writer is still in use".into())
+    })?;
+    receive_all(&*endpoint, |data| (*consume)(data))
 }
 
 /// Drains `endpoint` (Algorithm 2): calls `consume` on every received buffer, releases

@@ -180,6 +180,7 @@ pub(crate) fn run<T: Send>(
                     let node = Arc::new(Node::join(device, Arc::new(x), 1 << 30).unwrap());
                     let opened = Opened {
                         design: Design::ALL[3],
+                        rank,
                         senders: (0..lanes)
                             .map(|lane| {
                                 Arc::new(Tx {

@@ -56,6 +56,12 @@ pub struct ShuffleArgs {
     /// sender and a receiver). The TCP baseline always runs split.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "split")]
     pub threading: Vec<ThreadingArg>,
+    /// How an interleaved node gets the tuples it sends itself, comma-separated to run
+    /// both: in-place (consumed in the sending buffer once it fills, no copy; the
+    /// default) or fabric (sent through the fabric's loopback like the rest, as the
+    /// paper's operator and a split node do).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub own_partition: Option<Vec<OwnPartitionArg>>,
     /// Tuples in each node's fragment of R (16 bytes each).
     #[arg(long, value_name = "X", default_value_t = 1_000_000,
           value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
@@ -138,6 +144,21 @@ fn threading_name(interleave: bool) -> &'static str {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OwnPartitionArg {
+    InPlace,
+    Fabric,
+}
+
+/// How a run's nodes got their own tuples, in the report and the JSON.
+fn own_partition_name(job: &Job) -> &'static str {
+    if job.interleave && !job.own_via_fabric {
+        "in-place"
+    } else {
+        "fabric"
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BaselineArg {
     Tcp,
     Mpi,
@@ -161,6 +182,10 @@ pub struct Row {
     /// `split` (`threads` senders and as many receivers per node), `interleaved`
     /// (`threads` threads that each do both), or `-` for MPI (a rank is one thread).
     pub threading: &'static str,
+    /// How a node got the tuples it sent itself: `in-place` (an interleaved node
+    /// consumed them in its sending buffers), `fabric` (through the fabric's or the
+    /// socket's loopback), or `-` for MPI (its Alltoallv copies a rank's own block).
+    pub own_partition: &'static str,
     pub message_bytes: u32,
     pub tuples: u64,
     /// Bytes received per node per second, 10^9 units: the median over nodes.
@@ -197,10 +222,10 @@ pub struct Row {
 impl Row {
     /// The design or baseline, and the threading when it is not the default.
     pub fn label(&self) -> String {
-        if self.threading == "interleaved" {
-            format!("{} interleaved", self.design)
-        } else {
-            self.design.clone()
+        match (self.threading, self.own_partition) {
+            ("interleaved", "fabric") => format!("{} interleaved, own via fabric", self.design),
+            ("interleaved", _) => format!("{} interleaved", self.design),
+            _ => self.design.clone(),
         }
     }
 }
@@ -233,6 +258,7 @@ fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResul
         nodes: results.len(),
         threads: job.threads,
         threading: threading_name(job.interleave),
+        own_partition: own_partition_name(job),
         message_bytes: job.message_bytes,
         tuples: job.tuples,
         gb_per_sec: median(rates.clone()),
@@ -365,6 +391,16 @@ pub fn run(args: &ShuffleArgs) -> Result<()> {
     crate::bench::refuse_repeats("threading", &args.threading, |t| {
         crate::bench::value_name(*t)
     })?;
+    if let Some(own) = &args.own_partition {
+        crate::bench::refuse_repeats("own-partition", own, |o| crate::bench::value_name(*o))?;
+        if !args.threading.contains(&ThreadingArg::Interleaved) {
+            bail!(
+                "--own-partition applies to interleaved nodes only (a split node's sender \
+                 cannot consume: its own tuples always go through the fabric); add \
+                 --threading interleaved"
+            );
+        }
+    }
     if let Some(b) = &args.baselines
         && b.contains(&BaselineArg::None)
         && b.len() > 1
@@ -428,6 +464,10 @@ enum Plan {
 
 fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Result<Vec<Row>> {
     let threads = args.threads as usize;
+    let own_ways: Vec<bool> = match &args.own_partition {
+        Some(own) => own.iter().map(|&o| o == OwnPartitionArg::Fabric).collect(),
+        None => vec![false],
+    };
     let job = |method: Method, pattern: Pattern, message_bytes: u32, interleave: bool| Job {
         method,
         pattern,
@@ -439,6 +479,7 @@ fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Resu
         notify: args.notify.to_string(),
         progress_ms: args.progress_ms,
         interleave,
+        own_via_fabric: false,
         pin: args.pin,
     };
     let mut plans = Vec::new();
@@ -446,9 +487,19 @@ fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Resu
         for d in designs {
             for &threading in &args.threading {
                 let interleave = threading == ThreadingArg::Interleaved;
-                for b in sizes(args, d.transport != Transport::SqSr) {
-                    let method = Method::Design(d.to_string());
-                    plans.push(Plan::Node(job(method, pattern, b, interleave)));
+                let ways = if interleave {
+                    &own_ways[..]
+                } else {
+                    &[false][..]
+                };
+                for &own_via_fabric in ways {
+                    for b in sizes(args, d.transport != Transport::SqSr) {
+                        let method = Method::Design(d.to_string());
+                        plans.push(Plan::Node(Job {
+                            own_via_fabric,
+                            ..job(method, pattern, b, interleave)
+                        }));
+                    }
                 }
             }
         }
@@ -493,11 +544,16 @@ fn measure_plan(
             };
             eprintln!(
                 "[{:>2}/{total}] {name} {}, {} messages, {nodes} nodes × {threads} thread(s) \
-                 {} on {}…",
+                 {}{} on {}…",
                 i + 1,
                 job.pattern.name(),
                 size_name(job.message_bytes),
                 threading_name(job.interleave),
+                if job.interleave && job.own_via_fabric {
+                    " (own tuples via the fabric)"
+                } else {
+                    ""
+                },
                 if job.method == Method::Tcp {
                     "loopback TCP"
                 } else {
@@ -570,6 +626,7 @@ fn measure_plan(
                     nodes: l.nodes,
                     threads: l.threads,
                     threading: "-",
+                    own_partition: "-",
                     message_bytes: l.message_bytes,
                     tuples: args.tuples,
                     gb_per_sec: l.gb_per_sec,
@@ -677,9 +734,10 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     writeln!(out)?;
     writeln!(
         out,
-        "{:<9} {:<11} {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
+        "{:<9} {:<11} {:<8} {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
         "design",
         "threading",
+        "own",
         "pattern",
         "message",
         "GB/s",
@@ -693,9 +751,10 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     for r in rows {
         writeln!(
             out,
-            "{:<9} {:<11} {:<11} {:>8} {:>9.3} {:>9.3} {:>9.2} {:>9} {:>10} {:>9.1} {:>8.3}",
+            "{:<9} {:<11} {:<8} {:<11} {:>8} {:>9.3} {:>9.3} {:>9.2} {:>9} {:>10} {:>9.1} {:>8.3}",
             r.design,
             r.threading,
+            r.own_partition,
             r.pattern,
             size_name(r.message_bytes),
             r.gb_per_sec,

@@ -16,8 +16,8 @@ use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use shuffle::testing::{Checksum, tuple};
 use shuffle::{
-    Buffering, EndpointConfig, Exchange, Groups, Node, Notify, Phase, Progress, Received, Shuffle,
-    ShuffleWriter, receive_all,
+    Buffering, EndpointConfig, Exchange, Groups, Node, Notify, OwnPartition, Phase, Progress,
+    Received, Shuffle, ShuffleWriter, receive_all,
 };
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -77,6 +77,10 @@ pub struct Job {
     /// receivers. Designs only.
     #[serde(default)]
     pub interleave: bool,
+    /// With `interleave`: the node's own tuples go through the fabric's loopback
+    /// instead of being consumed in place ([`shuffle::OwnPartition`]).
+    #[serde(default)]
+    pub own_via_fabric: bool,
     /// Pin the node to its own `threads` cores ([`crate::bench::nodes::pin_node`]).
     #[serde(default)]
     pub pin: bool,
@@ -372,7 +376,12 @@ fn run_design(
         Pattern::Repartition => Groups::repartition(node.nodes()),
         Pattern::Broadcast => Groups::broadcast(node.nodes(), node.rank()),
     };
-    let shuffle = Shuffle::new(opened, groups, job.threads)?;
+    let shuffle =
+        Shuffle::new(opened, groups, job.threads)?.with_own_partition(if job.own_via_fabric {
+            OwnPartition::Fabric
+        } else {
+            OwnPartition::InPlace
+        });
     let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     node.all_gather("start", &())?;
@@ -743,6 +752,7 @@ mod tests {
                 notify: "cq".into(),
                 progress_ms: 1000,
                 interleave: false,
+                own_via_fabric: false,
                 pin: false,
             };
             let xs = LocalExchange::group(3, Duration::from_secs(20));

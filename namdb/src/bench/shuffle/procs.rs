@@ -103,6 +103,7 @@ mod tests {
             notify: "cq".into(),
             progress_ms: 1000,
             interleave: false,
+            own_via_fabric: false,
             pin: false,
         }
     }

@@ -138,18 +138,23 @@ fn node_processes_on_shm_aggregate_too() {
         "2",
         "--duckdb-threads",
         "1",
+        "--threading",
+        "interleaved",
         "--json",
         json.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("backend shm, 3 nodes"), "{stdout}");
+    // Workers that also receive (the sim test runs them split).
+    assert!(stdout.contains("worker thread(s) interleaved"), "{stdout}");
     assert!(
         stdout.contains("nodes pinned to their own cores"),
         "{stdout}"
     );
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["pinned"], true);
+    assert_eq!(report["threading"], "interleaved");
     assert_eq!(report["backend"], "shm");
     assert_eq!(report["nodes"], 3);
     let rows = report["rows"].as_array().unwrap();

@@ -119,27 +119,38 @@ fn every_join_agrees_with_duckdb_on_the_sim_backend() {
     assert!(dir.path().join("svg/join-model.svg").exists());
 }
 
+/// Node processes, with split threads (as on the sim) and with threads that each both
+/// send and receive: the same rows either way.
 #[test]
 fn node_processes_on_shm_join_too() {
-    let (report, _, _dir) = bench(
-        &[
-            "--backend",
-            "shm",
-            "--joins",
-            "ghj,rrj",
-            "--selectivity",
-            "0.5",
-            "--no-duckdb",
-        ],
-        3,
-        5_000,
-        5_000,
-    );
-    let runs = report["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 2);
-    assert_eq!(runs[0]["rows"], runs[1]["rows"]);
-    assert!(runs.iter().all(|r| r["verified"] == true));
-    assert!(runs[0]["rows"].as_u64().unwrap() > 5_000);
+    let mut rows = Vec::new();
+    for threading in ["split", "interleaved"] {
+        let (report, out, _dir) = bench(
+            &[
+                "--backend",
+                "shm",
+                "--joins",
+                "ghj-bloom,rrj",
+                "--selectivity",
+                "0.5",
+                "--no-duckdb",
+                "--threading",
+                threading,
+            ],
+            3,
+            5_000,
+            5_000,
+        );
+        assert_eq!(report["threading"], threading);
+        assert!(out.contains(&format!("thread(s) {threading},")), "{out}");
+        let runs = report["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0]["rows"], runs[1]["rows"]);
+        assert!(runs.iter().all(|r| r["verified"] == true));
+        assert!(runs[0]["rows"].as_u64().unwrap() > 5_000);
+        rows.push(runs[0]["rows"].clone());
+    }
+    assert_eq!(rows[0], rows[1]);
 }
 
 #[test]

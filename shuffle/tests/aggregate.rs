@@ -379,6 +379,30 @@ fn a_single_endpoint_design_and_one_thread_agree() {
     }
 }
 
+/// Workers that also receive: each merges what arrives, its own node's records
+/// straight from its sending buffers, into a table of its own; every algorithm still
+/// gives every group exactly once, with few and with many groups, one and several
+/// threads, and a design whose one endpoint the threads share.
+#[test]
+fn workers_that_also_receive_agree() {
+    for (nodes, groups) in [(2, 7), (3, 400), (2, 5000)] {
+        let data = generate(nodes, 4000, |r, i| mix((i * 17) ^ r as u64) % groups);
+        for (threads, design) in [
+            (1, "MEMQ/WR"),
+            (2, "MEMQ/WR"),
+            (2, "SEMQ/SR"),
+            (2, "MESQ/SR"),
+        ] {
+            let config = AggConfig {
+                design: design.parse::<Design>().unwrap(),
+                interleave: true,
+                ..config(threads)
+            };
+            every_algorithm(&data, &config);
+        }
+    }
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let err = Input::new(&[1, 2], &[1]).unwrap_err().to_string();

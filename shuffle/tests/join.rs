@@ -143,6 +143,23 @@ fn every_join_equals_the_single_node_join_on_two_and_three_nodes() {
     }
 }
 
+/// The network pass with threads that each both send and receive: a node files its
+/// own tuples from its sending buffers, and the Bloom filter's waits receive the
+/// other nodes' filter words on the same thread.
+#[test]
+fn every_join_equals_the_single_node_join_when_each_thread_sends_and_receives() {
+    for nodes in [2, 3] {
+        let frags = generated(nodes, 3000, 5000, 0.5);
+        for threads in [1, 2] {
+            let cfg = JoinConfig {
+                interleave: true,
+                ..config(threads)
+            };
+            check_all(&frags, &cfg);
+        }
+    }
+}
+
 #[test]
 fn duplicate_keys_on_both_sides_give_every_pair() {
     // Keys 0..40 repeat in R and S on every node: 40 keys × (3·25) × (3·50) rows.
@@ -338,20 +355,22 @@ fn bad_arguments_are_clear_errors() {
 #[test]
 fn the_network_constant_is_measured_collectively() {
     let c_mem = shuffle::ops::join::cost::measure_memory(1, 4 << 20);
-    let results = on_nodes(2, |node, _| {
-        shuffle::ops::join::cost::measure_network(
-            node,
-            shuffle::ops::join::rdma_ghj::DESIGN,
-            1,
-            4 << 10,
-            20_000,
-            c_mem,
-        )
-    });
-    for res in results {
-        let c_net = res.unwrap();
-        // Finite, not negative, and below a microsecond per byte.
-        assert!((0.0..1e-6).contains(&c_net), "{c_net}");
+    for interleave in [false, true] {
+        let results = on_nodes(2, |node, _| {
+            shuffle::ops::join::cost::measure_network(
+                node,
+                shuffle::ops::join::rdma_ghj::DESIGN,
+                (1, interleave),
+                4 << 10,
+                20_000,
+                c_mem,
+            )
+        });
+        for res in results {
+            let c_net = res.unwrap();
+            // Finite, not negative, and below a microsecond per byte.
+            assert!((0.0..1e-6).contains(&c_net), "{c_net}");
+        }
     }
 }
 

@@ -27,6 +27,7 @@
 pub mod node;
 
 use crate::backend::BackendKind;
+use crate::bench::shuffle::ThreadingArg;
 use crate::bench::{
     JsonOut, SvgDir, duckdb, ensure_data_fits, median_run, nodes, parse_names, plot,
 };
@@ -59,10 +60,16 @@ pub struct AggregateArgs {
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub nodes: u32,
-    /// Worker threads per node (each node also runs a receiving thread per lane).
+    /// Worker threads per node (with `--threading split` each node also runs a
+    /// receiving thread per lane).
     #[arg(long, value_name = "T", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: u32,
+    /// split: the workers send, and a receiving thread per endpoint lane merges what
+    /// arrives; interleaved: each worker also receives, and merges its own node's
+    /// records straight from its sending buffers.
+    #[arg(long, value_enum, default_value_t = ThreadingArg::Split)]
+    pub threading: ThreadingArg,
     /// Tuples per node.
     #[arg(long, value_name = "X", default_value_t = 1_000_000,
           value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
@@ -174,6 +181,7 @@ struct Report<'a> {
     backend: &'a str,
     nodes: u32,
     threads: u32,
+    threading: &'static str,
     tuples_per_node: u64,
     design: &'a str,
     local_groups: usize,
@@ -543,6 +551,7 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
     let config = AggConfig {
         design,
         threads: args.threads as usize,
+        interleave: args.threading == ThreadingArg::Interleaved,
         message_bytes: args.message_bytes,
         timeout: STALL_LIMIT,
         local_groups: args.local_groups,
@@ -657,6 +666,7 @@ pub fn run(args: &AggregateArgs) -> Result<()> {
             backend: args.backend.name(),
             nodes: args.nodes,
             threads: args.threads,
+            threading: args.threading.name(),
             tuples_per_node: args.tuples,
             design: &args.design,
             local_groups: config.local_groups,
@@ -736,12 +746,13 @@ fn print_report(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "namdb bench aggregate: backend {}, {} nodes × {} worker thread(s), {} tuples per node, \
-         design {}, memory budget {} groups per worker, cache table {} groups, crossover {} \
-         groups; DuckDB {}",
+        "namdb bench aggregate: backend {}, {} nodes × {} worker thread(s) {}, {} tuples per \
+         node, design {}, memory budget {} groups per worker, cache table {} groups, crossover \
+         {} groups; DuckDB {}",
         args.backend.name(),
         args.nodes,
         args.threads,
+        args.threading.name(),
         args.tuples,
         args.design,
         config.local_groups,

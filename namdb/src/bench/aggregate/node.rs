@@ -31,6 +31,9 @@ pub struct Job {
     pub repeat: u32,
     pub design: String,
     pub threads: usize,
+    /// Workers that also receive ([`AggConfig::interleave`]).
+    #[serde(default)]
+    pub interleave: bool,
     pub message_bytes: u32,
     pub local_groups: usize,
     pub cache_groups: usize,
@@ -48,6 +51,7 @@ impl Job {
         Ok(AggConfig {
             design,
             threads: self.threads,
+            interleave: self.interleave,
             message_bytes: self.message_bytes,
             timeout: STALL_LIMIT,
             local_groups: self.local_groups,
@@ -73,6 +77,7 @@ impl Job {
             repeat: args.repeat,
             design: args.design.clone(),
             threads: config.threads,
+            interleave: config.interleave,
             message_bytes: config.message_bytes,
             local_groups: config.local_groups,
             cache_groups: config.cache_groups,

@@ -22,6 +22,7 @@ use crate::backend::BackendKind;
 use crate::bench::duckdb::{self, Table};
 use crate::bench::nodes;
 use crate::bench::plot::{self, Axes, Series, XAxis};
+use crate::bench::shuffle::ThreadingArg;
 use crate::bench::{JsonOut, SvgDir, ensure_data_fits, median_run, parse_names};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
@@ -49,6 +50,11 @@ pub struct JoinArgs {
     #[arg(long, value_name = "T", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: u32,
+    /// How the network pass runs its T threads: split (T senders and T receivers) or
+    /// interleaved (T threads that each send and receive, and file their own node's
+    /// tuples straight from their sending buffers).
+    #[arg(long, value_enum, default_value_t = ThreadingArg::Split)]
+    pub threading: ThreadingArg,
     /// R tuples per node.
     #[arg(long, value_name = "X", default_value_t = 1_000_000,
           value_parser = clap::value_parser!(u64).range(0..=1 << 31))]
@@ -135,6 +141,8 @@ pub struct Report {
     pub backend: String,
     pub nodes: usize,
     pub threads: usize,
+    /// The network pass's threads: `split` or `interleaved`.
+    pub threading: &'static str,
     pub r_tuples: u64,
     pub s_tuples: u64,
     pub repeat: usize,
@@ -269,14 +277,16 @@ fn measure(args: &JoinArgs, joins: &[Algorithm]) -> Result<Report> {
         repeat: args.repeat as usize,
         calibration_tuples: args.r_tuples.clamp(1 << 14, 1 << 20),
         progress_ms: args.progress_ms,
+        interleave: args.threading == ThreadingArg::Interleaved,
     };
     eprintln!(
-        "{} join(s) × {} selectivities × {} run(s) on {nodes} {} node(s) × {threads} thread(s), \
-         {} R + {} S tuples per node…",
+        "{} join(s) × {} selectivities × {} run(s) on {nodes} {} node(s) × {threads} thread(s) \
+         {}, {} R + {} S tuples per node…",
         joins.len(),
         args.selectivity.len(),
         args.repeat,
         args.backend.name(),
+        args.threading.name(),
         args.r_tuples,
         args.s_tuples
     );
@@ -386,6 +396,7 @@ fn measure(args: &JoinArgs, joins: &[Algorithm]) -> Result<Report> {
     let (rrj_over_ghj, best_over_duckdb, summary) = ratios(&args.selectivity, &runs);
     Ok(Report {
         backend: args.backend.name().into(),
+        threading: args.threading.name(),
         nodes,
         threads,
         r_tuples: args.r_tuples,
@@ -565,11 +576,12 @@ fn ratios(selectivities: &[f64], runs: &[Row]) -> Ratios {
 fn print_report(out: &mut impl Write, report: &Report) -> std::io::Result<()> {
     writeln!(
         out,
-        "namdb bench join: backend {}, {} nodes × {} thread(s), {} R + {} S tuples (16 B) per \
-         node, median of {} run(s); DuckDB {} with {} threads",
+        "namdb bench join: backend {}, {} nodes × {} thread(s) {}, {} R + {} S tuples (16 B) \
+         per node, median of {} run(s); DuckDB {} with {} threads",
         report.backend,
         report.nodes,
         report.threads,
+        report.threading,
         report.r_tuples,
         report.s_tuples,
         report.repeat,

@@ -38,6 +38,9 @@ pub struct Job {
     pub calibration_tuples: u64,
     /// How often a node process reports its progress, in ms.
     pub progress_ms: u64,
+    /// The network pass's threads each both send and receive ([`JoinConfig::interleave`]).
+    #[serde(default)]
+    pub interleave: bool,
 }
 
 impl Job {
@@ -97,6 +100,7 @@ pub fn run_node(
         bloom_bits_per_key: job.bloom_bits_per_key,
         timeout: STALL_LIMIT,
         progress: progress.clone(),
+        interleave: job.interleave,
         ..JoinConfig::default()
     };
     let c_mem = cost::measure_memory(job.threads, MEMORY_PROBE_BYTES);
@@ -104,7 +108,7 @@ pub fn run_node(
         cost::measure_network(
             &node,
             design,
-            job.threads,
+            (job.threads, job.interleave),
             job.message_bytes,
             job.calibration_tuples,
             c_mem,

@@ -143,6 +143,12 @@ fn threading_name(interleave: bool) -> &'static str {
     if interleave { "interleaved" } else { "split" }
 }
 
+impl ThreadingArg {
+    pub fn name(self) -> &'static str {
+        threading_name(self == ThreadingArg::Interleaved)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OwnPartitionArg {
     InPlace,

@@ -66,7 +66,7 @@ use crate::endpoint::{Design, EndpointConfig, Endpoints, Transport, open};
 use crate::error::{Result, ShuffleError};
 use crate::flow::Agg;
 use crate::node::Node;
-use crate::operator::{Groups, Shuffle, receive_all};
+use crate::operator::{Groups, Shuffle, receive_all, send_and_receive};
 use crate::progress::{CHUNK, Phase, Progress};
 use std::fmt;
 use std::str::FromStr;
@@ -259,6 +259,10 @@ pub struct AggConfig {
     pub design: Design,
     /// Worker threads per node (and endpoint lanes under the ME designs).
     pub threads: usize,
+    /// Each worker also receives, and merges its own node's records straight from its
+    /// sending buffers ([`crate::send_and_receive`]), instead of a receiving thread per
+    /// endpoint lane beside the workers.
+    pub interleave: bool,
     pub message_bytes: u32,
     /// How long a blocked send or receive waits without progress.
     pub timeout: Duration,
@@ -291,6 +295,7 @@ impl Default for AggConfig {
         AggConfig {
             design: Design::new(Endpoints::Multi, Transport::MqWr),
             threads: 1,
+            interleave: false,
             message_bytes: 64 << 10,
             timeout: Duration::from_secs(60),
             local_groups: 1 << 16,
@@ -482,22 +487,71 @@ pub fn aggregate(
     progress.start(Phase::Aggregating, input.len() as u64);
     // Once the last worker is through, what remains is the owners merging.
     let working = AtomicUsize::new(threads);
+    let work_through = |slice: Input<'_>, out: &mut Outbox<'_, '_>| -> Result<(Strategy, Sent)> {
+        let strategy = work(plan, slice, out, config)?;
+        if working.fetch_sub(1, Ordering::Relaxed) == 1 {
+            progress.start(Phase::Merging, 0);
+        }
+        Ok((strategy, out.sent))
+    };
+    let slice_of = |tid: usize| {
+        input.slice(
+            input.len() * tid / threads,
+            input.len() * (tid + 1) / threads,
+        )
+    };
     let (workers, receivers) = std::thread::scope(|s| {
+        if config.interleave {
+            let both: Vec<_> = (0..threads)
+                .map(|tid| {
+                    let (shuffle, work_through) = (&shuffle, &work_through);
+                    s.spawn(move || {
+                        let mut table = Merging::default();
+                        let mut done = None;
+                        let run = send_and_receive(
+                            shuffle,
+                            tid,
+                            |w| {
+                                done =
+                                    Some(work_through(slice_of(tid), &mut Outbox::new(w, nodes))?);
+                                Ok(())
+                            },
+                            |data| table.absorb(data.payload()),
+                        );
+                        // A malformed message is the cause of whatever else failed, and
+                        // the workers' results are looked at first.
+                        match (table.into_result(), run) {
+                            (Err(e), _) => (Err(e), Ok((GroupTable::with_capacity(1), 0))),
+                            (Ok(t), Err(e)) => (Err(e), Ok(t)),
+                            (Ok(t), Ok(())) => (
+                                done.ok_or_else(|| {
+                                    ShuffleError::Invalid(
+                                        "a worker returned without working".into(),
+                                    )
+                                }),
+                                Ok(t),
+                            ),
+                        }
+                    })
+                })
+                .collect();
+            let (workers, receivers): (Vec<_>, Vec<_>) = both
+                .into_iter()
+                .map(|h| match h.join() {
+                    Ok((w, r)) => (w, r),
+                    Err(_) => (joined(Err(Box::new(()))), Err(panicked())),
+                })
+                .unzip();
+            return (workers, receivers);
+        }
         let workers: Vec<_> = (0..threads)
             .map(|tid| {
-                let slice = input.slice(
-                    input.len() * tid / threads,
-                    input.len() * (tid + 1) / threads,
-                );
-                let (shuffle, working) = (&shuffle, &working);
+                let (shuffle, work_through) = (&shuffle, &work_through);
                 s.spawn(move || -> Result<(Strategy, Sent)> {
-                    let mut out = Outbox::new(shuffle.writer(tid), nodes);
-                    let strategy = work(plan, slice, &mut out, config)?;
-                    let sent = out.finish()?;
-                    if working.fetch_sub(1, Ordering::Relaxed) == 1 {
-                        progress.start(Phase::Merging, 0);
-                    }
-                    Ok((strategy, sent))
+                    let mut w = shuffle.writer(tid);
+                    let done = work_through(slice_of(tid), &mut Outbox::new(&mut w, nodes))?;
+                    w.finish()?;
+                    Ok(done)
                 })
             })
             .collect();
@@ -505,18 +559,9 @@ pub fn aggregate(
             .map(|lane| {
                 let endpoint = shuffle.receiver(lane);
                 s.spawn(move || -> Result<(GroupTable, u64)> {
-                    let mut table = GroupTable::with_capacity(1024);
-                    let mut records = 0u64;
-                    let mut failed = None;
-                    receive_all(&*endpoint, |data| {
-                        if failed.is_none() {
-                            match wire::absorb(&mut table, data.payload()) {
-                                Ok(n) => records += n,
-                                Err(e) => failed = Some(e),
-                            }
-                        }
-                    })?;
-                    failed.map_or(Ok((table, records)), Err)
+                    let mut table = Merging::default();
+                    receive_all(&*endpoint, |data| table.absorb(data.payload()))?;
+                    table.into_result()
                 })
             })
             .collect();
@@ -566,11 +611,44 @@ pub fn aggregate(
 
 /// A thread's result, a panic turned into an error.
 fn joined<T>(r: std::thread::Result<Result<T>>) -> Result<T> {
-    r.unwrap_or_else(|_| {
-        Err(ShuffleError::Invalid(
-            "an aggregation thread panicked".into(),
-        ))
-    })
+    r.unwrap_or_else(|_| Err(panicked()))
+}
+
+fn panicked() -> ShuffleError {
+    ShuffleError::Invalid("an aggregation thread panicked".into())
+}
+
+/// What a receiving thread merges: its table, the records in it, and the first
+/// malformed message (after which it merges nothing more).
+struct Merging {
+    table: GroupTable,
+    records: u64,
+    failed: Option<ShuffleError>,
+}
+
+impl Default for Merging {
+    fn default() -> Merging {
+        Merging {
+            table: GroupTable::with_capacity(1024),
+            records: 0,
+            failed: None,
+        }
+    }
+}
+
+impl Merging {
+    fn absorb(&mut self, payload: &[std::sync::atomic::AtomicU64]) {
+        if self.failed.is_none() {
+            match wire::absorb(&mut self.table, payload) {
+                Ok(n) => self.records += n,
+                Err(e) => self.failed = Some(e),
+            }
+        }
+    }
+
+    fn into_result(self) -> Result<(GroupTable, u64)> {
+        self.failed.map_or(Ok((self.table, self.records)), Err)
+    }
 }
 
 /// Tuples the sampling choice reads at a random place at a time: Shatdal samples
@@ -632,7 +710,7 @@ fn sample_groups(input: Input<'_>, sample: usize, config: &AggConfig) -> (usize,
 fn work(
     plan: Algorithm,
     input: Input<'_>,
-    out: &mut Outbox<'_>,
+    out: &mut Outbox<'_, '_>,
     config: &AggConfig,
 ) -> Result<Strategy> {
     let progress = &*config.progress;
@@ -710,7 +788,7 @@ fn local(
     done
 }
 
-fn repartition(input: Input<'_>, out: &mut Outbox<'_>, progress: &Progress) -> Result<()> {
+fn repartition(input: Input<'_>, out: &mut Outbox<'_, '_>, progress: &Progress) -> Result<()> {
     for (keys, values) in input.keys.chunks(CHUNK).zip(input.values.chunks(CHUNK)) {
         for (&k, &v) in keys.iter().zip(values) {
             out.raw(k, hash(k), v)?;
@@ -721,7 +799,11 @@ fn repartition(input: Input<'_>, out: &mut Outbox<'_>, progress: &Progress) -> R
 }
 
 /// Adaptive Two Phase over `input`; `true` if it switched to repartitioning.
-fn adaptive_two_phase(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result<bool> {
+fn adaptive_two_phase(
+    input: Input<'_>,
+    out: &mut Outbox<'_, '_>,
+    config: &AggConfig,
+) -> Result<bool> {
     let mut table = GroupTable::with_capacity(config.local_groups.min(1024));
     let progress = &*config.progress;
     let folded = local(&mut table, input, config.local_groups, true, progress);
@@ -743,7 +825,7 @@ const OBSERVE_EVERY: usize = 1024;
 /// Adaptive Repartitioning's first phase: repartitions while counting groups, and
 /// returns how many tuples it repartitioned before deciding to switch (the whole input
 /// if it never does).
-fn observe(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result<usize> {
+fn observe(input: Input<'_>, out: &mut Outbox<'_, '_>, config: &AggConfig) -> Result<usize> {
     let crossover = config.crossover();
     let init_segment = config.init_segment().max(1);
     let mut seen = KeySet::new(crossover);
@@ -770,7 +852,7 @@ fn observe(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result
 
 /// RDMA AGG's first phase: pre-aggregation in a cache-sized table, overflow tuples
 /// shipped raw to their owners while the scan goes on, then the table's partials.
-fn pre_aggregate(input: Input<'_>, out: &mut Outbox<'_>, config: &AggConfig) -> Result<()> {
+fn pre_aggregate(input: Input<'_>, out: &mut Outbox<'_, '_>, config: &AggConfig) -> Result<()> {
     let limit = config.cache_groups;
     let mut table = GroupTable::with_capacity(limit);
     for (keys, values) in input.keys.chunks(CHUNK).zip(input.values.chunks(CHUNK)) {

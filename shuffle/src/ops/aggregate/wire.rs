@@ -23,17 +23,18 @@ pub struct Sent {
     pub partials: u64,
 }
 
-/// A worker's outgoing records, one open message per owner node.
-pub(crate) struct Outbox<'a> {
-    writer: ShuffleWriter<'a>,
+/// A worker's outgoing records, one open message per owner node, in its writer's
+/// buffers (the caller finishes the writer).
+pub(crate) struct Outbox<'w, 'a> {
+    writer: &'w mut ShuffleWriter<'a>,
     /// The kind of the open message per node (0: none open).
     kinds: Vec<u64>,
     nodes: usize,
     pub(crate) sent: Sent,
 }
 
-impl<'a> Outbox<'a> {
-    pub(crate) fn new(writer: ShuffleWriter<'a>, nodes: usize) -> Outbox<'a> {
+impl<'w, 'a> Outbox<'w, 'a> {
+    pub(crate) fn new(writer: &'w mut ShuffleWriter<'a>, nodes: usize) -> Outbox<'w, 'a> {
         Outbox {
             writer,
             kinds: vec![0; nodes],
@@ -109,12 +110,6 @@ impl<'a> Outbox<'a> {
         }
         self.kinds[node] = kind;
         Ok(())
-    }
-
-    /// Sends what is open and ends this worker's streams.
-    pub(crate) fn finish(self) -> Result<Sent> {
-        self.writer.finish()?;
-        Ok(self.sent)
     }
 }
 

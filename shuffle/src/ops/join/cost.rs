@@ -125,11 +125,12 @@ pub fn measure_memory(threads: usize, bytes: usize) -> f64 {
 
 /// Seconds per byte a node's shuffle adds beyond `2·c_mem`, measured by
 /// repartitioning `tuples` generated tuples per node with `design` (the better of two
-/// runs). Collective.
+/// runs), with the joins' threading (`interleave`: see [`Plan::interleave`]).
+/// Collective.
 pub fn measure_network(
     node: &Node,
     design: Design,
-    threads: usize,
+    (threads, interleave): (usize, bool),
     message_bytes: u32,
     tuples: u64,
     c_mem: f64,
@@ -144,6 +145,7 @@ pub fn measure_network(
         timeout: Duration::from_secs(30),
         parts: 1,
         bloom_words: None,
+        interleave,
     };
     // The better of two runs: the first also warms the buffer pool up. Their phases
     // are the calibration's, not a join's: nobody reads them.

@@ -115,6 +115,10 @@ pub struct JoinConfig {
     pub cache_bytes: Option<usize>,
     /// Overrides the algorithm's endpoint design.
     pub design: Option<Design>,
+    /// The network pass runs `threads` threads that each both send and receive
+    /// ([`crate::send_and_receive`]; a node's own tuples are filed straight from its
+    /// sending buffers), instead of `threads` senders and `threads` receivers.
+    pub interleave: bool,
     /// How long a blocked step waits before it fails.
     pub timeout: Duration,
     /// Where this node reports its phase and count while the join runs (not a setting:
@@ -130,6 +134,7 @@ impl Default for JoinConfig {
             bloom_bits_per_key: 10,
             cache_bytes: None,
             design: None,
+            interleave: false,
             timeout: Duration::from_secs(30),
             progress: Arc::default(),
         }
@@ -294,6 +299,7 @@ impl Context<'_> {
             timeout: self.config.timeout,
             parts,
             bloom_words,
+            interleave: self.config.interleave,
         }
     }
 }

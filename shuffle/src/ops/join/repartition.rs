@@ -23,7 +23,7 @@ use super::hash::{hash, partition};
 use crate::endpoint::{Backoff, Design, EndpointConfig, open};
 use crate::error::{Result, ShuffleError};
 use crate::node::Node;
-use crate::operator::{Groups, Shuffle, ShuffleWriter};
+use crate::operator::{Groups, Shuffle, ShuffleWriter, send_and_receive};
 use crate::progress::{Phase, Progress, counted};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -53,12 +53,23 @@ pub struct Plan {
     pub parts: usize,
     /// Filter S by a Bloom filter over R of this many words (same on every node).
     pub bloom_words: Option<usize>,
+    /// Each of the `threads` threads both sends and receives ([`send_and_receive`]),
+    /// instead of `threads` senders and `threads` receivers.
+    pub interleave: bool,
 }
 
 /// What one receiving thread collected: `parts[p]` is R's local partition `p`,
 /// `parts[plan.parts + p]` S's.
 pub struct Collected {
     pub parts: Vec<Vec<Tuple>>,
+}
+
+impl Collected {
+    fn new(parts: usize) -> Collected {
+        Collected {
+            parts: (0..2 * parts).map(|_| Vec::new()).collect(),
+        }
+    }
 }
 
 /// The outcome of the pass on one node.
@@ -189,13 +200,35 @@ pub fn run(
     let lanes = shuffle.lanes();
     let bloom_done = std::sync::Mutex::new(Duration::ZERO);
     let (sent, collected) = std::thread::scope(|sc| {
+        if plan.interleave {
+            let threads: Vec<_> = (0..plan.threads)
+                .map(|tid| {
+                    let (shared, shuffle, bloom_done) = (&shared, &shuffle, &bloom_done);
+                    let r = chunk(r, tid, plan.threads);
+                    let s = chunk(s, tid, plan.threads);
+                    sc.spawn(move || {
+                        let out = send_and_file(shared, shuffle, tid, (r, s), started, bloom_done);
+                        if out.0.is_err() || out.1.is_err() {
+                            shared.failed.store(true, Ordering::Relaxed);
+                        }
+                        out
+                    })
+                })
+                .collect();
+            return threads
+                .into_iter()
+                .map(|h| h.join().expect("join thread panicked"))
+                .unzip();
+        }
         let senders: Vec<_> = (0..plan.threads)
             .map(|tid| {
                 let (shared, shuffle, bloom_done) = (&shared, &shuffle, &bloom_done);
                 let r = chunk(r, tid, plan.threads);
                 let s = chunk(s, tid, plan.threads);
                 sc.spawn(move || {
-                    let out = send(shared, shuffle.writer(tid), tid, r, s, started, bloom_done);
+                    let mut w = shuffle.writer(tid);
+                    let out = send(shared, &mut w, tid, r, s, started, bloom_done)
+                        .and_then(|sent| w.finish().map(|()| sent));
                     if out.is_err() {
                         shared.failed.store(true, Ordering::Relaxed);
                     }
@@ -225,6 +258,7 @@ pub fn run(
             .collect();
         (sent, collected)
     });
+    let (sent, collected): (Vec<Result<Sent>>, Vec<Result<Collected>>) = (sent, collected);
     let seconds = started.elapsed();
     // The first error is the cause; later ones are mostly "another thread failed".
     let mut totals = Sent::default();
@@ -356,9 +390,48 @@ fn room<'w>(
     w.buffer(group)
 }
 
+/// One thread that sends its share of `r` and `s` and files what arrives meanwhile
+/// and after: what it sent, and what it collected.
+fn send_and_file(
+    shared: &Shared<'_>,
+    shuffle: &Shuffle,
+    tid: usize,
+    (r, s): (&[Tuple], &[Tuple]),
+    started: Instant,
+    bloom_done: &std::sync::Mutex<Duration>,
+) -> (Result<Sent>, Result<Collected>) {
+    let mut collected = Collected::new(shared.plan.parts);
+    let mut bad = None;
+    let mut sent = None;
+    let run = send_and_receive(
+        shuffle,
+        tid,
+        |w| {
+            let out = send(shared, w, tid, r, s, started, bloom_done);
+            out.map(|s| sent = Some(s))
+        },
+        |data| {
+            if bad.is_none()
+                && let Err(e) = file(shared, data, &mut collected)
+            {
+                // The filter waits of the sending notice it, as a split receiver's
+                // failure.
+                shared.failed.store(true, Ordering::Relaxed);
+                bad = Some(e);
+            }
+        },
+    );
+    // A malformed message is the cause; the run only stopped because of it.
+    match (bad, run) {
+        (Some(e), _) => (Ok(Sent::default()), Err(e)),
+        (None, Err(e)) => (Err(e), Ok(collected)),
+        (None, Ok(())) => (Ok(sent.unwrap_or_default()), Ok(collected)),
+    }
+}
+
 fn send(
     shared: &Shared<'_>,
-    mut w: ShuffleWriter<'_>,
+    w: &mut ShuffleWriter<'_>,
     tid: usize,
     r: &[Tuple],
     s: &[Tuple],
@@ -396,13 +469,11 @@ fn send(
             .merged
             .fetch_add(slice.len() as u64, Ordering::AcqRel);
         if shared.nodes > 1 {
-            sent.words += broadcast_filter(&mut w, shared.nodes, offset, slice)?;
+            sent.words += broadcast_filter(w, shared.nodes, offset, slice)?;
         }
     }
-    counted(shared.progress, r, |t| {
-        stager.push(&mut w, REL_R, hash(t[0]), t)
-    })?;
-    stager.drain(&mut w, REL_R)?;
+    counted(shared.progress, r, |t| stager.push(w, REL_R, hash(t[0]), t))?;
+    stager.drain(w, REL_R)?;
     sent.r = r.len() as u64;
     if let Some(combined) = &shared.combined {
         let want = (shared.nodes * combined.len_words()) as u64;
@@ -414,20 +485,17 @@ fn send(
         counted(shared.progress, s, |t| {
             let h = hash(t[0]);
             if combined.contains_hash(h) {
-                stager.push(&mut w, REL_S, h, t)?;
+                stager.push(w, REL_S, h, t)?;
                 sent.s += 1;
             }
             Ok::<_, ShuffleError>(())
         })?;
     } else {
-        counted(shared.progress, s, |t| {
-            stager.push(&mut w, REL_S, hash(t[0]), t)
-        })?;
+        counted(shared.progress, s, |t| stager.push(w, REL_S, hash(t[0]), t))?;
         sent.s = s.len() as u64;
     }
-    stager.drain(&mut w, REL_S)?;
+    stager.drain(w, REL_S)?;
     sent.words += stager.words;
-    w.finish()?;
     Ok(sent)
 }
 
@@ -479,10 +547,7 @@ fn malformed(source: u32, why: String) -> ShuffleError {
 }
 
 fn receive(shared: &Shared<'_>, endpoint: &dyn crate::endpoint::RecvEndpoint) -> Result<Collected> {
-    let parts = shared.plan.parts;
-    let mut collected = Collected {
-        parts: (0..2 * parts).map(|_| Vec::new()).collect(),
-    };
+    let mut collected = Collected::new(shared.plan.parts);
     while let Some(data) = endpoint.get_data()? {
         let parsed = file(shared, &data, &mut collected);
         endpoint.release(data)?;

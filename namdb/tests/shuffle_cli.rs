@@ -267,6 +267,19 @@ fn designs_run_interleaved_and_pinned_in_node_processes() {
     }
     want.push(("tcp", "split", "fabric"));
     assert_eq!(runs, want, "{rows:?}");
+    // A broadcasting node sends itself nothing: each design runs once per threading.
+    let broadcasts: Vec<(&str, &str)> = rows
+        .iter()
+        .filter(|r| r["pattern"] == "broadcast")
+        .map(|r| {
+            assert_eq!(r["own_partition"], "-", "{r}");
+            (
+                r["design"].as_str().unwrap(),
+                r["threading"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(broadcasts.len(), 7, "{broadcasts:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     for own in [" in-place ", " fabric "] {
         assert!(

@@ -155,9 +155,12 @@ pub enum OwnPartitionArg {
     Fabric,
 }
 
-/// How a run's nodes got their own tuples, in the report and the JSON.
+/// How a run's nodes got their own tuples, in the report and the JSON: `-` in a
+/// broadcast, where a node sends itself nothing.
 fn own_partition_name(job: &Job) -> &'static str {
-    if job.interleave && !job.own_via_fabric {
+    if job.pattern == Pattern::Broadcast {
+        "-"
+    } else if job.interleave && !job.own_via_fabric {
         "in-place"
     } else {
         "fabric"
@@ -190,7 +193,8 @@ pub struct Row {
     pub threading: &'static str,
     /// How a node got the tuples it sent itself: `in-place` (an interleaved node
     /// consumed them in its sending buffers), `fabric` (through the fabric's or the
-    /// socket's loopback), or `-` for MPI (its Alltoallv copies a rank's own block).
+    /// socket's loopback), or `-` in a broadcast (a node sends itself nothing) and for
+    /// MPI (its Alltoallv copies a rank's own block).
     pub own_partition: &'static str,
     pub message_bytes: u32,
     pub tuples: u64,
@@ -493,7 +497,8 @@ fn measure(args: &ShuffleArgs, designs: &[Design], tcp: bool, mpi: bool) -> Resu
         for d in designs {
             for &threading in &args.threading {
                 let interleave = threading == ThreadingArg::Interleaved;
-                let ways = if interleave {
+                // A broadcasting node sends itself nothing: one way is all there is.
+                let ways = if interleave && pattern == Pattern::Repartition {
                     &own_ways[..]
                 } else {
                     &[false][..]

@@ -95,12 +95,24 @@ pub struct QpConfig {
     pub rnr_retry: u8,
     /// Wait between RNR retries.
     pub rnr_timer: Duration,
+    /// RC: how long requests on the wire may go without a sign of the responder (a
+    /// response, or bytes it took) before the oldest completes with `RetryExceeded`
+    /// and the queue pair breaks, as a NIC's transport timer and retries end
+    /// (`timeout × retry_cnt`). A SEND or WRITE_WITH_IMM waiting for a receive is the
+    /// RNR budget's to end, not this. The tcp backend keeps it; sim and shm requesters
+    /// execute their requests themselves, and verbs programs the NIC's own timer
+    /// (67 ms × 7 retries).
+    pub transport_timeout: Duration,
     /// UD only: the Q_Key incoming datagrams must carry.
     pub qkey: u32,
 }
 
 impl QpConfig {
     pub const DEFAULT_QKEY: u32 = 0x1111_1111;
+    /// Generous for a soft-NIC whose responder thread shares a few busy cores (a NIC's
+    /// is typically 0.5–4 s), and a third of what the transaction layer waits for a
+    /// completion before it calls the connection lost.
+    pub const DEFAULT_TRANSPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
     pub fn new(kind: QpKind, cq: &Arc<dyn CompletionQueue>) -> QpConfig {
         QpConfig {
@@ -112,6 +124,7 @@ impl QpConfig {
             max_inline: 256,
             rnr_retry: 3,
             rnr_timer: Duration::from_micros(640),
+            transport_timeout: Self::DEFAULT_TRANSPORT_TIMEOUT,
             qkey: Self::DEFAULT_QKEY,
         }
     }

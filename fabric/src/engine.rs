@@ -45,6 +45,7 @@ pub(crate) struct Caps {
     pub(crate) max_inline: u32,
     pub(crate) rnr_retry: u8,
     pub(crate) rnr_timer: Duration,
+    pub(crate) transport_timeout: Duration,
     pub(crate) qkey: u32,
 }
 
@@ -62,12 +63,18 @@ impl Caps {
                 "queue depths must be at least 1".into(),
             ));
         }
+        if config.transport_timeout.is_zero() {
+            return Err(FabricError::InvalidWorkRequest(
+                "the transport timeout must be more than zero".into(),
+            ));
+        }
         Ok(Caps {
             max_send_wr: config.max_send_wr,
             max_recv_wr: config.max_recv_wr,
             max_inline: config.max_inline,
             rnr_retry: config.rnr_retry,
             rnr_timer: config.rnr_timer,
+            transport_timeout: config.transport_timeout,
             qkey: config.qkey,
         })
     }

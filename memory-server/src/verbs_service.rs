@@ -236,6 +236,8 @@ impl RemoteVerbs for VerbsService {
             max_inline: body.max_inline,
             rnr_retry,
             rnr_timer: Duration::from_nanos(body.rnr_timer_ns),
+            // Not part of the request: this server's device keeps its default.
+            transport_timeout: QpConfig::DEFAULT_TRANSPORT_TIMEOUT,
             qkey: body.qkey,
         };
         let device = self.state.device.clone();

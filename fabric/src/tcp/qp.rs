@@ -22,13 +22,15 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A work request posted and not yet completed, in posting order.
 struct Inflight {
     wr_id: u64,
     signaled: bool,
     opcode: WcOpcode,
+    /// The responder may hold it until a receive is posted ([`may_wait_for_a_receive`]).
+    may_wait: bool,
     /// Sent to the responder: resolved by its response. Otherwise resolved locally
     /// with `status` once everything before it has been.
     sent: bool,
@@ -63,6 +65,12 @@ fn note_read(got: bool) {
     });
 }
 
+/// Whether the responder may hold `op` until a receive is posted (RNR): its silence is
+/// then no sign of a dead peer.
+fn may_wait_for_a_receive(op: &WrOp<'_>) -> bool {
+    matches!(op, WrOp::Send { .. } | WrOp::Write { imm: Some(_), .. })
+}
+
 /// Polls of a queue pair whose doorbell is held after which it rings by itself: a
 /// round of a thread's coroutines polls it once per coroutine, and a thread that polls
 /// it far more without ringing is waiting on it some other way.
@@ -82,6 +90,10 @@ struct SendSide {
     held: bool,
     /// Polls of this queue pair since its doorbell was held.
     polls_while_held: u32,
+    /// Since when requests on the wire have gone without a sign of the responder (a
+    /// response read, or bytes it took): the transport timer. `None` while nothing is
+    /// owed.
+    silent_since: Option<Instant>,
     out: Vec<u8>,
     inbuf: Vec<u8>,
     /// What one read of the socket lands in, kept: zeroing 64 KiB anew for every read
@@ -129,6 +141,7 @@ impl QpShared {
                 doomed: false,
                 held: false,
                 polls_while_held: 0,
+                silent_since: None,
                 out: Vec::new(),
                 inbuf: Vec::new(),
                 chunk: vec![0; READ_CHUNK].into_boxed_slice(),
@@ -339,6 +352,18 @@ impl QpShared {
             }
         }
         note_read(got);
+        if got {
+            side.silent_since = Some(Instant::now());
+        } else if side
+            .silent_since
+            .is_some_and(|t| t.elapsed() >= self.caps.transport_timeout)
+            && !side.inflight.iter().any(|e| e.sent && e.may_wait)
+        {
+            // The responder neither answered nor took bytes for the whole timeout, and
+            // no request of ours may be waiting (RNR) for a receive: a dead or stopped
+            // peer, as a NIC's transport retries would conclude.
+            lost = true;
+        }
         // Frames are applied in place, the bytes taken out of `side` meanwhile.
         let mut inbuf = std::mem::take(&mut side.inbuf);
         let mut consumed = 0;
@@ -361,6 +386,9 @@ impl QpShared {
         side.inbuf = inbuf;
         if lost {
             self.link_lost(side);
+        }
+        if !side.inflight.iter().any(|e| e.sent) {
+            side.silent_since = None;
         }
     }
 
@@ -421,7 +449,11 @@ impl QpShared {
                     self.link_lost(side);
                     break;
                 }
-                Ok(n) => written += n,
+                Ok(n) => {
+                    written += n;
+                    // The responder takes bytes: it is alive, and owes what they hold.
+                    side.silent_since = Some(Instant::now());
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     self.read_responses(side);
                     std::thread::yield_now();
@@ -630,6 +662,7 @@ impl QpShared {
                 wr_id: wr.wr_id,
                 signaled: wr.signaled,
                 opcode,
+                may_wait: may_wait_for_a_receive(&wr.op),
                 sent: false,
                 status: WcStatus::WrFlush,
                 result: None,

@@ -524,3 +524,191 @@ fn a_send_waiting_for_a_receive_does_not_hold_back_the_answers_before_it() {
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!(response_statuses(&mut c), vec![WcStatus::RnrRetryExceeded]);
 }
+
+/// A peer that completes the handshake as node `id` and then neither answers nor, with
+/// `reads` false, takes a byte: a stopped or wedged host. It keeps the connection open
+/// until `release` is dropped.
+fn silent_peer(
+    id: u32,
+    reads: bool,
+) -> (
+    std::net::SocketAddr,
+    std::sync::mpsc::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        wire::server_handshake(&mut stream, TOKEN, id).unwrap();
+        stream.write_all(&[wire::ATTACH_OK]).unwrap();
+        if reads {
+            stream
+                .set_read_timeout(Some(Duration::from_millis(20)))
+                .unwrap();
+            let mut sink = [0u8; 4096];
+            while released.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
+                if let Ok(0) = stream.read(&mut sink) {
+                    break;
+                }
+            }
+        } else {
+            let _ = released.recv();
+        }
+    });
+    (addr, release, peer)
+}
+
+/// A requester's queue pair connected to the silent peer at `addr` (node `id`), with
+/// a transport timeout of `timeout`.
+fn requester_of_silent_peer(
+    addr: std::net::SocketAddr,
+    id: u32,
+    timeout: Duration,
+) -> (
+    Arc<TcpDevice>,
+    Arc<dyn QueuePair>,
+    Arc<dyn crate::CompletionQueue>,
+) {
+    let device = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    device
+        .add_peer(crate::NodeId(id), &format!("tcp:{addr}"))
+        .unwrap();
+    let cq = device.create_cq(64).unwrap();
+    let config = crate::QpConfig {
+        transport_timeout: timeout,
+        ..crate::QpConfig::rc(&cq)
+    };
+    let qp = device.create_qp(&config).unwrap();
+    qp.connect(crate::QpEndpoint {
+        node: crate::NodeId(id),
+        qpn: 1,
+    })
+    .unwrap();
+    (device, qp, cq)
+}
+
+/// A READ to a host that stopped answering completed never: the requester polled for
+/// ever (the transaction layer gave up only after 30 s). Now the transport timer ends
+/// it as a NIC's retries would: the oldest request fails with `RetryExceeded` after
+/// the timeout, the one behind it is flushed, and the queue pair is broken.
+#[test]
+fn a_peer_that_never_answers_fails_the_oldest_request_after_the_transport_timeout() {
+    const ID: u32 = 0x51_1e47;
+    let timeout = Duration::from_millis(300);
+    let (addr, release, peer) = silent_peer(ID, true);
+    let (device, qp, cq) = requester_of_silent_peer(addr, ID, timeout);
+    let local = device.register(4096, Access::ALL).unwrap();
+    let remote = crate::RemoteAddr {
+        node: crate::NodeId(ID),
+        rkey: 7,
+        offset: 0,
+    };
+    let started = std::time::Instant::now();
+    qp.post_send(&[
+        SendWr::read(1, local.buf(0, 64), remote),
+        SendWr::write(2, local.buf(64, 64), remote),
+    ])
+    .unwrap();
+    let got = crate::conformance::wait(&cq, 2);
+    let waited = started.elapsed();
+    assert_eq!(
+        got.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::RetryExceeded), (2, WcStatus::WrFlush)]
+    );
+    assert!(
+        waited >= timeout,
+        "failed after {waited:?}, before the timeout"
+    );
+    assert!(waited < Duration::from_secs(10), "took {waited:?}");
+    assert_eq!(qp.state(), crate::QpState::Error);
+    drop(release);
+    peer.join().unwrap();
+}
+
+/// A host that stopped reading its socket: a post of more than the sockets hold used
+/// to spin in the write for ever, holding the queue pair. Now the post returns once
+/// the timer runs out, and its requests fail.
+#[test]
+fn a_peer_that_takes_nothing_cannot_hang_a_post() {
+    const ID: u32 = 0x51_1e48;
+    const LEN: u32 = 2 << 20;
+    let timeout = Duration::from_millis(300);
+    let (addr, release, peer) = silent_peer(ID, false);
+    let (device, qp, cq) = requester_of_silent_peer(addr, ID, timeout);
+    let local = device.register(LEN as u64, Access::ALL).unwrap();
+    let remote = crate::RemoteAddr {
+        node: crate::NodeId(ID),
+        rkey: 7,
+        offset: 0,
+    };
+    // 64 MiB: far more than loopback's socket buffers take.
+    let wrs: Vec<SendWr<'_>> = (0..32)
+        .map(|i| SendWr::write(i, local.buf(0, LEN), remote))
+        .collect();
+    let started = std::time::Instant::now();
+    qp.post_send(&wrs).unwrap();
+    let got = crate::conformance::wait(&cq, 1);
+    assert_eq!(got[0].status, WcStatus::RetryExceeded, "{got:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(qp.state(), crate::QpState::Error);
+    drop(release);
+    peer.join().unwrap();
+}
+
+/// A SEND waiting at the responder for a receive (RNR, retried for ever) leaves the
+/// connection silent for longer than the transport timeout: that is no dead peer, and
+/// the SEND completes once the receive is posted.
+#[test]
+fn a_send_waiting_for_a_receive_outlives_the_transport_timeout() {
+    let a = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let b = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let (acq, bcq) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let patient = |c: crate::QpConfig| crate::QpConfig {
+        rnr_retry: 7,
+        transport_timeout: Duration::from_millis(100),
+        ..c
+    };
+    let (aqp, bqp) =
+        crate::connect_rc_with((a.as_ref(), &acq), (b.as_ref(), &bcq), patient).unwrap();
+    let from = a.register(64, Access::ALL).unwrap();
+    let into = b.register(64, Access::ALL).unwrap();
+    from.write(0, &[7; 64]).unwrap();
+    aqp.post_send(&[SendWr::send(1, from.buf(0, 64))]).unwrap();
+    // Polled all along, as a waiting requester does.
+    let deadline = std::time::Instant::now() + Duration::from_millis(600);
+    let mut wc = [crate::Completion::default(); 1];
+    while std::time::Instant::now() < deadline {
+        assert_eq!(acq.poll(&mut wc).unwrap(), 0, "{wc:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    bqp.post_recv(&[crate::RecvWr {
+        wr_id: 9,
+        buf: into.buf(0, 64),
+    }])
+    .unwrap();
+    let sent = crate::conformance::wait(&acq, 1);
+    assert_eq!(sent[0].status, WcStatus::Success, "{sent:?}");
+    assert_eq!(
+        crate::conformance::wait(&bcq, 1)[0].status,
+        WcStatus::Success
+    );
+    assert_eq!(into.to_vec(0, 64).unwrap(), vec![7; 64]);
+}
+
+#[test]
+fn a_zero_transport_timeout_is_refused() {
+    let device = TcpDevice::bind("127.0.0.1:0", TOKEN).unwrap();
+    let cq = device.create_cq(4).unwrap();
+    let config = crate::QpConfig {
+        transport_timeout: Duration::ZERO,
+        ..crate::QpConfig::rc(&cq)
+    };
+    let err = device
+        .create_qp(&config)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("transport timeout"), "{err}");
+}

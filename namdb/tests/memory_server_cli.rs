@@ -397,3 +397,61 @@ fn a_call_to_a_stopped_memory_server_fails_instead_of_hanging() {
     let said = err.to_string();
     assert!(!said.is_empty(), "{said}");
 }
+
+/// The data path of a stopped tcp memory server: its soft-NIC keeps the connection open
+/// and answers nothing. A READ to it used to stay outstanding for ever; it now fails
+/// with `RetryExceeded` once the queue pair's transport timeout passes without a word,
+/// and once the server goes on, a recovered queue pair reads what was written before.
+#[test]
+fn a_read_from_a_stopped_tcp_memory_server_fails_after_the_transport_timeout() {
+    use fabric::{Access, Device, QpConfig, SendWr, Src, WcStatus};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_file(&dir, GOOD_TOKEN, 0o600);
+    let mut server = start_server("tcp", &path);
+    let token = memory_server::ClusterToken::from_file(&path).unwrap();
+    let client = memory_server::blocking::Client::connect(&server.control, &token).unwrap();
+    let data = client
+        .list_regions()
+        .unwrap()
+        .data()
+        .next()
+        .expect("a data region")
+        .remote;
+    let device = fabric::tcp::TcpDevice::bind("127.0.0.1:0", token.secret()).unwrap();
+    let cq = device.create_cq(64).unwrap();
+    let timeout = Duration::from_millis(500);
+    let config = QpConfig {
+        transport_timeout: timeout,
+        ..QpConfig::rc(&cq)
+    };
+    let (qp, _) = client
+        .connect_qp_with_config(device.as_ref(), &config)
+        .unwrap();
+    let local = device.register(64, Access::ALL).unwrap();
+    let run = |wr: SendWr<'_>| fabric::conformance::exec(&qp, &cq, wr);
+    let written = run(SendWr::write(
+        1,
+        Src::Inline(b"before the stop"),
+        data.at(64),
+    ));
+    assert_eq!(written.status, WcStatus::Success);
+
+    let pid = server.child.id();
+    stop_and_wait(pid);
+    let started = Instant::now();
+    let wc = run(SendWr::read(2, local.buf(0, 15), data.at(64)));
+    let waited = started.elapsed();
+    send_signal(pid, "-CONT");
+    assert_eq!(wc.status, WcStatus::RetryExceeded, "{wc:?}");
+    assert!(waited >= timeout, "failed after {waited:?}");
+
+    qp.recover().unwrap();
+    assert_eq!(
+        run(SendWr::read(3, local.buf(0, 15), data.at(64))).status,
+        WcStatus::Success
+    );
+    assert_eq!(local.to_vec(0, 15).unwrap(), b"before the stop");
+    send_signal(pid, "-TERM");
+    assert!(server.child.wait().unwrap().success());
+}

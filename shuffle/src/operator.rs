@@ -328,19 +328,15 @@ impl ShuffleWriter<'_> {
             self.flush(g)?;
         }
         // Empty buffers (acquired and never filled, or consumed in place) go out to
-        // nobody, which returns them; the last thread of the lane keeps one to end the
-        // stream with, after which the endpoint takes nothing more.
-        let mut spare: Vec<SendBuf> = self.out.iter_mut().filter_map(Option::take).collect();
-        let last = self.shuffle.unfinished[self.lane].fetch_sub(1, Ordering::AcqRel) == 1;
-        let end_with = if last { spare.pop() } else { None };
+        // nobody, which returns them. Every thread of the lane does so before it counts
+        // itself finished: the last one then ends the stream, after which the endpoint
+        // takes nothing more, not even a buffer back.
+        let spare: Vec<SendBuf> = self.out.iter_mut().filter_map(Option::take).collect();
         for buf in spare {
             self.endpoint.put_data(buf, &[], State::MoreData)?;
         }
-        if last {
-            let buf = match end_with {
-                Some(b) => b,
-                None => self.endpoint.acquire()?,
-            };
+        if self.shuffle.unfinished[self.lane].fetch_sub(1, Ordering::AcqRel) == 1 {
+            let buf = self.endpoint.acquire()?;
             self.endpoint.put_data(buf, &[], State::Depleted)?;
         }
         Ok(())

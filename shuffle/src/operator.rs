@@ -65,8 +65,7 @@ pub enum OwnPartition {
 pub struct Shuffle {
     opened: Opened,
     groups: Groups,
-    /// Per group: whether this node is a member, and the other members.
-    own: Vec<bool>,
+    /// Per group: the members other than this node (all of them when it is none).
     others: Vec<Vec<usize>>,
     own_partition: OwnPartition,
     /// Buffers consumed in place (see [`OwnPartition::InPlace`]).
@@ -88,7 +87,6 @@ impl Shuffle {
             .map(|l| AtomicUsize::new((l..threads).step_by(lanes).count()))
             .collect();
         let me = opened.rank;
-        let own = groups.0.iter().map(|g| g.contains(&me)).collect();
         let others = groups
             .0
             .iter()
@@ -97,7 +95,6 @@ impl Shuffle {
         Ok(Shuffle {
             opened,
             groups,
-            own,
             others,
             own_partition: OwnPartition::default(),
             in_place: AtomicU64::new(0),
@@ -162,6 +159,16 @@ pub fn prefetch_stride<const W: usize>() -> (usize, usize) {
 /// What a thread that also receives does with a received buffer; shared by its
 /// receiving and its writer, which consumes its own node's buffers in place.
 type LocalConsumer<'a> = RefCell<&'a mut dyn FnMut(&Received)>;
+
+/// Hands `data` to `consumer`. The receiving and the writer of one thread never run it
+/// nested; were they to, that is an error, not a panic.
+fn consume_one(consumer: &LocalConsumer<'_>, data: &Received) -> Result<()> {
+    let mut consume = consumer.try_borrow_mut().map_err(|_| {
+        ShuffleError::Invalid("a buffer was consumed while consuming another".into())
+    })?;
+    (*consume)(data);
+    Ok(())
+}
 
 /// One thread's output buffers (Algorithm 1).
 pub struct ShuffleWriter<'a> {
@@ -292,16 +299,14 @@ impl ShuffleWriter<'_> {
     /// back, emptied, to be filled again.
     fn transmit(&mut self, mut buf: SendBuf, group: usize) -> Result<Option<SendBuf>> {
         let mut emptied = None;
+        let (members, others) = (
+            self.shuffle.groups.members(group),
+            &self.shuffle.others[group],
+        );
         match self.own {
-            Some(consumer) if self.shuffle.own[group] => {
-                let data = Received::in_place(&buf, self.endpoint.id());
-                let mut consume = consumer.try_borrow_mut().map_err(|_| {
-                    ShuffleError::Invalid("a buffer was consumed while consuming another".into())
-                })?;
-                (*consume)(&data);
-                drop(consume);
+            Some(consumer) if others.len() < members.len() => {
+                consume_one(consumer, &Received::in_place(&buf, self.endpoint.id()))?;
                 self.shuffle.in_place.fetch_add(1, Ordering::Relaxed);
-                let others = &self.shuffle.others[group];
                 if others.is_empty() {
                     buf.clear();
                     emptied = Some(buf);
@@ -309,10 +314,7 @@ impl ShuffleWriter<'_> {
                     self.endpoint.put_data(buf, others, State::MoreData)?;
                 }
             }
-            _ => {
-                self.endpoint
-                    .put_data(buf, self.shuffle.groups.members(group), State::MoreData)?
-            }
+            _ => self.endpoint.put_data(buf, members, State::MoreData)?,
         }
         match idle::run_idle_work() {
             Idle::Failed => Err(ShuffleError::Invalid(
@@ -372,16 +374,9 @@ pub fn send_and_receive(
         let mut took = false;
         while !ended {
             let step = match endpoint.try_get_data() {
-                Ok(Poll::Ready(Some(data))) => match consumer.try_borrow_mut() {
-                    Ok(mut consume) => {
-                        (*consume)(&data);
-                        drop(consume);
-                        endpoint.release(data)
-                    }
-                    Err(_) => Err(ShuffleError::Invalid(
-                        "a buffer arrived while another was being consumed".into(),
-                    )),
-                },
+                Ok(Poll::Ready(Some(data))) => {
+                    consume_one(&consumer, &data).and_then(|()| endpoint.release(data))
+                }
                 Ok(Poll::Ready(None)) => {
                     ended = true;
                     Ok(())

@@ -539,7 +539,7 @@ pub fn aggregate(
                 .into_iter()
                 .map(|h| match h.join() {
                     Ok((w, r)) => (w, r),
-                    Err(_) => (joined(Err(Box::new(()))), Err(panicked())),
+                    Err(_) => (Err(panicked()), Err(panicked())),
                 })
                 .unzip();
             return (workers, receivers);

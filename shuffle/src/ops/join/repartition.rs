@@ -258,7 +258,6 @@ pub fn run(
             .collect();
         (sent, collected)
     });
-    let (sent, collected): (Vec<Result<Sent>>, Vec<Result<Collected>>) = (sent, collected);
     let seconds = started.elapsed();
     // The first error is the cause; later ones are mostly "another thread failed".
     let mut totals = Sent::default();

@@ -228,6 +228,19 @@ impl SendBuf {
         // `new` against its length), and the buffer's memory outlives `self`.
         unsafe { std::slice::from_raw_parts(self.payload.as_ptr(), self.capacity) }
     }
+    /// The payload words not filled yet, for a caller that fills them from the front
+    /// and then calls [`SendBuf::set_unfilled_words`].
+    pub fn unfilled(&self) -> &[AtomicU64] {
+        &self.payload()[self.words..]
+    }
+    /// Marks all but the last `left` payload words filled.
+    ///
+    /// # Panics
+    /// If `left` exceeds the capacity.
+    pub fn set_unfilled_words(&mut self, left: usize) {
+        let filled = self.capacity.checked_sub(left);
+        self.set_len_words(filled.unwrap_or(usize::MAX));
+    }
     /// # Panics
     /// If `words` exceeds the capacity.
     pub fn set_len_words(&mut self, words: usize) {

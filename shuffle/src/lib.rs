@@ -29,6 +29,7 @@ mod ring;
 #[cfg(shuffle_loom)]
 #[doc(hidden)]
 pub mod ring;
+pub mod scatter;
 mod sr;
 pub mod testing;
 mod ud;

@@ -170,6 +170,11 @@ fn consume_one(consumer: &LocalConsumer<'_>, data: &Received) -> Result<()> {
     Ok(())
 }
 
+/// The unfilled words of a writer's buffer for a group; none before it has one.
+fn unfilled(buf: &Option<SendBuf>) -> &[AtomicU64] {
+    buf.as_ref().map_or(&[], SendBuf::unfilled)
+}
+
 /// One thread's output buffers (Algorithm 1).
 pub struct ShuffleWriter<'a> {
     shuffle: &'a Shuffle,
@@ -244,11 +249,33 @@ impl ShuffleWriter<'_> {
     /// ahead in `tuples`: the loop of a partitioning sender, which otherwise waits on
     /// every cache line of its input. A group out of range is an error; the tuples
     /// before it have been appended.
+    ///
+    /// A writer of two groups (a repartition between two nodes) fills both buffers
+    /// with [`crate::scatter::two_groups`], which keeps its write cursors in registers.
     pub fn push_partitioned<const W: usize>(
         &mut self,
-        tuples: &[[u64; W]],
+        mut tuples: &[[u64; W]],
         group_of: impl Fn(&[u64; W]) -> usize,
     ) -> Result<()> {
+        while let [first, second] = &mut self.out[..]
+            && !tuples.is_empty()
+        {
+            let mut rest = [unfilled(first), unfilled(second)];
+            let copied = crate::scatter::two_groups(tuples, &group_of, &mut rest);
+            let left = rest.map(<[AtomicU64]>::len);
+            for (buf, left) in [first, second].into_iter().zip(left) {
+                if let Some(buf) = buf {
+                    buf.set_unfilled_words(left);
+                }
+            }
+            tuples = &tuples[copied..];
+            // The tuple it stopped before: a full buffer (or none yet) to replace, or a
+            // group that does not exist.
+            if let Some((stopped, after)) = tuples.split_first() {
+                self.push(group_of(stopped), stopped)?;
+                tuples = after;
+            }
+        }
         let (ahead, per_line) = prefetch_stride::<W>();
         for (i, t) in tuples.iter().enumerate() {
             if i.is_multiple_of(per_line) {

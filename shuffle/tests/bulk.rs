@@ -41,30 +41,63 @@ fn every_design_delivers_bulk_runs_exactly() {
 
 #[test]
 fn a_group_out_of_range_is_an_error_and_the_stream_still_ends() {
+    // One group, and two (both to the node itself), which take the two-cursor loop;
+    // 1 KiB buffers, so the tuples before the bad one fill several.
+    for groups in [
+        Groups::repartition(1),
+        Groups::multicast(vec![vec![0], vec![0]]),
+    ] {
+        a_group_out_of_range_is_an_error_with(groups);
+    }
+}
+
+fn a_group_out_of_range_is_an_error_with(groups: Groups) {
     let net = SimNetwork::new(SimConfig::default());
     let device = net.add_node() as Arc<dyn Device>;
     let exchange = LocalExchange::group(1, Duration::from_secs(10)).remove(0);
     let node = Node::join(device, Arc::new(exchange), 1 << 24).unwrap();
-    let opened = open(&node, Design::ALL[3], &EndpointConfig::default()).unwrap();
-    let shuffle = Shuffle::new(opened, Groups::repartition(1), 1).unwrap();
+    let config = EndpointConfig {
+        message_bytes: 1024,
+        ..EndpointConfig::default()
+    };
+    let opened = open(&node, Design::ALL[3], &config).unwrap();
+    let group_count = groups.len();
+    let shuffle = Shuffle::new(opened, groups, 1).unwrap();
     let tuples: Vec<[u64; 2]> = (0..300).map(|i| [i, i]).collect();
-    let mut w = shuffle.writer(0);
-    let bad = |t: &[u64; 2]| if t[0] == 280 { 7 } else { 0 };
-    match w.push_partitioned(&tuples, bad) {
-        Err(ShuffleError::Invalid(msg)) => assert!(msg.contains("group 7"), "{msg}"),
-        other => panic!("expected an invalid-group error, got {other:?}"),
-    }
-    // Every way of naming a group checks it.
-    let invalid = |r: shuffle::Result<()>| matches!(r, Err(ShuffleError::Invalid(_)));
-    assert!(invalid(w.push(1, &[1, 2])));
-    assert!(invalid(w.push_all(3, &tuples)));
-    assert!(invalid(w.flush(2)));
-    assert!(w.buffer(9).is_err());
-    w.finish().unwrap();
-    let mut got = 0;
-    receive_all(&*shuffle.receiver(0), |data| got += data.len_words() / 2).unwrap();
+    let bad = |t: &[u64; 2]| {
+        if t[0] == 280 {
+            7
+        } else {
+            t[0] as usize % group_count
+        }
+    };
+    // A receiver drains the node's endpoint meanwhile: the buffers' credit comes back.
+    let mut got: Vec<u64> = std::thread::scope(|s| {
+        let receiver = s.spawn(|| {
+            let mut got = Vec::new();
+            receive_all(&*shuffle.receiver(0), |data| {
+                got.extend(data.to_words().iter().step_by(2))
+            })
+            .map(|()| got)
+        });
+        let mut w = shuffle.writer(0);
+        match w.push_partitioned(&tuples, bad) {
+            Err(ShuffleError::Invalid(msg)) => assert!(msg.contains("group 7"), "{msg}"),
+            other => panic!("expected an invalid-group error, got {other:?}"),
+        }
+        // Every way of naming a group checks it.
+        let invalid = |r: shuffle::Result<()>| matches!(r, Err(ShuffleError::Invalid(_)));
+        assert!(invalid(w.push(group_count, &[1, 2])));
+        assert!(invalid(w.push_all(3, &tuples)));
+        assert!(invalid(w.flush(2)));
+        assert!(w.buffer(9).is_err());
+        w.finish().unwrap();
+        receiver.join().unwrap().unwrap()
+    });
+    got.sort_unstable();
     assert_eq!(
-        got, 280,
-        "the tuples before the bad one went out, no others"
+        got,
+        (0..280).collect::<Vec<u64>>(),
+        "the tuples before the bad one went out, each once, no others"
     );
 }

@@ -294,39 +294,17 @@ int main(int argc, char **argv) {
                     scount[d] = 0;
                     sdispl[d] = (int)(d * chunk * 2);
                 }
-                if (nodes == 2) {
-                    /* Two destinations: both write cursors in registers, one picked
-                     * without a branch, as shuffle::scatter::two_groups does for the
-                     * designs (a count kept in memory makes every tuple wait on the
-                     * store of the one before it; a branch on a random key mispredicts
-                     * every other tuple, and gcc turns a ?: here into one). */
-                    uint64_t *next0 = out + sdispl[0], *next1 = out + sdispl[1];
-                    for (uint64_t i = lo; i < hi; i++) {
-                        if (i % 4 == 0) __builtin_prefetch(frag + 2 * (i + PREFETCH_AHEAD));
-                        uint64_t a = frag[2 * i];
-                        uintptr_t d = (uintptr_t)partition(a, 2), second = (uintptr_t)0 - d;
-                        uint64_t *slot =
-                            (uint64_t *)(((uintptr_t)next0 & ~second) | ((uintptr_t)next1 & second));
-                        slot[0] = a;
-                        slot[1] = frag[2 * i + 1];
-                        next0 += 2 * (1 - d);
-                        next1 += 2 * d;
-                    }
-                    scount[0] = (int)(next0 - (out + sdispl[0]));
-                    scount[1] = (int)(next1 - (out + sdispl[1]));
-                } else {
-                    for (uint64_t i = lo; i < hi; i++) {
-                        /* The same read-ahead as the Rust partition loop (2 KiB ahead,
-                         * once per cache line): these cores prefetch little by
-                         * themselves. */
-                        if (i % 4 == 0) __builtin_prefetch(frag + 2 * (i + PREFETCH_AHEAD));
-                        uint64_t a = frag[2 * i];
-                        int d = partition(a, nodes);
-                        uint64_t *slot = out + sdispl[d] + scount[d];
-                        slot[0] = a;
-                        slot[1] = frag[2 * i + 1];
-                        scount[d] += 2;
-                    }
+                for (uint64_t i = lo; i < hi; i++) {
+                    /* The same read-ahead as the Rust partition loop (2 KiB ahead,
+                     * once per cache line): these cores prefetch little by
+                     * themselves. */
+                    if (i % 4 == 0) __builtin_prefetch(frag + 2 * (i + PREFETCH_AHEAD));
+                    uint64_t a = frag[2 * i];
+                    int d = partition(a, nodes);
+                    uint64_t *slot = out + sdispl[d] + scount[d];
+                    slot[0] = a;
+                    slot[1] = frag[2 * i + 1];
+                    scount[d] += 2;
                 }
                 MPI_Alltoall(scount, 1, MPI_INT, rcount, 1, MPI_INT, MPI_COMM_WORLD);
                 int at = 0;

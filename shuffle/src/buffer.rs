@@ -238,8 +238,11 @@ impl SendBuf {
     /// # Panics
     /// If `left` exceeds the capacity.
     pub fn set_unfilled_words(&mut self, left: usize) {
-        let filled = self.capacity.checked_sub(left);
-        self.set_len_words(filled.unwrap_or(usize::MAX));
+        assert!(
+            left <= self.capacity,
+            "{left} unfilled words exceed the buffer"
+        );
+        self.words = self.capacity - left;
     }
     /// # Panics
     /// If `words` exceeds the capacity.

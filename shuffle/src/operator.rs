@@ -170,7 +170,7 @@ fn consume_one(consumer: &LocalConsumer<'_>, data: &Received) -> Result<()> {
     Ok(())
 }
 
-/// The unfilled words of a writer's buffer for a group; none before it has one.
+/// The unfilled words of a writer's buffer for a group: none while it has no buffer.
 fn unfilled(buf: &Option<SendBuf>) -> &[AtomicU64] {
     buf.as_ref().map_or(&[], SendBuf::unfilled)
 }

@@ -56,7 +56,9 @@ pub use doorbell::{DoorbellHold, hold_doorbells, ring_held_doorbells};
 pub use error::{FabricError, QpState, Result, WcStatus};
 #[cfg(all(target_os = "linux", not(fabric_loom)))]
 pub use memfd::{HugePages, MemfdError, MemfdMemory};
-pub use memory::{ElsewhereMemory, HeapMemory, HostMemory, Memory, PREFETCH_AHEAD_BYTES, prefetch};
+pub use memory::{
+    ElsewhereMemory, HeapMemory, HostMemory, Memory, PREFETCH_AHEAD_BYTES, copy_between, prefetch,
+};
 pub use region::Region;
 pub use sync::Ordering;
 pub use wr::{Completion, GRH_BYTES, RecvWr, SendWr, Src, UD_MTU, WcOpcode, WrOp};

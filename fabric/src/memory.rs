@@ -396,8 +396,9 @@ pub(crate) fn prefetch_bytes(words: &[AtomicU64], offset: u64, len: u64) {
 }
 
 /// Copies `len` bytes between two word arrays (a READ or a WRITE). Word-aligned
-/// copies move whole words; others go through a small stack buffer.
-pub(crate) fn copy_between(
+/// copies move whole words; others go through a small stack buffer. Public so that a
+/// benchmark's reference can make the copy the software backends make.
+pub fn copy_between(
     src: &[AtomicU64],
     src_offset: u64,
     dst: &[AtomicU64],

@@ -56,6 +56,13 @@ fn check_rows(rows: &[Value], nodes: u64, threads: u64, tuples: u64) {
             Some("mpi") => assert!(r["partition_gb_per_sec"].is_null(), "{r}"),
             _ => assert!(r["partition_gb_per_sec"].as_f64().unwrap() > 0.0, "{r}"),
         }
+        // A repartitioning node's whole work alone, likewise; a broadcast has none.
+        match (r["design"].as_str(), r["pattern"].as_str()) {
+            (Some("mpi"), _) | (_, Some("broadcast")) => {
+                assert!(r["work_alone_gb_per_sec"].is_null(), "{r}")
+            }
+            _ => assert!(r["work_alone_gb_per_sec"].as_f64().unwrap() > 0.0, "{r}"),
+        }
         assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["setup_ms"].as_f64().unwrap() >= 0.0, "{r}");
         if r["design"] != "mpi" {
@@ -117,6 +124,12 @@ fn sim_designs_run_and_are_verified() {
         "{stdout}"
     );
     assert!(stdout.contains("repartition: best design"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("repartition: best design") && l.contains("of the work alone")),
+        "{stdout}"
+    );
     assert!(stdout.contains("broadcast: best design"), "{stdout}");
 }
 

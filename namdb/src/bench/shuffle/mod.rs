@@ -207,6 +207,11 @@ pub struct Row {
     /// Each node partitioning its fragment over the nodes with nothing sent, all at
     /// once (median; `None` for MPI, whose program does not measure it).
     pub partition_gb_per_sec: Option<f64>,
+    /// Each node doing a repartition's whole work on its core with nothing sent:
+    /// partitioning, the copy of what goes to other nodes, and consuming every tuple,
+    /// all at once (median; `None` in a broadcast and for MPI). What a one-core node
+    /// cannot exceed whatever its transport.
+    pub work_alone_gb_per_sec: Option<f64>,
     /// Bytes registered for buffers, the most over nodes (0 for the baselines).
     pub pinned_bytes: u64,
     /// Each node pinned to its own cores (`--pin`; MPI: each rank bound to a core).
@@ -277,6 +282,11 @@ fn summarize(args: &ShuffleArgs, job: &Job, design: String, results: &[NodeResul
         partition_gb_per_sec: Some(median(
             results.iter().map(|r| r.partition_gb_per_sec).collect(),
         )),
+        work_alone_gb_per_sec: results
+            .iter()
+            .map(|r| r.work_alone_gb_per_sec)
+            .collect::<Option<Vec<f64>>>()
+            .map(median),
         pinned_bytes: results.iter().map(|r| r.pinned_bytes).max().unwrap_or(0),
         pinned: job.pin,
         node_cpus: Some(results.iter().map(|r| r.cpus.clone()).collect()),
@@ -585,11 +595,13 @@ fn measure_plan(
             let row = summarize(args, job, name, &results);
             eprintln!(
                 "        {:.3} GB/s per node (min {:.3}), memcpy {:.2} GB/s, partition {:.2} GB/s, \
-                 setup {:.1} ms",
+                 {}setup {:.1} ms",
                 row.gb_per_sec,
                 row.gb_per_sec_min,
                 row.memcpy_gb_per_sec,
                 row.partition_gb_per_sec.unwrap_or_default(),
+                row.work_alone_gb_per_sec
+                    .map_or_else(String::new, |w| format!("work alone {w:.2} GB/s, ")),
                 row.setup_ms
             );
             rows.push(row);
@@ -644,6 +656,7 @@ fn measure_plan(
                     gb_per_sec_min: l.gb_per_sec_min,
                     memcpy_gb_per_sec: l.memcpy_gb_per_sec,
                     partition_gb_per_sec: None,
+                    work_alone_gb_per_sec: None,
                     pinned_bytes: 0,
                     pinned: args.pin,
                     node_cpus: None,
@@ -695,6 +708,12 @@ pub fn ratio_lines(rows: &[Row]) -> Vec<String> {
                 100.0 * d.gb_per_sec / p.max(1e-9)
             ));
         }
+        if let Some(w) = d.work_alone_gb_per_sec {
+            line.push_str(&format!(
+                ", {:.1}% of the work alone ({w:.2} GB/s)",
+                100.0 * d.gb_per_sec / w.max(1e-9)
+            ));
+        }
         for base in ["mpi", "tcp"] {
             match best(rows, pattern, |r| r.design == base) {
                 Some(b) => line.push_str(&format!(
@@ -732,8 +751,10 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
         out,
         "GB/s: bytes received per node per second, median over nodes (min: the slowest node); \
          memcpy: each node copying its fragment, in the same run; partition: each node \
-         partitioning it over the nodes with nothing sent, in the same run (what a node \
-         that also sends and receives on one core cannot exceed); every run verified"
+         partitioning it over the nodes with nothing sent, in the same run; work: each node \
+         doing a repartition's whole work with nothing sent (partitioning, the copy of what \
+         goes to other nodes, consuming every tuple), in the same run (what a node that \
+         also sends and receives on one core cannot exceed); every run verified"
     )?;
     if args.repeat > 1 {
         writeln!(
@@ -745,7 +766,7 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     writeln!(out)?;
     writeln!(
         out,
-        "{:<9} {:<11} {:<8} {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
+        "{:<9} {:<11} {:<8} {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
         "design",
         "threading",
         "own",
@@ -755,6 +776,7 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
         "min GB/s",
         "memcpy",
         "partition",
+        "work",
         "pinned",
         "setup ms",
         "seconds"
@@ -762,7 +784,7 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
     for r in rows {
         writeln!(
             out,
-            "{:<9} {:<11} {:<8} {:<11} {:>8} {:>9.3} {:>9.3} {:>9.2} {:>9} {:>10} {:>9.1} {:>8.3}",
+            "{:<9} {:<11} {:<8} {:<11} {:>8} {:>9.3} {:>9.3} {:>9.2} {:>9} {:>9} {:>10} {:>9.1} {:>8.3}",
             r.design,
             r.threading,
             r.own_partition,
@@ -773,6 +795,8 @@ fn print_report(out: &mut impl Write, args: &ShuffleArgs, rows: &[Row]) -> std::
             r.memcpy_gb_per_sec,
             r.partition_gb_per_sec
                 .map_or_else(|| "-".to_string(), |p| format!("{p:.2}")),
+            r.work_alone_gb_per_sec
+                .map_or_else(|| "-".to_string(), |w| format!("{w:.2}")),
             if is_baseline(r) {
                 "-".to_string()
             } else {

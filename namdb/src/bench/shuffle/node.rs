@@ -97,6 +97,10 @@ pub struct NodeResult {
     pub memcpy_gb_per_sec: f64,
     /// The fragment partitioned with nothing sent ([`partition_gb_per_sec`]).
     pub partition_gb_per_sec: f64,
+    /// A repartitioning node's whole work with nothing sent ([`work_alone_gb_per_sec`]);
+    /// `None` in a broadcast.
+    #[serde(default)]
+    pub work_alone_gb_per_sec: Option<f64>,
     pub setup_ms: f64,
     pub pinned_bytes: u64,
     /// The CPUs this node's threads may run on, as the system reports them after the
@@ -239,6 +243,79 @@ fn two_groups_gb_per_sec(frag: &[[u64; 2]], words: usize) -> f64 {
     (frag.len() * 16) as f64 / secs / 1e9
 }
 
+/// GB/s of a repartitioning node's whole work on its one core with nothing sent:
+/// partitioning the fragment as [`partition_gb_per_sec`] does, then, per full buffer,
+/// consuming it in place (the bench's checksum) when it is this node's own, or else
+/// making the copy a software backend makes of it ([`fabric::copy_between`]) into a
+/// receive buffer and consuming that, as the peer's buffer this node receives
+/// instead (uniform keys: a node receives about what it sends). What a shuffle that
+/// moves its data between processes on the same cores cannot exceed, transport aside.
+fn work_alone_gb_per_sec(frag: &[[u64; 2]], groups: usize, rank: usize, message_bytes: u32) -> f64 {
+    let secs = fastest(|| {
+        let t0 = Instant::now();
+        std::hint::black_box(work_alone(frag, groups, rank, message_bytes));
+        t0.elapsed().as_secs_f64()
+    });
+    (frag.len() * 16) as f64 / secs / 1e9
+}
+
+/// One run of [`work_alone_gb_per_sec`]'s work; the checksum of every tuple consumed.
+fn work_alone(frag: &[[u64; 2]], groups: usize, rank: usize, message_bytes: u32) -> Checksum {
+    let words = ((message_bytes as usize / 8) & !1).max(2);
+    let groups = groups.max(1);
+    let atomic_words = || -> Vec<AtomicU64> { (0..words).map(|_| AtomicU64::new(0)).collect() };
+    let out: Vec<Vec<AtomicU64>> = (0..groups).map(|_| atomic_words()).collect();
+    let received = atomic_words();
+    let mut sum = Checksum::default();
+    let mut consume = |group: usize, filled: usize| {
+        let full = &out[group][..filled];
+        if group == rank {
+            sum.add_payload(full);
+        } else {
+            fabric::copy_between(full, 0, &received, 0, filled as u64 * 8);
+            sum.add_payload(&received[..filled]);
+        }
+    };
+    let group_of = |t: &[u64; 2]| shuffle::testing::partition(t[0], groups);
+    if groups == 2 {
+        let mut rest = [&out[0][..], &out[1][..]];
+        let mut tuples = frag;
+        while !tuples.is_empty() {
+            let copied = shuffle::scatter::two_groups(tuples, &group_of, &mut rest);
+            tuples = &tuples[copied..];
+            if let Some(stopped) = tuples.first() {
+                let full = group_of(stopped);
+                consume(full, words - rest[full].len());
+                rest[full] = &out[full];
+            }
+        }
+        for (group, left) in rest.map(<[AtomicU64]>::len).into_iter().enumerate() {
+            consume(group, words - left);
+        }
+    } else {
+        let mut fill = vec![0usize; groups];
+        let (ahead, per_line) = shuffle::operator::prefetch_stride::<2>();
+        for (i, t) in frag.iter().enumerate() {
+            if i.is_multiple_of(per_line) {
+                fabric::prefetch(frag, i + ahead);
+            }
+            let g = group_of(t);
+            if fill[g] + 2 > words {
+                consume(g, fill[g]);
+                fill[g] = 0;
+            }
+            let f = fill[g];
+            out[g][f].store(t[0], Ordering::Relaxed);
+            out[g][f + 1].store(t[1], Ordering::Relaxed);
+            fill[g] = f + 2;
+        }
+        for (group, &filled) in fill.iter().enumerate() {
+            consume(group, filled);
+        }
+    }
+    sum
+}
+
 /// The part of the fragment sender thread `tid` of `threads` scans.
 fn slice(frag: &[[u64; 2]], tid: usize, threads: usize) -> &[[u64; 2]] {
     let n = frag.len();
@@ -281,6 +358,13 @@ pub fn run_node(
     let memcpy = memcpy_gb_per_sec(&frag);
     barrier(&*exchange, "partition")?;
     let partition = partition_gb_per_sec(&frag, nodes, job.message_bytes);
+    let work_alone = match job.pattern {
+        Pattern::Repartition => {
+            barrier(&*exchange, "work alone")?;
+            Some(work_alone_gb_per_sec(&frag, nodes, rank, job.message_bytes))
+        }
+        Pattern::Broadcast => None,
+    };
 
     progress.enter(Phase::Opening);
     let (outcome, pinned_bytes) = match &job.method {
@@ -343,6 +427,7 @@ pub fn run_node(
         seconds,
         memcpy_gb_per_sec: memcpy,
         partition_gb_per_sec: partition,
+        work_alone_gb_per_sec: work_alone,
         setup_ms,
         pinned_bytes,
         cpus: crate::bench::nodes::allowed_cpus()?,
@@ -763,6 +848,29 @@ mod tests {
         assert_ne!(bs, (0..1000).map(|i| 3u64 << 48 | i).collect::<Vec<_>>());
         bs.sort_unstable();
         assert_eq!(bs, (0..1000).map(|i| 3u64 << 48 | i).collect::<Vec<_>>());
+    }
+
+    /// The work-alone reference consumes every tuple of the fragment once, whichever
+    /// loop partitions it (two groups or the general one) and whether a buffer is this
+    /// node's own or copied first, including the partly filled last buffers.
+    #[test]
+    fn the_work_alone_reference_consumes_every_tuple_once() {
+        let frag = fragment(5, 1, 10_007);
+        let mut whole = Checksum::default();
+        for &[a, b] in &frag {
+            whole.add(a, b);
+        }
+        for groups in [1, 2, 3, 5] {
+            for rank in [0, groups - 1] {
+                for message_bytes in [16, 1000, 65536] {
+                    let got = work_alone(&frag, groups, rank, message_bytes);
+                    assert_eq!(
+                        got, whole,
+                        "{groups} groups, rank {rank}, {message_bytes} B"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

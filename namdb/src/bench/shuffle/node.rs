@@ -224,23 +224,37 @@ fn partition_gb_per_sec(frag: &[[u64; 2]], groups: usize, message_bytes: u32) ->
 fn two_groups_gb_per_sec(frag: &[[u64; 2]], words: usize) -> f64 {
     let out: [Vec<AtomicU64>; 2] =
         std::array::from_fn(|_| (0..words).map(|_| AtomicU64::new(0)).collect());
-    let group_of = |t: &[u64; 2]| shuffle::testing::partition(t[0], 2);
     let secs = fastest(|| {
         let t0 = Instant::now();
-        let mut rest = [&out[0][..], &out[1][..]];
-        let mut tuples = frag;
-        while !tuples.is_empty() {
-            let copied = shuffle::scatter::two_groups(tuples, &group_of, &mut rest);
-            tuples = &tuples[copied..];
-            if let Some(stopped) = tuples.first() {
-                let full = group_of(stopped);
-                rest[full] = &out[full];
-            }
-        }
+        scatter_into_two(frag, &out, |_, _| {});
         std::hint::black_box(&out);
         t0.elapsed().as_secs_f64()
     });
     (frag.len() * 16) as f64 / secs / 1e9
+}
+
+/// Partitions `frag` over two groups into the two buffers `out` with the loop
+/// `ShuffleWriter::push_partitioned` runs for two groups; `full(group, words)` sees a
+/// buffer that filled before it is filled again. Returns each buffer's filled words at
+/// the end.
+fn scatter_into_two(
+    frag: &[[u64; 2]],
+    out: &[Vec<AtomicU64>; 2],
+    mut full: impl FnMut(usize, usize),
+) -> [usize; 2] {
+    let group_of = |t: &[u64; 2]| shuffle::testing::partition(t[0], 2);
+    let mut rest = [&out[0][..], &out[1][..]];
+    let mut tuples = frag;
+    while !tuples.is_empty() {
+        let copied = shuffle::scatter::two_groups(tuples, &group_of, &mut rest);
+        tuples = &tuples[copied..];
+        if let Some(stopped) = tuples.first() {
+            let g = group_of(stopped);
+            full(g, out[g].len() - rest[g].len());
+            rest[g] = &out[g];
+        }
+    }
+    [0, 1].map(|g| out[g].len() - rest[g].len())
 }
 
 /// GB/s of a repartitioning node's whole work on its one core with nothing sent:
@@ -277,20 +291,10 @@ fn work_alone(frag: &[[u64; 2]], groups: usize, rank: usize, message_bytes: u32)
         }
     };
     let group_of = |t: &[u64; 2]| shuffle::testing::partition(t[0], groups);
-    if groups == 2 {
-        let mut rest = [&out[0][..], &out[1][..]];
-        let mut tuples = frag;
-        while !tuples.is_empty() {
-            let copied = shuffle::scatter::two_groups(tuples, &group_of, &mut rest);
-            tuples = &tuples[copied..];
-            if let Some(stopped) = tuples.first() {
-                let full = group_of(stopped);
-                consume(full, words - rest[full].len());
-                rest[full] = &out[full];
-            }
-        }
-        for (group, left) in rest.map(<[AtomicU64]>::len).into_iter().enumerate() {
-            consume(group, words - left);
+    if let Ok(two) = <&[Vec<AtomicU64>; 2]>::try_from(&out[..]) {
+        let filled = scatter_into_two(frag, two, &mut consume);
+        for (group, words) in filled.into_iter().enumerate() {
+            consume(group, words);
         }
     } else {
         let mut fill = vec![0usize; groups];

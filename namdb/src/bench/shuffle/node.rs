@@ -194,43 +194,59 @@ fn memcpy_gb_per_sec(frag: &[[u64; 2]]) -> f64 {
 /// consumes what it receives on the same core receives less than this (uniform keys:
 /// a node receives about what it sends).
 fn partition_gb_per_sec(frag: &[[u64; 2]], groups: usize, message_bytes: u32) -> f64 {
-    let words = ((message_bytes as usize / 8) & !1).max(2);
-    if groups == 2 {
-        return two_groups_gb_per_sec(frag, words);
-    }
-    let mut out = vec![vec![0u64; words]; groups.max(1)];
-    let mut fill = vec![0usize; groups.max(1)];
-    // The input prefetch of `ShuffleWriter::push_partitioned`.
-    let (ahead, per_line) = shuffle::operator::prefetch_stride::<2>();
+    let out = message_buffers(groups.max(1), message_bytes);
     let secs = fastest(|| {
         let t0 = Instant::now();
-        for (i, t) in frag.iter().enumerate() {
-            if i.is_multiple_of(per_line) {
-                fabric::prefetch(frag, i + ahead);
-            }
-            let g = shuffle::testing::partition(t[0], groups);
-            let f = fill[g];
-            out[g][f..f + 2].copy_from_slice(t);
-            fill[g] = if f + 2 == words { 0 } else { f + 2 };
-        }
-        std::hint::black_box(&mut out);
+        scatter(frag, &out, |_, _| {});
+        std::hint::black_box(&out);
         t0.elapsed().as_secs_f64()
     });
     (frag.len() * 16) as f64 / secs / 1e9
 }
 
-/// [`partition_gb_per_sec`] over two groups, with the loop `ShuffleWriter::push_partitioned`
-/// runs for two groups: buffers of `words` words, a full one reused at once.
-fn two_groups_gb_per_sec(frag: &[[u64; 2]], words: usize) -> f64 {
-    let out: [Vec<AtomicU64>; 2] =
-        std::array::from_fn(|_| (0..words).map(|_| AtomicU64::new(0)).collect());
-    let secs = fastest(|| {
-        let t0 = Instant::now();
-        scatter_into_two(frag, &out, |_, _| {});
-        std::hint::black_box(&out);
-        t0.elapsed().as_secs_f64()
-    });
-    (frag.len() * 16) as f64 / secs / 1e9
+/// `count` zeroed buffers of the whole tuples a message of `message_bytes` holds.
+fn message_buffers(count: usize, message_bytes: u32) -> Vec<Vec<AtomicU64>> {
+    (0..count).map(|_| message_buffer(message_bytes)).collect()
+}
+
+/// A zeroed buffer of the whole tuples a message of `message_bytes` holds.
+fn message_buffer(message_bytes: u32) -> Vec<AtomicU64> {
+    let words = ((message_bytes as usize / 8) & !1).max(2);
+    (0..words).map(|_| AtomicU64::new(0)).collect()
+}
+
+/// Partitions `frag` on `a` over `out.len()` groups into the buffers `out` with the
+/// loop `ShuffleWriter::push_partitioned` runs for that many groups; `full(group,
+/// words)` sees a buffer that filled before it is filled again. Returns each buffer's
+/// filled words at the end.
+fn scatter(
+    frag: &[[u64; 2]],
+    out: &[Vec<AtomicU64>],
+    mut full: impl FnMut(usize, usize),
+) -> Vec<usize> {
+    if let Ok(two) = <&[Vec<AtomicU64>; 2]>::try_from(out) {
+        return scatter_into_two(frag, two, full).to_vec();
+    }
+    let groups = out.len();
+    let mut fill = vec![0usize; groups];
+    // The input prefetch of `ShuffleWriter::push_partitioned`.
+    let (ahead, per_line) = shuffle::operator::prefetch_stride::<2>();
+    for (i, t) in frag.iter().enumerate() {
+        if i.is_multiple_of(per_line) {
+            fabric::prefetch(frag, i + ahead);
+        }
+        let g = shuffle::testing::partition(t[0], groups);
+        let buf = &out[g];
+        if fill[g] + 2 > buf.len() {
+            full(g, fill[g]);
+            fill[g] = 0;
+        }
+        let f = fill[g];
+        buf[f].store(t[0], Ordering::Relaxed);
+        buf[f + 1].store(t[1], Ordering::Relaxed);
+        fill[g] = f + 2;
+    }
+    fill
 }
 
 /// Partitions `frag` over two groups into the two buffers `out` with the loop
@@ -275,11 +291,8 @@ fn work_alone_gb_per_sec(frag: &[[u64; 2]], groups: usize, rank: usize, message_
 
 /// One run of [`work_alone_gb_per_sec`]'s work; the checksum of every tuple consumed.
 fn work_alone(frag: &[[u64; 2]], groups: usize, rank: usize, message_bytes: u32) -> Checksum {
-    let words = ((message_bytes as usize / 8) & !1).max(2);
-    let groups = groups.max(1);
-    let atomic_words = || -> Vec<AtomicU64> { (0..words).map(|_| AtomicU64::new(0)).collect() };
-    let out: Vec<Vec<AtomicU64>> = (0..groups).map(|_| atomic_words()).collect();
-    let received = atomic_words();
+    let out = message_buffers(groups.max(1), message_bytes);
+    let received = message_buffer(message_bytes);
     let mut sum = Checksum::default();
     let mut consume = |group: usize, filled: usize| {
         let full = &out[group][..filled];
@@ -290,32 +303,9 @@ fn work_alone(frag: &[[u64; 2]], groups: usize, rank: usize, message_bytes: u32)
             sum.add_payload(&received[..filled]);
         }
     };
-    let group_of = |t: &[u64; 2]| shuffle::testing::partition(t[0], groups);
-    if let Ok(two) = <&[Vec<AtomicU64>; 2]>::try_from(&out[..]) {
-        let filled = scatter_into_two(frag, two, &mut consume);
-        for (group, words) in filled.into_iter().enumerate() {
-            consume(group, words);
-        }
-    } else {
-        let mut fill = vec![0usize; groups];
-        let (ahead, per_line) = shuffle::operator::prefetch_stride::<2>();
-        for (i, t) in frag.iter().enumerate() {
-            if i.is_multiple_of(per_line) {
-                fabric::prefetch(frag, i + ahead);
-            }
-            let g = group_of(t);
-            if fill[g] + 2 > words {
-                consume(g, fill[g]);
-                fill[g] = 0;
-            }
-            let f = fill[g];
-            out[g][f].store(t[0], Ordering::Relaxed);
-            out[g][f + 1].store(t[1], Ordering::Relaxed);
-            fill[g] = f + 2;
-        }
-        for (group, &filled) in fill.iter().enumerate() {
-            consume(group, filled);
-        }
+    let filled = scatter(frag, &out, &mut consume);
+    for (group, words) in filled.into_iter().enumerate() {
+        consume(group, words);
     }
     sum
 }

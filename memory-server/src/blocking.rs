@@ -5,7 +5,9 @@
 //! progress while the caller is busy on the data path and makes no control calls: a
 //! current-thread runtime only runs inside a call.
 
-use crate::client::{self, ClientError, PersistRange, RemoteEndpointInfo, ServerInfo};
+use crate::client::{
+    self, ClientError, FenceReport, PersistRange, RemoteEndpointInfo, ServerInfo,
+};
 use crate::regions::RegionDirectory;
 use crate::session::SessionId;
 use crate::stats::Stats;
@@ -28,7 +30,19 @@ struct Open {
 
 impl Client {
     pub fn connect(addr: &str, token: &ClusterToken) -> Result<Client, ClientError> {
-        Client::connect_bounded(addr, token, None)
+        Client::connect_bounded(addr, token, 0, None)
+    }
+
+    /// [`Client::connect`] for a session of compute-node `incarnation`, given up after
+    /// `limit` if one is given (see [`crate::Client::connect_as`] and
+    /// [`Client::connect_within`]).
+    pub fn connect_as(
+        addr: &str,
+        token: &ClusterToken,
+        incarnation: u64,
+        limit: Option<Duration>,
+    ) -> Result<Client, ClientError> {
+        Client::connect_bounded(addr, token, incarnation, limit)
     }
 
     /// [`Client::connect`], given up after `limit` (connection, Hello and
@@ -40,12 +54,13 @@ impl Client {
         token: &ClusterToken,
         limit: Duration,
     ) -> Result<Client, ClientError> {
-        Client::connect_bounded(addr, token, Some(limit))
+        Client::connect_bounded(addr, token, 0, Some(limit))
     }
 
     fn connect_bounded(
         addr: &str,
         token: &ClusterToken,
+        incarnation: u64,
         limit: Option<Duration>,
     ) -> Result<Client, ClientError> {
         if tokio::runtime::Handle::try_current().is_ok() {
@@ -62,9 +77,12 @@ impl Client {
             .map_err(|e| ClientError::Runtime(format!("cannot start a tokio runtime: {e}")))?;
         let inner = runtime.block_on(async {
             match limit {
-                None => client::Client::connect(addr, token).await,
-                Some(limit) => tokio::time::timeout(limit, client::Client::connect(addr, token))
-                    .await
+                None => client::Client::connect_as(addr, token, incarnation).await,
+                Some(limit) => tokio::time::timeout(
+                    limit,
+                    client::Client::connect_as(addr, token, incarnation),
+                )
+                .await
                     .map_err(|_| ClientError::TimedOut {
                         addr: addr.to_string(),
                         limit,
@@ -159,6 +177,17 @@ impl Client {
     pub fn return_region(&self, region: &RemoteRegion) -> Result<(), ClientError> {
         let open = self.open();
         open.runtime.block_on(open.inner.return_region(region))
+    }
+
+    /// See [`crate::Client::fence`]; given up after `limit` (a stopped server answers
+    /// nothing).
+    pub fn fence(&self, incarnation: u64, limit: Duration) -> Result<FenceReport, ClientError> {
+        let addr = self.inner().addr().to_string();
+        self.block_on(async {
+            tokio::time::timeout(limit, self.inner().fence(incarnation))
+                .await
+                .map_err(|_| ClientError::TimedOut { addr, limit })?
+        })?
     }
 
     pub fn keep_alive(&self) -> Result<(), ClientError> {

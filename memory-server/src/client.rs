@@ -202,8 +202,17 @@ impl RemoteEndpointInfo {
     }
 }
 
+/// What a [`Client::fence`] ended at one server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FenceReport {
+    pub sessions_ended: u32,
+    pub queue_pairs_destroyed: u32,
+}
+
 /// An authenticated session with one memory server.
 pub struct Client {
+    /// As given to [`Client::connect`], for errors.
+    addr: String,
     rpc: MemoryServerClient<Channel>,
     /// For the remote-verbs service, which shares the connection and the session.
     channel: Channel,
@@ -228,6 +237,17 @@ impl Client {
     /// that it holds `token`, and authenticates with it. Must be called within a tokio
     /// runtime, which then also runs the lease renewal.
     pub async fn connect(addr: &str, token: &ClusterToken) -> Result<Client, ClientError> {
+        Client::connect_as(addr, token, 0).await
+    }
+
+    /// [`Client::connect`] for a session of compute-node `incarnation` (0: none), which
+    /// [`Client::fence`] names: give every server the same one, fresh for each opening
+    /// of a database. A fenced incarnation is refused.
+    pub async fn connect_as(
+        addr: &str,
+        token: &ClusterToken,
+        incarnation: u64,
+    ) -> Result<Client, ClientError> {
         let endpoint = Endpoint::from_shared(endpoint_uri(addr))
             .map_err(|source| ClientError::Address {
                 addr: addr.to_string(),
@@ -270,6 +290,7 @@ impl Client {
             .authenticate(proto::AuthenticateRequest {
                 challenge_id: hello.challenge_id,
                 client_proof: proof.to_vec(),
+                incarnation,
             })
             .await
             .map_err(rpc_error("Authenticate"))?
@@ -287,6 +308,7 @@ impl Client {
             .map_err(|_| ClientError::Protocol("session id is not ASCII".into()))?;
         let keepalive = tokio::spawn(renew(rpc.clone(), header.clone(), lease));
         Ok(Client {
+            addr: addr.to_string(),
             rpc,
             channel,
             session,
@@ -325,6 +347,11 @@ impl Client {
     }
 
     /// `message` as a request of this session.
+    /// The server's address, as given to [`Client::connect`].
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
     pub(crate) fn request<T>(&self, message: T) -> Request<T> {
         let mut req = Request::new(message);
         req.metadata_mut()
@@ -481,6 +508,23 @@ impl Client {
     }
 
     /// Renews the lease now (the background renewal does this on its own).
+    /// Memory-side fencing: ends every session of compute-node `incarnation` at this
+    /// server, destroying the queue pairs it posts through, and refuses the
+    /// incarnation from then on. Idempotent.
+    pub async fn fence(&self, incarnation: u64) -> Result<FenceReport, ClientError> {
+        let r = self
+            .rpc
+            .clone()
+            .fence(self.request(proto::FenceRequest { incarnation }))
+            .await
+            .map_err(rpc_error("Fence"))?
+            .into_inner();
+        Ok(FenceReport {
+            sessions_ended: r.sessions_ended,
+            queue_pairs_destroyed: r.queue_pairs_destroyed,
+        })
+    }
+
     pub async fn keep_alive(&self) -> Result<(), ClientError> {
         self.rpc
             .clone()

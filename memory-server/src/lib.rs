@@ -49,7 +49,9 @@ pub mod proto {
         include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
 }
 
-pub use client::{Client, ClientError, PersistRange, RemoteEndpointInfo, ServerInfo, status_text};
+pub use client::{
+    Client, ClientError, FenceReport, PersistRange, RemoteEndpointInfo, ServerInfo, status_text,
+};
 pub use durable::{
     DurabilityConfig, MAX_PERSIST_BYTES, PersistError, Promotion, RestoreReport, lock_data_dir,
     recorded_promotion,

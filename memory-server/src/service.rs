@@ -200,11 +200,17 @@ impl ControlRpc for ControlService {
             tracing::warn!(?peer, "authentication refused: {e}");
             return Err(Status::unauthenticated(e.to_string()));
         }
-        let session = self.state.sessions.open(peer, now).map_err(|e| match e {
-            SessionError::TooManySessions(_) => Status::resource_exhausted(e.to_string()),
-            _ => Status::internal(e.to_string()),
-        })?;
-        tracing::info!(?peer, session = ?session.id, "session opened");
+        let incarnation = body.incarnation;
+        let session = self
+            .state
+            .sessions
+            .open(peer, now, incarnation)
+            .map_err(|e| match e {
+                SessionError::TooManySessions(_) => Status::resource_exhausted(e.to_string()),
+                SessionError::Fenced(_) => Status::permission_denied(e.to_string()),
+                _ => Status::internal(e.to_string()),
+            })?;
+        tracing::info!(?peer, session = ?session.id, incarnation = %format_args!("{incarnation:#x}"), "session opened");
         Ok(Response::new(proto::AuthenticateResponse {
             session_id: session.id.0.to_vec(),
             lease_ms: self.state.sessions.lease().as_millis() as u64,
@@ -339,6 +345,36 @@ impl ControlRpc for ControlService {
             held.log(session.id, session.peer, "session ended");
         }
         Ok(Response::new(proto::EndSessionResponse {}))
+    }
+
+    async fn fence(
+        &self,
+        req: Request<proto::FenceRequest>,
+    ) -> Result<Response<proto::FenceResponse>, Status> {
+        self.state.counters.rpc(Rpc::Fence);
+        let by = self.state.session(&req)?;
+        let incarnation = req.get_ref().incarnation;
+        if incarnation == 0 {
+            return Err(Status::invalid_argument(
+                "incarnation 0 names no compute node: sessions opened without one cannot be fenced",
+            ));
+        }
+        let ended = self.state.sessions.fence(incarnation);
+        let queue_pairs: usize = ended.iter().map(|(_, held)| held.queue_pairs).sum();
+        for (session, held) in &ended {
+            held.log(session.id, session.peer, "session fenced");
+        }
+        tracing::warn!(
+            incarnation = %format_args!("{incarnation:#x}"),
+            by = ?by.id,
+            sessions = ended.len(),
+            queue_pairs,
+            "compute-node incarnation fenced: its queue pairs are destroyed and its sessions refused"
+        );
+        Ok(Response::new(proto::FenceResponse {
+            sessions_ended: ended.len() as u32,
+            queue_pairs_destroyed: queue_pairs as u32,
+        }))
     }
 
     async fn stats(

@@ -10,7 +10,7 @@
 
 use fabric::{CompletionQueue, QueuePair, Region};
 use rand::RngCore;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -219,6 +219,8 @@ pub(crate) enum DeregisterError {
 pub(crate) struct Session {
     pub id: SessionId,
     pub peer: Option<SocketAddr>,
+    /// The compute-node incarnation it belongs to (0: none), which a fence names.
+    pub incarnation: u64,
     state: Mutex<SessionState>,
 }
 
@@ -230,6 +232,11 @@ pub(crate) enum SessionError {
     TooManyQps(usize),
     #[error("too many sessions ({0}); end unused ones or wait for their leases to run out")]
     TooManySessions(usize),
+    #[error(
+        "compute-node incarnation {0:#x} was fenced: it stopped renewing its oracle lease \
+         and another node recovered its commits; open the database anew"
+    )]
+    Fenced(u64),
     #[error("the session already has {0} completion queues, the most one session may hold")]
     TooManyCqs(usize),
     #[error("the session already has {0} regions, the most one session may hold")]
@@ -441,7 +448,13 @@ pub(crate) struct Sessions {
     map: Mutex<HashMap<SessionId, Arc<Session>>>,
     lease: Duration,
     max_sessions: usize,
+    /// Fenced incarnations, oldest first, at most [`FENCED_REMEMBERED`].
+    fenced: Mutex<VecDeque<u64>>,
 }
+
+/// How many fenced incarnations a server refuses: each open of a database draws a new
+/// one, so only a fenced node's own late attempts come back with one.
+pub(crate) const FENCED_REMEMBERED: usize = 4096;
 
 impl Sessions {
     pub fn new(lease: Duration, max_sessions: usize) -> Sessions {
@@ -449,7 +462,42 @@ impl Sessions {
             map: Mutex::new(HashMap::new()),
             lease,
             max_sessions,
+            fenced: Mutex::new(VecDeque::new()),
         }
+    }
+
+    fn fenced(&self) -> MutexGuard<'_, VecDeque<u64>> {
+        self.fenced.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends every session of `incarnation` and refuses the incarnation's sessions from
+    /// then on; says what each ended session held.
+    pub fn fence(&self, incarnation: u64) -> Vec<(Arc<Session>, Ended)> {
+        {
+            let mut fenced = self.fenced();
+            if !fenced.contains(&incarnation) {
+                if fenced.len() == FENCED_REMEMBERED {
+                    fenced.pop_front();
+                }
+                fenced.push_back(incarnation);
+            }
+        }
+        let sessions: Vec<Arc<Session>> = {
+            let mut map = self.lock();
+            let ids: Vec<SessionId> = map
+                .values()
+                .filter(|s| s.incarnation == incarnation)
+                .map(|s| s.id)
+                .collect();
+            ids.iter().filter_map(|id| map.remove(id)).collect()
+        };
+        sessions
+            .into_iter()
+            .map(|s| {
+                let held = s.end();
+                (s, held)
+            })
+            .collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<SessionId, Arc<Session>>> {
@@ -460,11 +508,18 @@ impl Sessions {
         self.lease
     }
 
+    /// A new session of compute-node `incarnation` (0: none), unless it was fenced.
     pub fn open(
         &self,
         peer: Option<SocketAddr>,
         now: Instant,
+        incarnation: u64,
     ) -> Result<Arc<Session>, SessionError> {
+        // Held across the insert, so a fence cannot run between the check and it.
+        let fenced = self.fenced();
+        if incarnation != 0 && fenced.contains(&incarnation) {
+            return Err(SessionError::Fenced(incarnation));
+        }
         let mut map = self.lock();
         if map.len() >= self.max_sessions {
             return Err(SessionError::TooManySessions(self.max_sessions));
@@ -472,6 +527,7 @@ impl Sessions {
         let session = Arc::new(Session {
             id: SessionId::random(),
             peer,
+            incarnation,
             state: Mutex::new(SessionState {
                 expires: now + self.lease,
                 ended: false,
@@ -589,7 +645,7 @@ mod tests {
     fn leases_are_renewed_by_use_and_expire_without_it() {
         let sessions = Sessions::new(Duration::from_secs(10), 8);
         let t0 = Instant::now();
-        let s = sessions.open(None, t0).unwrap();
+        let s = sessions.open(None, t0, 0).unwrap();
         let t1 = t0 + Duration::from_secs(8);
         assert!(sessions.touch(s.id, t1).is_some());
         // Renewed at t1, so still live at t0 + 15 s.
@@ -604,7 +660,7 @@ mod tests {
         let dev = net.add_node();
         let sessions = Sessions::new(Duration::from_secs(10), 8);
         let now = Instant::now();
-        let s = sessions.open(None, now).unwrap();
+        let s = sessions.open(None, now, 0).unwrap();
         let q = qp(&*dev);
         let weak = Arc::downgrade(&q);
         s.add_qp(q, [0, 0], 4).unwrap();
@@ -619,14 +675,56 @@ mod tests {
     }
 
     #[test]
+    fn a_fence_ends_every_session_of_its_incarnation_and_refuses_it_afterwards() {
+        let net = SimNetwork::new(SimConfig::default());
+        let dev = net.add_node();
+        let sessions = Sessions::new(Duration::from_secs(10), 8);
+        let now = Instant::now();
+        let fenced: Vec<_> = (0..2).map(|_| sessions.open(None, now, 7).unwrap()).collect();
+        let other = sessions.open(None, now, 8).unwrap();
+        let anonymous = sessions.open(None, now, 0).unwrap();
+        let q = qp(&*dev);
+        let fenced_qp = Arc::downgrade(&q);
+        fenced[0].add_qp(q, [0, 0], 4).unwrap();
+        fenced[1].add_qp(qp(&*dev), [0, 0], 4).unwrap();
+        fenced[1].add_qp(qp(&*dev), [0, 0], 4).unwrap();
+        other.add_qp(qp(&*dev), [0, 0], 4).unwrap();
+        anonymous.add_qp(qp(&*dev), [0, 0], 4).unwrap();
+        assert_eq!(sessions.counts(), (4, 5, 0));
+
+        let ended = sessions.fence(7);
+        let mut ids: Vec<_> = ended.iter().map(|(s, _)| s.id).collect();
+        ids.sort_by_key(|id| id.0);
+        let mut want: Vec<_> = fenced.iter().map(|s| s.id).collect();
+        want.sort_by_key(|id| id.0);
+        assert_eq!(ids, want);
+        assert_eq!(ended.iter().map(|(_, e)| e.queue_pairs).sum::<usize>(), 3);
+        assert_eq!(sessions.counts(), (2, 2, 0), "the other sessions stay");
+        assert!(fenced_qp.upgrade().is_none(), "the queue pair was destroyed");
+        assert_eq!(
+            fenced[0].add_qp(qp(&*dev), [0, 0], 4),
+            Err(SessionError::Ended)
+        );
+        assert!(matches!(
+            sessions.open(None, now, 7),
+            Err(SessionError::Fenced(7))
+        ));
+        assert!(sessions.open(None, now, 8).is_ok());
+        assert!(sessions.open(None, now, 0).is_ok());
+        // Again: nothing left to end, still refused.
+        assert!(sessions.fence(7).is_empty());
+        assert!(sessions.open(None, now, 7).is_err());
+    }
+
+    #[test]
     fn reaping_ends_only_expired_sessions() {
         let net = SimNetwork::new(SimConfig::default());
         let dev = net.add_node();
         let sessions = Sessions::new(Duration::from_secs(10), 8);
         let t0 = Instant::now();
-        let old = sessions.open(None, t0).unwrap();
+        let old = sessions.open(None, t0, 0).unwrap();
         old.add_qp(qp(&*dev), [0, 0], 4).unwrap();
-        let young = sessions.open(None, t0 + Duration::from_secs(5)).unwrap();
+        let young = sessions.open(None, t0 + Duration::from_secs(5), 0).unwrap();
         let reaped = sessions.reap(t0 + Duration::from_secs(11));
         assert_eq!(reaped.len(), 1);
         assert_eq!(reaped[0].queue_pairs, 1);
@@ -646,7 +744,7 @@ mod tests {
     fn completion_queues_and_regions_are_bounded_and_end_with_the_session() {
         let dev = SimNetwork::new(SimConfig::default()).add_node();
         let sessions = Sessions::new(Duration::from_secs(10), 8);
-        let s = sessions.open(None, Instant::now()).unwrap();
+        let s = sessions.open(None, Instant::now(), 0).unwrap();
         let limits = ObjectLimits {
             cqs: 1,
             regions: 2,
@@ -708,10 +806,10 @@ mod tests {
         let dev = net.add_node();
         let sessions = Sessions::new(Duration::from_secs(10), 2);
         let now = Instant::now();
-        let s = sessions.open(None, now).unwrap();
-        sessions.open(None, now).unwrap();
+        let s = sessions.open(None, now, 0).unwrap();
+        sessions.open(None, now, 0).unwrap();
         assert!(matches!(
-            sessions.open(None, now),
+            sessions.open(None, now, 0),
             Err(SessionError::TooManySessions(2))
         ));
         s.add_qp(qp(&*dev), [0, 0], 1).unwrap();
@@ -740,8 +838,8 @@ mod tests {
         };
         let now = Instant::now();
         let (a, b) = (
-            sessions.open(None, now).unwrap(),
-            sessions.open(None, now).unwrap(),
+            sessions.open(None, now, 0).unwrap(),
+            sessions.open(None, now, 0).unwrap(),
         );
         let borrow = |s: &Session, len: u64| -> Result<(u32, u32), SessionError> {
             let loan = ledger.lend(len)?;
@@ -819,7 +917,7 @@ mod tests {
             region_bytes: 1 << 20,
         };
         let t0 = Instant::now();
-        let s = sessions.open(None, t0).unwrap();
+        let s = sessions.open(None, t0, 0).unwrap();
         let loan = ledger.lend(4096).unwrap();
         s.add_region(
             dev.register(4096, fabric::Access::ALL).unwrap(),

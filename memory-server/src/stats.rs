@@ -14,6 +14,7 @@ pub(crate) enum Rpc {
     Disconnect,
     KeepAlive,
     EndSession,
+    Fence,
     Stats,
     Persist,
     BorrowRegion,
@@ -35,7 +36,7 @@ pub(crate) enum Rpc {
 }
 
 impl Rpc {
-    const ALL: [Rpc; 25] = [
+    const ALL: [Rpc; 26] = [
         Rpc::Hello,
         Rpc::Authenticate,
         Rpc::ListRegions,
@@ -43,6 +44,7 @@ impl Rpc {
         Rpc::Disconnect,
         Rpc::KeepAlive,
         Rpc::EndSession,
+        Rpc::Fence,
         Rpc::Stats,
         Rpc::Persist,
         Rpc::BorrowRegion,
@@ -73,6 +75,7 @@ impl Rpc {
             Rpc::Disconnect => "DisconnectQueuePair",
             Rpc::KeepAlive => "KeepAlive",
             Rpc::EndSession => "EndSession",
+            Rpc::Fence => "Fence",
             Rpc::Stats => "Stats",
             Rpc::Persist => "Persist",
             Rpc::BorrowRegion => "BorrowRegion",

@@ -117,6 +117,7 @@ async fn raw_handshake(
     let req = proto::AuthenticateRequest {
         challenge_id: hello.challenge_id,
         client_proof: documented_proof(token, "client", &client_nonce, &hello.server_nonce),
+        incarnation: 0,
     };
     let result = rpc.authenticate(req.clone()).await.map(|r| r.into_inner());
     (result, req)
@@ -301,6 +302,7 @@ async fn wrong_token_gets_no_session() {
         .authenticate(proto::AuthenticateRequest {
             challenge_id: hello.challenge_id,
             client_proof: vec![],
+            incarnation: 0,
         })
         .await
         .expect_err("missing proof refused");
@@ -472,6 +474,75 @@ async fn disconnect_and_session_end_destroy_the_servers_queue_pairs() {
     let stats = other.stats().await.unwrap();
     assert_eq!((stats.sessions, stats.queue_pairs), (1, 0));
     assert_eq!(stats.rpc_count("EndSession"), 1);
+}
+
+#[tokio::test]
+async fn a_fence_cuts_off_an_incarnations_queue_pairs_and_refuses_its_sessions() {
+    let setup = Setup::start().await;
+    let (dev, cq) = setup.node();
+    let local = dev.register(8, Access::LOCAL).unwrap();
+    let target = setup.server.directory().get("data.0").unwrap().remote.at(0);
+    let paused = Client::connect_as(&setup.addr, &token(), 0x5eed)
+        .await
+        .unwrap();
+    let paused_too = Client::connect_as(&setup.addr, &token(), 0x5eed)
+        .await
+        .unwrap();
+    let (qp, _) = paused.connect_qp(&*dev, &cq).await.unwrap();
+    let (qp_too, _) = paused_too.connect_qp(&*dev, &cq).await.unwrap();
+    let recoverer = Client::connect_as(&setup.addr, &token(), 0xbeef)
+        .await
+        .unwrap();
+    let (their_qp, _) = recoverer.connect_qp(&*dev, &cq).await.unwrap();
+    ok(run(
+        &*qp,
+        &*cq,
+        SendWr::write(1, Src::Inline(&1u64.to_le_bytes()), target),
+    ));
+
+    let zero = recoverer.fence(0).await.unwrap_err();
+    assert_eq!(zero.code(), Some(Code::InvalidArgument), "{zero}");
+    let report = recoverer.fence(0x5eed).await.unwrap();
+    assert_eq!(
+        (report.sessions_ended, report.queue_pairs_destroyed),
+        (2, 2)
+    );
+    // What the fenced incarnation posts from now on never reaches the memory.
+    for (i, qp) in [&qp, &qp_too].into_iter().enumerate() {
+        let late = run(
+            &**qp,
+            &*cq,
+            SendWr::write(2 + i as u64, Src::Inline(&9u64.to_le_bytes()), target),
+        );
+        assert_eq!(late.status, WcStatus::RetryExceeded);
+    }
+    ok(run(
+        &*their_qp,
+        &*cq,
+        SendWr::read(4, local.buf(0, 8), target),
+    ));
+    assert_eq!(local.load_u64(0).unwrap(), 1, "the late writes landed");
+    let gone = paused.keep_alive().await.unwrap_err();
+    assert_eq!(gone.code(), Some(Code::Unauthenticated), "{gone}");
+    let refused = match Client::connect_as(&setup.addr, &token(), 0x5eed).await {
+        Err(e) => e,
+        Ok(_) => panic!("a fenced incarnation got a session"),
+    };
+    assert_eq!(refused.code(), Some(Code::PermissionDenied), "{refused}");
+    assert!(refused.to_string().contains("fenced"), "{refused}");
+    // Idempotent, and other incarnations (and none) still connect.
+    let again = recoverer.fence(0x5eed).await.unwrap();
+    assert_eq!(again.sessions_ended, 0);
+    Client::connect_as(&setup.addr, &token(), 0x5eee)
+        .await
+        .unwrap();
+    let stats = Client::connect(&setup.addr, &token())
+        .await
+        .unwrap()
+        .stats()
+        .await
+        .unwrap();
+    assert_eq!(stats.rpc_count("Fence"), 3);
 }
 
 #[tokio::test]

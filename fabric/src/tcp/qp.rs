@@ -116,6 +116,22 @@ pub(crate) struct QpShared {
     sq: Mutex<SendSide>,
     rq: Mutex<VecDeque<PostedRecv>>,
     receive_posted: Condvar,
+    /// How many of its responders' one-sided requests are touching memory now, and
+    /// whether it was destroyed ([`MEMORY_CLOSED`]): changed by read-modify-writes only,
+    /// so an entry and the destruction are totally ordered.
+    in_memory: AtomicU32,
+}
+
+/// [`QpShared::in_memory`]'s mark of a destroyed queue pair.
+const MEMORY_CLOSED: u32 = 1 << 31;
+
+/// A responder's one-sided request inside its queue pair's memory gate.
+pub(crate) struct InMemory<'a>(&'a AtomicU32);
+
+impl Drop for InMemory<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -150,7 +166,18 @@ impl QpShared {
             }),
             rq: Mutex::new(VecDeque::new()),
             receive_posted: Condvar::new(),
+            in_memory: AtomicU32::new(0),
         })
+    }
+
+    /// Lets a responder's one-sided request touch memory through this queue pair, if it
+    /// is up, until the guard drops. Destroying the queue pair waits for the requests
+    /// inside, so once it returned nothing more the peer sent touches memory (a memory
+    /// server's fence of a paused compute node relies on it).
+    pub(crate) fn enter_memory(&self) -> Option<InMemory<'_>> {
+        let before = self.in_memory.fetch_add(1, Ordering::AcqRel);
+        let inside = InMemory(&self.in_memory);
+        (before & MEMORY_CLOSED == 0 && self.is_up()).then_some(inside)
     }
 
     pub(crate) fn kind(&self) -> QpKind {
@@ -847,6 +874,12 @@ impl QpShared {
 
     fn destroy(&self) {
         self.state.store(DESTROYED, Ordering::Release);
+        // A responder's request already past its check finishes first (a copy or an
+        // atomic: microseconds).
+        self.in_memory.fetch_or(MEMORY_CLOSED, Ordering::AcqRel);
+        while self.in_memory.load(Ordering::Acquire) & !MEMORY_CLOSED != 0 {
+            std::thread::yield_now();
+        }
         let stream = lock(&self.sq).link.take().and_then(|l| l.stream);
         if let Some(stream) = stream {
             close_without_reset(stream);

@@ -189,9 +189,18 @@ impl Connection {
     }
 
     fn run(&mut self, request: &Request<'_>, out: &mut Vec<u8>) -> WcStatus {
-        if !self.target.is_up() {
-            return WcStatus::RetryExceeded;
-        }
+        // One-sided requests touch memory inside the queue pair's gate, so that once it
+        // is destroyed none is still writing; SENDs (and WRITE_WITH_IMM, which waits for
+        // a receive) are checked without it.
+        let target = self.target.clone();
+        let _inside = match request.op {
+            Op::Read | Op::Write | Op::Cas | Op::FetchAdd => match target.enter_memory() {
+                Some(inside) => Some(inside),
+                None => return WcStatus::RetryExceeded,
+            },
+            _ if !target.is_up() => return WcStatus::RetryExceeded,
+            _ => None,
+        };
         let result = match request.op {
             Op::Read => self.checked(request, Access::REMOTE_READ).map(|region| {
                 let at = out.len();

@@ -712,3 +712,31 @@ fn a_zero_transport_timeout_is_refused() {
         .to_string();
     assert!(err.contains("transport timeout"), "{err}");
 }
+
+/// Destroying a queue pair waits for the one-sided request its responder is executing,
+/// and refuses every later one: a memory server's fence of a compute node (ending its
+/// sessions) then leaves nothing of it still writing.
+#[test]
+fn destroying_a_queue_pair_waits_for_the_request_touching_memory_and_refuses_later_ones() {
+    let s = server();
+    let target = s.device.node.qp(s.qp.endpoint().qpn).expect("the queue pair");
+    let inside = target.enter_memory().expect("a ready queue pair lets a request in");
+    let Server { qp, .. } = s;
+    let destroyed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let destroyer = {
+        let destroyed = destroyed.clone();
+        std::thread::spawn(move || {
+            drop(qp);
+            destroyed.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !destroyed.load(std::sync::atomic::Ordering::SeqCst),
+        "destroyed while a request was touching memory"
+    );
+    drop(inside);
+    destroyer.join().unwrap();
+    assert!(destroyed.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(target.enter_memory().is_none(), "a later request got in");
+}

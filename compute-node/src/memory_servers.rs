@@ -70,6 +70,8 @@ pub enum ConnectError {
 pub struct RemoteServer {
     addr: String,
     control: Client,
+    /// The database's incarnation, which this session carries.
+    incarnation: u64,
     /// For a durable server: its persist service, on this session.
     persistence: Option<Arc<ServerPersistence>>,
 }
@@ -190,6 +192,42 @@ impl MemoryServerLink for RemoteServer {
     fn boot(&self) -> u64 {
         self.control.server().boot
     }
+
+    fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    fn fence(&self, incarnation: u64) -> txn::Result<()> {
+        match self.control.fence(incarnation, FENCE_ANSWER_LIMIT) {
+            Ok(report) => {
+                tracing::info!(
+                    server = %self.addr,
+                    sessions = report.sessions_ended,
+                    queue_pairs = report.queue_pairs_destroyed,
+                    "fenced compute node {incarnation:#x}"
+                );
+                Ok(())
+            }
+            Err(e) => Err(TxnError::Fabric(FabricError::Backend(format!(
+                "fencing compute node {incarnation:#x} at the memory server at {}: {e}",
+                self.addr
+            )))),
+        }
+    }
+}
+
+/// How long a fence waits for a memory server's answer before the fencer tries again
+/// on a later tick (a stopped server answers nothing).
+const FENCE_ANSWER_LIMIT: Duration = Duration::from_secs(5);
+
+/// A fresh incarnation for one opening of the database: 48 random bits, never 0.
+fn new_incarnation() -> u64 {
+    loop {
+        let incarnation = rand::random::<u64>() & txn::commitlog::Holder::INCARNATION_MASK;
+        if incarnation != 0 {
+            return incarnation;
+        }
+    }
 }
 
 /// A database on memory-server processes, with what keeps it reachable.
@@ -238,7 +276,11 @@ const SLOW_PERSIST: Duration = Duration::from_secs(5);
 /// database persists (txn's boots), so it opens only once the backup answers the
 /// primary, within the primary's own bound on its backup, and otherwise fails with
 /// the primary's error naming the backup.
-fn connect_server(spec: &str, token: &ClusterToken) -> Result<(String, Client), ConnectError> {
+fn connect_server(
+    spec: &str,
+    token: &ClusterToken,
+    incarnation: u64,
+) -> Result<(String, Client), ConnectError> {
     let (primary, backup) = match spec.split_once('|') {
         Some((p, b)) => (p.trim(), Some(b.trim())),
         None => (spec.trim(), None),
@@ -252,12 +294,13 @@ fn connect_server(spec: &str, token: &ClusterToken) -> Result<(String, Client), 
     let Some(backup) = backup else {
         return Ok((
             primary.to_string(),
-            Client::connect(primary, token).map_err(control(primary))?,
+            Client::connect_as(primary, token, incarnation, None).map_err(control(primary))?,
         ));
     };
-    match Client::connect(primary, token) {
+    match Client::connect_as(primary, token, incarnation, None) {
         Ok(client) => {
-            match Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT) {
+            // As this incarnation: the session is kept if the backup was promoted.
+            match Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT)) {
                 Ok(b) if b.server().role == memory_server::Role::Promoted => {
                     tracing::warn!(
                         primary,
@@ -289,7 +332,7 @@ fn connect_server(spec: &str, token: &ClusterToken) -> Result<(String, Client), 
             b.promote().map_err(control(backup))?;
             drop(b);
             // A new session, for the Hello that reports the promoted server (its boot).
-            let b = Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT)
+            let b = Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT))
                 .map_err(control(backup))?;
             Ok((backup.to_string(), b))
         }
@@ -320,8 +363,9 @@ pub fn connect(
     // A fabric peer is named by its node id: two servers sharing one would have one's
     // queue pairs taken for the other's.
     let mut nodes: Vec<(u32, String)> = Vec::with_capacity(addrs.len());
+    let incarnation = new_incarnation();
     for spec in addrs {
-        let (addr, control) = connect_server(spec, token)?;
+        let (addr, control) = connect_server(spec, token, incarnation)?;
         let addr = &addr;
         let node = control.server().node.0;
         if let Some((_, first_addr)) = nodes.iter().find(|(n, _)| *n == node) {
@@ -378,6 +422,7 @@ pub fn connect(
                     })
                 }),
                 control,
+                incarnation,
             }),
             ServerRegions { catalog, data },
         ));

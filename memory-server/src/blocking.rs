@@ -5,9 +5,7 @@
 //! progress while the caller is busy on the data path and makes no control calls: a
 //! current-thread runtime only runs inside a call.
 
-use crate::client::{
-    self, ClientError, FenceReport, PersistRange, RemoteEndpointInfo, ServerInfo,
-};
+use crate::client::{self, ClientError, FenceReport, PersistRange, RemoteEndpointInfo, ServerInfo};
 use crate::regions::RegionDirectory;
 use crate::session::SessionId;
 use crate::stats::Stats;
@@ -83,10 +81,10 @@ impl Client {
                     client::Client::connect_as(addr, token, incarnation),
                 )
                 .await
-                    .map_err(|_| ClientError::TimedOut {
-                        addr: addr.to_string(),
-                        limit,
-                    })?,
+                .map_err(|_| ClientError::TimedOut {
+                    addr: addr.to_string(),
+                    limit,
+                })?,
             }
         });
         let inner = match inner {

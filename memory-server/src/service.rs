@@ -122,7 +122,12 @@ impl ServerState {
                 ))
             })?;
         self.sessions.touch(id, Instant::now()).ok_or_else(|| {
-            Status::unauthenticated("unknown or expired session; authenticate again")
+            match self.sessions.fenced_session(id) {
+                Some(incarnation) => {
+                    Status::unauthenticated(SessionError::Fenced(incarnation).to_string())
+                }
+                None => Status::unauthenticated("unknown or expired session; authenticate again"),
+            }
         })
     }
 }

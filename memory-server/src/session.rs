@@ -450,6 +450,9 @@ pub(crate) struct Sessions {
     max_sessions: usize,
     /// Fenced incarnations, oldest first, at most [`FENCED_REMEMBERED`].
     fenced: Mutex<VecDeque<u64>>,
+    /// Sessions a fence ended, with their incarnation, oldest first, as many: their
+    /// holders' next call learns why the session is gone.
+    fenced_sessions: Mutex<VecDeque<(SessionId, u64)>>,
 }
 
 /// How many fenced incarnations a server refuses: each open of a database draws a new
@@ -463,7 +466,17 @@ impl Sessions {
             lease,
             max_sessions,
             fenced: Mutex::new(VecDeque::new()),
+            fenced_sessions: Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// The incarnation of `id`, if a fence ended that session.
+    pub fn fenced_session(&self, id: SessionId) -> Option<u64> {
+        let fenced = self
+            .fenced_sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        fenced.iter().find(|(s, _)| *s == id).map(|(_, i)| *i)
     }
 
     fn fenced(&self) -> MutexGuard<'_, VecDeque<u64>> {
@@ -491,6 +504,18 @@ impl Sessions {
                 .collect();
             ids.iter().filter_map(|id| map.remove(id)).collect()
         };
+        {
+            let mut fenced = self
+                .fenced_sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for s in &sessions {
+                if fenced.len() == FENCED_REMEMBERED {
+                    fenced.pop_front();
+                }
+                fenced.push_back((s.id, incarnation));
+            }
+        }
         sessions
             .into_iter()
             .map(|s| {
@@ -680,7 +705,9 @@ mod tests {
         let dev = net.add_node();
         let sessions = Sessions::new(Duration::from_secs(10), 8);
         let now = Instant::now();
-        let fenced: Vec<_> = (0..2).map(|_| sessions.open(None, now, 7).unwrap()).collect();
+        let fenced: Vec<_> = (0..2)
+            .map(|_| sessions.open(None, now, 7).unwrap())
+            .collect();
         let other = sessions.open(None, now, 8).unwrap();
         let anonymous = sessions.open(None, now, 0).unwrap();
         let q = qp(&*dev);
@@ -700,7 +727,12 @@ mod tests {
         assert_eq!(ids, want);
         assert_eq!(ended.iter().map(|(_, e)| e.queue_pairs).sum::<usize>(), 3);
         assert_eq!(sessions.counts(), (2, 2, 0), "the other sessions stay");
-        assert!(fenced_qp.upgrade().is_none(), "the queue pair was destroyed");
+        assert!(
+            fenced_qp.upgrade().is_none(),
+            "the queue pair was destroyed"
+        );
+        assert_eq!(sessions.fenced_session(fenced[1].id), Some(7));
+        assert_eq!(sessions.fenced_session(other.id), None);
         assert_eq!(
             fenced[0].add_qp(qp(&*dev), [0, 0], 4),
             Err(SessionError::Ended)

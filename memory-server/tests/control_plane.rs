@@ -524,6 +524,7 @@ async fn a_fence_cuts_off_an_incarnations_queue_pairs_and_refuses_its_sessions()
     assert_eq!(local.load_u64(0).unwrap(), 1, "the late writes landed");
     let gone = paused.keep_alive().await.unwrap_err();
     assert_eq!(gone.code(), Some(Code::Unauthenticated), "{gone}");
+    assert!(gone.to_string().contains("was fenced"), "{gone}");
     let refused = match Client::connect_as(&setup.addr, &token(), 0x5eed).await {
         Err(e) => e,
         Ok(_) => panic!("a fenced incarnation got a session"),

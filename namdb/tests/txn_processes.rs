@@ -21,11 +21,15 @@ struct Cluster {
 }
 
 fn cluster(count: usize) -> Cluster {
+    cluster_of("shm", count)
+}
+
+fn cluster_of(backend: &str, count: usize) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, TOKEN).unwrap();
     let servers = (0..count)
-        .map(|_| ServerProcess::start("shm", &token_file, &["--size", "64MiB"]))
+        .map(|_| ServerProcess::start(backend, &token_file, &["--size", "64MiB"]))
         .collect();
     Cluster {
         servers,
@@ -152,4 +156,138 @@ fn a_wrong_token_or_a_dead_server_is_a_clear_error() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+}
+
+fn num(v: Option<Vec<u8>>) -> u64 {
+    u64::from_le_bytes(v.expect("present")[..8].try_into().unwrap())
+}
+
+/// A compute node whose worker pauses past its oracle lease between the lease check
+/// and the post of an install (descheduled, SIGSTOP, a VM pause), while a compute node
+/// of another database (its own lease gates: another process, as far as fencing goes)
+/// fences its slot, recovers its commit and writes the record again. Its install must
+/// not land after that: before, nothing stopped it, and it put the older version back
+/// over the newer one. Now the fencer has every memory server end the paused node's
+/// sessions before its fence goes on, so the late install finds its queue pair
+/// destroyed.
+fn a_node_paused_past_its_lease_is_fenced_at_the_memory_servers(backend: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let c = cluster_of(backend, 2);
+    let options = Options {
+        oracle: timestamp::OracleConfig {
+            tick_interval: Duration::from_millis(2),
+            lease_timeout: Duration::from_millis(150),
+            ..timestamp::OracleConfig::default()
+        },
+        ..Options::default()
+    };
+    let paused = compute_node::connect(&c.addrs(), &c.token, options.clone()).unwrap();
+    let t = paused
+        .db
+        .create_table(txn::TableSpec::new("fenced", 64, 64))
+        .unwrap();
+    paused
+        .db
+        .client()
+        .unwrap()
+        .run(0, |x| {
+            x.insert(&t, 1, 100u64.to_le_bytes().to_vec())?;
+            x.insert(&t, 5, 0u64.to_le_bytes().to_vec())
+        })
+        .unwrap();
+    let other = compute_node::connect(&c.addrs(), &c.token, options).unwrap();
+    let theirs = other.db.table("fenced").unwrap();
+    let fencer = {
+        let t = theirs.clone();
+        txn::crash::Fencer::spawn(&other.db, move |x| {
+            x.put(&t, 5, 1u64.to_le_bytes().to_vec())
+        })
+        .unwrap()
+    };
+    let recovered = std::sync::Arc::new(AtomicBool::new(false));
+    let stalled = std::sync::Arc::new(std::sync::Mutex::new(None));
+    {
+        let (db, t, recovered, stalled) = (
+            other.db.clone(),
+            theirs.clone(),
+            recovered.clone(),
+            stalled.clone(),
+        );
+        txn::crash::stall_at_on_this_thread(
+            "install-posting",
+            Box::new(move |cid| {
+                *stalled.lock().unwrap() = Some(cid);
+                if db.wait_for_recovery_of(cid, Duration::from_secs(20)) {
+                    recovered.store(true, Ordering::SeqCst);
+                    // The record moves on while this node still "sleeps".
+                    db.client()
+                        .unwrap()
+                        .run(10, |x| x.put(&t, 1, 500u64.to_le_bytes().to_vec()))
+                        .unwrap();
+                }
+            }),
+        )
+        .unwrap();
+    }
+    let mut client = paused.db.client().unwrap();
+    let mut x = client.begin().unwrap();
+    x.put(&t, 1, 42u64.to_le_bytes().to_vec()).unwrap();
+    let committed = x.commit();
+    let cid = stalled
+        .lock()
+        .unwrap()
+        .expect("the commit stalled in its install step");
+    assert!(
+        recovered.load(Ordering::SeqCst),
+        "the other node did not recover slot {} while the commit stalled",
+        cid % u64::from(other.db.options().slots)
+    );
+    assert!(
+        committed.is_err(),
+        "the fenced node's commit reported success: {committed:?}"
+    );
+    let report = other
+        .db
+        .recoveries()
+        .into_iter()
+        .find(|r| u64::from(r.slot) == cid % u64::from(other.db.options().slots))
+        .expect("a recovery of the paused node's slot");
+    assert_eq!(report.rolled_forward, 1, "{report:?}");
+    fencer.stop().unwrap();
+    let mut reader = other.db.client().unwrap();
+    let mut x = reader.begin().unwrap();
+    let (value, version) = (
+        num(x.get(&theirs, 1).unwrap()),
+        x.get_version(&theirs, 1).unwrap(),
+    );
+    drop(x);
+    assert_eq!(
+        value, 500,
+        "record 1 at version {version:?}: the fenced node's install (commit {cid}) landed \
+         after its recovery"
+    );
+    // The fenced node's sessions are gone at every server; the other's work on.
+    for server in &paused.servers {
+        let gone = server
+            .keep_alive()
+            .expect_err("the fenced node kept its session");
+        assert!(gone.to_string().contains("was fenced"), "{gone}");
+    }
+    for server in &other.servers {
+        server.keep_alive().unwrap();
+    }
+    reader
+        .run(3, |x| x.put(&theirs, 1, 43u64.to_le_bytes().to_vec()))
+        .unwrap();
+}
+
+#[test]
+fn a_node_paused_past_its_lease_is_fenced_at_shm_memory_servers() {
+    a_node_paused_past_its_lease_is_fenced_at_the_memory_servers("shm");
+}
+
+#[test]
+fn a_node_paused_past_its_lease_is_fenced_at_tcp_memory_servers() {
+    a_node_paused_past_its_lease_is_fenced_at_the_memory_servers("tcp");
 }

@@ -17,21 +17,31 @@
 //! comes first and the fencer's close sees it inside, or the close comes first and the
 //! entry sees it closed. (Two words, a store and a load on each side, would need
 //! sequential consistency, which loom does not model.) Holders in other processes are
-//! not registered here and stay under the lease assumption, and so does the network
-//! delay of what the holder posted unsignaled before it left (a mark on tcp).
+//! not registered here: for them the fencer asks its [`RemoteFence`], if one is set
+//! (txn's has the memory servers end the holder's sessions, destroying the queue pairs
+//! it posts through), and goes on only once that is done. Without one they stay under
+//! the lease assumption, and so does the network delay of what the holder posted
+//! unsignaled before it left (a mark on tcp).
 
 #[cfg(timestamp_loom)]
 use loom::sync::atomic::{AtomicU32, Ordering};
 use std::collections::HashMap;
 #[cfg(not(timestamp_loom))]
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Fences the holding of a slot (its slot and lease tag) by a holder of another
+/// process, whose heartbeat the fencer already stopped: true once the holder can post
+/// nothing more, or if it is not another process's after all; false to leave the slot
+/// owned and try again on a later tick (the holder's servers did not answer).
+pub type RemoteFence = Box<dyn Fn(u32, u16) -> bool + Send + Sync>;
 
 /// The gates of one process's holders of one oracle, by slot: share one among every
 /// [`crate::SlotHandle`] of a process ([`crate::SlotHandle::share_gates`]).
 #[derive(Default)]
 pub struct LeaseGates {
     by_slot: Mutex<HashMap<u32, (u16, Arc<Gate>)>>,
+    remote: OnceLock<RemoteFence>,
 }
 
 impl LeaseGates {
@@ -47,13 +57,18 @@ impl LeaseGates {
         gate
     }
 
+    /// Sets how holders of other processes are fenced; false if one was set already.
+    pub fn set_remote_fence(&self, fence: RemoteFence) -> bool {
+        self.remote.set(fence).is_ok()
+    }
+
     /// Closes the gate of the holding of `slot` under `tag`, if it is in this process,
-    /// and says whether the fence may go on: nobody is inside it (or it is not
-    /// registered here). A closed gate stays closed.
+    /// and says whether the fence may go on: nobody is inside it, or, not registered
+    /// here, the [`RemoteFence`] (if any) fenced it. A closed gate stays closed.
     pub fn close(&self, slot: u32, tag: u16) -> bool {
         let gate = match self.lock().get(&slot) {
             Some((t, gate)) if *t == tag => gate.clone(),
-            _ => return true,
+            _ => return self.remote.get().is_none_or(|fence| fence(slot, tag)),
         };
         gate.close()
     }
@@ -148,6 +163,27 @@ mod tests {
         drop(second);
         assert!(gates.close(3, 7));
         assert!(Gate::enter(&gate).is_none(), "stays closed");
+    }
+
+    #[test]
+    fn holdings_of_other_processes_go_to_the_remote_fence() {
+        use std::sync::atomic::AtomicBool;
+        let gates = LeaseGates::new();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let answer = Arc::new(AtomicBool::new(false));
+        let (a, b) = (asked.clone(), answer.clone());
+        assert!(gates.set_remote_fence(Box::new(move |slot, tag| {
+            a.lock().unwrap().push((slot, tag));
+            b.load(std::sync::atomic::Ordering::SeqCst)
+        })));
+        assert!(!gates.set_remote_fence(Box::new(|_, _| true)), "set once");
+        let gate = gates.register(3, 7);
+        assert!(gates.close(3, 7), "ours, nobody inside");
+        assert!(gate.is_closed());
+        assert!(!gates.close(4, 1), "the remote fence has not fenced it yet");
+        answer.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(gates.close(4, 1));
+        assert_eq!(*asked.lock().unwrap(), [(4, 1), (4, 1)], "never for ours");
     }
 
     #[test]

@@ -40,7 +40,7 @@ mod slot;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{OracleError, Result};
-pub use gate::{LeaseGates, LeaseGuard};
+pub use gate::{LeaseGates, LeaseGuard, RemoteFence};
 pub use layout::{DEFAULT_BITS, Layout, Lease, SlotState};
 pub use link::{MIN_CQ_CAPACITY, MIN_SEND_QUEUE};
 pub use slot::{OracleConfig, Outcome, SlotHandle, SlotStats, TickReport};

@@ -15,7 +15,10 @@
 //!                    0 clean(tag): nothing of holder `tag` needs resolving
 //!                    1 active(tag): holder `tag` may hold locks and records
 //!                    2 recovering(tag, by): node `by` resolves holder `tag`'s locks
-//! [8, 64)  zero
+//! 8        holder  tag:16 | incarnation:48: who holds the slot under lease `tag`
+//!                    (written by the holder before its guard says active(tag); 0 by
+//!                    databases of one process, whose holders need no memory-side fence)
+//! [16, 64) zero
 //! [64, …)  the ring of records, each:
 //!            MAGIC | words << 32, cid, entries,
 //!            per entry: table | partition << 32 | kind << 48, key, addr, value bytes,
@@ -94,6 +97,11 @@ impl LogLocation {
         self.data.at(self.area(slot))
     }
 
+    /// Slot `slot`'s holder word ([`Holder`]).
+    pub fn holder(&self, slot: u32) -> RemoteAddr {
+        self.data.at(self.area(slot) + 8)
+    }
+
     /// Where slot `slot`'s ring starts.
     pub fn ring(&self, slot: u32) -> RemoteAddr {
         self.data.at(self.area(slot) + HEADER_BYTES)
@@ -102,6 +110,31 @@ impl LogLocation {
     /// Bytes of each ring.
     pub fn ring_bytes(&self) -> u64 {
         self.area_bytes - HEADER_BYTES
+    }
+}
+
+/// Which compute-node incarnation holds a slot under a lease tag: what a fencer in
+/// another process has the memory servers fence (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub tag: u16,
+    /// 48 bits.
+    pub incarnation: u64,
+}
+
+impl Holder {
+    /// The bits of an incarnation a holder word keeps.
+    pub const INCARNATION_MASK: u64 = (1 << 48) - 1;
+
+    pub fn encode(self) -> u64 {
+        (self.tag as u64) << 48 | (self.incarnation & Holder::INCARNATION_MASK)
+    }
+
+    pub fn decode(word: u64) -> Holder {
+        Holder {
+            tag: (word >> 48) as u16,
+            incarnation: word & Holder::INCARNATION_MASK,
+        }
     }
 }
 
@@ -461,6 +494,37 @@ mod tests {
         let body = &record[..record.len() - 16];
         assert_ne!(checksum(body), checksum(&record[..record.len() - 8]));
         assert_ne!(checksum(&[0u8; 64]), 0);
+    }
+
+    #[test]
+    fn holder_words_round_trip_and_keep_48_bits_of_the_incarnation() {
+        for h in [
+            Holder {
+                tag: 0,
+                incarnation: 1,
+            },
+            Holder {
+                tag: u16::MAX,
+                incarnation: Holder::INCARNATION_MASK,
+            },
+            Holder {
+                tag: 513,
+                incarnation: 0x1234_5678_9abc,
+            },
+        ] {
+            assert_eq!(Holder::decode(h.encode()), h);
+        }
+        let wide = Holder {
+            tag: 2,
+            incarnation: 0xffff_0000_0000_0001,
+        };
+        assert_eq!(
+            Holder::decode(wide.encode()),
+            Holder {
+                tag: 2,
+                incarnation: 1
+            }
+        );
     }
 
     #[test]

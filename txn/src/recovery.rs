@@ -403,6 +403,16 @@ impl Database {
                 Guard::Active { tag: t } if t == tag => return Ok(()),
                 Guard::Clean { .. } => {
                     let mut conns = self.recovery_conns();
+                    if self.shared.incarnation != 0 {
+                        // Before the guard names us: a fencer in another process that
+                        // finds `active(tag)` finds who to fence here too.
+                        let holder = commitlog::Holder {
+                            tag,
+                            incarnation: self.shared.incarnation,
+                        };
+                        conns[commitlog::SERVER]
+                            .write_bytes(log.holder(slot), &holder.encode().to_le_bytes())?;
+                    }
                     let mine = Guard::Active { tag }.encode();
                     if conns[commitlog::SERVER].cas(guard, word, mine)? == word {
                         return Ok(());
@@ -503,6 +513,56 @@ impl Database {
 /// Whether lease tag `t` is of a later holder of a slot than tag `ours` (both wrap
 /// at [`timestamp::layout::TAG_BITS`]; fewer than half the range of changes of holder
 /// happen while one node is stopped).
+/// The [`timestamp::RemoteFence`] of a database on memory-server processes: the holder
+/// of `slot` under lease `tag`, whose heartbeat this node's fencer stopped, may be a
+/// compute node of another process that only paused, between a lease check and its
+/// post, and would post late into what its recovery resolves. If the slot's holder
+/// word names another incarnation under that tag, every memory server ends that
+/// incarnation's sessions (destroying the queue pairs it posts through) before the
+/// fence goes on. False (try again on a later tick) while a server did not do it.
+pub(crate) fn fence_holder(db: &Database, slot: u32, tag: u16) -> bool {
+    let at = db.shared.catalog.commit_log().holder(slot);
+    let word = match db.recovery_conns()[commitlog::SERVER].read_word(at) {
+        Ok(word) => word,
+        Err(e) => {
+            tracing::warn!(
+                slot,
+                "cannot read the holder of oracle slot {slot} to fence it: {e}"
+            );
+            return false;
+        }
+    };
+    let holder = commitlog::Holder::decode(word);
+    // Another tag: the holder of `tag` never got as far as naming itself, so it never
+    // posted a commit step under the slot.
+    if holder.tag != tag || holder.incarnation == 0 || holder.incarnation == db.shared.incarnation {
+        return true;
+    }
+    if lock(&db.shared.fenced).contains(&holder.incarnation) {
+        return true;
+    }
+    for (server, link) in db.shared.servers.iter().enumerate() {
+        if let Err(e) = link.fence(holder.incarnation) {
+            tracing::warn!(
+                slot,
+                server,
+                "memory server {server} did not fence compute node {:#x}, holder of oracle \
+                 slot {slot}: {e}; trying again",
+                holder.incarnation
+            );
+            return false;
+        }
+    }
+    lock(&db.shared.fenced).insert(holder.incarnation);
+    tracing::warn!(
+        slot,
+        "fenced compute node {:#x} at every memory server: it held oracle slot {slot} \
+         (lease tag {tag}) and stopped renewing its lease",
+        holder.incarnation
+    );
+    true
+}
+
 fn later_tag(t: u16, ours: u16) -> bool {
     let range = 1u32 << timestamp::layout::TAG_BITS;
     let ahead = (u32::from(t) + range - u32::from(ours) % range) % range;

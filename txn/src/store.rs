@@ -50,6 +50,24 @@ pub trait MemoryServerLink: Send + Sync {
     fn boot(&self) -> u64 {
         0
     }
+
+    /// The compute-node incarnation this link's sessions belong to (48 bits, the same
+    /// for every link of one database, fresh for each opening), which another node
+    /// fences through [`MemoryServerLink::fence`] once this one's oracle lease lapsed;
+    /// 0 for a server that cannot fence (in-process servers, whose holders are all of
+    /// one process and fenced exactly by its lease gates).
+    fn incarnation(&self) -> u64 {
+        0
+    }
+
+    /// Memory-side fencing: has this server end every session of `incarnation`, so
+    /// nothing it posts from now on reaches the server's memory, and refuse it from
+    /// then on.
+    fn fence(&self, incarnation: u64) -> Result<()> {
+        Err(TxnError::Invalid(format!(
+            "this memory server cannot fence incarnation {incarnation:#x}"
+        )))
+    }
 }
 
 /// One partition of a table: an arena and an index on one memory server.
@@ -235,6 +253,10 @@ pub(crate) struct Shared {
     /// The oracle lease gates of this process's workers: a fence of one of them waits
     /// for the commit step it posted under its lease ([`timestamp::gate`]).
     pub(crate) lease_gates: Arc<timestamp::LeaseGates>,
+    /// This database's incarnation ([`MemoryServerLink::incarnation`]; 0: none).
+    pub(crate) incarnation: u64,
+    /// Incarnations of other nodes this one had every memory server fence.
+    pub(crate) fenced: Mutex<std::collections::HashSet<u64>>,
     /// Embedded servers' regions, kept registered for as long as the database lives.
     _keep: Vec<Region>,
 }
@@ -355,6 +377,16 @@ impl Database {
             )?);
         }
         let (links, regions): (Vec<_>, Vec<_>) = servers.into_iter().unzip();
+        let incarnation = links[0].incarnation();
+        if links.iter().any(|l| l.incarnation() != incarnation)
+            || incarnation & !crate::commitlog::Holder::INCARNATION_MASK != 0
+        {
+            return Err(TxnError::Invalid(
+                "the memory-server links name different incarnations (or one past 48 bits); \
+                 one database has one"
+                    .into(),
+            ));
+        }
         let durability = Durability::new(links.iter().map(|l| l.persistence()).collect())?;
         let boots: Vec<u64> = links.iter().map(|l| l.boot()).collect();
         let catalog = Catalog::open(
@@ -383,11 +415,23 @@ impl Database {
             recovery_hold: Mutex::new(None),
             adoption_hold: Mutex::new(None),
             lease_gates: timestamp::LeaseGates::new(),
+            incarnation,
+            fenced: Mutex::new(Default::default()),
             _keep: keep,
         };
         let db = Database {
             shared: Arc::new(shared),
         };
+        if incarnation != 0 {
+            let weak = Arc::downgrade(&db.shared);
+            db.shared
+                .lease_gates
+                .set_remote_fence(Box::new(move |slot, tag| {
+                    weak.upgrade().is_none_or(|shared| {
+                        crate::recovery::fence_holder(&Database { shared }, slot, tag)
+                    })
+                }));
+        }
         if db.is_durable() {
             // Nothing may use the oracle or the data before a restarted server's
             // losses are repaired, so the repair runs before the database is handed

@@ -719,8 +719,14 @@ fn a_zero_transport_timeout_is_refused() {
 #[test]
 fn destroying_a_queue_pair_waits_for_the_request_touching_memory_and_refuses_later_ones() {
     let s = server();
-    let target = s.device.node.qp(s.qp.endpoint().qpn).expect("the queue pair");
-    let inside = target.enter_memory().expect("a ready queue pair lets a request in");
+    let target = s
+        .device
+        .node
+        .qp(s.qp.endpoint().qpn)
+        .expect("the queue pair");
+    let inside = target
+        .enter_memory()
+        .expect("a ready queue pair lets a request in");
     let Server { qp, .. } = s;
     let destroyed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let destroyer = {

@@ -143,6 +143,11 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     /// misses then overlap instead of each waiting on the one before, as an RNIC has
     /// several requests in flight. `wr` is not validated yet.
     fn prefetch(&self, _side: &mut SendSide<Self>, _wr: &SendWr<'_>) {}
+    /// Called before a `post_send`'s work requests execute, and [`Transport::end_post`]
+    /// after them, under the send lock: what a transport holds across one doorbell
+    /// (shm: one entry into the peer's memory).
+    fn begin_post(&self, _side: &mut SendSide<Self>) {}
+    fn end_post(&self, _side: &mut SendSide<Self>) {}
     /// When the completion of `wr`, posted now, becomes visible: `None` for at once.
     fn visible_at(&self, _state: &mut Self::SendState, _wr: &SendWr<'_>) -> Option<Instant> {
         None
@@ -812,6 +817,7 @@ impl<T: Transport> Qp<T> {
         }
         let mut result = Ok(());
         let mut posted = 0;
+        self.transport.begin_post(side);
         for (index, wr) in wrs.iter().enumerate() {
             let check = if index >= room {
                 Err(FabricError::QueueFull {
@@ -837,6 +843,7 @@ impl<T: Transport> Qp<T> {
             }
             self.execute_or_defer(side, wr);
         }
+        self.transport.end_post(side);
         self.sq_outstanding.fetch_add(posted, Ordering::AcqRel);
         self.send_cq.push_many(&mut side.completions);
         let waiting = !side.backlog.is_empty();

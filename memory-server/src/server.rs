@@ -475,7 +475,25 @@ impl MemoryServer {
                 }
             }
         }
-        let (sessions, qps) = self.state.sessions.end_all();
+        // Bounded: destroying a queue pair waits for a request its peer is executing
+        // in this server's memory, and a peer stopped in the middle of one (SIGSTOP)
+        // would hold the shutdown for as long as it stays stopped.
+        let state = self.state.clone();
+        let ending = tokio::task::spawn_blocking(move || state.sessions.end_all());
+        let (sessions, qps) = match tokio::time::timeout(SHUTDOWN_GRACE, ending).await {
+            Ok(Ok(ended)) => ended,
+            Ok(Err(e)) => {
+                tracing::warn!("ending the sessions failed: {e}");
+                (0, 0)
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "a client stopped in the middle of a request still holds its queue pair \
+                     after {SHUTDOWN_GRACE:?}; stopping without it"
+                );
+                (0, 0)
+            }
+        };
         if let Some(replica) = &self.state.replica {
             replica.detach().await;
         }
@@ -525,7 +543,11 @@ async fn reap(state: Arc<ServerState>) {
         tick.tick().await;
         let now = Instant::now();
         state.auth.purge(now);
-        state.sessions.reap(now);
+        // Off the runtime's threads: destroying a queue pair waits for a request its
+        // peer is executing in this server's memory (shm: on the peer's own CPU, for
+        // as long as a stopped peer stays stopped there).
+        let reaping = state.clone();
+        let _ = tokio::task::spawn_blocking(move || reaping.sessions.reap(now)).await;
     }
 }
 

@@ -346,7 +346,12 @@ impl ControlRpc for ControlService {
     ) -> Result<Response<proto::EndSessionResponse>, Status> {
         self.state.counters.rpc(Rpc::EndSession);
         let session = self.state.session(&req)?;
-        if let Some(held) = self.state.sessions.end(session.id) {
+        let state = self.state.clone();
+        let id = session.id;
+        let ended = tokio::task::spawn_blocking(move || state.sessions.end(id))
+            .await
+            .map_err(|e| Status::internal(format!("ending the session: {e}")))?;
+        if let Some(held) = ended {
             held.log(session.id, session.peer, "session ended");
         }
         Ok(Response::new(proto::EndSessionResponse {}))
@@ -364,7 +369,12 @@ impl ControlRpc for ControlService {
                 "incarnation 0 names no compute node: sessions opened without one cannot be fenced",
             ));
         }
-        let ended = self.state.sessions.fence(incarnation);
+        // Off the runtime's threads, as the reaper (a destroyed queue pair waits for
+        // the request its peer is executing in this server's memory).
+        let state = self.state.clone();
+        let ended = tokio::task::spawn_blocking(move || state.sessions.fence(incarnation))
+            .await
+            .map_err(|e| Status::internal(format!("fencing: {e}")))?;
         let queue_pairs: usize = ended.iter().map(|(_, held)| held.queue_pairs).sum();
         for (session, held) in &ended {
             held.log(session.id, session.peer, "session fenced");

@@ -40,10 +40,11 @@
 //! its doorbell breaks it. For a holder in the fencer's own process (workers of one
 //! `Database`) the lease gates close that window: the fence waits until the step the
 //! holder posted under its check has completed, and refuses the holder's later steps
-//! (`timestamp::gate`). For a holder in another process, memory-side fencing (the
-//! memory server moving the dead node's queue pairs to the error state) would close
-//! it and is not built. A recovery checks its claim before each resolve in the same
-//! way, under [`TAKEOVER`] rather than a lease, and is not gated.
+//! (`timestamp::gate`). For a holder in another process, memory-side fencing closes
+//! it: before the fence goes on, every memory server ends the holder's sessions
+//! ([`fence_holder`]), and a destroyed queue pair waits for a request of its peer
+//! that is inside the server's memory. A recovery checks its claim before each
+//! resolve in the same way, under [`TAKEOVER`] rather than a lease, and is not gated.
 
 use crate::commitlog::{self, EntryKind, Guard, LogRecord};
 use crate::conn::Conn;

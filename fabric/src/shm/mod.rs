@@ -179,11 +179,46 @@ fn is_dead_socket(path: &Path) -> bool {
 /// has exited stays a zombie for good under an init that reaps nothing (some
 /// containers' first process), and it runs no more than a reaped one.
 fn runs(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // "pid (comm) state …": comm may hold spaces and parentheses.
-        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
-        !matches!(state.and_then(|s| s.chars().next()), Some('Z' | 'X'))
-    })
+    start_time_if_running(pid).is_some()
+}
+
+/// When process `pid` started (clock ticks after boot), if it exists and is not a
+/// zombie.
+fn start_time_if_running(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state …": comm may hold spaces and parentheses.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    if matches!(state.chars().next(), Some('Z' | 'X')) {
+        return None;
+    }
+    // starttime is field 22 of the file, the 20th after the state.
+    fields.nth(18)?.parse().ok()
+}
+
+/// The process at the other end of a control connection, named by its pid and start
+/// time so that a recycled pid is not taken for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PeerProcess {
+    pid: u32,
+    started: u64,
+}
+
+impl PeerProcess {
+    pub(crate) fn of(stream: &UnixStream) -> Option<PeerProcess> {
+        let pid = rustix::net::sockopt::socket_peercred(stream).ok()?.pid;
+        let pid = pid.as_raw_nonzero().get() as u32;
+        Some(PeerProcess {
+            pid,
+            started: start_time_if_running(pid)?,
+        })
+    }
+
+    /// Whether it still runs (stopped counts: it may go on).
+    pub(crate) fn runs(&self) -> bool {
+        start_time_if_running(self.pid) == Some(self.started)
+    }
 }
 
 /// Removes what processes that are gone left in `dir`: entries named `PREFIX<pid>…`

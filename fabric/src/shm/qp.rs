@@ -7,13 +7,13 @@
 //! the peer's key table, the range is inside both the registered length and the
 //! mapping, and the access flag is there.
 
-use super::ShmNode;
 use super::control;
 use super::link::{AttachError, PeerLink};
 use super::ring::{
     self, Consumer, KIND_PLACED, KIND_SEND, KIND_TOO_SMALL, KIND_WRITE_IMM, PeerBlock, Producer,
     PushError, QpBlock,
 };
+use super::{PeerProcess, ShmNode};
 use crate::addr::{Access, NodeId, QpEndpoint, RemoteAddr};
 use crate::device::QpKind;
 use crate::engine::{
@@ -69,12 +69,39 @@ impl Peer {
         self.link.is_alive() && self.block.state() == READY
     }
 
+    /// Enters the peer's memory for one one-sided request, if the queue pair is still
+    /// up once inside: its owner destroying it waits for the request to leave
+    /// ([`ring::Producer::enter_memory`]), so that once a memory server fenced a node
+    /// (ended its sessions), nothing the node still had under way writes afterwards.
+    fn enter_memory(&self, in_post: bool) -> Result<Option<ring::InMemory<'_>>, WcStatus> {
+        let inside = (!in_post).then(|| self.ring.enter_memory());
+        if self.link.is_alive() && self.block.state_after_entry() == READY {
+            #[cfg(test)]
+            STALL_IN_MEMORY.with(|stall| {
+                if let Some(stall) = stall.borrow_mut().as_mut() {
+                    stall();
+                }
+            });
+            Ok(inside)
+        } else {
+            Err(WcStatus::RetryExceeded)
+        }
+    }
+
     /// The number of the next receive a message may take, if one is posted.
     fn next_receive(&self) -> Option<u64> {
         let (posted, flushed) = self.block.receives();
         let next = self.consumed.max(flushed);
         (posted > next && posted - next <= self.block.depth()).then_some(next)
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: what a request of this thread does once inside the peer's memory, before
+    /// it touches it (a sender descheduled there).
+    pub(crate) static STALL_IN_MEMORY: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// A few recently used regions of the peer, mapped, so the common case needs no lock.
@@ -141,12 +168,18 @@ enum UdTarget {
 pub(crate) struct ShmSend {
     regions: RegionCache,
     ud: HashMap<QpEndpoint, UdTarget>,
+    /// Inside the RC peer's memory for the whole of the current `post_send`
+    /// ([`Transport::begin_post`]): its one-sided requests need no entry of their own.
+    in_post: bool,
 }
 
 /// A ring some sender writes into this queue pair.
 struct Inbound {
     from: QpEndpoint,
     ring: Consumer,
+    /// The sender's process, if its control connection told: a destroyed queue pair
+    /// waits for its requests in memory only while it runs.
+    process: Option<PeerProcess>,
 }
 
 #[derive(Default)]
@@ -228,6 +261,7 @@ impl ShmPort {
                 local: buf,
                 remote: addr,
             } => {
+                let _inside = peer.enter_memory(state.in_post)?;
                 let target = engine::local(local_keys, node, buf, true)?;
                 let source = remote(
                     regions,
@@ -251,6 +285,7 @@ impl ShmPort {
                 imm,
             } => {
                 let len = src.len();
+                let inside = peer.enter_memory(state.in_post)?;
                 let target = remote(regions, &peer.link, addr, len, Access::REMOTE_WRITE)?;
                 let payload = payload_of(local_keys, node, src)?;
                 // WRITE_WITH_IMM consumes a receive; without one (or without room for
@@ -264,6 +299,7 @@ impl ShmPort {
                     None => None,
                 };
                 payload.copy_to(target, addr.offset);
+                drop(inside);
                 if let Some(seq) = receive {
                     pushed(
                         peer.ring
@@ -319,6 +355,7 @@ impl ShmPort {
                 remote: addr,
                 ..
             } => {
+                let _inside = peer.enter_memory(state.in_post)?;
                 let word = atomic_target(regions, &peer.link, addr)?;
                 let result = engine::local(local_keys, node, buf, true)?;
                 Ok(engine::apply_atomic(&wr.op, word, result, buf.offset))
@@ -446,6 +483,7 @@ impl ShmPort {
 pub(crate) fn attach(
     qp: &Arc<ShmQp>,
     from: QpEndpoint,
+    process: Option<PeerProcess>,
 ) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), u8> {
     use std::os::fd::AsFd;
     let data = match qp.kind {
@@ -483,6 +521,7 @@ pub(crate) fn attach(
     state.inbound.push(Inbound {
         from,
         ring: Consumer::new(mem),
+        process,
     });
     drop(rq);
     if let Some(progress) = qp.as_progress() {
@@ -546,6 +585,21 @@ impl Transport for ShmPort {
         }
     }
 
+    fn begin_post(&self, side: &mut SendSide<ShmPort>) {
+        if let Some(peer) = &side.peer {
+            peer.ring.enter_memory_until_left();
+            side.state.in_post = true;
+        }
+    }
+
+    fn end_post(&self, side: &mut SendSide<ShmPort>) {
+        if std::mem::take(&mut side.state.in_post)
+            && let Some(peer) = &side.peer
+        {
+            peer.ring.leave_memory();
+        }
+    }
+
     fn execute(
         &self,
         qp: &ShmQp,
@@ -599,7 +653,22 @@ impl Transport for ShmPort {
         }
     }
 
+    /// Also waits until no request of its RC sender is inside this device's memory
+    /// ([`Peer::enter_memory`]), for as long as the sender's process runs (a stopped
+    /// one may go on; a dead one cannot) and this device is not shutting down.
     fn destroyed(&self, qp: &ShmQp) {
         self.node.forget_qp(qp.endpoint.qpn);
+        if qp.kind != QpKind::Rc {
+            return;
+        }
+        let rq = sync::lock(&qp.rq);
+        for inbound in &rq.state.inbound {
+            while inbound.ring.senders_in_memory() != 0
+                && inbound.process.is_some_and(|p| p.runs())
+                && !crate::serve::Server::is_shut_down(&*self.node)
+            {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+        }
     }
 }

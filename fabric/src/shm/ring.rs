@@ -12,8 +12,9 @@
 //! reading receive `n < posted` never sees it overwritten.
 //!
 //! **Ring** (created by the receiver for one sender, mapped read-write by that sender):
-//! `tail` (bytes produced, word 0) and `head` (bytes consumed, word 8, its own cache
-//! line), then [`RING_DATA`] or [`UD_RING_DATA`] bytes of records. A record is a
+//! `tail` (bytes produced, word 0), `in_memory` (word 1: how many of the sender's
+//! one-sided requests are touching the receiver's device memory now, on the sender's
+//! CPU), `head` (bytes consumed, word 8, its own cache line), then [`RING_DATA`] or [`UD_RING_DATA`] bytes of records. A record is a
 //! two-word header — `kind | has_imm << 8 | len << 32` and `imm | qkey << 32` — and the
 //! payload, padded to 8 bytes. Records never wrap: one that does not fit before the end
 //! is preceded by a pad record to the end. The producer publishes with a Release store
@@ -33,6 +34,7 @@ pub(crate) const RING_DATA: u64 = 1 << 20;
 pub(crate) const UD_RING_DATA: u64 = 256 << 10;
 const HEADER: u64 = 16;
 const W_TAIL: usize = 0;
+const W_IN_MEMORY: usize = 1;
 const W_HEAD: usize = 8;
 const DATA_WORD: usize = 16;
 
@@ -77,7 +79,10 @@ impl QpBlock {
     }
 
     pub(crate) fn set_state(&self, state: u8) {
-        self.mem.words()[B_STATE].store(state as u64, Ordering::Release);
+        // SeqCst, as a sender's entry into memory and its state check after it
+        // ([`Producer::enter_memory`]): a destroyed queue pair then either sees the
+        // sender inside or is seen destroyed by it.
+        self.mem.words()[B_STATE].store(state as u64, Ordering::SeqCst);
     }
 
     /// Publishes receive number `seq` (the count posted before it) of `len` bytes, and
@@ -115,6 +120,11 @@ impl PeerBlock {
 
     pub(crate) fn state(&self) -> u8 {
         self.mem.words()[B_STATE].load(Ordering::Acquire) as u8
+    }
+
+    /// [`PeerBlock::state`] for a check after [`Producer::enter_memory`].
+    pub(crate) fn state_after_entry(&self) -> u8 {
+        self.mem.words()[B_STATE].load(Ordering::SeqCst) as u8
     }
 
     /// `(posted, flushed)`: receives posted so far, and how many of them were flushed.
@@ -185,6 +195,26 @@ impl Producer {
         Ok(Producer { mem, cap, tail })
     }
 
+    /// Marks a one-sided request of this sender as touching the receiver's memory
+    /// until the guard drops. Check the queue pair's state after this
+    /// ([`PeerBlock::state_after_entry`]): its owner, destroying it, stores the state
+    /// and then waits while the count is not zero, so either it waits for this request
+    /// or this request sees it destroyed (all four SeqCst).
+    pub(crate) fn enter_memory(&self) -> InMemory<'_> {
+        self.enter_memory_until_left();
+        InMemory(&self.mem.words()[W_IN_MEMORY])
+    }
+
+    /// [`Producer::enter_memory`] without a guard: [`Producer::leave_memory`] must
+    /// follow, on every path.
+    pub(crate) fn enter_memory_until_left(&self) {
+        self.mem.words()[W_IN_MEMORY].fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn leave_memory(&self) {
+        self.mem.words()[W_IN_MEMORY].fetch_sub(1, Ordering::Release);
+    }
+
     /// Whether a record of `kind` for a message of `len` bytes fits now.
     pub(crate) fn check(&self, kind: u8, len: u32) -> Result<(), PushError> {
         self.reserve(record_size(kind, len)).map(|_| ())
@@ -252,6 +282,15 @@ pub(crate) struct Record {
     payload_at: u64,
 }
 
+/// A sender's one-sided request inside the receiver's memory ([`Producer::enter_memory`]).
+pub(crate) struct InMemory<'a>(&'a crate::sync::AtomicU64);
+
+impl Drop for InMemory<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 /// The receiver's side of a ring.
 pub(crate) struct Consumer {
     mem: MemfdMemory,
@@ -263,6 +302,12 @@ impl Consumer {
     pub(crate) fn new(mem: MemfdMemory) -> Consumer {
         let cap = data_bytes(&mem);
         Consumer { mem, cap, head: 0 }
+    }
+
+    /// How many of the sender's one-sided requests are inside this device's memory
+    /// ([`Producer::enter_memory`]); untrusted, like everything the sender writes.
+    pub(crate) fn senders_in_memory(&self) -> u64 {
+        self.mem.words()[W_IN_MEMORY].load(Ordering::SeqCst)
     }
 
     /// The next record, `Ok(None)` if there is none yet, `Err` if the producer broke the

@@ -93,7 +93,7 @@ fn attach(
         node: peer,
         qpn: request.b,
     };
-    match qp::attach(&target, from) {
+    match qp::attach(&target, from, super::PeerProcess::of(stream)) {
         Ok((block, ring)) => control::respond(stream, control::OK, &[block.as_fd(), ring.as_fd()]),
         Err(status) => control::respond(stream, status, &[]),
     }

@@ -818,3 +818,64 @@ fn leftovers_of_zombies_are_swept() {
     assert!(!leftover.exists());
     child.wait().unwrap();
 }
+
+/// Destroying a queue pair waits for the one-sided request its sender is executing on
+/// its own CPU, and nothing the sender writes lands afterwards: what a memory server's
+/// fence of a paused compute node (ending its sessions) relies on. The sender stalls
+/// inside the owner's memory, checked and not yet written, as a descheduled one would.
+#[test]
+fn a_destroyed_queue_pair_waits_for_the_write_inside_and_refuses_the_next() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let owner = device(dir.path(), "owner.sock");
+    let sender = device(dir.path(), "sender.sock");
+    let target = owner.register(4096, Access::ALL).unwrap();
+    let (ocq, scq) = (owner.create_cq(16).unwrap(), sender.create_cq(16).unwrap());
+    let (owner_qp, qp) =
+        crate::connect_rc((owner.as_ref(), &ocq), (sender.as_ref(), &scq)).unwrap();
+    let at = target.remote_addr(0);
+    let (inside_tx, inside) = mpsc::channel();
+    let (resume, resume_rx) = mpsc::channel::<()>();
+    let destroyed = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            super::qp::STALL_IN_MEMORY.with(|stall| {
+                *stall.borrow_mut() = Some(Box::new(move || {
+                    inside_tx.send(()).unwrap();
+                    // Bounded, so that a failed check below fails the test, not hangs it.
+                    let _ = resume_rx.recv_timeout(Duration::from_secs(10));
+                }))
+            });
+            let first = exec(&qp, &scq, SendWr::write(1, Src::Inline(&[7; 8]), at));
+            super::qp::STALL_IN_MEMORY.with(|stall| stall.borrow_mut().take());
+            let second = exec(&qp, &scq, SendWr::write(2, Src::Inline(&[9; 8]), at));
+            (first.status, second.status)
+        });
+        inside.recv().unwrap();
+        let destroyer = {
+            let destroyed = destroyed.clone();
+            scope.spawn(move || {
+                drop(owner_qp);
+                destroyed.store(true, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !destroyed.load(Ordering::SeqCst),
+            "destroyed while the sender's write was inside the memory"
+        );
+        assert_eq!(target.to_vec(0, 8).unwrap(), [0; 8]);
+        resume.send(()).unwrap();
+        destroyer.join().unwrap();
+        assert_eq!(
+            writer.join().unwrap(),
+            (WcStatus::Success, WcStatus::RetryExceeded)
+        );
+        assert_eq!(
+            target.to_vec(0, 8).unwrap(),
+            [7; 8],
+            "the write inside landed before the destruction returned, the next never"
+        );
+    });
+}

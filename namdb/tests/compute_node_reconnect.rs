@@ -194,3 +194,57 @@ async fn compute_node_reconnects_to_a_restarted_server_by_itself() {
     .await;
     assert!(restarted.is_some());
 }
+
+/// A compute node stopped (SIGSTOP) for longer than its oracle lease while another
+/// node commits: the other fences its slots at the memory server (memory-side fencing:
+/// the stopped node's sessions are ended, so nothing it had under way lands late) and
+/// recovers what it held. Resumed, the stopped node learns it "was fenced", reconnects
+/// as a new incarnation by itself and serves again, with every acknowledged write of
+/// either node in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compute_node_stopped_past_its_lease_is_fenced_and_reconnects_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = token_file(dir.path());
+    let server = ServerProcess::start("shm", &token_file, &["--size", "32MiB"]);
+    let addrs = vec![server.control.clone()];
+    let mut stopped = ServerProcess::compute_node(&addrs, &token_file, &["--workers", "2"]);
+    let mut other = ServerProcess::compute_node(&addrs, &token_file, &["--workers", "2"]);
+    let token = ClusterToken::new(TOKEN).unwrap();
+    let a = Client::connect(&stopped.control, &token).await.unwrap();
+    let b = Client::connect(&other.control, &token).await.unwrap();
+    a.create_table(TABLE, 16, 1024).await.unwrap();
+    write_round(&a, 1).await;
+    assert_eq!(a.stats().await.unwrap().reconnects, 0);
+
+    let pid = stopped.child.id();
+    common::stop_and_wait(pid);
+    // Commits through the other node need the stopped node's timestamps decided: its
+    // slots are fenced once their leases (250 ms) lapse.
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_secs(2) {
+        write_round(&b, 2).await;
+    }
+    common::send_signal(pid, "-CONT");
+
+    let took = until_served(&a, Instant::now()).await;
+    eprintln!("the stopped node served again {took:?} after it was resumed");
+    let want: Vec<Option<u64>> = (0..KEYS).map(|k| Some(2000 + k)).collect();
+    assert_eq!(
+        read_all(&a, KEYS).await.unwrap(),
+        want,
+        "through the resumed node"
+    );
+    write_round(&a, 3).await;
+    let want: Vec<Option<u64>> = (0..KEYS).map(|k| Some(3000 + k)).collect();
+    assert_eq!(
+        read_all(&b, KEYS).await.unwrap(),
+        want,
+        "through the other node"
+    );
+    let stats = a.stats().await.unwrap();
+    assert_eq!(stats.reconnects, 1, "{stats:?}\n{}", stopped.stderr());
+    let log = stopped.stderr();
+    assert!(log.contains("was fenced"), "{log}");
+    let log = other.stderr();
+    assert!(log.contains("fenced compute node"), "{log}");
+}

@@ -18,6 +18,7 @@
 //! Nothing relies on both devices being in one process: all a peer learns goes
 //! through the socket, and all it touches is memory it was handed.
 
+mod barrier;
 mod control;
 mod keytable;
 mod link;
@@ -137,6 +138,8 @@ impl ShmDevice {
         if token.is_empty() {
             return Err(FabricError::Backend("the cluster token is empty".into()));
         }
+        // Before any queue pair: how this process's senders pair with owners.
+        barrier::senders_skip_barrier();
         let listener = listen(&path)?;
         let keys = KeyTable::create().map_err(FabricError::Backend)?;
         let node = Arc::new(ShmNode {

@@ -662,6 +662,9 @@ impl Transport for ShmPort {
             return;
         }
         let rq = sync::lock(&qp.rq);
+        if !rq.state.inbound.is_empty() {
+            super::barrier::owner_barrier();
+        }
         for inbound in &rq.state.inbound {
             while inbound.ring.senders_in_memory() != 0
                 && inbound.process.is_some_and(|p| p.runs())

@@ -12,9 +12,11 @@
 //! reading receive `n < posted` never sees it overwritten.
 //!
 //! **Ring** (created by the receiver for one sender, mapped read-write by that sender):
-//! `tail` (bytes produced, word 0), `in_memory` (word 1: how many of the sender's
-//! one-sided requests are touching the receiver's device memory now, on the sender's
-//! CPU), `head` (bytes consumed, word 8, its own cache line), then [`RING_DATA`] or [`UD_RING_DATA`] bytes of records. A record is a
+//! `tail` (bytes produced, word 0), `head` (bytes consumed, word 8, its own cache
+//! line), `in_memory` (word 16, its own cache line too: 1 while one of the sender's
+//! one-sided requests touches the receiver's device memory, on the sender's CPU; one
+//! sender at a time, under its queue pair's send lock, so a store and no
+//! read-modify-write), then [`RING_DATA`] or [`UD_RING_DATA`] bytes of records. A record is a
 //! two-word header — `kind | has_imm << 8 | len << 32` and `imm | qkey << 32` — and the
 //! payload, padded to 8 bytes. Records never wrap: one that does not fit before the end
 //! is preceded by a pad record to the end. The producer publishes with a Release store
@@ -34,9 +36,9 @@ pub(crate) const RING_DATA: u64 = 1 << 20;
 pub(crate) const UD_RING_DATA: u64 = 256 << 10;
 const HEADER: u64 = 16;
 const W_TAIL: usize = 0;
-const W_IN_MEMORY: usize = 1;
 const W_HEAD: usize = 8;
-const DATA_WORD: usize = 16;
+const W_IN_MEMORY: usize = 16;
+const DATA_WORD: usize = 24;
 
 pub(crate) const KIND_PAD: u8 = 1;
 pub(crate) const KIND_SEND: u8 = 2;
@@ -198,8 +200,10 @@ impl Producer {
     /// Marks a one-sided request of this sender as touching the receiver's memory
     /// until the guard drops. Check the queue pair's state after this
     /// ([`PeerBlock::state_after_entry`]): its owner, destroying it, stores the state
-    /// and then waits while the count is not zero, so either it waits for this request
-    /// or this request sees it destroyed (all four SeqCst).
+    /// and then waits while the mark is set, so either it waits for this request or
+    /// this request sees it destroyed (SeqCst, with the barrier of `barrier` between
+    /// the owner's store and load). The caller holds the queue pair's send lock: one
+    /// request (or `post_send`) of the sender is inside at a time.
     pub(crate) fn enter_memory(&self) -> InMemory<'_> {
         self.enter_memory_until_left();
         InMemory(&self.mem.words()[W_IN_MEMORY])
@@ -208,11 +212,18 @@ impl Producer {
     /// [`Producer::enter_memory`] without a guard: [`Producer::leave_memory`] must
     /// follow, on every path.
     pub(crate) fn enter_memory_until_left(&self) {
-        self.mem.words()[W_IN_MEMORY].fetch_add(1, Ordering::SeqCst);
+        let mark = &self.mem.words()[W_IN_MEMORY];
+        if super::barrier::senders_skip_barrier() {
+            // The owner's barrier stands in for ours (see `barrier`).
+            mark.store(1, Ordering::Relaxed);
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        } else {
+            mark.store(1, Ordering::SeqCst);
+        }
     }
 
     pub(crate) fn leave_memory(&self) {
-        self.mem.words()[W_IN_MEMORY].fetch_sub(1, Ordering::Release);
+        self.mem.words()[W_IN_MEMORY].store(0, Ordering::Release);
     }
 
     /// Whether a record of `kind` for a message of `len` bytes fits now.
@@ -287,7 +298,7 @@ pub(crate) struct InMemory<'a>(&'a crate::sync::AtomicU64);
 
 impl Drop for InMemory<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Release);
+        self.0.store(0, Ordering::Release);
     }
 }
 
@@ -304,7 +315,7 @@ impl Consumer {
         Consumer { mem, cap, head: 0 }
     }
 
-    /// How many of the sender's one-sided requests are inside this device's memory
+    /// Nonzero while a one-sided request of the sender is inside this device's memory
     /// ([`Producer::enter_memory`]); untrusted, like everything the sender writes.
     pub(crate) fn senders_in_memory(&self) -> u64 {
         self.mem.words()[W_IN_MEMORY].load(Ordering::SeqCst)

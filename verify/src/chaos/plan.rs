@@ -14,10 +14,10 @@
 //!   node has had few chances to reach its point) `Restart` starts it unarmed, killing
 //!   it first if the point never fired.
 //! - **pause**: `Pause` (SIGSTOP, then SIGCONT `for` later), always shorter than half the
-//!   lease timeout. A node paused past its lease would be a zombie: fenced and recovered
-//!   while a doorbell it had already rung may still land. The lease makes that the
-//!   operator's assumption (no stall longer than the lease), which the harness documents
-//!   rather than tests.
+//!   lease timeout, so that a pause stays a pause. A node paused past its lease is
+//!   fenced at the memory servers (its sessions ended) before its slots are fenced and
+//!   its commits recovered, and reconnects once resumed: a death of another kind, which
+//!   `namdb/tests/compute_node_reconnect.rs` and `txn_processes.rs` test.
 //!
 //! - **server restart**: `KillMemoryServer` (SIGKILL of a durable memory server at a
 //!   random moment), then `RestartMemoryServer` on the same data directory and port

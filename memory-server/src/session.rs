@@ -448,11 +448,10 @@ pub(crate) struct Sessions {
     map: Mutex<HashMap<SessionId, Arc<Session>>>,
     lease: Duration,
     max_sessions: usize,
-    /// Fenced incarnations, oldest first, at most [`FENCED_REMEMBERED`].
-    fenced: Mutex<VecDeque<u64>>,
-    /// Sessions a fence ended, with their incarnation, oldest first, as many: their
-    /// holders' next call learns why the session is gone.
-    fenced_sessions: Mutex<VecDeque<(SessionId, u64)>>,
+    /// Fenced incarnations with the sessions their fences ended, oldest first, at
+    /// most [`FENCED_REMEMBERED`]: refused from then on, and the ended sessions'
+    /// holders learn why their session is gone.
+    fenced: Mutex<VecDeque<(u64, Vec<SessionId>)>>,
 }
 
 /// How many fenced incarnations a server refuses: each open of a database draws a new
@@ -466,35 +465,27 @@ impl Sessions {
             lease,
             max_sessions,
             fenced: Mutex::new(VecDeque::new()),
-            fenced_sessions: Mutex::new(VecDeque::new()),
         }
     }
 
     /// The incarnation of `id`, if a fence ended that session.
     pub fn fenced_session(&self, id: SessionId) -> Option<u64> {
-        let fenced = self
-            .fenced_sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        fenced.iter().find(|(s, _)| *s == id).map(|(_, i)| *i)
+        self.fenced()
+            .iter()
+            .find(|(_, ended)| ended.contains(&id))
+            .map(|(incarnation, _)| *incarnation)
     }
 
-    fn fenced(&self) -> MutexGuard<'_, VecDeque<u64>> {
+    fn fenced(&self) -> MutexGuard<'_, VecDeque<(u64, Vec<SessionId>)>> {
         self.fenced.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Ends every session of `incarnation` and refuses the incarnation's sessions from
     /// then on; says what each ended session held.
     pub fn fence(&self, incarnation: u64) -> Vec<(Arc<Session>, Ended)> {
-        {
-            let mut fenced = self.fenced();
-            if !fenced.contains(&incarnation) {
-                if fenced.len() == FENCED_REMEMBERED {
-                    fenced.pop_front();
-                }
-                fenced.push_back(incarnation);
-            }
-        }
+        // Held across the removal (the same order as `open`), so no session of the
+        // incarnation opens in between.
+        let mut fenced = self.fenced();
         let sessions: Vec<Arc<Session>> = {
             let mut map = self.lock();
             let ids: Vec<SessionId> = map
@@ -504,18 +495,17 @@ impl Sessions {
                 .collect();
             ids.iter().filter_map(|id| map.remove(id)).collect()
         };
-        {
-            let mut fenced = self
-                .fenced_sessions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            for s in &sessions {
+        let ended = sessions.iter().map(|s| s.id);
+        match fenced.iter_mut().find(|(i, _)| *i == incarnation) {
+            Some((_, before)) => before.extend(ended),
+            None => {
                 if fenced.len() == FENCED_REMEMBERED {
                     fenced.pop_front();
                 }
-                fenced.push_back((s.id, incarnation));
+                fenced.push_back((incarnation, ended.collect()));
             }
         }
+        drop(fenced);
         sessions
             .into_iter()
             .map(|s| {
@@ -542,7 +532,7 @@ impl Sessions {
     ) -> Result<Arc<Session>, SessionError> {
         // Held across the insert, so a fence cannot run between the check and it.
         let fenced = self.fenced();
-        if incarnation != 0 && fenced.contains(&incarnation) {
+        if incarnation != 0 && fenced.iter().any(|(i, _)| *i == incarnation) {
             return Err(SessionError::Fenced(incarnation));
         }
         let mut map = self.lock();

@@ -251,9 +251,7 @@ impl ShmPort {
             ..
         } = side;
         let peer = peer.as_mut().ok_or(WcStatus::RetryExceeded)?;
-        if !peer.is_up() {
-            return Err(WcStatus::RetryExceeded.into());
-        }
+        // One-sided ops check the queue pair once inside its memory (`enter_memory`).
         let regions = &mut state.regions;
         let node = &self.node.regions;
         match wr.op {
@@ -310,6 +308,9 @@ impl ShmPort {
                 Ok(0)
             }
             WrOp::Send { local: src, imm } => {
+                if !peer.is_up() {
+                    return Err(WcStatus::RetryExceeded.into());
+                }
                 let payload = payload_of(local_keys, node, src)?;
                 let seq = peer.next_receive().ok_or(Fail::NotReady)?;
                 let (room, place) = peer.block.receive(seq);
@@ -661,11 +662,13 @@ impl Transport for ShmPort {
         if qp.kind != QpKind::Rc {
             return;
         }
-        let rq = sync::lock(&qp.rq);
-        if !rq.state.inbound.is_empty() {
+        // Taken out, so that the wait holds no lock: nothing is delivered from them
+        // once the queue pair is destroyed.
+        let inbound = std::mem::take(&mut sync::lock(&qp.rq).state.inbound);
+        if !inbound.is_empty() {
             super::barrier::owner_barrier();
         }
-        for inbound in &rq.state.inbound {
+        for inbound in &inbound {
             while inbound.ring.senders_in_memory() != 0
                 && inbound.process.is_some_and(|p| p.runs())
                 && !crate::serve::Server::is_shut_down(&*self.node)

@@ -14,7 +14,7 @@ use crate::client::Client;
 use crate::durable::{Durable, PersistError, journal};
 use crate::proto::{self, memory_server_client::MemoryServerClient};
 use crate::regions::ServedRegion;
-use crate::session::{SESSION_METADATA, SessionId};
+use crate::session::{SESSION_METADATA, SessionId, Sessions};
 use crate::token::ClusterToken;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -180,6 +180,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a primary shutting down waits for its backup to end the stream's session.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the backup may take to record a fence.
+const FENCE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Persist entry bytes acknowledged and held for the backup while a new attach's
 /// transfer runs; beyond it the attempt is given up (and made again later).
 const MAX_BACKLOG: usize = 256 << 20;
@@ -194,6 +196,8 @@ struct Link {
     /// This process's `primary_id`: random, the same for each of its attaches.
     id: Vec<u8>,
     attached: AttachedSession,
+    /// This server's sessions, whose fenced incarnations every attach hands on.
+    sessions: Arc<Sessions>,
     /// Waited before the state transfer of an attach again
     /// ([`crate::ServerConfig::resync_delay`], a testing hook).
     resync_delay: Duration,
@@ -289,6 +293,13 @@ impl Link {
         .map_err(|_| timed_out("attach", ATTACH_TIMEOUT))?
         .map_err(|s| Failure::from_status(addr, "refused to attach", &s))?
         .into_inner();
+        // A backup started again knows no fence: it hears of each before it can be
+        // promoted with this attach's state.
+        for incarnation in self.sessions.fenced_incarnations() {
+            fence_at(&mut rpc, &header, incarnation)
+                .await
+                .map_err(|why| Failure::Lost(unavailable(addr, format_args!("{why}"))))?;
+        }
         *self.attached.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((rpc.clone(), header.clone()));
         let pieces = piece_count(&self.regions, TRANSFER_PIECE);
@@ -595,10 +606,12 @@ async fn attach_when_free(link: &Link) -> Result<(Stream, BackupPieces), String>
 impl Replicator {
     /// Attaches to the backup at `addr` and copies every region to it; returns once
     /// the backup holds what `regions` hold. Call before anyone can write the regions.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         addr: &str,
         token: &ClusterToken,
         regions: Arc<Vec<ServedRegion>>,
+        sessions: Arc<Sessions>,
         primary_boot: u64,
         primary_epoch: u64,
         durable: bool,
@@ -613,6 +626,7 @@ impl Replicator {
             epoch: primary_epoch,
             id: rand::random::<[u8; 16]>().to_vec(),
             attached: attached.clone(),
+            sessions,
             resync_delay,
         };
         let (mut stream, backup) = attach_when_free(&link).await?;
@@ -665,6 +679,20 @@ impl Replicator {
         }
     }
 
+    /// Has the attached backup refuse compute-node `incarnation` from now on (it ends
+    /// none of its sessions: a backup serves no compute node before it is promoted).
+    pub async fn fence(&self, incarnation: u64) -> Result<(), String> {
+        let attached = self
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some((mut rpc, header)) = attached else {
+            return Err("no backup is attached".into());
+        };
+        fence_at(&mut rpc, &header, incarnation).await
+    }
+
     /// Queues one Persist's entries for the backup; the receiver answers once the
     /// backup has them. Called in the copies' order (under the ordering lock).
     pub fn ship(
@@ -681,6 +709,22 @@ impl Replicator {
             })
             .map_err(|_| PersistError::Closed)?;
         Ok(wait)
+    }
+}
+
+/// Fences `incarnation` at the backup through the stream's session.
+async fn fence_at(
+    rpc: &mut MemoryServerClient<Channel>,
+    header: &AsciiMetadataValue,
+    incarnation: u64,
+) -> Result<(), String> {
+    let request = with_session(proto::FenceRequest { incarnation }, header);
+    match tokio::time::timeout(FENCE_TIMEOUT, rpc.fence(request)).await {
+        Err(_) => Err(format!(
+            "the backup did not record a fence within {FENCE_TIMEOUT:?}"
+        )),
+        Ok(Err(status)) => Err(format!("the backup refused a fence: {}", status.message())),
+        Ok(Ok(_)) => Ok(()),
     }
 }
 

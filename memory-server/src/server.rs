@@ -217,6 +217,7 @@ impl MemoryServer {
         }
         // A primary hands its backup the whole state before it listens: nobody can
         // write the regions during the transfer.
+        let sessions = Arc::new(Sessions::new(config.session_lease, config.max_sessions));
         let replica = match &config.replication {
             Replication::Primary { backup_at } => {
                 let boot = durable.as_ref().map_or(1, |d| d.boot());
@@ -225,6 +226,7 @@ impl MemoryServer {
                     backup_at,
                     &config.token,
                     served.clone(),
+                    sessions.clone(),
                     boot,
                     epoch,
                     durable.is_some(),
@@ -296,7 +298,7 @@ impl MemoryServer {
                 Authenticator::DEFAULT_TTL,
                 Authenticator::DEFAULT_MAX_PENDING,
             ),
-            sessions: Sessions::new(config.session_lease, config.max_sessions),
+            sessions: sessions.clone(),
             counters: Counters::default(),
             started: Instant::now(),
             max_qps_per_session: config.max_qps_per_session,

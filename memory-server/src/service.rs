@@ -27,7 +27,8 @@ pub(crate) struct ServerState {
     pub regions: Arc<Vec<ServedRegion>>,
     pub directory: RegionDirectory,
     pub auth: Authenticator,
-    pub sessions: Sessions,
+    /// Shared with the replicator, which tells the backup the fenced incarnations.
+    pub sessions: Arc<Sessions>,
     pub counters: Counters,
     pub started: Instant,
     pub max_qps_per_session: usize,
@@ -386,6 +387,18 @@ impl ControlRpc for ControlService {
             queue_pairs,
             "compute-node incarnation fenced: its queue pairs are destroyed and its sessions refused"
         );
+        // A backup promoted later must refuse the incarnation too, or the fenced node
+        // would reach the same memory through it. The fence stands here either way;
+        // the fencer asks again until the backup has it.
+        if let Some(replica) = &self.state.replica {
+            replica.fence(incarnation).await.map_err(|why| {
+                Status::unavailable(format!(
+                    "incarnation {incarnation:#x} is fenced at this primary, but its backup \
+                     has not recorded the fence ({why}), so a promoted backup could admit it: \
+                     fence it again"
+                ))
+            })?;
+        }
         Ok(Response::new(proto::FenceResponse {
             sessions_ended: ended.len() as u32,
             queue_pairs_destroyed: queue_pairs as u32,

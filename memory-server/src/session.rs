@@ -476,6 +476,14 @@ impl Sessions {
             .map(|(incarnation, _)| *incarnation)
     }
 
+    /// The incarnations this server refuses, oldest first (a primary tells its backup).
+    pub fn fenced_incarnations(&self) -> Vec<u64> {
+        self.fenced()
+            .iter()
+            .map(|(incarnation, _)| *incarnation)
+            .collect()
+    }
+
     fn fenced(&self) -> MutexGuard<'_, VecDeque<(u64, Vec<SessionId>)>> {
         self.fenced.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -592,3 +592,72 @@ async fn a_promoted_directory_never_takes_its_old_primarys_state() {
     assert_eq!(reader.read(rat, 0, 6), b"after!");
     assert_eq!(reader.read(rat, 8, 5), b"again");
 }
+
+/// Whether `incarnation` is refused a session at `addr` (`PermissionDenied`), or gets
+/// one.
+async fn refuses(addr: &str, incarnation: u64) -> bool {
+    match Client::connect_as(addr, &token(), incarnation).await {
+        Ok(_) => false,
+        Err(e) if e.code() == Some(Code::PermissionDenied) => true,
+        Err(e) => panic!("neither a session nor a refusal: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_at_the_primary_holds_at_its_backup_started_again_and_promoted() {
+    const PAUSED: u64 = 0x5eed;
+    const WHILE_DOWN: u64 = 0x5eee;
+    let (primary, pnet, backup, _bnet) = pair().await;
+    let (at_primary, at_backup) = (
+        primary.local_addr().to_string(),
+        backup.local_addr().to_string(),
+    );
+    let _paused = Client::connect_as(&at_primary, &token(), PAUSED)
+        .await
+        .unwrap();
+    let fencer = Client::connect_as(&at_primary, &token(), 0xbeef)
+        .await
+        .unwrap();
+    assert_eq!(fencer.fence(PAUSED).await.unwrap().sessions_ended, 1);
+    assert!(refuses(&at_primary, PAUSED).await);
+    assert!(
+        refuses(&at_backup, PAUSED).await,
+        "the fence reached the backup before it was answered"
+    );
+
+    // With the backup down the fence stands here and the fencer hears that it must
+    // ask again.
+    let node = Node::connect(&primary, &pnet, &token()).await;
+    let (rkey, at) = node.data(0).await;
+    backup.shutdown().await.unwrap();
+    let (code, msg) = code_and_message(&fencer.fence(WHILE_DOWN).await.unwrap_err());
+    assert_eq!(code, Some(Code::Unavailable), "{msg}");
+    assert!(msg.contains("has not recorded the fence"), "{msg}");
+    assert!(refuses(&at_primary, WHILE_DOWN).await);
+
+    // A new backup process knows no fence until the primary attaches to it again,
+    // which hands on both.
+    let (again, _anet) = start_at(at_backup.parse().unwrap(), 64 << 10, Replication::Backup)
+        .await
+        .unwrap();
+    node.write(at, 0, b"after");
+    persist_until_acknowledged(&node, PersistRange::new(rkey, 0, 5)).await;
+    drop(node);
+    primary.shutdown().await.unwrap();
+    Client::connect(&at_backup, &token())
+        .await
+        .unwrap()
+        .promote()
+        .await
+        .unwrap();
+    assert!(
+        refuses(&at_backup, PAUSED).await,
+        "fenced before the restart"
+    );
+    assert!(
+        refuses(&at_backup, WHILE_DOWN).await,
+        "fenced while it was down"
+    );
+    assert!(!refuses(&at_backup, PAUSED + 2).await);
+    drop(again);
+}

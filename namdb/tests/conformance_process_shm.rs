@@ -7,6 +7,7 @@ mod common;
 use fabric::Device;
 use fabric::conformance::Backend;
 use fabric::shm::ShmDevice;
+use memory_server::ClusterToken;
 use std::sync::{Arc, Mutex};
 
 /// Keeps the client sockets' directories until the run ends: a device's socket must
@@ -15,12 +16,19 @@ struct ProcessShm {
     dirs: Mutex<Vec<tempfile::TempDir>>,
 }
 
+/// An shm device of this process and the directory of its socket, which must outlive
+/// it.
+fn shm_device(token: &ClusterToken) -> (Arc<dyn Device>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a socket directory");
+    let device = ShmDevice::bind(dir.path().join("client.sock"), token.secret()).expect("bind")
+        as Arc<dyn Device>;
+    (device, dir)
+}
+
 impl Backend for ProcessShm {
     fn devices(&self, nodes: usize) -> Vec<Arc<dyn Device>> {
         common::process_devices("shm", nodes, |token| {
-            let dir = tempfile::tempdir().expect("a socket directory");
-            let device = ShmDevice::bind(dir.path().join("client.sock"), token.secret())
-                .expect("bind") as Arc<dyn Device>;
+            let (device, dir) = shm_device(token);
             self.dirs.lock().expect("not poisoned").push(dir);
             device
         })
@@ -30,3 +38,13 @@ impl Backend for ProcessShm {
 fabric::conformance_tests!(ProcessShm {
     dirs: Mutex::new(Vec::new())
 });
+
+#[test]
+fn a_fenced_incarnations_queue_pairs_reach_nothing() {
+    let dirs = Mutex::new(Vec::new());
+    common::fence_cuts_off_an_incarnation("shm", |token| {
+        let (device, dir) = shm_device(token);
+        dirs.lock().expect("not poisoned").push(dir);
+        device
+    });
+}

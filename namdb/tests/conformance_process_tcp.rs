@@ -7,15 +7,18 @@ mod common;
 use fabric::Device;
 use fabric::conformance::Backend;
 use fabric::tcp::TcpDevice;
+use memory_server::ClusterToken;
 use std::sync::Arc;
 
 struct ProcessTcp;
 
+fn tcp_device(token: &ClusterToken) -> Arc<dyn Device> {
+    TcpDevice::bind("127.0.0.1:0", token.secret()).expect("bind") as Arc<dyn Device>
+}
+
 impl Backend for ProcessTcp {
     fn devices(&self, nodes: usize) -> Vec<Arc<dyn Device>> {
-        common::process_devices("tcp", nodes, |token| {
-            TcpDevice::bind("127.0.0.1:0", token.secret()).expect("bind") as Arc<dyn Device>
-        })
+        common::process_devices("tcp", nodes, tcp_device)
     }
     /// Datagrams travel over UDP, which may drop under load.
     fn ud_may_drop(&self) -> bool {
@@ -24,3 +27,8 @@ impl Backend for ProcessTcp {
 }
 
 fabric::conformance_tests!(ProcessTcp);
+
+#[test]
+fn a_fenced_incarnations_queue_pairs_reach_nothing() {
+    common::fence_cuts_off_an_incarnation("tcp", tcp_device);
+}

@@ -12,6 +12,7 @@ mod common;
 use fabric::conformance::Backend;
 use fabric::verbs::{VerbsConfig, VerbsDevice};
 use fabric::{Device, NodeId};
+use memory_server::ClusterToken;
 use std::sync::Arc;
 
 struct ProcessVerbs;
@@ -31,13 +32,14 @@ impl ProcessVerbs {
     }
 }
 
+fn verbs_device(token: &ClusterToken) -> Arc<dyn Device> {
+    let config = VerbsConfig::new(NodeId(rand::random()));
+    VerbsDevice::open(&config, token.secret()).expect("open the RDMA device") as Arc<dyn Device>
+}
+
 impl Backend for ProcessVerbs {
     fn devices(&self, nodes: usize) -> Vec<Arc<dyn Device>> {
-        common::process_devices("verbs", nodes, |token| {
-            let config = VerbsConfig::new(NodeId(rand::random()));
-            VerbsDevice::open(&config, token.secret()).expect("open the RDMA device")
-                as Arc<dyn Device>
-        })
+        common::process_devices("verbs", nodes, verbs_device)
     }
 }
 
@@ -45,3 +47,10 @@ fabric::conformance_tests!(match ProcessVerbs::available() {
     Some(backend) => backend,
     None => return,
 });
+
+#[test]
+fn a_fenced_incarnations_queue_pairs_reach_nothing() {
+    if ProcessVerbs::available().is_some() {
+        common::fence_cuts_off_an_incarnation("verbs", verbs_device);
+    }
+}

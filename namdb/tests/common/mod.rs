@@ -201,6 +201,104 @@ pub fn process_devices(
     devices
 }
 
+/// What a compute-node incarnation fenced at a `backend` memory-server process still
+/// reaches: nothing. Two sessions of one incarnation each connect a queue pair from a
+/// device of this process (`local`) and WRITE; another incarnation fences the first;
+/// then the fenced queue pairs' WRITE and CAS complete with an error and leave the
+/// memory as it was, the incarnation is refused a new session, and the fencer's own
+/// queue pair still works. This is the memory side of the recovery of another
+/// process's commits: on verbs it is the NIC that stops the destroyed queue pairs.
+pub fn fence_cuts_off_an_incarnation(
+    backend: &str,
+    local: impl Fn(&ClusterToken) -> Arc<dyn Device>,
+) {
+    use fabric::{Access, Completion, CompletionQueue, QueuePair, SendWr, Src, WcStatus};
+    use memory_server::blocking::Client;
+    use std::time::{Duration, Instant};
+
+    fn run(qp: &dyn QueuePair, cq: &dyn CompletionQueue, wr: SendWr<'_>) -> Completion {
+        qp.post_send(&[wr]).expect("posted");
+        let mut out = [Completion::default(); 1];
+        // Generous: a verbs requester retries a vanished responder for about 0.5 s,
+        // and the Soft-RoCE guest runs under emulation.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if cq.poll(&mut out).expect("poll") == 1 {
+                return out[0];
+            }
+            assert!(Instant::now() < deadline, "no completion within 60 s");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    const PAUSED: u64 = 0x5eed;
+    const FENCER: u64 = 0xbeef;
+    let limit = Some(Duration::from_secs(30));
+
+    let token = ClusterToken::new(CONFORMANCE_TOKEN).expect("a valid token");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, CONFORMANCE_TOKEN).expect("the token file");
+    let server = start_server(backend, &token_file);
+    let device = local(&token);
+    let cq = device.create_cq(64).expect("a completion queue");
+    let buffer = device.register(8, Access::LOCAL).expect("a local buffer");
+
+    let paused = Client::connect_as(&server.control, &token, PAUSED, limit).expect("a session");
+    let paused_too =
+        Client::connect_as(&server.control, &token, PAUSED, limit).expect("a second session");
+    let target = paused
+        .list_regions()
+        .expect("the region directory")
+        .get("data.0")
+        .expect("a data region")
+        .remote
+        .at(0);
+    let (qp, _) = paused.connect_qp(&*device, &cq).expect("a queue pair");
+    let (qp_too, _) = paused_too.connect_qp(&*device, &cq).expect("a queue pair");
+    let fencer = Client::connect_as(&server.control, &token, FENCER, limit).expect("a session");
+    let (their_qp, _) = fencer.connect_qp(&*device, &cq).expect("a queue pair");
+    let before = run(
+        &*qp,
+        &*cq,
+        SendWr::write(1, Src::Inline(&1u64.to_le_bytes()), target),
+    );
+    assert_eq!(before.status, WcStatus::Success, "{before:?}");
+
+    let report = fencer
+        .fence(PAUSED, Duration::from_secs(30))
+        .expect("the fence");
+    assert_eq!(
+        (report.sessions_ended, report.queue_pairs_destroyed),
+        (2, 2),
+        "{report:?}"
+    );
+    let late_write = run(
+        &*qp,
+        &*cq,
+        SendWr::write(2, Src::Inline(&9u64.to_le_bytes()), target),
+    );
+    assert_ne!(late_write.status, WcStatus::Success, "{late_write:?}");
+    let late_cas = run(
+        &*qp_too,
+        &*cq,
+        SendWr::cas(3, buffer.buf(0, 8), target, 1, 7),
+    );
+    assert_ne!(late_cas.status, WcStatus::Success, "{late_cas:?}");
+    let read = run(&*their_qp, &*cq, SendWr::read(4, buffer.buf(0, 8), target));
+    assert_eq!(read.status, WcStatus::Success, "{read:?}");
+    assert_eq!(
+        buffer.load_u64(0).expect("the word read"),
+        1,
+        "a fenced incarnation's late request reached the memory"
+    );
+    match Client::connect_as(&server.control, &token, PAUSED, limit) {
+        Ok(_) => panic!("a fenced incarnation got a session"),
+        Err(e) => assert_eq!(e.code(), Some(tonic::Code::PermissionDenied), "{e}"),
+    }
+    Client::connect_as(&server.control, &token, PAUSED + 1, limit)
+        .expect("another incarnation still gets a session");
+}
+
 /// A `backend` memory server with 4 MiB of data regions, checked to serve its data
 /// path on that backend.
 pub fn start_server(backend: &str, token_file: &Path) -> ServerProcess {

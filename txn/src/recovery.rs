@@ -59,6 +59,13 @@ use std::time::{Duration, Instant, SystemTime};
 /// How long a recovery may stall (its guard word unchanged) before another node takes
 /// it over.
 pub const TAKEOVER: Duration = Duration::from_secs(5);
+
+/// Renews the caller's own oracle lease if it is due (a clock read otherwise). A
+/// worker recovering another holder's commits, or waiting for another's recovery
+/// before it adopts a slot, calls it as it goes: that can take longer than a lease
+/// (seconds, for a takeover), and a holder that stopped renewing is taken for dead
+/// and fenced, its own commits recovered in turn.
+pub(crate) type KeepLease<'a> = &'a dyn Fn();
 /// Bytes of the scratch region recovery reads through.
 pub(crate) const SCRATCH: u64 = 1 << 20;
 
@@ -317,12 +324,13 @@ impl Database {
         &self,
         slot: u32,
         holder_tag: u16,
+        keep_lease: KeepLease,
     ) -> Result<Option<RecoveryReport>> {
         let active = Guard::Active { tag: holder_tag }.encode();
         let log = self.shared.catalog.commit_log();
         let tables = self.tables()?;
         let mut conns = self.recovery_conns();
-        let mut claim = Claim::new(log.guard(slot), holder_tag);
+        let mut claim = Claim::new(log.guard(slot), holder_tag, keep_lease);
         let recovering = claim.word;
         if conns[commitlog::SERVER].cas(log.guard(slot), active, recovering)? != active {
             return Ok(None);
@@ -379,7 +387,7 @@ impl Database {
     /// the range ahead of ours is later.
     ///
     /// [`OracleError::Fenced`]: timestamp::OracleError::Fenced
-    pub(crate) fn adopt_slot(&self, slot: u32, tag: u16) -> Result<()> {
+    pub(crate) fn adopt_slot(&self, slot: u32, tag: u16, keep_lease: KeepLease) -> Result<()> {
         let log = self.shared.catalog.commit_log();
         let guard = log.guard(slot);
         let held = lock(&self.shared.adoption_hold).take();
@@ -389,6 +397,7 @@ impl Database {
         }
         let mut watching: Option<(u64, Instant)> = None;
         loop {
+            keep_lease();
             let word = {
                 let mut conns = self.recovery_conns();
                 conns[commitlog::SERVER].read_word(guard)?
@@ -420,10 +429,10 @@ impl Database {
                     }
                 }
                 Guard::Active { tag: t } => {
-                    self.resolve_holder(slot, t)?;
+                    self.resolve_holder(slot, t, keep_lease)?;
                 }
                 Guard::Recovering { tag: t, .. } => {
-                    if !self.take_over_if_stalled(slot, t, word, &mut watching)? {
+                    if !self.take_over_if_stalled(slot, t, word, &mut watching, keep_lease)? {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                 }
@@ -441,13 +450,14 @@ impl Database {
         tag: u16,
         word: u64,
         watching: &mut Option<(u64, Instant)>,
+        keep_lease: KeepLease,
     ) -> Result<bool> {
         match *watching {
             Some((w, since)) if w == word && since.elapsed() >= TAKEOVER => {
                 let guard = self.shared.catalog.commit_log().guard(slot);
                 let tables = self.tables()?;
                 let mut conns = self.recovery_conns();
-                let mut claim = Claim::new(guard, tag);
+                let mut claim = Claim::new(guard, tag, keep_lease);
                 if conns[commitlog::SERVER].cas(guard, word, claim.word)? == word
                     && let Some(report) = recover(self, &tables, &mut conns, slot, tag, &mut claim)?
                 {
@@ -480,6 +490,7 @@ impl Database {
         slot: u32,
         holder_tag: u16,
         watching: &mut Option<(u64, Instant)>,
+        keep_lease: KeepLease,
     ) -> Result<bool> {
         let guard = self.shared.catalog.commit_log().guard(slot);
         let word = self.recovery_conns()[commitlog::SERVER].read_word(guard)?;
@@ -487,11 +498,11 @@ impl Database {
             Guard::Active { tag } if tag == holder_tag => {
                 // Resolved here, or begun by another whose CAS came first: the guard
                 // is no longer active for the holder, so this recurses once.
-                self.resolve_holder(slot, tag)?;
-                self.step_resolution(slot, holder_tag, watching)
+                self.resolve_holder(slot, tag, keep_lease)?;
+                self.step_resolution(slot, holder_tag, watching, keep_lease)
             }
             Guard::Recovering { tag, .. } if tag == holder_tag => {
-                self.take_over_if_stalled(slot, tag, word, watching)?;
+                self.take_over_if_stalled(slot, tag, word, watching, keep_lease)?;
                 Ok(false)
             }
             _ => Ok(true),
@@ -586,30 +597,34 @@ fn later_tag(t: u16, ours: u16) -> bool {
 /// than 2×, and a node is not stopped for `TAKEOVER / 2` between a check and the post
 /// after it. A recovery slower than `TAKEOVER` (many tables) is no longer taken over
 /// while it makes progress, either.
-struct Claim {
+struct Claim<'a> {
     guard: fabric::RemoteAddr,
     tag: u16,
     /// The guard word as we last wrote it.
     word: u64,
     /// When we posted `word` (or before).
     since: Instant,
+    /// The recovering worker's own lease, kept alive as the guard is.
+    keep_lease: KeepLease<'a>,
 }
 
-impl Claim {
+impl<'a> Claim<'a> {
     /// Made just before the CAS that writes its `word`, a recovering guard of holder
     /// `tag` that names this recovery alone.
-    fn new(guard: fabric::RemoteAddr, tag: u16) -> Claim {
+    fn new(guard: fabric::RemoteAddr, tag: u16, keep_lease: KeepLease<'a>) -> Claim<'a> {
         Claim {
             guard,
             tag,
             word: Guard::Recovering { tag, by: nonce() }.encode(),
             since: Instant::now(),
+            keep_lease,
         }
     }
 
-    /// Whether the recovery still holds its guard (renewed if due); `false` once it
-    /// was taken over, and then it must post nothing more.
+    /// Whether the recovery still holds its guard (renewed if due, with the worker's
+    /// own lease); `false` once it was taken over, and then it must post nothing more.
     fn keep(&mut self, conns: &mut [Conn]) -> Result<bool> {
+        (self.keep_lease)();
         if self.since.elapsed() < TAKEOVER / 2 {
             return Ok(true);
         }
@@ -644,6 +659,7 @@ fn recover(
     claim: &mut Claim,
 ) -> Result<Option<RecoveryReport>> {
     let started = Instant::now();
+    let keep_lease = claim.keep_lease;
     let slots = db.shared.catalog.oracle().layout.slots() as u64;
     let records = read_ring(db, conns, slot)?;
     let mut report = RecoveryReport {
@@ -665,6 +681,7 @@ fn recover(
         for part in 0..table.partitions.len() {
             let mut held = Vec::new();
             report.blocks_scanned += scan_headers(conns, table, part, &mut |addr, word, raw| {
+                keep_lease();
                 let h = Header::decode(word);
                 if h.locked && h.cid % slots == slot as u64 {
                     held.push((addr, h.cid, raw.to_vec()));
@@ -709,6 +726,7 @@ fn recover(
     // record or a holder that is fenced, and either persists the block.
     let deadline = Instant::now() + 2 * db.shared.options.oracle.lease_timeout;
     while !busy.is_empty() && Instant::now() < deadline {
+        keep_lease();
         std::thread::sleep(Duration::from_millis(1));
         let mut still = Vec::with_capacity(busy.len());
         for (table, part, addr, key, kind, word) in busy {
@@ -721,6 +739,7 @@ fn recover(
         }
         busy = still;
     }
+    keep_lease();
     db.shared.durability.persist_blocking(plan)?;
     report.took = started.elapsed();
     report.finished_at = SystemTime::now();

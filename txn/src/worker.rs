@@ -223,7 +223,9 @@ impl Worker {
             tag: slot.held_lease().tag,
         };
         if !read_only {
-            db.adopt_slot(epoch.slot, epoch.tag)?;
+            db.adopt_slot(epoch.slot, epoch.tag, &|| {
+                let _ = slot.ensure_lease();
+            })?;
         }
         let ring = crate::commitlog::Ring::new(shared.catalog.commit_log().ring_bytes());
         Ok(Worker {
@@ -461,11 +463,23 @@ impl Worker {
         if (timestamp::Lease { tag, ..fenced }).next_tag() != fenced.tag {
             return Ok(true);
         }
-        if matches!(guard, Guard::Active { .. }) && self.db.resolve_holder(slot, tag)?.is_some() {
+        if matches!(guard, Guard::Active { .. })
+            && self
+                .db
+                .resolve_holder(slot, tag, &|| self.keep_lease())?
+                .is_some()
+        {
             self.count(|s| s.recoveries += 1);
             return Ok(true);
         }
-        self.db.step_resolution(slot, tag, &mut holder.watching)
+        self.db
+            .step_resolution(slot, tag, &mut holder.watching, &|| self.keep_lease())
+    }
+
+    /// Renews this worker's lease if due ([`crate::recovery::KeepLease`]): a failure
+    /// (fenced meanwhile) shows at the next step that needs the lease.
+    fn keep_lease(&self) {
+        let _ = self.slot.ensure_lease();
     }
 
     /// Claims a slot again after ours was fenced, and takes its commit log over
@@ -478,7 +492,8 @@ impl Worker {
             slot: self.slot.slot(),
             tag: self.slot.held_lease().tag,
         };
-        self.db.adopt_slot(epoch.slot, epoch.tag)?;
+        self.db
+            .adopt_slot(epoch.slot, epoch.tag, &|| self.keep_lease())?;
         let ring = crate::commitlog::Ring::new(self.db.shared.catalog.commit_log().ring_bytes());
         *self.log.borrow_mut() = SlotLog { epoch, ring };
         Ok(())
@@ -579,7 +594,10 @@ impl Worker {
         let deadline = Instant::now() + patience;
         let mut watching = None;
         let Epoch { slot, tag } = fenced.epoch;
-        while !self.db.step_resolution(slot, tag, &mut watching)? {
+        while !self
+            .db
+            .step_resolution(slot, tag, &mut watching, &|| self.keep_lease())?
+        {
             if Instant::now() >= deadline {
                 return Err(TxnError::Invalid(format!(
                     "the outcome of commit {cid} is still unknown after {patience:?}: the \

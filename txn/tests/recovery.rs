@@ -444,6 +444,73 @@ fn a_claimer_fenced_before_it_adopted_leaves_the_next_holders_locks_alone() {
     assert!(db.locked_records().unwrap().is_empty());
 }
 
+/// A worker that claims the slot of a holder whose recovery is under way waits for
+/// that recovery before it adopts the slot's log; here the recovery stalls, and the
+/// wait lasts until the claimer takes it over (`TAKEOVER`, seconds against an 80 ms
+/// lease), then recovers the holder itself. It keeps its own lease all the while:
+/// before, it renewed nothing, another worker's ticks fenced it as dead, and its first
+/// commit had to claim a slot anew (in a chaos run, a process starting up was fenced
+/// 350 ms after it connected).
+#[test]
+fn a_claimer_waiting_for_a_stalled_recovery_keeps_its_own_lease() {
+    // Three slots: two fencers, and the one the starved holder, then the claimer, holds.
+    let (db, t) = database(3);
+    let mut c = db.client().unwrap();
+    c.run(0, |x| {
+        for k in 0..8 {
+            x.insert(&t, k, val(100))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    drop(c);
+    // One fencer's tick recovers the starved holder and is held there; the other
+    // keeps ticking, and fences whoever stops renewing.
+    let (first, second) = (fencer(&db, &t), fencer(&db, &t));
+    let mut starved = db.client().unwrap();
+    let hold = txn::crash::starve_at_with_recovery_held_on_this_thread(
+        &db,
+        "after-lock",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let mut x = starved.begin().unwrap();
+    x.put(&t, 1, val(90)).unwrap();
+    let dead = match x.commit() {
+        Err(txn::TxnError::Fenced { cid }) => cid,
+        other => panic!("not fenced: {other:?}"),
+    };
+    assert!(hold.is_holding());
+    let waited = Instant::now();
+    let mut claimer = db.client().unwrap();
+    assert!(
+        waited.elapsed() > Duration::from_millis(800),
+        "the claimer did not wait for the stalled recovery ({:?}): the test shows nothing",
+        waited.elapsed()
+    );
+    let ((), cid) = claimer.run(0, |x| x.put(&t, 3, val(7))).unwrap();
+    let cid = cid.expect("a commit that wrote");
+    assert_eq!(
+        claimer.stats().rejoins,
+        0,
+        "the claimer was fenced while it waited for the recovery"
+    );
+    assert_eq!(cid % 3, dead % 3, "the claimer has another slot");
+    assert!(hold.release_and_wait(Duration::from_secs(30)));
+    // Held in the recovery for seconds, the first fencer's own slot may have been
+    // fenced meanwhile (its tick waits there, unlike the claimer's adoption).
+    let _ = (first.stop(), second.stop());
+    let mut x = claimer.begin().unwrap();
+    assert_eq!(
+        num(x.get(&t, 1).unwrap()),
+        100,
+        "the starved commit rolled back"
+    );
+    drop(x);
+    assert!(db.locked_records().unwrap().is_empty());
+    drop(starved);
+}
+
 /// Commits to key 5 of `t` and ticks until stopped (see [`txn::crash::Fencer`]).
 fn fencer(db: &Database, t: &Arc<Table>) -> txn::crash::Fencer {
     let t = t.clone();

@@ -82,6 +82,20 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// Whether the server refused this compute-node incarnation because it was fenced
+    /// (a session it ended, or a new one): the node must open the database anew.
+    pub fn was_fenced(&self) -> bool {
+        match self {
+            ClientError::Rpc { status, .. } => {
+                matches!(
+                    status.code(),
+                    Code::Unauthenticated | Code::PermissionDenied
+                ) && status.message().contains(" was fenced: ")
+            }
+            _ => false,
+        }
+    }
 }
 
 /// A status's message and, after it, what caused it where the message does not say

@@ -1,7 +1,8 @@
 //! `namdb chaos`: the chaos harness. Starts memory-server processes and compute-node
 //! processes (`namdb chaos-node`, hidden) running the bank and list-append workloads,
 //! carries out a seeded fault plan against the nodes (SIGKILL at random moments,
-//! restarts with a commit-step crash point armed, SIGSTOP pauses) and the memory
+//! restarts with a commit-step crash point armed, SIGSTOP pauses, and stalls past the
+//! lease, after which the node must be fenced) and the memory
 //! servers (kill and restart, or with `--replicas 2` failover to a backup), then stops them,
 //! waits for recovery and checks what every node recorded (`verify::chaos`).
 //!
@@ -54,8 +55,15 @@ const BACKUP_ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// under it): its connections to it are gone, so the harness starts it again once the
 /// server is back, and the new process reopens the database (EX_TEMPFAIL).
 const SERVER_LOST: i32 = 75;
+/// A chaos node's exit status when it found itself fenced (stopped past its lease, or
+/// a worker of it stopped renewing): another node fenced it at the memory servers and
+/// recovered its commits, so its sessions are gone for good; the harness starts it
+/// again (EX_PROTOCOL).
+const FENCED: i32 = 76;
 /// How often a chaos node looks whether its memory servers still listen.
 const PROBE_EVERY: Duration = Duration::from_millis(20);
+/// How often it renews its sessions, which is how it learns that it was fenced.
+const FENCE_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// How often it checks their boot numbers (a server restarted between two probes).
 const BOOT_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Checkpoints of the durable memory servers: short enough that a run's server
@@ -452,8 +460,9 @@ fn connect_node(
     }
 }
 
-/// Exits the process with [`SERVER_LOST`] once a memory server stops listening or
-/// comes back with another boot number. Its connections to that server are gone for
+/// Exits the process with [`FENCED`] once a memory server says this node was fenced,
+/// and with [`SERVER_LOST`] once a memory server stops listening or comes back with
+/// another boot number. Its connections to that server are gone for
 /// good, so transactions cannot go on; what they did is in the event file (a commit
 /// cut short is `pending`, i.e. unknown), and a new process reopens the database.
 /// Watched is the process this node uses (a replicated server's primary, or its
@@ -468,14 +477,30 @@ fn watch_servers(remote: &RemoteCluster, token: &ClusterToken) {
         .map(|s| s.addr().to_string())
         .collect();
     let token = token.clone();
+    let servers = remote.servers.clone();
     std::thread::spawn(move || {
         let lost = |i: usize, why: String| -> ! {
             eprintln!("lost memory server {i} ({}): {why}; exiting", addrs[i]);
             std::process::exit(SERVER_LOST)
         };
         let mut last_boot_check = Instant::now();
+        let mut last_fence_check = Instant::now();
         loop {
             std::thread::sleep(PROBE_EVERY);
+            // The session renewal is what tells a node stopped past its lease that it
+            // was fenced (its queue pairs are gone: nothing it posts lands).
+            let fence_check = last_fence_check.elapsed() >= FENCE_CHECK_EVERY;
+            if fence_check {
+                last_fence_check = Instant::now();
+            }
+            for (i, server) in servers.iter().enumerate().filter(|_| fence_check) {
+                if let Err(e) = server.keep_alive()
+                    && e.was_fenced()
+                {
+                    eprintln!("fenced at memory server {i} ({}): {e}; exiting", addrs[i]);
+                    std::process::exit(FENCED)
+                }
+            }
             // A bare connect is cheap enough to run often; a dead server refuses it.
             for (i, addr) in addrs.iter().enumerate() {
                 let Ok(sa) = addr.parse::<std::net::SocketAddr>() else {
@@ -706,6 +731,13 @@ struct NodeProc {
     /// Commits of this incarnation that had their chance at its armed point.
     chances: u64,
     paused_until: Option<Instant>,
+    /// Whether this incarnation was stopped at all (a pause or a stall).
+    stopped_ever: bool,
+    /// When a stall stopped it (ms into the run), until it is found fenced.
+    stalled_at_ms: Option<f64>,
+    /// The other nodes (number, incarnation) ready when the stall began: one of them
+    /// fences it, if one runs through the whole stall.
+    stall_witnesses: Vec<(usize, u64)>,
     started: Instant,
     tail: Tail,
 }
@@ -788,6 +820,9 @@ struct Harness<'a> {
     last_server_kill: Option<Instant>,
     /// Nodes that exited having lost a server, to start again once every server is up.
     lost: Vec<bool>,
+    /// Nodes that exited fenced: started again by `poll` unless an action started them
+    /// first.
+    fenced_out: Vec<bool>,
     server_restarts: Vec<ServerRestart>,
     repairs: Vec<Repair>,
     nodes: Vec<Option<NodeProc>>,
@@ -867,6 +902,7 @@ impl<'a> Harness<'a> {
             servers_down: vec![false; args.servers as usize],
             last_server_kill: None,
             lost: vec![false; args.nodes as usize],
+            fenced_out: vec![false; args.nodes as usize],
             server_restarts: Vec::new(),
             repairs: Vec::new(),
             nodes: (0..args.nodes).map(|_| None).collect(),
@@ -996,6 +1032,11 @@ impl<'a> Harness<'a> {
 
         self.execute(plan);
         crate::cluster_cmd::check_interrupted()?;
+        for n in 0..self.nodes.len() {
+            if let Some(p) = &self.nodes[n] {
+                self.never_fenced(n, p.incarnation, p.stalled_at_ms);
+            }
+        }
         self.resume_backups();
         let end_ns = unix_ns(SystemTime::now());
         self.stop_nodes();
@@ -1038,6 +1079,15 @@ impl<'a> Harness<'a> {
         // The final state, read after recovery, into the history.
         let mut history_events = Vec::new();
         for file in &self.event_files {
+            // A node creates its file before it connects: one killed before that
+            // (started, then stopped at once by the next action) recorded nothing.
+            if !file.exists() {
+                self.notes.push(format!(
+                    "{} was never created: its node was stopped before it began",
+                    file.display()
+                ));
+                continue;
+            }
             history_events.extend(read_events(file).map_err(anyhow::Error::msg)?);
         }
         let own = db.recoveries();
@@ -1439,6 +1489,7 @@ impl<'a> Harness<'a> {
     /// Starts compute node `n` as a new incarnation, with `armed` (point, probability,
     /// window).
     fn start_node(&mut self, n: usize, armed: Option<(&str, f64, Duration)>) -> Result<()> {
+        self.fenced_out[n] = false;
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         let events = self.dir.join(format!("node{n}-{incarnation}.events.jsonl"));
@@ -1486,6 +1537,9 @@ impl<'a> Harness<'a> {
             ready_at: None,
             chances: 0,
             paused_until: None,
+            stopped_ever: false,
+            stalled_at_ms: None,
+            stall_witnesses: Vec::new(),
             started: Instant::now(),
             tail: Tail::new(events),
         });
@@ -1497,6 +1551,13 @@ impl<'a> Harness<'a> {
     fn poll(&mut self) {
         if self.servers_down.iter().all(|d| !d) {
             for n in 0..self.nodes.len() {
+                if self.fenced_out[n]
+                    && self.nodes[n].is_none()
+                    && let Err(e) = self.start_node(n, None)
+                {
+                    self.problems
+                        .push(format!("cannot start fenced compute node {n} again: {e:#}"));
+                }
                 if self.lost[n] && self.nodes[n].is_none() {
                     self.lost[n] = false;
                     match self.start_node(n, None) {
@@ -1516,6 +1577,19 @@ impl<'a> Harness<'a> {
             if p.paused_until.is_some_and(|t| Instant::now() >= t) {
                 signal(&p.child, rustix::process::Signal::CONT);
                 p.paused_until = None;
+                // Nobody had to fence a stall that no other node ran through (each
+                // died or restarted meanwhile): it is a pause that ran long.
+                let running = self.ready_nodes(None);
+                if p.stalled_at_ms.is_some()
+                    && !p.stall_witnesses.iter().any(|w| running.contains(w))
+                {
+                    self.notes.push(format!(
+                        "compute node {n} (incarnation {})'s stall had no other node running \
+                         through it, so nothing had to fence it",
+                        p.incarnation
+                    ));
+                    p.stalled_at_ms = None;
+                }
             }
             match p.child.try_wait() {
                 Ok(None) => self.nodes[n] = Some(p),
@@ -1576,6 +1650,38 @@ impl<'a> Harness<'a> {
             self.lost[n] = true;
             return;
         }
+        // Fenced by another node: a death (at the stall, for a stalled node), after
+        // which a new process opens the database. Fencing is per process, so a node is
+        // also fenced when one of its workers stops committing on purpose (a commit
+        // left half installed by a failed Persist, for recovery to finish once that
+        // worker's lease lapsed): noted, not a problem.
+        if status.code() == Some(FENCED) {
+            if p.stalled_at_ms.is_none() {
+                self.notes.push(format!(
+                    "compute node {n} (incarnation {}) was fenced without a stall{}: one of its \
+                     workers stopped renewing its lease",
+                    p.incarnation,
+                    if p.stopped_ever {
+                        " (it had a short pause)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            self.counts.fenced += 1;
+            self.deaths.push(Death {
+                node: n,
+                incarnation: p.incarnation,
+                cause: "fenced".into(),
+                at_ms: p.stalled_at_ms.unwrap_or(at),
+                recoveries: 0,
+                recovered_after_ms: None,
+            });
+            // Not here: `exited` runs inside actions too (a kill finding the node
+            // exited), which may start the node themselves.
+            self.fenced_out[n] = true;
+            return;
+        }
         let cause = match &p.armed {
             Some(point) if aborted => {
                 self.counts.crashes_fired += 1;
@@ -1604,6 +1710,33 @@ impl<'a> Harness<'a> {
         });
     }
 
+    /// The ready nodes (number, incarnation), but `except`.
+    fn ready_nodes(&self, except: Option<usize>) -> Vec<(usize, u64)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|&(n, _)| Some(n) != except)
+            .filter_map(|(n, p)| {
+                p.as_ref()
+                    .filter(|p| p.ready_at.is_some())
+                    .map(|p| (n, p.incarnation))
+            })
+            .collect()
+    }
+
+    /// A problem if incarnation `incarnation` of node `n` was stalled (at
+    /// `stalled_at_ms`) and is still running: stopped past its lease, it must have been
+    /// fenced and exited by the end of its episode.
+    fn never_fenced(&mut self, n: usize, incarnation: u64, stalled_at_ms: Option<f64>) {
+        if let Some(at_ms) = stalled_at_ms {
+            self.problems.push(format!(
+                "compute node {n} (incarnation {incarnation}) was stopped past its lease at \
+                 {:.1} s and was never fenced",
+                at_ms / 1000.0
+            ));
+        }
+    }
+
     /// SIGKILLs node `n` if it runs; returns the incarnation killed.
     fn kill(&mut self, n: usize) -> Option<u64> {
         let mut p = self.nodes[n].take()?;
@@ -1617,6 +1750,7 @@ impl<'a> Harness<'a> {
             self.exited(n, p, status);
             return None;
         }
+        self.never_fenced(n, p.incarnation, p.stalled_at_ms);
         self.counts.kills += 1;
         self.deaths.push(Death {
             node: n,
@@ -1687,10 +1821,11 @@ impl<'a> Harness<'a> {
         let n = action.node();
         match action {
             // Only once every node runs (again) after the last episode, so that the
-            // kill hits running work.
+            // kill hits running work (and a stalled node has another to fence it).
             Action::KillMemoryServer { .. }
             | Action::FailoverMemoryServer { .. }
-            | Action::KillBackup { .. } => {
+            | Action::KillBackup { .. }
+            | Action::Stall { .. } => {
                 return self
                     .nodes
                     .iter()
@@ -1964,11 +2099,28 @@ impl<'a> Harness<'a> {
                 Some(p) => {
                     signal(&p.child, rustix::process::Signal::STOP);
                     p.paused_until = Some(Instant::now() + Duration::from_millis(*for_ms));
+                    p.stopped_ever = true;
                     self.counts.pauses += 1;
                     format!("stopped for {for_ms} ms")
                 }
                 None => "not running".into(),
             },
+            Action::Stall { node, for_ms } => {
+                let at_ms = self.ms(Instant::now());
+                let witnesses = self.ready_nodes(Some(*node));
+                match &mut self.nodes[*node] {
+                    Some(p) => {
+                        p.stall_witnesses = witnesses;
+                        signal(&p.child, rustix::process::Signal::STOP);
+                        p.paused_until = Some(Instant::now() + Duration::from_millis(*for_ms));
+                        p.stopped_ever = true;
+                        p.stalled_at_ms = Some(at_ms);
+                        self.counts.stalls += 1;
+                        format!("stopped for {for_ms} ms, past its lease")
+                    }
+                    None => "not running".into(),
+                }
+            }
         })
     }
 
@@ -1981,7 +2133,8 @@ impl<'a> Harness<'a> {
             .count();
         say!(
             "  {:>6.1} s  {:>9} committed ({:>6.0}/s)  nodes up {up}/{}  kills {}  crashes \
-             {}/{} fired  pauses {}  server restarts {}  failovers {}  recoveries {}",
+             {}/{} fired  pauses {}  stalls {} (fenced {})  server restarts {}  failovers {}  \
+             recoveries {}",
             self.ms(Instant::now()) / 1000.0,
             self.committed,
             rate,
@@ -1990,6 +2143,8 @@ impl<'a> Harness<'a> {
             self.counts.crashes_fired,
             self.counts.crashes_armed,
             self.counts.pauses,
+            self.counts.stalls,
+            self.counts.fenced,
             self.counts.server_restarts,
             self.counts.server_failovers,
             self.recoveries_seen.len()

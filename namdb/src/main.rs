@@ -51,7 +51,7 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// The chaos harness: kill, crash and pause compute nodes while the bank and
+    /// The chaos harness: kill, crash, pause and stall compute nodes while the bank and
     /// list-append workloads run, then check snapshot isolation, the bank invariant,
     /// that nothing acknowledged was lost and that no lock (or key claimed in the index
     /// without its address) remains; exits non-zero on any violation.

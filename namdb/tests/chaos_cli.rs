@@ -28,15 +28,16 @@ fn text(o: &Output) -> String {
 }
 
 #[test]
-fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_passes() {
+fn a_small_run_kills_crashes_at_every_step_pauses_stalls_fails_the_server_over_and_passes() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("chaos.json");
-    // 30 s is what the plan needs to arm all six crash points, restart the memory
-    // server's backup and fail the server over with a 250 ms lease.
+    // 36 s is what the plan needs to arm all six crash points, stall a node past its
+    // lease, restart the memory server's backup and fail the server over with a 250 ms
+    // lease.
     let o = namdb(&[
         "chaos",
         "--duration",
-        "30",
+        "36",
         "--nodes",
         "2",
         "--servers",
@@ -60,6 +61,10 @@ fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_pass
     let actions = &report["actions"];
     assert!(actions["kills"].as_u64().unwrap() >= 1, "{actions}");
     assert!(actions["pauses"].as_u64().unwrap() >= 1, "{actions}");
+    // A node stopped past its lease was fenced by the other (at the memory servers,
+    // then its slot), found that once resumed, and was started again.
+    assert!(actions["stalls"].as_u64().unwrap() >= 1, "{actions}");
+    assert!(actions["fenced"].as_u64().unwrap() >= 1, "{actions}");
     assert!(actions["restarts"].as_u64().unwrap() >= 1, "{actions}");
     let points = report["crash_points"].as_object().unwrap();
     assert_eq!(points.len(), txn::crash::POINTS.len(), "{points:?}");
@@ -124,6 +129,7 @@ fn a_small_run_kills_crashes_at_every_step_pauses_fails_the_server_over_and_pass
     assert!(recoveries["death_to_recovered_max_ms"].as_f64().is_some());
     let deaths = report["deaths"].as_array().unwrap();
     assert!(deaths.iter().any(|d| d["cause"] == "kill"));
+    assert!(deaths.iter().any(|d| d["cause"] == "fenced"), "{out}");
     assert!(deaths.iter().any(|d| d["cause"] == "server-failover"));
     assert!(
         deaths

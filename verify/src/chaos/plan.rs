@@ -14,10 +14,13 @@
 //!   node has had few chances to reach its point) `Restart` starts it unarmed, killing
 //!   it first if the point never fired.
 //! - **pause**: `Pause` (SIGSTOP, then SIGCONT `for` later), always shorter than half the
-//!   lease timeout, so that a pause stays a pause. A node paused past its lease is
-//!   fenced at the memory servers (its sessions ended) before its slots are fenced and
-//!   its commits recovered, and reconnects once resumed: a death of another kind, which
-//!   `namdb/tests/compute_node_reconnect.rs` and `txn_processes.rs` test.
+//!   lease timeout, so that a pause stays a pause.
+//! - **stall** (two or more nodes): `Stall`, a pause of 2.5–3.5 lease timeouts. Another
+//!   node finds the stopped node's lease lapsed and fences it: at the memory servers
+//!   first (they end its sessions and destroy its queue pairs, so nothing it posts once
+//!   resumed lands), then its oracle slot, then it recovers its commits. Resumed, the
+//!   node finds its sessions fenced and exits; the harness starts it again. A stalled
+//!   node that is never fenced, and a node fenced that was never stopped, are problems.
 //!
 //! - **server restart**: `KillMemoryServer` (SIGKILL of a durable memory server at a
 //!   random moment), then `RestartMemoryServer` on the same data directory and port
@@ -67,6 +70,9 @@ pub enum Action {
     Restart { node: usize },
     /// SIGSTOP the node, then SIGCONT it `for_ms` later.
     Pause { node: usize, for_ms: u64 },
+    /// SIGSTOP the node past its lease, then SIGCONT it `for_ms` later: it must be
+    /// fenced meanwhile, and exits once resumed, to be started again.
+    Stall { node: usize, for_ms: u64 },
     /// SIGKILL memory server `server`.
     KillMemoryServer { server: usize },
     /// Start the (dead) memory server `server` again on its data directory.
@@ -87,7 +93,8 @@ impl Action {
             Action::Kill { node }
             | Action::Crash { node, .. }
             | Action::Restart { node }
-            | Action::Pause { node, .. } => node,
+            | Action::Pause { node, .. }
+            | Action::Stall { node, .. } => node,
             Action::KillMemoryServer { server }
             | Action::RestartMemoryServer { server }
             | Action::FailoverMemoryServer { server }
@@ -115,6 +122,7 @@ impl Action {
             Action::Crash { .. } => "crash",
             Action::Restart { .. } => "restart",
             Action::Pause { .. } => "pause",
+            Action::Stall { .. } => "stall",
             Action::KillMemoryServer { .. } => "server_kill",
             Action::RestartMemoryServer { .. } => "server_restart",
             Action::FailoverMemoryServer { .. } => "server_failover",
@@ -170,6 +178,7 @@ pub struct FaultPlan {
 enum Kind {
     Kill,
     Pause,
+    Stall,
     Crash,
     /// A restart of this memory server, or its failover.
     Server(usize),
@@ -238,6 +247,18 @@ impl Timing {
             .max(Duration::from_millis(1))
     }
 
+    /// Past the lease, with room for the fencer: it fences once the heartbeat stood
+    /// still for a lease of its own clock, and it looks at the next tick after that.
+    fn stall(&self, rng: &mut StdRng) -> Duration {
+        self.lease.mul_f64(rng.random_range(2.5..3.5))
+    }
+
+    /// After a stall: the node finds itself fenced and exits, and its new process
+    /// opens the database.
+    fn stall_rejoin(&self) -> Duration {
+        self.lease * 2 + Duration::from_millis(1500)
+    }
+
     /// Time left at the end with no fault, so the last recovery happens in the run.
     fn tail(&self) -> Duration {
         self.lease * 2
@@ -248,6 +269,7 @@ impl Timing {
         let episode = match kind {
             Kind::Kill => self.longest_restart_delay(),
             Kind::Pause => self.lease / 2,
+            Kind::Stall => self.lease.mul_f64(3.5) + self.stall_rejoin(),
             Kind::Crash => self.longest_restart_delay() * 2 + self.crash_window(),
             Kind::Server(_) => self.lease * 2 + self.server_rejoin(),
             Kind::Backup(_) => self.lease * 2 + self.backup_rejoin(),
@@ -281,6 +303,11 @@ impl FaultPlan {
         let mut must: Vec<Kind> = vec![Kind::Crash; points.len()];
         must.push(Kind::Kill);
         must.push(Kind::Pause);
+        // A stall is fenced by another node.
+        let stalls = config.nodes >= 2;
+        if stalls {
+            must.push(Kind::Stall);
+        }
         let restarts_servers = config.server_restarts && config.servers > 0;
         if restarts_servers && config.duration >= SERVER_RESTARTS_FROM {
             must.push(Kind::Server(0));
@@ -336,6 +363,7 @@ impl FaultPlan {
                         }
                     }
                     6 => Kind::Kill,
+                    9 if stalls => Kind::Stall,
                     _ => Kind::Pause,
                 },
             };
@@ -424,6 +452,17 @@ impl FaultPlan {
                         },
                     });
                     t += pause;
+                }
+                Kind::Stall => {
+                    let stall = timing.stall(&mut rng);
+                    actions.push(Planned {
+                        at_ms: at(t),
+                        action: Action::Stall {
+                            node,
+                            for_ms: stall.as_millis() as u64,
+                        },
+                    });
+                    t += stall + timing.stall_rejoin();
                 }
                 Kind::Crash => {
                     let point = if next_point < points.len() {
@@ -573,6 +612,11 @@ mod tests {
                     assert!(down.iter().all(|d| !d));
                     assert!(*for_ms < 125, "shorter than half the lease: {for_ms}");
                 }
+                Action::Stall { for_ms, .. } => {
+                    assert!(down.iter().all(|d| !d), "one episode at a time");
+                    assert!(config.nodes >= 2, "another node fences a stall");
+                    assert!((625..=875).contains(for_ms), "2.5 to 3.5 leases: {for_ms}");
+                }
             }
         }
         assert!(down.iter().all(|d| !d), "every node runs at the end");
@@ -711,7 +755,13 @@ mod tests {
             armed.dedup();
             assert_eq!(armed, ["p1", "p2", "p3", "p4", "p5", "p6"]);
             assert!(plan.count("pause") >= 1 && plan.count("kill") > plan.count("crash"));
+            assert!(plan.count("stall") >= 1, "{plan:?}");
             assert!(plan.full_coverage_ms <= 40_000, "{}", plan.full_coverage_ms);
+            // A lone node has nobody to fence it: no stalls.
+            let alone = PlanConfig { nodes: 1, ..config };
+            let plan = FaultPlan::generate(&alone).expect("a plan");
+            replay(&plan, &alone);
+            assert_eq!(plan.count("stall"), 0, "{plan:?}");
         }
     }
 

@@ -46,6 +46,12 @@ pub struct ActionCounts {
     pub crashes_fired: u64,
     pub restarts: u64,
     pub pauses: u64,
+    /// Pauses past the lease (stalls).
+    #[serde(default)]
+    pub stalls: u64,
+    /// Nodes that found themselves fenced once resumed, exited and were started again.
+    #[serde(default)]
+    pub fenced: u64,
     /// SIGKILLs of memory servers.
     #[serde(default)]
     pub server_kills: u64,
@@ -80,7 +86,8 @@ pub struct PointCounts {
 pub struct Death {
     pub node: usize,
     pub incarnation: u64,
-    /// `kill`, `crash:POINT` or `server-kill`.
+    /// `kill`, `crash:POINT`, `fenced` (a node stopped past its lease; `at_ms` is
+    /// when it was stopped) or `server-kill`.
     pub cause: String,
     pub at_ms: f64,
     /// Recoveries that started after this death and before the next.
@@ -436,13 +443,15 @@ impl fmt::Display for ChaosReport {
         let a = &self.actions;
         writeln!(
             f,
-            "faults: {} kills, {} crashes armed ({} fired), {} pauses, {} restarts; {} memory-server \
-             kills, {} memory-server restarts, {} failovers ({} node reconnects); {} backup \
-             kills, {} backup restarts",
+            "faults: {} kills, {} crashes armed ({} fired), {} pauses, {} stalls ({} nodes \
+             fenced), {} restarts; {} memory-server kills, {} memory-server restarts, {} \
+             failovers ({} node reconnects); {} backup kills, {} backup restarts",
             a.kills,
             a.crashes_armed,
             a.crashes_fired,
             a.pauses,
+            a.stalls,
+            a.fenced,
             a.restarts,
             a.server_kills,
             a.server_restarts,

@@ -2,7 +2,7 @@
 //! processes (`namdb chaos-node`, hidden) running the bank and list-append workloads,
 //! carries out a seeded fault plan against the nodes (SIGKILL at random moments,
 //! restarts with a commit-step crash point armed, SIGSTOP pauses, and stalls past the
-//! lease, after which the node must be fenced) and the memory
+//! lease, for another node to fence) and the memory
 //! servers (kill and restart, or with `--replicas 2` failover to a backup), then stops them,
 //! waits for recovery and checks what every node recorded (`verify::chaos`).
 //!
@@ -60,6 +60,12 @@ const SERVER_LOST: i32 = 75;
 /// recovered its commits, so its sessions are gone for good; the harness starts it
 /// again (EX_PROTOCOL).
 const FENCED: i32 = 76;
+/// How long a stalled node has, once resumed, to find its sessions fenced and exit:
+/// its fence check runs every 100 ms, and a debug build on a loaded machine is slow.
+const STALL_SETTLE: Duration = Duration::from_millis(1500);
+/// A stall waits until every node committed this recently, so that the others run
+/// through it and have to fence it.
+const COMMITS_FLOWING: Duration = Duration::from_millis(500);
 /// How often a chaos node looks whether its memory servers still listen.
 const PROBE_EVERY: Duration = Duration::from_millis(20);
 /// How often it renews its sessions, which is how it learns that it was fenced.
@@ -627,8 +633,8 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     .map_err(anyhow::Error::msg)?;
     say!(
         "chaos: seed {seed}; {} nodes × {} sessions, {} {} memory servers, {} s; plan: {} kills, \
-         {} armed crashes, {} pauses, {} memory-server restarts, {} failovers, {} backup \
-         restarts; files in {}",
+         {} armed crashes, {} pauses, {} stalls, {} memory-server restarts, {} failovers, {} \
+         backup restarts; files in {}",
         args.nodes,
         args.sessions,
         match args.replicas {
@@ -640,6 +646,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         plan.count("kill"),
         plan.count("crash"),
         plan.count("pause"),
+        plan.count("stall"),
         plan.count("server_restart"),
         plan.count("server_failover"),
         plan.count("backup_restart"),
@@ -725,6 +732,8 @@ struct NodeProc {
     incarnation: u64,
     log: PathBuf,
     armed: Option<String>,
+    /// The armed point's chance per commit step.
+    probability: f64,
     /// How long, once ready, an armed node gets to reach its point.
     window: Duration,
     ready_at: Option<Instant>,
@@ -738,6 +747,11 @@ struct NodeProc {
     /// The other nodes (number, incarnation) ready when the stall began: one of them
     /// fences it, if one runs through the whole stall.
     stall_witnesses: Vec<(usize, u64)>,
+    /// When a stall of this incarnation ended: it then has [`STALL_SETTLE`] to find
+    /// its fence and exit.
+    resumed_at: Option<Instant>,
+    /// When the harness last read a commit of this incarnation.
+    last_commit: Option<Instant>,
     started: Instant,
     tail: Tail,
 }
@@ -823,6 +837,10 @@ struct Harness<'a> {
     /// Nodes that exited fenced: started again by `poll` unless an action started them
     /// first.
     fenced_out: Vec<bool>,
+    /// Per node: the crash point (with its probability and window) of an armed
+    /// incarnation that was fenced or lost its server before the point fired. Its
+    /// next process is armed again, or the point would go uncovered.
+    rearm: Vec<Option<(String, f64, Duration)>>,
     server_restarts: Vec<ServerRestart>,
     repairs: Vec<Repair>,
     nodes: Vec<Option<NodeProc>>,
@@ -903,6 +921,7 @@ impl<'a> Harness<'a> {
             last_server_kill: None,
             lost: vec![false; args.nodes as usize],
             fenced_out: vec![false; args.nodes as usize],
+            rearm: vec![None; args.nodes as usize],
             server_restarts: Vec::new(),
             repairs: Vec::new(),
             nodes: (0..args.nodes).map(|_| None).collect(),
@@ -1032,9 +1051,15 @@ impl<'a> Harness<'a> {
 
         self.execute(plan);
         crate::cluster_cmd::check_interrupted()?;
+        // A stall near the end gets its time to be found fenced, as one mid-run does.
+        while (0..self.nodes.len()).any(|n| self.stall_unsettled(n).is_some()) {
+            crate::cluster_cmd::check_interrupted()?;
+            self.poll();
+            std::thread::sleep(Duration::from_millis(5));
+        }
         for n in 0..self.nodes.len() {
             if let Some(p) = &self.nodes[n] {
-                self.never_fenced(n, p.incarnation, p.stalled_at_ms);
+                self.ran_on(n, p.incarnation, p.stalled_at_ms);
             }
         }
         self.resume_backups();
@@ -1490,6 +1515,7 @@ impl<'a> Harness<'a> {
     /// window).
     fn start_node(&mut self, n: usize, armed: Option<(&str, f64, Duration)>) -> Result<()> {
         self.fenced_out[n] = false;
+        self.rearm[n] = None;
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         let events = self.dir.join(format!("node{n}-{incarnation}.events.jsonl"));
@@ -1533,6 +1559,7 @@ impl<'a> Harness<'a> {
             incarnation,
             log,
             armed: armed.map(|(p, _, _)| p.to_string()),
+            probability: armed.map_or(0.0, |(_, p, _)| p),
             window: armed.map_or(Duration::ZERO, |(_, _, w)| w),
             ready_at: None,
             chances: 0,
@@ -1540,6 +1567,8 @@ impl<'a> Harness<'a> {
             stopped_ever: false,
             stalled_at_ms: None,
             stall_witnesses: Vec::new(),
+            resumed_at: None,
+            last_commit: None,
             started: Instant::now(),
             tail: Tail::new(events),
         });
@@ -1551,16 +1580,18 @@ impl<'a> Harness<'a> {
     fn poll(&mut self) {
         if self.servers_down.iter().all(|d| !d) {
             for n in 0..self.nodes.len() {
+                let rearm = self.rearm[n].clone();
+                let armed = rearm.as_ref().map(|(p, pr, w)| (p.as_str(), *pr, *w));
                 if self.fenced_out[n]
                     && self.nodes[n].is_none()
-                    && let Err(e) = self.start_node(n, None)
+                    && let Err(e) = self.start_node(n, armed)
                 {
                     self.problems
                         .push(format!("cannot start fenced compute node {n} again: {e:#}"));
                 }
                 if self.lost[n] && self.nodes[n].is_none() {
                     self.lost[n] = false;
-                    match self.start_node(n, None) {
+                    match self.start_node(n, armed) {
                         Ok(()) => self.counts.reconnects += 1,
                         Err(e) => self
                             .problems
@@ -1577,6 +1608,9 @@ impl<'a> Harness<'a> {
             if p.paused_until.is_some_and(|t| Instant::now() >= t) {
                 signal(&p.child, rustix::process::Signal::CONT);
                 p.paused_until = None;
+                if p.stalled_at_ms.is_some() {
+                    p.resumed_at = Some(Instant::now());
+                }
                 // Nobody had to fence a stall that no other node ran through (each
                 // died or restarted meanwhile): it is a pause that ran long.
                 let running = self.ready_nodes(None);
@@ -1592,7 +1626,12 @@ impl<'a> Harness<'a> {
                 }
             }
             match p.child.try_wait() {
-                Ok(None) => self.nodes[n] = Some(p),
+                Ok(None) => {
+                    if p.resumed_at.is_some_and(|at| at.elapsed() >= STALL_SETTLE) {
+                        self.ran_on(n, p.incarnation, p.stalled_at_ms.take());
+                    }
+                    self.nodes[n] = Some(p);
+                }
                 Ok(Some(status)) => self.exited(n, p, status),
                 Err(e) => {
                     self.problems
@@ -1610,6 +1649,7 @@ impl<'a> Harness<'a> {
                 NodeEvent::Done { txn } | NodeEvent::Pending { txn } => {
                     if txn.status == Status::Committed {
                         self.committed += 1;
+                        p.last_commit = Some(Instant::now());
                     }
                     if p.armed
                         .as_deref()
@@ -1644,10 +1684,15 @@ impl<'a> Harness<'a> {
         let aborted = status.signal() == Some(rustix::process::Signal::ABORT.as_raw());
         // Lost a memory server the harness killed since the node started: expected,
         // and not a death of its own (the server's death is the one counted).
+        let unfired = p
+            .armed
+            .clone()
+            .map(|point| (point, p.probability, p.window));
         if status.code() == Some(SERVER_LOST)
             && self.last_server_kill.is_some_and(|k| k >= p.started)
         {
             self.lost[n] = true;
+            self.rearm[n] = unfired;
             return;
         }
         // Fenced by another node: a death (at the stall, for a stalled node), after
@@ -1669,6 +1714,9 @@ impl<'a> Harness<'a> {
                 ));
             }
             self.counts.fenced += 1;
+            if p.stalled_at_ms.is_some() {
+                self.counts.stalls_fenced += 1;
+            }
             self.deaths.push(Death {
                 node: n,
                 incarnation: p.incarnation,
@@ -1680,6 +1728,14 @@ impl<'a> Harness<'a> {
             // Not here: `exited` runs inside actions too (a kill finding the node
             // exited), which may start the node themselves.
             self.fenced_out[n] = true;
+            if let Some((point, _, _)) = &unfired {
+                self.notes.push(format!(
+                    "compute node {n} (incarnation {}) was fenced before {point} fired: its \
+                     next process is armed again",
+                    p.incarnation
+                ));
+            }
+            self.rearm[n] = unfired;
             return;
         }
         let cause = match &p.armed {
@@ -1724,14 +1780,33 @@ impl<'a> Harness<'a> {
             .collect()
     }
 
-    /// A problem if incarnation `incarnation` of node `n` was stalled (at
-    /// `stalled_at_ms`) and is still running: stopped past its lease, it must have been
-    /// fenced and exited by the end of its episode.
-    fn never_fenced(&mut self, n: usize, incarnation: u64, stalled_at_ms: Option<f64>) {
+    /// Why node `n`'s stall is not over yet, if it is not: it is still stopped, or
+    /// resumed less than [`STALL_SETTLE`] ago and may not have read its fence yet.
+    fn stall_unsettled(&self, n: usize) -> Option<String> {
+        let p = self.nodes[n].as_ref()?;
+        p.stalled_at_ms?;
+        match p.resumed_at {
+            None => Some(format!("compute node {n} is stalled")),
+            Some(at) if at.elapsed() < STALL_SETTLE => Some(format!(
+                "compute node {n} was stalled past its lease and may not have found its fence yet"
+            )),
+            Some(_) => None,
+        }
+    }
+
+    /// A note if incarnation `incarnation` of node `n` was stalled (at
+    /// `stalled_at_ms`) and still runs once its stall settled: no other node fenced it.
+    /// Not a problem: another node fences a holder only once it needs the holder's
+    /// timestamps or locks, a lease after it saw the need, which a cluster slowed by an
+    /// outage may not reach within the stall; the stalled node then renews and goes on,
+    /// as it may. That stalls are fenced at all is what the tests check
+    /// ([`ActionCounts::stalls_fenced`]).
+    fn ran_on(&mut self, n: usize, incarnation: u64, stalled_at_ms: Option<f64>) {
         if let Some(at_ms) = stalled_at_ms {
-            self.problems.push(format!(
+            self.notes.push(format!(
                 "compute node {n} (incarnation {incarnation}) was stopped past its lease at \
-                 {:.1} s and was never fenced",
+                 {:.1} s and ran on: no other node had fenced it {STALL_SETTLE:?} after it \
+                 resumed",
                 at_ms / 1000.0
             ));
         }
@@ -1750,7 +1825,7 @@ impl<'a> Harness<'a> {
             self.exited(n, p, status);
             return None;
         }
-        self.never_fenced(n, p.incarnation, p.stalled_at_ms);
+        self.ran_on(n, p.incarnation, p.stalled_at_ms);
         self.counts.kills += 1;
         self.deaths.push(Death {
             node: n,
@@ -1815,8 +1890,8 @@ impl<'a> Harness<'a> {
 
     /// Why `action` should wait, if it should, where carrying it out after giving up
     /// on the wait is still sound: the episode only hits less running work (a node
-    /// still starting), or an armed node is disarmed, which is what giving up on its
-    /// point means.
+    /// still starting), an armed node is disarmed, which is what giving up on its
+    /// point means, or a stall's verdict is taken from what the harness saw so far.
     fn waits_for(&self, action: &Action) -> Option<String> {
         let n = action.node();
         match action {
@@ -1826,15 +1901,44 @@ impl<'a> Harness<'a> {
             | Action::FailoverMemoryServer { .. }
             | Action::KillBackup { .. }
             | Action::Stall { .. } => {
-                return self
+                let not_ready = self
                     .nodes
                     .iter()
                     .enumerate()
                     .find(|(_, p)| p.as_ref().is_none_or(|p| p.ready_at.is_none()))
                     .map(|(n, _)| format!("compute node {n} is not ready"));
+                if not_ready.is_some() || !matches!(action, Action::Stall { .. }) {
+                    return not_ready;
+                }
+                // A stall is meant to be fenced by another node: only while every node
+                // commits (not through a backup outage; the stalled node holds
+                // timestamps the others need), and one stall at a time.
+                return (0..self.nodes.len()).find_map(|other| {
+                    self.stall_unsettled(other).or_else(|| {
+                        let p = self.nodes[other].as_ref()?;
+                        p.last_commit
+                            .is_none_or(|at| at.elapsed() > COMMITS_FLOWING)
+                            .then(|| {
+                                format!(
+                                    "compute node {other} has not committed in the last \
+                                     {COMMITS_FLOWING:?}"
+                                )
+                            })
+                    })
+                });
             }
             Action::RestartMemoryServer { .. } | Action::RestartBackup { .. } => return None,
             _ => {}
+        }
+        if let Some(reason) = self.stall_unsettled(n) {
+            return Some(reason);
+        }
+        // Started again by `poll` on its next turn: an action before that (the plan's
+        // restart, finding no process) would start it unarmed.
+        if let Some((point, _, _)) = &self.rearm[n] {
+            return Some(format!(
+                "compute node {n} is to start again armed at {point}"
+            ));
         }
         let p = self.nodes[n].as_ref()?;
         match action {
@@ -2133,7 +2237,7 @@ impl<'a> Harness<'a> {
             .count();
         say!(
             "  {:>6.1} s  {:>9} committed ({:>6.0}/s)  nodes up {up}/{}  kills {}  crashes \
-             {}/{} fired  pauses {}  stalls {} (fenced {})  server restarts {}  failovers {}  \
+             {}/{} fired  pauses {}  stalls {} ({} fenced)  nodes fenced {}  server restarts {}  failovers {}  \
              recoveries {}",
             self.ms(Instant::now()) / 1000.0,
             self.committed,
@@ -2144,6 +2248,7 @@ impl<'a> Harness<'a> {
             self.counts.crashes_armed,
             self.counts.pauses,
             self.counts.stalls,
+            self.counts.stalls_fenced,
             self.counts.fenced,
             self.counts.server_restarts,
             self.counts.server_failovers,

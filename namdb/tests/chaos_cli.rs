@@ -31,13 +31,13 @@ fn text(o: &Output) -> String {
 fn a_small_run_kills_crashes_at_every_step_pauses_stalls_fails_the_server_over_and_passes() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("chaos.json");
-    // 36 s is what the plan needs to arm all six crash points, stall a node past its
-    // lease, restart the memory server's backup and fail the server over with a 250 ms
-    // lease.
+    // 37 s is what the plan needs to arm all seven crash points, stall a node past its
+    // lease twice, restart the memory server's backup and fail the server over with a
+    // 250 ms lease: two stalls, since one may run on unfenced on a loaded machine.
     let o = namdb(&[
         "chaos",
         "--duration",
-        "36",
+        "37",
         "--nodes",
         "2",
         "--servers",
@@ -64,6 +64,10 @@ fn a_small_run_kills_crashes_at_every_step_pauses_stalls_fails_the_server_over_a
     // A node stopped past its lease was fenced by the other (at the memory servers,
     // then its slot), found that once resumed, and was started again.
     assert!(actions["stalls"].as_u64().unwrap() >= 1, "{actions}");
+    assert!(
+        actions["stalls_fenced"].as_u64().unwrap() >= 1,
+        "{actions}\n{out}"
+    );
     assert!(actions["fenced"].as_u64().unwrap() >= 1, "{actions}");
     assert!(actions["restarts"].as_u64().unwrap() >= 1, "{actions}");
     let points = report["crash_points"].as_object().unwrap();

@@ -15,12 +15,13 @@
 //!   it first if the point never fired.
 //! - **pause**: `Pause` (SIGSTOP, then SIGCONT `for` later), always shorter than half the
 //!   lease timeout, so that a pause stays a pause.
-//! - **stall** (two or more nodes): `Stall`, a pause of 2.5–3.5 lease timeouts. Another
+//! - **stall** (two or more nodes): `Stall`, a pause of 4–5 lease timeouts. Another
 //!   node finds the stopped node's lease lapsed and fences it: at the memory servers
 //!   first (they end its sessions and destroy its queue pairs, so nothing it posts once
 //!   resumed lands), then its oracle slot, then it recovers its commits. Resumed, the
 //!   node finds its sessions fenced and exits; the harness starts it again. A stalled
-//!   node that is never fenced, and a node fenced that was never stopped, are problems.
+//!   node may also run on when no other node needed its timestamps or locks in time
+//!   (a note: fencing is the others' doing, not the stall's).
 //!
 //! - **server restart**: `KillMemoryServer` (SIGKILL of a durable memory server at a
 //!   random moment), then `RestartMemoryServer` on the same data directory and port
@@ -247,10 +248,12 @@ impl Timing {
             .max(Duration::from_millis(1))
     }
 
-    /// Past the lease, with room for the fencer: it fences once the heartbeat stood
-    /// still for a lease of its own clock, and it looks at the next tick after that.
+    /// Past the lease, with room for the fencer: it fences once it needs the stalled
+    /// holder's timestamps and the heartbeat then stood still for a lease of its own
+    /// clock. 2.5–3.5 leases left a stall unfenced in 3 of 6 runs of the CI seed on a
+    /// loaded machine.
     fn stall(&self, rng: &mut StdRng) -> Duration {
-        self.lease.mul_f64(rng.random_range(2.5..3.5))
+        self.lease.mul_f64(rng.random_range(4.0..5.0))
     }
 
     /// After a stall: the node finds itself fenced and exits, and its new process
@@ -269,7 +272,7 @@ impl Timing {
         let episode = match kind {
             Kind::Kill => self.longest_restart_delay(),
             Kind::Pause => self.lease / 2,
-            Kind::Stall => self.lease.mul_f64(3.5) + self.stall_rejoin(),
+            Kind::Stall => self.lease * 5 + self.stall_rejoin(),
             Kind::Crash => self.longest_restart_delay() * 2 + self.crash_window(),
             Kind::Server(_) => self.lease * 2 + self.server_rejoin(),
             Kind::Backup(_) => self.lease * 2 + self.backup_rejoin(),
@@ -615,7 +618,7 @@ mod tests {
                 Action::Stall { for_ms, .. } => {
                     assert!(down.iter().all(|d| !d), "one episode at a time");
                     assert!(config.nodes >= 2, "another node fences a stall");
-                    assert!((625..=875).contains(for_ms), "2.5 to 3.5 leases: {for_ms}");
+                    assert!((1000..=1250).contains(for_ms), "4 to 5 leases: {for_ms}");
                 }
             }
         }

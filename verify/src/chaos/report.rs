@@ -49,7 +49,12 @@ pub struct ActionCounts {
     /// Pauses past the lease (stalls).
     #[serde(default)]
     pub stalls: u64,
-    /// Nodes that found themselves fenced once resumed, exited and were started again.
+    /// Stalled nodes that found themselves fenced once resumed, exited and were
+    /// started again.
+    #[serde(default)]
+    pub stalls_fenced: u64,
+    /// Nodes that found themselves fenced (after a stall or not), exited and were
+    /// started again.
     #[serde(default)]
     pub fenced: u64,
     /// SIGKILLs of memory servers.
@@ -443,14 +448,15 @@ impl fmt::Display for ChaosReport {
         let a = &self.actions;
         writeln!(
             f,
-            "faults: {} kills, {} crashes armed ({} fired), {} pauses, {} stalls ({} nodes \
-             fenced), {} restarts; {} memory-server kills, {} memory-server restarts, {} \
+            "faults: {} kills, {} crashes armed ({} fired), {} pauses, {} stalls ({} fenced), {} \
+             nodes fenced, {} restarts; {} memory-server kills, {} memory-server restarts, {} \
              failovers ({} node reconnects); {} backup kills, {} backup restarts",
             a.kills,
             a.crashes_armed,
             a.crashes_fired,
             a.pauses,
             a.stalls,
+            a.stalls_fenced,
             a.fenced,
             a.restarts,
             a.server_kills,

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{cluster, database, num, val};
+use common::{cluster, database, num, val, with_accounts};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -343,30 +343,13 @@ fn a_fenced_commit_learns_its_outcome_once_recovery_decided_it() {
 #[test]
 fn a_stalled_recovery_that_was_taken_over_leaves_a_later_holders_locks_alone() {
     // Two slots: the fencer's, and the one the starved holder, then the new one, holds.
-    let (db, t) = database(2);
-    let mut c = db.client().unwrap();
-    c.run(0, |x| {
-        for k in 0..8 {
-            x.insert(&t, k, val(100))?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    drop(c);
+    let (db, t) = with_accounts(2);
     let fencer = fencer(&db, &t);
-    let mut starved = db.client().unwrap();
-    let hold = txn::crash::starve_at_with_recovery_held_past_its_check_on_this_thread(
+    let (starved, hold, dead) = starved_write_of_key_1(
         &db,
-        "after-lock",
-        Duration::from_secs(30),
-    )
-    .unwrap();
-    let mut x = starved.begin().unwrap();
-    x.put(&t, 1, val(90)).unwrap();
-    let dead = match x.commit() {
-        Err(txn::TxnError::Fenced { cid }) => cid,
-        other => panic!("not fenced: {other:?}"),
-    };
+        &t,
+        txn::crash::starve_at_with_recovery_held_past_its_check_on_this_thread,
+    );
     assert!(hold.is_holding());
     // The new holder of the slot: it waits for the stalled recovery, takes it over
     // after TAKEOVER, and adopts the slot once that recovery finished.
@@ -403,16 +386,7 @@ fn a_stalled_recovery_that_was_taken_over_leaves_a_later_holders_locks_alone() {
 #[test]
 fn a_claimer_fenced_before_it_adopted_leaves_the_next_holders_locks_alone() {
     // Two slots: the fencer's, and the one the stopped claimer, then the new one, holds.
-    let (db, t) = database(2);
-    let mut c = db.client().unwrap();
-    c.run(0, |x| {
-        for k in 0..8 {
-            x.insert(&t, k, val(100))?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    drop(c);
+    let (db, t) = with_accounts(2);
     let fencer = fencer(&db, &t);
     let hold = txn::crash::hold_next_slot_adoption(&db);
     let stopped = {
@@ -454,32 +428,15 @@ fn a_claimer_fenced_before_it_adopted_leaves_the_next_holders_locks_alone() {
 #[test]
 fn a_claimer_waiting_for_a_stalled_recovery_keeps_its_own_lease() {
     // Three slots: two fencers, and the one the starved holder, then the claimer, holds.
-    let (db, t) = database(3);
-    let mut c = db.client().unwrap();
-    c.run(0, |x| {
-        for k in 0..8 {
-            x.insert(&t, k, val(100))?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    drop(c);
+    let (db, t) = with_accounts(3);
     // One fencer's tick recovers the starved holder and is held there; the other
     // keeps ticking, and fences whoever stops renewing.
     let (first, second) = (fencer(&db, &t), fencer(&db, &t));
-    let mut starved = db.client().unwrap();
-    let hold = txn::crash::starve_at_with_recovery_held_on_this_thread(
+    let (starved, hold, dead) = starved_write_of_key_1(
         &db,
-        "after-lock",
-        Duration::from_secs(30),
-    )
-    .unwrap();
-    let mut x = starved.begin().unwrap();
-    x.put(&t, 1, val(90)).unwrap();
-    let dead = match x.commit() {
-        Err(txn::TxnError::Fenced { cid }) => cid,
-        other => panic!("not fenced: {other:?}"),
-    };
+        &t,
+        txn::crash::starve_at_with_recovery_held_on_this_thread,
+    );
     assert!(hold.is_holding());
     let waited = Instant::now();
     let mut claimer = db.client().unwrap();
@@ -509,6 +466,29 @@ fn a_claimer_waiting_for_a_stalled_recovery_keeps_its_own_lease() {
     drop(x);
     assert!(db.locked_records().unwrap().is_empty());
     drop(starved);
+}
+
+/// How a test starves this thread's next commit at a crash point with its recovery
+/// held (one of `txn::crash::starve_at_with_recovery_held_*`).
+type StarveWithRecoveryHeld =
+    fn(&Database, &'static str, Duration) -> Result<txn::RecoveryHold, String>;
+
+/// A new client's commit writing key 1 of `t`, starved by `starve` after its lock until
+/// fenced: the client, the held recovery and the commit's CID.
+fn starved_write_of_key_1(
+    db: &Database,
+    t: &Arc<Table>,
+    starve: StarveWithRecoveryHeld,
+) -> (txn::Client, txn::RecoveryHold, u64) {
+    let mut client = db.client().unwrap();
+    let hold = starve(db, "after-lock", Duration::from_secs(30)).unwrap();
+    let mut x = client.begin().unwrap();
+    x.put(t, 1, val(90)).unwrap();
+    let dead = match x.commit() {
+        Err(txn::TxnError::Fenced { cid }) => cid,
+        other => panic!("not fenced: {other:?}"),
+    };
+    (client, hold, dead)
 }
 
 /// Commits to key 5 of `t` and ticks until stopped (see [`txn::crash::Fencer`]).

@@ -20,7 +20,12 @@ pub fn num(v: Option<Vec<u8>>) -> i64 {
 
 /// [`database`] with 16 slots and accounts 0..8 at 100.
 pub fn cluster() -> (Database, Arc<Table>) {
-    let (db, t) = database(16);
+    with_accounts(16)
+}
+
+/// [`database`] with `slots` slots and accounts 0..8 at 100.
+pub fn with_accounts(slots: u32) -> (Database, Arc<Table>) {
+    let (db, t) = database(slots);
     let mut c = db.client().unwrap();
     c.run(0, |x| {
         for k in 0..8 {

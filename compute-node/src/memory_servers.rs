@@ -118,6 +118,7 @@ impl Persistence for ServerPersistence {
             }
             memory_server::PersistStatus::Done => PersistStatus::Done,
             memory_server::PersistStatus::Failed(why) => PersistStatus::Failed(why),
+            memory_server::PersistStatus::Later(why) => PersistStatus::Later(why),
         };
         tickets.remove(&ticket);
         status

@@ -96,6 +96,24 @@ impl ClientError {
             _ => false,
         }
     }
+
+    /// Whether a Persist was refused only until the primary attaches to its backup
+    /// again (it does so by itself, every second): the same Persist, made again, may
+    /// then be acknowledged.
+    pub fn persist_later(&self) -> bool {
+        match self {
+            ClientError::Rpc { status, .. } => persist_later(status),
+            _ => false,
+        }
+    }
+}
+
+/// Whether `status` refused a Persist only for now ([`ClientError::persist_later`]).
+pub(crate) fn persist_later(status: &Status) -> bool {
+    status.code() == Code::Unavailable
+        && status
+            .metadata()
+            .contains_key(crate::replica::PERSIST_LATER_METADATA)
 }
 
 /// A status's message and, after it, what caused it where the message does not say

@@ -7,7 +7,7 @@
 //! server's group commit lets one fsync answer all that arrive together.
 
 use crate::blocking;
-use crate::client::{Client, PersistRange, persist_request};
+use crate::client::{Client, PersistRange, persist_later, persist_request};
 use crate::proto::memory_server_client::MemoryServerClient;
 use crate::session::SESSION_METADATA;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -26,11 +26,16 @@ pub enum PersistStatus {
     Done,
     /// Refused or failed (why); it may or may not have taken effect.
     Failed(String),
+    /// Refused (why) only until the replicated primary has attached to its backup
+    /// again, which it does by itself: the same Persist, submitted again, may be
+    /// acknowledged then ([`crate::ClientError::persist_later`]).
+    Later(String),
 }
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
 const FAILED: u8 = 2;
+const LATER: u8 = 3;
 
 /// One submitted Persist. Cloning it gives another handle on the same request.
 #[derive(Clone, Debug)]
@@ -39,7 +44,7 @@ pub struct Ticket(Arc<TicketState>);
 #[derive(Debug, Default)]
 struct TicketState {
     state: AtomicU8,
-    /// Written once, before `state` turns FAILED.
+    /// Written once, before `state` turns FAILED or LATER.
     error: OnceLock<String>,
     /// For [`Persister::wait`] only; `poll` never takes it.
     lock: Mutex<()>,
@@ -48,14 +53,19 @@ struct TicketState {
 
 impl TicketState {
     fn finish(&self, result: Result<(), String>) {
+        self.finish_as(result.map_err(|why| (why, FAILED)));
+    }
+
+    /// Finishes done, or with the error and its state (FAILED or LATER).
+    fn finish_as(&self, result: Result<(), (String, u8)>) {
         if self.state.load(Ordering::Acquire) != PENDING {
             return;
         }
         let state = match result {
             Ok(()) => DONE,
-            Err(why) => {
+            Err((why, state)) => {
                 let _ = self.error.set(why);
-                FAILED
+                state
             }
         };
         if self
@@ -73,6 +83,7 @@ impl TicketState {
         match self.state.load(Ordering::Acquire) {
             PENDING => PersistStatus::Pending,
             DONE => PersistStatus::Done,
+            LATER => PersistStatus::Later(self.error.get().cloned().unwrap_or_default()),
             _ => PersistStatus::Failed(self.error.get().cloned().unwrap_or_default()),
         }
     }
@@ -139,12 +150,11 @@ impl Persister {
         self.runtime.spawn(async move {
             // Never closed, so the permit always comes.
             let _permit = in_flight.acquire_owned().await;
-            let result = rpc
-                .persist(req)
-                .await
-                .map(|_| ())
-                .map_err(|s| format!("Persist failed: {} ({:?})", s.message(), s.code()));
-            finish.0.finish(result);
+            let result = rpc.persist(req).await.map(|_| ()).map_err(|s| {
+                let why = format!("Persist failed: {} ({:?})", s.message(), s.code());
+                (why, if persist_later(&s) { LATER } else { FAILED })
+            });
+            finish.0.finish_as(result);
         });
         Ticket(state)
     }
@@ -170,7 +180,7 @@ impl Persister {
         }
         drop(guard);
         match t.status() {
-            PersistStatus::Failed(why) => Err(why),
+            PersistStatus::Failed(why) | PersistStatus::Later(why) => Err(why),
             _ => Ok(()),
         }
     }

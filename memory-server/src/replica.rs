@@ -83,7 +83,17 @@ pub(crate) const MAX_APPLY_BYTES: usize = 128 << 20;
 struct Shipment {
     entries: Vec<u8>,
     count: u32,
-    reply: oneshot::Sender<Result<(), String>>,
+    reply: oneshot::Sender<Result<(), Refusal>>,
+}
+
+/// Why a Persist was not acknowledged by the stream.
+#[derive(Clone, Debug)]
+pub(crate) struct Refusal {
+    pub why: String,
+    /// Only until this primary has attached to its backup again (which copies its
+    /// whole state there): the same Persist, made again then, is acknowledged. Not so
+    /// for a fenced primary, which never attaches again.
+    pub for_now: bool,
 }
 
 /// A primary's stream to its backup.
@@ -129,6 +139,10 @@ enum Failure {
 /// lease in milliseconds, how long a dead primary's session may outlive it.
 pub(crate) const SESSION_LEASE_METADATA: &str = "namdb-session-lease-ms";
 
+/// The metadata entry of a Persist refused only until the primary has attached to its
+/// backup again ([`Refusal::for_now`]): the same Persist, made again, may succeed.
+pub(crate) const PERSIST_LATER_METADATA: &str = "namdb-persist-later";
+
 impl Failure {
     fn from_status(addr: &str, what: &str, s: &Status) -> Failure {
         let why = unavailable(
@@ -150,6 +164,14 @@ impl Failure {
     fn why(&self) -> &str {
         match self {
             Failure::Fenced(why) | Failure::Lost(why) | Failure::Busy(why, _) => why,
+        }
+    }
+
+    /// What a Persist refused because of it gets.
+    fn refusal(&self) -> Refusal {
+        Refusal {
+            why: self.persist_error(),
+            for_now: !matches!(self, Failure::Fenced(_)),
         }
     }
 
@@ -554,9 +576,12 @@ async fn acking<T>(
                     return Err(Failure::Lost("the server is stopping".into()));
                 };
                 if backlog.bytes + s.entries.len() > MAX_BACKLOG {
-                    let _ = s.reply.send(Err("the backup's state transfer fell too far \
-                        behind this primary's Persists; it starts again"
-                        .into()));
+                    let _ = s.reply.send(Err(Refusal {
+                        why: "the backup's state transfer fell too far behind this \
+                              primary's Persists; it starts again"
+                            .into(),
+                        for_now: true,
+                    }));
                     return Err(Failure::Lost(format!(
                         "more than {} MiB of Persists queued during the state transfer",
                         MAX_BACKLOG >> 20
@@ -699,7 +724,7 @@ impl Replicator {
         &self,
         entries: Vec<u8>,
         count: u32,
-    ) -> Result<oneshot::Receiver<Result<(), String>>, PersistError> {
+    ) -> Result<oneshot::Receiver<Result<(), Refusal>>, PersistError> {
         let (reply, wait) = oneshot::channel();
         self.tx
             .send(Shipment {
@@ -752,7 +777,7 @@ async fn next_batch(rx: &mut mpsc::UnboundedReceiver<Shipment>) -> Option<Vec<Sh
     Some(batch)
 }
 
-fn answer(batch: Vec<Shipment>, result: &Result<(), String>) {
+fn answer(batch: Vec<Shipment>, result: &Result<(), Refusal>) {
     for s in batch {
         let _ = s.reply.send(result.clone());
     }
@@ -777,9 +802,9 @@ async fn ship(link: Link, stream: Stream, mut rx: mpsc::UnboundedReceiver<Shipme
                 match s.apply(&link.addr, entries, count, false).await {
                     Ok(()) => answer(batch, &Ok(())),
                     Err(failure) => {
-                        let why = failure.persist_error();
-                        tracing::error!("{why}");
-                        answer(batch, &Err(why));
+                        let refusal = failure.refusal();
+                        tracing::error!("{}", refusal.why);
+                        answer(batch, &Err(refusal));
                         stream = Err(failure);
                         next_try = tokio::time::Instant::now() + RETRY_EVERY;
                     }
@@ -789,10 +814,10 @@ async fn ship(link: Link, stream: Stream, mut rx: mpsc::UnboundedReceiver<Shipme
                 let Some(batch) = next_batch(&mut rx).await else {
                     break;
                 };
-                answer(batch, &Err(failure.persist_error()));
+                answer(batch, &Err(failure.refusal()));
             }
             Err(lost @ (Failure::Lost(_) | Failure::Busy(..))) => {
-                let (refusal, last) = (lost.persist_error(), lost.why().to_string());
+                let (refusal, last) = (lost.refusal(), lost.why().to_string());
                 let queued = tokio::select! {
                     got = next_batch(&mut rx) => Some(got),
                     () = tokio::time::sleep_until(next_try) => None,

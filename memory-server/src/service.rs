@@ -553,7 +553,7 @@ impl ControlRpc for ControlService {
             shipped
                 .await
                 .map_err(|_| Status::unavailable("the replication stream stopped"))?
-                .map_err(Status::unavailable)?;
+                .map_err(refused_persist)?;
         }
         let journaled_bytes = match journal {
             None => total,
@@ -645,6 +645,19 @@ impl ControlService {
             )
         })
     }
+}
+
+/// A Persist the replication stream refused: UNAVAILABLE, marked when a later one
+/// may be acknowledged ([`crate::replica::PERSIST_LATER_METADATA`]).
+fn refused_persist(refusal: crate::replica::Refusal) -> Status {
+    let mut status = Status::unavailable(refusal.why);
+    if refusal.for_now {
+        status.metadata_mut().insert(
+            crate::replica::PERSIST_LATER_METADATA,
+            tonic::metadata::AsciiMetadataValue::from_static("1"),
+        );
+    }
+    status
 }
 
 fn persist_status(e: &PersistError) -> Status {

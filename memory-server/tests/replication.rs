@@ -65,6 +65,17 @@ async fn refused(node: &Node, range: PersistRange) -> (Option<Code>, String) {
     code_and_message(&node.client.persist(&[range]).await.err().unwrap())
 }
 
+/// Whether a Persist of `range`, which must fail, was refused only until the primary
+/// attaches to its backup again.
+async fn refused_for_now(node: &Node, range: PersistRange) -> bool {
+    node.client
+        .persist(&[range])
+        .await
+        .err()
+        .unwrap()
+        .persist_later()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() {
     let (primary, pnet, backup, bnet) = pair().await;
@@ -104,7 +115,7 @@ async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() 
             match persister.poll(t) {
                 PersistStatus::Pending => tokio::time::sleep(Duration::from_millis(1)).await,
                 PersistStatus::Done => break,
-                PersistStatus::Failed(why) => panic!("{why}"),
+                PersistStatus::Failed(why) | PersistStatus::Later(why) => panic!("{why}"),
             }
         }
     }
@@ -157,6 +168,10 @@ async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() 
     let (code, msg) = refused(&node, PersistRange::new(rkey, 64, 4)).await;
     assert_eq!(code, Some(Code::Unavailable), "{msg}");
     assert!(msg.contains("acknowledges no Persist any more"), "{msg}");
+    assert!(
+        !refused_for_now(&node, PersistRange::new(rkey, 64, 4)).await,
+        "a fenced primary's refusal is for good"
+    );
     // Nor can another primary attach.
     let err = start(
         64 << 10,
@@ -204,9 +219,11 @@ async fn a_dead_backup_fails_persists_with_a_clear_error() {
     let (code, msg) = refused(&node, PersistRange::new(rkey, 0, 8)).await;
     assert_eq!(code, Some(Code::Unavailable), "{msg}");
     assert!(msg.contains(&format!("backup at {addr}")), "{msg}");
-    // And it stays failed: the backup may or may not hold the failed batch.
+    // And it stays failed: the backup may or may not hold the failed batch. Until the
+    // primary has attached to a backup again, which a compute node may wait for.
     let (code, _) = refused(&node, PersistRange::new(rkey, 8, 8)).await;
     assert_eq!(code, Some(Code::Unavailable));
+    assert!(refused_for_now(&node, PersistRange::new(rkey, 8, 8)).await);
     // A primary whose backup cannot be reached does not start at all.
     let err = start(
         64 << 10,
@@ -253,6 +270,17 @@ async fn a_backup_started_again_is_attached_again_and_persists_resume() {
     let (code, msg) = refused(&node, PersistRange::new(rkey, 100, 10)).await;
     assert_eq!(code, Some(Code::Unavailable), "{msg}");
     assert!(msg.contains("attaches to it again by itself"), "{msg}");
+    // What a compute node's persister sees: the same Persist may succeed later.
+    let persister = Persister::with_runtime(&node.client, tokio::runtime::Handle::current());
+    let ticket = persister.submit(vec![PersistRange::new(rkey, 100, 10)]);
+    let why = loop {
+        match persister.poll(&ticket) {
+            PersistStatus::Pending => tokio::time::sleep(Duration::from_millis(1)).await,
+            PersistStatus::Later(why) => break why,
+            other => panic!("not refused for now: {other:?}"),
+        }
+    };
+    assert!(why.contains("attaches to it again by itself"), "{why}");
 
     // A new backup process at the same address: empty, and not promotable until the
     // primary has copied its state there.

@@ -1698,7 +1698,8 @@ impl<'a> Harness<'a> {
         // Fenced by another node: a death (at the stall, for a stalled node), after
         // which a new process opens the database. Fencing is per process, so a node is
         // also fenced when one of its workers stops committing on purpose (a commit
-        // left half installed by a failed Persist, for recovery to finish once that
+        // left half installed by a failed Persist, such as one refused past the persist
+        // patience during a backup's outage, for recovery to finish once that
         // worker's lease lapsed): noted, not a problem.
         if status.code() == Some(FENCED) {
             if p.stalled_at_ms.is_none() {

@@ -25,11 +25,12 @@
 use crate::error::{Result, TxnError};
 use crate::runtime::yield_now;
 use fabric::RemoteAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Fruitless checks of a pending persist after which its thread sleeps.
 const IDLE_TURNS_BEFORE_SLEEP: u32 = 4;
-const IDLE_SLEEP: std::time::Duration = std::time::Duration::from_micros(50);
+const IDLE_SLEEP: Duration = Duration::from_micros(50);
 
 /// A byte range of a memory server's region to make durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +66,10 @@ pub enum PersistStatus {
     Pending,
     Done,
     Failed(String),
+    /// Refused (why) only for now: a replicated primary whose backup is away
+    /// acknowledges nothing until it has attached to it again, and then acknowledges
+    /// the same persist made again.
+    Later(String),
 }
 
 /// A durable memory server's persist service. Calls come from the commit path's
@@ -95,19 +100,52 @@ impl PersistPlan {
     }
 }
 
+/// How long after a refusal for now ([`PersistStatus::Later`]) a persist is made again.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// The least time between two warnings that persists wait for a backup.
+const WARN_EVERY: Duration = Duration::from_secs(5);
+
+/// One server's share of a persist under way.
+struct Share {
+    server: usize,
+    ranges: Vec<PersistRange>,
+    attempt: Attempt,
+}
+
+enum Attempt {
+    /// The ticket of the attempt in flight.
+    Sent(u64),
+    /// Refused for now: made again at this time.
+    Again(Instant),
+}
+
+/// A persist under way on its servers.
+struct Underway {
+    shares: Vec<Share>,
+    /// When a server first refused it for now, and the last such refusal (server, why).
+    refused: Option<(Instant, usize, String)>,
+}
+
 /// The persist services of a cluster's memory servers: all durable, or none.
 #[derive(Clone, Default)]
 pub(crate) struct Durability {
     servers: Option<Vec<Arc<dyn Persistence>>>,
+    /// How long a persist refused for now is made again ([`crate::Options::persist_patience`]).
+    patience: Duration,
+    /// When waiting persists were last warned about.
+    warned: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Durability {
     /// From each server's service: a cluster mixing durable and volatile servers
     /// would keep half of a commit across a restart, so it is refused.
-    pub(crate) fn new(services: Vec<Option<Arc<dyn Persistence>>>) -> Result<Durability> {
+    pub(crate) fn new(
+        services: Vec<Option<Arc<dyn Persistence>>>,
+        patience: Duration,
+    ) -> Result<Durability> {
         let durable = services.iter().filter(|s| s.is_some()).count();
         if durable == 0 {
-            return Ok(Durability { servers: None });
+            return Ok(Durability::default());
         }
         if durable != services.len() {
             return Err(TxnError::Invalid(format!(
@@ -117,6 +155,8 @@ impl Durability {
         }
         Ok(Durability {
             servers: Some(services.into_iter().flatten().collect()),
+            patience,
+            warned: Arc::default(),
         })
     }
 
@@ -124,30 +164,74 @@ impl Durability {
         self.servers.is_some()
     }
 
-    fn start(&self, plan: PersistPlan) -> Vec<(usize, u64)> {
-        let Some(servers) = &self.servers else {
-            return Vec::new();
+    fn start(&self, plan: PersistPlan) -> Underway {
+        let shares = match &self.servers {
+            None => Vec::new(),
+            Some(servers) => plan
+                .per_server
+                .into_iter()
+                .enumerate()
+                .filter(|(_, ranges)| !ranges.is_empty())
+                .map(|(server, ranges)| Share {
+                    server,
+                    attempt: Attempt::Sent(servers[server].submit(ranges.clone())),
+                    ranges,
+                })
+                .collect(),
         };
-        plan.per_server
-            .into_iter()
-            .enumerate()
-            .filter(|(_, ranges)| !ranges.is_empty())
-            .map(|(s, ranges)| (s, servers[s].submit(ranges)))
-            .collect()
+        Underway {
+            shares,
+            refused: None,
+        }
     }
 
-    fn check(&self, tickets: &mut Vec<(usize, u64)>) -> Result<()> {
+    /// One look at `underway`: drops the shares done, makes again those refused for
+    /// now whose pause is over. Fails on a share failed, or once the patience has
+    /// passed since the first refusal (an attempt made again may also wait: a primary
+    /// attaching to its backup again answers once the attach ended).
+    fn check(&self, underway: &mut Underway) -> Result<()> {
         let Some(servers) = &self.servers else {
-            tickets.clear();
+            underway.shares.clear();
             return Ok(());
         };
+        let now = Instant::now();
         let mut failed = None;
-        tickets.retain(|&(s, t)| match servers[s].poll(t) {
-            PersistStatus::Pending => true,
-            PersistStatus::Done => false,
-            PersistStatus::Failed(why) => {
-                failed.get_or_insert((s, why));
-                false
+        let refused = &mut underway.refused;
+        if let Some((since, server, why)) = refused.as_ref()
+            && now.duration_since(*since) >= self.patience
+        {
+            return Err(TxnError::Persist {
+                server: *server,
+                why: format!(
+                    "{why}; not acknowledged within {:?} (the patience) of that refusal",
+                    self.patience
+                ),
+            });
+        }
+        underway.shares.retain_mut(|share| {
+            let ticket = match share.attempt {
+                Attempt::Sent(ticket) => ticket,
+                Attempt::Again(at) if now >= at => {
+                    share.attempt =
+                        Attempt::Sent(servers[share.server].submit(share.ranges.clone()));
+                    return true;
+                }
+                Attempt::Again(_) => return true,
+            };
+            match servers[share.server].poll(ticket) {
+                PersistStatus::Pending => true,
+                PersistStatus::Done => false,
+                PersistStatus::Failed(why) => {
+                    failed.get_or_insert((share.server, why));
+                    false
+                }
+                PersistStatus::Later(why) => {
+                    self.warn_waiting(share.server, &why);
+                    let since = refused.as_ref().map_or(now, |(since, ..)| *since);
+                    *refused = Some((since, share.server, why));
+                    share.attempt = Attempt::Again(now + RETRY_PAUSE);
+                    true
+                }
             }
         });
         match failed {
@@ -156,18 +240,34 @@ impl Durability {
         }
     }
 
+    /// Says, at most once per [`WARN_EVERY`], that commits wait for a backup.
+    fn warn_waiting(&self, server: usize, why: &str) {
+        let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        if warned.is_some_and(|at| at.elapsed() < WARN_EVERY) {
+            return;
+        }
+        *warned = Some(Instant::now());
+        tracing::warn!(
+            server,
+            "commits wait (up to {:?} each) for memory server {server} to acknowledge their \
+             Persists again: {why}",
+            self.patience
+        );
+    }
+
     /// Persists `plan`, yielding to other coroutines while the servers write.
     pub(crate) async fn persist(&self, plan: PersistPlan, keep_alive: impl Fn()) -> Result<()> {
-        let mut tickets = self.start(plan);
+        let mut underway = self.start(plan);
         let mut idle = 0u32;
         loop {
-            self.check(&mut tickets)?;
-            if tickets.is_empty() {
+            self.check(&mut underway)?;
+            if underway.shares.is_empty() {
                 return Ok(());
             }
-            // A slow disk must not cost the waiting node its lease: another node
-            // fences a slot whose commit in flight holds the prefix back past the
-            // lease timeout (250 ms by default, one slow fsync on a busy host).
+            // A slow disk (or a backup away) must not cost the waiting node its
+            // lease: another node fences a slot whose commit in flight holds the
+            // prefix back past the lease timeout (250 ms by default, one slow fsync on
+            // a busy host).
             keep_alive();
             // A persist waits for a disk: spinning would take the CPU from the
             // server's journal thread on a small host, so every few turns the thread
@@ -180,17 +280,28 @@ impl Durability {
         }
     }
 
-    /// Persists `plan`, blocking the thread (catalog and recovery work).
+    /// Persists `plan`, blocking the thread (catalog and restart work).
     pub(crate) fn persist_blocking(&self, plan: PersistPlan) -> Result<()> {
-        let mut tickets = self.start(plan);
-        let mut pause = std::time::Duration::from_micros(20);
+        self.persist_blocking_keeping(plan, &|| {})
+    }
+
+    /// [`Durability::persist_blocking`] for a holder of a lease: `keep_alive` renews
+    /// it while the servers write.
+    pub(crate) fn persist_blocking_keeping(
+        &self,
+        plan: PersistPlan,
+        keep_alive: &dyn Fn(),
+    ) -> Result<()> {
+        let mut underway = self.start(plan);
+        let mut pause = Duration::from_micros(20);
         loop {
-            self.check(&mut tickets)?;
-            if tickets.is_empty() {
+            self.check(&mut underway)?;
+            if underway.shares.is_empty() {
                 return Ok(());
             }
+            keep_alive();
             std::thread::sleep(pause);
-            pause = (pause * 2).min(std::time::Duration::from_millis(2));
+            pause = (pause * 2).min(Duration::from_millis(2));
         }
     }
 }

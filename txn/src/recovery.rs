@@ -739,8 +739,9 @@ fn recover(
         }
         busy = still;
     }
-    keep_lease();
-    db.shared.durability.persist_blocking(plan)?;
+    db.shared
+        .durability
+        .persist_blocking_keeping(plan, keep_lease)?;
     report.took = started.elapsed();
     report.finished_at = SystemTime::now();
     if report.rolled_forward + report.rolled_back > 0 {

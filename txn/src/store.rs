@@ -157,6 +157,12 @@ pub struct Options {
     /// for a node reconnecting after a restart: servers that came back without it are
     /// an error, never a new, empty cluster set up in its place.
     pub cluster: Option<u64>,
+    /// How long a commit waits for a replicated memory server whose backup is away:
+    /// its primary refuses Persists until it has attached to the backup again (it
+    /// retries every second, then copies its state there), and the commit makes its
+    /// Persist again until then. Past it the commit is left for recovery, and its
+    /// worker stops, as for any failed Persist.
+    pub persist_patience: std::time::Duration,
 }
 
 impl Default for Options {
@@ -173,6 +179,7 @@ impl Default for Options {
             scratch_bytes: 256 << 10,
             log_bytes_per_slot: crate::commitlog::DEFAULT_AREA_BYTES,
             cluster: None,
+            persist_patience: std::time::Duration::from_secs(15),
         }
     }
 }
@@ -223,6 +230,7 @@ impl std::fmt::Debug for Options {
             .field("scratch_bytes", &self.scratch_bytes)
             .field("log_bytes_per_slot", &self.log_bytes_per_slot)
             .field("cluster", &self.cluster)
+            .field("persist_patience", &self.persist_patience)
             .finish()
     }
 }
@@ -387,7 +395,10 @@ impl Database {
                     .into(),
             ));
         }
-        let durability = Durability::new(links.iter().map(|l| l.persistence()).collect())?;
+        let durability = Durability::new(
+            links.iter().map(|l| l.persistence()).collect(),
+            options.persist_patience,
+        )?;
         let boots: Vec<u64> = links.iter().map(|l| l.boot()).collect();
         let catalog = Catalog::open(
             &mut admin,

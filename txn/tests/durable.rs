@@ -295,6 +295,117 @@ fn a_commit_waiting_on_a_slow_disk_keeps_its_lease() {
     assert!(db.locked_records().unwrap().is_empty(), "fully installed");
 }
 
+/// A commit whose Persist a replicated primary refuses for now (its backup is away
+/// until the primary has attached to it again) makes it again until acknowledged,
+/// keeping its lease: it commits once the backup is back, and its worker goes on.
+/// Before, the commit was left for recovery, its worker stopped, and its lease lapsed,
+/// which fenced its whole process (every compute node, after a backup's restart).
+#[test]
+fn a_commit_waits_for_a_backup_away_and_keeps_its_lease() {
+    let cluster = Cluster::new(2);
+    let db = cluster.open();
+    let t = accounts(&db);
+    let server_of = |key: u64| t.partitions[t.partition_of(key)].server;
+    let away_key = (1..).find(|&k| server_of(k) == 1).unwrap();
+    let mut fast_keys = (1000..).filter(|&k| server_of(k) == 0);
+    db.client()
+        .unwrap()
+        .run(0, |x| x.insert(&t, away_key, val(100)))
+        .unwrap();
+    let mut waiting = db.client().unwrap();
+    let mut other = db.client().unwrap();
+    cluster.disks[1].refusing.store(true, Ordering::SeqCst);
+    let committer = {
+        let t = t.clone();
+        std::thread::spawn(move || {
+            let outcome = waiting.run(0, |x| x.put(&t, away_key, val(90)));
+            (waiting, outcome)
+        })
+    };
+    // 600 ms away, over seven times the 80 ms lease; the other worker keeps deciding
+    // timestamps, which the waiting commit holds back, and ticking, which looks at
+    // the waiting worker's lease. (Its own commits wait meanwhile too: each begins
+    // after its last, which the waiting commit's timestamp holds back.)
+    let back_at = std::time::Instant::now() + Duration::from_millis(600);
+    let back = {
+        let disk = cluster.disks[1].clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(back_at - std::time::Instant::now());
+            disk.refusing.store(false, Ordering::SeqCst);
+        })
+    };
+    while !committer.is_finished() {
+        other.tick().unwrap();
+        let key = fast_keys.next().unwrap();
+        let _ = other.run(3, |x| x.insert(&t, key, val(1)));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        std::time::Instant::now() >= back_at,
+        "the commit did not wait for the backup"
+    );
+    back.join().unwrap();
+    let (mut waiting, outcome) = committer.join().unwrap();
+    let ((), cid) = outcome.expect("the commit, once the backup was back");
+    assert!(cid.is_some());
+    // Idle since, the waiting worker may have been fenced (it does not tick), but not
+    // while it waited: no recovery found its commit's locks.
+    let recoveries = db.recoveries();
+    assert!(
+        recoveries
+            .iter()
+            .all(|r| r.rolled_forward == 0 && r.rolled_back == 0),
+        "the waiting worker was fenced while it waited: {recoveries:?}"
+    );
+    assert_eq!(waiting.stats().rejoins, 0);
+    assert!(db.locked_records().unwrap().is_empty(), "fully installed");
+    // Its worker goes on.
+    waiting
+        .run(0, |x| {
+            let v = num(x.get(&t, away_key)?);
+            x.put(&t, away_key, val(v + 1))
+        })
+        .unwrap();
+    let mut x = waiting.begin().unwrap();
+    assert_eq!(num(x.get(&t, away_key).unwrap()), 91);
+}
+
+/// Past `persist_patience` a commit refused for now fails as any failed Persist does:
+/// committed, left for recovery, its worker stopped.
+#[test]
+fn a_commit_refused_past_its_patience_is_left_for_recovery() {
+    let cluster = Cluster::new(2);
+    let db = cluster.open_with(txn::Options {
+        persist_patience: Duration::from_millis(300),
+        ..txn::Options::default()
+    });
+    let t = accounts(&db);
+    let mut c = db.client().unwrap();
+    c.run(0, |x| x.insert(&t, 1, val(100))).unwrap();
+    for disk in &cluster.disks {
+        disk.refusing.store(true, Ordering::SeqCst);
+    }
+    let started = std::time::Instant::now();
+    let mut x = c.begin().unwrap();
+    x.put(&t, 1, val(90)).unwrap();
+    let err = x.commit().unwrap_err();
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "gave up before the patience: {:?}",
+        started.elapsed()
+    );
+    match &err {
+        txn::TxnError::Persist { why, .. } => {
+            assert!(
+                why.contains("the backup is away") && why.contains("patience"),
+                "{why}"
+            )
+        }
+        other => panic!("not a Persist error: {other}"),
+    }
+    assert!(matches!(c.begin(), Err(txn::TxnError::Broken(_))));
+}
+
 #[test]
 fn a_cluster_mixing_durable_and_volatile_servers_is_refused() {
     let cluster = Cluster::new(1);

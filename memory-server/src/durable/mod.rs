@@ -586,7 +586,7 @@ impl Durable {
 /// primaries).
 pub(crate) type PersistWaits = (
     Option<oneshot::Receiver<Result<u64, String>>>,
-    Option<oneshot::Receiver<Result<(), String>>>,
+    Option<oneshot::Receiver<Result<(), crate::replica::Refusal>>>,
 );
 
 /// Validates Persist requests and copies their ranges out of region memory, for a

@@ -25,6 +25,9 @@ pub struct Disk {
     pub boots: AtomicU64,
     /// A failing disk: every persist fails.
     pub failing: AtomicBool,
+    /// A replicated primary whose backup is away: every persist is refused for now
+    /// ([`PersistStatus::Later`]).
+    pub refusing: AtomicBool,
     /// A slow disk: a persist is done this many milliseconds after it was submitted.
     pub slow_ms: AtomicU64,
 }
@@ -38,6 +41,7 @@ pub struct Server {
     qps: Mutex<Vec<Arc<dyn QueuePair>>>,
     pending: Mutex<HashMap<u64, Vec<PersistRange>>>,
     failed: Mutex<Vec<u64>>,
+    refused: Mutex<Vec<u64>>,
     next_ticket: AtomicU64,
     /// When each persist of a slow disk may finish.
     due: Mutex<HashMap<u64, std::time::Instant>>,
@@ -65,6 +69,7 @@ impl Server {
             qps: Mutex::new(Vec::new()),
             pending: Mutex::new(HashMap::new()),
             failed: Mutex::new(Vec::new()),
+            refused: Mutex::new(Vec::new()),
             next_ticket: AtomicU64::new(1),
             due: Mutex::new(HashMap::new()),
         })
@@ -112,6 +117,8 @@ impl Persistence for Server {
         }
         if self.disk.failing.load(Ordering::SeqCst) {
             self.failed.lock().unwrap().push(ticket);
+        } else if self.disk.refusing.load(Ordering::SeqCst) {
+            self.refused.lock().unwrap().push(ticket);
         } else if !self.try_persist(&ranges) {
             self.pending.lock().unwrap().insert(ticket, ranges);
         }
@@ -121,6 +128,9 @@ impl Persistence for Server {
     fn poll(&self, ticket: u64) -> PersistStatus {
         if self.failed.lock().unwrap().contains(&ticket) {
             return PersistStatus::Failed("the disk failed".into());
+        }
+        if self.refused.lock().unwrap().contains(&ticket) {
+            return PersistStatus::Later("the backup is away".into());
         }
         if let Some(due) = self.due.lock().unwrap().get(&ticket)
             && std::time::Instant::now() < *due
@@ -196,6 +206,11 @@ impl Cluster {
     }
 
     pub fn open(&self) -> Database {
+        self.open_with(Options::default())
+    }
+
+    /// [`Cluster::open`] with `options` for what it does not set itself.
+    pub fn open_with(&self, options: Options) -> Database {
         let net = self.net.clone();
         let devices: DeviceFactory = Arc::new(move || Ok(net.add_node() as Arc<dyn Device>));
         let links = self
@@ -215,7 +230,7 @@ impl Cluster {
                 servers: self.servers.len(),
                 oracle: super::short_leases(),
                 wait_visible: false,
-                ..Options::default()
+                ..options
             },
         )
         .unwrap()

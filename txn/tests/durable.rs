@@ -243,23 +243,39 @@ fn a_worker_whose_commit_cannot_persist_stops_and_recovery_finishes_the_commit()
         .unwrap();
 }
 
+/// A cluster of two servers with the accounts table and one account at 100 on
+/// server 1: its key, and the keys of server 0 from 1000 on (for another worker's
+/// inserts).
+fn an_account_on_server_1() -> (
+    Cluster,
+    Database,
+    Arc<Table>,
+    u64,
+    impl Iterator<Item = u64>,
+) {
+    let cluster = Cluster::new(2);
+    let db = cluster.open();
+    let t = accounts(&db);
+    let on =
+        |t: &Table, key: u64, server: usize| t.partitions[t.partition_of(key)].server == server;
+    let key = (1..).find(|&k| on(&t, k, 1)).unwrap();
+    db.client()
+        .unwrap()
+        .run(0, |x| x.insert(&t, key, val(100)))
+        .unwrap();
+    let table = t.clone();
+    let server_0_keys = (1000..).filter(move |&k| on(&table, k, 0));
+    (cluster, db, t, key, server_0_keys)
+}
+
 /// A commit waiting on a slow disk far longer than the lease keeps its slot: another
 /// worker, committing and ticking meanwhile, must not fence it (which would abandon
 /// the commit, its outcome left to recovery).
 #[test]
 fn a_commit_waiting_on_a_slow_disk_keeps_its_lease() {
-    let cluster = Cluster::new(2);
-    let db = cluster.open();
-    let t = accounts(&db);
-    let server_of = |key: u64| t.partitions[t.partition_of(key)].server;
     // The slow commit updates a record of server 1, whose disk is slow; the other
     // worker's records and every commit record are on server 0, whose disk is fast.
-    let slow_key = (1..).find(|&k| server_of(k) == 1).unwrap();
-    let mut fast_keys = (1000..).filter(|&k| server_of(k) == 0);
-    db.client()
-        .unwrap()
-        .run(0, |x| x.insert(&t, slow_key, val(100)))
-        .unwrap();
+    let (cluster, db, t, slow_key, mut fast_keys) = an_account_on_server_1();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let slow = {
@@ -302,16 +318,7 @@ fn a_commit_waiting_on_a_slow_disk_keeps_its_lease() {
 /// which fenced its whole process (every compute node, after a backup's restart).
 #[test]
 fn a_commit_waits_for_a_backup_away_and_keeps_its_lease() {
-    let cluster = Cluster::new(2);
-    let db = cluster.open();
-    let t = accounts(&db);
-    let server_of = |key: u64| t.partitions[t.partition_of(key)].server;
-    let away_key = (1..).find(|&k| server_of(k) == 1).unwrap();
-    let mut fast_keys = (1000..).filter(|&k| server_of(k) == 0);
-    db.client()
-        .unwrap()
-        .run(0, |x| x.insert(&t, away_key, val(100)))
-        .unwrap();
+    let (cluster, db, t, away_key, mut fast_keys) = an_account_on_server_1();
     let mut waiting = db.client().unwrap();
     let mut other = db.client().unwrap();
     cluster.disks[1].refusing.store(true, Ordering::SeqCst);

@@ -90,7 +90,7 @@ struct ServerPersistence {
 }
 
 impl Persistence for ServerPersistence {
-    fn submit(&self, ranges: Vec<txn::PersistRange>) -> u64 {
+    fn submit(&self, ranges: &[txn::PersistRange]) -> u64 {
         let ranges = ranges
             .iter()
             .map(|r| memory_server::PersistRange {

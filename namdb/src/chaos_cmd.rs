@@ -744,9 +744,6 @@ struct NodeProc {
     stopped_ever: bool,
     /// When a stall stopped it (ms into the run), until it is found fenced.
     stalled_at_ms: Option<f64>,
-    /// The other nodes (number, incarnation) ready when the stall began: one of them
-    /// fences it, if one runs through the whole stall.
-    stall_witnesses: Vec<(usize, u64)>,
     /// When a stall of this incarnation ended: it then has [`STALL_SETTLE`] to find
     /// its fence and exit.
     resumed_at: Option<Instant>,
@@ -1566,7 +1563,6 @@ impl<'a> Harness<'a> {
             paused_until: None,
             stopped_ever: false,
             stalled_at_ms: None,
-            stall_witnesses: Vec::new(),
             resumed_at: None,
             last_commit: None,
             started: Instant::now(),
@@ -1610,19 +1606,6 @@ impl<'a> Harness<'a> {
                 p.paused_until = None;
                 if p.stalled_at_ms.is_some() {
                     p.resumed_at = Some(Instant::now());
-                }
-                // Nobody had to fence a stall that no other node ran through (each
-                // died or restarted meanwhile): it is a pause that ran long.
-                let running = self.ready_nodes(None);
-                if p.stalled_at_ms.is_some()
-                    && !p.stall_witnesses.iter().any(|w| running.contains(w))
-                {
-                    self.notes.push(format!(
-                        "compute node {n} (incarnation {})'s stall had no other node running \
-                         through it, so nothing had to fence it",
-                        p.incarnation
-                    ));
-                    p.stalled_at_ms = None;
                 }
             }
             match p.child.try_wait() {
@@ -1767,18 +1750,13 @@ impl<'a> Harness<'a> {
         });
     }
 
-    /// The ready nodes (number, incarnation), but `except`.
-    fn ready_nodes(&self, except: Option<usize>) -> Vec<(usize, u64)> {
-        self.nodes
-            .iter()
-            .enumerate()
-            .filter(|&(n, _)| Some(n) != except)
-            .filter_map(|(n, p)| {
-                p.as_ref()
-                    .filter(|p| p.ready_at.is_some())
-                    .map(|p| (n, p.incarnation))
-            })
-            .collect()
+    /// SIGSTOPs node `n`, if it runs, for `for_ms` (`poll` resumes it).
+    fn stop(&mut self, n: usize, for_ms: u64) -> Option<&mut NodeProc> {
+        let p = self.nodes[n].as_mut()?;
+        signal(&p.child, rustix::process::Signal::STOP);
+        p.paused_until = Some(Instant::now() + Duration::from_millis(for_ms));
+        p.stopped_ever = true;
+        Some(p)
     }
 
     /// Why node `n`'s stall is not over yet, if it is not: it is still stopped, or
@@ -2200,11 +2178,8 @@ impl<'a> Harness<'a> {
                 }
                 format!("memory server boot {} listening", self.boots[*server])
             }
-            Action::Pause { node, for_ms } => match &mut self.nodes[*node] {
-                Some(p) => {
-                    signal(&p.child, rustix::process::Signal::STOP);
-                    p.paused_until = Some(Instant::now() + Duration::from_millis(*for_ms));
-                    p.stopped_ever = true;
+            Action::Pause { node, for_ms } => match self.stop(*node, *for_ms) {
+                Some(_) => {
                     self.counts.pauses += 1;
                     format!("stopped for {for_ms} ms")
                 }
@@ -2212,13 +2187,8 @@ impl<'a> Harness<'a> {
             },
             Action::Stall { node, for_ms } => {
                 let at_ms = self.ms(Instant::now());
-                let witnesses = self.ready_nodes(Some(*node));
-                match &mut self.nodes[*node] {
+                match self.stop(*node, *for_ms) {
                     Some(p) => {
-                        p.stall_witnesses = witnesses;
-                        signal(&p.child, rustix::process::Signal::STOP);
-                        p.paused_until = Some(Instant::now() + Duration::from_millis(*for_ms));
-                        p.stopped_ever = true;
                         p.stalled_at_ms = Some(at_ms);
                         self.counts.stalls += 1;
                         format!("stopped for {for_ms} ms, past its lease")

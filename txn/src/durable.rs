@@ -76,7 +76,9 @@ pub enum PersistStatus {
 /// coroutines, which must not block: [`Persistence::submit`] starts a persist in the
 /// background and [`Persistence::poll`] checks on it.
 pub trait Persistence: Send + Sync {
-    fn submit(&self, ranges: Vec<PersistRange>) -> u64;
+    /// Starts a persist of `ranges` (borrowed: a persist refused for now is submitted
+    /// again with the same ranges).
+    fn submit(&self, ranges: &[PersistRange]) -> u64;
     /// The status of the persist `ticket`; a finished one may be forgotten after it
     /// was reported once.
     fn poll(&self, ticket: u64) -> PersistStatus;
@@ -174,7 +176,7 @@ impl Durability {
                 .filter(|(_, ranges)| !ranges.is_empty())
                 .map(|(server, ranges)| Share {
                     server,
-                    attempt: Attempt::Sent(servers[server].submit(ranges.clone())),
+                    attempt: Attempt::Sent(servers[server].submit(&ranges)),
                     ranges,
                 })
                 .collect(),
@@ -194,11 +196,13 @@ impl Durability {
             underway.shares.clear();
             return Ok(());
         };
-        let now = Instant::now();
+        // The time only once a share was refused: the commit path checks every turn.
+        let clock = std::cell::OnceCell::new();
+        let now = || *clock.get_or_init(Instant::now);
         let mut failed = None;
         let refused = &mut underway.refused;
         if let Some((since, server, why)) = refused.as_ref()
-            && now.duration_since(*since) >= self.patience
+            && now().duration_since(*since) >= self.patience
         {
             return Err(TxnError::Persist {
                 server: *server,
@@ -211,9 +215,8 @@ impl Durability {
         underway.shares.retain_mut(|share| {
             let ticket = match share.attempt {
                 Attempt::Sent(ticket) => ticket,
-                Attempt::Again(at) if now >= at => {
-                    share.attempt =
-                        Attempt::Sent(servers[share.server].submit(share.ranges.clone()));
+                Attempt::Again(at) if now() >= at => {
+                    share.attempt = Attempt::Sent(servers[share.server].submit(&share.ranges));
                     return true;
                 }
                 Attempt::Again(_) => return true,
@@ -227,9 +230,9 @@ impl Durability {
                 }
                 PersistStatus::Later(why) => {
                     self.warn_waiting(share.server, &why);
-                    let since = refused.as_ref().map_or(now, |(since, ..)| *since);
+                    let since = refused.as_ref().map_or_else(now, |(since, ..)| *since);
                     *refused = Some((since, share.server, why));
-                    share.attempt = Attempt::Again(now + RETRY_PAUSE);
+                    share.attempt = Attempt::Again(now() + RETRY_PAUSE);
                     true
                 }
             }

@@ -108,7 +108,7 @@ impl Server {
 }
 
 impl Persistence for Server {
-    fn submit(&self, ranges: Vec<PersistRange>) -> u64 {
+    fn submit(&self, ranges: &[PersistRange]) -> u64 {
         let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
         let slow = Duration::from_millis(self.disk.slow_ms.load(Ordering::SeqCst));
         if !slow.is_zero() {
@@ -119,8 +119,8 @@ impl Persistence for Server {
             self.failed.lock().unwrap().push(ticket);
         } else if self.disk.refusing.load(Ordering::SeqCst) {
             self.refused.lock().unwrap().push(ticket);
-        } else if !self.try_persist(&ranges) {
-            self.pending.lock().unwrap().insert(ticket, ranges);
+        } else if !self.try_persist(ranges) {
+            self.pending.lock().unwrap().insert(ticket, ranges.to_vec());
         }
         ticket
     }

@@ -87,6 +87,9 @@ struct ServerPersistence {
     next: AtomicU64,
     /// When a slow Persist was last logged.
     warned: Mutex<Option<Instant>>,
+    /// Why Persists still pending are no longer waited for
+    /// ([`RemoteServer::give_up_persists`]).
+    given_up: Mutex<Option<String>>,
 }
 
 impl Persistence for ServerPersistence {
@@ -112,10 +115,13 @@ impl Persistence for ServerPersistence {
             return PersistStatus::Failed(format!("no persist {ticket} is pending"));
         };
         let status = match self.persister.poll(t) {
-            memory_server::PersistStatus::Pending => {
-                self.warn_if_slow(submitted.elapsed());
-                return PersistStatus::Pending;
-            }
+            memory_server::PersistStatus::Pending => match lock(&self.given_up).clone() {
+                None => {
+                    self.warn_if_slow(submitted.elapsed());
+                    return PersistStatus::Pending;
+                }
+                Some(why) => PersistStatus::Failed(why),
+            },
             memory_server::PersistStatus::Done => PersistStatus::Done,
             memory_server::PersistStatus::Failed(why) => PersistStatus::Failed(why),
             memory_server::PersistStatus::Later(why) => PersistStatus::Later(why),
@@ -158,6 +164,22 @@ impl RemoteServer {
     /// forgot the session).
     pub fn keep_alive(&self) -> Result<(), ClientError> {
         self.control.keep_alive()
+    }
+
+    /// Fails every Persist on this server still pending, now and later, with `why`: the
+    /// connection is retired, and a Persist to a stopped primary would otherwise hold
+    /// its commit (and the client's request) until the HTTP/2 keep-alive gives up. A
+    /// Persist answers nothing about the commit's outcome by failing: that commit is
+    /// left to recovery, as any commit whose Persist failed.
+    pub fn give_up_persists(&self, why: &str) {
+        if let Some(p) = &self.persistence {
+            *lock(&p.given_up) = Some(why.to_string());
+        }
+    }
+
+    /// [`RemoteServer::keep_alive`], given up after `limit`.
+    pub fn keep_alive_within(&self, limit: Duration) -> Result<(), ClientError> {
+        self.control.keep_alive_within(limit)
     }
 
     /// The server's statistics (regions, huge pages, sessions, RPC counts).
@@ -237,6 +259,8 @@ pub struct RemoteCluster {
     pub servers: Vec<Arc<RemoteServer>>,
     /// The fabric backend the servers serve.
     pub backend: String,
+    /// Why a backup was promoted by this connection, one line per server failed over.
+    pub promotions: Vec<String>,
     /// Where this process's shm sockets live.
     _sockets: tempfile::TempDir,
 }
@@ -256,6 +280,50 @@ impl RemoteCluster {
 /// nothing. Two trivial RPCs; the chaos harness asks backups within 5 s on a loaded
 /// host, this allows twice that.
 pub const BACKUP_ANSWER_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long a compute node waits for a replicated primary's answer (its Hello when
+/// connecting, a session renewal when checking) before it asks the primary's backup
+/// whether the primary is alive. A stopped primary (SIGSTOP, a host cut off) keeps its
+/// connections and answers nothing: without this bound a node waited for the HTTP/2
+/// keep-alive to give up (half a minute) before it even began to fail over.
+pub const PRIMARY_ANSWER_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long a backup must not have heard from its primary, which renews its session
+/// there every [`memory_server::PRIMARY_HEARTBEAT`] while it has nothing to send,
+/// before a compute node that cannot reach that primary either promotes the backup.
+/// The backup, not the compute node, judges: a primary that is only slow to answer
+/// this node, or cut off from this node alone, still reaches its backup, and
+/// promoting the backup of a live primary would fence it for nothing.
+pub const PRIMARY_SILENCE: Duration = Duration::from_secs(3);
+
+/// What a backup says of its primary.
+pub enum BackupView {
+    /// It was promoted: its primary is fenced.
+    Promoted,
+    /// It heard from its primary this long ago, less than [`PRIMARY_SILENCE`].
+    PrimaryAlive(Duration),
+    /// It has not heard from its primary for this long (`None`: no primary attached
+    /// to it since it started).
+    PrimarySilent(Option<Duration>),
+}
+
+impl BackupView {
+    pub fn of(server: &memory_server::ServerInfo) -> BackupView {
+        match (server.role, server.primary_silence) {
+            (memory_server::Role::Promoted, _) => BackupView::Promoted,
+            (_, Some(silence)) if silence < PRIMARY_SILENCE => BackupView::PrimaryAlive(silence),
+            (_, silence) => BackupView::PrimarySilent(silence),
+        }
+    }
+}
+
+/// "for 4.2 s" or "since it started" (no primary attached), for [`BackupView::PrimarySilent`].
+fn silence_text(silence: Option<Duration>) -> String {
+    match silence {
+        Some(d) => format!("for {:.1} s", d.as_secs_f64()),
+        None => "since it started (no primary attached to it)".to_string(),
+    }
+}
 
 /// A Persist pending this long is logged (again every as long, per server): a
 /// replicated primary answers only once its backup has applied the Persist too (or
@@ -281,7 +349,7 @@ fn connect_server(
     spec: &str,
     token: &ClusterToken,
     incarnation: u64,
-) -> Result<(String, Client), ConnectError> {
+) -> Result<(String, Client, Option<String>), ConnectError> {
     let (primary, backup) = match spec.split_once('|') {
         Some((p, b)) => (p.trim(), Some(b.trim())),
         None => (spec.trim(), None),
@@ -296,9 +364,45 @@ fn connect_server(
         return Ok((
             primary.to_string(),
             Client::connect_as(primary, token, incarnation, None).map_err(control(primary))?,
+            None,
         ));
     };
-    match Client::connect_as(primary, token, incarnation, None) {
+    let mut reached = Client::connect_as(primary, token, incarnation, Some(PRIMARY_ANSWER_LIMIT));
+    if let Err(e @ ClientError::TimedOut { .. }) = &reached {
+        // Stopped, cut off, or only slow: the backup, which the primary renews its
+        // session at while idle, tells which.
+        let b = Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT))
+            .map_err(control(backup))?;
+        match BackupView::of(b.server()) {
+            BackupView::Promoted => {
+                tracing::warn!(
+                    primary,
+                    backup,
+                    "the primary does not answer and its backup was promoted already; using it"
+                );
+                return Ok((backup.to_string(), b, None));
+            }
+            BackupView::PrimaryAlive(heard) => {
+                tracing::warn!(
+                    primary,
+                    backup,
+                    "the primary did not answer within {PRIMARY_ANSWER_LIMIT:?}, but its \
+                     backup heard from it {:.1} s ago: waiting for the primary, not \
+                     promoting the backup of a live primary",
+                    heard.as_secs_f64()
+                );
+                reached = Client::connect_as(primary, token, incarnation, None);
+            }
+            BackupView::PrimarySilent(silence) => {
+                let why = format!(
+                    "{e}, and its backup at {backup} has not heard from it {}",
+                    silence_text(silence)
+                );
+                return promote(primary, backup, b, token, incarnation, why);
+            }
+        }
+    }
+    match reached {
         Ok(client) => {
             // As this incarnation: the session is kept if the backup was promoted.
             match Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT)) {
@@ -308,7 +412,7 @@ fn connect_server(
                         backup,
                         "the backup was promoted already; using it instead of the fenced primary"
                     );
-                    return Ok((backup.to_string(), b));
+                    return Ok((backup.to_string(), b, None));
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(
@@ -320,24 +424,42 @@ fn connect_server(
                      primary's error naming the backup)"
                 ),
             }
-            Ok((primary.to_string(), client))
+            Ok((primary.to_string(), client, None))
         }
         Err(e) => {
-            tracing::warn!(
-                primary,
-                backup,
-                "the primary memory server cannot be reached ({e}); promoting its backup"
-            );
             let b = Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT)
                 .map_err(control(backup))?;
-            b.promote().map_err(control(backup))?;
-            drop(b);
-            // A new session, for the Hello that reports the promoted server (its boot).
-            let b = Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT))
-                .map_err(control(backup))?;
-            Ok((backup.to_string(), b))
+            promote(primary, backup, b, token, incarnation, format!("{e}"))
         }
     }
+}
+
+/// Promotes `backup` (reached as `b`) because its primary cannot be reached (`why`),
+/// and answers a session on it as `incarnation`, with `why` as the promotion's reason.
+fn promote(
+    primary: &str,
+    backup: &str,
+    b: Client,
+    token: &ClusterToken,
+    incarnation: u64,
+    why: String,
+) -> Result<(String, Client, Option<String>), ConnectError> {
+    let control = |source| ConnectError::Control {
+        addr: backup.to_string(),
+        source,
+    };
+    tracing::warn!(
+        primary,
+        backup,
+        "the primary memory server cannot be reached ({why}); promoting its backup"
+    );
+    b.promote().map_err(control)?;
+    drop(b);
+    // A new session, for the Hello that reports the promoted server (its boot).
+    let b = Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT))
+        .map_err(control)?;
+    let reason = format!("promoted the backup at {backup} of {primary}: {why}");
+    Ok((backup.to_string(), b, Some(reason)))
 }
 
 /// Opens the database on the memory servers at `addrs` (their control-plane
@@ -365,8 +487,10 @@ pub fn connect(
     // queue pairs taken for the other's.
     let mut nodes: Vec<(u32, String)> = Vec::with_capacity(addrs.len());
     let incarnation = new_incarnation();
+    let mut promotions = Vec::new();
     for spec in addrs {
-        let (addr, control) = connect_server(spec, token, incarnation)?;
+        let (addr, control, promoted) = connect_server(spec, token, incarnation)?;
+        promotions.extend(promoted);
         let addr = &addr;
         let node = control.server().node.0;
         if let Some((_, first_addr)) = nodes.iter().find(|(n, _)| *n == node) {
@@ -420,6 +544,7 @@ pub fn connect(
                         tickets: Mutex::new(HashMap::new()),
                         next: AtomicU64::new(1),
                         warned: Mutex::new(None),
+                        given_up: Mutex::new(None),
                     })
                 }),
                 control,
@@ -445,6 +570,7 @@ pub fn connect(
         db,
         servers: servers.into_iter().map(|(s, _)| s).collect(),
         backend,
+        promotions,
         _sockets: sockets,
     })
 }

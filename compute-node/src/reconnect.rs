@@ -18,7 +18,9 @@
 //! worker may wait on a dead fabric) and calls [`connect`] until it succeeds, with
 //! backoff. Meanwhile calls get UNAVAILABLE ("reconnecting to the memory servers: …").
 
-use crate::memory_servers::{ConnectError, RemoteCluster, connect};
+use crate::memory_servers::{
+    BACKUP_ANSWER_LIMIT, BackupView, ConnectError, PRIMARY_ANSWER_LIMIT, RemoteCluster, connect,
+};
 use crate::pool::{Pool, STATS_WAIT, WorkerStats};
 use memory_server::ClusterToken;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +32,9 @@ use txn::MemoryServerLink;
 
 /// How often the monitor renews each memory server's control session.
 pub const CHECK_EVERY: Duration = Duration::from_millis(100);
+/// How long after a reconnect began the old connection's Persists still pending are
+/// given up ([`crate::memory_servers::RemoteServer::give_up_persists`]).
+const GIVE_UP_PERSISTS_AFTER: Duration = Duration::from_secs(5);
 /// Transport failures within one check period that make the monitor look deeper.
 const BURST: u64 = 4;
 /// The first and the longest wait between two failed connection attempts.
@@ -79,11 +84,55 @@ impl Live {
     /// Why this connection is dead, if it is (see the module's comment); `deep` also
     /// says Hello on new sessions.
     fn check(&self, config: &Config, deep: bool, asking: &Asking) -> Result<(), String> {
-        for (i, server) in self.cluster.servers.iter().enumerate() {
+        for (i, (server, spec)) in self.cluster.servers.iter().zip(&config.addrs).enumerate() {
             let _asked = asking.start(i, server.addr());
-            server
-                .keep_alive()
-                .map_err(|e| format!("memory server {i} at {}: {e}", server.addr()))?;
+            let gone =
+                |e: &dyn std::fmt::Display| format!("memory server {i} at {}: {e}", server.addr());
+            // A primary with a backup, still served by that primary.
+            let Some(backup) = spec
+                .split_once('|')
+                .map(|(_, b)| b.trim())
+                .filter(|b| *b != server.addr())
+            else {
+                server.keep_alive().map_err(|e| gone(&e))?;
+                continue;
+            };
+            match server.keep_alive_within(PRIMARY_ANSWER_LIMIT) {
+                Ok(()) => {}
+                Err(e @ memory_server::ClientError::TimedOut { .. }) => {
+                    // Stopped or cut off, or only slow: its backup tells which.
+                    let view = memory_server::blocking::Client::connect_within(
+                        backup,
+                        &config.token,
+                        BACKUP_ANSWER_LIMIT,
+                    )
+                    .map(|b| BackupView::of(b.server()));
+                    match view {
+                        Ok(BackupView::PrimaryAlive(heard)) => tracing::warn!(
+                            primary = server.addr(),
+                            backup,
+                            "the primary did not renew this node's session within \
+                             {PRIMARY_ANSWER_LIMIT:?}, but its backup heard from it {:.1} s \
+                             ago: it is slow, or cut off from this node only; still using it",
+                            heard.as_secs_f64()
+                        ),
+                        Ok(_) => return Err(gone(&e)),
+                        Err(b) => {
+                            // Nobody to judge: wait for the primary as long as its
+                            // connection's keep-alive does.
+                            tracing::warn!(
+                                primary = server.addr(),
+                                backup,
+                                "the primary did not renew this node's session within \
+                                 {PRIMARY_ANSWER_LIMIT:?}, and its backup cannot say whether \
+                                 it is alive ({b}); waiting for the primary"
+                            );
+                            server.keep_alive().map_err(|e| gone(&e))?;
+                        }
+                    }
+                }
+                Err(e) => return Err(gone(&e)),
+            }
         }
         if !deep {
             return Ok(());
@@ -109,7 +158,7 @@ impl Live {
                     && let Ok(b) = memory_server::blocking::Client::connect_within(
                         backup,
                         &config.token,
-                        crate::memory_servers::BACKUP_ANSWER_LIMIT,
+                        BACKUP_ANSWER_LIMIT,
                     )
                     && b.server().role == memory_server::Role::Promoted
                 {
@@ -340,7 +389,7 @@ impl Node {
         let started = Instant::now();
         tracing::warn!("a memory server went away ({why}); reconnecting");
         if let State::Ready(old) = self.set(State::Reconnecting { why: why.clone() }) {
-            retire(old);
+            retire(old, why.clone());
         }
         let mut backoff = BACKOFF_MIN;
         for attempt in 1.. {
@@ -395,13 +444,27 @@ fn monitor(node: std::sync::Weak<Node>) {
 
 /// Drops a dead connection once the requests still holding it are done, on a thread of
 /// its own: its workers may take a while to fail what runs on them.
-fn retire(old: Arc<Live>) {
+fn retire(old: Arc<Live>, why: String) {
     let spawned = std::thread::Builder::new()
         .name("namdb-retire".into())
         .spawn(move || {
             let mut old = old;
             let started = Instant::now();
+            let mut given_up = false;
             loop {
+                if !given_up && started.elapsed() >= GIVE_UP_PERSISTS_AFTER {
+                    // A healthy server answered its Persists long ago: what is still
+                    // pending waits on the server that went away.
+                    given_up = true;
+                    let why = format!(
+                        "the compute node reconnected to the memory servers ({why}) and \
+                         gave up on this Persist, still unanswered {GIVE_UP_PERSISTS_AFTER:?} \
+                         later; recovery decides its commit"
+                    );
+                    for server in &old.cluster.servers {
+                        server.give_up_persists(&why);
+                    }
+                }
                 match Arc::try_unwrap(old) {
                     Ok(live) => {
                         drop(live);

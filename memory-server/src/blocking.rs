@@ -193,6 +193,17 @@ impl Client {
         open.runtime.block_on(open.inner.keep_alive())
     }
 
+    /// [`Client::keep_alive`], given up after `limit` ([`ClientError::TimedOut`]): a
+    /// stopped server keeps its connection and answers nothing.
+    pub fn keep_alive_within(&self, limit: Duration) -> Result<(), ClientError> {
+        let addr = self.inner().addr().to_string();
+        self.block_on(async {
+            tokio::time::timeout(limit, self.inner().keep_alive())
+                .await
+                .map_err(|_| ClientError::TimedOut { addr, limit })?
+        })?
+    }
+
     pub fn stats(&self) -> Result<Stats, ClientError> {
         let open = self.open();
         open.runtime.block_on(open.inner.stats())

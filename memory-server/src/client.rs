@@ -164,6 +164,10 @@ pub struct ServerInfo {
     pub role: crate::Role,
     /// A backup holding its primary's whole state (one that can be promoted).
     pub synced: bool,
+    /// A backup with an attached primary: how long ago it last heard from it (a batch
+    /// or a session renewal; an idle primary renews every [`crate::PRIMARY_HEARTBEAT`]).
+    /// `None` on other servers, and on a backup no primary attached to yet.
+    pub primary_silence: Option<Duration>,
 }
 
 /// A byte range of a region for [`Client::persist`].
@@ -354,6 +358,7 @@ impl Client {
                 boot: hello.boot,
                 role: crate::Role::from_proto(hello.role),
                 synced: hello.synced,
+                primary_silence: hello.primary_silent_ms.map(Duration::from_millis),
             },
             lease,
             keepalive,

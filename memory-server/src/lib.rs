@@ -62,7 +62,7 @@ pub use regions::{
     RegionPlan, parse_bytes,
 };
 pub use remote_device::RemoteDevice;
-pub use replica::{Replication, Role};
+pub use replica::{PRIMARY_HEARTBEAT, Replication, Role};
 pub use server::{MemoryServer, ServerConfig, ServerError, listen_for_signals, wait_for_signal};
 pub use session::{SESSION_METADATA, SessionId};
 pub use stats::Stats;

@@ -18,7 +18,7 @@ use crate::session::{SESSION_METADATA, SessionId, Sessions};
 use crate::token::ClusterToken;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::metadata::AsciiMetadataValue;
@@ -207,6 +207,13 @@ const FENCE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Persist entry bytes acknowledged and held for the backup while a new attach's
 /// transfer runs; beyond it the attempt is given up (and made again later).
 const MAX_BACKLOG: usize = 256 << 20;
+/// How often an idle primary renews its session at its backup, so that the backup can
+/// tell a primary that stopped (a stopped process, a cut-off host: its connections
+/// stay open and answer nothing) from one with nothing to send
+/// ([`crate::ServerInfo::primary_silence`]).
+pub const PRIMARY_HEARTBEAT: Duration = Duration::from_millis(250);
+/// How long one such renewal may take before the stream goes on without its answer.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where the backup is and what this primary tells it at attach.
 struct Link {
@@ -265,6 +272,17 @@ impl Stream {
                 addr,
                 format_args!("did not apply a batch within {APPLY_TIMEOUT:?}"),
             ))),
+        }
+    }
+
+    /// Renews the stream's session at the backup: a sign of life while nothing is
+    /// sent. A failure is left for the next batch to find.
+    async fn heartbeat(&mut self) {
+        let req = with_session(proto::KeepAliveRequest {}, &self.header);
+        match tokio::time::timeout(HEARTBEAT_TIMEOUT, self.rpc.keep_alive(req)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(s)) => tracing::debug!("renewing the stream's session failed: {}", s.message()),
+            Err(_) => tracing::debug!("the backup did not renew the stream's session in time"),
         }
     }
 }
@@ -795,7 +813,15 @@ async fn ship(link: Link, stream: Stream, mut rx: mpsc::UnboundedReceiver<Shipme
     loop {
         match &mut stream {
             Ok(s) => {
-                let Some(batch) = next_batch(&mut rx).await else {
+                // `next_batch` is cancel-safe: it awaits only the first shipment.
+                let got = tokio::select! {
+                    got = next_batch(&mut rx) => got,
+                    () = tokio::time::sleep(PRIMARY_HEARTBEAT) => {
+                        s.heartbeat().await;
+                        continue;
+                    }
+                };
+                let Some(batch) = got else {
                     break;
                 };
                 let (entries, count) = join(batch.iter().map(|s| (s.entries.as_slice(), s.count)));
@@ -873,6 +899,9 @@ struct BackupInner {
     /// then, since a primary may have acknowledged Persists without this backup while
     /// it was down or before the transfer finished.
     synced: bool,
+    /// When the attached primary was last heard from: its attach, a batch, a renewal
+    /// of its session.
+    last_heard: Option<Instant>,
 }
 
 const NOT_PROMOTED: &str = "this memory server is a backup; promote it first";
@@ -890,6 +919,7 @@ impl Backup {
                 epoch,
                 clean,
                 synced: false,
+                last_heard: None,
             }),
         }
     }
@@ -907,6 +937,24 @@ impl Backup {
     pub fn synced(&self) -> bool {
         let inner = self.lock();
         inner.synced && inner.promoted.is_none()
+    }
+
+    /// How long ago the attached primary was last heard from; `None` once promoted or
+    /// while no primary is attached.
+    pub fn primary_silence(&self) -> Option<Duration> {
+        let inner = self.lock();
+        match inner.promoted {
+            Some(_) => None,
+            None => inner.last_heard.map(|at| at.elapsed()),
+        }
+    }
+
+    /// Notes a sign of life of `session` (a renewal): the attached primary's counts.
+    pub fn heard_from(&self, session: SessionId) {
+        let mut inner = self.lock();
+        if inner.stream == Some(session) {
+            inner.last_heard = Some(Instant::now());
+        }
     }
 
     /// Refuses compute nodes' queue pairs and Persists until promoted.
@@ -1029,6 +1077,7 @@ impl Backup {
         inner.synced = false;
         inner.next_seq = 1;
         inner.primary_boot = req.primary_boot;
+        inner.last_heard = Some(Instant::now());
         Ok(proto::ReplicaAttachResponse {
             clean: inner.clean,
             pieces_with_data,
@@ -1113,6 +1162,7 @@ impl Backup {
             .transpose()
             .map_err(|e| Status::unavailable(e.to_string()))?;
         inner.next_seq += 1;
+        inner.last_heard = Some(Instant::now());
         inner.clean &= req.count == 0;
         inner.synced |= req.synced;
         Ok(wait)

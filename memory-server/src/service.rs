@@ -186,6 +186,12 @@ impl ControlRpc for ControlService {
             boot: self.state.boot(),
             role: self.state.role().to_proto() as i32,
             synced: self.state.backup.as_ref().is_some_and(Backup::synced),
+            primary_silent_ms: self
+                .state
+                .backup
+                .as_ref()
+                .and_then(Backup::primary_silence)
+                .map(|d| d.as_millis().try_into().unwrap_or(u64::MAX)),
         }))
     }
 
@@ -335,7 +341,10 @@ impl ControlRpc for ControlService {
         req: Request<proto::KeepAliveRequest>,
     ) -> Result<Response<proto::KeepAliveResponse>, Status> {
         self.state.counters.rpc(Rpc::KeepAlive);
-        self.state.session(&req)?;
+        let session = self.state.session(&req)?;
+        if let Some(backup) = &self.state.backup {
+            backup.heard_from(session.id);
+        }
         Ok(Response::new(proto::KeepAliveResponse {
             lease_ms: self.state.sessions.lease().as_millis() as u64,
         }))

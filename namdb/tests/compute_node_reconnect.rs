@@ -248,3 +248,79 @@ async fn a_compute_node_stopped_past_its_lease_is_fenced_and_reconnects_by_itsel
     let log = other.stderr();
     assert!(log.contains("fenced compute node"), "{log}");
 }
+
+/// A primary stopped with SIGSTOP (as a hung or cut-off host: its connections stay
+/// open and answer nothing). The node's monitor waits `PRIMARY_ANSWER_LIMIT` for its
+/// session renewal, asks the backup, which has not heard from the primary, reconnects,
+/// and the connection promotes the backup: every acknowledged write is there and new
+/// ones work. A request in flight meanwhile waits (its commit's Persist waits on the
+/// primary) and fails once the node has given up on the old connection's Persists.
+/// Before, the node waited for the HTTP/2 keep-alive twice (up to a minute) before
+/// the failover began, and a request in flight waited as long as its Persist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compute_node_fails_over_from_a_stopped_primary_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = token_file(dir.path());
+    let backup = durable(&token_file, &dir.path().join("ms0-b"), &["--backup"]);
+    let primary = durable(
+        &token_file,
+        &dir.path().join("ms0-p"),
+        &["--backup-at", &backup.control],
+    );
+    let addrs = vec![format!("{}|{}", primary.control, backup.control)];
+    let mut compute = ServerProcess::compute_node(&addrs, &token_file, &["--workers", "2"]);
+    let token = ClusterToken::new(TOKEN).unwrap();
+    let c = Client::connect(&compute.control, &token).await.unwrap();
+    c.create_table(TABLE, 16, 1024).await.unwrap();
+    write_round(&c, 1).await;
+
+    let pid = primary.child.id();
+    common::stop_and_wait(pid);
+    // Continued when the test ends, failing or not, so that no stopped process is left.
+    struct Continue(u32);
+    impl Drop for Continue {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &self.0.to_string()])
+                .status();
+        }
+    }
+    let _continue = Continue(pid);
+    let stopped = Instant::now();
+    // Bounded per attempt: a request must end once the node gave up on the primary
+    // (its answer limit, the backup's answer, the promotion, and 5 s later the old
+    // connection's Persists), about 10 s, never wait for the keep-alive (30 s).
+    let attempt = Duration::from_secs(20);
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout(attempt, put(&c, KEYS + 1, 7)).await {
+            Ok(Ok(())) => break,
+            Ok(Err(s)) => seen.push(s.message().to_string()),
+            Err(_) => panic!("a put hung past {attempt:?} (so far: {seen:?})"),
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(120),
+            "the node did not serve again; it said {seen:?}\n{}",
+            compute.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "the compute node served again {:?} after the primary stopped",
+        stopped.elapsed()
+    );
+    let log = compute.stderr();
+    assert!(
+        log.contains("did not answer within") && log.contains("has not heard from it for"),
+        "{log}"
+    );
+    let want: Vec<Option<u64>> = (0..KEYS).map(|k| Some(1000 + k)).collect();
+    assert_eq!(
+        read_all(&c, KEYS).await.unwrap(),
+        want,
+        "acknowledged writes"
+    );
+    write_round(&c, 2).await;
+    let stats = c.stats().await.unwrap();
+    assert_eq!(stats.reconnects, 1, "{stats:?}\n{log}");
+}

@@ -298,3 +298,63 @@ fn a_compute_node_started_while_a_backup_is_stopped_says_so_instead_of_waiting()
     let t = cluster.db.table("accounts").unwrap();
     assert_eq!(state(&cluster, &t), expected);
 }
+
+/// A primary stopped with SIGSTOP keeps its connections open and answers nothing, so
+/// only a bound tells it from a slow one. While it ran, idle, its backup heard from it
+/// every few hundred milliseconds (its session renewals); once stopped, a compute node
+/// connecting waits `PRIMARY_ANSWER_LIMIT` for its Hello, asks the backup, which has
+/// not heard from it for longer than `PRIMARY_SILENCE`, and promotes the backup, with
+/// every acknowledged commit there. Before, the node waited for the HTTP/2
+/// keep-alive to give up (half a minute) and promoted without asking.
+#[test]
+fn a_stopped_primary_is_failed_over_once_its_backup_has_not_heard_from_it() {
+    use compute_node::memory_servers::{BackupView, PRIMARY_SILENCE};
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let token = ClusterToken::new(TOKEN).unwrap();
+    let pairs = [pair(&token_file, None, 0)];
+    let addrs = addrs(&pairs);
+    let cluster = open(&addrs, &token);
+    let t = create(&cluster);
+    work(&cluster, &t, 0, 100);
+    let expected = state(&cluster, &t);
+    drop(cluster);
+
+    // Idle, the primary still renews its session at the backup.
+    std::thread::sleep(PRIMARY_SILENCE / 2 + Duration::from_millis(500));
+    let ask = || {
+        memory_server::blocking::Client::connect_within(
+            &pairs[0].backup.control,
+            &token,
+            Duration::from_secs(10),
+        )
+        .unwrap()
+        .server()
+        .clone()
+    };
+    let heard = ask().primary_silence.expect("a primary is attached");
+    assert!(
+        heard < Duration::from_secs(1),
+        "an idle primary was last heard from {heard:?} ago"
+    );
+    assert!(matches!(
+        BackupView::of(&ask()),
+        BackupView::PrimaryAlive(_)
+    ));
+
+    let stopped = Stopped::stop(pairs[0].primary.child.id());
+    let cluster = open(&addrs, &token);
+    assert_eq!(cluster.servers[0].addr(), pairs[0].backup.control);
+    assert_eq!(cluster.promotions.len(), 1, "{:?}", cluster.promotions);
+    let why = &cluster.promotions[0];
+    assert!(
+        why.contains("did not answer within") && why.contains("has not heard from it for"),
+        "{why}"
+    );
+    let t = cluster.db.table("accounts").unwrap();
+    assert_eq!(state(&cluster, &t), expected);
+    work(&cluster, &t, 100, 10);
+    drop(cluster);
+    drop(stopped);
+}

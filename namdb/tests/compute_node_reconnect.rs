@@ -274,18 +274,7 @@ async fn compute_node_fails_over_from_a_stopped_primary_by_itself() {
     c.create_table(TABLE, 16, 1024).await.unwrap();
     write_round(&c, 1).await;
 
-    let pid = primary.child.id();
-    common::stop_and_wait(pid);
-    // Continued when the test ends, failing or not, so that no stopped process is left.
-    struct Continue(u32);
-    impl Drop for Continue {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("kill")
-                .args(["-CONT", &self.0.to_string()])
-                .status();
-        }
-    }
-    let _continue = Continue(pid);
+    let _stopped = common::Stopped::stop(primary.child.id());
     let stopped = Instant::now();
     // Bounded per attempt: a request must end once the node gave up on the primary
     // (its answer limit, the backup's answer, the promotion, and 5 s later the old

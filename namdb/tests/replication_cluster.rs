@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::ServerProcess;
 use common::bank::{KEYS, OPENING, create, open, state, total, work};
+use common::{ServerProcess, Stopped};
 use memory_server::ClusterToken;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -170,25 +170,6 @@ fn a_primary_killed_and_started_again_at_once_attaches_once_its_old_session_laps
     let t = cluster.db.table("accounts").unwrap();
     assert_eq!(state(&cluster, &t), expected);
     work(&cluster, &t, 100, 10);
-}
-
-/// A process stopped with SIGSTOP, continued (SIGCONT) when dropped, so that a failing
-/// test leaves no stopped process behind.
-struct Stopped(u32);
-
-impl Stopped {
-    fn stop(pid: u32) -> Stopped {
-        common::stop_and_wait(pid);
-        Stopped(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-CONT", &self.0.to_string()])
-            .status();
-    }
 }
 
 /// A child process killed and reaped when dropped.

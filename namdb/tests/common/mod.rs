@@ -467,6 +467,27 @@ pub fn send_signal(pid: u32, signal: &str) {
 /// SIGSTOPs `pid` and waits until /proc says it is stopped (`T`): the signal is
 /// delivered after kill(1) returns, and what the test does next must meet a process
 /// that answers nothing.
+/// A process stopped with SIGSTOP, continued (SIGCONT) when dropped, so that a failing
+/// test leaves no stopped process behind.
+pub struct Stopped(u32);
+
+impl Stopped {
+    pub fn stop(pid: u32) -> Stopped {
+        stop_and_wait(pid);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // Not `send_signal`: the process may be gone by now, and a panic in a drop
+        // that runs while a failing test unwinds would abort the run.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
 pub fn stop_and_wait(pid: u32) {
     send_signal(pid, "-STOP");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

@@ -297,6 +297,7 @@ pub const PRIMARY_ANSWER_LIMIT: Duration = Duration::from_secs(5);
 pub const PRIMARY_SILENCE: Duration = Duration::from_secs(3);
 
 /// What a backup says of its primary.
+#[derive(Clone, Copy, Debug)]
 pub enum BackupView {
     /// It was promoted: its primary is fenced.
     Promoted,
@@ -317,11 +318,35 @@ impl BackupView {
     }
 }
 
-/// "for 4.2 s" or "since it started" (no primary attached), for [`BackupView::PrimarySilent`].
-fn silence_text(silence: Option<Duration>) -> String {
-    match silence {
-        Some(d) => format!("for {:.1} s", d.as_secs_f64()),
-        None => "since it started (no primary attached to it)".to_string(),
+/// Asks the backup at `backup` what it knows of its primary (within
+/// [`BACKUP_ANSWER_LIMIT`]): what a node that got no answer from that primary within
+/// [`PRIMARY_ANSWER_LIMIT`] goes by.
+pub fn ask_backup(backup: &str, token: &ClusterToken) -> Result<BackupView, ClientError> {
+    Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT).map(|b| BackupView::of(b.server()))
+}
+
+/// The backup of `spec` (`PRIMARY|BACKUP`), unless the server is served by it
+/// already (`serving`, the address in use).
+pub fn backup_of<'s>(spec: &'s str, serving: &str) -> Option<&'s str> {
+    spec.split_once('|')
+        .map(|(_, b)| b.trim())
+        .filter(|b| *b != serving)
+}
+
+/// "was promoted", "heard from it 0.2 s ago", "has not heard from it for 4.2 s".
+impl std::fmt::Display for BackupView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackupView::Promoted => write!(f, "was promoted"),
+            BackupView::PrimaryAlive(d) => write!(f, "heard from it {:.1} s ago", d.as_secs_f64()),
+            BackupView::PrimarySilent(Some(d)) => {
+                write!(f, "has not heard from it for {:.1} s", d.as_secs_f64())
+            }
+            BackupView::PrimarySilent(None) => write!(
+                f,
+                "has not heard from it since it started (no primary attached to it)"
+            ),
+        }
     }
 }
 
@@ -373,7 +398,8 @@ fn connect_server(
         // session at while idle, tells which.
         let b = Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT))
             .map_err(control(backup))?;
-        match BackupView::of(b.server()) {
+        let view = BackupView::of(b.server());
+        match view {
             BackupView::Promoted => {
                 tracing::warn!(
                     primary,
@@ -382,22 +408,18 @@ fn connect_server(
                 );
                 return Ok((backup.to_string(), b, None));
             }
-            BackupView::PrimaryAlive(heard) => {
+            BackupView::PrimaryAlive(_) => {
                 tracing::warn!(
                     primary,
                     backup,
                     "the primary did not answer within {PRIMARY_ANSWER_LIMIT:?}, but its \
-                     backup heard from it {:.1} s ago: waiting for the primary, not \
-                     promoting the backup of a live primary",
-                    heard.as_secs_f64()
+                     backup {view}: waiting for the primary, not promoting the backup of a \
+                     live primary"
                 );
                 reached = Client::connect_as(primary, token, incarnation, None);
             }
-            BackupView::PrimarySilent(silence) => {
-                let why = format!(
-                    "{e}, and its backup at {backup} has not heard from it {}",
-                    silence_text(silence)
-                );
+            BackupView::PrimarySilent(_) => {
+                let why = format!("{e}, and its backup at {backup} {view}");
                 return promote(primary, backup, b, token, incarnation, why);
             }
         }

@@ -19,7 +19,7 @@
 //! backoff. Meanwhile calls get UNAVAILABLE ("reconnecting to the memory servers: …").
 
 use crate::memory_servers::{
-    BACKUP_ANSWER_LIMIT, BackupView, ConnectError, PRIMARY_ANSWER_LIMIT, RemoteCluster, connect,
+    BackupView, ConnectError, PRIMARY_ANSWER_LIMIT, RemoteCluster, ask_backup, backup_of, connect,
 };
 use crate::pool::{Pool, STATS_WAIT, WorkerStats};
 use memory_server::ClusterToken;
@@ -89,11 +89,7 @@ impl Live {
             let gone =
                 |e: &dyn std::fmt::Display| format!("memory server {i} at {}: {e}", server.addr());
             // A primary with a backup, still served by that primary.
-            let Some(backup) = spec
-                .split_once('|')
-                .map(|(_, b)| b.trim())
-                .filter(|b| *b != server.addr())
-            else {
+            let Some(backup) = backup_of(spec, server.addr()) else {
                 server.keep_alive().map_err(|e| gone(&e))?;
                 continue;
             };
@@ -101,20 +97,13 @@ impl Live {
                 Ok(()) => {}
                 Err(e @ memory_server::ClientError::TimedOut { .. }) => {
                     // Stopped or cut off, or only slow: its backup tells which.
-                    let view = memory_server::blocking::Client::connect_within(
-                        backup,
-                        &config.token,
-                        BACKUP_ANSWER_LIMIT,
-                    )
-                    .map(|b| BackupView::of(b.server()));
-                    match view {
-                        Ok(BackupView::PrimaryAlive(heard)) => tracing::warn!(
+                    match ask_backup(backup, &config.token) {
+                        Ok(view @ BackupView::PrimaryAlive(_)) => tracing::warn!(
                             primary = server.addr(),
                             backup,
                             "the primary did not renew this node's session within \
-                             {PRIMARY_ANSWER_LIMIT:?}, but its backup heard from it {:.1} s \
-                             ago: it is slow, or cut off from this node only; still using it",
-                            heard.as_secs_f64()
+                             {PRIMARY_ANSWER_LIMIT:?}, but its backup {view}: it is slow, or \
+                             cut off from this node only; still using it"
                         ),
                         Ok(_) => return Err(gone(&e)),
                         Err(b) => {
@@ -150,22 +139,14 @@ impl Live {
                 ));
             }
             drop(hello);
-            if let Some((_, backup)) = spec.split_once('|') {
-                let backup = backup.trim();
-                // Bounded: a stopped backup would hold every deep check (and so the
-                // noticing of a dead primary) until the HTTP/2 keep-alive.
-                if backup != server.addr()
-                    && let Ok(b) = memory_server::blocking::Client::connect_within(
-                        backup,
-                        &config.token,
-                        BACKUP_ANSWER_LIMIT,
-                    )
-                    && b.server().role == memory_server::Role::Promoted
-                {
-                    return Err(format!(
-                        "memory server {i}: its backup at {backup} was promoted; the primary is fenced"
-                    ));
-                }
+            // Bounded: a stopped backup would hold every deep check (and so the noticing
+            // of a dead primary) until the HTTP/2 keep-alive.
+            if let Some(backup) = backup_of(spec, server.addr())
+                && let Ok(BackupView::Promoted) = ask_backup(backup, &config.token)
+            {
+                return Err(format!(
+                    "memory server {i}: its backup at {backup} was promoted; the primary is fenced"
+                ));
             }
         }
         Ok(())

@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use backup_watch::BackupWatch;
 use clap::{Args, ValueEnum};
 use compute_node::RemoteCluster;
+use compute_node::memory_servers::{BackupView, PRIMARY_ANSWER_LIMIT, ask_backup, backup_of};
 use memory_server::ClusterToken;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -158,6 +159,13 @@ pub struct ChaosArgs {
     /// primary copies its state to it again), server 0's before its failover.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub replicas: u8,
+    /// With `--replicas 2`: a failover stops the primary (SIGSTOP, as a hung or cut-off
+    /// host: it keeps its connections and answers nothing) instead of killing it. The
+    /// nodes must find it silent through its backup and promote the backup; the harness
+    /// kills the stopped primary once that happened, and counts it a problem if it did
+    /// not within a minute.
+    #[arg(long)]
+    pub stop_failed_primaries: bool,
     /// Testing hook (hidden; DEVELOPERS.md, "Chaos harness"): how long a planned action
     /// may stay blocked before the harness gives up on it (60 s by default).
     #[arg(long, hide = true, value_name = "MS", default_value_t = START_TIMEOUT.as_millis() as u64)]
@@ -341,7 +349,7 @@ pub fn node_main(args: &ChaosNodeArgs) -> Result<()> {
             repair: repair(&r, SystemTime::now()),
         })?;
     }
-    watch_servers(&remote, &token);
+    watch_servers(&remote, &args.memory_servers, &token);
     let db = remote.db.clone();
     let ids = Ids::new(args.incarnation).map_err(anyhow::Error::msg)?;
     let bank_workload = bank();
@@ -473,14 +481,21 @@ fn connect_node(
 /// cut short is `pending`, i.e. unknown), and a new process reopens the database.
 /// Watched is the process this node uses (a replicated server's primary, or its
 /// backup once promoted): a dead primary is a lost server like any other, and the new
-/// process fails over to the backup when it connects.
-fn watch_servers(remote: &RemoteCluster, token: &ClusterToken) {
+/// process fails over to the backup when it connects. A primary that does not answer
+/// within [`PRIMARY_ANSWER_LIMIT`] (stopped: it still listens) is lost once its backup
+/// has not heard from it either; one its backup still hears from is only slow.
+fn watch_servers(remote: &RemoteCluster, specs: &[String], token: &ClusterToken) {
     use txn::MemoryServerLink;
     let boots: Vec<u64> = remote.servers.iter().map(|s| s.boot()).collect();
     let addrs: Vec<String> = remote
         .servers
         .iter()
         .map(|s| s.addr().to_string())
+        .collect();
+    let backups: Vec<Option<String>> = specs
+        .iter()
+        .zip(&addrs)
+        .map(|(spec, serving)| backup_of(spec, serving).map(str::to_string))
         .collect();
     let token = token.clone();
     let servers = remote.servers.clone();
@@ -489,6 +504,20 @@ fn watch_servers(remote: &RemoteCluster, token: &ClusterToken) {
             eprintln!("lost memory server {i} ({}): {why}; exiting", addrs[i]);
             std::process::exit(SERVER_LOST)
         };
+        // Whether server `i`, which did not answer (`e`), is gone: a stopped primary
+        // whose backup has not heard from it either (or was promoted).
+        let judge = |i: usize, e: &memory_server::ClientError| {
+            let (Some(backup), memory_server::ClientError::TimedOut { .. }) = (&backups[i], e)
+            else {
+                return;
+            };
+            match ask_backup(backup, &token) {
+                Ok(BackupView::PrimaryAlive(_)) | Err(_) => {}
+                Ok(view) => lost(i, format!("{e}, and its backup at {backup} {view}")),
+            }
+        };
+        // Replicated primaries are asked within a bound, the others without.
+        let limit = |i: usize| backups[i].as_ref().map(|_| PRIMARY_ANSWER_LIMIT);
         let mut last_boot_check = Instant::now();
         let mut last_fence_check = Instant::now();
         loop {
@@ -500,11 +529,16 @@ fn watch_servers(remote: &RemoteCluster, token: &ClusterToken) {
                 last_fence_check = Instant::now();
             }
             for (i, server) in servers.iter().enumerate().filter(|_| fence_check) {
-                if let Err(e) = server.keep_alive()
-                    && e.was_fenced()
-                {
-                    eprintln!("fenced at memory server {i} ({}): {e}; exiting", addrs[i]);
-                    std::process::exit(FENCED)
+                let renewed = match limit(i) {
+                    Some(limit) => server.keep_alive_within(limit),
+                    None => server.keep_alive(),
+                };
+                if let Err(e) = renewed {
+                    if e.was_fenced() {
+                        eprintln!("fenced at memory server {i} ({}): {e}; exiting", addrs[i]);
+                        std::process::exit(FENCED)
+                    }
+                    judge(i, &e);
                 }
             }
             // A bare connect is cheap enough to run often; a dead server refuses it.
@@ -519,12 +553,17 @@ fn watch_servers(remote: &RemoteCluster, token: &ClusterToken) {
             if last_boot_check.elapsed() >= BOOT_CHECK_EVERY {
                 last_boot_check = Instant::now();
                 for (i, addr) in addrs.iter().enumerate() {
-                    match memory_server::blocking::Client::connect(addr, &token) {
+                    match memory_server::blocking::Client::connect_as(addr, &token, 0, limit(i)) {
                         Ok(c) if c.server().boot != boots[i] => {
                             lost(i, format!("restarted (boot {})", c.server().boot))
                         }
                         Ok(_) => {}
-                        Err(e) => lost(i, format!("cannot connect: {e}")),
+                        Err(e) => {
+                            judge(i, &e);
+                            if !matches!(e, memory_server::ClientError::TimedOut { .. }) {
+                                lost(i, format!("cannot connect: {e}"));
+                            }
+                        }
                     }
                 }
             }
@@ -816,6 +855,9 @@ struct Harness<'a> {
     backups_down: Vec<bool>,
     /// Per backup: stopped by `--stop-restarted-backups`.
     backups_stopped: Vec<bool>,
+    /// Per server: its primary, stopped by a failover under `--stop-failed-primaries`,
+    /// since when, and when its backup was last asked whether it was promoted.
+    primaries_stopped: Vec<Option<(Instant, Instant)>>,
     /// Fixed control-plane ports, so a restarted server is where the nodes look: the
     /// primaries', then the backups'.
     ports: Vec<u16>,
@@ -871,8 +913,13 @@ impl Drop for Harness<'_> {
         for w in &self.backup_watches {
             w.stop();
         }
-        // A stopped backup would hold SIGTERM until stop_all's deadline.
+        // A stopped backup (or primary) would hold SIGTERM until stop_all's deadline.
         self.resume_backups();
+        for (i, stopped) in self.primaries_stopped.iter().enumerate() {
+            if stopped.is_some() {
+                signal_pid(self.servers[i].pid, rustix::process::Signal::CONT);
+            }
+        }
         crate::cluster_cmd::stop_all(self.servers.iter().chain(&self.backups), &self.token_file);
         // The nodes killed above (and by kill episodes since the last node started,
         // which sweeps its predecessors') left their socket directories in the
@@ -909,6 +956,7 @@ impl<'a> Harness<'a> {
             backup_watches: Vec::new(),
             backups_down: Vec::new(),
             backups_stopped: Vec::new(),
+            primaries_stopped: Vec::new(),
             ports: Vec::new(),
             addrs: Vec::new(),
             failed_over: vec![false; args.servers as usize],
@@ -1048,8 +1096,11 @@ impl<'a> Harness<'a> {
 
         self.execute(plan);
         crate::cluster_cmd::check_interrupted()?;
-        // A stall near the end gets its time to be found fenced, as one mid-run does.
-        while (0..self.nodes.len()).any(|n| self.stall_unsettled(n).is_some()) {
+        // A stall near the end gets its time to be found fenced, as one mid-run does,
+        // and a primary stopped near the end its time to be failed over.
+        while (0..self.nodes.len()).any(|n| self.stall_unsettled(n).is_some())
+            || self.primaries_stopped.iter().any(Option::is_some)
+        {
             crate::cluster_cmd::check_interrupted()?;
             self.poll();
             std::thread::sleep(Duration::from_millis(5));
@@ -1060,6 +1111,7 @@ impl<'a> Harness<'a> {
             }
         }
         self.resume_backups();
+        self.settle_stopped_primaries(true);
         let end_ns = unix_ns(SystemTime::now());
         self.stop_nodes();
 
@@ -1571,9 +1623,52 @@ impl<'a> Harness<'a> {
         Ok(())
     }
 
+    /// Kills each primary stopped by a failover (`--stop-failed-primaries`) once its
+    /// backup was promoted, which the nodes do once they find the primary silent; or,
+    /// `now` (the run is being torn down) or a minute after the stop, anyway, then
+    /// counting it a problem that the backup was not promoted. The end of the faults
+    /// waits for this, as for a stall's settling. Asks each backup at most twice a
+    /// second (a bounded Hello; the backup runs).
+    fn settle_stopped_primaries(&mut self, now: bool) {
+        const ASK_EVERY: Duration = Duration::from_millis(500);
+        const PROMOTION_LIMIT: Duration = Duration::from_secs(60);
+        for i in 0..self.primaries_stopped.len() {
+            let Some((since, asked)) = self.primaries_stopped[i] else {
+                continue;
+            };
+            if !now && asked.elapsed() < ASK_EVERY {
+                continue;
+            }
+            let view = ask_backup(&self.backups[i].address, &self.token);
+            let promoted = matches!(view, Ok(BackupView::Promoted));
+            if !promoted && !now && since.elapsed() < PROMOTION_LIMIT {
+                self.primaries_stopped[i] = Some((since, Instant::now()));
+                continue;
+            }
+            self.primaries_stopped[i] = None;
+            if promoted {
+                self.counts.stopped_primaries_failed_over += 1;
+            } else {
+                let said = match view {
+                    Ok(view) => format!("its backup {view}"),
+                    Err(e) => format!("its backup did not answer: {e}"),
+                };
+                self.problems.push(format!(
+                    "memory server {i}'s primary was stopped {:.1} s ago and its backup was \
+                     not promoted ({said})",
+                    since.elapsed().as_secs_f64()
+                ));
+            }
+            if let Err(e) = kill_and_reap(&self.servers[i], &format!("memory server {i}")) {
+                self.problems.push(format!("{e:#}"));
+            }
+        }
+    }
+
     /// Reads what the nodes wrote, resumes paused nodes whose time is up, and notices
     /// nodes that died on their own.
     fn poll(&mut self) {
+        self.settle_stopped_primaries(false);
         if self.servers_down.iter().all(|d| !d) {
             for n in 0..self.nodes.len() {
                 let rearm = self.rearm[n].clone();
@@ -2108,7 +2203,20 @@ impl<'a> Harness<'a> {
                     bail!("memory server {server} has no backup to fail over to");
                 }
                 let boot = self.boots[*server];
-                let killed = self.kill_memory_server(*server)?;
+                let killed = if self.args.stop_failed_primaries {
+                    signal_pid(self.servers[*server].pid, rustix::process::Signal::STOP);
+                    let stopped = Instant::now();
+                    if self.primaries_stopped.len() <= *server {
+                        self.primaries_stopped.resize(*server + 1, None);
+                    }
+                    self.primaries_stopped[*server] = Some((stopped, stopped));
+                    self.counts.stopped_primaries += 1;
+                    // Nodes that find it silent exit as having lost the server.
+                    self.last_server_kill = Some(stopped);
+                    stopped
+                } else {
+                    self.kill_memory_server(*server)?
+                };
                 // Nothing to wait for: the backup is up, and the nodes that lost the
                 // primary are started again at once (the first promotes the backup).
                 self.servers_down[*server] = false;
@@ -2131,7 +2239,11 @@ impl<'a> Harness<'a> {
                     repairs: Vec::new(),
                     commits_resumed_after_ms: None,
                 });
-                format!("killed primary boot {boot} for good; its backup takes over")
+                if self.args.stop_failed_primaries {
+                    format!("stopped primary boot {boot} (SIGSTOP); its backup takes over")
+                } else {
+                    format!("killed primary boot {boot} for good; its backup takes over")
+                }
             }
             Action::KillBackup { server } => {
                 if self.failed_over[*server] || self.backups.get(*server).is_none() {

@@ -668,3 +668,62 @@ fn an_interrupted_run_stops_its_processes_and_removes_its_directory() {
     );
     assert_nothing_left(tmp.path(), &pids, &said);
 }
+
+/// A failover that stops the primary (SIGSTOP, as a hung host: it keeps its
+/// connections and answers nothing) instead of killing it: the nodes find the primary
+/// silent through its backup, exit as having lost the server, and the nodes started
+/// again promote the backup, all while the primary is stopped; every check passes.
+/// Before, nodes waited for the HTTP/2 keep-alive (half a minute) twice.
+#[test]
+fn a_failover_of_a_stopped_primary_is_carried_out_by_the_nodes_and_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let run = dir.path().join("run");
+    let o = namdb(&[
+        "chaos",
+        "--dir",
+        run.to_str().unwrap(),
+        "--duration",
+        "20",
+        "--nodes",
+        "2",
+        "--servers",
+        "1",
+        "--sessions",
+        "2",
+        "--seed",
+        "11",
+        "--replicas",
+        "2",
+        "--stop-failed-primaries",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("verdict: PASSED"), "{out}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let actions = &report["actions"];
+    assert_eq!(actions["server_failovers"], 1, "{actions}");
+    assert_eq!(actions["stopped_primaries"], 1, "{actions}");
+    assert_eq!(actions["stopped_primaries_failed_over"], 1, "{out}");
+    assert!(
+        out.contains("its backup was promoted while it was stopped in 1"),
+        "{out}"
+    );
+    // A node running when the primary stopped found it silent through its backup.
+    let said_lost = std::fs::read_dir(&run).unwrap().any(|e| {
+        let path = e.unwrap().path();
+        path.file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("node")
+            && std::fs::read_to_string(&path).is_ok_and(|log| {
+                log.contains("lost memory server 0")
+                    && log.contains("did not answer within")
+                    && log.contains("has not heard from it for")
+            })
+    });
+    assert!(said_lost, "{out}");
+}

@@ -67,6 +67,14 @@ pub struct ActionCounts {
     /// over).
     #[serde(default)]
     pub server_failovers: u64,
+    /// Failovers carried out by stopping the primary (SIGSTOP) rather than killing it
+    /// (`namdb chaos --stop-failed-primaries`).
+    #[serde(default)]
+    pub stopped_primaries: u64,
+    /// Of those, the ones whose backup the nodes promoted while the primary was
+    /// stopped.
+    #[serde(default)]
+    pub stopped_primaries_failed_over: u64,
     /// SIGKILLs of backups of replicated memory servers.
     #[serde(default)]
     pub backup_kills: u64,
@@ -466,6 +474,14 @@ impl fmt::Display for ChaosReport {
             a.backup_kills,
             a.backup_restarts
         )?;
+        if a.stopped_primaries > 0 {
+            writeln!(
+                f,
+                "  {} failovers stopped the primary instead of killing it; its backup was \
+                 promoted while it was stopped in {}",
+                a.stopped_primaries, a.stopped_primaries_failed_over
+            )?;
+        }
         for (point, n) in &self.crash_points {
             writeln!(
                 f,
@@ -527,7 +543,7 @@ impl fmt::Display for ChaosReport {
             if r.failover {
                 writeln!(
                     f,
-                    "  server {} failed over at {:.1} s (primary killed, backup promoted); \
+                    "  server {} failed over at {:.1} s (primary lost, backup promoted); \
                      commits again after {}; {repair}",
                     r.server,
                     r.killed_at_ms / 1000.0,

@@ -288,6 +288,11 @@ pub const BACKUP_ANSWER_LIMIT: Duration = Duration::from_secs(10);
 /// keep-alive to give up (half a minute) before it even began to fail over.
 pub const PRIMARY_ANSWER_LIMIT: Duration = Duration::from_secs(5);
 
+/// The bound on a replicated primary's Hello when its backup has not heard from it for
+/// [`PRIMARY_SILENCE`] already: most likely it is gone, and a node that found it
+/// silent exited and is connecting again.
+pub const SILENT_PRIMARY_ANSWER_LIMIT: Duration = Duration::from_secs(1);
+
 /// How long a backup must not have heard from its primary, which renews its session
 /// there every [`memory_server::PRIMARY_HEARTBEAT`] while it has nothing to send,
 /// before a compute node that cannot reach that primary either promotes the backup.
@@ -392,7 +397,24 @@ fn connect_server(
             None,
         ));
     };
-    let mut reached = Client::connect_as(primary, token, incarnation, Some(PRIMARY_ANSWER_LIMIT));
+    // The backup is asked first (as this incarnation: the session is kept if it was
+    // promoted): a promoted backup is used at once, and a primary its backup has not
+    // heard from is given a short bound, since it is most likely gone (the node that
+    // found it silent exited and this is its successor).
+    let asked = Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT));
+    let limit = match asked.as_ref().map(|b| BackupView::of(b.server())) {
+        Ok(BackupView::Promoted) => {
+            tracing::warn!(
+                primary,
+                backup,
+                "the backup was promoted already; using it instead of the fenced primary"
+            );
+            return Ok((backup.to_string(), asked.expect("answered"), None));
+        }
+        Ok(BackupView::PrimarySilent(_)) => SILENT_PRIMARY_ANSWER_LIMIT,
+        Ok(BackupView::PrimaryAlive(_)) | Err(_) => PRIMARY_ANSWER_LIMIT,
+    };
+    let mut reached = Client::connect_as(primary, token, incarnation, Some(limit));
     if let Err(e @ ClientError::TimedOut { .. }) = &reached {
         // Stopped, cut off, or only slow: the backup, which the primary renews its
         // session at while idle, tells which.
@@ -412,9 +434,8 @@ fn connect_server(
                 tracing::warn!(
                     primary,
                     backup,
-                    "the primary did not answer within {PRIMARY_ANSWER_LIMIT:?}, but its \
-                     backup {view}: waiting for the primary, not promoting the backup of a \
-                     live primary"
+                    "the primary did not answer within {limit:?}, but its backup {view}: \
+                     waiting for the primary, not promoting the backup of a live primary"
                 );
                 reached = Client::connect_as(primary, token, incarnation, None);
             }
@@ -426,25 +447,15 @@ fn connect_server(
     }
     match reached {
         Ok(client) => {
-            // As this incarnation: the session is kept if the backup was promoted.
-            match Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT)) {
-                Ok(b) if b.server().role == memory_server::Role::Promoted => {
-                    tracing::warn!(
-                        primary,
-                        backup,
-                        "the backup was promoted already; using it instead of the fenced primary"
-                    );
-                    return Ok((backup.to_string(), b, None));
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(
+            if let Err(e) = &asked {
+                tracing::warn!(
                     primary,
                     backup,
                     "cannot ask the backup memory server whether it was promoted ({e}); going \
                      on with the primary, which acknowledges no write until its backup \
                      answers it (so opening the database waits for that, or fails with the \
                      primary's error naming the backup)"
-                ),
+                );
             }
             Ok((primary.to_string(), client, None))
         }

@@ -369,7 +369,11 @@ impl Node {
     fn reconnect(&self, why: String) {
         let started = Instant::now();
         tracing::warn!("a memory server went away ({why}); reconnecting");
+        // The old connection's servers: their Persists still pending are given up once
+        // the new connection works (or by `retire`, if that takes long).
+        let mut old_servers = Vec::new();
         if let State::Ready(old) = self.set(State::Reconnecting { why: why.clone() }) {
+            old_servers = old.cluster.servers.clone();
             retire(old, why.clone());
         }
         let mut backoff = BACKOFF_MIN;
@@ -386,6 +390,13 @@ impl Node {
                     self.failures.store(0, Ordering::Relaxed);
                     self.set(State::Ready(Arc::new(live)));
                     tracing::info!(attempt, ?took, "reconnected to the memory servers");
+                    for server in &old_servers {
+                        server.give_up_persists(&format!(
+                            "the compute node reconnected to the memory servers ({why}) and \
+                             gave up on this Persist of the old connection, still unanswered; \
+                             recovery decides its commit"
+                        ));
+                    }
                     return;
                 }
                 Err(e) => {

@@ -8,6 +8,7 @@
 mod common;
 
 use serde_json::Value;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,17 +28,13 @@ fn text(o: &Output) -> String {
     )
 }
 
-#[test]
-fn a_small_run_kills_crashes_at_every_step_pauses_stalls_fails_the_server_over_and_passes() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("chaos.json");
-    // 37 s is what the plan needs to arm all seven crash points, stall a node past its
-    // lease twice, restart the memory server's backup and fail the server over with a
-    // 250 ms lease: two stalls, since one may run on unfenced on a loaded machine.
-    let o = namdb(&[
+/// `namdb chaos` with seed 11, two nodes and one replicated memory server, for
+/// `duration` seconds, with `extra` arguments, writing its report to `json`.
+fn seed_11_run(duration: &str, extra: &[&str], json: &Path) -> Output {
+    let mut args = vec![
         "chaos",
         "--duration",
-        "37",
+        duration,
         "--nodes",
         "2",
         "--servers",
@@ -48,9 +45,20 @@ fn a_small_run_kills_crashes_at_every_step_pauses_stalls_fails_the_server_over_a
         "11",
         "--replicas",
         "2",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    args.extend(["--json", json.to_str().unwrap()]);
+    namdb(&args)
+}
+
+#[test]
+fn a_small_run_kills_crashes_at_every_step_pauses_stalls_fails_the_server_over_and_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    // 37 s is what the plan needs to arm all seven crash points, stall a node past its
+    // lease twice, restart the memory server's backup and fail the server over with a
+    // 250 ms lease: two stalls, since one may run on unfenced on a loaded machine.
+    let o = seed_11_run("37", &[], &json);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     assert!(out.contains("verdict: PASSED"), "{out}");
@@ -679,26 +687,8 @@ fn a_failover_of_a_stopped_primary_is_carried_out_by_the_nodes_and_passes() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("chaos.json");
     let run = dir.path().join("run");
-    let o = namdb(&[
-        "chaos",
-        "--dir",
-        run.to_str().unwrap(),
-        "--duration",
-        "20",
-        "--nodes",
-        "2",
-        "--servers",
-        "1",
-        "--sessions",
-        "2",
-        "--seed",
-        "11",
-        "--replicas",
-        "2",
-        "--stop-failed-primaries",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let run_dir = run.to_str().unwrap();
+    let o = seed_11_run("20", &["--dir", run_dir, "--stop-failed-primaries"], &json);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     assert!(out.contains("verdict: PASSED"), "{out}");

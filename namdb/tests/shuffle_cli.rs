@@ -621,16 +621,19 @@ fn an_mpi_run_shows_its_progress_before_its_result() {
         "mpi",
         "--pattern",
         "repartition",
-        // Small messages: thousands of rounds, a run of a second or so.
+        // Small messages: tens of thousands of rounds. With 400 000 tuples a quiet
+        // machine ran the exchange in less than one 10 ms progress period (CI,
+        // 2026-12-07: "shuffling: 0 of 400000" then "verifying"); ten times as many
+        // last several periods even so.
         "--tuples",
-        "400000",
+        "4000000",
         "--message-bytes",
         "256",
         "--progress-ms",
         "10",
     ]);
     let rows = rows.unwrap_or_else(|| panic!("failed: {}", text(&out)));
-    check_rows(&rows, 2, 1, 400_000);
+    check_rows(&rows, 2, 1, 4_000_000);
     let stderr = common::stderr(&out);
     let progress = common::progress_between(
         &stderr,
@@ -642,8 +645,8 @@ fn an_mpi_run_shows_its_progress_before_its_result() {
         progress
             .iter()
             .any(|l| l.contains("mpi repartition: shuffling: ")
-                && l.contains(" of 400000 tuples (")
-                && !l.contains("shuffling: 0 of")),
+                && l.contains(" of 4.0 M tuples (")
+                && !l.contains("(0%)")),
         "no line of tuples sent while shuffling: {stderr}"
     );
 }

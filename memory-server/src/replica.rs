@@ -950,8 +950,13 @@ impl Backup {
     }
 
     /// Notes a sign of life of `session` (a renewal): the attached primary's counts.
+    /// Called on the async runtime, so it never waits for the lock: whoever holds it
+    /// is applying a batch (which notes the attached primary itself when it ends) or
+    /// answering briefly, and a renewal missed is one of four a second.
     pub fn heard_from(&self, session: SessionId) {
-        let mut inner = self.lock();
+        let Ok(mut inner) = self.inner.try_lock() else {
+            return;
+        };
         if inner.stream == Some(session) {
             inner.last_heard = Some(Instant::now());
         }

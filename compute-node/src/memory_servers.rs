@@ -460,8 +460,12 @@ fn connect_server(
             Ok((primary.to_string(), client, None))
         }
         Err(e) => {
-            let b = Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT)
-                .map_err(control(backup))?;
+            // The session asked first, if the backup answered then.
+            let b = match asked {
+                Ok(b) => b,
+                Err(_) => Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT)
+                    .map_err(control(backup))?,
+            };
             promote(primary, backup, b, token, incarnation, format!("{e}"))
         }
     }

@@ -390,13 +390,7 @@ impl Node {
                     self.failures.store(0, Ordering::Relaxed);
                     self.set(State::Ready(Arc::new(live)));
                     tracing::info!(attempt, ?took, "reconnected to the memory servers");
-                    for server in &old_servers {
-                        server.give_up_persists(&format!(
-                            "the compute node reconnected to the memory servers ({why}) and \
-                             gave up on this Persist of the old connection, still unanswered; \
-                             recovery decides its commit"
-                        ));
-                    }
+                    give_up_persists(&old_servers, &why);
                     return;
                 }
                 Err(e) => {
@@ -434,6 +428,18 @@ fn monitor(node: std::sync::Weak<Node>) {
     }
 }
 
+/// Fails the Persists still pending on `servers`, of a connection retired because
+/// `why`: their commits are left to recovery, their requests end.
+fn give_up_persists(servers: &[Arc<crate::memory_servers::RemoteServer>], why: &str) {
+    let why = format!(
+        "the compute node reconnected to the memory servers ({why}) and gave up on this \
+         Persist of the old connection, still unanswered; recovery decides its commit"
+    );
+    for server in servers {
+        server.give_up_persists(&why);
+    }
+}
+
 /// Drops a dead connection once the requests still holding it are done, on a thread of
 /// its own: its workers may take a while to fail what runs on them.
 fn retire(old: Arc<Live>, why: String) {
@@ -448,14 +454,7 @@ fn retire(old: Arc<Live>, why: String) {
                     // A healthy server answered its Persists long ago: what is still
                     // pending waits on the server that went away.
                     given_up = true;
-                    let why = format!(
-                        "the compute node reconnected to the memory servers ({why}) and \
-                         gave up on this Persist, still unanswered {GIVE_UP_PERSISTS_AFTER:?} \
-                         later; recovery decides its commit"
-                    );
-                    for server in &old.cluster.servers {
-                        server.give_up_persists(&why);
-                    }
+                    give_up_persists(&old.cluster.servers, &why);
                 }
                 match Arc::try_unwrap(old) {
                     Ok(live) => {

@@ -219,6 +219,11 @@ impl Client {
         self.block_on(self.inner().promote())?
     }
 
+    /// See [`crate::Client::attach_backup`].
+    pub fn attach_backup(&self, backup_at: &str) -> Result<(), ClientError> {
+        self.block_on(self.inner().attach_backup(backup_at))?
+    }
+
     /// The client's runtime, for work that must run on it without blocking the caller
     /// (the [`crate::Persister`]).
     pub(crate) fn runtime(&self) -> tokio::runtime::Handle {

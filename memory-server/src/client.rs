@@ -168,6 +168,9 @@ pub struct ServerInfo {
     /// or a session renewal; an idle primary renews every [`crate::PRIMARY_HEARTBEAT`]).
     /// `None` on other servers, and on a backup no primary attached to yet.
     pub primary_silence: Option<Duration>,
+    /// A server that replicates to a backup (a primary, or a promoted server given one
+    /// by [`Client::attach_backup`]): that backup's address. `None` on other servers.
+    pub backup_at: Option<String>,
 }
 
 /// A byte range of a region for [`Client::persist`].
@@ -359,6 +362,7 @@ impl Client {
                 role: crate::Role::from_proto(hello.role),
                 synced: hello.synced,
                 primary_silence: hello.primary_silent_ms.map(Duration::from_millis),
+                backup_at: hello.backup_at,
             },
             lease,
             keepalive,
@@ -629,6 +633,21 @@ impl Client {
             .map_err(rpc_error("Promote"))?
             .into_inner()
             .boot)
+    }
+
+    /// Gives a promoted server a new backup at `backup_at` (a server started with
+    /// `--backup`) while it serves: answers once attached; the backup reports `synced`
+    /// in its Hello once it holds the whole state. Idempotent for the backup the server
+    /// has.
+    pub async fn attach_backup(&self, backup_at: &str) -> Result<(), ClientError> {
+        self.rpc
+            .clone()
+            .attach_backup(self.request(proto::AttachBackupRequest {
+                backup_at: backup_at.to_string(),
+            }))
+            .await
+            .map_err(rpc_error("AttachBackup"))?;
+        Ok(())
     }
 
     /// The stub and the session header, for RPCs sent from elsewhere (the

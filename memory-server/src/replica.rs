@@ -98,6 +98,8 @@ pub(crate) struct Refusal {
 
 /// A primary's stream to its backup.
 pub(crate) struct Replicator {
+    /// The backup's control-plane address.
+    addr: String,
     tx: mpsc::UnboundedSender<Shipment>,
     /// Orders the copies of a primary without a data directory (a durable primary
     /// orders them under its journal's lock).
@@ -230,6 +232,9 @@ struct Link {
     /// Waited before the state transfer of an attach again
     /// ([`crate::ServerConfig::resync_delay`], a testing hook).
     resync_delay: Duration,
+    /// The data directory, whose recorded promotion is cleared once a backup holds
+    /// this server's whole state.
+    durable: Option<Arc<Durable>>,
 }
 
 /// An attached stream.
@@ -396,23 +401,34 @@ impl Link {
     }
 
     /// Attaches again to a backup that stopped answering and copies the whole state to
-    /// it. Persists queued meanwhile are acknowledged at once, since the attach made
-    /// the backup unpromotable until it is synced (so nothing acknowledged can be lost
-    /// by a promotion), and sent after the transfer.
+    /// it.
     async fn reattach(
         &self,
         rx: &mut mpsc::UnboundedReceiver<Shipment>,
     ) -> Result<Stream, Failure> {
-        let (mut stream, backup) = self.attach(true).await?;
+        let (stream, backup) = self.attach(true).await?;
         tracing::warn!(
             backup = self.addr.as_str(),
             "backup attached again: copying the whole state to it; until it holds that, \
              Persists are acknowledged with this primary as their only copy"
         );
+        self.catch_up(stream, &backup, rx).await
+    }
+
+    /// Copies the whole state to a backup just attached (`stream`) while this server
+    /// serves. Persists queued meanwhile are acknowledged at once, since the attach made
+    /// the backup unpromotable until it is synced (so nothing acknowledged can be lost
+    /// by a promotion), and sent after the transfer.
+    async fn catch_up(
+        &self,
+        mut stream: Stream,
+        backup: &BackupPieces,
+        rx: &mut mpsc::UnboundedReceiver<Shipment>,
+    ) -> Result<Stream, Failure> {
         let mut backlog = Backlog::default();
         let transfer = async {
             tokio::time::sleep(self.resync_delay).await;
-            self.transfer(&mut stream, &backup).await
+            self.transfer(&mut stream, backup).await
         };
         let sent = acking(rx, &mut backlog, transfer).await?;
         while let Some((entries, count)) = backlog.take_batch() {
@@ -428,10 +444,33 @@ impl Link {
         tracing::info!(
             backup = self.addr.as_str(),
             bytes = sent,
-            "backup holds this primary's whole state again: Persists are acknowledged \
-             once it has them"
+            "backup holds this server's whole state: Persists are acknowledged once it \
+             has them"
         );
+        self.forget_promotion().await;
         Ok(stream)
+    }
+
+    /// Clears a promotion the data directory records, now that the backup holds this
+    /// server's whole state and every Persist from here on reaches it before it is
+    /// acknowledged: the directory no longer holds the only copy of newer data. A
+    /// failure leaves the line, which only makes a later `cluster up` swap back.
+    async fn forget_promotion(&self) {
+        let Some(d) = self.durable.clone().filter(|d| d.promotion().is_some()) else {
+            return;
+        };
+        match tokio::task::spawn_blocking(move || d.clear_promotion()).await {
+            Ok(Ok(())) => tracing::info!(
+                backup = self.addr.as_str(),
+                "this promoted server's backup holds its whole state: the promotion is no \
+                 longer recorded"
+            ),
+            Ok(Err(e)) => tracing::warn!(
+                "cannot record that the backup holds this promoted server's state \
+                 (the data directory still records the promotion): {e}"
+            ),
+            Err(e) => tracing::warn!("recording that the backup is synced failed: {e}"),
+        }
     }
 }
 
@@ -655,12 +694,12 @@ impl Replicator {
         token: &ClusterToken,
         regions: Arc<Vec<ServedRegion>>,
         sessions: Arc<Sessions>,
-        primary_boot: u64,
-        primary_epoch: u64,
-        durable: bool,
+        (primary_boot, primary_epoch): (u64, u64),
+        durable: Option<Arc<Durable>>,
         resync_delay: Duration,
     ) -> Result<Replicator, String> {
         let attached = AttachedSession::default();
+        let restored = durable.is_some();
         let link = Link {
             addr: addr.to_string(),
             token: token.clone(),
@@ -671,9 +710,10 @@ impl Replicator {
             attached: attached.clone(),
             sessions,
             resync_delay,
+            durable,
         };
         let (mut stream, backup) = attach_when_free(&link).await?;
-        if !matches!(backup, BackupPieces::AllZero) && !durable {
+        if !matches!(backup, BackupPieces::AllZero) && !restored {
             return Err(format!(
                 "the backup at {addr} holds state from an earlier primary, and this primary has \
                  no data directory (its memory is empty): attaching would overwrite the only \
@@ -696,14 +736,73 @@ impl Replicator {
             bytes = sent,
             "backup attached: state transferred"
         );
+        link.forget_promotion().await;
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(ship(link, stream, rx));
+        let task = tokio::spawn(ship(link, Ok(stream), rx));
         Ok(Replicator {
+            addr: addr.to_string(),
             tx,
             order: Mutex::new(()),
             task,
             attached,
         })
+    }
+
+    /// Attaches a server that serves already (a promoted backup) to a new backup at
+    /// `addr`, and returns once attached: from then on the backup cannot be promoted
+    /// until it holds this server's whole state, which a task copies there while
+    /// Persists go on (acknowledged meanwhile with this server as their only copy, as
+    /// they were before the attach), then the stream runs as a primary's. Fails, with
+    /// the server left as it was, if the backup cannot be attached within the bounds of
+    /// an attach again.
+    pub async fn attach_running(
+        addr: &str,
+        token: &ClusterToken,
+        regions: Arc<Vec<ServedRegion>>,
+        sessions: Arc<Sessions>,
+        (boot, epoch): (u64, u64),
+        durable: Option<Arc<Durable>>,
+        resync_delay: Duration,
+    ) -> Result<Replicator, String> {
+        let attached = AttachedSession::default();
+        let link = Link {
+            addr: addr.to_string(),
+            token: token.clone(),
+            regions,
+            boot,
+            epoch,
+            id: rand::random::<[u8; 16]>().to_vec(),
+            attached: attached.clone(),
+            sessions,
+            resync_delay,
+            durable,
+        };
+        let (stream, backup) = link.attach(true).await.map_err(|f| f.why().to_string())?;
+        tracing::warn!(
+            backup = addr,
+            "backup attached: copying this server's whole state to it; until it holds \
+             that, Persists are acknowledged with this server as their only copy"
+        );
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let first = link.catch_up(stream, &backup, &mut rx).await;
+            if let Err(f) = &first {
+                tracing::error!("copying the state to the new backup failed: {}", f.why());
+            }
+            ship(link, first, rx).await;
+        });
+        Ok(Replicator {
+            addr: addr.to_string(),
+            tx,
+            order: Mutex::new(()),
+            task,
+            attached,
+        })
+    }
+
+    /// The backup's control-plane address.
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 
     /// Stops the stream and ends its session at the backup (bounded, best effort), so
@@ -806,10 +905,13 @@ fn answer(batch: Vec<Shipment>, result: &Result<(), Refusal>) {
 /// or may not hold the failed batch, and may be promoted with what it holds) until a
 /// new attach, tried every [`RETRY_EVERY`], has made the backup unpromotable; then
 /// the whole state is copied again. A fenced primary never attaches again.
-async fn ship(link: Link, stream: Stream, mut rx: mpsc::UnboundedReceiver<Shipment>) {
-    let mut stream = Ok(stream);
+async fn ship(
+    link: Link,
+    mut stream: Result<Stream, Failure>,
+    mut rx: mpsc::UnboundedReceiver<Shipment>,
+) {
     // The next attach attempt (kept across the Persists answered meanwhile).
-    let mut next_try = tokio::time::Instant::now();
+    let mut next_try = tokio::time::Instant::now() + RETRY_EVERY;
     loop {
         match &mut stream {
             Ok(s) => {
@@ -931,6 +1033,11 @@ impl Backup {
     /// Its boot once promoted, `None` while still a backup.
     pub fn promoted(&self) -> Option<u64> {
         self.lock().promoted
+    }
+
+    /// The replication epoch of the data it holds (its promotion's, once promoted).
+    pub fn epoch(&self) -> u64 {
+        self.lock().epoch
     }
 
     /// Whether it holds its attached primary's whole state (Promote is accepted).

@@ -15,7 +15,7 @@ use crate::unknown_method::{Catalog, KnownMethods};
 use crate::verbs_service::{self, VerbsService};
 use fabric::{Device, FabricError, NodeId};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::oneshot;
@@ -222,37 +222,19 @@ impl MemoryServer {
             Replication::Primary { backup_at } => {
                 let boot = durable.as_ref().map_or(1, |d| d.boot());
                 let epoch = durable.as_ref().map_or(0, |d| d.epoch());
+                // The transfer clears a promotion the directory records: the backup
+                // holds this server's whole state from then on.
                 let replica = Replicator::start(
                     backup_at,
                     &config.token,
                     served.clone(),
                     sessions.clone(),
-                    boot,
-                    epoch,
-                    durable.is_some(),
+                    (boot, epoch),
+                    durable.clone(),
                     config.resync_delay,
                 )
                 .await
                 .map_err(ServerError::Replication)?;
-                // The backup holds this server's whole state now, and every Persist
-                // from here on reaches it before it is acknowledged: this directory
-                // no longer holds the only copy of newer data.
-                if let Some(d) = durable.clone().filter(|d| d.promotion().is_some()) {
-                    tokio::task::spawn_blocking(move || d.clear_promotion())
-                        .await
-                        .map_err(|e| ServerError::Task(format!("recording failed: {e}")))?
-                        .map_err(|e| {
-                            ServerError::Durability(format!(
-                                "cannot record that the backup holds this promoted server's \
-                                 state: {e}"
-                            ))
-                        })?;
-                    tracing::info!(
-                        backup = backup_at.as_str(),
-                        "this promoted server's backup holds its whole state: the promotion \
-                         is no longer recorded"
-                    );
-                }
                 Some(replica)
             }
             _ => None,
@@ -294,7 +276,7 @@ impl MemoryServer {
             regions: served,
             directory,
             auth: Authenticator::new(
-                config.token,
+                config.token.clone(),
                 Authenticator::DEFAULT_TTL,
                 Authenticator::DEFAULT_MAX_PENDING,
             ),
@@ -315,9 +297,12 @@ impl MemoryServer {
                     .unwrap_or_else(|| ServerConfig::default_max_borrowed(&config.plan)),
             ),
             durable,
-            replica,
+            replica: replica.map(OnceLock::from).unwrap_or_default(),
+            attaching: tokio::sync::Mutex::new(()),
             backup,
             copier,
+            token: config.token,
+            resync_delay: config.resync_delay,
         });
         // TCP keepalive lets the kernel notice a vanished peer host without the peer's
         // process doing anything, so even an idle connection does not linger forever.
@@ -496,7 +481,7 @@ impl MemoryServer {
                 (0, 0)
             }
         };
-        if let Some(replica) = &self.state.replica {
+        if let Some(replica) = self.state.replica.get() {
             replica.detach().await;
         }
         if let Some(durable) = self.state.durable.clone() {

@@ -12,9 +12,10 @@ use crate::session::{
     Sessions,
 };
 use crate::stats::{Counters, Rpc, Stats};
+use crate::token::ClusterToken;
 use fabric::{CompletionQueue, Device, FabricError, NodeId, QpConfig, QpEndpoint, QueuePair};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 
@@ -42,19 +43,27 @@ pub(crate) struct ServerState {
     pub borrowed: Arc<BorrowLedger>,
     /// The data directory, for servers that keep one.
     pub durable: Option<Arc<Durable>>,
-    /// A replicated primary's stream to its backup.
-    pub replica: Option<Replicator>,
+    /// A replicated primary's stream to its backup (set at start), or a promoted
+    /// server's (set by AttachBackup).
+    pub replica: OnceLock<Replicator>,
+    /// Held by an AttachBackup under way: one at a time.
+    pub attaching: tokio::sync::Mutex<()>,
     /// A backup's side of the stream (and whether it was promoted).
     pub backup: Option<Backup>,
     /// Persist's validation and copy for a replicated primary without a data directory.
     pub copier: Copier,
+    /// For the stream of a backup attached while the server runs.
+    pub token: ClusterToken,
+    pub resync_delay: Duration,
 }
 
 impl ServerState {
     pub fn role(&self) -> Role {
-        match (&self.replica, &self.backup) {
+        // A promoted server given a backup is still promoted: compute nodes prefer it
+        // to the fenced primary it replaced.
+        match (self.replica.get(), &self.backup) {
+            (_, Some(b)) if b.promoted().is_some() => Role::Promoted,
             (Some(_), _) => Role::Primary,
-            (None, Some(b)) if b.promoted().is_some() => Role::Promoted,
             (None, Some(_)) => Role::Backup,
             (None, None) => Role::Standalone,
         }
@@ -63,7 +72,7 @@ impl ServerState {
     /// Whether Persist works and what it covers survives the loss of this process (a
     /// promoted backup without a data directory is the exception: it is the last copy).
     pub fn durable(&self) -> bool {
-        self.durable.is_some() || self.replica.is_some() || self.role() == Role::Promoted
+        self.durable.is_some() || self.replica.get().is_some() || self.role() == Role::Promoted
     }
 
     /// Hello's boot: see `HelloResponse.boot` in the protocol.
@@ -71,7 +80,7 @@ impl ServerState {
         if let Some(boot) = self.backup.as_ref().and_then(|b| b.promoted()) {
             return boot;
         }
-        match (&self.durable, &self.replica) {
+        match (&self.durable, self.replica.get()) {
             (Some(d), _) => d.boot(),
             (None, Some(_)) => 1,
             (None, None) => 0,
@@ -192,6 +201,7 @@ impl ControlRpc for ControlService {
                 .as_ref()
                 .and_then(Backup::primary_silence)
                 .map(|d| d.as_millis().try_into().unwrap_or(u64::MAX)),
+            backup_at: self.state.replica.get().map(|r| r.addr().to_string()),
         }))
     }
 
@@ -399,7 +409,7 @@ impl ControlRpc for ControlService {
         // A backup promoted later must refuse the incarnation too, or the fenced node
         // would reach the same memory through it. The fence stands here either way;
         // the fencer asks again until the backup has it.
-        if let Some(replica) = &self.state.replica {
+        if let Some(replica) = self.state.replica.get() {
             replica.fence(incarnation).await.map_err(|why| {
                 Status::unavailable(format!(
                     "incarnation {incarnation:#x} is fenced at this primary, but its backup \
@@ -523,7 +533,7 @@ impl ControlRpc for ControlService {
             b.check_serving()?;
         }
         let ranges = req.into_inner().ranges;
-        if self.state.durable.is_none() && self.state.replica.is_none() {
+        if self.state.durable.is_none() && self.state.replica.get().is_none() {
             if self.state.role() == Role::Promoted {
                 // A promoted backup without a data directory: its memory is the only
                 // copy, and Persist has nothing more to make it survive.
@@ -539,9 +549,9 @@ impl ControlRpc for ControlService {
         // The copy may wait for guard words (up to the guard wait) and copies up to
         // 64 MiB: not on an async worker.
         let queued = tokio::task::spawn_blocking(move || match &state.durable {
-            Some(durable) => durable.persist(&state.regions, &ranges, state.replica.as_ref()),
+            Some(durable) => durable.persist(&state.regions, &ranges, state.replica.get()),
             None => {
-                let replica = state.replica.as_ref().expect("checked above");
+                let replica = state.replica.get().expect("checked above");
                 state.copier.copy(
                     &state.regions,
                     &ranges,
@@ -643,6 +653,76 @@ impl ControlRpc for ControlService {
         .await
         .map_err(|e| Status::internal(format!("the promote task failed: {e}")))??;
         Ok(Response::new(proto::PromoteResponse { boot }))
+    }
+
+    async fn attach_backup(
+        &self,
+        req: Request<proto::AttachBackupRequest>,
+    ) -> Result<Response<proto::AttachBackupResponse>, Status> {
+        self.state.session(&req)?;
+        let backup_at = req.into_inner().backup_at.trim().to_string();
+        if backup_at.is_empty() {
+            return Err(Status::invalid_argument(
+                "AttachBackup needs the backup's address (backup_at, host:port)",
+            ));
+        }
+        let Some(epoch) = self
+            .state
+            .backup
+            .as_ref()
+            .filter(|b| b.promoted().is_some())
+            .map(Backup::epoch)
+        else {
+            return Err(Status::failed_precondition(match self.state.role() {
+                Role::Primary => format!(
+                    "this memory server replicates to the backup at {} already",
+                    self.state.replica.get().map_or("?", |r| r.addr())
+                ),
+                Role::Backup => "this memory server is a backup; only a promoted server \
+                                 takes a new backup while it runs"
+                    .to_string(),
+                _ => "this memory server is not replicated: only a promoted server takes a \
+                      new backup while it runs; start a server with --backup-at ADDR to give \
+                      it one"
+                    .to_string(),
+            }));
+        };
+        let Ok(_one) = self.state.attaching.try_lock() else {
+            return Err(Status::aborted(
+                "another AttachBackup is under way on this server; ask again once it answered",
+            ));
+        };
+        if let Some(replica) = self.state.replica.get() {
+            return if replica.addr() == backup_at {
+                Ok(Response::new(proto::AttachBackupResponse {}))
+            } else {
+                Err(Status::failed_precondition(format!(
+                    "this memory server replicates to the backup at {} already (a server \
+                     attaches again only to the backup it has)",
+                    replica.addr()
+                )))
+            };
+        }
+        let state = &self.state;
+        let replica = Replicator::attach_running(
+            &backup_at,
+            &state.token,
+            state.regions.clone(),
+            state.sessions.clone(),
+            (state.boot(), epoch),
+            state.durable.clone(),
+            state.resync_delay,
+        )
+        .await
+        .map_err(Status::unavailable)?;
+        tracing::info!(
+            backup = backup_at.as_str(),
+            "new backup attached to this promoted server"
+        );
+        if self.state.replica.set(replica).is_err() {
+            return Err(Status::internal("a backup was attached meanwhile"));
+        }
+        Ok(Response::new(proto::AttachBackupResponse {}))
     }
 }
 

@@ -303,6 +303,162 @@ async fn a_backup_started_again_is_attached_again_and_persists_resume() {
     assert_eq!(promoted.read(bat, 200, 5), b"after", "the stream after it");
 }
 
+/// Waits (up to 30 s) until the backup at `addr` reports that it holds its primary's
+/// whole state.
+async fn until_synced(addr: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let hello = Client::connect(addr, &token()).await.unwrap();
+        if hello.server().synced {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the backup at {addr} was not synced within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_server_takes_a_new_backup_while_it_serves_and_it_can_be_promoted_in_turn() {
+    // The first backup copies its state to a new backup only after a while, so that
+    // Persists land during the transfer.
+    let net = SimNetwork::new(SimConfig::default());
+    let device: Arc<dyn Device> = net.add_node();
+    let mut config = ServerConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        RegionPlan::new(64 << 10, REGION_BYTES).unwrap(),
+        token(),
+    );
+    config.replication = Replication::Backup;
+    config.resync_delay = Duration::from_millis(500);
+    let first_backup = MemoryServer::start(config, device).await.unwrap();
+    let b_addr = first_backup.local_addr().to_string();
+    let (primary, pnet) = start(
+        64 << 10,
+        Replication::Primary {
+            backup_at: b_addr.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let (new_backup, _cnet) = start(64 << 10, Replication::Backup).await.unwrap();
+    let c_addr = new_backup.local_addr().to_string();
+
+    let refusal = |e: ClientError| code_and_message(&e);
+    // Only a promoted server takes a backup while it runs.
+    let to_primary = Client::connect(&primary.local_addr().to_string(), &token())
+        .await
+        .unwrap();
+    assert_eq!(
+        to_primary.server().backup_at.as_deref(),
+        Some(b_addr.as_str())
+    );
+    let (code, msg) = refusal(to_primary.attach_backup(&c_addr).await.err().unwrap());
+    assert_eq!(code, Some(Code::FailedPrecondition), "{msg}");
+    assert!(
+        msg.contains(&format!("replicates to the backup at {b_addr} already")),
+        "{msg}"
+    );
+    let to_b = Client::connect(&b_addr, &token()).await.unwrap();
+    let (code, msg) = refusal(to_b.attach_backup(&c_addr).await.err().unwrap());
+    assert_eq!(code, Some(Code::FailedPrecondition), "{msg}");
+    assert!(msg.contains("is a backup"), "{msg}");
+
+    let node = Node::connect(&primary, &pnet, &token()).await;
+    let (rkey, at) = node.data(0).await;
+    node.write(at, 0, b"on the primary");
+    node.client
+        .persist(&[PersistRange::new(rkey, 0, 14)])
+        .await
+        .unwrap();
+    drop(node);
+    drop(to_primary);
+    primary.shutdown().await.unwrap();
+    to_b.promote().await.unwrap();
+
+    // Promoted, with no backup: Persists are acknowledged with one copy.
+    let b = Node::connect(&first_backup, &net, &token()).await;
+    assert_eq!(b.client.server().backup_at, None);
+    let (rkey, bat) = b.data(0).await;
+    b.write(bat, 100, b"promoted, alone");
+    b.client
+        .persist(&[PersistRange::new(rkey, 100, 15)])
+        .await
+        .unwrap();
+    // A backup that cannot be reached is refused, and the server goes on as it was.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nobody_addr = nobody.local_addr().unwrap().to_string();
+    drop(nobody);
+    let (code, msg) = refusal(b.client.attach_backup(&nobody_addr).await.err().unwrap());
+    assert_eq!(code, Some(Code::Unavailable), "{msg}");
+    assert!(msg.contains(&nobody_addr), "{msg}");
+    let (code, _) = refusal(b.client.attach_backup(" ").await.err().unwrap());
+    assert_eq!(code, Some(Code::InvalidArgument));
+    b.client
+        .persist(&[PersistRange::new(rkey, 100, 15)])
+        .await
+        .unwrap();
+
+    b.client.attach_backup(&c_addr).await.unwrap();
+    // Acknowledged during the state transfer (the backup is not promotable meanwhile).
+    assert!(
+        !Client::connect(&c_addr, &token())
+            .await
+            .unwrap()
+            .server()
+            .synced
+    );
+    b.write(bat, 200, b"during the transfer");
+    b.client
+        .persist(&[PersistRange::new(rkey, 200, 19)])
+        .await
+        .unwrap();
+    until_synced(&c_addr).await;
+    let again = Client::connect(&b_addr, &token()).await.unwrap();
+    assert_eq!(
+        (again.server().role, again.server().backup_at.as_deref()),
+        (Role::Promoted, Some(c_addr.as_str())),
+        "a promoted server given a backup is still the promoted one"
+    );
+    b.write(bat, 300, b"after it");
+    b.client
+        .persist(&[PersistRange::new(rkey, 300, 8)])
+        .await
+        .unwrap();
+    b.write(bat, 400, b"never persisted");
+    // Idempotent for its backup; no second one.
+    b.client.attach_backup(&c_addr).await.unwrap();
+    let (code, msg) = refusal(b.client.attach_backup(&nobody_addr).await.err().unwrap());
+    assert_eq!(code, Some(Code::FailedPrecondition), "{msg}");
+    assert!(
+        msg.contains(&format!("replicates to the backup at {c_addr} already")),
+        "{msg}"
+    );
+    let b_boot = again.server().boot;
+    drop((b, again, to_b));
+    first_backup.shutdown().await.unwrap();
+
+    // The new backup is promoted in turn and holds every acknowledged Persist.
+    let to_c = Client::connect(&c_addr, &token()).await.unwrap();
+    assert!(
+        to_c.promote().await.unwrap() > b_boot,
+        "a boot no client saw"
+    );
+    let c = Node::connect(&new_backup, &_cnet, &token()).await;
+    let (_, cat) = c.data(0).await;
+    assert_eq!(c.read(cat, 0, 14), b"on the primary");
+    assert_eq!(c.read(cat, 100, 15), b"promoted, alone");
+    assert_eq!(c.read(cat, 200, 19), b"during the transfer");
+    assert_eq!(c.read(cat, 300, 8), b"after it");
+    assert_eq!(
+        c.read(cat, 400, 15),
+        [0; 15],
+        "only what was persisted after the transfer"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_is_not_promoted_before_it_holds_its_primarys_state() {
     let (backup, _bnet) = start(64 << 10, Replication::Backup).await.unwrap();

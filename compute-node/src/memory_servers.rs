@@ -57,6 +57,12 @@ pub enum ConnectError {
         first_addr: String,
         other_addr: String,
     },
+    #[error(
+        "neither memory server of the pair {first}|{second} serves: {first} answers as a \
+         backup, and {second} does not serve as its primary; promote the one that holds the \
+         data"
+    )]
+    NoneServes { first: String, second: String },
     #[error("cannot resolve {addr}: {why}")]
     Resolve { addr: String, why: String },
     #[error("io: {0}")]
@@ -311,14 +317,21 @@ pub enum BackupView {
     /// It has not heard from its primary for this long (`None`: no primary attached
     /// to it since it started).
     PrimarySilent(Option<Duration>),
+    /// It is no backup (a primary, or a server that was never replicated): it cannot
+    /// judge the server asked about.
+    NotABackup(memory_server::Role),
 }
 
 impl BackupView {
     pub fn of(server: &memory_server::ServerInfo) -> BackupView {
+        use memory_server::Role;
         match (server.role, server.primary_silence) {
-            (memory_server::Role::Promoted, _) => BackupView::Promoted,
-            (_, Some(silence)) if silence < PRIMARY_SILENCE => BackupView::PrimaryAlive(silence),
-            (_, silence) => BackupView::PrimarySilent(silence),
+            (Role::Promoted, _) => BackupView::Promoted,
+            (Role::Backup, Some(silence)) if silence < PRIMARY_SILENCE => {
+                BackupView::PrimaryAlive(silence)
+            }
+            (Role::Backup, silence) => BackupView::PrimarySilent(silence),
+            (role, _) => BackupView::NotABackup(role),
         }
     }
 }
@@ -330,12 +343,15 @@ pub fn ask_backup(backup: &str, token: &ClusterToken) -> Result<BackupView, Clie
     Client::connect_within(backup, token, BACKUP_ANSWER_LIMIT).map(|b| BackupView::of(b.server()))
 }
 
-/// The backup of `spec` (`PRIMARY|BACKUP`), unless the server is served by it
-/// already (`serving`, the address in use).
+/// The backup of the server `serving` (the address in use) of `spec`
+/// (`PRIMARY|BACKUP`): the other of the pair. That is the listed primary when the
+/// listed backup serves, which is its backup once it was given that as one
+/// (`AttachBackup`, what `namdb cluster restart` does), and otherwise a fenced or dead
+/// server that says it is no backup ([`BackupView::NotABackup`]) or does not answer.
 pub fn backup_of<'s>(spec: &'s str, serving: &str) -> Option<&'s str> {
-    spec.split_once('|')
-        .map(|(_, b)| b.trim())
-        .filter(|b| *b != serving)
+    let (primary, backup) = spec.split_once('|')?;
+    let (primary, backup) = (primary.trim(), backup.trim());
+    Some(if backup == serving { primary } else { backup })
 }
 
 /// "was promoted", "heard from it 0.2 s ago", "has not heard from it for 4.2 s".
@@ -351,6 +367,7 @@ impl std::fmt::Display for BackupView {
                 f,
                 "has not heard from it since it started (no primary attached to it)"
             ),
+            BackupView::NotABackup(role) => write!(f, "is no backup (it is {role:?})"),
         }
     }
 }
@@ -397,12 +414,38 @@ fn connect_server(
             None,
         ));
     };
+    connect_pair(primary, backup, token, incarnation, true)
+}
+
+/// [`connect_server`] for a pair, `primary` listed first. The pair's roles swap once
+/// the backup, promoted, is given the old primary as its backup (`AttachBackup`): the
+/// backup says so in its Hello (promoted, with a backup), or the listed primary does
+/// (a backup); then the pair is taken the other way round (`may_swap`: once).
+fn connect_pair(
+    primary: &str,
+    backup: &str,
+    token: &ClusterToken,
+    incarnation: u64,
+    may_swap: bool,
+) -> Result<(String, Client, Option<String>), ConnectError> {
+    fn control(addr: &str) -> impl FnOnce(ClientError) -> ConnectError + '_ {
+        move |source| ConnectError::Control {
+            addr: addr.to_string(),
+            source,
+        }
+    }
     // The backup is asked first (as this incarnation: the session is kept if it was
     // promoted): a promoted backup is used at once, and a primary its backup has not
     // heard from is given a short bound, since it is most likely gone (the node that
     // found it silent exited and this is its successor).
     let asked = Client::connect_as(backup, token, incarnation, Some(BACKUP_ANSWER_LIMIT));
     let limit = match asked.as_ref().map(|b| BackupView::of(b.server())) {
+        Ok(BackupView::Promoted)
+            if may_swap && asked.as_ref().is_ok_and(|b| b.server().backup_at.is_some()) =>
+        {
+            drop(asked);
+            return connect_pair(backup, primary, token, incarnation, false);
+        }
         Ok(BackupView::Promoted) => {
             tracing::warn!(
                 primary,
@@ -412,7 +455,9 @@ fn connect_server(
             return Ok((backup.to_string(), asked.expect("answered"), None));
         }
         Ok(BackupView::PrimarySilent(_)) => SILENT_PRIMARY_ANSWER_LIMIT,
-        Ok(BackupView::PrimaryAlive(_)) | Err(_) => PRIMARY_ANSWER_LIMIT,
+        Ok(BackupView::PrimaryAlive(_) | BackupView::NotABackup(_)) | Err(_) => {
+            PRIMARY_ANSWER_LIMIT
+        }
     };
     let mut reached = Client::connect_as(primary, token, incarnation, Some(limit));
     if let Err(e @ ClientError::TimedOut { .. }) = &reached {
@@ -430,7 +475,7 @@ fn connect_server(
                 );
                 return Ok((backup.to_string(), b, None));
             }
-            BackupView::PrimaryAlive(_) => {
+            BackupView::PrimaryAlive(_) | BackupView::NotABackup(_) => {
                 tracing::warn!(
                     primary,
                     backup,
@@ -446,6 +491,17 @@ fn connect_server(
         }
     }
     match reached {
+        Ok(client) if client.server().role == memory_server::Role::Backup => {
+            if may_swap {
+                // The listed primary is its old backup's backup now.
+                drop((client, asked));
+                return connect_pair(backup, primary, token, incarnation, false);
+            }
+            Err(ConnectError::NoneServes {
+                first: primary.to_string(),
+                second: backup.to_string(),
+            })
+        }
         Ok(client) => {
             if let Err(e) = &asked {
                 tracing::warn!(

@@ -105,7 +105,19 @@ impl Live {
                              {PRIMARY_ANSWER_LIMIT:?}, but its backup {view}: it is slow, or \
                              cut off from this node only; still using it"
                         ),
-                        Ok(_) => return Err(gone(&e)),
+                        Ok(view @ (BackupView::Promoted | BackupView::PrimarySilent(_))) => {
+                            return Err(format!("{}, and its backup at {backup} {view}", gone(&e)));
+                        }
+                        Ok(BackupView::NotABackup(role)) => {
+                            tracing::warn!(
+                                primary = server.addr(),
+                                other = backup,
+                                "the server did not renew this node's session within \
+                                 {PRIMARY_ANSWER_LIMIT:?}, and the other of its pair is no \
+                                 backup ({role:?}) to say whether it is alive; waiting for it"
+                            );
+                            server.keep_alive().map_err(|e| gone(&e))?;
+                        }
                         Err(b) => {
                             // Nobody to judge: wait for the primary as long as its
                             // connection's keep-alive does.

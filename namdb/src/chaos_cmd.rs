@@ -512,7 +512,7 @@ fn watch_servers(remote: &RemoteCluster, specs: &[String], token: &ClusterToken)
                 return;
             };
             match ask_backup(backup, &token) {
-                Ok(BackupView::PrimaryAlive(_)) | Err(_) => {}
+                Ok(BackupView::PrimaryAlive(_) | BackupView::NotABackup(_)) | Err(_) => {}
                 Ok(view) => lost(i, format!("{e}, and its backup at {backup} {view}")),
             }
         };

@@ -1176,10 +1176,11 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
         .and_then(|i| file.memory_servers.get(i))
         .map(|p| (p.name.clone(), p.pid));
 
-    let replaced = if primary && !ours(pid_of(&file, name), &token_file) {
-        promoted_in_place_of(&file, name)
-    } else {
+    // The other of its pair, if that was promoted: this one comes back as its backup.
+    let partner = if ours(pid_of(&file, name), &token_file) {
         None
+    } else {
+        promoted_partner(&file, name).cloned()
     };
     let Some(entry) = file
         .memory_servers
@@ -1207,9 +1208,6 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
             h.pid
         );
     }
-    if let Some(why) = replaced {
-        bail!("{name} cannot be started again: {why}");
-    }
     let Some(command) = entry.args.first().cloned() else {
         bail!(
             "the cluster file {} does not record {name}'s command line (an older namdb \
@@ -1217,7 +1215,14 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
             path.display()
         );
     };
-    let args = listening_at(&entry.args, &entry.address);
+    let mut args = listening_at(&entry.args, &entry.address);
+    if let Some(promoted) = &partner {
+        args = as_backup_of(&args, &promoted.address);
+        println!(
+            "{} was promoted in {name}'s place: starting {name} as its backup",
+            promoted.name
+        );
+    }
     let kept = |flag: &str| entry.args.iter().any(|a| a == flag);
     if primary && !kept("--data-dir") && !kept("--backup-at") {
         // Its memory was the only copy: starting it again cannot bring that back, and a
@@ -1245,10 +1250,57 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
     };
     file.write(&path)?;
     println!("{name} started again as pid {pid}, listening on {address}");
-    if let Some((primary, primary_pid)) = backup_of {
+    if let Some(promoted) = partner {
+        wait_for_backup_sync(name, &address, &promoted.name, promoted.pid, &token_file)?;
+    } else if let Some((primary, primary_pid)) = backup_of {
         wait_for_backup_sync(name, &address, &primary, primary_pid, &token_file)?;
     }
     Ok(())
+}
+
+/// A memory server's recorded arguments turned into those of the backup of the
+/// promoted server at `promoted` (`--backup-of`): its own replication flags go.
+fn as_backup_of(args: &[String], promoted: &str) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len() + 2);
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        match a.as_str() {
+            "--backup" => {}
+            "--backup-at" | "--backup-of" | "--resync-delay-ms" => {
+                rest.next();
+            }
+            _ => out.push(a.clone()),
+        }
+    }
+    out.extend(["--backup-of".to_string(), promoted.to_string()]);
+    out
+}
+
+/// The other memory server of `name`'s pair (`memory-server-i` and
+/// `memory-server-i-backup`), when it runs and was promoted: it serves in `name`'s
+/// place, and `name` comes back as its backup.
+fn promoted_partner<'f>(file: &'f ClusterFile, name: &str) -> Option<&'f ProcessEntry> {
+    let partner = match name.strip_suffix("-backup") {
+        Some(primary) => file.memory_servers.iter().find(|p| p.name == primary)?,
+        None => {
+            let backup_name = format!("{name}-backup");
+            file.memory_server_backups
+                .iter()
+                .find(|b| b.name == backup_name)?
+        }
+    };
+    // A stopped partner would hold the connection without answering.
+    if !ours(partner.pid, &file.token_file) || stopped(partner.pid) {
+        return None;
+    }
+    let token = ClusterToken::from_file(&file.token_file).ok()?;
+    let client = memory_server::blocking::Client::connect_within(
+        &partner.address,
+        &token,
+        Duration::from_secs(3),
+    )
+    .ok()?;
+    (client.server().role == memory_server::Role::Promoted).then_some(partner)
 }
 
 /// How long `restart` of a backup waits for its primary to copy its state there: the
@@ -1319,41 +1371,15 @@ fn pid_of(file: &ClusterFile, name: &str) -> u32 {
         .map_or(0, |p| p.pid)
 }
 
-/// Why the primary memory server `name`, not running, must not be started again, if
-/// its backup was promoted: the backup serves in its place and refuses a primary's
-/// attach, so a restarted primary exited at once ("refused to attach: this backup has
-/// been promoted"), and `status` offered that restart.
+/// What `status` says of the primary memory server `name`, not running, whose backup
+/// was promoted and serves in its place.
 fn promoted_in_place_of(file: &ClusterFile, name: &str) -> Option<String> {
-    let primary = file.memory_servers.iter().find(|p| p.name == name)?;
-    let backup_name = format!("{name}-backup");
-    let backup = file
-        .memory_server_backups
-        .iter()
-        .find(|b| b.name == backup_name)?;
-    // A stopped backup would hold the connection without answering.
-    if !ours(backup.pid, &file.token_file) || stopped(backup.pid) {
-        return None;
-    }
-    let token = ClusterToken::from_file(&file.token_file).ok()?;
-    let client = memory_server::blocking::Client::connect_within(
-        &backup.address,
-        &token,
-        Duration::from_secs(3),
-    )
-    .ok()?;
-    if client.server().role != memory_server::Role::Promoted {
-        return None;
-    }
-    let next = if primary.args.iter().any(|a| a == "--data-dir") {
-        "`namdb cluster down`, then `namdb cluster up` with the same --data-dir, makes its \
-         data the primary's again, with a fresh backup"
-    } else {
-        "the cluster's data is in it alone now (no --data-dir), so `namdb cluster down` \
-         would lose it"
-    };
+    file.memory_servers.iter().find(|p| p.name == name)?;
+    let backup = promoted_partner(file, name)?;
     Some(format!(
-        "its backup {backup_name} was promoted and serves in its place, and takes no \
-         primary any more; {next}"
+        "its backup {} was promoted and serves in its place (`namdb cluster restart {name}` \
+         starts it again as that server's backup)",
+        backup.name
     ))
 }
 

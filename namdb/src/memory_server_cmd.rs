@@ -102,6 +102,14 @@ pub struct MemoryServerArgs {
     /// backup").
     #[arg(long, value_name = "ADDR")]
     pub backup_at: Option<String>,
+    /// Serve as the backup of the promoted server at ADDR (a backup that was promoted
+    /// in place of its primary, and so has none): once listening, ask it to attach to
+    /// this server (`AttachBackup`) and copy its whole state here while it serves.
+    /// Implies --backup. This is how a primary whose backup took over comes back: as
+    /// that server's backup, at its old address, so that the compute nodes' `P|B` pair
+    /// still names both. Exits with the promoted server's refusal if it takes no backup.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["backup_at", "resync_delay_ms"])]
+    pub backup_of: Option<String>,
     /// Stop (as on SIGTERM) once the process that started this one exits: for servers
     /// a benchmark or the chaos harness runs for itself, which must not outlive it
     /// when it is killed before it can stop them.
@@ -218,6 +226,26 @@ fn device(args: &MemoryServerArgs, token: &ClusterToken) -> Result<Arc<dyn Devic
     }
 }
 
+/// Asks the promoted server at `promoted` to take `server` (listening, a backup) as its
+/// backup.
+async fn attach_to(server: &MemoryServer, promoted: &str, token: &ClusterToken) -> Result<()> {
+    let own = server.local_addr();
+    if own.ip().is_unspecified() {
+        bail!(
+            "--backup-of needs --listen on an address the server at {promoted} can reach \
+             this one at, not {own}"
+        );
+    }
+    let client = memory_server::Client::connect(promoted, token)
+        .await
+        .with_context(|| format!("cannot reach the promoted server at {promoted}"))?;
+    client
+        .attach_backup(&own.to_string())
+        .await
+        .with_context(|| format!("the server at {promoted} did not take this one as its backup"))?;
+    Ok(())
+}
+
 /// Whether this process's parent is still the process `pid`.
 fn parent_is(pid: u32) -> bool {
     rustix::process::getppid().is_some_and(|p| p.as_raw_nonzero().get() as u32 == pid)
@@ -232,7 +260,7 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
     let plan = RegionPlan::new(args.size, args.region_size)?;
     let token = ClusterToken::from_file(&args.token_file)?;
     let device = device(&args, &token)?;
-    let mut config = ServerConfig::new(args.listen, plan, token);
+    let mut config = ServerConfig::new(args.listen, plan, token.clone());
     config.allow_remote_verbs = args.allow_remote_verbs;
     config.pin_memory = args.pin_memory;
     config.session_lease = args.session_lease;
@@ -242,7 +270,7 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
         checkpoint_interval: args.checkpoint_interval,
         ..DurabilityConfig::new(dir)
     });
-    config.replication = match (&args.backup_at, args.backup) {
+    config.replication = match (&args.backup_at, args.backup || args.backup_of.is_some()) {
         (Some(addr), _) => Replication::Primary {
             backup_at: addr.clone(),
         },
@@ -281,10 +309,21 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
             ),
             None => String::new(),
         };
-        let durable = match (&args.backup_at, args.backup) {
-            (Some(addr), _) => format!("{durable}, primary of backup {addr}"),
-            (None, true) => format!("{durable}, backup"),
-            (None, false) => durable,
+        if let Some(promoted) = &args.backup_of
+            && let Err(e) = attach_to(&server, promoted, &token).await
+        {
+            if let Err(stop) = server.shutdown().await {
+                tracing::warn!("stopping after the failed attach: {stop}");
+            }
+            return Err(e);
+        }
+        let durable = match (&args.backup_at, args.backup, &args.backup_of) {
+            (Some(addr), _, _) => format!("{durable}, primary of backup {addr}"),
+            (None, _, Some(addr)) => format!(
+                "{durable}, backup of the promoted server at {addr}, which copies its state here"
+            ),
+            (None, true, None) => format!("{durable}, backup"),
+            (None, false, None) => durable,
         };
         // The one line a script waits for (and, with port 0, learns the port from).
         println!(
@@ -399,6 +438,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--backup"), "{err}");
+        let args = parse(&["--size", "1M", "--backup-of", "127.0.0.1:7701"]).unwrap();
+        assert_eq!(args.backup_of.as_deref(), Some("127.0.0.1:7701"));
+        let err = parse(&["--size", "1M", "--backup-of", "h:1", "--backup-at", "h:2"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--backup-at"), "{err}");
     }
 
     #[test]

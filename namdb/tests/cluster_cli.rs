@@ -1022,56 +1022,71 @@ fn kv_until_ok(cwd: &std::path::Path, args: &[&str]) -> String {
 }
 
 /// After a failover, `status` offered `cluster restart` for the dead primary, and the
-/// restarted primary exited at once: a promoted backup takes no primary. Both now say
-/// what happened and what to do instead.
+/// restarted primary exited at once: a promoted backup takes no primary. Then the
+/// restart was refused, and the cluster ran on one copy until `down`. Now `restart`
+/// starts the old primary as the promoted server's backup (which copies its state
+/// there while it serves), so the pair can fail over again, either way round.
 #[test]
-fn a_primary_whose_backup_was_promoted_is_not_offered_a_restart() {
-    let c = Cluster::up(&[
-        "--memory-servers",
-        "1",
-        "--backend",
-        "shm",
-        "--size",
-        "16MiB",
-        "--table-capacity",
-        "1024",
-        "--replicas",
-        "2",
-    ]);
+fn a_primary_whose_backup_was_promoted_comes_back_as_its_backup_and_the_pair_fails_over_again() {
+    let c = one_replicated_memory_server();
     let cwd = c.cwd();
     ok(cwd, &["kv", "put", "1", "before"]);
-    let pid = c.json()["memory_servers"][0]["pid"].as_u64().unwrap() as u32;
-    send_signal(pid, "-9");
-    while alive(pid) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let server = |list: &str| c.json()[list][0].clone();
+    let pid = |list: &str| server(list)["pid"].as_u64().unwrap() as u32;
+    kill_9_and_wait(pid("memory_servers"));
     // A write makes the compute node promote the backup.
-    kv_until_ok(cwd, &["put", "2", "after"]);
+    kv_until_ok(cwd, &["put", "2", "promoted"]);
     let o = namdb(cwd, &["cluster", "status"]);
     assert_eq!(o.status.code(), Some(1));
     let said = stdout(&o);
     assert!(
         said.contains(
             "not running: its backup memory-server-0-backup was promoted and serves in its \
-             place, and takes no primary any more; the cluster's data is in it alone now \
-             (no --data-dir), so `namdb cluster down` would lose it"
+             place (`namdb cluster restart memory-server-0` starts it again as that server's \
+             backup)"
         ) && said.contains("alive, promoted: serves in memory-server-0's place"),
         "{said}"
     );
-    assert!(!said.contains("cluster restart memory-server-0`"), "{said}");
+
     let o = namdb(cwd, &["cluster", "restart", "memory-server-0"]);
-    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let said = stdout(&o);
     assert!(
-        stderr(&o).contains("memory-server-0 cannot be started again: its backup"),
+        said.contains("memory-server-0-backup was promoted in memory-server-0's place: starting memory-server-0 as its backup")
+            && said.contains("memory-server-0 holds memory-server-0-backup's whole state"),
+        "{said}"
+    );
+    let log = std::fs::read_to_string(server("memory_servers")["log"].as_str().unwrap()).unwrap();
+    assert!(log.contains("backup of the promoted server at"), "{log}");
+    ok(cwd, &["cluster", "status"]);
+    // Writes now wait for the new backup too.
+    ok(cwd, &["kv", "put", "3", "two copies again"]);
+
+    // The promoted server dies: the compute node promotes the old primary, its backup.
+    kill_9_and_wait(pid("memory_server_backups"));
+    kv_until_ok(cwd, &["put", "4", "back on the first"]);
+    let o = namdb(cwd, &["cluster", "restart", "memory-server-0-backup"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("memory-server-0-backup holds memory-server-0's whole state"),
         "{}",
-        stderr(&o)
+        stdout(&o)
     );
-    // Nothing was started, and the data is served as before.
+    ok(cwd, &["kv", "put", "5", "and back"]);
+    kill_9_and_wait(pid("memory_servers"));
+    let scan = kv_until_ok(cwd, &["scan"]);
+    let rows: Vec<&str> = scan.lines().collect();
     assert_eq!(
-        c.json()["memory_servers"][0]["pid"].as_u64(),
-        Some(pid as u64)
+        rows,
+        [
+            "1\tbefore",
+            "2\tpromoted",
+            "3\ttwo copies again",
+            "4\tback on the first",
+            "5\tand back"
+        ],
+        "{scan}"
     );
-    assert_eq!(ok(cwd, &["kv", "get", "2"]), "after\n");
 }
 
 /// A dead backup stops writes only until `cluster restart` starts it again: its

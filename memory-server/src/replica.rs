@@ -444,8 +444,8 @@ impl Link {
         tracing::info!(
             backup = self.addr.as_str(),
             bytes = sent,
-            "backup holds this server's whole state: Persists are acknowledged once it \
-             has them"
+            "backup holds this primary's whole state again (or, attached to a promoted \
+             server, for the first time): Persists are acknowledged once it has them"
         );
         self.forget_promotion().await;
         Ok(stream)

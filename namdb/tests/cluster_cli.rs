@@ -1001,6 +1001,59 @@ fn writes_acknowledged_after_a_failover_survive_cluster_down_and_up() {
     assert_eq!(ok(cwd, &["kv", "scan"]), all);
 }
 
+/// The old primary comes back as the promoted server's backup on its own data
+/// directory (which takes the promoted server's whole state and epoch), so the
+/// promoted directory no longer records the promotion: `down` and `up` start the two
+/// directories under their names again, no swap, with every acknowledged write, and
+/// the pair fails over again.
+#[test]
+fn a_primary_back_as_its_promoted_backups_backup_keeps_every_write_across_down_and_up() {
+    let args = [
+        "--backend",
+        "tcp",
+        "--size",
+        "16MiB",
+        "--table-capacity",
+        "1024",
+        "--replicas",
+        "2",
+        "--data-dir",
+        "data",
+    ];
+    let c = Cluster::up(&args);
+    let cwd = c.cwd();
+    ok(cwd, &["kv", "put", "1", "before"]);
+    let pid = |list: &str| c.json()[list][0]["pid"].as_u64().unwrap() as u32;
+    kill_9_and_wait(pid("memory_servers"));
+    kv_until_ok(cwd, &["put", "2", "promoted"]);
+    let said = ok(cwd, &["cluster", "restart", "memory-server-0"]);
+    assert!(
+        said.contains("memory-server-0 holds memory-server-0-backup's whole state"),
+        "{said}"
+    );
+    let log = std::fs::read_to_string(
+        c.json()["memory_server_backups"][0]["log"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        log.contains("the promotion is no longer recorded"),
+        "the promoted server forgets its promotion once its backup is synced: {log}"
+    );
+    ok(cwd, &["kv", "put", "3", "two copies"]);
+    ok(cwd, &["cluster", "down"]);
+    let mut up = vec!["cluster", "up"];
+    up.extend_from_slice(&args);
+    let said = ok(cwd, &up);
+    assert!(!said.contains("promoted"), "no swap: {said}");
+    let all = "1\tbefore\n2\tpromoted\n3\ttwo copies\n";
+    assert_eq!(ok(cwd, &["kv", "scan"]), all);
+    // Replicated again, the first way round.
+    kill_9_and_wait(pid("memory_servers"));
+    assert_eq!(kv_until_ok(cwd, &["scan"]), all);
+}
+
 /// Runs `kv ARGS` until it succeeds (a command that meets a failover or a re-attach
 /// may fail), for at most 60 s; answers its standard output.
 fn kv_until_ok(cwd: &std::path::Path, args: &[&str]) -> String {

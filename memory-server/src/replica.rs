@@ -1327,7 +1327,8 @@ impl Backup {
                 boot,
                 epoch,
                 "promoted: serving compute nodes; recorded in the data directory, which \
-                 must restart as a primary (without --backup)"
+                 must restart as a primary (without --backup) until a backup of its own \
+                 holds its whole state"
             );
         }
         Ok(boot)

@@ -692,35 +692,48 @@ impl ControlRpc for ControlService {
                 "another AttachBackup is under way on this server; ask again once it answered",
             ));
         };
-        if let Some(replica) = self.state.replica.get() {
-            return if replica.addr() == backup_at {
-                Ok(Response::new(proto::AttachBackupResponse {}))
-            } else {
-                Err(Status::failed_precondition(format!(
+        match self.state.replica.get() {
+            Some(replica) if replica.addr() != backup_at => {
+                return Err(Status::failed_precondition(format!(
                     "this memory server replicates to the backup at {} already (a server \
                      attaches again only to the backup it has)",
                     replica.addr()
-                )))
-            };
+                )));
+            }
+            Some(_) => {}
+            None => {
+                let state = &self.state;
+                let replica = Replicator::attach_running(
+                    &backup_at,
+                    &state.token,
+                    state.regions.clone(),
+                    state.sessions.clone(),
+                    (state.boot(), epoch),
+                    state.durable.clone(),
+                    state.resync_delay,
+                )
+                .await
+                .map_err(Status::unavailable)?;
+                tracing::info!(
+                    backup = backup_at.as_str(),
+                    "new backup attached to this promoted server"
+                );
+                if self.state.replica.set(replica).is_err() {
+                    return Err(Status::internal("a backup was attached meanwhile"));
+                }
+            }
         }
-        let state = &self.state;
-        let replica = Replicator::attach_running(
-            &backup_at,
-            &state.token,
-            state.regions.clone(),
-            state.sessions.clone(),
-            (state.boot(), epoch),
-            state.durable.clone(),
-            state.resync_delay,
-        )
-        .await
-        .map_err(Status::unavailable)?;
-        tracing::info!(
-            backup = backup_at.as_str(),
-            "new backup attached to this promoted server"
-        );
-        if self.state.replica.set(replica).is_err() {
-            return Err(Status::internal("a backup was attached meanwhile"));
+        // A Fence between the attach (which handed the backup every fence recorded by
+        // then) and the replicator's install was recorded here alone: hand them all on
+        // again, so that the backup, if promoted later, refuses every fenced node.
+        let replica = self.state.replica.get().expect("set above");
+        for incarnation in self.state.sessions.fenced_incarnations() {
+            replica.fence(incarnation).await.map_err(|why| {
+                Status::unavailable(format!(
+                    "the backup at {backup_at} was attached, but did not record the fence of \
+                     incarnation {incarnation:#x} ({why}); ask again"
+                ))
+            })?;
         }
         Ok(Response::new(proto::AttachBackupResponse {}))
     }

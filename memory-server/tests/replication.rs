@@ -400,6 +400,10 @@ async fn a_promoted_server_takes_a_new_backup_while_it_serves_and_it_can_be_prom
         .persist(&[PersistRange::new(rkey, 100, 15)])
         .await
         .unwrap();
+    // A node fenced at the promoted server before the attach is refused by the new
+    // backup once that is promoted too.
+    const FENCED: u64 = 0xfe11ced;
+    b.client.fence(FENCED).await.unwrap();
 
     b.client.attach_backup(&c_addr).await.unwrap();
     // Acknowledged during the state transfer (the backup is not promotable meanwhile).
@@ -457,6 +461,7 @@ async fn a_promoted_server_takes_a_new_backup_while_it_serves_and_it_can_be_prom
         [0; 15],
         "only what was persisted after the transfer"
     );
+    assert!(refuses(&c_addr, FENCED).await, "the fence was handed on");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -166,6 +166,12 @@ pub struct ChaosArgs {
     /// not within a minute.
     #[arg(long)]
     pub stop_failed_primaries: bool,
+    /// With `--replicas 2`: a failed-over primary comes back, once the nodes promoted
+    /// its backup, at its address as that server's backup (`memory-server
+    /// --backup-of`), which copies its state there while commits go on; the pair, the
+    /// other way round, can fail over again (server 0 does, twice).
+    #[arg(long)]
+    pub rejoin_failed_primaries: bool,
     /// Testing hook (hidden; DEVELOPERS.md, "Chaos harness"): how long a planned action
     /// may stay blocked before the harness gives up on it (60 s by default).
     #[arg(long, hide = true, value_name = "MS", default_value_t = START_TIMEOUT.as_millis() as u64)]
@@ -665,6 +671,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         servers: args.servers as usize,
         server_restarts: !args.no_server_restarts,
         failover: args.replicas >= 2,
+        rejoin: args.rejoin_failed_primaries,
         lease_timeout: Duration::from_millis(args.lease_ms),
         points,
         seed,
@@ -673,7 +680,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     say!(
         "chaos: seed {seed}; {} nodes × {} sessions, {} {} memory servers, {} s; plan: {} kills, \
          {} armed crashes, {} pauses, {} stalls, {} memory-server restarts, {} failovers, {} \
-         backup restarts; files in {}",
+         backup restarts, {} primary rejoins; files in {}",
         args.nodes,
         args.sessions,
         match args.replicas {
@@ -689,6 +696,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         plan.count("server_restart"),
         plan.count("server_failover"),
         plan.count("backup_restart"),
+        plan.count("primary_rejoin"),
         dir.display()
     );
     let config = ChaosConfig {
@@ -865,6 +873,11 @@ struct Harness<'a> {
     addrs: Vec<String>,
     /// Servers whose primary was killed for good (their backup serves).
     failed_over: Vec<bool>,
+    /// Servers whose pair is the other way round: the failed-over primary rejoined as
+    /// the promoted backup's backup, so `servers[i]` was started as
+    /// `memory-server-i-backup` and `backups[i]` as `memory-server-i` (its data
+    /// directory and port).
+    swapped: Vec<bool>,
     server_bytes: u64,
     /// Each server's boot (1 at the start, one more per restart).
     boots: Vec<u64>,
@@ -960,6 +973,7 @@ impl<'a> Harness<'a> {
             ports: Vec::new(),
             addrs: Vec::new(),
             failed_over: vec![false; args.servers as usize],
+            swapped: vec![false; args.servers as usize],
             server_bytes: 0,
             boots: vec![0; args.servers as usize],
             servers_down: vec![false; args.servers as usize],
@@ -998,6 +1012,8 @@ impl<'a> Harness<'a> {
             .iter()
             .enumerate()
             .map(|(i, a)| match self.backups.get(i) {
+                // The pair as first given: a swapped pair's primary is listed second.
+                Some(_) if self.swapped[i] => format!("{a}|{}", self.servers[i].address),
                 Some(b) => format!("{a}|{}", b.address),
                 None => a.clone(),
             })
@@ -1412,19 +1428,45 @@ impl<'a> Harness<'a> {
         .collect()
     }
 
-    fn start_backup(&mut self, i: usize, port: u16) -> Result<()> {
-        let name = format!("memory-server-{i}-backup");
+    /// The name (data directory) of server `i`'s backup process: the primary's once the
+    /// pair is the other way round.
+    fn backup_name(&self, i: usize) -> String {
+        match self.swapped.get(i) {
+            Some(true) => format!("memory-server-{i}"),
+            _ => format!("memory-server-{i}-backup"),
+        }
+    }
+
+    /// Server `i`'s backup's port (see [`Harness::backup_name`]).
+    fn backup_port(&self, i: usize) -> u16 {
+        let servers = self.args.servers as usize;
+        match self.swapped.get(i) {
+            Some(true) => self.ports[i],
+            _ => self.ports[servers + i],
+        }
+    }
+
+    /// Starts server `i`'s backup on `port`: a plain backup its primary attaches to, or
+    /// (`of`) the backup of the promoted server at that address, which it asks to
+    /// attach.
+    fn start_backup(&mut self, i: usize, port: u16, of: Option<&str>) -> Result<()> {
+        let name = self.backup_name(i);
         if self.backup_starts.len() <= i {
             self.backup_starts.resize(i + 1, 0);
         }
         self.backup_starts[i] += 1;
         let start = self.backup_starts[i];
-        let suffix = match start {
-            1 => String::new(),
-            n => format!(".{n}"),
+        let suffix = match (start, self.swapped.get(i)) {
+            // Apart from the logs and sockets of the primary it was.
+            (n, Some(true)) => format!(".as-backup.{n}"),
+            (1, _) => String::new(),
+            (n, _) => format!(".{n}"),
         };
         let mut argv = self.server_argv(&name, port);
-        argv.insert(1, "--backup".into());
+        match of {
+            Some(promoted) => argv.extend(["--backup-of".into(), promoted.to_string()]),
+            None => argv.insert(1, "--backup".into()),
+        }
         // Once promoted it serves queue pairs: on a socket of its own, one per start
         // (a killed process leaves its socket file behind).
         if self.args.backend == ChaosBackend::Shm {
@@ -1502,8 +1544,8 @@ impl<'a> Harness<'a> {
     fn start_memory_server(&mut self, i: usize) -> Result<()> {
         let name = format!("memory-server-{i}");
         if self.args.replicas >= 2 && self.backups.len() == i {
-            let port = self.ports[self.args.servers as usize + i];
-            self.start_backup(i, port)?;
+            let port = self.backup_port(i);
+            self.start_backup(i, port, None)?;
         }
         self.boots[i] += 1;
         let boot = self.boots[i];
@@ -1933,10 +1975,42 @@ impl<'a> Harness<'a> {
                 skip: true,
             });
         }
+        if let Action::RejoinAsBackup { server } = *action
+            && let Some(reason) = self.not_yet_promoted(server)
+        {
+            // Rejoining as the backup of a backup that was never promoted would be
+            // refused (it takes no backup), and the old primary would exit.
+            return Some(Blocked { reason, skip: true });
+        }
         self.waits_for(action).map(|reason| Blocked {
             reason,
             skip: false,
         })
+    }
+
+    /// Why server `i`'s failed-over primary cannot rejoin yet, if so: its backup must
+    /// be promoted, and a stopped primary gone.
+    fn not_yet_promoted(&self, i: usize) -> Option<String> {
+        if self.primaries_stopped.get(i).is_some_and(Option::is_some) {
+            return Some(format!(
+                "memory server {i}'s stopped primary was not failed over yet"
+            ));
+        }
+        let backup = self.backups.get(i)?;
+        let role = memory_server::blocking::Client::connect_within(
+            &backup.address,
+            &self.token,
+            BACKUP_ASK_TIMEOUT,
+        )
+        .map(|c| c.server().role);
+        match role {
+            Ok(memory_server::Role::Promoted) => None,
+            Ok(role) => Some(format!(
+                "memory server {i}'s backup is not promoted yet ({role:?}): no node came back \
+                 on it"
+            )),
+            Err(e) => Some(format!("memory server {i}'s backup did not answer: {e}")),
+        }
     }
 
     /// Why `action` has nothing to act on, if so: the restart of a backup or server
@@ -1951,6 +2025,12 @@ impl<'a> Harness<'a> {
                     "memory server {server}'s backup is running: it was not killed"
                 ))
             }
+            // A rejoin skipped (its backup never promoted) leaves one copy: nothing
+            // may kill it.
+            Action::FailoverMemoryServer { server } if self.failed_over[server] => Some(format!(
+                "memory server {server} failed over and its old primary did not rejoin: it \
+                 has no backup to fail over to"
+            )),
             Action::RestartMemoryServer { server }
                 if !self.servers_down[server] && !self.failed_over[server] =>
             {
@@ -2001,7 +2081,9 @@ impl<'a> Harness<'a> {
                     })
                 });
             }
-            Action::RestartMemoryServer { .. } | Action::RestartBackup { .. } => return None,
+            Action::RestartMemoryServer { .. }
+            | Action::RestartBackup { .. }
+            | Action::RejoinAsBackup { .. } => return None,
             _ => {}
         }
         if let Some(reason) = self.stall_unsettled(n) {
@@ -2260,8 +2342,8 @@ impl<'a> Harness<'a> {
                 "killed its backup: commits on it fail until the backup is back".into()
             }
             Action::RestartBackup { server } => {
-                let port = self.ports[self.args.servers as usize + *server];
-                self.start_backup(*server, port)?;
+                let port = self.backup_port(*server);
+                self.start_backup(*server, port, None)?;
                 self.counts.backup_restarts += 1;
                 if self.args.stop_restarted_backups {
                     signal_pid(self.backups[*server].pid, rustix::process::Signal::STOP);
@@ -2272,6 +2354,26 @@ impl<'a> Harness<'a> {
                 } else {
                     "its backup listening again (the primary attaches and copies its state)".into()
                 }
+            }
+            Action::RejoinAsBackup { server } => {
+                let i = *server;
+                if !self.failed_over[i] || self.backups.get(i).is_none() {
+                    bail!("memory server {i} did not fail over: no primary to rejoin");
+                }
+                // The promoted backup serves as the primary now; the dead primary's
+                // entry is replaced by the process started in its place.
+                let (servers, backups) = (&mut self.servers, &mut self.backups);
+                std::mem::swap(&mut servers[i], &mut backups[i]);
+                self.swapped[i] = !self.swapped[i];
+                let promoted = self.servers[i].address.clone();
+                let port = self.backup_port(i);
+                self.start_backup(i, port, Some(&promoted))?;
+                self.failed_over[i] = false;
+                self.counts.primary_rejoins += 1;
+                format!(
+                    "its old primary listening again as the backup of the promoted {promoted}, \
+                     which copies its state there"
+                )
             }
             Action::RestartMemoryServer { server } => {
                 if self.failed_over[*server] {

@@ -717,3 +717,41 @@ fn a_failover_of_a_stopped_primary_is_carried_out_by_the_nodes_and_passes() {
     });
     assert!(said_lost, "{out}");
 }
+
+/// A failed-over primary rejoins as its promoted backup's backup
+/// (`--rejoin-failed-primaries`): server 0 fails over, its old primary comes back at
+/// its address with `--backup-of`, the promoted server copies its state there while
+/// commits go on, and the pair fails over again the other way round, promoting the
+/// old primary's process; then the other rejoins too. Every check passes.
+#[test]
+fn a_failed_over_primary_rejoins_as_the_backup_and_the_pair_fails_over_again_and_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let run = dir.path().join("run");
+    let run_dir = run.to_str().unwrap();
+    let o = seed_11_run(
+        "40",
+        &["--dir", run_dir, "--rejoin-failed-primaries"],
+        &json,
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("verdict: PASSED"), "{out}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let actions = &report["actions"];
+    assert_eq!(actions["server_failovers"], 2, "{actions}");
+    assert_eq!(actions["primary_rejoins"], 2, "{actions}");
+    // The second failover promoted the process started on the old primary's data
+    // directory as the backup.
+    let promoted_after_rejoining = std::fs::read_dir(&run).unwrap().any(|e| {
+        let path = e.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        name.starts_with("memory-server-0.as-backup.")
+            && name.ends_with(".log")
+            && std::fs::read_to_string(&path).is_ok_and(|log| {
+                log.contains("backup of the promoted server at")
+                    && log.contains("promoted: serving compute nodes")
+            })
+    });
+    assert!(promoted_after_rejoining, "{out}");
+}

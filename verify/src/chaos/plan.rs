@@ -33,8 +33,12 @@
 //! - **server failover** (replicated servers, [`PlanConfig::failover`]): instead of a
 //!   restart, `FailoverMemoryServer` SIGKILLs the primary of a server and leaves it
 //!   dead; the nodes lose it and, started again, connect to its backup (promoting it).
-//!   Nothing re-replicates a promoted backup, so a server fails over at most once and
-//!   has no server episode after that: its one copy must stay up.
+//!   Unless failed-over primaries rejoin ([`PlanConfig::rejoin`]), nothing
+//!   re-replicates a promoted backup, so a server fails over at most once and has no
+//!   server episode after that: its one copy must stay up. With rejoins,
+//!   `RejoinAsBackup` starts the dead primary again at its address as the promoted
+//!   server's backup (`--backup-of`) once the nodes came back, and the pair, the other
+//!   way round, may fail over again: server 0 does, a second time.
 //! - **backup restart** (replicated servers): `KillBackup` SIGKILLs a server's backup,
 //!   which stops that server's Persists (so commits on it fail), and `RestartBackup`
 //!   starts it again 1–2 lease timeouts later; its primary attaches to it again and
@@ -85,6 +89,10 @@ pub enum Action {
     KillBackup { server: usize },
     /// Start the (dead) backup of memory server `server` again, at its address.
     RestartBackup { server: usize },
+    /// Start the failed-over primary of memory server `server` again at its address,
+    /// as the backup of the promoted server (`--backup-of`): the server is replicated
+    /// again, the other way round.
+    RejoinAsBackup { server: usize },
 }
 
 impl Action {
@@ -100,7 +108,8 @@ impl Action {
             | Action::RestartMemoryServer { server }
             | Action::FailoverMemoryServer { server }
             | Action::KillBackup { server }
-            | Action::RestartBackup { server } => server,
+            | Action::RestartBackup { server }
+            | Action::RejoinAsBackup { server } => server,
         }
     }
 
@@ -113,6 +122,7 @@ impl Action {
                 | Action::FailoverMemoryServer { .. }
                 | Action::KillBackup { .. }
                 | Action::RestartBackup { .. }
+                | Action::RejoinAsBackup { .. }
         )
     }
 
@@ -129,6 +139,7 @@ impl Action {
             Action::FailoverMemoryServer { .. } => "server_failover",
             Action::KillBackup { .. } => "backup_kill",
             Action::RestartBackup { .. } => "backup_restart",
+            Action::RejoinAsBackup { .. } => "primary_rejoin",
         }
     }
 }
@@ -157,8 +168,11 @@ pub struct PlanConfig {
     /// Whether the plan restarts memory servers.
     pub server_restarts: bool,
     /// Whether every memory server has a backup: server episodes are then failovers
-    /// (at most one per server) instead of restarts.
+    /// (at most one per server, unless `rejoin`) instead of restarts.
     pub failover: bool,
+    /// With `failover`: each failed-over primary rejoins as its promoted backup's
+    /// backup, and server 0 fails over twice.
+    pub rejoin: bool,
     pub lease_timeout: Duration,
     /// The crash points to cover (`txn::crash::POINTS` without `all`).
     pub points: Vec<String>,
@@ -190,6 +204,8 @@ enum Kind {
 /// Episode timing, all derived from the lease timeout.
 struct Timing {
     lease: Duration,
+    /// Failovers are followed by the old primary's rejoin.
+    rejoin: bool,
 }
 
 impl Timing {
@@ -274,6 +290,7 @@ impl Timing {
             Kind::Pause => self.lease / 2,
             Kind::Stall => self.lease * 5 + self.stall_rejoin(),
             Kind::Crash => self.longest_restart_delay() * 2 + self.crash_window(),
+            Kind::Server(_) if self.rejoin => self.server_rejoin() * 2 + self.backup_rejoin(),
             Kind::Server(_) => self.lease * 2 + self.server_rejoin(),
             Kind::Backup(_) => self.lease * 2 + self.backup_rejoin(),
         };
@@ -295,6 +312,7 @@ impl FaultPlan {
         }
         let timing = Timing {
             lease: config.lease_timeout,
+            rejoin: config.failover && config.rejoin,
         };
         let mut rng = StdRng::seed_from_u64(config.seed);
         let mut points = config.points.clone();
@@ -319,6 +337,9 @@ impl FaultPlan {
             }
             if config.failover {
                 must.push(Kind::Backup(0));
+            }
+            if timing.rejoin {
+                must.push(Kind::Server(0));
             }
         }
         must.shuffle(&mut rng);
@@ -412,6 +433,22 @@ impl FaultPlan {
                     // Random restarts come once the guaranteed ones are placed, when
                     // nothing is reserved any more.
                     reserved = reserved.saturating_sub(timing.longest(kind));
+                    if timing.rejoin {
+                        actions.push(Planned {
+                            at_ms: at(t),
+                            action: Action::FailoverMemoryServer { server },
+                        });
+                        // The nodes come back on the promoted backup first: it takes a
+                        // backup only once promoted.
+                        t += timing.server_rejoin() * 2;
+                        actions.push(Planned {
+                            at_ms: at(t),
+                            action: Action::RejoinAsBackup { server },
+                        });
+                        t += timing.backup_rejoin();
+                        t += timing.settle(&mut rng);
+                        continue;
+                    }
                     if config.failover {
                         failed_over[server] = true;
                         actions.push(Planned {
@@ -540,6 +577,7 @@ mod tests {
             servers: 2,
             server_restarts: true,
             failover: false,
+            rejoin: false,
             lease_timeout: Duration::from_millis(250),
             points: ["p1", "p2", "p3", "p4", "p5", "p6"]
                 .map(String::from)
@@ -567,7 +605,7 @@ mod tests {
                 assert!(server_down.iter().all(|d| !d), "one episode at a time");
                 assert!(backup_down.iter().all(|d| !d), "one episode at a time");
             }
-            if p.action.on_server() {
+            if p.action.on_server() && !matches!(p.action, Action::RejoinAsBackup { .. }) {
                 assert!(!failed_over[node], "nothing acts on a failed-over server");
             }
             match &p.action {
@@ -588,6 +626,11 @@ mod tests {
                 Action::RestartBackup { .. } => {
                     assert!(backup_down[node]);
                     backup_down[node] = false;
+                }
+                Action::RejoinAsBackup { .. } => {
+                    assert!(config.rejoin, "rejoins only when asked for");
+                    assert!(failed_over[node], "only a failed-over primary rejoins");
+                    failed_over[node] = false;
                 }
                 Action::KillMemoryServer { .. } => {
                     assert!(!config.failover, "replicated servers fail over instead");
@@ -672,6 +715,46 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn failed_over_primaries_rejoin_and_server_0_fails_over_twice() {
+        for seed in 0..50 {
+            for (seconds, servers) in [(40, 1), (60, 2), (300, 3)] {
+                let config = PlanConfig {
+                    servers,
+                    failover: true,
+                    rejoin: true,
+                    ..config(seconds, seed)
+                };
+                let plan = FaultPlan::generate(&config).expect("a plan");
+                // Also: every failover is followed by the rejoin of that server before
+                // anything else acts on it.
+                replay(&plan, &config);
+                let failed = failovers(&plan);
+                assert!(
+                    failed.iter().filter(|&&s| s == 0).count() >= 2,
+                    "server 0 fails over twice: {plan:?}"
+                );
+                assert_eq!(plan.count("primary_rejoin"), failed.len(), "{plan:?}");
+                for (i, p) in plan.actions.iter().enumerate() {
+                    if let Action::FailoverMemoryServer { server } = p.action {
+                        assert_eq!(
+                            plan.actions[i + 1].action,
+                            Action::RejoinAsBackup { server },
+                            "{plan:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // Without rejoins, nothing rejoins.
+        let plan = FaultPlan::generate(&PlanConfig {
+            failover: true,
+            ..config(120, 1)
+        })
+        .unwrap();
+        assert_eq!(plan.count("primary_rejoin"), 0);
     }
 
     #[test]

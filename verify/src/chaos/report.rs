@@ -81,6 +81,10 @@ pub struct ActionCounts {
     /// Backups started again (their primary attached to them again).
     #[serde(default)]
     pub backup_restarts: u64,
+    /// Failed-over primaries started again as their promoted backup's backup
+    /// (`namdb chaos --rejoin-failed-primaries`).
+    #[serde(default)]
+    pub primary_rejoins: u64,
     /// Compute nodes that lost a memory server and were started again once it was
     /// back.
     #[serde(default)]
@@ -480,6 +484,13 @@ impl fmt::Display for ChaosReport {
                 "  {} failovers stopped the primary instead of killing it; its backup was \
                  promoted while it was stopped in {}",
                 a.stopped_primaries, a.stopped_primaries_failed_over
+            )?;
+        }
+        if a.primary_rejoins > 0 {
+            writeln!(
+                f,
+                "  {} failed-over primaries rejoined as their promoted backup's backup",
+                a.primary_rejoins
             )?;
         }
         for (point, n) in &self.crash_points {

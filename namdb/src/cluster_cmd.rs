@@ -1424,7 +1424,7 @@ fn status(dir: &Path) -> Result<bool> {
                 .find(|(primary, _)| p.name == format!("{primary}-backup"))
             {
                 Some((primary, _)) => format!("alive{how}, promoted: serves in {primary}'s place"),
-                None => format!("alive{how}"),
+                None => format!("alive{how}{}", replication_note(&file, p)),
             },
             None => {
                 not_running += 1;
@@ -1462,6 +1462,43 @@ fn status(dir: &Path) -> Result<bool> {
         println!("{summary}");
     }
     Ok(not_running + paused == 0)
+}
+
+/// What a running memory server of a replicated cluster is in its pair, as its Hello
+/// says (bounded: a server that does not answer gets no note): after a failover and a
+/// rejoin the pair is the other way round, which its names no longer tell.
+fn replication_note(file: &ClusterFile, p: &ProcessEntry) -> String {
+    let is_server = file
+        .memory_servers
+        .iter()
+        .chain(&file.memory_server_backups)
+        .any(|m| m.name == p.name);
+    if file.memory_server_backups.is_empty() || !is_server {
+        return String::new();
+    }
+    let Ok(token) = ClusterToken::from_file(&file.token_file) else {
+        return String::new();
+    };
+    let Ok(client) =
+        memory_server::blocking::Client::connect_within(&p.address, &token, Duration::from_secs(2))
+    else {
+        return String::new();
+    };
+    let server = client.server();
+    match (server.role, &server.backup_at, server.synced) {
+        (memory_server::Role::Primary, _, _) => ", primary".into(),
+        (memory_server::Role::Promoted, Some(_), _) => {
+            ", promoted: serves as the primary, with a backup".into()
+        }
+        (memory_server::Role::Promoted, None, _) => {
+            ", promoted: serves as the primary, without a backup".into()
+        }
+        (memory_server::Role::Backup, _, true) => ", backup (holds its primary's state)".into(),
+        (memory_server::Role::Backup, _, false) => {
+            ", backup (does not hold its primary's state yet)".into()
+        }
+        (memory_server::Role::Standalone, _, _) => String::new(),
+    }
 }
 
 /// The last line of `status`: how many processes do not run and how many are stopped,

@@ -1031,16 +1031,24 @@ fn a_primary_back_as_its_promoted_backups_backup_keeps_every_write_across_down_a
         said.contains("memory-server-0 holds memory-server-0-backup's whole state"),
         "{said}"
     );
-    let log = std::fs::read_to_string(
-        c.json()["memory_server_backups"][0]["log"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
-    assert!(
-        log.contains("the promotion is no longer recorded"),
-        "the promoted server forgets its promotion once its backup is synced: {log}"
-    );
+    // Right after the backup reported itself synced (what `restart` waits for), so
+    // its log line may come a little later.
+    let log_path = c.json()["memory_server_backups"][0]["log"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        if log.contains("the promotion is no longer recorded") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the promoted server forgets its promotion once its backup is synced: {log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     ok(cwd, &["kv", "put", "3", "two copies"]);
     ok(cwd, &["cluster", "down"]);
     let mut up = vec!["cluster", "up"];
@@ -1111,7 +1119,20 @@ fn a_primary_whose_backup_was_promoted_comes_back_as_its_backup_and_the_pair_fai
     );
     let log = std::fs::read_to_string(server("memory_servers")["log"].as_str().unwrap()).unwrap();
     assert!(log.contains("backup of the promoted server at"), "{log}");
-    ok(cwd, &["cluster", "status"]);
+    // The names no longer say which serves; `status` does.
+    let said = ok(cwd, &["cluster", "status"]);
+    let line = |name: &str| {
+        said.lines()
+            .find(|l| l.starts_with(&format!("{name} pid")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line("memory-server-0").contains("alive, backup (holds its primary's state)")
+            && line("memory-server-0-backup")
+                .contains("alive, promoted: serves as the primary, with a backup"),
+        "{said}"
+    );
     // Writes now wait for the new backup too.
     ok(cwd, &["kv", "put", "3", "two copies again"]);
 

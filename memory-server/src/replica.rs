@@ -685,33 +685,47 @@ async fn attach_when_free(link: &Link) -> Result<(Stream, BackupPieces), String>
     }
 }
 
-impl Replicator {
-    /// Attaches to the backup at `addr` and copies every region to it; returns once
-    /// the backup holds what `regions` hold. Call before anyone can write the regions.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn start(
-        addr: &str,
-        token: &ClusterToken,
-        regions: Arc<Vec<ServedRegion>>,
-        sessions: Arc<Sessions>,
-        (primary_boot, primary_epoch): (u64, u64),
-        durable: Option<Arc<Durable>>,
-        resync_delay: Duration,
-    ) -> Result<Replicator, String> {
-        let attached = AttachedSession::default();
-        let restored = durable.is_some();
-        let link = Link {
-            addr: addr.to_string(),
-            token: token.clone(),
-            regions,
-            boot: primary_boot,
-            epoch: primary_epoch,
+/// What a server's stream to its backup is made of.
+pub(crate) struct StreamTo {
+    /// The backup's control-plane address.
+    pub addr: String,
+    pub token: ClusterToken,
+    pub regions: Arc<Vec<ServedRegion>>,
+    /// This server's sessions, whose fenced incarnations every attach hands on.
+    pub sessions: Arc<Sessions>,
+    /// The boot and replication epoch this server attaches with.
+    pub boot: u64,
+    pub epoch: u64,
+    /// The data directory, if any: its recorded promotion is cleared once synced.
+    pub durable: Option<Arc<Durable>>,
+    /// [`crate::ServerConfig::resync_delay`].
+    pub resync_delay: Duration,
+}
+
+impl StreamTo {
+    fn into_link(self) -> Link {
+        Link {
+            addr: self.addr,
+            token: self.token,
+            regions: self.regions,
+            boot: self.boot,
+            epoch: self.epoch,
             id: rand::random::<[u8; 16]>().to_vec(),
-            attached: attached.clone(),
-            sessions,
-            resync_delay,
-            durable,
-        };
+            attached: AttachedSession::default(),
+            sessions: self.sessions,
+            resync_delay: self.resync_delay,
+            durable: self.durable,
+        }
+    }
+}
+
+impl Replicator {
+    /// Attaches to the backup and copies every region to it; returns once the backup
+    /// holds what the regions hold. Call before anyone can write the regions.
+    pub async fn start(to: StreamTo) -> Result<Replicator, String> {
+        let restored = to.durable.is_some();
+        let link = to.into_link();
+        let addr = link.addr.as_str();
         let (mut stream, backup) = attach_when_free(&link).await?;
         if !matches!(backup, BackupPieces::AllZero) && !restored {
             return Err(format!(
@@ -738,66 +752,52 @@ impl Replicator {
         );
         link.forget_promotion().await;
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(ship(link, Ok(stream), rx));
-        Ok(Replicator {
-            addr: addr.to_string(),
-            tx,
-            order: Mutex::new(()),
-            task,
-            attached,
-        })
+        Ok(Replicator::running(link, tx, |link| {
+            ship(link, Ok(stream), rx)
+        }))
     }
 
-    /// Attaches a server that serves already (a promoted backup) to a new backup at
-    /// `addr`, and returns once attached: from then on the backup cannot be promoted
-    /// until it holds this server's whole state, which a task copies there while
-    /// Persists go on (acknowledged meanwhile with this server as their only copy, as
-    /// they were before the attach), then the stream runs as a primary's. Fails, with
-    /// the server left as it was, if the backup cannot be attached within the bounds of
-    /// an attach again.
-    pub async fn attach_running(
-        addr: &str,
-        token: &ClusterToken,
-        regions: Arc<Vec<ServedRegion>>,
-        sessions: Arc<Sessions>,
-        (boot, epoch): (u64, u64),
-        durable: Option<Arc<Durable>>,
-        resync_delay: Duration,
-    ) -> Result<Replicator, String> {
-        let attached = AttachedSession::default();
-        let link = Link {
-            addr: addr.to_string(),
-            token: token.clone(),
-            regions,
-            boot,
-            epoch,
-            id: rand::random::<[u8; 16]>().to_vec(),
-            attached: attached.clone(),
-            sessions,
-            resync_delay,
-            durable,
-        };
+    /// Attaches a server that serves already (a promoted backup) to a new backup, and
+    /// returns once attached: from then on the backup cannot be promoted until it holds
+    /// this server's whole state, which a task copies there while Persists go on
+    /// (acknowledged meanwhile with this server as their only copy, as they were before
+    /// the attach), then the stream runs as a primary's. Fails, with the server left as
+    /// it was, if the backup cannot be attached within the bounds of an attach again.
+    pub async fn attach_running(to: StreamTo) -> Result<Replicator, String> {
+        let link = to.into_link();
         let (stream, backup) = link.attach(true).await.map_err(|f| f.why().to_string())?;
         tracing::warn!(
-            backup = addr,
+            backup = link.addr.as_str(),
             "backup attached: copying this server's whole state to it; until it holds \
              that, Persists are acknowledged with this server as their only copy"
         );
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
+        Ok(Replicator::running(link, tx, |link| async move {
             let first = link.catch_up(stream, &backup, &mut rx).await;
             if let Err(f) = &first {
                 tracing::error!("copying the state to the new backup failed: {}", f.why());
             }
             ship(link, first, rx).await;
-        });
-        Ok(Replicator {
-            addr: addr.to_string(),
+        }))
+    }
+
+    /// The replicator whose stream task `run(link)` is, fed by `tx`.
+    fn running<F>(
+        link: Link,
+        tx: mpsc::UnboundedSender<Shipment>,
+        run: impl FnOnce(Link) -> F,
+    ) -> Replicator
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (addr, attached) = (link.addr.clone(), link.attached.clone());
+        Replicator {
+            addr,
             tx,
             order: Mutex::new(()),
-            task,
+            task: tokio::spawn(run(link)),
             attached,
-        })
+        }
     }
 
     /// The backup's control-plane address.

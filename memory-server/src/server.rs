@@ -6,7 +6,7 @@ use crate::durable::{Copier, DurabilityConfig, Durable, RestoreReport};
 use crate::proto::memory_server_server::MemoryServerServer;
 use crate::proto::remote_verbs_server::RemoteVerbsServer;
 use crate::regions::{self, AllocError, RegionDirectory, RegionPlan};
-use crate::replica::{Backup, MAX_APPLY_BYTES, Replication, Replicator, Role};
+use crate::replica::{Backup, MAX_APPLY_BYTES, Replication, Replicator, Role, StreamTo};
 use crate::service::{ControlService, ServerState};
 use crate::session::{BorrowLedger, ObjectLimits, Sessions};
 use crate::stats::{Counters, Stats};
@@ -224,15 +224,16 @@ impl MemoryServer {
                 let epoch = durable.as_ref().map_or(0, |d| d.epoch());
                 // The transfer clears a promotion the directory records: the backup
                 // holds this server's whole state from then on.
-                let replica = Replicator::start(
-                    backup_at,
-                    &config.token,
-                    served.clone(),
-                    sessions.clone(),
-                    (boot, epoch),
-                    durable.clone(),
-                    config.resync_delay,
-                )
+                let replica = Replicator::start(StreamTo {
+                    addr: backup_at.clone(),
+                    token: config.token.clone(),
+                    regions: served.clone(),
+                    sessions: sessions.clone(),
+                    boot,
+                    epoch,
+                    durable: durable.clone(),
+                    resync_delay: config.resync_delay,
+                })
                 .await
                 .map_err(ServerError::Replication)?;
                 Some(replica)

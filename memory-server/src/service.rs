@@ -6,7 +6,7 @@ use crate::auth::{AuthError, Authenticator};
 use crate::durable::{Copier, Durable, PersistError, journal};
 use crate::proto::{self, memory_server_server::MemoryServer as ControlRpc};
 use crate::regions::{RegionDirectory, ServedRegion};
-use crate::replica::{Backup, Replicator, Role};
+use crate::replica::{Backup, Replicator, Role, StreamTo};
 use crate::session::{
     BorrowLedger, ObjectLimits, ReturnError, SESSION_METADATA, Session, SessionError, SessionId,
     Sessions,
@@ -703,15 +703,16 @@ impl ControlRpc for ControlService {
             Some(_) => {}
             None => {
                 let state = &self.state;
-                let replica = Replicator::attach_running(
-                    &backup_at,
-                    &state.token,
-                    state.regions.clone(),
-                    state.sessions.clone(),
-                    (state.boot(), epoch),
-                    state.durable.clone(),
-                    state.resync_delay,
-                )
+                let replica = Replicator::attach_running(StreamTo {
+                    addr: backup_at.clone(),
+                    token: state.token.clone(),
+                    regions: state.regions.clone(),
+                    sessions: state.sessions.clone(),
+                    boot: state.boot(),
+                    epoch,
+                    durable: state.durable.clone(),
+                    resync_delay: state.resync_delay,
+                })
                 .await
                 .map_err(Status::unavailable)?;
                 tracing::info!(

@@ -34,6 +34,21 @@ fn sample(text: &str, name: &str) -> Option<f64> {
 }
 
 /// A cluster of one memory server with its backup (shm) and one compute node.
+/// `cluster up` arguments: two tcp memory servers, each with a backup, all with data
+/// directories under `data`.
+const DURABLE_REPLICATED_TCP: [&str; 10] = [
+    "--backend",
+    "tcp",
+    "--size",
+    "16MiB",
+    "--table-capacity",
+    "1024",
+    "--replicas",
+    "2",
+    "--data-dir",
+    "data",
+];
+
 fn one_replicated_memory_server() -> Cluster {
     Cluster::up(&[
         "--memory-servers",
@@ -940,18 +955,7 @@ fn as_many_compute_nodes_as_the_oracle_has_slots_come_up() {
 /// lost without a word.
 #[test]
 fn writes_acknowledged_after_a_failover_survive_cluster_down_and_up() {
-    let args = [
-        "--backend",
-        "tcp",
-        "--size",
-        "16MiB",
-        "--table-capacity",
-        "1024",
-        "--replicas",
-        "2",
-        "--data-dir",
-        "data",
-    ];
+    let args = DURABLE_REPLICATED_TCP;
     let c = Cluster::up(&args);
     let cwd = c.cwd();
     for k in 1..=10 {
@@ -1008,18 +1012,7 @@ fn writes_acknowledged_after_a_failover_survive_cluster_down_and_up() {
 /// the pair fails over again.
 #[test]
 fn a_primary_back_as_its_promoted_backups_backup_keeps_every_write_across_down_and_up() {
-    let args = [
-        "--backend",
-        "tcp",
-        "--size",
-        "16MiB",
-        "--table-capacity",
-        "1024",
-        "--replicas",
-        "2",
-        "--data-dir",
-        "data",
-    ];
+    let args = DURABLE_REPLICATED_TCP;
     let c = Cluster::up(&args);
     let cwd = c.cwd();
     ok(cwd, &["kv", "put", "1", "before"]);

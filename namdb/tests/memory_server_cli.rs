@@ -455,3 +455,52 @@ fn a_read_from_a_stopped_tcp_memory_server_fails_after_the_transport_timeout() {
     send_signal(pid, "-TERM");
     assert!(server.child.wait().unwrap().success());
 }
+
+/// `--backup-of` names a server that takes no backup (a standalone one here, and a
+/// server that does not run): the new server exits, with the refusal and why, instead
+/// of waiting as a backup nobody attaches to.
+#[test]
+fn a_backup_of_a_server_that_was_not_promoted_exits_with_the_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(&dir, GOOD_TOKEN, 0o600);
+    let standalone = start_server("tcp", &token);
+    let backup_of = |addr: &str| {
+        namdb(&[
+            "memory-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            "tcp",
+            "--size",
+            "4MiB",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--backup-of",
+            addr,
+        ])
+    };
+    let o = backup_of(&standalone.control);
+    assert!(!o.status.success());
+    let said = stderr(&o);
+    assert!(
+        said.contains(&format!(
+            "the server at {} did not take this one as its backup",
+            standalone.control
+        )) && said.contains("only a promoted server takes a new backup while it runs"),
+        "{said}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("listening on"),
+        "it never served"
+    );
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = nobody.local_addr().unwrap().to_string();
+    drop(nobody);
+    let o = backup_of(&addr);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(&format!("cannot reach the promoted server at {addr}")),
+        "{}",
+        stderr(&o)
+    );
+}

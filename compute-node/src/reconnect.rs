@@ -150,10 +150,15 @@ impl Live {
                     hello.server().boot
                 ));
             }
+            // A server without a backup (promoted, none attached yet) has nobody who
+            // could be promoted over it; the other of its pair is then the fenced old
+            // primary, maybe stopped, which would cost every deep check the whole bound.
+            let has_backup = hello.server().backup_at.is_some();
             drop(hello);
             // Bounded: a stopped backup would hold every deep check (and so the noticing
             // of a dead primary) until the HTTP/2 keep-alive.
-            if let Some(backup) = backup_of(spec, server.addr())
+            if has_backup
+                && let Some(backup) = backup_of(spec, server.addr())
                 && let Ok(BackupView::Promoted) = ask_backup(backup, &config.token)
             {
                 return Err(format!(

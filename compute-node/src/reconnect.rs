@@ -108,25 +108,20 @@ impl Live {
                         Ok(view @ (BackupView::Promoted | BackupView::PrimarySilent(_))) => {
                             return Err(format!("{}, and its backup at {backup} {view}", gone(&e)));
                         }
-                        Ok(BackupView::NotABackup(role)) => {
-                            tracing::warn!(
-                                primary = server.addr(),
-                                other = backup,
-                                "the server did not renew this node's session within \
-                                 {PRIMARY_ANSWER_LIMIT:?}, and the other of its pair is no \
-                                 backup ({role:?}) to say whether it is alive; waiting for it"
-                            );
-                            server.keep_alive().map_err(|e| gone(&e))?;
-                        }
-                        Err(b) => {
+                        answer @ (Ok(BackupView::NotABackup(_)) | Err(_)) => {
                             // Nobody to judge: wait for the primary as long as its
                             // connection's keep-alive does.
+                            let why = match answer {
+                                Ok(view) => format!("the other of its pair {view}"),
+                                Err(b) => {
+                                    format!("its backup cannot say whether it is alive ({b})")
+                                }
+                            };
                             tracing::warn!(
                                 primary = server.addr(),
                                 backup,
                                 "the primary did not renew this node's session within \
-                                 {PRIMARY_ANSWER_LIMIT:?}, and its backup cannot say whether \
-                                 it is alive ({b}); waiting for the primary"
+                                 {PRIMARY_ANSWER_LIMIT:?}, and {why}; waiting for the primary"
                             );
                             server.keep_alive().map_err(|e| gone(&e))?;
                         }

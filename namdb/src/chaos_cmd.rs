@@ -1446,11 +1446,11 @@ impl<'a> Harness<'a> {
         }
     }
 
-    /// Starts server `i`'s backup on `port`: a plain backup its primary attaches to, or
-    /// (`of`) the backup of the promoted server at that address, which it asks to
+    /// Starts server `i`'s backup on its port: a plain backup its primary attaches to,
+    /// or (`of`) the backup of the promoted server at that address, which it asks to
     /// attach.
-    fn start_backup(&mut self, i: usize, port: u16, of: Option<&str>) -> Result<()> {
-        let name = self.backup_name(i);
+    fn start_backup(&mut self, i: usize, of: Option<&str>) -> Result<()> {
+        let (name, port) = (self.backup_name(i), self.backup_port(i));
         if self.backup_starts.len() <= i {
             self.backup_starts.resize(i + 1, 0);
         }
@@ -1544,8 +1544,7 @@ impl<'a> Harness<'a> {
     fn start_memory_server(&mut self, i: usize) -> Result<()> {
         let name = format!("memory-server-{i}");
         if self.args.replicas >= 2 && self.backups.len() == i {
-            let port = self.backup_port(i);
-            self.start_backup(i, port, None)?;
+            self.start_backup(i, None)?;
         }
         self.boots[i] += 1;
         let boot = self.boots[i];
@@ -2342,8 +2341,7 @@ impl<'a> Harness<'a> {
                 "killed its backup: commits on it fail until the backup is back".into()
             }
             Action::RestartBackup { server } => {
-                let port = self.backup_port(*server);
-                self.start_backup(*server, port, None)?;
+                self.start_backup(*server, None)?;
                 self.counts.backup_restarts += 1;
                 if self.args.stop_restarted_backups {
                     signal_pid(self.backups[*server].pid, rustix::process::Signal::STOP);
@@ -2366,8 +2364,7 @@ impl<'a> Harness<'a> {
                 std::mem::swap(&mut servers[i], &mut backups[i]);
                 self.swapped[i] = !self.swapped[i];
                 let promoted = self.servers[i].address.clone();
-                let port = self.backup_port(i);
-                self.start_backup(i, port, Some(&promoted))?;
+                self.start_backup(i, Some(&promoted))?;
                 self.failed_over[i] = false;
                 self.counts.primary_rejoins += 1;
                 format!(

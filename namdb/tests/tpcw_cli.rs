@@ -110,6 +110,19 @@ fn checkout_on_rsi_2pc_and_postgres_in_one_run() {
         .map(|r| r["backend"].as_str().unwrap())
         .collect();
     assert_eq!(backends, ["sim", "shm", "tcp", "tcp"]);
+    // By default RSI's memory servers pin their memory when the host can spare it (a
+    // run this small always fits); the baselines have no memory servers.
+    let pinned: Vec<&Value> = runs.iter().map(|r| &r["pinned_memory"]).collect();
+    assert_eq!(
+        pinned,
+        [
+            &Value::Bool(true),
+            &Value::Bool(true),
+            &Value::Bool(true),
+            &Value::Null,
+            &Value::Null
+        ]
+    );
 }
 
 /// Also with the memory servers' memory pinned up front, and two versions per item.
@@ -231,6 +244,8 @@ fn htap_alternates_its_runs_after_a_warm_up_and_checks_them() {
         "1",
         "--json",
         &json_arg,
+        // Five runs' room, backed only as touched: a shorter start.
+        "--lazy-memory",
     ]);
     assert_eq!(a[7], "--sample-every");
     a[8] = "1";
@@ -287,6 +302,7 @@ fn htap_alternates_its_runs_after_a_warm_up_and_checks_them() {
     }
     for run in runs(&json) {
         assert_checked(run);
+        assert_eq!(run["pinned_memory"], false, "{run}");
     }
     // Of the runs beside the analytics, not only the reported median one: a debug
     // build on a loaded machine runs few queries in a second.

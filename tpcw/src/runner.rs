@@ -152,6 +152,10 @@ pub struct RunReport {
     /// was learnt after recovery decided it; absent when there were none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unknown_outcomes: Option<UnknownOutcomes>,
+    /// Whether the memory servers' memory was all backed before the run (set by the
+    /// caller that started them; absent for systems without memory servers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_memory: Option<bool>,
 }
 
 /// Commits of unknown outcome ([`Error::Unknown`]) a run learnt the outcome of, over
@@ -1061,6 +1065,7 @@ fn summarize(
         stopped_early: None,
         phase: None,
         unknown_outcomes: (t.unknown != UnknownOutcomes::default()).then_some(t.unknown),
+        pinned_memory: None,
     })
 }
 

@@ -402,6 +402,12 @@ impl MemoryServer {
         move || state.stats()
     }
 
+    /// A function that takes [`MemoryServer::role`] while the server runs.
+    pub fn role_source(&self) -> impl Fn() -> Role + Send + Sync + 'static {
+        let state = self.state.clone();
+        move || state.role()
+    }
+
     /// Stops accepting RPCs, lets in-flight ones finish (for at most a few seconds),
     /// ends every session and destroys every queue pair.
     pub async fn shutdown(mut self) -> Result<(), ServerError> {

@@ -730,7 +730,9 @@ fn up(args: &UpArgs) -> Result<()> {
             extra.extend(["--data-dir", d]);
         }
         if let Some(b) = &backup_addr {
-            extra.extend(["--backup-at", b]);
+            // A primary fenced while it lived (stopped, hung, cut off) comes back as the
+            // backup of the server promoted in its place by itself.
+            extra.extend(["--backup-at", b, "--rejoin-when-fenced"]);
         }
         guard.start(&dir, "memory-server", i, &extra)?;
     }
@@ -1217,7 +1219,7 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
     };
     let mut args = listening_at(&entry.args, &entry.address);
     if let Some(promoted) = &partner {
-        args = as_backup_of(&args, &promoted.address);
+        args = crate::memory_server_cmd::as_backup_of(&args, &promoted.address);
         println!(
             "{} was promoted in {name}'s place: starting {name} as its backup",
             promoted.name
@@ -1256,24 +1258,6 @@ fn restart(dir: &Path, name: &str) -> Result<()> {
         wait_for_backup_sync(name, &address, &primary, primary_pid, &token_file)?;
     }
     Ok(())
-}
-
-/// A memory server's recorded arguments turned into those of the backup of the
-/// promoted server at `promoted` (`--backup-of`): its own replication flags go.
-fn as_backup_of(args: &[String], promoted: &str) -> Vec<String> {
-    let mut out = Vec::with_capacity(args.len() + 2);
-    let mut rest = args.iter();
-    while let Some(a) = rest.next() {
-        match a.as_str() {
-            "--backup" => {}
-            "--backup-at" | "--backup-of" | "--resync-delay-ms" => {
-                rest.next();
-            }
-            _ => out.push(a.clone()),
-        }
-    }
-    out.extend(["--backup-of".to_string(), promoted.to_string()]);
-    out
 }
 
 /// The other memory server of `name`'s pair (`memory-server-i` and

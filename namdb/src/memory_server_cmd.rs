@@ -110,6 +110,15 @@ pub struct MemoryServerArgs {
     /// still names both. Exits with the promoted server's refusal if it takes no backup.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["backup_at", "resync_delay_ms"])]
     pub backup_of: Option<String>,
+    /// With --backup-at or --backup-of: once the other server of the pair says it was
+    /// promoted in this one's place (a compute node promoted it while this server was
+    /// stopped, hung or cut off, which fenced this one for good), start again as that
+    /// server's backup (as with --backup-of it), in this same process, at the same
+    /// addresses and on the same --data-dir, so that the pair holds two copies again
+    /// without an operator. Without it such a server stays up failing every Persist
+    /// until it is stopped.
+    #[arg(long)]
+    pub rejoin_when_fenced: bool,
     /// Stop (as on SIGTERM) once the process that started this one exits: for servers
     /// a benchmark or the chaos harness runs for itself, which must not outlive it
     /// when it is killed before it can stop them.
@@ -246,6 +255,118 @@ async fn attach_to(server: &MemoryServer, promoted: &str, token: &ClusterToken) 
     Ok(())
 }
 
+/// A memory server's arguments turned into those of the backup of the promoted server
+/// at `promoted` (`--backup-of`): its own replication flags go (in either of clap's
+/// forms, `--flag value` and `--flag=value`), and it rejoins when fenced in turn.
+pub(crate) fn as_backup_of(args: &[String], promoted: &str) -> Vec<String> {
+    const VALUED: [&str; 3] = ["--backup-at", "--backup-of", "--resync-delay-ms"];
+    let mut out = Vec::with_capacity(args.len() + 3);
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        let flag = a.split_once('=').map_or(a.as_str(), |(flag, _)| flag);
+        match flag {
+            "--backup" | "--rejoin-when-fenced" => {}
+            f if VALUED.contains(&f) => {
+                if !a.contains('=') {
+                    rest.next();
+                }
+            }
+            _ => out.push(a.clone()),
+        }
+    }
+    out.extend([
+        "--backup-of".to_string(),
+        promoted.to_string(),
+        "--rejoin-when-fenced".to_string(),
+    ]);
+    out
+}
+
+/// `args` with the value of `flag` (either form) replaced by `value`.
+fn with_value(args: &[String], flag: &str, value: &str) -> Vec<String> {
+    let joined = format!("{flag}=");
+    let mut out = Vec::with_capacity(args.len());
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        if a == flag {
+            out.extend([a.clone(), value.to_string()]);
+            rest.next();
+        } else if a.starts_with(&joined) {
+            out.push(format!("{joined}{value}"));
+        } else {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
+/// How often a server started with --rejoin-when-fenced asks the other of its pair
+/// whether it was promoted.
+const PROMOTION_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How long one such question may take (a stopped partner answers nothing).
+const PROMOTION_CHECK_LIMIT: Duration = Duration::from_secs(3);
+
+/// Resolves once `partner` says it was promoted, with no backup or this server
+/// (`own`) as its backup, while this server (`role`) serves as a primary or promoted
+/// server: then the partner serves in this one's place, and this one is fenced.
+async fn promoted_over(
+    partner: &str,
+    own: SocketAddr,
+    token: &ClusterToken,
+    role: impl Fn() -> memory_server::Role,
+) {
+    use memory_server::Role;
+    loop {
+        tokio::time::sleep(PROMOTION_CHECK_EVERY).await;
+        if !matches!(role(), Role::Primary | Role::Promoted) {
+            continue;
+        }
+        let asked = tokio::time::timeout(
+            PROMOTION_CHECK_LIMIT,
+            memory_server::Client::connect(partner, token),
+        )
+        .await;
+        let Ok(Ok(client)) = asked else {
+            continue;
+        };
+        let info = client.server();
+        let ours = info
+            .backup_at
+            .as_deref()
+            .is_none_or(|b| b == own.to_string());
+        if info.role == Role::Promoted && ours {
+            return;
+        }
+    }
+}
+
+/// Replaces this process with `namdb memory-server` as the backup of `promoted`: the
+/// same arguments (`args`, this process's own) turned by [`as_backup_of`], with the
+/// control plane (`listen`) and metrics (`metrics`) at the addresses this one had, so
+/// a port 0 stays the port the pair's compute nodes know. Returns only on failure.
+fn exec_as_backup_of(
+    args: &[String],
+    promoted: &str,
+    listen: SocketAddr,
+    metrics: Option<SocketAddr>,
+) -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let mut argv = with_value(
+        &as_backup_of(args, promoted),
+        "--listen",
+        &listen.to_string(),
+    );
+    if let Some(metrics) = metrics {
+        argv = with_value(&argv, "--metrics-listen", &metrics.to_string());
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return anyhow::anyhow!("cannot find the namdb executable: {e}"),
+    };
+    let e = std::process::Command::new(exe).args(&argv).exec();
+    anyhow::anyhow!("cannot start again as the backup of {promoted}: {e}")
+}
+
 /// Whether this process's parent is still the process `pid`.
 fn parent_is(pid: u32) -> bool {
     rustix::process::getppid().is_some_and(|p| p.as_raw_nonzero().get() as u32 == pid)
@@ -256,6 +377,13 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
         && !parent_is(parent)
     {
         bail!("the process that started this memory server (pid {parent}) has exited");
+    }
+    let partner = args.backup_at.clone().or_else(|| args.backup_of.clone());
+    if args.rejoin_when_fenced && partner.is_none() {
+        bail!(
+            "--rejoin-when-fenced needs the other server of the pair: --backup-at ADDR, or \
+             --backup-of ADDR (a plain --backup learns its primary only when it attaches)"
+        );
     }
     let plan = RegionPlan::new(args.size, args.region_size)?;
     let token = ClusterToken::from_file(&args.token_file)?;
@@ -284,15 +412,16 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
         .build()
         .context("cannot start the tokio runtime")?;
     let data_path = device.address();
-    runtime.block_on(async {
+    let rejoin = runtime.block_on(async {
         let server = MemoryServer::start(config, device).await?;
+        let mut metrics = None;
         if let Some(listen) = args.metrics_listen {
             let stats = Arc::new(server.stats_source());
             let render: crate::metrics::Render = Arc::new(move || {
                 let text = crate::metrics::memory_server_text(&stats());
                 Box::pin(async move { text })
             });
-            crate::metrics::serve(listen, render).await?;
+            metrics = Some(crate::metrics::serve(listen, render).await?);
         }
         let stats = server.stats();
         // Installed before the line below: a script may send SIGTERM as soon as it
@@ -334,27 +463,58 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
             stats.bytes_registered,
             data_path
         );
-        if let Some(parent) = args.exit_with_parent {
-            let orphaned = async move {
-                // Reparented (to init or a subreaper) once the parent is gone.
-                while parent_is(parent) {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Ok("the exit of the process that started it")
+        let own = server.local_addr();
+        let orphaned = async move {
+            let Some(parent) = args.exit_with_parent else {
+                return std::future::pending().await;
             };
-            server
-                .run_until(async {
-                    tokio::select! {
-                        s = signal => s,
-                        s = orphaned => s,
-                    }
-                })
-                .await?;
-        } else {
-            server.run_until(signal).await?;
-        }
-        Ok(())
-    })
+            // Reparented (to init or a subreaper) once the parent is gone.
+            while parent_is(parent) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok("the exit of the process that started it")
+        };
+        let fenced = std::sync::atomic::AtomicBool::new(false);
+        let role = server.role_source();
+        let promoted = async {
+            match partner.as_deref().filter(|_| args.rejoin_when_fenced) {
+                Some(partner) => promoted_over(partner, own, &token, role).await,
+                None => std::future::pending().await,
+            }
+            fenced.store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok("the promotion of the other server of its pair")
+        };
+        server
+            .run_until(async {
+                tokio::select! {
+                    s = signal => s,
+                    s = orphaned => s,
+                    s = promoted => s,
+                }
+            })
+            .await?;
+        let fenced = fenced.load(std::sync::atomic::Ordering::Relaxed);
+        anyhow::Ok(fenced.then_some((own, metrics)))
+    })?;
+    drop(runtime);
+    if let (Some((listen, metrics)), Some(promoted)) = (rejoin, partner) {
+        // Said before the process is replaced: its log is this one's.
+        eprintln!(
+            "the server at {promoted} was promoted in this one's place, which fenced this \
+             one: starting again at {listen} as its backup (--backup-of {promoted})"
+        );
+        // Every argument after the program's name, the subcommand included, wherever
+        // global options put it.
+        let Ok(args) = std::env::args_os()
+            .skip(1)
+            .map(|a| a.into_string())
+            .collect::<Result<Vec<String>, _>>()
+        else {
+            bail!("cannot start again as the backup of {promoted}: an argument is not UTF-8");
+        };
+        return Err(exec_as_backup_of(&args, &promoted, listen, metrics));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -380,6 +540,66 @@ mod tests {
         ];
         argv.extend_from_slice(extra);
         Cli::try_parse_from(argv).map(|c| c.args)
+    }
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|a| a.to_string()).collect()
+    }
+
+    /// A primary's arguments, in both of clap's forms, become a backup's of the
+    /// promoted server: replication flags go, the rest stays in order, and the result
+    /// is a command line clap takes (a stale `--backup-at` next to `--backup-of` would
+    /// be refused as conflicting, and the restart would fail).
+    #[test]
+    fn a_primarys_arguments_become_those_of_the_promoted_servers_backup() {
+        let primary = strings(&[
+            "memory-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--backup-at=127.0.0.1:7701",
+            "--resync-delay-ms",
+            "5",
+            "--rejoin-when-fenced",
+            "--data-dir",
+            "/d",
+        ]);
+        let backup = as_backup_of(&primary, "127.0.0.1:7701");
+        assert_eq!(
+            backup,
+            strings(&[
+                "memory-server",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                "/d",
+                "--backup-of",
+                "127.0.0.1:7701",
+                "--rejoin-when-fenced",
+            ])
+        );
+        let rebound = with_value(&backup, "--listen", "127.0.0.1:7700");
+        assert_eq!(rebound[1..3], strings(&["--listen", "127.0.0.1:7700"]));
+        assert_eq!(
+            with_value(
+                &strings(&["--metrics-listen=127.0.0.1:0"]),
+                "--metrics-listen",
+                "127.0.0.1:9"
+            ),
+            strings(&["--metrics-listen=127.0.0.1:9"])
+        );
+        // clap's first item is the program's name, which the subcommand stands in for.
+        let args = Cli::try_parse_from(rebound.iter().map(String::as_str).chain([
+            "--backend",
+            "tcp",
+            "--size",
+            "1M",
+            "--token-file",
+            "/t",
+        ]));
+        let args = args.unwrap().args;
+        assert_eq!(args.backup_of.as_deref(), Some("127.0.0.1:7701"));
+        assert!(args.rejoin_when_fenced && args.backup_at.is_none() && !args.backup);
+        assert_eq!(args.data_dir, Some(PathBuf::from("/d")));
     }
 
     #[test]

@@ -1156,6 +1156,64 @@ fn a_primary_whose_backup_was_promoted_comes_back_as_its_backup_and_the_pair_fai
     );
 }
 
+/// A primary stopped (SIGSTOP, as a hung or cut-off host) long enough for the compute
+/// node to promote its backup is fenced; resumed, it used to stay up failing every
+/// Persist until an operator stopped it. Started by `cluster up` with
+/// `--rejoin-when-fenced`, it sees the promotion and starts again, in the same
+/// process, as the promoted server's backup: two copies again with nobody restarting
+/// anything, and the pair fails over back to it with every write.
+#[test]
+fn a_primary_resumed_after_its_backup_was_promoted_rejoins_as_its_backup_by_itself() {
+    let c = one_replicated_memory_server();
+    let cwd = c.cwd();
+    ok(cwd, &["kv", "put", "1", "before"]);
+    let pid = |list: &str| c.json()[list][0]["pid"].as_u64().unwrap() as u32;
+    let primary = pid("memory_servers");
+    stop_and_wait(primary);
+    let resume = Resume(primary);
+    kv_until_ok(cwd, &["put", "2", "promoted"]);
+    drop(resume);
+    // Within the partner check's period (1 s) and a restart of the process.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let said = loop {
+        let said = stdout(&namdb(cwd, &["cluster", "status"]));
+        let rejoined = said.lines().any(|l| {
+            l.starts_with(&format!("memory-server-0 pid {primary} "))
+                && l.contains("alive, backup (holds its primary's state)")
+        });
+        if rejoined {
+            break said;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fenced primary did not rejoin as the backup: {said}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(
+        said.contains("alive, promoted: serves as the primary, with a backup"),
+        "{said}"
+    );
+    let log =
+        std::fs::read_to_string(c.json()["memory_servers"][0]["log"].as_str().unwrap()).unwrap();
+    assert!(
+        log.contains("was promoted in this one's place, which fenced this one: starting again")
+            && log.contains("backup of the promoted server at"),
+        "{log}"
+    );
+    ok(cwd, &["kv", "put", "3", "two copies again"]);
+    // The promoted server dies: the compute node promotes the rejoined one.
+    kill_9_and_wait(pid("memory_server_backups"));
+    let scan = kv_until_ok(cwd, &["scan"]);
+    let rows: Vec<&str> = scan.lines().collect();
+    assert_eq!(
+        rows,
+        ["1\tbefore", "2\tpromoted", "3\ttwo copies again"],
+        "{scan}"
+    );
+    ok(cwd, &["kv", "put", "4", "back on the first"]);
+}
+
 /// A dead backup stops writes only until `cluster restart` starts it again: its
 /// primary attaches to the new process by itself and copies its state there, so the
 /// backup can take over afterwards with every acknowledged write.

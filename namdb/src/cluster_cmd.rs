@@ -1469,19 +1469,52 @@ fn replication_note(file: &ClusterFile, p: &ProcessEntry) -> String {
         return String::new();
     };
     let server = client.server();
+    // A primary whose backup says it was promoted in its place is fenced, which its
+    // own Hello does not tell.
+    let partner = match (server.role, &server.backup_at) {
+        (memory_server::Role::Primary, Some(backup)) => {
+            memory_server::blocking::Client::connect_within(backup, &token, Duration::from_secs(2))
+                .ok()
+                .map(|c| {
+                    (
+                        backup.clone(),
+                        c.server().role,
+                        c.server().backup_at.clone(),
+                    )
+                })
+        }
+        _ => None,
+    };
+    pair_note(server, &p.address, partner)
+}
+
+/// [`replication_note`]'s words for a server's Hello (`server`, at `address`) and, for
+/// a primary, its backup's role and backup as the backup (at the address given)
+/// answered.
+fn pair_note(
+    server: &memory_server::ServerInfo,
+    address: &str,
+    partner: Option<(String, memory_server::Role, Option<String>)>,
+) -> String {
+    use memory_server::Role;
     match (server.role, &server.backup_at, server.synced) {
-        (memory_server::Role::Primary, _, _) => ", primary".into(),
-        (memory_server::Role::Promoted, Some(_), _) => {
-            ", promoted: serves as the primary, with a backup".into()
-        }
-        (memory_server::Role::Promoted, None, _) => {
-            ", promoted: serves as the primary, without a backup".into()
-        }
-        (memory_server::Role::Backup, _, true) => ", backup (holds its primary's state)".into(),
-        (memory_server::Role::Backup, _, false) => {
-            ", backup (does not hold its primary's state yet)".into()
-        }
-        (memory_server::Role::Standalone, _, _) => String::new(),
+        (Role::Primary, _, _) => match partner {
+            Some((at, Role::Promoted, backup))
+                if backup.as_deref().is_none_or(|b| b == address) =>
+            {
+                format!(
+                    ", fenced: its backup at {at} was promoted in its place, and it acknowledges \
+                     no write (started with --rejoin-when-fenced it becomes that server's backup \
+                     within seconds)"
+                )
+            }
+            _ => ", primary".into(),
+        },
+        (Role::Promoted, Some(_), _) => ", promoted: serves as the primary, with a backup".into(),
+        (Role::Promoted, None, _) => ", promoted: serves as the primary, without a backup".into(),
+        (Role::Backup, _, true) => ", backup (holds its primary's state)".into(),
+        (Role::Backup, _, false) => ", backup (does not hold its primary's state yet)".into(),
+        (Role::Standalone, _, _) => String::new(),
     }
 }
 
@@ -1504,6 +1537,51 @@ fn status_summary(not_running: usize, paused: usize, total: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A primary is called fenced when the backup it names says it was promoted with no
+    /// backup or with this very server as its backup (it rejoined meanwhile, then the
+    /// Hellos crossed); a backup that is not promoted, or promoted with another
+    /// backup, or one that did not answer leaves it a primary.
+    #[test]
+    fn a_primary_is_called_fenced_once_its_backup_says_it_was_promoted() {
+        use memory_server::Role;
+        let hello = |role, backup_at: Option<&str>| memory_server::ServerInfo {
+            node: fabric::NodeId(1),
+            backend: "tcp".into(),
+            version: String::new(),
+            protocol: String::new(),
+            durable: true,
+            boot: 1,
+            role,
+            synced: true,
+            primary_silence: None,
+            backup_at: backup_at.map(String::from),
+        };
+        let primary = hello(Role::Primary, Some("b:2"));
+        let asked =
+            |role, backup: Option<&str>| Some(("b:2".to_string(), role, backup.map(String::from)));
+        for partner in [
+            asked(Role::Promoted, None),
+            asked(Role::Promoted, Some("p:1")),
+        ] {
+            let note = super::pair_note(&primary, "p:1", partner);
+            assert!(
+                note.starts_with(", fenced: its backup at b:2 was promoted"),
+                "{note}"
+            );
+        }
+        for partner in [
+            None,
+            asked(Role::Backup, None),
+            asked(Role::Promoted, Some("elsewhere:3")),
+        ] {
+            assert_eq!(super::pair_note(&primary, "p:1", partner), ", primary");
+        }
+        assert_eq!(
+            super::pair_note(&hello(Role::Promoted, None), "b:2", None),
+            ", promoted: serves as the primary, without a backup"
+        );
+    }
+
     /// An error report followed by anyhow's backtrace (RUST_BACKTRACE=1 inherited):
     /// the report is shown with the lines before it, the backtrace is not.
     #[test]

@@ -774,7 +774,7 @@ fn pinning(args: &TpcwArgs, bytes: u64, host: Option<&fabric::HostMemory>) -> Pi
                 "not pinning the memory servers' {} MiB: this host can spare {} MiB, so \
                  their memory is backed as it is first touched, and the run waits on the \
                  kernel zeroing fresh pages (slower, with a higher p99; a shorter \
-                 --duration or fewer --items fits)",
+                 --duration fits, and --lazy-memory asks for this without the note)",
                 bytes >> 20,
                 host.spare() >> 20
             )),

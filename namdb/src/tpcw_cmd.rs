@@ -1488,17 +1488,23 @@ mod tests {
         args: TpcwArgs,
     }
 
+    const GIB: u64 = 1 << 30;
+
+    /// A 16 GiB host with 12 GiB available, of which a run may take 11.
+    fn host_with_11_gib_to_spare() -> fabric::HostMemory {
+        fabric::HostMemory {
+            total: 16 * GIB,
+            available: 12 * GIB,
+            swap_total: 0,
+        }
+    }
+
     /// Memory is pinned unless the host cannot spare it all (then backed lazily, with a
     /// note naming both sizes) or the user says otherwise; `--pin-memory` insists even
     /// where it will not fit, so the pinning itself reports the shortage.
     #[test]
     fn memory_is_pinned_by_default_when_the_host_can_spare_it() {
-        const GIB: u64 = 1 << 30;
-        let host = fabric::HostMemory {
-            total: 16 * GIB,
-            available: 12 * GIB,
-            swap_total: 0,
-        };
+        let host = host_with_11_gib_to_spare();
         let parse = |extra: &[&str]| {
             Cli::try_parse_from(std::iter::once("tpcw").chain(extra.iter().copied()))
                 .unwrap()
@@ -1536,12 +1542,7 @@ mod tests {
     /// allocate their regions started and failed at the second server.
     #[test]
     fn a_run_is_refused_when_its_memory_servers_regions_do_not_fit() {
-        const GIB: u64 = 1 << 30;
-        let host = fabric::HostMemory {
-            total: 16 * GIB,
-            available: 12 * GIB,
-            swap_total: 0,
-        };
+        let host = host_with_11_gib_to_spare();
         assert_eq!(host.spare(), 11 * GIB);
         let bytes_for = |s: f64| {
             Ok(tpcw::rsi::TableBytes {

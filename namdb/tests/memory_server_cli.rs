@@ -465,19 +465,9 @@ fn a_backup_of_a_server_that_was_not_promoted_exits_with_the_refusal() {
     let token = token_file(&dir, GOOD_TOKEN, 0o600);
     let standalone = start_server("tcp", &token);
     let backup_of = |addr: &str| {
-        namdb(&[
-            "memory-server",
-            "--listen",
-            "127.0.0.1:0",
-            "--backend",
-            "tcp",
-            "--size",
-            "4MiB",
-            "--token-file",
-            token.to_str().unwrap(),
-            "--backup-of",
-            addr,
-        ])
+        let mut args = small_tcp_server(&token);
+        args.extend(["--backup-of", addr]);
+        namdb(&args)
     };
     let o = backup_of(&standalone.control);
     assert!(!o.status.success());
@@ -513,18 +503,8 @@ fn rejoin_when_fenced_without_the_other_server_of_the_pair_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let token = token_file(&dir, GOOD_TOKEN, 0o600);
     for role in [None, Some("--backup")] {
-        let mut args = vec![
-            "memory-server",
-            "--listen",
-            "127.0.0.1:0",
-            "--backend",
-            "tcp",
-            "--size",
-            "4MiB",
-            "--token-file",
-            token.to_str().unwrap(),
-            "--rejoin-when-fenced",
-        ];
+        let mut args = small_tcp_server(&token);
+        args.push("--rejoin-when-fenced");
         args.extend(role);
         let o = namdb(&args);
         assert!(!o.status.success(), "{role:?}");
@@ -538,4 +518,19 @@ fn rejoin_when_fenced_without_the_other_server_of_the_pair_is_refused() {
             "it never served"
         );
     }
+}
+
+/// The arguments of a 4 MiB memory server on tcp at a port of its choosing.
+fn small_tcp_server(token: &std::path::Path) -> Vec<&str> {
+    vec![
+        "memory-server",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        "tcp",
+        "--size",
+        "4MiB",
+        "--token-file",
+        token.to_str().unwrap(),
+    ]
 }

@@ -402,10 +402,15 @@ impl MemoryServer {
         move || state.stats()
     }
 
-    /// A function that takes [`MemoryServer::role`] while the server runs.
-    pub fn role_source(&self) -> impl Fn() -> Role + Send + Sync + 'static {
+    /// A function that takes, while the server runs, its [`MemoryServer::role`] and
+    /// the address of the backup it replicates to, if any (a primary's, or a promoted
+    /// server's once it took one).
+    pub fn pair_source(&self) -> impl Fn() -> (Role, Option<String>) + Send + Sync + 'static {
         let state = self.state.clone();
-        move || state.role()
+        move || {
+            let backup_at = state.replica.get().map(|r| r.addr().to_string());
+            (state.role(), backup_at)
+        }
     }
 
     /// Stops accepting RPCs, lets in-flight ones finish (for at most a few seconds),

@@ -705,7 +705,8 @@ fn up(args: &UpArgs) -> Result<()> {
         // The backup first: the primary attaches to it when it starts.
         let backup_addr = if args.replicas >= 2 {
             let mut extra = base.clone();
-            extra.push("--backup");
+            // Once promoted and given a backup, it rejoins when fenced in turn.
+            extra.extend(["--backup", "--rejoin-when-fenced"]);
             let d = data_dir("-backup")?;
             if let Some(d) = &d {
                 extra.extend(["--data-dir", d]);
@@ -1469,10 +1470,10 @@ fn replication_note(file: &ClusterFile, p: &ProcessEntry) -> String {
         return String::new();
     };
     let server = client.server();
-    // A primary whose backup says it was promoted in its place is fenced, which its
+    // A server whose backup says it was promoted in its place is fenced, which its
     // own Hello does not tell.
     let partner = match (server.role, &server.backup_at) {
-        (memory_server::Role::Primary, Some(backup)) => {
+        (memory_server::Role::Primary | memory_server::Role::Promoted, Some(backup)) => {
             memory_server::blocking::Client::connect_within(backup, &token, Duration::from_secs(2))
                 .ok()
                 .map(|c| {
@@ -1485,31 +1486,30 @@ fn replication_note(file: &ClusterFile, p: &ProcessEntry) -> String {
         }
         _ => None,
     };
-    pair_note(server, &p.address, partner)
+    pair_note(server, partner)
 }
 
-/// [`replication_note`]'s words for a server's Hello (`server`, at `address`) and, for
-/// a primary, its backup's role and backup as the backup (at the address given)
-/// answered.
+/// [`replication_note`]'s words for a server's Hello (`server`) and, for one that
+/// replicates, its backup's role and backup as the backup (at the address given)
+/// answered. A backup that says it was promoted and has no backup was promoted over
+/// the server (the rule `memory-server --rejoin-when-fenced` follows); one promoted
+/// with a backup is the stale side of a later failover, or has another backup.
 fn pair_note(
     server: &memory_server::ServerInfo,
-    address: &str,
     partner: Option<(String, memory_server::Role, Option<String>)>,
 ) -> String {
     use memory_server::Role;
+    if let Some((at, Role::Promoted, None)) = partner
+        && matches!(server.role, Role::Primary | Role::Promoted)
+    {
+        return format!(
+            ", fenced: its backup at {at} was promoted in its place, and it acknowledges no \
+             write (started with --rejoin-when-fenced it becomes that server's backup within \
+             seconds)"
+        );
+    }
     match (server.role, &server.backup_at, server.synced) {
-        (Role::Primary, _, _) => match partner {
-            Some((at, Role::Promoted, backup))
-                if backup.as_deref().is_none_or(|b| b == address) =>
-            {
-                format!(
-                    ", fenced: its backup at {at} was promoted in its place, and it acknowledges \
-                     no write (started with --rejoin-when-fenced it becomes that server's backup \
-                     within seconds)"
-                )
-            }
-            _ => ", primary".into(),
-        },
+        (Role::Primary, _, _) => ", primary".into(),
         (Role::Promoted, Some(_), _) => ", promoted: serves as the primary, with a backup".into(),
         (Role::Promoted, None, _) => ", promoted: serves as the primary, without a backup".into(),
         (Role::Backup, _, true) => ", backup (holds its primary's state)".into(),
@@ -1537,10 +1537,10 @@ fn status_summary(not_running: usize, paused: usize, total: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    /// A primary is called fenced when the backup it names says it was promoted with no
-    /// backup or with this very server as its backup (it rejoined meanwhile, then the
-    /// Hellos crossed); a backup that is not promoted, or promoted with another
-    /// backup, or one that did not answer leaves it a primary.
+    /// A primary or promoted server is called fenced when the backup it replicates to
+    /// says it was promoted and has no backup; a backup that is not promoted, or
+    /// promoted with a backup (this server: the backup is the stale side; another: not
+    /// this pair's business), or one that did not answer leaves it as it says.
     #[test]
     fn a_primary_is_called_fenced_once_its_backup_says_it_was_promoted() {
         use memory_server::Role;
@@ -1559,11 +1559,9 @@ mod tests {
         let primary = hello(Role::Primary, Some("b:2"));
         let asked =
             |role, backup: Option<&str>| Some(("b:2".to_string(), role, backup.map(String::from)));
-        for partner in [
-            asked(Role::Promoted, None),
-            asked(Role::Promoted, Some("p:1")),
-        ] {
-            let note = super::pair_note(&primary, "p:1", partner);
+        let promoted = hello(Role::Promoted, Some("b:2"));
+        for server in [&primary, &promoted] {
+            let note = super::pair_note(server, asked(Role::Promoted, None));
             assert!(
                 note.starts_with(", fenced: its backup at b:2 was promoted"),
                 "{note}"
@@ -1572,12 +1570,17 @@ mod tests {
         for partner in [
             None,
             asked(Role::Backup, None),
+            asked(Role::Promoted, Some("p:1")),
             asked(Role::Promoted, Some("elsewhere:3")),
         ] {
-            assert_eq!(super::pair_note(&primary, "p:1", partner), ", primary");
+            assert_eq!(super::pair_note(&primary, partner.clone()), ", primary");
+            assert_eq!(
+                super::pair_note(&promoted, partner),
+                ", promoted: serves as the primary, with a backup"
+            );
         }
         assert_eq!(
-            super::pair_note(&hello(Role::Promoted, None), "b:2", None),
+            super::pair_note(&hello(Role::Promoted, None), None),
             ", promoted: serves as the primary, without a backup"
         );
     }

@@ -110,13 +110,14 @@ pub struct MemoryServerArgs {
     /// still names both. Exits with the promoted server's refusal if it takes no backup.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["backup_at", "resync_delay_ms"])]
     pub backup_of: Option<String>,
-    /// With --backup-at or --backup-of: once the other server of the pair says it was
-    /// promoted in this one's place (a compute node promoted it while this server was
-    /// stopped, hung or cut off, which fenced this one for good), start again as that
-    /// server's backup (as with --backup-of it), in this same process, at the same
-    /// addresses and on the same --data-dir, so that the pair holds two copies again
-    /// without an operator. Without it such a server stays up failing every Persist
-    /// until it is stopped.
+    /// With --backup-at, --backup-of or --backup: once the other server of the pair
+    /// says it was promoted in this one's place (a compute node promoted it while this
+    /// server was stopped, hung or cut off, which fenced this one for good), start
+    /// again as that server's backup (as with --backup-of it), in this same process, at
+    /// the same addresses and on the same --data-dir, so that the pair holds two copies
+    /// again without an operator. Without it such a server stays up failing every
+    /// Persist until it is stopped. A --backup knows the other server once, promoted,
+    /// it replicates to it.
     #[arg(long)]
     pub rejoin_when_fenced: bool,
     /// Stop (as on SIGTERM) once the process that started this one exits: for servers
@@ -306,36 +307,35 @@ const PROMOTION_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// How long one such question may take (a stopped partner answers nothing).
 const PROMOTION_CHECK_LIMIT: Duration = Duration::from_secs(3);
 
-/// Resolves once `partner` says it was promoted, with no backup or this server
-/// (`own`) as its backup, while this server (`role`) serves as a primary or promoted
-/// server: then the partner serves in this one's place, and this one is fenced.
+/// Resolves, with the other server's address, once this server (`pair`: its role
+/// and the backup it replicates to) serves as a primary or promoted server replicating
+/// to a backup that says it was promoted and has no backup of its own: the backup was
+/// promoted over this server, which is fenced. Nothing else is taken for that. A
+/// server replicating to nobody has nobody who could have been promoted over it (a
+/// promoted server without a backup, whose old primary, fenced, still says it is
+/// promoted with this one as its backup, is the newer of the two). And a partner that
+/// names a backup is either the stale one or has another.
 async fn promoted_over(
-    partner: &str,
-    own: SocketAddr,
     token: &ClusterToken,
-    role: impl Fn() -> memory_server::Role,
-) {
+    pair: impl Fn() -> (memory_server::Role, Option<String>),
+) -> String {
     use memory_server::Role;
     loop {
         tokio::time::sleep(PROMOTION_CHECK_EVERY).await;
-        if !matches!(role(), Role::Primary | Role::Promoted) {
+        let (Role::Primary | Role::Promoted, Some(partner)) = pair() else {
             continue;
-        }
+        };
         let asked = tokio::time::timeout(
             PROMOTION_CHECK_LIMIT,
-            memory_server::Client::connect(partner, token),
+            memory_server::Client::connect(&partner, token),
         )
         .await;
         let Ok(Ok(client)) = asked else {
             continue;
         };
         let info = client.server();
-        let ours = info
-            .backup_at
-            .as_deref()
-            .is_none_or(|b| b == own.to_string());
-        if info.role == Role::Promoted && ours {
-            return;
+        if info.role == Role::Promoted && info.backup_at.is_none() {
+            return partner;
         }
     }
 }
@@ -379,10 +379,10 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
         bail!("the process that started this memory server (pid {parent}) has exited");
     }
     let partner = args.backup_at.clone().or_else(|| args.backup_of.clone());
-    if args.rejoin_when_fenced && partner.is_none() {
+    if args.rejoin_when_fenced && partner.is_none() && !args.backup {
         bail!(
-            "--rejoin-when-fenced needs the other server of the pair: --backup-at ADDR, or \
-             --backup-of ADDR (a plain --backup learns its primary only when it attaches)"
+            "--rejoin-when-fenced is for a server of a replicated pair: --backup-at ADDR, \
+             --backup-of ADDR or --backup"
         );
     }
     let plan = RegionPlan::new(args.size, args.region_size)?;
@@ -474,14 +474,14 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
             }
             Ok("the exit of the process that started it")
         };
-        let fenced = std::sync::atomic::AtomicBool::new(false);
-        let role = server.role_source();
+        let fenced = std::sync::Mutex::new(None);
+        let pair = server.pair_source();
         let promoted = async {
-            match partner.as_deref().filter(|_| args.rejoin_when_fenced) {
-                Some(partner) => promoted_over(partner, own, &token, role).await,
-                None => std::future::pending().await,
+            if !args.rejoin_when_fenced {
+                return std::future::pending().await;
             }
-            fenced.store(true, std::sync::atomic::Ordering::Relaxed);
+            let over = promoted_over(&token, pair).await;
+            *fenced.lock().unwrap_or_else(|e| e.into_inner()) = Some(over);
             Ok("the promotion of the other server of its pair")
         };
         server
@@ -493,11 +493,11 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
                 }
             })
             .await?;
-        let fenced = fenced.load(std::sync::atomic::Ordering::Relaxed);
-        anyhow::Ok(fenced.then_some((own, metrics)))
+        let fenced = fenced.into_inner().unwrap_or_else(|e| e.into_inner());
+        anyhow::Ok(fenced.map(|promoted| (promoted, own, metrics)))
     })?;
     drop(runtime);
-    if let (Some((listen, metrics)), Some(promoted)) = (rejoin, partner) {
+    if let Some((promoted, listen, metrics)) = rejoin {
         // Said before the process is replaced: its log is this one's.
         eprintln!(
             "the server at {promoted} was promoted in this one's place, which fenced this \

@@ -1161,57 +1161,79 @@ fn a_primary_whose_backup_was_promoted_comes_back_as_its_backup_and_the_pair_fai
 /// Persist until an operator stopped it. Started by `cluster up` with
 /// `--rejoin-when-fenced`, it sees the promotion and starts again, in the same
 /// process, as the promoted server's backup: two copies again with nobody restarting
-/// anything, and the pair fails over back to it with every write.
+/// anything. Then the same the other way round, and the pair fails over with every
+/// write.
 #[test]
 fn a_primary_resumed_after_its_backup_was_promoted_rejoins_as_its_backup_by_itself() {
     let c = one_replicated_memory_server();
     let cwd = c.cwd();
     ok(cwd, &["kv", "put", "1", "before"]);
-    let pid = |list: &str| c.json()[list][0]["pid"].as_u64().unwrap() as u32;
-    let primary = pid("memory_servers");
-    stop_and_wait(primary);
-    let resume = Resume(primary);
-    kv_until_ok(cwd, &["put", "2", "promoted"]);
-    drop(resume);
-    // Within the partner check's period (1 s) and a restart of the process.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let said = loop {
-        let said = stdout(&namdb(cwd, &["cluster", "status"]));
-        let rejoined = said.lines().any(|l| {
-            l.starts_with(&format!("memory-server-0 pid {primary} "))
-                && l.contains("alive, backup (holds its primary's state)")
-        });
-        if rejoined {
-            break said;
+    let server = |list: &str| c.json()[list][0].clone();
+    let pid = |list: &str| server(list)["pid"].as_u64().unwrap() as u32;
+    // Stops `name` (pid `stopped`) until the compute node promotes the other of the
+    // pair for a write, resumes it, and waits for it to say it is that one's backup.
+    let fail_over_and_rejoin = |stopped: u32, name: &str, write: &[&str]| {
+        stop_and_wait(stopped);
+        let resume = Resume(stopped);
+        kv_until_ok(cwd, write);
+        drop(resume);
+        // Within the partner check's period (1 s) and a restart of the process.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let said = stdout(&namdb(cwd, &["cluster", "status"]));
+            let rejoined = said.lines().any(|l| {
+                l.starts_with(&format!("{name} pid {stopped} "))
+                    && l.contains("alive, backup (holds its primary's state)")
+            });
+            if rejoined {
+                assert!(
+                    said.contains("alive, promoted: serves as the primary, with a backup"),
+                    "{said}"
+                );
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}, fenced, did not rejoin as the backup: {said}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the fenced primary did not rejoin as the backup: {said}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
     };
-    assert!(
-        said.contains("alive, promoted: serves as the primary, with a backup"),
-        "{said}"
+    fail_over_and_rejoin(
+        pid("memory_servers"),
+        "memory-server-0",
+        &["put", "2", "promoted"],
     );
-    let log =
-        std::fs::read_to_string(c.json()["memory_servers"][0]["log"].as_str().unwrap()).unwrap();
+    let log = std::fs::read_to_string(server("memory_servers")["log"].as_str().unwrap()).unwrap();
     assert!(
         log.contains("was promoted in this one's place, which fenced this one: starting again")
             && log.contains("backup of the promoted server at"),
         "{log}"
     );
     ok(cwd, &["kv", "put", "3", "two copies again"]);
+    // The other way round: the backup `up` started (plain --backup), promoted and given
+    // a backup since, knows its partner as the backup it replicates to.
+    fail_over_and_rejoin(
+        pid("memory_server_backups"),
+        "memory-server-0-backup",
+        &["put", "4", "back on the first"],
+    );
+    ok(cwd, &["kv", "put", "5", "and two copies"]);
     // The promoted server dies: the compute node promotes the rejoined one.
-    kill_9_and_wait(pid("memory_server_backups"));
+    kill_9_and_wait(pid("memory_servers"));
     let scan = kv_until_ok(cwd, &["scan"]);
     let rows: Vec<&str> = scan.lines().collect();
     assert_eq!(
         rows,
-        ["1\tbefore", "2\tpromoted", "3\ttwo copies again"],
+        [
+            "1\tbefore",
+            "2\tpromoted",
+            "3\ttwo copies again",
+            "4\tback on the first",
+            "5\tand two copies"
+        ],
         "{scan}"
     );
-    ok(cwd, &["kv", "put", "4", "back on the first"]);
 }
 
 /// A dead backup stops writes only until `cluster restart` starts it again: its

@@ -495,29 +495,25 @@ fn a_backup_of_a_server_that_was_not_promoted_exits_with_the_refusal() {
     );
 }
 
-/// `--rejoin-when-fenced` watches the other server of the pair, so a server that does
-/// not name it (standalone, or a plain `--backup`, which learns its primary only when
-/// it attaches) refuses the flag before serving rather than never rejoining.
+/// `--rejoin-when-fenced` watches the other server of a replicated pair, so a
+/// standalone server refuses the flag before serving rather than never rejoining.
 #[test]
-fn rejoin_when_fenced_without_the_other_server_of_the_pair_is_refused() {
+fn rejoin_when_fenced_on_a_server_without_a_pair_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let token = token_file(&dir, GOOD_TOKEN, 0o600);
-    for role in [None, Some("--backup")] {
-        let mut args = small_tcp_server(&token);
-        args.push("--rejoin-when-fenced");
-        args.extend(role);
-        let o = namdb(&args);
-        assert!(!o.status.success(), "{role:?}");
-        let said = stderr(&o);
-        assert!(
-            said.contains("--rejoin-when-fenced needs the other server of the pair"),
-            "{role:?}: {said}"
-        );
-        assert!(
-            !String::from_utf8_lossy(&o.stdout).contains("listening on"),
-            "it never served"
-        );
-    }
+    let mut args = small_tcp_server(&token);
+    args.push("--rejoin-when-fenced");
+    let o = namdb(&args);
+    assert!(!o.status.success());
+    let said = stderr(&o);
+    assert!(
+        said.contains("--rejoin-when-fenced is for a server of a replicated pair"),
+        "{said}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("listening on"),
+        "it never served"
+    );
 }
 
 /// The arguments of a 4 MiB memory server on tcp at a port of its choosing.

@@ -146,6 +146,52 @@ fn rpc_error(method: &'static str) -> impl FnOnce(Status) -> ClientError {
     }
 }
 
+/// The first half of the handshake: a Hello, checked for the protocol and for the
+/// server's proof that it holds `token`. Answers the Hello and this client's proof.
+async fn say_hello(
+    rpc: &mut MemoryServerClient<Channel>,
+    addr: &str,
+    token: &ClusterToken,
+) -> Result<(proto::HelloResponse, [u8; 32]), ClientError> {
+    let handshake = ClientHandshake::new();
+    let hello = rpc
+        .hello(proto::HelloRequest {
+            client_nonce: handshake.client_nonce().to_vec(),
+        })
+        .await
+        .map_err(rpc_error("Hello"))?
+        .into_inner();
+    if hello.protocol != PROTOCOL {
+        return Err(ClientError::Protocol(format!(
+            "the server speaks `{}`, this client `{PROTOCOL}`",
+            hello.protocol
+        )));
+    }
+    let proof = handshake
+        .respond(token, &hello.server_nonce, &hello.server_proof)
+        .ok_or_else(|| ClientError::ServerNotAuthenticated {
+            addr: addr.to_string(),
+        })?;
+    Ok((hello, proof))
+}
+
+impl ServerInfo {
+    fn from_hello(hello: proto::HelloResponse) -> ServerInfo {
+        ServerInfo {
+            node: NodeId(hello.server_node),
+            backend: hello.backend,
+            version: hello.version,
+            protocol: hello.protocol,
+            durable: hello.durable,
+            boot: hello.boot,
+            role: crate::Role::from_proto(hello.role),
+            synced: hello.synced,
+            primary_silence: hello.primary_silent_ms.map(Duration::from_millis),
+            backup_at: hello.backup_at,
+        }
+    }
+}
+
 /// What the server said about itself in the handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerInfo {
@@ -305,29 +351,10 @@ impl Client {
                 source,
             })?;
         let mut rpc = MemoryServerClient::new(channel.clone());
-
-        let handshake = ClientHandshake::new();
-        let hello = rpc
-            .hello(proto::HelloRequest {
-                client_nonce: handshake.client_nonce().to_vec(),
-            })
-            .await
-            .map_err(rpc_error("Hello"))?
-            .into_inner();
-        if hello.protocol != PROTOCOL {
-            return Err(ClientError::Protocol(format!(
-                "the server speaks `{}`, this client `{PROTOCOL}`",
-                hello.protocol
-            )));
-        }
-        let proof = handshake
-            .respond(token, &hello.server_nonce, &hello.server_proof)
-            .ok_or_else(|| ClientError::ServerNotAuthenticated {
-                addr: addr.to_string(),
-            })?;
+        let (hello, proof) = say_hello(&mut rpc, addr, token).await?;
         let auth = rpc
             .authenticate(proto::AuthenticateRequest {
-                challenge_id: hello.challenge_id,
+                challenge_id: hello.challenge_id.clone(),
                 client_proof: proof.to_vec(),
                 incarnation,
             })
@@ -352,18 +379,7 @@ impl Client {
             channel,
             session,
             header,
-            server: ServerInfo {
-                node: NodeId(hello.server_node),
-                backend: hello.backend,
-                version: hello.version,
-                protocol: hello.protocol,
-                durable: hello.durable,
-                boot: hello.boot,
-                role: crate::Role::from_proto(hello.role),
-                synced: hello.synced,
-                primary_silence: hello.primary_silent_ms.map(Duration::from_millis),
-                backup_at: hello.backup_at,
-            },
+            server: ServerInfo::from_hello(hello),
             lease,
             keepalive,
             ended: false,
@@ -372,6 +388,15 @@ impl Client {
 
     pub fn server(&self) -> &ServerInfo {
         &self.server
+    }
+
+    /// What the server says about itself now (it may have been promoted since
+    /// [`Client::server`] was said), asked with a Hello on this connection: the server
+    /// proves it holds the token again, and no session is opened (a question asked
+    /// every second would otherwise open one, and log it, every second).
+    pub async fn hello_again(&self, token: &ClusterToken) -> Result<ServerInfo, ClientError> {
+        let (hello, _) = say_hello(&mut self.rpc.clone(), &self.addr, token).await?;
+        Ok(ServerInfo::from_hello(hello))
     }
 
     pub fn session_id(&self) -> SessionId {

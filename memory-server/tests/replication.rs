@@ -144,6 +144,22 @@ async fn the_backup_holds_what_was_persisted_and_promotion_fences_the_primary() 
     assert_eq!(client.promote().await.unwrap(), 2);
     assert_eq!(client.promote().await.unwrap(), 2);
     assert_eq!((backup.role(), backup.boot()), (Role::Promoted, 2));
+    // A client connected before sees the promotion by a Hello again, which opens no
+    // session (a fenced primary asks its backup so every second).
+    let sessions = client.stats().await.unwrap().sessions;
+    let now = client.hello_again(&token()).await.unwrap();
+    assert_eq!((now.role, now.boot), (Role::Promoted, 2));
+    assert_eq!(
+        client.server().role,
+        Role::Backup,
+        "what connect said stays"
+    );
+    assert_eq!(client.stats().await.unwrap().sessions, sessions);
+    let stranger = ClusterToken::new("another-cluster-token-of-its-own").unwrap();
+    assert!(
+        client.hello_again(&stranger).await.is_err(),
+        "a server without our token"
+    );
     let promoted = Node::connect(&backup, &bnet, &token()).await;
     assert_eq!(promoted.client.server().role, Role::Promoted);
     assert!(promoted.client.server().durable);

@@ -319,21 +319,27 @@ async fn promoted_over(
     token: &ClusterToken,
     pair: impl Fn() -> (memory_server::Role, Option<String>),
 ) -> String {
-    use memory_server::Role;
+    use memory_server::{Client, Role};
+    // One session at the partner, asked again with a Hello each time; a new one only
+    // once it fails (the partner restarted) or the partner is another.
+    let mut asking: Option<Client> = None;
     loop {
         tokio::time::sleep(PROMOTION_CHECK_EVERY).await;
         let (Role::Primary | Role::Promoted, Some(partner)) = pair() else {
             continue;
         };
-        let asked = tokio::time::timeout(
-            PROMOTION_CHECK_LIMIT,
-            memory_server::Client::connect(&partner, token),
-        )
-        .await;
-        let Ok(Ok(client)) = asked else {
+        let ask = async {
+            let client = match asking.take() {
+                Some(c) if c.addr() == partner => c,
+                _ => Client::connect(&partner, token).await?,
+            };
+            let info = client.hello_again(token).await?;
+            asking = Some(client);
+            Ok::<_, memory_server::ClientError>(info)
+        };
+        let Ok(Ok(info)) = tokio::time::timeout(PROMOTION_CHECK_LIMIT, ask).await else {
             continue;
         };
-        let info = client.server();
         if info.role == Role::Promoted && info.backup_at.is_none() {
             return partner;
         }
@@ -378,8 +384,8 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
     {
         bail!("the process that started this memory server (pid {parent}) has exited");
     }
-    let partner = args.backup_at.clone().or_else(|| args.backup_of.clone());
-    if args.rejoin_when_fenced && partner.is_none() && !args.backup {
+    let replicated = args.backup_at.is_some() || args.backup_of.is_some() || args.backup;
+    if args.rejoin_when_fenced && !replicated {
         bail!(
             "--rejoin-when-fenced is for a server of a replicated pair: --backup-at ADDR, \
              --backup-of ADDR or --backup"
@@ -474,14 +480,14 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
             }
             Ok("the exit of the process that started it")
         };
-        let fenced = std::sync::Mutex::new(None);
+        let fenced = std::cell::OnceCell::new();
         let pair = server.pair_source();
         let promoted = async {
             if !args.rejoin_when_fenced {
                 return std::future::pending().await;
             }
             let over = promoted_over(&token, pair).await;
-            *fenced.lock().unwrap_or_else(|e| e.into_inner()) = Some(over);
+            let _ = fenced.set(over);
             Ok("the promotion of the other server of its pair")
         };
         server
@@ -493,8 +499,7 @@ pub fn run(args: MemoryServerArgs) -> Result<()> {
                 }
             })
             .await?;
-        let fenced = fenced.into_inner().unwrap_or_else(|e| e.into_inner());
-        anyhow::Ok(fenced.map(|promoted| (promoted, own, metrics)))
+        anyhow::Ok(fenced.into_inner().map(|promoted| (promoted, own, metrics)))
     })?;
     drop(runtime);
     if let Some((promoted, listen, metrics)) = rejoin {

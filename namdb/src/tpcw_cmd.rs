@@ -111,9 +111,9 @@ pub struct TpcwArgs {
     #[arg(long, conflicts_with = "lazy_memory")]
     pub pin_memory: bool,
     /// Back RSI's memory-server memory only as it is first touched: the start is
-    /// several seconds shorter (here about 1.5 s per GiB of room), but the run then
-    /// waits on the kernel zeroing fresh pages (checkout on the sim about a third
-    /// slower, its p99 about ten times higher).
+    /// shorter (pinning took up to about 2 s per GiB of room here), but the run then
+    /// waits on the kernel zeroing fresh pages (checkout on the sim measured about 15%
+    /// slower, its p99 two to eight times higher).
     #[arg(long)]
     pub lazy_memory: bool,
     /// Versions each ITEM record keeps under RSI. The paper keeps one: a checkout
@@ -762,7 +762,8 @@ impl Pinning {
 /// asks for, else pinned when `host` can spare all of it. Pinning is the default
 /// because lazily backed memory makes the run pay the kernel for every fresh page
 /// (the indexes are written all over), which an RNIC's registered memory never does:
-/// checkout on the sim measured 115 k txn/s lazily backed against 177 k pinned. A host
+/// checkout on the sim measured 134 k txn/s lazily backed against 157 k pinned
+/// (medians of three interleaved pairs). A host
 /// that cannot say what it has pins, and `HeapMemory::pinned` checks nothing more.
 fn pinning(args: &TpcwArgs, bytes: u64, host: Option<&fabric::HostMemory>) -> Pinning {
     if args.lazy_memory {

@@ -1141,18 +1141,15 @@ fn a_primary_whose_backup_was_promoted_comes_back_as_its_backup_and_the_pair_fai
     );
     ok(cwd, &["kv", "put", "5", "and back"]);
     kill_9_and_wait(pid("memory_servers"));
-    let scan = kv_until_ok(cwd, &["scan"]);
-    let rows: Vec<&str> = scan.lines().collect();
-    assert_eq!(
-        rows,
-        [
+    assert_scan_after_failover(
+        cwd,
+        &[
             "1\tbefore",
             "2\tpromoted",
             "3\ttwo copies again",
             "4\tback on the first",
-            "5\tand back"
+            "5\tand back",
         ],
-        "{scan}"
     );
 }
 
@@ -1221,19 +1218,23 @@ fn a_primary_resumed_after_its_backup_was_promoted_rejoins_as_its_backup_by_itse
     ok(cwd, &["kv", "put", "5", "and two copies"]);
     // The promoted server dies: the compute node promotes the rejoined one.
     kill_9_and_wait(pid("memory_servers"));
-    let scan = kv_until_ok(cwd, &["scan"]);
-    let rows: Vec<&str> = scan.lines().collect();
-    assert_eq!(
-        rows,
-        [
+    assert_scan_after_failover(
+        cwd,
+        &[
             "1\tbefore",
             "2\tpromoted",
             "3\ttwo copies again",
             "4\tback on the first",
-            "5\tand two copies"
+            "5\tand two copies",
         ],
-        "{scan}"
     );
+}
+
+/// Every row of `kv scan`, once a compute node serves again after a failover, is
+/// `rows`, in key order.
+fn assert_scan_after_failover(cwd: &std::path::Path, rows: &[&str]) {
+    let scan = kv_until_ok(cwd, &["scan"]);
+    assert_eq!(scan.lines().collect::<Vec<_>>(), rows, "{scan}");
 }
 
 /// A dead backup stops writes only until `cluster restart` starts it again: its

@@ -162,14 +162,16 @@ pub struct ChaosArgs {
     /// With `--replicas 2`: a failover stops the primary (SIGSTOP, as a hung or cut-off
     /// host: it keeps its connections and answers nothing) instead of killing it. The
     /// nodes must find it silent through its backup and promote the backup; the harness
-    /// kills the stopped primary once that happened, and counts it a problem if it did
-    /// not within a minute.
+    /// kills the stopped primary once that happened (with `--rejoin-failed-primaries`,
+    /// resumes it instead), and counts it a problem if it did not within a minute.
     #[arg(long)]
     pub stop_failed_primaries: bool,
     /// With `--replicas 2`: a failed-over primary comes back, once the nodes promoted
     /// its backup, at its address as that server's backup (`memory-server
     /// --backup-of`), which copies its state there while commits go on; the pair, the
-    /// other way round, can fail over again (server 0 does, twice).
+    /// other way round, can fail over again (server 0 does, twice). With
+    /// `--stop-failed-primaries` the stopped primary is resumed and rejoins by itself,
+    /// in the same process (every server gets `memory-server --rejoin-when-fenced`).
     #[arg(long)]
     pub rejoin_failed_primaries: bool,
     /// Testing hook (hidden; DEVELOPERS.md, "Chaos harness"): how long a planned action
@@ -664,6 +666,17 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             (temp.path().to_path_buf(), Some(temp))
         }
     };
+    if args.replicas < 2 {
+        let failover_flag = [
+            (args.stop_failed_primaries, "--stop-failed-primaries"),
+            (args.rejoin_failed_primaries, "--rejoin-failed-primaries"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag));
+        if let Some(flag) = failover_flag {
+            bail!("{flag} is about failovers, which need a backup per server: add --replicas 2");
+        }
+    }
     let points: Vec<String> = txn::crash::POINTS.iter().map(|p| p.to_string()).collect();
     let plan = FaultPlan::generate(&PlanConfig {
         duration: Duration::from_secs_f64(args.duration),
@@ -1425,7 +1438,18 @@ impl<'a> Harness<'a> {
         ]
         .into_iter()
         .map(String::from)
+        .chain(
+            self.rejoins_by_itself()
+                .then(|| "--rejoin-when-fenced".to_string()),
+        )
         .collect()
+    }
+
+    /// Whether a failed-over primary rejoins by itself: stopped, then resumed once its
+    /// backup was promoted, it finds itself fenced and starts again in the same process
+    /// as that server's backup (`memory-server --rejoin-when-fenced`).
+    fn rejoins_by_itself(&self) -> bool {
+        self.args.stop_failed_primaries && self.args.rejoin_failed_primaries
     }
 
     /// The name (data directory) of server `i`'s backup process: the primary's once the
@@ -1665,7 +1689,8 @@ impl<'a> Harness<'a> {
     }
 
     /// Kills each primary stopped by a failover (`--stop-failed-primaries`) once its
-    /// backup was promoted, which the nodes do once they find the primary silent; or,
+    /// backup was promoted, which the nodes do once they find the primary silent (or
+    /// resumes it, when it is to rejoin by itself); or,
     /// `now` (the run is being torn down) or a minute after the stop, anyway, then
     /// counting it a problem that the backup was not promoted. The end of the faults
     /// waits for this, as for a stall's settling. Asks each backup at most twice a
@@ -1689,6 +1714,12 @@ impl<'a> Harness<'a> {
             self.primaries_stopped[i] = None;
             if promoted {
                 self.counts.stopped_primaries_failed_over += 1;
+                if self.rejoins_by_itself() {
+                    // Fenced now: it sees its backup promoted over it and rejoins
+                    // as that server's backup (the plan's rejoin waits for that).
+                    signal_pid(self.servers[i].pid, rustix::process::Signal::CONT);
+                    continue;
+                }
             } else {
                 let said = match view {
                     Ok(view) => format!("its backup {view}"),
@@ -1975,7 +2006,11 @@ impl<'a> Harness<'a> {
             });
         }
         if let Action::RejoinAsBackup { server } = *action
-            && let Some(reason) = self.not_yet_promoted(server)
+            && let Some(reason) = if self.rejoins_by_itself() {
+                self.not_yet_rejoined(server)
+            } else {
+                self.not_yet_promoted(server)
+            }
         {
             // Rejoining as the backup of a backup that was never promoted would be
             // refused (it takes no backup), and the old primary would exit.
@@ -2009,6 +2044,36 @@ impl<'a> Harness<'a> {
                  on it"
             )),
             Err(e) => Some(format!("memory server {i}'s backup did not answer: {e}")),
+        }
+    }
+
+    /// Why server `i`'s old primary, resumed after its backup was promoted, does not
+    /// count as having rejoined by itself yet, if so: it must say it is a backup, which
+    /// it does once it has found itself fenced and started again as the promoted
+    /// server's backup (in the same process, at the same address). Skipped when it
+    /// never does: a fenced primary that stays one is what the run is to find.
+    fn not_yet_rejoined(&self, i: usize) -> Option<String> {
+        if self.primaries_stopped.get(i).is_some_and(Option::is_some) {
+            return Some(format!(
+                "memory server {i}'s stopped primary was not failed over yet"
+            ));
+        }
+        let old_primary = self.servers.get(i)?;
+        let role = memory_server::blocking::Client::connect_within(
+            &old_primary.address,
+            &self.token,
+            BACKUP_ASK_TIMEOUT,
+        )
+        .map(|c| c.server().role);
+        match role {
+            Ok(memory_server::Role::Backup) => None,
+            Ok(role) => Some(format!(
+                "memory server {i}'s old primary, resumed, has not rejoined as the backup \
+                 by itself yet (it says {role:?})"
+            )),
+            Err(e) => Some(format!(
+                "memory server {i}'s old primary, resumed, did not answer: {e}"
+            )),
         }
     }
 
@@ -2364,13 +2429,32 @@ impl<'a> Harness<'a> {
                 std::mem::swap(&mut servers[i], &mut backups[i]);
                 self.swapped[i] = !self.swapped[i];
                 let promoted = self.servers[i].address.clone();
-                self.start_backup(i, Some(&promoted))?;
+                let said = if self.rejoins_by_itself() {
+                    // The same process, a backup now: whatever its watcher learnt of
+                    // it as the other server's backup is stale.
+                    let rejoined = &self.backups[i];
+                    if let Some(w) = self.backup_watches.get(i) {
+                        w.restarted(&rejoined.address);
+                    }
+                    self.backups_down[i] = false;
+                    self.backups_stopped[i] = false;
+                    self.counts.primaries_rejoined_by_themselves += 1;
+                    format!(
+                        "its old primary (pid {}), resumed, found itself fenced and rejoined by \
+                         itself as the backup of the promoted {promoted}, which copies its state \
+                         there",
+                        rejoined.pid
+                    )
+                } else {
+                    self.start_backup(i, Some(&promoted))?;
+                    format!(
+                        "its old primary listening again as the backup of the promoted \
+                         {promoted}, which copies its state there"
+                    )
+                };
                 self.failed_over[i] = false;
                 self.counts.primary_rejoins += 1;
-                format!(
-                    "its old primary listening again as the backup of the promoted {promoted}, \
-                     which copies its state there"
-                )
+                said
             }
             Action::RestartMemoryServer { server } => {
                 if self.failed_over[*server] {

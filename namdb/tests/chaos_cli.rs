@@ -208,7 +208,7 @@ fn bad_arguments_are_clear_errors() {
     let used = tempfile::tempdir().unwrap();
     std::fs::write(used.path().join("earlier.log"), "an earlier run").unwrap();
     let used = used.path().to_str().unwrap().to_string();
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 14] = [
         (&["--duration", "0"], "must be above 0"),
         // More nodes than the harness keeps up with: it once ran on, filling the disk.
         (&["--nodes", "20"], "--nodes"),
@@ -236,6 +236,16 @@ fn bad_arguments_are_clear_errors() {
         (&["--backend", "sim"], "sim"),
         (&["--lease-ms", "5"], "--lease-ms"),
         (&["--replicas", "3"], "--replicas"),
+        // Without a backup there is no failover: the flag was silently moot.
+        (
+            &["--stop-failed-primaries"],
+            "--stop-failed-primaries is about failovers, which need a backup per server: add \
+             --replicas 2",
+        ),
+        (
+            &["--replicas", "1", "--rejoin-failed-primaries"],
+            "--rejoin-failed-primaries is about failovers",
+        ),
     ];
     for (args, expected) in cases {
         let mut argv = vec!["chaos"];
@@ -754,4 +764,61 @@ fn a_failed_over_primary_rejoins_as_the_backup_and_the_pair_fails_over_again_and
             })
     });
     assert!(promoted_after_rejoining, "{out}");
+}
+
+/// A stopped primary rejoins by itself (`--stop-failed-primaries
+/// --rejoin-failed-primaries`, so every server runs with `--rejoin-when-fenced`): once
+/// the nodes promoted its backup the harness resumes it, and the same process finds
+/// itself fenced and starts again as the promoted server's backup, which copies its
+/// state there while commits go on. The pair then fails over the other way round (the
+/// process that was first promoted stopped, resumed, rejoining in turn), and the
+/// checker finds every acknowledged write.
+#[test]
+fn a_stopped_primary_resumed_rejoins_by_itself_and_the_pair_fails_over_again_and_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let run = dir.path().join("run");
+    let run_dir = run.to_str().unwrap();
+    let o = seed_11_run(
+        "40",
+        &[
+            "--dir",
+            run_dir,
+            "--stop-failed-primaries",
+            "--rejoin-failed-primaries",
+        ],
+        &json,
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("verdict: PASSED"), "{out}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let actions = &report["actions"];
+    assert_eq!(actions["server_failovers"], 2, "{actions}");
+    assert_eq!(actions["stopped_primaries_failed_over"], 2, "{actions}");
+    assert_eq!(actions["primaries_rejoined_by_themselves"], 2, "{actions}");
+    assert_eq!(actions["primary_rejoins"], 2, "{actions}");
+    assert!(
+        out.contains("(2 by themselves, resumed after their fence)"),
+        "{out}"
+    );
+    // No process was started for a rejoin: each server's first log holds its fence,
+    // its start as the backup, and (the second failover) its promotion.
+    let logs: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            name.starts_with("memory-server-0") && name.ends_with(".log")
+        })
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    let rejoined = logs
+        .iter()
+        .filter(|log| {
+            log.contains("was promoted in this one's place, which fenced this one")
+                && log.contains("backup of the promoted server at")
+        })
+        .count();
+    assert_eq!(rejoined, 2, "{out}");
 }

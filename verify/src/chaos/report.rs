@@ -85,6 +85,12 @@ pub struct ActionCounts {
     /// (`namdb chaos --rejoin-failed-primaries`).
     #[serde(default)]
     pub primary_rejoins: u64,
+    /// Of those, the ones the old primary made by itself: stopped, resumed once its
+    /// backup was promoted, and rejoined in the same process (`namdb memory-server
+    /// --rejoin-when-fenced`, given with `--stop-failed-primaries
+    /// --rejoin-failed-primaries`).
+    #[serde(default)]
+    pub primaries_rejoined_by_themselves: u64,
     /// Compute nodes that lost a memory server and were started again once it was
     /// back.
     #[serde(default)]
@@ -489,8 +495,12 @@ impl fmt::Display for ChaosReport {
         if a.primary_rejoins > 0 {
             writeln!(
                 f,
-                "  {} failed-over primaries rejoined as their promoted backup's backup",
-                a.primary_rejoins
+                "  {} failed-over primaries rejoined as their promoted backup's backup{}",
+                a.primary_rejoins,
+                match a.primaries_rejoined_by_themselves {
+                    0 => String::new(),
+                    n => format!(" ({n} by themselves, resumed after their fence)"),
+                }
             )?;
         }
         for (point, n) in &self.crash_points {

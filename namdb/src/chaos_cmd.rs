@@ -52,6 +52,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long the harness waits for a backup's Hello when it asks whether it is synced.
 const BACKUP_ASK_TIMEOUT: Duration = Duration::from_secs(5);
+/// The least time between two asks of a server's role while an action waits on it.
+const ROLE_ASK_EVERY: Duration = Duration::from_millis(100);
 /// A chaos node's exit status when it lost a memory server (killed, or restarted
 /// under it): its connections to it are gone, so the harness starts it again once the
 /// server is back, and the new process reopens the database (EX_TEMPFAIL).
@@ -926,7 +928,12 @@ struct Harness<'a> {
     recoveries_seen: HashSet<(u32, u16, usize)>,
     /// Kills of memory server 0, the oracle's.
     oracle_server_kills: usize,
+    /// The last role asked of a server ([`Harness::role_of`]): its address, when, and
+    /// its answer.
+    role_asked: std::cell::RefCell<RoleAsked>,
 }
+
+type RoleAsked = Option<(String, Instant, Result<memory_server::Role, String>)>;
 
 impl Drop for Harness<'_> {
     fn drop(&mut self) {
@@ -1014,6 +1021,7 @@ impl<'a> Harness<'a> {
             max_list_key: 0,
             recoveries_seen: HashSet::new(),
             oracle_server_kills: 0,
+            role_asked: std::cell::RefCell::new(None),
         })
     }
 
@@ -2031,13 +2039,7 @@ impl<'a> Harness<'a> {
             ));
         }
         let backup = self.backups.get(i)?;
-        let role = memory_server::blocking::Client::connect_within(
-            &backup.address,
-            &self.token,
-            BACKUP_ASK_TIMEOUT,
-        )
-        .map(|c| c.server().role);
-        match role {
+        match self.role_of(&backup.address) {
             Ok(memory_server::Role::Promoted) => None,
             Ok(role) => Some(format!(
                 "memory server {i}'s backup is not promoted yet ({role:?}): no node came back \
@@ -2045,6 +2047,29 @@ impl<'a> Harness<'a> {
             )),
             Err(e) => Some(format!("memory server {i}'s backup did not answer: {e}")),
         }
+    }
+
+    /// The role the server at `address` says it has (a bounded Hello), asked at most
+    /// every [`ROLE_ASK_EVERY`]: the loop asks again every few milliseconds while an
+    /// action waits on the answer, and each ask is a session at the server (73 in a
+    /// few seconds of one rejoin's wait, all in its log).
+    fn role_of(&self, address: &str) -> Result<memory_server::Role, String> {
+        let mut last = self.role_asked.borrow_mut();
+        if let Some((asked, at, role)) = &*last
+            && asked == address
+            && at.elapsed() < ROLE_ASK_EVERY
+        {
+            return role.clone();
+        }
+        let role = memory_server::blocking::Client::connect_within(
+            address,
+            &self.token,
+            BACKUP_ASK_TIMEOUT,
+        )
+        .map(|c| c.server().role)
+        .map_err(|e| e.to_string());
+        *last = Some((address.to_string(), Instant::now(), role.clone()));
+        role
     }
 
     /// Why server `i`'s old primary, resumed after its backup was promoted, does not
@@ -2059,13 +2084,7 @@ impl<'a> Harness<'a> {
             ));
         }
         let old_primary = self.servers.get(i)?;
-        let role = memory_server::blocking::Client::connect_within(
-            &old_primary.address,
-            &self.token,
-            BACKUP_ASK_TIMEOUT,
-        )
-        .map(|c| c.server().role);
-        match role {
+        match self.role_of(&old_primary.address) {
             Ok(memory_server::Role::Backup) => None,
             Ok(role) => Some(format!(
                 "memory server {i}'s old primary, resumed, has not rejoined as the backup \

@@ -2014,11 +2014,7 @@ impl<'a> Harness<'a> {
             });
         }
         if let Action::RejoinAsBackup { server } = *action
-            && let Some(reason) = if self.rejoins_by_itself() {
-                self.not_yet_rejoined(server)
-            } else {
-                self.not_yet_promoted(server)
-            }
+            && let Some(reason) = self.not_ready_to_rejoin(server)
         {
             // Rejoining as the backup of a backup that was never promoted would be
             // refused (it takes no backup), and the old primary would exit.
@@ -2030,22 +2026,39 @@ impl<'a> Harness<'a> {
         })
     }
 
-    /// Why server `i`'s failed-over primary cannot rejoin yet, if so: its backup must
-    /// be promoted, and a stopped primary gone.
-    fn not_yet_promoted(&self, i: usize) -> Option<String> {
+    /// Why server `i`'s failed-over primary cannot rejoin yet, if so: a stopped
+    /// primary must be gone (or resumed) and its backup promoted. A primary that
+    /// rejoins by itself must also say it is a backup, which it does once it found
+    /// itself fenced and started again as the promoted server's backup (in the same
+    /// process, at the same address); given up on when it never does, since a fenced
+    /// primary that stays one is what the run is to find.
+    fn not_ready_to_rejoin(&self, i: usize) -> Option<String> {
         if self.primaries_stopped.get(i).is_some_and(Option::is_some) {
             return Some(format!(
                 "memory server {i}'s stopped primary was not failed over yet"
             ));
         }
-        let backup = self.backups.get(i)?;
-        match self.role_of(&backup.address) {
-            Ok(memory_server::Role::Promoted) => None,
+        let (who, process, wanted, not_yet) = if self.rejoins_by_itself() {
+            (
+                "old primary, resumed,",
+                self.servers.get(i)?,
+                memory_server::Role::Backup,
+                "has not rejoined as the backup by itself yet",
+            )
+        } else {
+            (
+                "backup",
+                self.backups.get(i)?,
+                memory_server::Role::Promoted,
+                "is not promoted yet: no node came back on it",
+            )
+        };
+        match self.role_of(&process.address) {
+            Ok(role) if role == wanted => None,
             Ok(role) => Some(format!(
-                "memory server {i}'s backup is not promoted yet ({role:?}): no node came back \
-                 on it"
+                "memory server {i}'s {who} {not_yet} (it says {role:?})"
             )),
-            Err(e) => Some(format!("memory server {i}'s backup did not answer: {e}")),
+            Err(e) => Some(format!("memory server {i}'s {who} did not answer: {e}")),
         }
     }
 
@@ -2070,30 +2083,6 @@ impl<'a> Harness<'a> {
         .map_err(|e| e.to_string());
         *last = Some((address.to_string(), Instant::now(), role.clone()));
         role
-    }
-
-    /// Why server `i`'s old primary, resumed after its backup was promoted, does not
-    /// count as having rejoined by itself yet, if so: it must say it is a backup, which
-    /// it does once it has found itself fenced and started again as the promoted
-    /// server's backup (in the same process, at the same address). Skipped when it
-    /// never does: a fenced primary that stays one is what the run is to find.
-    fn not_yet_rejoined(&self, i: usize) -> Option<String> {
-        if self.primaries_stopped.get(i).is_some_and(Option::is_some) {
-            return Some(format!(
-                "memory server {i}'s stopped primary was not failed over yet"
-            ));
-        }
-        let old_primary = self.servers.get(i)?;
-        match self.role_of(&old_primary.address) {
-            Ok(memory_server::Role::Backup) => None,
-            Ok(role) => Some(format!(
-                "memory server {i}'s old primary, resumed, has not rejoined as the backup \
-                 by itself yet (it says {role:?})"
-            )),
-            Err(e) => Some(format!(
-                "memory server {i}'s old primary, resumed, did not answer: {e}"
-            )),
-        }
     }
 
     /// Why `action` has nothing to act on, if so: the restart of a backup or server

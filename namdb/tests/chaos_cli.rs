@@ -51,6 +51,26 @@ fn seed_11_run(duration: &str, extra: &[&str], json: &Path) -> Output {
     namdb(&args)
 }
 
+/// A [`seed_11_run`] with its files in a directory of its own (`run`, inside the
+/// temporary directory returned) that must pass: the directory, the run's, its
+/// output, and its report's action counts.
+fn passing_seed_11_run(
+    duration: &str,
+    extra: &[&str],
+) -> (tempfile::TempDir, std::path::PathBuf, String, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let run = dir.path().join("run");
+    let mut args = vec!["--dir", run.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = seed_11_run(duration, &args, &json);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("verdict: PASSED"), "{out}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (dir, run, out, report["actions"].clone())
+}
+
 #[test]
 fn a_small_run_kills_crashes_at_every_step_pauses_stalls_fails_the_server_over_and_passes() {
     let dir = tempfile::tempdir().unwrap();
@@ -694,16 +714,7 @@ fn an_interrupted_run_stops_its_processes_and_removes_its_directory() {
 /// Before, nodes waited for the HTTP/2 keep-alive (half a minute) twice.
 #[test]
 fn a_failover_of_a_stopped_primary_is_carried_out_by_the_nodes_and_passes() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("chaos.json");
-    let run = dir.path().join("run");
-    let run_dir = run.to_str().unwrap();
-    let o = seed_11_run("20", &["--dir", run_dir, "--stop-failed-primaries"], &json);
-    let out = text(&o);
-    assert!(o.status.success(), "{out}");
-    assert!(out.contains("verdict: PASSED"), "{out}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let actions = &report["actions"];
+    let (_dir, run, out, actions) = passing_seed_11_run("20", &["--stop-failed-primaries"]);
     assert_eq!(actions["server_failovers"], 1, "{actions}");
     assert_eq!(actions["stopped_primaries"], 1, "{actions}");
     assert_eq!(actions["stopped_primaries_failed_over"], 1, "{out}");
@@ -735,20 +746,7 @@ fn a_failover_of_a_stopped_primary_is_carried_out_by_the_nodes_and_passes() {
 /// old primary's process; then the other rejoins too. Every check passes.
 #[test]
 fn a_failed_over_primary_rejoins_as_the_backup_and_the_pair_fails_over_again_and_passes() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("chaos.json");
-    let run = dir.path().join("run");
-    let run_dir = run.to_str().unwrap();
-    let o = seed_11_run(
-        "40",
-        &["--dir", run_dir, "--rejoin-failed-primaries"],
-        &json,
-    );
-    let out = text(&o);
-    assert!(o.status.success(), "{out}");
-    assert!(out.contains("verdict: PASSED"), "{out}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let actions = &report["actions"];
+    let (_dir, run, out, actions) = passing_seed_11_run("40", &["--rejoin-failed-primaries"]);
     assert_eq!(actions["server_failovers"], 2, "{actions}");
     assert_eq!(actions["primary_rejoins"], 2, "{actions}");
     // The second failover promoted the process started on the old primary's data
@@ -775,25 +773,10 @@ fn a_failed_over_primary_rejoins_as_the_backup_and_the_pair_fails_over_again_and
 /// checker finds every acknowledged write.
 #[test]
 fn a_stopped_primary_resumed_rejoins_by_itself_and_the_pair_fails_over_again_and_passes() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("chaos.json");
-    let run = dir.path().join("run");
-    let run_dir = run.to_str().unwrap();
-    let o = seed_11_run(
+    let (_dir, run, out, actions) = passing_seed_11_run(
         "40",
-        &[
-            "--dir",
-            run_dir,
-            "--stop-failed-primaries",
-            "--rejoin-failed-primaries",
-        ],
-        &json,
+        &["--stop-failed-primaries", "--rejoin-failed-primaries"],
     );
-    let out = text(&o);
-    assert!(o.status.success(), "{out}");
-    assert!(out.contains("verdict: PASSED"), "{out}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let actions = &report["actions"];
     assert_eq!(actions["server_failovers"], 2, "{actions}");
     assert_eq!(actions["stopped_primaries_failed_over"], 2, "{actions}");
     assert_eq!(actions["primaries_rejoined_by_themselves"], 2, "{actions}");

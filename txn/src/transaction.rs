@@ -883,7 +883,7 @@ impl<'w> AsyncTransaction<'w> {
             worker.count(|s| s.aborted += 1);
             return Err(e);
         }
-        // An earlier commit's blocks that could not be persisted stop the worker.
+        // An earlier commit's blocks that could not be persisted break the worker.
         worker.poll_blocks_persists()?;
         let (cid, epoch) = worker.commit_timestamp()?;
         let step = Step { cid, epoch };

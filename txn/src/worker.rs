@@ -716,8 +716,9 @@ impl Worker {
     /// One look at the blocks persists under way: those done give their records' ring
     /// places back. A failed one stops this worker, as a commit whose blocks could not
     /// be persisted always did: its record stays in the ring, and the recovery that
-    /// follows the lapse of this worker's lease persists the blocks. Its error is
-    /// returned.
+    /// follows the lapse of this worker's lease persists the blocks. The error is then
+    /// [`TxnError::Broken`], saying why: the commit asking has not committed (a Persist
+    /// error would say it had, with its durability unknown).
     pub(crate) fn poll_blocks_persists(&self) -> Result<()> {
         let mut persists = self.blocks_persists.borrow_mut();
         if persists.is_empty() {
@@ -746,13 +747,14 @@ impl Worker {
         for (epoch, at) in done {
             self.log_finished(epoch, at);
         }
-        match failed {
-            Some((cid, e)) => {
-                self.break_off(cid, &e);
-                Err(e)
-            }
-            None => Ok(()),
+        if let Some((cid, e)) = failed {
+            self.stop_committing(format!(
+                "commit {cid} is committed but its blocks could not be persisted ({e}); \
+                 recovery persists them once this worker's lease lapses"
+            ));
+            return self.check_broken();
         }
+        Ok(())
     }
 
     /// Waits, blocking the thread, until every blocks persist under way is done: true,

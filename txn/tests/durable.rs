@@ -407,6 +407,45 @@ fn a_commit_acknowledged_before_its_blocks_were_persisted_survives_their_loss() 
     assert_eq!(num(x.get(&t, key).unwrap()), 90);
 }
 
+/// A commit whose blocks cannot be persisted (server 1's disk fails them; its record
+/// on server 0 was made durable) is acknowledged all the same. Its worker stops at its
+/// next commit, which is refused as `Broken` (not a Persist error, which would say
+/// that commit had committed), and holds its slot until its lease lapses; another
+/// worker's fence recovers it, and the acknowledged write stays.
+#[test]
+fn a_commits_blocks_that_cannot_be_persisted_stop_its_worker_at_the_next_commit() {
+    let (cluster, db, t, key, mut fast_keys) = an_account_on_server_1();
+    let mut broken = db.client().unwrap();
+    cluster.disks[1].failing.store(true, Ordering::SeqCst);
+    let ((), cid) = broken.run(0, |x| x.put(&t, key, val(90))).unwrap();
+    assert!(cid.is_some());
+    cluster.disks[1].failing.store(false, Ordering::SeqCst);
+    let refused = broken.run(0, |x| x.put(&t, key, val(91))).unwrap_err();
+    match &refused {
+        txn::TxnError::Broken(why) => assert!(
+            why.contains("its blocks could not be persisted") && why.contains("the disk failed"),
+            "{why}"
+        ),
+        other => panic!("not Broken: {other}"),
+    }
+    // The broken worker's process goes on without it: nothing renews its lease.
+    std::mem::forget(broken);
+    let mut other = db.client().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while db.recoveries().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broken worker was never fenced"
+        );
+        let k = fast_keys.next().unwrap();
+        let _ = other.run(3, |x| x.insert(&t, k, val(1)));
+        other.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut x = other.begin().unwrap();
+    assert_eq!(num(x.get(&t, key).unwrap()), 90);
+}
+
 /// The record of a commit whose blocks are still persisting keeps its place in the
 /// worker's commit-log ring: a restart would need it. With a ring of 4 KiB, the
 /// worker's later commits wrap the ring and wait until those blocks are durable (made

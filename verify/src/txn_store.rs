@@ -148,15 +148,23 @@ impl TxnStore for TxnKv {
     type Txn = Txn;
 
     fn open_session(&self) -> Session {
-        Session {
-            client: Some(self.db.client().expect("a client")),
-            after: 0,
-        }
+        // A worker that cannot be opened now (its process being fenced at the memory
+        // servers, say) is opened by the session's first begin instead, which reports
+        // the failure as that transaction's. A chaos node starting up amid faults
+        // panicked here: "a client: Fabric(Completion { status: RetryExceeded, … })".
+        let client = match self.db.client() {
+            Ok(client) => Some(client),
+            Err(e) => {
+                tracing::warn!(error = %e, "no worker for a new session yet");
+                None
+            }
+        };
+        Session { client, after: 0 }
     }
 
     fn begin(&self, session: &mut Session) -> Result<Self::Txn, StoreError> {
-        // None after a broken worker was dropped (below): the session goes on with a
-        // new one.
+        // None after a broken worker was dropped (below), or when none could be opened
+        // with the session: the session goes on with a new one.
         let mut client = match session.client.take() {
             Some(client) => client,
             None => self

@@ -107,13 +107,6 @@ const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// The least time between two warnings that persists wait for a backup.
 const WARN_EVERY: Duration = Duration::from_secs(5);
 
-impl Underway {
-    /// Every server acknowledged its share.
-    pub(crate) fn is_done(&self) -> bool {
-        self.shares.is_empty()
-    }
-}
-
 /// One server's share of a persist under way.
 struct Share {
     server: usize,
@@ -129,7 +122,7 @@ enum Attempt {
 }
 
 /// A persist under way on its servers.
-pub(crate) struct Underway {
+struct Underway {
     shares: Vec<Share>,
     /// When a server first refused it for now, and the last such refusal (server, why).
     refused: Option<(Instant, usize, String)>,
@@ -173,9 +166,7 @@ impl Durability {
         self.servers.is_some()
     }
 
-    /// Submits `plan` to its servers without waiting: [`Durability::check`] it until
-    /// [`Underway::is_done`].
-    pub(crate) fn start(&self, plan: PersistPlan) -> Underway {
+    fn start(&self, plan: PersistPlan) -> Underway {
         let shares = match &self.servers {
             None => Vec::new(),
             Some(servers) => plan
@@ -200,7 +191,7 @@ impl Durability {
     /// now whose pause is over. Fails on a share failed, or once the patience has
     /// passed since the first refusal (an attempt made again may also wait: a primary
     /// attaching to its backup again answers once the attach ended).
-    pub(crate) fn check(&self, underway: &mut Underway) -> Result<()> {
+    fn check(&self, underway: &mut Underway) -> Result<()> {
         let Some(servers) = &self.servers else {
             underway.shares.clear();
             return Ok(());

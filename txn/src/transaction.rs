@@ -883,8 +883,6 @@ impl<'w> AsyncTransaction<'w> {
             worker.count(|s| s.aborted += 1);
             return Err(e);
         }
-        // An earlier commit's blocks that could not be persisted break the worker.
-        worker.poll_blocks_persists()?;
         let (cid, epoch) = worker.commit_timestamp()?;
         let step = Step { cid, epoch };
         let mut held = Held::default();
@@ -897,10 +895,7 @@ impl<'w> AsyncTransaction<'w> {
         let result = run_commit(worker, &parts, step, &mut held, &mut staging).await;
         parts.staging = staging;
         if let Some(at) = held.log_at {
-            match held.blocks_to_persist.take() {
-                Some(plan) => worker.persist_blocks_later(plan, cid, epoch, at),
-                None => worker.log_finished(epoch, at),
-            }
+            worker.log_finished(epoch, at);
         }
         let outcome = match result {
             Ok(()) => {
@@ -1297,9 +1292,6 @@ struct Held {
     log_at: Option<u64>,
     /// The log record is complete: the transaction is committed whatever happens next.
     logged: bool,
-    /// A durable commit's installed blocks, to persist once it is acknowledged
-    /// ([`Worker::persist_blocks_later`]).
-    blocks_to_persist: Option<PersistPlan>,
 }
 
 /// A block a commit allocated for an insert.
@@ -1747,12 +1739,7 @@ async fn run_commit(
     let (log_at, remote) = loop {
         match worker.log_place(step.epoch, cid, record.len() as u64)? {
             Some(placed) => break placed,
-            None => {
-                // The ring is full of records whose commits have not finished, or
-                // whose blocks are still persisting.
-                worker.poll_blocks_persists()?;
-                yield_now().await
-            }
+            None => yield_now().await,
         }
     };
     held.log_at = Some(log_at);
@@ -1866,8 +1853,10 @@ async fn run_commit(
             )));
         }
     }
-    // Persisted after the acknowledgement, before the record's ring space is reused.
-    held.blocks_to_persist = plan;
+    if let Some(plan) = plan {
+        // Before the acknowledgement, and before the record's ring space is reused.
+        worker.persist(plan).await?;
+    }
     Ok(())
 }
 

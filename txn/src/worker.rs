@@ -102,9 +102,6 @@ pub struct Worker {
     /// Why this worker stopped committing: a committed transaction of its own is
     /// left half installed, and only recovery (after its lease lapses) may finish it.
     broken: RefCell<Option<String>>,
-    /// Durable commits acknowledged once their log record was durable whose installed
-    /// blocks are still persisting ([`Worker::persist_blocks_later`]).
-    blocks_persists: RefCell<Vec<BlocksPersist>>,
     /// Holds no oracle slot: reads at snapshots, commits nothing.
     read_only: bool,
     /// Commits abandoned to recovery ([`TxnError::Fenced`]) whose outcome no one has
@@ -245,7 +242,6 @@ impl Worker {
             idle_reads: Cell::new(0),
             log: RefCell::new(SlotLog { epoch, ring }),
             broken: RefCell::new(None),
-            blocks_persists: RefCell::new(Vec::new()),
             read_only,
             fenced: RefCell::new(Default::default()),
             unresolved: RefCell::new(Vec::new()),
@@ -401,8 +397,6 @@ impl Worker {
     /// A broken worker ([`TxnError::Broken`]) does not tick: its lease must lapse, so
     /// that a fencer's recovery finishes the commit it left half installed.
     pub fn tick(&self) -> Result<()> {
-        // A failure stops the worker, which the next commit reports.
-        let _ = self.poll_blocks_persists();
         if self.is_broken() {
             return Ok(());
         }
@@ -691,91 +685,6 @@ impl Worker {
         )))
     }
 
-    /// Persists the installed blocks of commit `cid` (`plan`) without waiting for them.
-    /// The commit is durable by its log record already (at `log_at` of `epoch`'s
-    /// ring): a restart's repair and a fencer's recovery roll every record in a ring
-    /// forward, persisting what it wrote. So the record keeps its place in the ring
-    /// until the blocks are durable ([`Worker::poll_blocks_persists`]), and the commit
-    /// is acknowledged after one round of disk writes instead of two.
-    pub(crate) fn persist_blocks_later(
-        &self,
-        plan: crate::durable::PersistPlan,
-        cid: u64,
-        epoch: Epoch,
-        log_at: u64,
-    ) {
-        let underway = self.db.shared.durability.start(plan);
-        self.blocks_persists.borrow_mut().push(BlocksPersist {
-            cid,
-            epoch,
-            log_at,
-            underway,
-        });
-    }
-
-    /// One look at the blocks persists under way: those done give their records' ring
-    /// places back. A failed one stops this worker, as a commit whose blocks could not
-    /// be persisted always did: its record stays in the ring, and the recovery that
-    /// follows the lapse of this worker's lease persists the blocks. The error is then
-    /// [`TxnError::Broken`], saying why: the commit asking has not committed (a Persist
-    /// error would say it had, with its durability unknown).
-    pub(crate) fn poll_blocks_persists(&self) -> Result<()> {
-        let mut persists = self.blocks_persists.borrow_mut();
-        if persists.is_empty() {
-            return Ok(());
-        }
-        let durability = &self.db.shared.durability;
-        let mut failed = None;
-        let mut done: SmallVec<[(Epoch, u64); 8]> = SmallVec::new();
-        persists.retain_mut(|p| {
-            if failed.is_some() {
-                return true;
-            }
-            match durability.check(&mut p.underway) {
-                Ok(()) if p.underway.is_done() => {
-                    done.push((p.epoch, p.log_at));
-                    false
-                }
-                Ok(()) => true,
-                Err(e) => {
-                    failed = Some((p.cid, e));
-                    false
-                }
-            }
-        });
-        drop(persists);
-        for (epoch, at) in done {
-            self.log_finished(epoch, at);
-        }
-        if let Some((cid, e)) = failed {
-            self.stop_committing(format!(
-                "commit {cid} is committed but its blocks could not be persisted ({e}); \
-                 recovery persists them once this worker's lease lapses"
-            ));
-            return self.check_broken();
-        }
-        Ok(())
-    }
-
-    /// Waits, blocking the thread, until every blocks persist under way is done: true,
-    /// or one failed (the worker is broken then).
-    fn finish_blocks_persists(&self) -> bool {
-        let mut pause = Duration::from_micros(20);
-        loop {
-            if self.poll_blocks_persists().is_err() {
-                return false;
-            }
-            if self.blocks_persists.borrow().is_empty() {
-                return true;
-            }
-            if !self.read_only && !self.is_broken() {
-                let _ = self.slot.ensure_lease();
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(2));
-        }
-    }
-
     /// The commit whose record is at `at` of `epoch`'s ring has finished with it.
     pub(crate) fn log_finished(&self, epoch: Epoch, at: u64) {
         let mut log = self.log.borrow_mut();
@@ -939,10 +848,6 @@ impl Drop for Worker {
         // Every handed-out timestamp must be decided before the slot is freed for
         // others to skip.
         let _ = self.flush_marks();
-        // Until its acknowledged commits' blocks are durable, only this slot's ring
-        // makes those commits durable: the slot must not go to another worker first.
-        // One that fails breaks the worker, which then holds on as below.
-        self.finish_blocks_persists();
         if self.is_broken() {
             // Holding on until the lease lapses hands the half-installed commit to
             // a fencer's recovery; a release would skip that.
@@ -954,15 +859,6 @@ impl Drop for Worker {
         }
         let _ = self.slot.release();
     }
-}
-
-/// The installed blocks of an acknowledged durable commit, persisting.
-struct BlocksPersist {
-    cid: u64,
-    /// Where the commit's record is: it keeps that place until the blocks are durable.
-    epoch: Epoch,
-    log_at: u64,
-    underway: crate::durable::Underway,
 }
 
 /// The end of a `run` attempt: final (`Some`), or, for a retryable error with
@@ -1091,14 +987,6 @@ impl Client {
     /// The highest commit timestamp of this session.
     pub fn last_cid(&self) -> u64 {
         self.last_cid
-    }
-
-    /// Acknowledged durable commits of this session whose installed blocks are still
-    /// being persisted (they are durable by their log records meanwhile). Looks at
-    /// them first, as [`Client::tick`] does.
-    pub fn blocks_persisting(&self) -> usize {
-        let _ = self.worker.poll_blocks_persists();
-        self.worker.blocks_persists.borrow().len()
     }
 }
 

@@ -316,14 +316,12 @@ fn a_commit_waiting_on_a_slow_disk_keeps_its_lease() {
 /// keeping its lease: it commits once the backup is back, and its worker goes on.
 /// Before, the commit was left for recovery, its worker stopped, and its lease lapsed,
 /// which fenced its whole process (every compute node, after a backup's restart).
-/// The refusing server is server 0, which holds the commit records: a commit is
-/// acknowledged once its record is durable, its blocks (on server 1) persisted after.
 #[test]
 fn a_commit_waits_for_a_backup_away_and_keeps_its_lease() {
     let (cluster, db, t, away_key, mut fast_keys) = an_account_on_server_1();
     let mut waiting = db.client().unwrap();
     let mut other = db.client().unwrap();
-    cluster.disks[0].refusing.store(true, Ordering::SeqCst);
+    cluster.disks[1].refusing.store(true, Ordering::SeqCst);
     let committer = {
         let t = t.clone();
         std::thread::spawn(move || {
@@ -337,7 +335,7 @@ fn a_commit_waits_for_a_backup_away_and_keeps_its_lease() {
     // after its last, which the waiting commit's timestamp holds back.)
     let back_at = std::time::Instant::now() + Duration::from_millis(600);
     let back = {
-        let disk = cluster.disks[0].clone();
+        let disk = cluster.disks[1].clone();
         std::thread::spawn(move || {
             std::thread::sleep(back_at - std::time::Instant::now());
             disk.refusing.store(false, Ordering::SeqCst);
@@ -377,124 +375,6 @@ fn a_commit_waits_for_a_backup_away_and_keeps_its_lease() {
         .unwrap();
     let mut x = waiting.begin().unwrap();
     assert_eq!(num(x.get(&t, away_key).unwrap()), 91);
-}
-
-/// A durable commit is acknowledged once its log record is durable, its installed
-/// blocks persisted after. Here they never are: server 1's disk refuses them (as a
-/// primary whose backup is away does), then the compute node dies and server 1
-/// restarts, losing them. The restart's repair rolls the record forward, so the
-/// acknowledged write is there.
-#[test]
-fn a_commit_acknowledged_before_its_blocks_were_persisted_survives_their_loss() {
-    let (mut cluster, db, t, key, _) = an_account_on_server_1();
-    cluster.disks[1].refusing.store(true, Ordering::SeqCst);
-    let mut c = db.client().unwrap();
-    let ((), cid) = c.run(0, |x| x.put(&t, key, val(90))).unwrap();
-    assert!(cid.is_some());
-    assert_eq!(c.blocks_persisting(), 1, "its blocks are not durable yet");
-    // The compute node dies: nothing of it runs any more, its slot is left as it was.
-    std::mem::forget(c);
-    std::mem::forget(db);
-    cluster.disks[1].refusing.store(false, Ordering::SeqCst);
-    cluster.restart(&[1]);
-    let db = cluster.open();
-    let report = db.restart_report().expect("a restart recovery ran");
-    assert_eq!(report.restarted, vec![1]);
-    assert!(report.reinstalled >= 1, "{report:?}");
-    let t = db.table("accounts").unwrap();
-    let mut x = db.client().unwrap();
-    let mut x = x.begin().unwrap();
-    assert_eq!(num(x.get(&t, key).unwrap()), 90);
-}
-
-/// A commit whose blocks cannot be persisted (server 1's disk fails them; its record
-/// on server 0 was made durable) is acknowledged all the same. Its worker stops at its
-/// next commit, which is refused as `Broken` (not a Persist error, which would say
-/// that commit had committed), and holds its slot until its lease lapses; another
-/// worker's fence recovers it, and the acknowledged write stays.
-#[test]
-fn a_commits_blocks_that_cannot_be_persisted_stop_its_worker_at_the_next_commit() {
-    let (cluster, db, t, key, mut fast_keys) = an_account_on_server_1();
-    let mut broken = db.client().unwrap();
-    cluster.disks[1].failing.store(true, Ordering::SeqCst);
-    let ((), cid) = broken.run(0, |x| x.put(&t, key, val(90))).unwrap();
-    assert!(cid.is_some());
-    cluster.disks[1].failing.store(false, Ordering::SeqCst);
-    let refused = broken.run(0, |x| x.put(&t, key, val(91))).unwrap_err();
-    match &refused {
-        txn::TxnError::Broken(why) => assert!(
-            why.contains("its blocks could not be persisted") && why.contains("the disk failed"),
-            "{why}"
-        ),
-        other => panic!("not Broken: {other}"),
-    }
-    // The broken worker's process goes on without it: nothing renews its lease.
-    std::mem::forget(broken);
-    let mut other = db.client().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while db.recoveries().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the broken worker was never fenced"
-        );
-        let k = fast_keys.next().unwrap();
-        let _ = other.run(3, |x| x.insert(&t, k, val(1)));
-        other.tick().unwrap();
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let mut x = other.begin().unwrap();
-    assert_eq!(num(x.get(&t, key).unwrap()), 90);
-}
-
-/// The record of a commit whose blocks are still persisting keeps its place in the
-/// worker's commit-log ring: a restart would need it. With a ring of 4 KiB, the
-/// worker's later commits wrap the ring and wait until those blocks are durable (made
-/// again while server 1 refuses them for now), then go on.
-#[test]
-fn a_record_stays_in_the_ring_until_its_commits_blocks_are_durable() {
-    let cluster = Cluster::new(2);
-    let db = cluster.open_with(txn::Options {
-        log_bytes_per_slot: 4 << 10,
-        ..txn::Options::default()
-    });
-    let t = accounts(&db);
-    let on =
-        |t: &Table, key: u64, server: usize| t.partitions[t.partition_of(key)].server == server;
-    let slow_key = (1..).find(|&k| on(&t, k, 1)).unwrap();
-    let fast_keys: Vec<u64> = (1000..).filter(|&k| on(&t, k, 0)).take(8).collect();
-    let mut c = db.client().unwrap();
-    c.run(0, |x| {
-        for &k in &fast_keys {
-            x.insert(&t, k, val(0))?;
-        }
-        x.insert(&t, slow_key, val(100))
-    })
-    .unwrap();
-    cluster.disks[1].refusing.store(true, Ordering::SeqCst);
-    c.run(0, |x| x.put(&t, slow_key, val(90))).unwrap();
-    assert_eq!(c.blocks_persisting(), 1);
-    let back = Arc::new(AtomicBool::new(false));
-    let backer = {
-        let (disk, back) = (cluster.disks[1].clone(), back.clone());
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(500));
-            back.store(true, Ordering::SeqCst);
-            disk.refusing.store(false, Ordering::SeqCst);
-        })
-    };
-    // Far more records than the ring holds, each a commit on server 0 alone.
-    for i in 0..300 {
-        let k = fast_keys[i % fast_keys.len()];
-        c.run(0, |x| x.put(&t, k, val(i as i64))).unwrap();
-    }
-    assert!(
-        back.load(Ordering::SeqCst),
-        "the ring was reused while a record's blocks were not durable"
-    );
-    backer.join().unwrap();
-    assert_eq!(c.blocks_persisting(), 0, "{:?}", c.stats());
-    let mut x = c.begin().unwrap();
-    assert_eq!(num(x.get(&t, slow_key).unwrap()), 90);
 }
 
 /// Past `persist_patience` a commit refused for now fails as any failed Persist does:

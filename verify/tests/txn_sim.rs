@@ -215,3 +215,49 @@ fn short_lease_db() -> (Database, std::sync::Arc<txn::Table>) {
     let table = db.create_table(TxnKv::table_spec("kv", 1 << 10)).unwrap();
     (db, table)
 }
+
+/// A session whose worker cannot be opened when the session is (here its device
+/// cannot be made) opens one at a later begin, the failed begin reported as that
+/// transaction's. Before, opening the session panicked: a chaos node starting up amid
+/// faults died with "a client: Fabric(Completion { status: RetryExceeded, … })".
+#[test]
+fn a_session_opened_without_a_worker_gets_one_at_a_later_begin() {
+    use fabric::Device;
+    use fabric::sim::SimNetwork;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use verify::store::{StoreError, TxnStore};
+    let net = SimNetwork::new(SimConfig::default());
+    let refusing = Arc::new(AtomicBool::new(false));
+    let devices: txn::DeviceFactory = {
+        let refusing = refusing.clone();
+        Arc::new(move || {
+            if refusing.load(Ordering::SeqCst) {
+                return Err(txn::TxnError::Invalid("no device now".into()));
+            }
+            Ok(net.add_node() as Arc<dyn Device>)
+        })
+    };
+    let db = Database::embedded(Options {
+        devices: Some(devices),
+        ..Options::default()
+    })
+    .unwrap();
+    let table = db.create_table(TxnKv::table_spec("kv", 1 << 10)).unwrap();
+    let store = TxnKv::new(db.clone(), table);
+    refusing.store(true, Ordering::SeqCst);
+    let mut session = store.open_session();
+    match store.begin(&mut session) {
+        Err(StoreError::Other(why)) => assert!(
+            why.contains("no worker for this session") && why.contains("no device now"),
+            "{why}"
+        ),
+        Err(e) => panic!("not the missing worker: {e:?}"),
+        Ok(_) => panic!("a worker without a device"),
+    }
+    refusing.store(false, Ordering::SeqCst);
+    let txn = store
+        .begin(&mut session)
+        .expect("a worker once a device can be made");
+    store.abort(&mut session, txn);
+}

@@ -552,6 +552,7 @@ fn run(local: &Local, rx: &mpsc::Receiver<Job>) -> Exit {
     // The batches a round's coroutines post cross together (one doorbell per queue
     // pair where a doorbell is a system call: tcp).
     let doorbells = fabric::hold_doorbells();
+    local.worker.start_rounds();
     while connected || !live.is_empty() {
         if live.is_empty() {
             match rx.recv_timeout(IDLE_WAIT) {
@@ -570,10 +571,12 @@ fn run(local: &Local, rx: &mpsc::Receiver<Job>) -> Exit {
         local.caught_up.set(Instant::now());
         // txn's futures busy-poll (see txn::runtime): a pending one is polled again in
         // the next round.
+        let polled = live.len();
         live.retain_mut(|c| c.as_mut().poll(&mut cx) == Poll::Pending);
         // A failed flush resurfaces at the next oracle read, which flushes again.
         let _ = local.worker.flush_marks();
         doorbells.ring();
+        local.worker.end_round(polled);
         if let Err(e) = local.worker.tick() {
             tracing::debug!(worker = local.index, "oracle tick: {e}");
         }
@@ -583,6 +586,7 @@ fn run(local: &Local, rx: &mpsc::Receiver<Job>) -> Exit {
         }
     }
     drop(doorbells);
+    local.worker.stop_rounds();
     local.abort_all();
     Exit::Stopped
 }

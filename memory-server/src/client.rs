@@ -220,7 +220,7 @@ pub struct ServerInfo {
 }
 
 /// A byte range of a region for [`Client::persist`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PersistRange {
     /// The region, as the directory lists it.
     pub rkey: u32,

@@ -56,7 +56,9 @@ pub use durable::{
     DurabilityConfig, MAX_PERSIST_BYTES, PersistError, Promotion, RestoreReport, lock_data_dir,
     recorded_promotion,
 };
-pub use persister::{MAX_PERSISTS_IN_FLIGHT, PersistStatus, Persister, Ticket};
+pub use persister::{
+    BATCH_STALL, MAX_BATCHES_IN_FLIGHT, MAX_PERSISTS_IN_FLIGHT, PersistStatus, Persister, Ticket,
+};
 pub use regions::{
     CATALOG_BYTES, CATALOG_REGION, DEFAULT_REGION_SIZE, PlanError, RegionDirectory, RegionInfo,
     RegionPlan, parse_bytes,

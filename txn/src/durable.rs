@@ -28,10 +28,6 @@ use fabric::RemoteAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Fruitless checks of a pending persist after which its thread sleeps.
-const IDLE_TURNS_BEFORE_SLEEP: u32 = 4;
-const IDLE_SLEEP: Duration = Duration::from_micros(50);
-
 /// A byte range of a memory server's region to make durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PersistRange {
@@ -258,27 +254,20 @@ impl Durability {
         );
     }
 
-    /// Persists `plan`, yielding to other coroutines while the servers write.
-    pub(crate) async fn persist(&self, plan: PersistPlan, keep_alive: impl Fn()) -> Result<()> {
+    /// Persists `plan`, yielding to other coroutines while the servers write;
+    /// `waiting_turn` runs on every turn that finds it still pending. It keeps the
+    /// waiting node's lease (a slow disk, or a backup away, must not cost it: another
+    /// node fences a slot whose commit in flight holds the prefix back past the lease
+    /// timeout, 250 ms by default, one slow fsync on a busy host) and paces the thread
+    /// ([`crate::Worker::end_round`]).
+    pub(crate) async fn persist(&self, plan: PersistPlan, waiting_turn: impl Fn()) -> Result<()> {
         let mut underway = self.start(plan);
-        let mut idle = 0u32;
         loop {
             self.check(&mut underway)?;
             if underway.shares.is_empty() {
                 return Ok(());
             }
-            // A slow disk (or a backup away) must not cost the waiting node its
-            // lease: another node fences a slot whose commit in flight holds the
-            // prefix back past the lease timeout (250 ms by default, one slow fsync on
-            // a busy host).
-            keep_alive();
-            // A persist waits for a disk: spinning would take the CPU from the
-            // server's journal thread on a small host, so every few turns the thread
-            // sleeps (its other coroutines are most likely waiting for disks too).
-            idle += 1;
-            if idle.is_multiple_of(IDLE_TURNS_BEFORE_SLEEP) {
-                std::thread::sleep(IDLE_SLEEP);
-            }
+            waiting_turn();
             yield_now().await;
         }
     }

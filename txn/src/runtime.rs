@@ -27,11 +27,12 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 }
 
 /// Runs futures concurrently on this thread (round robin, one poll each per round)
-/// until all are done; `between_rounds` runs after every round (housekeeping such as
-/// flushing batched marks). Results come back in input order.
+/// until all are done; `between_rounds` runs after every round with the number of
+/// futures it polled (housekeeping such as flushing batched marks, and pacing).
+/// Results come back in input order.
 pub fn run_all<'a, T>(
     futures: Vec<Pin<Box<dyn Future<Output = T> + 'a>>>,
-    mut between_rounds: impl FnMut(),
+    mut between_rounds: impl FnMut(usize),
 ) -> Vec<T> {
     let mut cx = Context::from_waker(Waker::noop());
     let mut live: Vec<Option<Pin<Box<dyn Future<Output = T> + 'a>>>> =
@@ -39,6 +40,7 @@ pub fn run_all<'a, T>(
     let mut results: Vec<Option<T>> = live.iter().map(|_| None).collect();
     let mut remaining = live.len();
     while remaining > 0 {
+        let polled = remaining;
         for (slot, result) in live.iter_mut().zip(results.iter_mut()) {
             let Some(future) = slot else { continue };
             if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
@@ -47,7 +49,7 @@ pub fn run_all<'a, T>(
                 remaining -= 1;
             }
         }
-        between_rounds();
+        between_rounds(polled);
     }
     results
         .into_iter()
@@ -97,14 +99,15 @@ mod tests {
                 }) as Pin<Box<dyn Future<Output = usize>>>
             })
             .collect();
-        let mut rounds = 0;
-        let out = run_all(futures, || rounds += 1);
+        let mut polled = Vec::new();
+        let out = run_all(futures, |n| polled.push(n));
         assert_eq!(out, vec![0, 10, 20]);
         assert_eq!(
             *log.borrow(),
             vec![(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
         );
-        assert_eq!(rounds, 3);
+        // Three rounds: every future polled in each (the last finishes them all).
+        assert_eq!(polled, vec![3, 3, 3]);
     }
 
     #[test]

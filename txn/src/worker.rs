@@ -60,6 +60,8 @@ pub struct ClientStats {
     pub rejoins: u64,
     /// Oracle reads for read timestamps (shared by the coroutines that needed them).
     pub oracle_reads: u64,
+    /// Times the thread slept because everything it ran waited for persists.
+    pub persist_wait_sleeps: u64,
 }
 
 #[derive(Default)]
@@ -79,6 +81,30 @@ struct RidState {
     read_round: u64,
 }
 
+/// Coroutines waiting for persists, and whether an executor reports its rounds.
+///
+/// A persist waits for a disk: spinning on it would take the CPU from the memory
+/// servers' journal threads on a small host, so a thread whose coroutines all wait
+/// for persists sleeps a little every few rounds. Only a whole round of waiting may
+/// put the thread to sleep: when each waiting coroutine slept on every few of its own
+/// turns, a round of 32 coroutines slept several times, and every coroutine's next
+/// step (an RDMA completion already there) waited for all those sleeps.
+#[derive(Default)]
+struct PersistWaits {
+    /// An executor calls [`Worker::end_round`] after each round.
+    rounds_reported: bool,
+    /// Turns in the current round that found their persist still pending.
+    idle_turns: usize,
+    /// Rounds in a row whose every turn found its persist pending.
+    idle_rounds: u32,
+    /// Turns in a row of a coroutine waiting alone (no rounds reported).
+    idle_alone: u32,
+}
+
+/// Idle rounds (or turns, waiting alone) between two sleeps of the thread.
+const PERSIST_IDLE_TURNS_BEFORE_SLEEP: u32 = 4;
+const PERSIST_IDLE_SLEEP: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// One thread's compute handle. It is `Send` but not `Sync`: coroutines of the thread
 /// that owns it share it by reference.
 pub struct Worker {
@@ -95,6 +121,8 @@ pub struct Worker {
     stats: Cell<ClientStats>,
     marks: RefCell<Vec<(u64, Outcome)>>,
     rids: RefCell<RidState>,
+    /// How this worker's coroutines waiting for persists pace their thread.
+    persist_waits: RefCell<PersistWaits>,
     /// Oracle reads in a row that did not reach what their reader waited for.
     idle_reads: Cell<u64>,
     /// This worker's place in its slot's commit log.
@@ -239,6 +267,7 @@ impl Worker {
             stats: Cell::new(ClientStats::default()),
             marks: RefCell::new(Vec::new()),
             rids: RefCell::new(RidState::default()),
+            persist_waits: RefCell::new(PersistWaits::default()),
             idle_reads: Cell::new(0),
             log: RefCell::new(SlotLog { epoch, ring }),
             broken: RefCell::new(None),
@@ -629,14 +658,64 @@ impl Worker {
     /// Persists `plan` on the durable servers, keeping this worker's lease while it
     /// waits (a clock read per turn; a renewal once half the lease has passed).
     pub(crate) async fn persist(&self, plan: crate::durable::PersistPlan) -> Result<()> {
-        let keep_alive = || {
+        let waiting_turn = || {
             // A broken worker must let its lease lapse (recovery finishes its commit);
             // a fence shows at the next step.
             if !self.read_only && !self.is_broken() {
                 let _ = self.slot.ensure_lease();
             }
+            let mut waits = self.persist_waits.borrow_mut();
+            if waits.rounds_reported {
+                waits.idle_turns += 1;
+                return;
+            }
+            waits.idle_alone += 1;
+            if waits
+                .idle_alone
+                .is_multiple_of(PERSIST_IDLE_TURNS_BEFORE_SLEEP)
+            {
+                drop(waits);
+                self.sleep_for_persists();
+            }
         };
-        self.db.shared.durability.persist(plan, keep_alive).await
+        self.db.shared.durability.persist(plan, waiting_turn).await
+    }
+
+    /// For an executor that polls this worker's coroutines in rounds: from now on it
+    /// calls [`Worker::end_round`] after every round, until [`Worker::stop_rounds`].
+    pub fn start_rounds(&self) {
+        self.persist_waits.borrow_mut().rounds_reported = true;
+    }
+
+    /// The executor stopped reporting rounds.
+    pub fn stop_rounds(&self) {
+        *self.persist_waits.borrow_mut() = PersistWaits::default();
+    }
+
+    /// After a round of the executor that polled `polled` coroutines: if every one of
+    /// them only found its persist still pending, for a few rounds in a row, the
+    /// thread sleeps briefly (the disks it waits for need the CPU more).
+    pub fn end_round(&self, polled: usize) {
+        let mut waits = self.persist_waits.borrow_mut();
+        let idle = polled > 0 && waits.idle_turns >= polled;
+        waits.idle_turns = 0;
+        if !idle {
+            waits.idle_rounds = 0;
+            return;
+        }
+        waits.idle_rounds += 1;
+        if waits
+            .idle_rounds
+            .is_multiple_of(PERSIST_IDLE_TURNS_BEFORE_SLEEP)
+        {
+            drop(waits);
+            self.sleep_for_persists();
+        }
+    }
+
+    fn sleep_for_persists(&self) {
+        self.count(|s| s.persist_wait_sleeps += 1);
+        std::thread::sleep(PERSIST_IDLE_SLEEP);
     }
 
     /// Checks that the worker still holds `epoch` under a live lease, for a commit step
@@ -828,16 +907,19 @@ impl Worker {
     ) -> Vec<T> {
         let futures = (0..coroutines).map(&mut make).collect();
         self.rids.borrow_mut().executor = true;
+        self.start_rounds();
         // The batches a round's coroutines post cross together (one doorbell per queue
         // pair where a doorbell is a system call: tcp).
         let doorbells = fabric::hold_doorbells();
-        let results = runtime::run_all(futures, || {
+        let results = runtime::run_all(futures, |polled| {
             // A failed flush resurfaces at the next oracle read, which flushes again.
             let _ = self.flush_marks();
             self.rids.borrow_mut().round += 1;
             doorbells.ring();
+            self.end_round(polled);
         });
         drop(doorbells);
+        self.stop_rounds();
         self.rids.borrow_mut().executor = false;
         results
     }

@@ -311,6 +311,60 @@ fn a_commit_waiting_on_a_slow_disk_keeps_its_lease() {
     assert!(db.locked_records().unwrap().is_empty(), "fully installed");
 }
 
+/// Sets `key` to `value` in a transaction of its own on `worker`.
+async fn put_one(worker: &txn::Worker, t: &Arc<Table>, key: u64, value: i64) -> txn::Result<()> {
+    worker
+        .run(0, 0, async |x: &mut txn::AsyncTransaction<'_>| {
+            x.put(t, key, val(value)).await
+        })
+        .await
+        .map(|_| ())
+}
+
+/// A thread sleeps while its commits wait for a disk (the disk's server needs the
+/// CPU), but only when every coroutine it runs waits: one coroutine still working is
+/// not held up by the others' sleeps.
+#[test]
+fn a_thread_sleeps_for_persists_only_when_all_its_coroutines_wait_for_them() {
+    let (cluster, db, t, slow_key, _) = an_account_on_server_1();
+    cluster.disks[1].slow_ms.store(200, Ordering::SeqCst);
+    let worker = db.worker().unwrap();
+    // Alone, the committing coroutine lets its thread sleep while the disk works.
+    let alone = worker.run_coroutines(1, |_| Box::pin(put_one(&worker, &t, slow_key, 1)));
+    alone.into_iter().next().unwrap().unwrap();
+    let slept_alone = worker.stats().persist_wait_sleeps;
+    assert!(slept_alone > 0, "a thread with nothing else to do sleeps");
+
+    // Beside a coroutine that keeps working until the commit is done: no sleep.
+    let done = std::cell::Cell::new(false);
+    let turns = std::cell::Cell::new(0u64);
+    let outcomes = worker.run_coroutines(2, |i| {
+        let (worker, t, done, turns) = (&worker, &t, &done, &turns);
+        Box::pin(async move {
+            if i == 0 {
+                let outcome = put_one(worker, t, slow_key, 2).await;
+                done.set(true);
+                return outcome;
+            }
+            while !done.get() {
+                turns.set(turns.get() + 1);
+                txn::runtime::yield_now().await;
+            }
+            Ok(())
+        })
+    });
+    for o in outcomes {
+        o.unwrap();
+    }
+    assert!(turns.get() > 0);
+    assert_eq!(
+        worker.stats().persist_wait_sleeps,
+        slept_alone,
+        "slept while a coroutine still worked ({} turns of it)",
+        turns.get()
+    );
+}
+
 /// A commit whose Persist a replicated primary refuses for now (its backup is away
 /// until the primary has attached to it again) makes it again until acknowledged,
 /// keeping its lease: it commits once the backup is back, and its worker goes on.

@@ -652,9 +652,6 @@ impl Worker {
         Ok(FencedOutcome::Committed { cid })
     }
 
-    /// Fails with [`TxnError::Fenced`] unless this worker still holds `epoch` under a
-    /// live lease (renewing it if half its time has passed): every commit step checks
-    /// this right before it posts, so nothing is posted after a fence.
     /// Persists `plan` on the durable servers, keeping this worker's lease while it
     /// waits (a clock read per turn; a renewal once half the lease has passed).
     pub(crate) async fn persist(&self, plan: crate::durable::PersistPlan) -> Result<()> {
@@ -669,14 +666,8 @@ impl Worker {
                 waits.idle_turns += 1;
                 return;
             }
-            waits.idle_alone += 1;
-            if waits
-                .idle_alone
-                .is_multiple_of(PERSIST_IDLE_TURNS_BEFORE_SLEEP)
-            {
-                drop(waits);
-                self.sleep_for_persists();
-            }
+            drop(waits);
+            self.idle_once(|w| &mut w.idle_alone);
         };
         self.db.shared.durability.persist(plan, waiting_turn).await
     }
@@ -703,19 +694,22 @@ impl Worker {
             waits.idle_rounds = 0;
             return;
         }
-        waits.idle_rounds += 1;
-        if waits
-            .idle_rounds
-            .is_multiple_of(PERSIST_IDLE_TURNS_BEFORE_SLEEP)
-        {
-            drop(waits);
-            self.sleep_for_persists();
-        }
+        drop(waits);
+        self.idle_once(|w| &mut w.idle_rounds);
     }
 
-    fn sleep_for_persists(&self) {
-        self.count(|s| s.persist_wait_sleeps += 1);
-        std::thread::sleep(PERSIST_IDLE_SLEEP);
+    /// Counts one more idle turn or round in `count`; every few, the thread sleeps.
+    fn idle_once(&self, count: impl FnOnce(&mut PersistWaits) -> &mut u32) {
+        let sleep = {
+            let mut waits = self.persist_waits.borrow_mut();
+            let idle = count(&mut waits);
+            *idle += 1;
+            idle.is_multiple_of(PERSIST_IDLE_TURNS_BEFORE_SLEEP)
+        };
+        if sleep {
+            self.count(|s| s.persist_wait_sleeps += 1);
+            std::thread::sleep(PERSIST_IDLE_SLEEP);
+        }
     }
 
     /// Checks that the worker still holds `epoch` under a live lease, for a commit step

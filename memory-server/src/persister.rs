@@ -94,13 +94,28 @@ impl TicketState {
 }
 
 /// Fails the ticket if the RPC's task ends without an answer (the runtime stopped).
-struct FinishOnDrop(Arc<TicketState>);
+/// (`None`: disarmed, another guard answers for the ticket.)
+struct FinishOnDrop(Option<Arc<TicketState>>);
+
+impl FinishOnDrop {
+    fn new(state: Arc<TicketState>) -> FinishOnDrop {
+        FinishOnDrop(Some(state))
+    }
+
+    fn finish_as(&self, result: Result<(), (String, u8)>) {
+        if let Some(state) = &self.0 {
+            state.finish_as(result);
+        }
+    }
+}
 
 impl Drop for FinishOnDrop {
     fn drop(&mut self) {
-        self.0.finish(Err(
-            "the memory-server client was closed before the Persist was answered".into(),
-        ));
+        if let Some(state) = &self.0 {
+            state.finish(Err(
+                "the memory-server client was closed before the Persist was answered".into(),
+            ));
+        }
     }
 }
 
@@ -114,9 +129,13 @@ impl Drop for FinishOnDrop {
 /// where a durable TPC-W run's CPU went. A batch that fails is sent again one Persist
 /// per RPC, so each gets its own answer: a bad range, or a guard word that stays
 /// locked, fails only the Persist that named it. A batch held up (a guard word locked
-/// by a dead node until its recovery, say) does not hold up the later ones: once every
-/// batch on the wire has been out [`BATCH_STALL`], the next goes out beside them, up to
-/// [`MAX_BATCHES_IN_FLIGHT`].
+/// by a dead node until its recovery, say) holds up neither its other Persists nor
+/// the later ones: once it has been out [`BATCH_STALL`], each of its Persists is also
+/// sent on its own (a Persist copies what the memory holds, so twice is harmless; the
+/// first answer counts), and once every batch on the wire has been out that long, the
+/// waiting Persists go out in a batch beside them, up to [`MAX_BATCHES_IN_FLIGHT`]
+/// (checked on every submit and by each held-up batch's timer: the Persist that would
+/// unlock the word, a recovery's, may be the last one submitted).
 ///
 /// It uses the session of the client it was made from, so the client must stay open
 /// while Persists are submitted: a closed session fails them (UNAUTHENTICATED).
@@ -178,6 +197,14 @@ struct Waiting {
     ranges: Vec<PersistRange>,
     /// Finished (failed) if dropped before its answer: the runtime stopped.
     state: FinishOnDrop,
+    /// The ticket, also after its guard went to a copy sent alone.
+    ticket: Arc<TicketState>,
+}
+
+impl Waiting {
+    fn finish(&self, result: Result<(), String>) {
+        self.ticket.finish(result);
+    }
 }
 
 impl Persister {
@@ -186,7 +213,9 @@ impl Persister {
         Persister::with_runtime(client.inner(), client.runtime())
     }
 
-    /// A persister on `client`'s session whose RPCs run on `runtime`.
+    /// A persister on `client`'s session whose RPCs run on `runtime`, which needs its
+    /// time driver (`enable_time` or `enable_all`): a batch held up is noticed by a
+    /// timer.
     pub fn with_runtime(client: &Client, runtime: tokio::runtime::Handle) -> Persister {
         let (rpc, header) = client.rpc_parts();
         Persister {
@@ -204,12 +233,22 @@ impl Persister {
         let state = Arc::new(TicketState::default());
         let waiting = Waiting {
             ranges,
-            state: FinishOnDrop(state.clone()),
+            state: FinishOnDrop::new(state.clone()),
+            ticket: state.clone(),
         };
+        lock(&self.queue).waiting.push_back(waiting);
+        self.start_sender_if_needed();
+        Ticket(state)
+    }
+
+    /// Starts a sender if a Persist waits and no sender will take it soon: none runs,
+    /// or every batch on the wire is held up. Called on every submit, and by a sender
+    /// whose batch is held up (Persists queued behind it may be what would unlock it:
+    /// a recovery's, say).
+    fn start_sender_if_needed(&self) {
         let sender = {
             let mut queue = lock(&self.queue);
-            queue.waiting.push_back(waiting);
-            queue.needs_sender().then(|| {
+            (!queue.waiting.is_empty() && queue.needs_sender()).then(|| {
                 let id = self.next_sender.fetch_add(1, Ordering::Relaxed);
                 // Counted as out already, so that Persists submitted before its task
                 // runs go with it rather than start senders of their own.
@@ -226,7 +265,6 @@ impl Persister {
         if let Some(sender) = sender {
             self.runtime.spawn(sender.run());
         }
-        Ticket(state)
     }
 
     /// One RPC for `ranges`, in the persister's session.
@@ -245,6 +283,18 @@ impl Persister {
             })
     }
 
+    /// Sends a copy of `waiting` in an RPC of its own, which answers the ticket unless
+    /// the batch it is in answers it first; the copy's guard now fails the ticket if
+    /// the runtime stops.
+    fn send_copy_alone(&self, waiting: &mut Waiting) {
+        let copy = Waiting {
+            ranges: waiting.ranges.clone(),
+            state: std::mem::replace(&mut waiting.state, FinishOnDrop(None)),
+            ticket: waiting.ticket.clone(),
+        };
+        self.send_alone(copy);
+    }
+
     /// Sends one waiting Persist in an RPC of its own.
     fn send_alone(&self, waiting: Waiting) {
         let persister = self.clone();
@@ -252,7 +302,7 @@ impl Persister {
             // Never closed, so the permit always comes.
             let _permit = persister.alone.acquire().await;
             let result = persister.send(&waiting.ranges).await;
-            waiting.state.0.finish_as(result);
+            waiting.state.finish_as(result);
         });
     }
 
@@ -293,19 +343,39 @@ struct Sender {
 
 impl Sender {
     async fn run(mut self) {
-        while let Some(batch) = self.take_batch() {
+        while let Some(mut batch) = self.take_batch() {
             let mut ranges = Vec::new();
             let mut seen = HashSet::new();
             for w in &batch {
                 ranges.extend(w.ranges.iter().filter(|r| seen.insert(**r)));
             }
-            match self.persister.send(&ranges).await {
-                Ok(()) => batch.iter().for_each(|w| w.state.0.finish(Ok(()))),
+            let rpc = self.persister.send(&ranges);
+            tokio::pin!(rpc);
+            let mut split = false;
+            let result = loop {
+                tokio::select! {
+                    result = &mut rpc => break result,
+                    () = tokio::time::sleep(BATCH_STALL) => {
+                        // Held up, most likely by one Persist's guard word: each is
+                        // sent again on its own too (a Persist copies what the memory
+                        // holds, so twice is harmless) and takes the first answer.
+                        if !split && batch.len() > 1 {
+                            split = true;
+                            batch.iter_mut().for_each(|w| self.persister.send_copy_alone(w));
+                        }
+                        self.persister.start_sender_if_needed();
+                    }
+                }
+            };
+            match result {
+                Ok(()) => batch.iter().for_each(|w| w.finish(Ok(()))),
+                // Each Persist's own RPC answers it.
+                Err(_) if split => {}
                 // The backup is away: every Persist of the batch is refused alike.
                 Err((why, LATER)) => batch
                     .iter()
-                    .for_each(|w| w.state.0.finish_as(Err((why.clone(), LATER)))),
-                Err(failed) if batch.len() == 1 => batch[0].state.0.finish_as(Err(failed)),
+                    .for_each(|w| w.state.finish_as(Err((why.clone(), LATER)))),
+                Err(failed) if batch.len() == 1 => batch[0].state.finish_as(Err(failed)),
                 // Which Persist failed it, and how the others fare, only their own
                 // RPCs tell.
                 Err(_) => batch.into_iter().for_each(|w| self.persister.send_alone(w)),
@@ -393,7 +463,7 @@ mod tests {
 
         // A task dropped unrun (its runtime stopped) fails its ticket.
         let unrun = Arc::new(TicketState::default());
-        drop(FinishOnDrop(unrun.clone()));
+        drop(FinishOnDrop::new(unrun.clone()));
         match unrun.status() {
             PersistStatus::Failed(why) => assert!(why.contains("closed"), "{why}"),
             other => panic!("{other:?}"),

@@ -374,21 +374,40 @@ async fn a_persister_batches_what_waits_yet_answers_each_persist_on_its_own() {
         }
     }
 
-    // A batch held up by a locked guard word does not hold up the Persists after it.
+    // A batch held up by a locked guard word does not hold up the Persists after it:
+    // one queued behind it before it counted as held up (with nothing submitted after
+    // it, as when the Persist of a recovery that would unlock the word is the last),
+    // and one submitted later.
     node.cas(d0, 256, 0, LOCK | 6);
     node.write(d0, 264, b"version 6");
     let held = persister.submit(vec![PersistRange::guarded(rkey, 256, 17)]);
-    tokio::time::sleep(BATCH_STALL + Duration::from_millis(30)).await;
-    node.write(d0, 512, b"later");
-    let later = persister.submit(vec![PersistRange::new(rkey, 512, 5)]);
-    assert_eq!(answer(&persister, &later).await, PersistStatus::Done);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    node.write(d0, 600, b"queued");
+    let queued = persister.submit(vec![PersistRange::new(rkey, 600, 6)]);
+    assert_eq!(answer(&persister, &queued).await, PersistStatus::Done);
     assert_eq!(
         persister.poll(&held),
         PersistStatus::Pending,
         "the guard is still locked"
     );
+    tokio::time::sleep(BATCH_STALL + Duration::from_millis(30)).await;
+    node.write(d0, 512, b"later");
+    let later = persister.submit(vec![PersistRange::new(rkey, 512, 5)]);
+    assert_eq!(answer(&persister, &later).await, PersistStatus::Done);
+    assert_eq!(persister.poll(&held), PersistStatus::Pending);
+    // Nor does a held-up Persist hold up the others of its batch: two submitted
+    // together while a batch is on the wire go out together, and the one that does
+    // not wait for the guard is answered on its own.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    node.write(d0, 700, b"companion");
+    let held_too = persister.submit(vec![PersistRange::guarded(rkey, 256, 17)]);
+    let companion = persister.submit(vec![PersistRange::new(rkey, 700, 9)]);
+    assert_eq!(answer(&persister, &companion).await, PersistStatus::Done);
+    assert_eq!(persister.poll(&held), PersistStatus::Pending);
+    assert_eq!(persister.poll(&held_too), PersistStatus::Pending);
     assert_eq!(node.cas(d0, 256, LOCK | 6, 6), LOCK | 6);
     assert_eq!(answer(&persister, &held).await, PersistStatus::Done);
+    assert_eq!(answer(&persister, &held_too).await, PersistStatus::Done);
     drop(node);
     server.shutdown().await.unwrap();
 
@@ -406,6 +425,8 @@ async fn a_persister_batches_what_waits_yet_answers_each_persist_on_its_own() {
     assert_eq!(node.read(d0, 256, 8), 6u64.to_le_bytes());
     assert_eq!(node.read(d0, 264, 9), b"version 6");
     assert_eq!(node.read(d0, 512, 5), b"later");
+    assert_eq!(node.read(d0, 600, 6), b"queued");
+    assert_eq!(node.read(d0, 700, 9), b"companion");
     drop(node);
     server.shutdown().await.unwrap();
 }

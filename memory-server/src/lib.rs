@@ -57,7 +57,8 @@ pub use durable::{
     recorded_promotion,
 };
 pub use persister::{
-    BATCH_STALL, MAX_BATCHES_IN_FLIGHT, MAX_PERSISTS_IN_FLIGHT, PersistStatus, Persister, Ticket,
+    BATCH_SPLIT, BATCH_STALL, MAX_BATCHES_IN_FLIGHT, MAX_PERSISTS_IN_FLIGHT, PersistStatus,
+    Persister, Ticket,
 };
 pub use regions::{
     CATALOG_BYTES, CATALOG_REGION, DEFAULT_REGION_SIZE, PlanError, RegionDirectory, RegionInfo,

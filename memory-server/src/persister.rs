@@ -94,25 +94,22 @@ impl TicketState {
 }
 
 /// Fails the ticket if the RPC's task ends without an answer (the runtime stopped).
-/// (`None`: disarmed, another guard answers for the ticket.)
-struct FinishOnDrop(Option<Arc<TicketState>>);
+/// Disarmed when another guard (a copy sent alone) answers for the ticket.
+struct FinishOnDrop {
+    state: Arc<TicketState>,
+    armed: bool,
+}
 
 impl FinishOnDrop {
     fn new(state: Arc<TicketState>) -> FinishOnDrop {
-        FinishOnDrop(Some(state))
-    }
-
-    fn finish_as(&self, result: Result<(), (String, u8)>) {
-        if let Some(state) = &self.0 {
-            state.finish_as(result);
-        }
+        FinishOnDrop { state, armed: true }
     }
 }
 
 impl Drop for FinishOnDrop {
     fn drop(&mut self) {
-        if let Some(state) = &self.0 {
-            state.finish(Err(
+        if self.armed {
+            self.state.finish(Err(
                 "the memory-server client was closed before the Persist was answered".into(),
             ));
         }
@@ -203,15 +200,13 @@ impl Queue {
 
 struct Waiting {
     ranges: Vec<PersistRange>,
-    /// Finished (failed) if dropped before its answer: the runtime stopped.
+    /// Its ticket, finished (failed) if dropped before its answer: the runtime stopped.
     state: FinishOnDrop,
-    /// The ticket, also after its guard went to a copy sent alone.
-    ticket: Arc<TicketState>,
 }
 
 impl Waiting {
-    fn finish(&self, result: Result<(), String>) {
-        self.ticket.finish(result);
+    fn finish_as(&self, result: Result<(), (String, u8)>) {
+        self.state.state.finish_as(result);
     }
 }
 
@@ -242,7 +237,6 @@ impl Persister {
         let waiting = Waiting {
             ranges,
             state: FinishOnDrop::new(state.clone()),
-            ticket: state.clone(),
         };
         lock(&self.queue).waiting.push_back(waiting);
         self.start_sender_if_needed();
@@ -295,12 +289,11 @@ impl Persister {
     /// the batch it is in answers it first; the copy's guard now fails the ticket if
     /// the runtime stops.
     fn send_copy_alone(&self, waiting: &mut Waiting) {
-        let copy = Waiting {
+        waiting.state.armed = false;
+        self.send_alone(Waiting {
             ranges: waiting.ranges.clone(),
-            state: std::mem::replace(&mut waiting.state, FinishOnDrop(None)),
-            ticket: waiting.ticket.clone(),
-        };
-        self.send_alone(copy);
+            state: FinishOnDrop::new(waiting.state.state.clone()),
+        });
     }
 
     /// Sends one waiting Persist in an RPC of its own.
@@ -310,7 +303,7 @@ impl Persister {
             // Never closed, so the permit always comes.
             let _permit = persister.alone.acquire().await;
             let result = persister.send(&waiting.ranges).await;
-            waiting.state.finish_as(result);
+            waiting.finish_as(result);
         });
     }
 
@@ -378,14 +371,14 @@ impl Sender {
                 }
             };
             match result {
-                Ok(()) => batch.iter().for_each(|w| w.finish(Ok(()))),
+                Ok(()) => batch.iter().for_each(|w| w.finish_as(Ok(()))),
                 // Each Persist's own RPC answers it.
                 Err(_) if split => {}
                 // The backup is away: every Persist of the batch is refused alike.
                 Err((why, LATER)) => batch
                     .iter()
-                    .for_each(|w| w.state.finish_as(Err((why.clone(), LATER)))),
-                Err(failed) if batch.len() == 1 => batch[0].state.finish_as(Err(failed)),
+                    .for_each(|w| w.finish_as(Err((why.clone(), LATER)))),
+                Err(failed) if batch.len() == 1 => batch[0].finish_as(Err(failed)),
                 // Which Persist failed it, and how the others fare, only their own
                 // RPCs tell.
                 Err(_) => batch.into_iter().for_each(|w| self.persister.send_alone(w)),
